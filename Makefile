@@ -1,0 +1,90 @@
+# skv build. `make deps` installs Debian packages; `make` builds ./skv;
+# `make test` runs every tests/test_*.c binary; `make asan` does the same under
+# AddressSanitizer + UndefinedBehaviorSanitizer in a separate build folder.
+
+CC      ?= gcc
+NVCC    ?= $(shell command -v nvcc 2>/dev/null || ( [ -x /usr/local/cuda/bin/nvcc ] && echo /usr/local/cuda/bin/nvcc ))
+ifeq ($(SANITIZE),1)
+BUILD   ?= build-asan
+OPT     ?= -O1 -fno-omit-frame-pointer -march=native
+SAN     ?= -fsanitize=address,undefined -fno-sanitize-recover=undefined
+export ASAN_OPTIONS ?= detect_leaks=1:abort_on_error=0
+export UBSAN_OPTIONS ?= print_stacktrace=1
+else
+BUILD   ?= build
+OPT     ?= -O2 -march=native
+SAN     ?=
+endif
+PKGS     = ncursesw libpcre2-8 libcjson libpng openblas lapacke
+PKG_CFLAGS := $(shell pkg-config --cflags $(PKGS) 2>/dev/null)
+PKG_LIBS   := $(shell pkg-config --libs $(PKGS) 2>/dev/null)
+
+CFLAGS  = -std=c11 $(OPT) -g -Wall -Wextra -Werror -D_GNU_SOURCE -fopenmp \
+          -Iengine -Iprobes -Iviews -Itui -Ikernels $(PKG_CFLAGS) $(SAN) -MMD -MP
+LDLIBS  = $(PKG_LIBS) -fopenmp -lpthread -lm
+
+LIB_SRC  = $(wildcard engine/*.c) $(wildcard probes/*.c) $(wildcard views/*.c)
+TUI_SRC  = $(wildcard tui/*.c)
+TEST_SRC = $(wildcard tests/test_*.c)
+
+# CUDA objects are built only when nvcc is present (SKV_HAVE_CUDA).
+ifneq ($(NVCC),)
+CU_SRC   = $(wildcard kernels/*.cu)
+CUDA_DIR = $(patsubst %/bin/nvcc,%,$(NVCC))
+ifneq ($(CU_SRC),)
+CFLAGS  += -DSKV_HAVE_CUDA -I$(CUDA_DIR)/include
+LDLIBS  += -L$(CUDA_DIR)/lib64 -lcudart -lcublas -lcusolver -Wl,-rpath,$(CUDA_DIR)/lib64
+endif
+endif
+
+LIB_OBJ  = $(LIB_SRC:%.c=$(BUILD)/%.o) $(CU_SRC:%.cu=$(BUILD)/%.cu.o)
+TUI_OBJ  = $(TUI_SRC:%.c=$(BUILD)/%.o)
+TEST_BIN = $(TEST_SRC:tests/%.c=$(BUILD)/tests/%)
+
+.PHONY: all deps test bench asan clean check-deps
+all: skv
+
+skv: $(BUILD)/skv
+	cp $< $@
+
+$(BUILD)/skv: $(TUI_OBJ) $(BUILD)/libskv.a
+	$(CC) $(CFLAGS) -o $@ $(TUI_OBJ) $(BUILD)/libskv.a $(LDLIBS)
+
+$(BUILD)/libskv.a: $(LIB_OBJ)
+	@rm -f $@
+	ar rcs $@ $^
+
+$(BUILD)/%.o: %.c
+	@mkdir -p $(dir $@)
+	$(CC) $(CFLAGS) -c $< -o $@
+
+$(BUILD)/%.cu.o: %.cu
+	@mkdir -p $(dir $@)
+	$(NVCC) -O2 -std=c++17 -gencode arch=compute_80,code=sm_80 -gencode arch=compute_90,code=sm_90 \
+	  -DSKV_HAVE_CUDA -Iengine -Ikernels -Iprobes -c $< -o $@
+
+$(BUILD)/tests/%: tests/%.c tests/testhelp.h $(BUILD)/libskv.a $(TUI_OBJ)
+	@mkdir -p $(dir $@)
+	$(CC) $(CFLAGS) -o $@ $< $(BUILD)/libskv.a $(LDLIBS)
+
+# Tests run from the project root so that ../shared and samples/ resolve.
+test: $(TEST_BIN) $(BUILD)/skv
+	@SKV_BIN=./$(BUILD)/skv sh tests/run.sh $(TEST_BIN)
+
+bench: skv
+	@sh tests/bench.sh
+
+asan:
+	$(MAKE) SANITIZE=1 test
+
+deps:
+	@SUDO=$$( [ "$$(id -u)" = 0 ] || echo sudo ); \
+	$$SUDO apt-get update -qq && \
+	$$SUDO env DEBIAN_FRONTEND=noninteractive apt-get install -y -qq --no-install-recommends \
+	  build-essential pkg-config libncurses-dev libcjson-dev libpng-dev libopenblas-dev \
+	  liblapacke-dev libpcre2-dev tmux
+
+clean:
+	rm -rf build build-asan skv
+
+-include $(shell find $(BUILD) -name '*.d' 2>/dev/null)

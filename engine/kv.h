@@ -1,0 +1,56 @@
+/* kv.h: the KV-cache interface. A policy owns the cached keys and values of
+ * every layer and computes attention over them, so a policy that compresses
+ * or selects (ShadowKV) plugs in behind the same calls as the dense one.
+ *
+ * Per layer the forward pass calls append() with the new tokens' keys and
+ * values, then attend() with their queries. After the whole prompt has gone
+ * through every layer the session calls end_prefill() once; from then on
+ * each decode step appends and attends one token per layer. */
+#ifndef SKV_KV_H
+#define SKV_KV_H
+
+#include "rope.h"
+
+typedef struct probe_bus probe_bus;
+
+typedef struct {
+    int n_layers, n_heads, n_kv_heads, head_dim;
+    int max_ctx;              /* positions the cache must hold */
+    const rope_ctx *rope;     /* for policies that rebuild keys */
+} kv_shape;
+
+typedef struct kv_cache kv_cache;
+
+typedef struct {
+    const char *name;
+    /* Stores n tokens at positions pos..pos+n-1 of layer. k_pre: pre-RoPE keys,
+     * k: post-RoPE keys, v: values, each (n, n_kv_heads*head_dim). */
+    int (*append)(kv_cache *c, int layer, int pos, int n, const float *k_pre, const float *k, const float *v);
+    /* out (n, n_heads*head_dim) = causal attention of q (n, n_heads*head_dim),
+     * queries at positions pos..pos+n-1, over the cache of layer. */
+    int (*attend)(kv_cache *c, int layer, int pos, int n, const float *q, float *out);
+    /* The prompt is complete in every layer. */
+    int (*end_prefill)(kv_cache *c);
+    /* Bytes held resident (fast memory) and offloaded (slow memory). */
+    void (*bytes)(const kv_cache *c, size_t *resident, size_t *offloaded);
+    void (*free)(kv_cache *c);
+} kv_class;
+
+struct kv_cache {
+    const kv_class *cls;
+    kv_shape shape;
+    probe_bus *bus;           /* may be NULL */
+    int step;                 /* decode step (-1 during prefill), for probes */
+};
+
+/* The dense policy: full keys and values, exact attention. */
+int kv_dense_new(const kv_shape *shape, kv_cache **out);
+
+/* Exact attention of one query head over n cached positions:
+ * out (hd) = softmax(q·K^T * scale) V; K and V rows are stride floats apart. */
+void kv_attend_head(const float *q, const float *K, const float *V, int n, int hd, int stride,
+                    float scale, float *out);
+
+static inline void kv_free(kv_cache *c) { if (c) c->cls->free(c); }
+
+#endif

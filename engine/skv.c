@@ -1,0 +1,83 @@
+/* skv.c: error codes, the thread-local last-error message, checked allocation,
+ * the clock and the thread count shared by the engine. */
+#include "skv.h"
+
+#include <cblas.h>
+#include <omp.h>
+#include <stdarg.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <time.h>
+
+static _Thread_local char last_error[1024];
+
+const char *skv_strerror(int code) {
+    switch (code) {
+    case SKV_OK: return "ok";
+    case SKV_EIO: return "I/O error";
+    case SKV_EFORMAT: return "bad file format";
+    case SKV_EUNSUPPORTED: return "unsupported";
+    case SKV_ENOMEM: return "out of memory";
+    case SKV_EINVAL: return "invalid argument";
+    case SKV_ERANGE: return "out of range";
+    case SKV_EMISSING: return "missing";
+    default: return "unknown error";
+    }
+}
+
+int skv_error(int code, const char *fmt, ...) {
+    va_list ap;
+    va_start(ap, fmt);
+    vsnprintf(last_error, sizeof last_error, fmt, ap);
+    va_end(ap);
+    return code;
+}
+
+const char *skv_last_error(void) { return last_error[0] ? last_error : "no error recorded"; }
+void skv_clear_error(void) { last_error[0] = 0; }
+
+void skv_assert_fail(const char *expr, const char *file, int line) {
+    fprintf(stderr, "skv: assertion failed: %s (%s:%d)\n", expr, file, line);
+    abort();
+}
+
+void *skv_malloc(size_t n) { return malloc(n ? n : 1); }
+
+void *skv_calloc(size_t count, size_t size) {
+    if (size && count > SIZE_MAX / size) return NULL;
+    return calloc(count ? count : 1, size ? size : 1);
+}
+
+void *skv_aligned_alloc(size_t n) {
+    size_t rounded = (n + 63) & ~(size_t)63;
+    if (rounded < n) return NULL;
+    void *p = aligned_alloc(64, rounded ? rounded : 64);
+    if (p) memset(p, 0, rounded ? rounded : 64);
+    return p;
+}
+
+double skv_now(void) {
+    struct timespec ts;
+    clock_gettime(CLOCK_MONOTONIC, &ts);
+    return ts.tv_sec + ts.tv_nsec * 1e-9;
+}
+
+static int n_threads;
+
+int skv_threads(void) {
+    if (!n_threads) {
+        const char *e = getenv("SKV_THREADS");
+        n_threads = e && atoi(e) > 0 ? atoi(e) : omp_get_num_procs();
+        if (n_threads < 1) n_threads = 1;
+        omp_set_num_threads(n_threads);
+        openblas_set_num_threads(n_threads);
+    }
+    return n_threads;
+}
+
+void skv_set_threads(int n) {
+    n_threads = n > 0 ? n : 1;
+    omp_set_num_threads(n_threads);
+    openblas_set_num_threads(n_threads);
+}

@@ -1,0 +1,64 @@
+/* testhelp.h: a test harness in one header.
+ *
+ * test_cond("what is checked", cond) prints PASS or FAIL with file:line;
+ * test_skip("why") prints one SKIP line; test_report() prints the binary's
+ * tally and returns the exit status. tests/run.sh adds up every binary's
+ * PASS/FAIL lines into the final "N passed, N failed". */
+#ifndef SKV_TESTHELP_H
+#define SKV_TESTHELP_H
+
+#include <math.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/stat.h>
+#include <unistd.h>
+
+static int test_passed_, test_failed_, test_skipped_;
+
+#define test_cond(descr, cond) do { \
+    if (cond) { test_passed_++; printf("PASS %s\n", (descr)); } \
+    else { test_failed_++; printf("FAIL %s (%s:%d)\n", (descr), __FILE__, __LINE__); } \
+    fflush(stdout); \
+} while (0)
+
+#define test_skip(why) do { test_skipped_++; printf("SKIP %s\n", (why)); fflush(stdout); } while (0)
+
+static inline int test_report(const char *name) {
+    printf("%s: %d passed, %d failed, %d skipped\n", name, test_passed_, test_failed_, test_skipped_);
+    return test_failed_ ? 1 : 0;
+}
+
+/* Path of a file under ../shared (or $SKV_SHARED), or NULL when it is absent. */
+static inline const char *test_shared(const char *rel) {
+    static char buf[8][1024];
+    static int slot;
+    const char *root = getenv("SKV_SHARED");
+    if (!root || !*root) root = "../shared";
+    char *p = buf[slot++ & 7];
+    snprintf(p, sizeof buf[0], "%s/%s", root, rel);
+    struct stat st;
+    return stat(p, &st) == 0 ? p : NULL;
+}
+
+/* Relative L2 error ||a-b|| / ||b||. */
+static inline double test_rel_l2(const float *a, const float *b, size_t n) {
+    double num = 0, den = 0;
+    for (size_t i = 0; i < n; i++) {
+        double d = (double)a[i] - b[i];
+        num += d * d;
+        den += (double)b[i] * b[i];
+    }
+    return den > 0 ? sqrt(num / den) : sqrt(num);
+}
+
+/* A scratch directory unique to this test binary (created; caller may leave it). */
+static inline const char *test_tmpdir(const char *name) {
+    static char dir[512];
+    const char *t = getenv("TMPDIR");
+    snprintf(dir, sizeof dir, "%s/skv-test-%s-%d", t && *t ? t : "/tmp", name, (int)getpid());
+    mkdir(dir, 0700);
+    return dir;
+}
+
+#endif
