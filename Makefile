@@ -15,7 +15,7 @@ BUILD   ?= build
 OPT     ?= -O2 -march=native
 SAN     ?=
 endif
-PKGS     = ncursesw libpcre2-8 libcjson libpng openblas lapacke
+PKGS     = ncursesw libpcre2-8 libcjson libpng openblas lapacke freetype2
 PKG_CFLAGS := $(shell pkg-config --cflags $(PKGS) 2>/dev/null)
 PKG_LIBS   := $(shell pkg-config --libs $(PKGS) 2>/dev/null)
 
@@ -82,7 +82,7 @@ deps:
 	$$SUDO apt-get update -qq && \
 	$$SUDO env DEBIAN_FRONTEND=noninteractive apt-get install -y -qq --no-install-recommends \
 	  build-essential pkg-config libncurses-dev libcjson-dev libpng-dev libopenblas-dev \
-	  liblapacke-dev libpcre2-dev tmux
+	  liblapacke-dev libpcre2-dev libfreetype-dev fonts-dejavu-core tmux
 
 clean:
 	rm -rf build build-asan skv
