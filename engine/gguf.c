@@ -199,6 +199,12 @@ static int parse(gguf_file *f) {
     if (f->n_tensors > 1000000 || f->n_kv > 1000000)
         return skv_error(SKV_EFORMAT, "%s: absurd counts in header: %llu tensors, %llu metadata keys",
                          f->path, (unsigned long long)f->n_tensors, (unsigned long long)f->n_kv);
+    /* The smallest metadata entry is 13 bytes and the smallest tensor info 32:
+     * refuse counts that cannot fit before allocating for them. */
+    uint64_t left = f->map_size - 24;
+    if (f->n_kv > left / 13 || f->n_tensors > left / 32)
+        return skv_error(SKV_EFORMAT, "%s: %llu metadata keys and %llu tensors cannot fit in %zu bytes", f->path,
+                         (unsigned long long)f->n_kv, (unsigned long long)f->n_tensors, f->map_size);
     f->kv = calloc(f->n_kv ? f->n_kv : 1, sizeof *f->kv);
     f->tensors = calloc(f->n_tensors ? f->n_tensors : 1, sizeof *f->tensors);
     if (!f->kv || !f->tensors) return skv_error(SKV_ENOMEM, "%s: out of memory", f->path);
@@ -260,9 +266,9 @@ static int parse(gguf_file *f) {
                              (unsigned long long)t->offset, f->alignment);
         if (f->data_offset > f->map_size || t->offset > f->map_size - f->data_offset ||
             t->nbytes > f->map_size - f->data_offset - t->offset)
-            return skv_error(SKV_EFORMAT, "%s: tensor '%s': data (%llu bytes at offset %llu) runs past the end of the file (%zu bytes)",
-                             f->path, t->name, (unsigned long long)t->nbytes,
-                             (unsigned long long)(f->data_offset + t->offset), f->map_size);
+            return skv_error(SKV_EFORMAT, "%s: tensor '%s': data (%llu bytes at data offset %llu) runs past the end of the file (%zu bytes)",
+                             f->path, t->name, (unsigned long long)t->nbytes, (unsigned long long)t->offset,
+                             f->map_size);
         t->data = f->map + f->data_offset + t->offset;
     }
     return 0;

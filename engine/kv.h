@@ -41,7 +41,25 @@ struct kv_cache {
     kv_shape shape;
     probe_bus *bus;           /* may be NULL */
     int step;                 /* decode step (-1 during prefill), for probes */
+    char notice[256];         /* a message for the user (budget shrunk, fallback), or "" */
 };
+
+/* KV options shared by every command that generates. Budget is in tokens,
+ * local in chunks, as in the ShadowKV reference code. */
+typedef struct {
+    char policy[16];          /* "dense" or "shadowkv" */
+    int rank, chunk, budget, outliers, local;
+    int plus;                 /* ShadowKV+: project generated keys onto the prefill basis */
+    int oracle;               /* exact attention beside the sparse one, for diagnostics */
+} kv_opts;
+
+void kv_opts_default(kv_opts *o);
+
+/* Creates the policy o->policy names. */
+int kv_new(const kv_opts *o, const kv_shape *shape, kv_cache **out);
+
+/* The ShadowKV policy (engine/kv_shadowkv.c). */
+int kv_shadowkv_new(const kv_opts *o, const kv_shape *shape, kv_cache **out);
 
 /* The dense policy: full keys and values, exact attention. */
 int kv_dense_new(const kv_shape *shape, kv_cache **out);

@@ -19,15 +19,24 @@ int quant_supported(enum ggml_type t);
 /* Dequantizes n elements (a multiple of the block size) starting at src. */
 void quant_dequant_row(enum ggml_type t, const void *src, float *dst, size_t n);
 
-/* Dequantizes rows [r0, r1) of a (rows, n) matrix into dst (r1-r0, n). */
+/* Dequantizes rows [r0, r1) of a (rows, n) matrix into dst (r1-r0, n),
+ * split over the engine's threads when large. */
 void quant_dequant_rows(enum ggml_type t, const void *W, size_t n, size_t r0, size_t r1, float *dst);
 
+/* sum_j w[j] * x[j] over one stored row w of n elements of type t. */
+float quant_dot(enum ggml_type t, const void *row, const float *x, size_t n);
+
 /* y[r] = sum_j W[r][j] * x[j] for r < rows; W is (rows, n) of type t, read
- * once, split over the engine's threads. */
+ * once, split over the engine's threads (OpenMP, rows in static chunks). x
+ * stays fp32; blocks need no alignment. y[r] equals quant_dot on row r. */
 void quant_matvec(enum ggml_type t, const void *W, size_t rows, size_t n, const float *x, float *y);
 
-/* Quantizes n elements of src into dst (ggml_row_size(t, n) bytes).
- * Returns 0, or SKV_EUNSUPPORTED for a type without a quantizer. */
+/* Quantizes n elements of src into dst (ggml_row_size(t, n) bytes), for every
+ * type quant_supported accepts. f16/bf16 round to nearest even; q8_0, q4_0 and
+ * q5_0 reproduce ggml's reference quantizers byte for byte; q4_K and q6_K use
+ * a plain round-to-nearest scale choice (valid ggml data, slightly larger
+ * error than llama-quantize's search). Returns 0, SKV_EINVAL when n is not a
+ * multiple of the block size, or SKV_EUNSUPPORTED for other types. */
 int quant_quantize_row(enum ggml_type t, const float *src, void *dst, size_t n);
 
 #endif

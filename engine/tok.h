@@ -15,7 +15,8 @@ enum tok_kind { TOK_SPM = 0, TOK_BPE = 1 };
 
 /* From GGUF metadata (tokenizer.ggml.*). 0 or negative SKV_E* with a message. */
 int tok_load_gguf(const gguf_file *f, tok_vocab **out);
-/* From an HF tokenizer.json. */
+/* From an HF tokenizer.json (byte-level BPE); BOS/EOS/add_bos from the
+ * tokenizer_config.json, config.json and generation_config.json beside it. */
 int tok_load_hf(const char *path, tok_vocab **out);
 void tok_free(tok_vocab *v);
 
@@ -25,18 +26,24 @@ int tok_bos(const tok_vocab *v);        /* -1 if none */
 int tok_eos(const tok_vocab *v);        /* -1 if none */
 int tok_add_bos(const tok_vocab *v);    /* the model's default for adding BOS */
 int tok_is_eog(const tok_vocab *v, int id); /* end of generation (eos, eot, <|im_end|>...) */
-const char *tok_pre_name(const tok_vocab *v); /* pre-tokenizer name ("smollm", "llama-bpe", ...) */
+/* Pre-tokenizer name: tokenizer.ggml.pre ("smollm", "llama-bpe", ...; "default"
+ * when absent), "none" for SPM, the steps ("Digits,ByteLevel") for tokenizer.json. */
+const char *tok_pre_name(const tok_vocab *v);
 
-/* Encodes len bytes of text. add_bos: prepend BOS (SPM also prepends a space).
- * parse_special: split at special tokens' text first. *ids is malloc'd and
+/* Encodes len bytes of text. add_bos: prepend BOS (an error when the
+ * vocabulary has none). SPM also prepends a space to the text and after each
+ * special token, with or without BOS, as llama.cpp does.
+ * parse_special: split at control tokens' text first, longest first
+ * (user-defined tokens are always split out). *ids is malloc'd and
  * owned by the caller. Returns 0 or a negative SKV_E* code. */
 int tok_encode(const tok_vocab *v, const char *text, size_t len, int add_bos, int parse_special,
                int32_t **ids, int *n_ids);
 
 /* The bytes token id stands for, as it reads after prev (-1 = start of text):
  * SPM maps U+2581 to space and <0xNN> to a byte, and drops the leading space of
- * the first word when prev == -1 and it follows BOS or is first. Control tokens
- * give "" unless show_special. Writes at most cap bytes, returns the length
+ * the first word (prev == -1, or prev == BOS). BPE maps the GPT-2 stand-ins back
+ * to bytes. Control and unknown tokens give "" unless show_special;
+ * user-defined ones give their text. Writes at most cap bytes, returns the length
  * (which may exceed cap: then call again with a larger buffer). */
 int tok_piece(const tok_vocab *v, int prev, int id, int show_special, char *buf, int cap);
 

@@ -1,16 +1,32 @@
 /* main.c: the skv command line: dispatches subcommands. */
+#include "cli.h"
+
 #include <stdio.h>
 #include <string.h>
 
+static const struct {
+    const char *name;
+    int (*fn)(int, char **);
+    const char *help;
+} commands[] = {
+    {"run", cmd_run, "generate text from a prompt"},
+    {"logits", cmd_logits, "print prompt tokens, last logits and greedy tokens as JSON"},
+    {"info", cmd_info, "print a model's config, tensors, dtypes and memory"},
+    {"bench", cmd_bench, "time prefill and decode on a synthetic prompt"},
+};
+
 static void usage(FILE *o) {
-    fprintf(o, "usage: skv COMMAND [options]\n\ncommands:\n  (none yet)\n");
+    fprintf(o, "usage: skv COMMAND [options]   (skv COMMAND --help for each)\n\n"
+               "skv: a ShadowKV inference engine for Llama-family models.\n\ncommands:\n");
+    for (size_t i = 0; i < sizeof commands / sizeof commands[0]; i++)
+        fprintf(o, "  %-8s %s\n", commands[i].name, commands[i].help);
 }
 
 int main(int argc, char **argv) {
-    if (argc < 2 || !strcmp(argv[1], "--help") || !strcmp(argv[1], "-h")) {
-        usage(argc < 2 ? stderr : stdout);
-        return argc < 2 ? 2 : 0;
-    }
+    if (argc < 2) { usage(stderr); return 2; }
+    if (!strcmp(argv[1], "--help") || !strcmp(argv[1], "-h") || !strcmp(argv[1], "help")) { usage(stdout); return 0; }
+    for (size_t i = 0; i < sizeof commands / sizeof commands[0]; i++)
+        if (!strcmp(argv[1], commands[i].name)) return commands[i].fn(argc - 1, argv + 1);
     fprintf(stderr, "skv: unknown command '%s' (see skv --help)\n", argv[1]);
     return 2;
 }

@@ -1,0 +1,21 @@
+/* kv.c: KV option defaults (the ShadowKV paper's) and the policy factory. */
+#include "kv.h"
+#include "skv.h"
+
+#include <stdio.h>
+#include <string.h>
+
+void kv_opts_default(kv_opts *o) {
+    memset(o, 0, sizeof *o);
+    snprintf(o->policy, sizeof o->policy, "dense");
+    o->rank = 160;
+    o->chunk = 8;
+    o->budget = 2048;
+    o->outliers = 48;
+    o->local = 4;
+}
+
+int kv_new(const kv_opts *o, const kv_shape *shape, kv_cache **out) {
+    if (!strcmp(o->policy, "dense")) return kv_dense_new(shape, out);
+    return skv_error(SKV_EINVAL, "unknown KV policy '%s' (expected dense)", o->policy);
+}

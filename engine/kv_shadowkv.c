@@ -1,0 +1,790 @@
+/* kv_shadowkv.c: the ShadowKV KV policy (Sun et al., ICML 2025) on the CPU.
+ *
+ * During the prompt it keeps dense keys and values and attends exactly.
+ * At end_prefill, per layer: a truncated SVD of the pre-RoPE keys of all KV
+ * heads side by side (U shared, Σ·Vᵀ split per head); post-RoPE chunk
+ * landmarks and cosine minima; per KV head the chunks with the lowest
+ * minimum stay dense as outliers, the last `local` chunks and the s mod c
+ * tail stay dense as the local window, and the values of every other chunk
+ * move to an offload store (slow memory; each read is a counted fetch).
+ * Each decode step, per layer and KV head: landmark scores (softmax per
+ * query head, max over the GQA group), top-k chunks, a chunk cache that keeps
+ * last step's selection (misses fetch V and rebuild K = RoPE(U·ΣVᵀ)), and
+ * exact attention over [outliers | selected chunks | local | generated].
+ *
+ * The rows attention reads live in one buffer per (layer, KV head) in that
+ * order, and the cache's slots are rows of it, so a hit moves nothing and a
+ * step allocates nothing; decode work is O(budget) plus O(s/c) scoring.
+ * The stages are the pure functions of shadowkv_ops.c. */
+#include "kv_shadowkv.h"
+#include "kv.h"
+#include "probe.h"
+#include "shadowkv_ops.h"
+#include "skv.h"
+#include "vec.h"
+
+#include <math.h>
+#include <stdarg.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+typedef struct {
+    float *K, *V;          /* (cap, d) attention rows: [outliers | cache slots | local | generated] */
+    int cap;               /* rows allocated */
+    int *cand;             /* (n_cand) prompt chunk id of each candidate, ascending */
+    float *lm;             /* (n_cand, d) landmarks of the candidates */
+    int *outl;             /* (n_out) outlier chunk ids, ascending */
+    shadowkv_cache cache;  /* candidate held by each of the k slots */
+} sk_head;
+
+typedef struct {
+    float *kpre;           /* (cap, kvd) prompt pre-RoPE keys; freed at end_prefill */
+    float *k, *v;          /* (cap, kvd) prompt post-RoPE keys and values; after end_prefill
+                              kept, and extended with generated tokens, only in oracle mode */
+    int cap, n;            /* rows allocated, rows filled */
+    float *U;              /* (s, r) left singular vectors, shared by the KV heads */
+    float *SVt;            /* (h, r, d) Σ·Vᵀ split per KV head */
+    float *Vt;             /* (r, kvd) right singular vectors (ShadowKV+ only) */
+    float rel_err;         /* ‖K − U·ΣVᵀ‖/‖K‖ of the pre-RoPE keys */
+    int n_gen;             /* generated tokens appended */
+    sk_head *head;         /* (h) */
+} sk_layer;
+
+/* Per KV head decode scratch, reused by every layer (layers run in turn). */
+typedef struct {
+    float *score;          /* (n_cand) landmark scores */
+    float *tmp;            /* (2 * n_cand) */
+    int *sel;              /* (k) selected candidates, best first */
+    int *sel_id;           /* (k) their prompt chunk ids */
+    float *sel_score;      /* (k) their scores */
+    int *slot_of, *miss;   /* (k) cache slot of each sel[i]; indices i that missed */
+    int n_miss;
+    /* oracle mode only */
+    float *p;              /* (max_ctx) exact attention probabilities of one query head */
+    float *mass;           /* (n_chunks) max over the group of each chunk's exact mass */
+    float *cand_key;       /* (n_cand) */
+    int *order, *rank_tmp; /* (n_cand) */
+    int *rank_exact, *rank_lm; /* (n_chunks) rank among candidates, -1: not a candidate */
+    float recall_sel, recall_sparse;
+} sk_scratch;
+
+typedef struct {
+    kv_cache base;
+    kv_opts o;
+    int h, d, kvd, group;  /* KV heads, head dim, h*d, query heads per KV head */
+    int prefilled;
+    int s, c, n_chunks;    /* prompt tokens, tokens per chunk, full chunks */
+    int local_start;       /* first chunk of the local window */
+    int n_local;           /* local window tokens: s - local_start*c */
+    int n_out, n_cand, k, r;
+    int row_slot, row_local, row_gen; /* first row of each part in sk_head K/V */
+    float *rope_cs, *rope_sn; /* (s, rope_dim/2) RoPE tables for rebuilt keys */
+    shadowkv_store store;  /* V of the candidates: block (layer*h + kh)*n_cand + i is (c, d) */
+    sk_layer *L;           /* (n_layers) */
+    sk_scratch *scr;       /* (h) */
+    float *proj, *coef;    /* (kvd), (r): ShadowKV+ scratch */
+    int steps;             /* decode steps (layer-0 attends) */
+    uint64_t hits, misses;
+    uint64_t step_hits, step_misses, step_fetches, step_fetch_bytes;
+    double recall_sel_sum, recall_sparse_sum;
+    uint64_t recall_n;
+} kv_sk;
+
+static const kv_class kv_shadowkv_class;
+
+/* Appends "; msg" (or msg) to the user-visible notice. */
+static void notice_add(kv_sk *c, const char *fmt, ...) __attribute__((format(printf, 2, 3)));
+static void notice_add(kv_sk *c, const char *fmt, ...) {
+    char buf[256];
+    va_list ap;
+    va_start(ap, fmt);
+    vsnprintf(buf, sizeof buf, fmt, ap);
+    va_end(ap);
+    size_t len = strlen(c->base.notice);
+    snprintf(c->base.notice + len, sizeof c->base.notice - len, "%s%s", len ? "; " : "", buf);
+}
+
+/* ---- prefill: dense ------------------------------------------------------ */
+
+/* Grows the dense rows of layer L to hold need positions. */
+static int grow_dense(kv_sk *c, sk_layer *L, int need) {
+    if (need <= L->cap) return 0;
+    if (need > c->base.shape.max_ctx)
+        return skv_error(SKV_ERANGE, "shadowkv: position %d is past the context of %d", need - 1,
+                         c->base.shape.max_ctx);
+    int cap = L->cap ? L->cap : 256;
+    while (cap < need) cap *= 2;
+    if (cap > c->base.shape.max_ctx) cap = c->base.shape.max_ctx;
+    size_t row = (size_t)c->kvd * sizeof(float);
+    float *p;
+    if (!c->prefilled) {
+        if (!(p = realloc(L->kpre, row * cap))) goto oom;
+        L->kpre = p;
+    }
+    if (!(p = realloc(L->k, row * cap))) goto oom;
+    L->k = p;
+    if (!(p = realloc(L->v, row * cap))) goto oom;
+    L->v = p;
+    L->cap = cap;
+    return 0;
+oom:
+    return skv_error(SKV_ENOMEM, "shadowkv: out of memory for %d positions", cap);
+}
+
+/* Exact causal attention over the dense rows (prefill, and oracle checks). */
+static void attend_dense(kv_sk *c, sk_layer *L, int pos, int n, const float *q, float *out) {
+    int nh = c->base.shape.n_heads, d = c->d;
+    float scale = 1.0f / sqrtf((float)d);
+    #pragma omp parallel for schedule(dynamic, 1) collapse(2)
+    for (int i = 0; i < n; i++)
+        for (int hq = 0; hq < nh; hq++) {
+            int kh = hq / c->group;
+            kv_attend_head(q + ((size_t)i * nh + hq) * d, L->k + (size_t)kh * d, L->v + (size_t)kh * d, pos + i + 1,
+                           d, c->kvd, scale, out + ((size_t)i * nh + hq) * d);
+        }
+}
+
+/* ---- decode: appends ------------------------------------------------------ */
+
+/* Makes room for one more generated row in every head of layer L. */
+static int grow_heads(kv_sk *c, sk_layer *L) {
+    int need = c->row_gen + L->n_gen + 1;
+    for (int kh = 0; kh < c->h; kh++) {
+        sk_head *H = &L->head[kh];
+        if (need <= H->cap) continue;
+        int cap = H->cap * 2 > need ? H->cap * 2 : need + 32;
+        float *K = realloc(H->K, sizeof(float) * (size_t)cap * c->d);
+        if (K) H->K = K;
+        float *V = realloc(H->V, sizeof(float) * (size_t)cap * c->d);
+        if (V) H->V = V;
+        if (!K || !V) return skv_error(SKV_ENOMEM, "shadowkv: out of memory for %d generated tokens", L->n_gen + 1);
+        H->cap = cap;
+    }
+    return 0;
+}
+
+static int sk_append(kv_cache *base, int layer, int pos, int n, const float *k_pre, const float *k, const float *v) {
+    kv_sk *c = (kv_sk *)base;
+    sk_layer *L = &c->L[layer];
+    size_t row = (size_t)c->kvd;
+    int rc;
+    if (!c->prefilled) {
+        if (pos != L->n)
+            return skv_error(SKV_EINVAL, "shadowkv: layer %d appends at position %d, expected %d", layer, pos, L->n);
+        if ((rc = grow_dense(c, L, pos + n))) return rc;
+        memcpy(L->kpre + pos * row, k_pre, sizeof(float) * row * n);
+        memcpy(L->k + pos * row, k, sizeof(float) * row * n);
+        memcpy(L->v + pos * row, v, sizeof(float) * row * n);
+        L->n += n;
+        return 0;
+    }
+    if (n != 1)
+        return skv_error(SKV_EUNSUPPORTED,
+                         "shadowkv: %d tokens appended after the prompt; decoding takes one token at a time "
+                         "(a second prompt segment needs a new session)", n);
+    if (pos != c->s + L->n_gen)
+        return skv_error(SKV_EINVAL, "shadowkv: layer %d appends at position %d, expected %d", layer, pos,
+                         c->s + L->n_gen);
+    if ((rc = grow_heads(c, L))) return rc;
+    if (c->o.oracle) {
+        if ((rc = grow_dense(c, L, pos + 1))) return rc;
+        memcpy(L->k + pos * row, k, sizeof(float) * row);
+        memcpy(L->v + pos * row, v, sizeof(float) * row);
+        L->n = pos + 1;
+    }
+    const float *key = k;
+    if (c->o.plus) { /* ShadowKV+: project the pre-RoPE key onto the prefill basis, then rotate */
+        shadowkv_project(L->Vt, c->r, c->kvd, k_pre, c->proj, c->coef);
+        rope_apply(base->shape.rope, c->proj, c->h, pos);
+        key = c->proj;
+    }
+    int r = c->row_gen + L->n_gen;
+    for (int kh = 0; kh < c->h; kh++) {
+        memcpy(L->head[kh].K + (size_t)r * c->d, key + (size_t)kh * c->d, sizeof(float) * c->d);
+        memcpy(L->head[kh].V + (size_t)r * c->d, v + (size_t)kh * c->d, sizeof(float) * c->d);
+    }
+    L->n_gen++;
+    return 0;
+}
+
+/* ---- decode: selection, fetch, rebuild, attention -------------------------- */
+
+/* Scores, top-k and cache bookkeeping of KV head kh. */
+static void select_head(kv_sk *c, sk_layer *L, int kh, const float *q) {
+    sk_head *H = &L->head[kh];
+    sk_scratch *S = &c->scr[kh];
+    int nh = c->base.shape.n_heads;
+    shadowkv_score(q + (size_t)kh * c->group * c->d, 1, (size_t)nh * c->d, c->group, c->d, H->lm, c->n_cand,
+                   1.0f / sqrtf((float)c->d), S->tmp, S->score);
+    int k = shadowkv_topk(S->score, c->n_cand, c->k, S->sel);
+    SKV_ASSERT(k == c->k);
+    for (int i = 0; i < k; i++) {
+        S->sel_id[i] = H->cand[S->sel[i]];
+        S->sel_score[i] = S->score[S->sel[i]];
+    }
+    S->n_miss = shadowkv_cache_update(&H->cache, S->sel, k, S->slot_of, S->miss);
+}
+
+/* Exact attention mass captured by the selection and by the whole sparse set
+ * (mean over the group's query heads), and the rank of every candidate under
+ * exact chunk mass (max over the group, the reduction the landmark scores
+ * use) and under the landmark scores. */
+static void oracle_head(kv_sk *c, sk_layer *L, int kh, const float *q) {
+    sk_head *H = &L->head[kh];
+    sk_scratch *S = &c->scr[kh];
+    int d = c->d, T = c->s + L->n_gen, cc = c->c;
+    float scale = 1.0f / sqrtf((float)d);
+    for (int j = 0; j < c->n_chunks; j++) S->mass[j] = 0;
+    double sel_sum = 0, sparse_sum = 0;
+    for (int g = 0; g < c->group; g++) {
+        const float *qh = q + (size_t)(kh * c->group + g) * d;
+        float mx = -INFINITY;
+        for (int t = 0; t < T; t++) {
+            S->p[t] = vec_dot(qh, L->k + (size_t)t * c->kvd + (size_t)kh * d, d) * scale;
+            if (S->p[t] > mx) mx = S->p[t];
+        }
+        double sum = 0;
+        for (int t = 0; t < T; t++) sum += S->p[t] = expf(S->p[t] - mx);
+        for (int t = 0; t < T; t++) S->p[t] = (float)(S->p[t] / sum);
+        double sel = 0, sparse = 0;
+        for (int j = 0; j < c->n_chunks; j++) {
+            double m = 0;
+            for (int t = j * cc; t < (j + 1) * cc; t++) m += S->p[t];
+            if (m > S->mass[j]) S->mass[j] = (float)m;
+        }
+        for (int i = 0; i < c->k; i++)
+            for (int t = S->sel_id[i] * cc; t < (S->sel_id[i] + 1) * cc; t++) sel += S->p[t];
+        for (int i = 0; i < c->n_out; i++)
+            for (int t = H->outl[i] * cc; t < (H->outl[i] + 1) * cc; t++) sparse += S->p[t];
+        for (int t = c->local_start * cc; t < T; t++) sparse += S->p[t];
+        sel_sum += sel;
+        sparse_sum += sel + sparse;
+    }
+    S->recall_sel = (float)(sel_sum / c->group);
+    S->recall_sparse = (float)(sparse_sum / c->group);
+    for (int j = 0; j < c->n_chunks; j++) S->rank_exact[j] = S->rank_lm[j] = -1;
+    for (int i = 0; i < c->n_cand; i++) S->cand_key[i] = S->mass[H->cand[i]];
+    shadowkv_rank(S->cand_key, c->n_cand, S->rank_tmp, S->order);
+    for (int i = 0; i < c->n_cand; i++) S->rank_exact[H->cand[i]] = S->rank_tmp[i];
+    shadowkv_rank(S->score, c->n_cand, S->rank_tmp, S->order);
+    for (int i = 0; i < c->n_cand; i++) S->rank_lm[H->cand[i]] = S->rank_tmp[i];
+}
+
+static void span(kv_sk *c, int stream, const char *op, int layer, double t0) {
+    probe_emit_span(c->base.bus, stream, op, layer, c->base.step, t0, probe_time(c->base.bus));
+}
+
+/* Misses of KV head kh: fetch V from the offload store into their slots. */
+static void fetch_head(kv_sk *c, int layer, int kh) {
+    sk_scratch *S = &c->scr[kh];
+    sk_head *H = &c->L[layer].head[kh];
+    for (int m = 0; m < S->n_miss; m++) {
+        int i = S->miss[m];
+        int blk = (layer * c->h + kh) * c->n_cand + S->sel[i];
+        shadowkv_store_fetch(&c->store, blk, H->V + (size_t)(c->row_slot + S->slot_of[i] * c->c) * c->d, c->d);
+    }
+}
+
+/* Misses of KV head kh: rebuild K = RoPE(U·ΣVᵀ_kh) at the original positions. */
+static void rebuild_head(kv_sk *c, int layer, int kh) {
+    sk_scratch *S = &c->scr[kh];
+    sk_layer *L = &c->L[layer];
+    sk_head *H = &L->head[kh];
+    int d = c->d, cc = c->c;
+    for (int m = 0; m < S->n_miss; m++) {
+        int i = S->miss[m];
+        shadowkv_rebuild(L->U, c->r, L->SVt + (size_t)kh * c->r * d, d, S->sel_id[i] * cc, cc, c->base.shape.rope,
+                         c->rope_cs, c->rope_sn, H->K + (size_t)(c->row_slot + S->slot_of[i] * cc) * d);
+    }
+}
+
+/* Sparse attention of query head hq over its KV head's rows. */
+static void attend_query_head(kv_sk *c, sk_layer *L, int hq, const float *q, float *out) {
+    sk_head *H = &L->head[hq / c->group];
+    kv_attend_head(q + (size_t)hq * c->d, H->K, H->V, c->row_gen + L->n_gen, c->d, c->d,
+                   1.0f / sqrtf((float)c->d), out + (size_t)hq * c->d);
+}
+
+/* One layer of a decode step. Without span probes every KV head runs its
+ * whole pipeline (select, fetch, rebuild, attend its query heads) in one
+ * parallel loop, one barrier per layer; with them the stages run as
+ * separate loops so each gets a span on its stream. Results are the same. */
+static int decode_layer(kv_sk *c, int layer, const float *q, float *out) {
+    sk_layer *L = &c->L[layer];
+    int h = c->h, nh = c->base.shape.n_heads, sel = c->n_cand > 0;
+    if (layer == 0) {
+        c->steps++;
+        c->step_hits = c->step_misses = c->step_fetches = c->step_fetch_bytes = 0;
+    }
+    if (!probe_wants(c->base.bus, PROBE_SPAN)) {
+        #pragma omp parallel for schedule(dynamic, 1) if (h > 1)
+        for (int kh = 0; kh < h; kh++) {
+            if (sel) {
+                select_head(c, L, kh, q);
+                fetch_head(c, layer, kh);
+                rebuild_head(c, layer, kh);
+            }
+            for (int g = 0; g < c->group; g++) attend_query_head(c, L, kh * c->group + g, q, out);
+        }
+    } else {
+        double t0 = probe_time(c->base.bus);
+        if (sel) {
+            #pragma omp parallel for schedule(static) if (h > 1)
+            for (int kh = 0; kh < h; kh++) select_head(c, L, kh, q);
+            span(c, PROBE_STREAM_COMPUTE, "select", layer, t0);
+            t0 = probe_time(c->base.bus);
+            #pragma omp parallel for schedule(static) if (h > 1)
+            for (int kh = 0; kh < h; kh++) fetch_head(c, layer, kh);
+            span(c, PROBE_STREAM_FETCH, "fetch_v", layer, t0);
+            t0 = probe_time(c->base.bus);
+            #pragma omp parallel for schedule(static) if (h > 1)
+            for (int kh = 0; kh < h; kh++) rebuild_head(c, layer, kh);
+            span(c, PROBE_STREAM_REBUILD, "rebuild_k", layer, t0);
+            t0 = probe_time(c->base.bus);
+        }
+        #pragma omp parallel for schedule(static) if (nh > 1)
+        for (int hq = 0; hq < nh; hq++) attend_query_head(c, L, hq, q, out);
+        span(c, PROBE_STREAM_COMPUTE, "sparse_attn", layer, t0);
+    }
+    if (sel)
+        for (int kh = 0; kh < h; kh++) {
+            uint64_t nm = (uint64_t)c->scr[kh].n_miss, hit = (uint64_t)c->k - nm;
+            c->step_hits += hit;
+            c->step_misses += nm;
+            c->step_fetches += nm;
+            c->step_fetch_bytes += nm * c->c * c->d * sizeof(float);
+            c->hits += hit;
+            c->misses += nm;
+        }
+    if (c->o.oracle) {
+        #pragma omp parallel for schedule(static) if (h > 1)
+        for (int kh = 0; kh < h; kh++) oracle_head(c, L, kh, q);
+        for (int kh = 0; kh < h; kh++) {
+            c->recall_sel_sum += c->scr[kh].recall_sel;
+            c->recall_sparse_sum += c->scr[kh].recall_sparse;
+            c->recall_n++;
+        }
+    }
+    if (probe_wants(c->base.bus, PROBE_DECODE_HEAD)) {
+        for (int kh = 0; kh < h; kh++) {
+            sk_scratch *S = &c->scr[kh];
+            int k = sel ? c->k : 0, nm = sel ? S->n_miss : 0;
+            probe_event ev = {
+                .kind = PROBE_DECODE_HEAD,
+                .decode_head = {
+                    .step = c->base.step, .layer = layer, .head = kh,
+                    .n_sel = k, .hits = k - nm, .misses = nm,
+                    .has_oracle = c->o.oracle,
+                    .recall = c->o.oracle ? S->recall_sel : 0,
+                    .n_chunks = c->o.oracle ? c->n_chunks : 0,
+                    .sel = S->sel_id, .score = S->sel_score,
+                    .rank_exact = c->o.oracle ? S->rank_exact : NULL,
+                    .rank_landmark = c->o.oracle ? S->rank_lm : NULL,
+                },
+            };
+            probe_emit(c->base.bus, &ev);
+        }
+    }
+    return 0;
+}
+
+static int sk_attend(kv_cache *base, int layer, int pos, int n, const float *q, float *out) {
+    kv_sk *c = (kv_sk *)base;
+    sk_layer *L = &c->L[layer];
+    if (!c->prefilled) {
+        if (pos + n > L->n)
+            return skv_error(SKV_EINVAL, "shadowkv: layer %d attends up to position %d, only %d stored", layer,
+                             pos + n - 1, L->n);
+        attend_dense(c, L, pos, n, q, out);
+        return 0;
+    }
+    if (n != 1)
+        return skv_error(SKV_EUNSUPPORTED, "shadowkv: %d queries after the prompt; decoding takes one at a time", n);
+    if (pos != c->s + L->n_gen - 1)
+        return skv_error(SKV_EINVAL, "shadowkv: layer %d attends at position %d, the last stored is %d", layer, pos,
+                         c->s + L->n_gen - 1);
+    return decode_layer(c, layer, q, out);
+}
+
+/* ---- end of prefill: compress ------------------------------------------------ */
+
+/* Prefill-time work buffers shared by the layers. */
+typedef struct {
+    float *sv;             /* (min(s, kvd)) singular values */
+    float *svt;            /* (r, kvd) Σ·Vᵀ before the per-head split */
+    float *lm;             /* (h, n_chunks, d) landmarks of every full chunk */
+    float *cm;             /* (h, n_chunks) cosine minima */
+    float *tmp;            /* (n_chunks) */
+    int *outl;             /* (n_chunks) */
+} sk_build;
+
+static int alloc_head(kv_sk *c, sk_head *H) {
+    int d = c->d;
+    H->cap = c->row_gen + 32;
+    H->K = skv_malloc(sizeof(float) * (size_t)H->cap * d);
+    H->V = skv_malloc(sizeof(float) * (size_t)H->cap * d);
+    H->cand = skv_malloc(sizeof(int) * (size_t)c->n_cand);
+    H->lm = skv_malloc(sizeof(float) * (size_t)c->n_cand * d);
+    H->outl = skv_malloc(sizeof(int) * (size_t)c->n_out);
+    if (!H->K || !H->V || !H->cand || !H->lm || !H->outl)
+        return skv_error(SKV_ENOMEM, "shadowkv: out of memory for a KV head of %d rows", H->cap);
+    /* Slots are filled before they are first read; zero them for the sanitizers. */
+    memset(H->K, 0, sizeof(float) * (size_t)H->cap * d);
+    memset(H->V, 0, sizeof(float) * (size_t)H->cap * d);
+    return shadowkv_cache_init(&H->cache, c->k, c->n_cand);
+}
+
+/* SVD, landmarks, cosine minima, outliers and offload of one layer. */
+static int build_layer(kv_sk *c, int layer, sk_build *B) {
+    sk_layer *L = &c->L[layer];
+    probe_bus *bus = c->base.bus;
+    int s = c->s, h = c->h, d = c->d, kvd = c->kvd, r = c->r, cc = c->c, nch = c->n_chunks;
+    int spans = probe_wants(bus, PROBE_SPAN);
+    double t[6];
+    t[0] = skv_now();
+    double p0 = spans ? probe_time(bus) : 0;
+    L->U = skv_malloc(sizeof(float) * (size_t)s * r);
+    L->SVt = skv_malloc(sizeof(float) * (size_t)r * kvd);
+    if (c->o.plus) L->Vt = skv_malloc(sizeof(float) * (size_t)r * kvd);
+    if (!L->U || !L->SVt || (c->o.plus && !L->Vt))
+        return skv_error(SKV_ENOMEM, "shadowkv: out of memory for the rank-%d factors of layer %d", r, layer);
+    int rc = shadowkv_svd(L->kpre, s, kvd, r, L->U, B->svt, L->Vt, B->sv, &L->rel_err);
+    if (rc) return skv_error(rc, "shadowkv: layer %d: %s", layer, skv_last_error());
+    for (int kh = 0; kh < h; kh++)
+        for (int j = 0; j < r; j++)
+            memcpy(L->SVt + ((size_t)kh * r + j) * d, B->svt + (size_t)j * kvd + (size_t)kh * d, sizeof(float) * d);
+    free(L->kpre);
+    L->kpre = NULL;
+    t[1] = skv_now();
+    if (spans) span(c, PROBE_STREAM_COMPUTE, "svd", layer, p0), p0 = probe_time(bus);
+
+    for (int kh = 0; kh < h; kh++)
+        shadowkv_landmarks(L->k + (size_t)kh * d, kvd, d, cc, nch, B->lm + (size_t)kh * nch * d);
+    t[2] = skv_now();
+    if (spans) span(c, PROBE_STREAM_COMPUTE, "landmarks", layer, p0), p0 = probe_time(bus);
+
+    for (int kh = 0; kh < h; kh++)
+        shadowkv_cos_min(L->k + (size_t)kh * d, kvd, d, cc, nch, B->lm + (size_t)kh * nch * d,
+                         B->cm + (size_t)kh * nch);
+    t[3] = skv_now();
+    if (spans) span(c, PROBE_STREAM_COMPUTE, "cosmin", layer, p0), p0 = probe_time(bus);
+
+    for (int kh = 0; kh < h; kh++) {
+        sk_head *H = &L->head[kh];
+        if ((rc = alloc_head(c, H))) return rc;
+        int got = shadowkv_outliers(B->cm + (size_t)kh * nch, c->local_start, c->n_out, H->outl, B->tmp);
+        SKV_ASSERT(got == c->n_out);
+        int n = 0, o = 0;
+        for (int j = 0; j < c->local_start; j++) {
+            if (o < c->n_out && H->outl[o] == j) { o++; continue; }
+            H->cand[n] = j;
+            memcpy(H->lm + (size_t)n * d, B->lm + ((size_t)kh * nch + j) * d, sizeof(float) * d);
+            n++;
+        }
+        SKV_ASSERT(n == c->n_cand);
+    }
+    t[4] = skv_now();
+    if (spans) span(c, PROBE_STREAM_COMPUTE, "outliers", layer, p0), p0 = probe_time(bus);
+
+    /* Dense rows (outliers, local window) into the head buffers; candidate V to the store. */
+    for (int kh = 0; kh < h; kh++) {
+        sk_head *H = &L->head[kh];
+        for (int i = 0; i < c->n_out; i++)
+            for (int t2 = 0; t2 < cc; t2++) {
+                size_t src = ((size_t)H->outl[i] * cc + t2) * kvd + (size_t)kh * d, dst = ((size_t)i * cc + t2) * d;
+                memcpy(H->K + dst, L->k + src, sizeof(float) * d);
+                memcpy(H->V + dst, L->v + src, sizeof(float) * d);
+            }
+        for (int t2 = 0; t2 < c->n_local; t2++) {
+            size_t src = ((size_t)c->local_start * cc + t2) * kvd + (size_t)kh * d;
+            size_t dst = ((size_t)c->row_local + t2) * d;
+            memcpy(H->K + dst, L->k + src, sizeof(float) * d);
+            memcpy(H->V + dst, L->v + src, sizeof(float) * d);
+        }
+        for (int i = 0; i < c->n_cand; i++)
+            shadowkv_store_put(&c->store, (layer * h + kh) * c->n_cand + i,
+                               L->v + (size_t)H->cand[i] * cc * kvd + (size_t)kh * d, kvd);
+    }
+    if (!c->o.oracle) {
+        free(L->k);
+        free(L->v);
+        L->k = L->v = NULL;
+        L->cap = 0;
+    }
+    t[5] = skv_now();
+    if (spans) span(c, PROBE_STREAM_COMPUTE, "offload", layer, p0);
+
+    if (probe_wants(bus, PROBE_PREFILL_LAYER)) {
+        probe_event ev = {
+            .kind = PROBE_PREFILL_LAYER,
+            .prefill_layer = {
+                .layer = layer, .seq_len = s, .rank = r, .n_sv = s < kvd ? s : kvd, .rel_err = L->rel_err,
+                .t_svd = t[1] - t[0], .t_landmarks = t[2] - t[1], .t_cosmin = t[3] - t[2],
+                .t_outliers = t[4] - t[3], .t_offload = t[5] - t[4], .sv = B->sv,
+            },
+        };
+        probe_emit(bus, &ev);
+    }
+    if (probe_wants(bus, PROBE_PREFILL_HEAD))
+        for (int kh = 0; kh < h; kh++) {
+            probe_event ev = {
+                .kind = PROBE_PREFILL_HEAD,
+                .prefill_head = {
+                    .layer = layer, .head = kh, .chunk = cc, .n_chunks = nch, .n_outliers = c->n_out,
+                    .n_landmarks = c->n_cand, .local_start = c->local_start, .cos_min = B->cm + (size_t)kh * nch,
+                    .outliers = L->head[kh].outl,
+                },
+            };
+            probe_emit(bus, &ev);
+        }
+    return 0;
+}
+
+static int alloc_scratch(kv_sk *c) {
+    c->scr = skv_calloc((size_t)c->h, sizeof(sk_scratch));
+    if (!c->scr) return skv_error(SKV_ENOMEM, "out of memory");
+    size_t nc = (size_t)c->n_cand, k = (size_t)c->k, nch = (size_t)c->n_chunks;
+    for (int kh = 0; kh < c->h; kh++) {
+        sk_scratch *S = &c->scr[kh];
+        S->score = skv_malloc(sizeof(float) * nc);
+        S->tmp = skv_malloc(sizeof(float) * 2 * nc);
+        S->sel = skv_malloc(sizeof(int) * k);
+        S->sel_id = skv_malloc(sizeof(int) * k);
+        S->sel_score = skv_malloc(sizeof(float) * k);
+        S->slot_of = skv_malloc(sizeof(int) * k);
+        S->miss = skv_malloc(sizeof(int) * k);
+        if (!S->score || !S->tmp || !S->sel || !S->sel_id || !S->sel_score || !S->slot_of || !S->miss)
+            return skv_error(SKV_ENOMEM, "out of memory");
+        if (c->o.oracle) {
+            S->p = skv_malloc(sizeof(float) * (size_t)c->base.shape.max_ctx);
+            S->mass = skv_malloc(sizeof(float) * nch);
+            S->cand_key = skv_malloc(sizeof(float) * nc);
+            S->order = skv_malloc(sizeof(int) * nc);
+            S->rank_tmp = skv_malloc(sizeof(int) * nc);
+            S->rank_exact = skv_malloc(sizeof(int) * nch);
+            S->rank_lm = skv_malloc(sizeof(int) * nch);
+            if (!S->p || !S->mass || !S->cand_key || !S->order || !S->rank_tmp || !S->rank_exact || !S->rank_lm)
+                return skv_error(SKV_ENOMEM, "out of memory");
+        }
+    }
+    return 0;
+}
+
+static int sk_end_prefill(kv_cache *base) {
+    kv_sk *c = (kv_sk *)base;
+    const kv_shape *sh = &base->shape;
+    if (c->prefilled) return skv_error(SKV_EINVAL, "shadowkv: end_prefill called twice");
+    int s = c->L[0].n;
+    for (int l = 1; l < sh->n_layers; l++)
+        if (c->L[l].n != s)
+            return skv_error(SKV_EINVAL, "shadowkv: layer %d holds %d prompt tokens, layer 0 holds %d", l, c->L[l].n, s);
+    if (s < 1) return skv_error(SKV_EINVAL, "shadowkv: end_prefill with an empty prompt");
+    base->notice[0] = 0;
+    c->s = s;
+    c->c = c->o.chunk;
+    c->n_chunks = s / c->c;
+    c->local_start = c->n_chunks > c->o.local ? c->n_chunks - c->o.local : 0;
+    c->n_local = s - c->local_start * c->c;
+    c->n_out = c->o.outliers < c->local_start ? c->o.outliers : c->local_start;
+    c->n_cand = c->local_start - c->n_out;
+    int want_k = c->o.budget / c->c;
+    c->k = want_k < c->n_cand ? want_k : c->n_cand;
+    int max_r = s < c->kvd ? s : c->kvd;
+    c->r = c->o.rank < max_r ? c->o.rank : max_r;
+    if (c->o.rank > max_r)
+        notice_add(c, "shadowkv: rank %d > min(%d tokens, %d = kv_heads*head_dim); using %d", c->o.rank, s, c->kvd,
+                   c->r);
+    if (c->n_cand == 0)
+        notice_add(c,
+                   "shadowkv: a %d-token prompt leaves no chunk to select outside the %d-token local window and %d "
+                   "outlier chunk%s; attention is dense", s, c->n_local, c->n_out, c->n_out == 1 ? "" : "s");
+    else if (want_k > c->n_cand)
+        notice_add(c, "shadowkv: budget %d tokens > %d candidate tokens in a %d-token prompt; using all %d chunks",
+                   c->o.budget, c->n_cand * c->c, s, c->n_cand);
+    else if (c->k == 0)
+        notice_add(c, "shadowkv: budget %d tokens is less than one chunk of %d; no chunk is selected", c->o.budget,
+                   c->c);
+    c->row_slot = c->n_out * c->c;
+    c->row_local = c->row_slot + c->k * c->c;
+    c->row_gen = c->row_local + c->n_local;
+
+    int half = sh->rope->rope_dim / 2, rc = 0;
+    c->rope_cs = skv_malloc(sizeof(float) * (size_t)s * (half ? half : 1));
+    c->rope_sn = skv_malloc(sizeof(float) * (size_t)s * (half ? half : 1));
+    c->proj = skv_malloc(sizeof(float) * (size_t)c->kvd);
+    c->coef = skv_malloc(sizeof(float) * (size_t)c->r);
+    if (!c->rope_cs || !c->rope_sn || !c->proj || !c->coef) return skv_error(SKV_ENOMEM, "out of memory");
+    shadowkv_rope_table(sh->rope, s, c->rope_cs, c->rope_sn);
+    if ((rc = shadowkv_store_init(&c->store, sh->n_layers * c->h * c->n_cand, c->c, c->d))) return rc;
+    if ((rc = alloc_scratch(c))) return rc;
+
+    sk_build B = {0};
+    int nch = c->n_chunks ? c->n_chunks : 1;
+    B.sv = skv_malloc(sizeof(float) * (size_t)max_r);
+    B.svt = skv_malloc(sizeof(float) * (size_t)c->r * c->kvd);
+    B.lm = skv_malloc(sizeof(float) * (size_t)c->h * nch * c->d);
+    B.cm = skv_malloc(sizeof(float) * (size_t)c->h * nch);
+    B.tmp = skv_malloc(sizeof(float) * (size_t)nch);
+    B.outl = skv_malloc(sizeof(int) * (size_t)nch);
+    if (!B.sv || !B.svt || !B.lm || !B.cm || !B.tmp || !B.outl) rc = skv_error(SKV_ENOMEM, "out of memory");
+    for (int l = 0; !rc && l < sh->n_layers; l++) rc = build_layer(c, l, &B);
+    free(B.sv); free(B.svt); free(B.lm); free(B.cm); free(B.tmp); free(B.outl);
+    if (rc) return rc;
+    c->prefilled = 1;
+    return 0;
+}
+
+/* ---- bytes, stats, free --------------------------------------------------------- */
+
+static void parts(const kv_sk *c, kv_shadowkv_stats *st) {
+    const kv_shape *sh = &c->base.shape;
+    size_t f = sizeof(float), d = c->d, h = c->h, cc = c->c;
+    for (int l = 0; l < sh->n_layers; l++) {
+        const sk_layer *L = &c->L[l];
+        if (!c->prefilled) {
+            st->b_prefill += 3 * (size_t)L->n * c->kvd * f;
+            continue;
+        }
+        st->b_U += (size_t)c->s * c->r * f;
+        st->b_SVt += (size_t)c->r * c->kvd * f * (c->o.plus ? 2 : 1);
+        st->b_landmarks += h * c->n_cand * d * f;
+        st->b_outliers += 2 * h * c->n_out * cc * d * f;
+        st->b_local += 2 * h * c->n_local * d * f;
+        st->b_generated += 2 * h * L->n_gen * d * f;
+        st->b_cache += 2 * h * c->k * cc * d * f;
+        if (c->o.oracle) st->b_oracle += 2 * (size_t)L->n * c->kvd * f;
+    }
+    st->resident = st->b_U + st->b_SVt + st->b_landmarks + st->b_outliers + st->b_local + st->b_generated +
+                   st->b_cache + st->b_prefill;
+    st->offloaded = shadowkv_store_bytes(&c->store);
+}
+
+static void sk_bytes(const kv_cache *base, size_t *resident, size_t *offloaded) {
+    kv_shadowkv_stats st = {0};
+    parts((const kv_sk *)base, &st);
+    *resident = st.resident;
+    *offloaded = st.offloaded;
+}
+
+int kv_shadowkv_stats_get(const kv_cache *base, kv_shadowkv_stats *st) {
+    if (!base || base->cls != &kv_shadowkv_class)
+        return skv_error(SKV_EINVAL, "KV stats: the cache is not a shadowkv cache");
+    const kv_sk *c = (const kv_sk *)base;
+    memset(st, 0, sizeof *st);
+    st->prefilled = c->prefilled;
+    st->chunk = c->o.chunk;
+    st->oracle_recall_sel = st->oracle_recall_sparse = -1;
+    parts(c, st);
+    if (!c->prefilled) {
+        st->prompt_len = c->L[0].n;
+        return 0;
+    }
+    st->prompt_len = c->s;
+    st->rank = c->r;
+    st->n_chunks = c->n_chunks;
+    st->local_start = c->local_start;
+    st->local_tokens = c->n_local;
+    st->outliers = c->n_out;
+    st->candidates = c->n_cand;
+    st->k = c->k;
+    st->dense = c->n_cand == 0;
+    st->generated = c->L[0].n_gen;
+    st->steps = c->steps;
+    st->hits = c->hits;
+    st->misses = c->misses;
+    st->fetches = c->store.n_fetch;
+    st->fetch_bytes = c->store.fetch_bytes;
+    st->step_hits = c->step_hits;
+    st->step_misses = c->step_misses;
+    st->step_fetches = c->step_fetches;
+    st->step_fetch_bytes = c->step_fetch_bytes;
+    double sum = 0;
+    for (int l = 0; l < base->shape.n_layers; l++) {
+        sum += c->L[l].rel_err;
+        if (c->L[l].rel_err > st->rel_err_max) st->rel_err_max = c->L[l].rel_err;
+    }
+    st->rel_err_mean = (float)(sum / base->shape.n_layers);
+    if (c->o.oracle && c->recall_n) {
+        st->oracle_recall_sel = c->recall_sel_sum / c->recall_n;
+        st->oracle_recall_sparse = c->recall_sparse_sum / c->recall_n;
+    }
+    return 0;
+}
+
+float kv_shadowkv_rel_err(const kv_cache *base, int layer) {
+    if (!base || base->cls != &kv_shadowkv_class) return -1;
+    const kv_sk *c = (const kv_sk *)base;
+    if (!c->prefilled || layer < 0 || layer >= base->shape.n_layers) return -1;
+    return c->L[layer].rel_err;
+}
+
+static void sk_free(kv_cache *base) {
+    kv_sk *c = (kv_sk *)base;
+    for (int l = 0; c->L && l < base->shape.n_layers; l++) {
+        sk_layer *L = &c->L[l];
+        free(L->kpre); free(L->k); free(L->v);
+        free(L->U); free(L->SVt); free(L->Vt);
+        for (int kh = 0; L->head && kh < c->h; kh++) {
+            sk_head *H = &L->head[kh];
+            free(H->K); free(H->V); free(H->cand); free(H->lm); free(H->outl);
+            shadowkv_cache_free(&H->cache);
+        }
+        free(L->head);
+    }
+    free(c->L);
+    for (int kh = 0; c->scr && kh < c->h; kh++) {
+        sk_scratch *S = &c->scr[kh];
+        free(S->score); free(S->tmp); free(S->sel); free(S->sel_id); free(S->sel_score);
+        free(S->slot_of); free(S->miss);
+        free(S->p); free(S->mass); free(S->cand_key); free(S->order); free(S->rank_tmp);
+        free(S->rank_exact); free(S->rank_lm);
+    }
+    free(c->scr);
+    free(c->rope_cs); free(c->rope_sn); free(c->proj); free(c->coef);
+    shadowkv_store_free(&c->store);
+    free(c);
+}
+
+static const kv_class kv_shadowkv_class = {
+    .name = "shadowkv",
+    .append = sk_append,
+    .attend = sk_attend,
+    .end_prefill = sk_end_prefill,
+    .bytes = sk_bytes,
+    .free = sk_free,
+};
+
+int kv_shadowkv_new(const kv_opts *o, const kv_shape *shape, kv_cache **out) {
+    *out = NULL;
+    if (o->chunk < 1 || o->rank < 1 || o->budget < 0 || o->outliers < 0 || o->local < 0)
+        return skv_error(SKV_EINVAL,
+                         "shadowkv: options need chunk >= 1 and rank >= 1, budget, outliers and local >= 0 "
+                         "(got chunk %d, rank %d, budget %d, outliers %d, local %d)",
+                         o->chunk, o->rank, o->budget, o->outliers, o->local);
+    if (shape->n_kv_heads < 1 || shape->n_heads % shape->n_kv_heads || !shape->rope || shape->head_dim < 1)
+        return skv_error(SKV_EINVAL, "shadowkv: %d query heads do not split into %d KV heads, or no RoPE context",
+                         shape->n_heads, shape->n_kv_heads);
+    kv_sk *c = calloc(1, sizeof *c);
+    if (!c) return skv_error(SKV_ENOMEM, "out of memory");
+    c->base.cls = &kv_shadowkv_class;
+    c->base.shape = *shape;
+    c->base.step = -1;
+    c->o = *o;
+    c->h = shape->n_kv_heads;
+    c->d = shape->head_dim;
+    c->kvd = c->h * c->d;
+    c->group = shape->n_heads / shape->n_kv_heads;
+    c->L = calloc((size_t)shape->n_layers, sizeof(sk_layer));
+    if (!c->L) {
+        sk_free(&c->base);
+        return skv_error(SKV_ENOMEM, "out of memory");
+    }
+    for (int l = 0; l < shape->n_layers; l++)
+        if (!(c->L[l].head = calloc((size_t)c->h, sizeof(sk_head)))) {
+            sk_free(&c->base);
+            return skv_error(SKV_ENOMEM, "out of memory");
+        }
+    *out = &c->base;
+    return 0;
+}

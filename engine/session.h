@@ -1,0 +1,52 @@
+/* session.h: a generation session: a model, its KV policy, the forward
+ * state and a sampler, fed a prompt and then one token at a time. This is the
+ * unit the CLI, the inspector's worker thread and the needle harness drive. */
+#ifndef SKV_SESSION_H
+#define SKV_SESSION_H
+
+#include "forward.h"
+#include "kv.h"
+#include "model.h"
+#include "sampler.h"
+
+typedef struct {
+    int ctx;                 /* positions; 0 = the model's trained context */
+    int batch;               /* prefill batch; 0 = 512 */
+    kv_opts kv;
+    sampler_opts sample;
+    probe_bus *bus;          /* may be NULL */
+} session_opts;
+
+void session_opts_default(session_opts *o);
+
+typedef struct skv_session skv_session;
+struct skv_session {
+    skv_model *m;            /* borrowed */
+    session_opts o;
+    forward_state fwd;
+    kv_cache *kv;
+    sampler smp;
+    int n_past;              /* positions filled */
+    int n_prompt;
+    int step;                /* decode steps done */
+    double t_prefill;        /* seconds */
+    double t_decode;         /* seconds, summed over steps */
+};
+
+int session_new(skv_model *m, const session_opts *o, skv_session **out);
+void session_free(skv_session *s);
+
+/* Runs the prompt (n tokens); progress, when set, is called after each batch. */
+int session_prefill(skv_session *s, const int32_t *tokens, int n, void (*progress)(void *user, int done, int total),
+                    void *user);
+
+/* Feeds one token at the next position. */
+int session_decode(skv_session *s, int32_t token);
+
+/* Logits of the last token fed, (vocab). */
+static inline const float *session_logits(const skv_session *s) { return s->fwd.logits; }
+
+/* Samples from the current logits. */
+static inline int session_sample(skv_session *s) { return sampler_sample(&s->smp, s->fwd.logits); }
+
+#endif

@@ -1,0 +1,314 @@
+/* shadowkv_ops.c: the CPU reference of the ShadowKV stages declared in
+ * shadowkv_ops.h. The policy (kv_shadowkv.c) strings them together; the
+ * tests check each one against a brute force; a CUDA backend checks its
+ * kernels against these. */
+#include "shadowkv_ops.h"
+#include "skv.h"
+#include "vec.h"
+
+#include <lapacke.h>
+#include <math.h>
+#include <stdlib.h>
+#include <string.h>
+
+/* ---- SVD -------------------------------------------------------------- */
+
+/* LAPACK is column-major, so the row-major K (s, n) is read as the
+ * column-major Kᵀ (n, s) = V·Σ·Uᵀ without a transpose: gesdd's left factor
+ * (n, m) column-major is Vᵀ (m, n) row-major, and its right factor (m, s)
+ * column-major is U (s, m) row-major, with m = min(s, n). */
+int shadowkv_svd(const float *K, int s, int n, int r, float *U, float *SVt, float *Vt, float *sv, float *rel_err) {
+    if (s < 1 || n < 1 || r < 1 || r > (s < n ? s : n))
+        return skv_error(SKV_EINVAL, "svd: rank %d is outside 1..min(%d, %d)", r, s, n);
+    int m = s < n ? s : n;
+    float *a = malloc(sizeof(float) * (size_t)s * n);
+    float *vt = malloc(sizeof(float) * (size_t)n * m);   /* (m, n) row-major */
+    float *u = malloc(sizeof(float) * (size_t)s * m);    /* (s, m) row-major */
+    if (!a || !vt || !u) {
+        free(a); free(vt); free(u);
+        return skv_error(SKV_ENOMEM, "svd: out of memory for a (%d, %d) key matrix", s, n);
+    }
+    memcpy(a, K, sizeof(float) * (size_t)s * n);
+    lapack_int info = LAPACKE_sgesdd(LAPACK_COL_MAJOR, 'S', n, s, a, n, sv, vt, n, u, m);
+    free(a);
+    if (info != 0) {
+        free(vt); free(u);
+        return skv_error(info < 0 ? SKV_EINVAL : SKV_EUNSUPPORTED,
+                         "svd: LAPACKE_sgesdd failed on a (%d, %d) key matrix (info %d%s)", s, n, (int)info,
+                         info < 0 ? ": bad argument or NaN in the keys" : ": did not converge");
+    }
+    for (int t = 0; t < s; t++) memcpy(U + (size_t)t * r, u + (size_t)t * m, sizeof(float) * r);
+    for (int i = 0; i < r; i++) {
+        const float *row = vt + (size_t)i * n;
+        for (int j = 0; j < n; j++) SVt[(size_t)i * n + j] = sv[i] * row[j];
+        if (Vt) memcpy(Vt + (size_t)i * n, row, sizeof(float) * n);
+    }
+    double fro = 0, tail = 0;
+    for (size_t i = 0; i < (size_t)s * n; i++) fro += (double)K[i] * K[i];
+    for (int i = r; i < m; i++) tail += (double)sv[i] * sv[i];
+    *rel_err = fro > 0 ? (float)sqrt(tail / fro) : 0.0f;
+    free(vt);
+    free(u);
+    return 0;
+}
+
+/* ---- landmarks, cosine minima, outliers -------------------------------- */
+
+void shadowkv_landmarks(const float *K, int stride, int d, int c, int n_chunks, float *lm) {
+    float inv = 1.0f / (float)c;
+    for (int j = 0; j < n_chunks; j++) {
+        float *l = lm + (size_t)j * d;
+        memset(l, 0, sizeof(float) * d);
+        for (int t = 0; t < c; t++) vec_axpy(l, 1.0f, K + (size_t)(j * c + t) * stride, d);
+        vec_scale(l, inv, d);
+    }
+}
+
+void shadowkv_cos_min(const float *K, int stride, int d, int c, int n_chunks, const float *lm, float *cos_min) {
+    for (int j = 0; j < n_chunks; j++) {
+        const float *l = lm + (size_t)j * d;
+        float ln = sqrtf(vec_dot(l, l, d));
+        float mn = INFINITY;
+        for (int t = 0; t < c; t++) {
+            const float *k = K + (size_t)(j * c + t) * stride;
+            float den = ln * sqrtf(vec_dot(k, k, d));
+            float cs = den > 0 ? vec_dot(l, k, d) / den : 0.0f;
+            if (cs < mn) mn = cs;
+        }
+        cos_min[j] = mn;
+    }
+}
+
+static int cmp_int(const void *a, const void *b) {
+    int x = *(const int *)a, y = *(const int *)b;
+    return (x > y) - (x < y);
+}
+
+int shadowkv_outliers(const float *cos_min, int n, int o, int *out, float *scratch) {
+    for (int i = 0; i < n; i++) scratch[i] = -cos_min[i];
+    int got = shadowkv_topk(scratch, n, o, out);
+    qsort(out, got, sizeof(int), cmp_int);
+    return got;
+}
+
+/* ---- scoring, top-k, ranks --------------------------------------------- */
+
+void shadowkv_score(const float *q, int nq, size_t q_stride, int group, int d, const float *lm, int n_lm,
+                    float scale, float *tmp, float *score) {
+    float *logit = tmp, *acc = tmp + n_lm;
+    for (int j = 0; j < n_lm; j++) score[j] = -INFINITY;
+    for (int g = 0; g < group; g++) {
+        memset(acc, 0, sizeof(float) * n_lm);
+        for (int i = 0; i < nq; i++) {
+            const float *qi = q + (size_t)i * q_stride + (size_t)g * d;
+            float mx = -INFINITY;
+            for (int j = 0; j < n_lm; j++) {
+                logit[j] = vec_dot(qi, lm + (size_t)j * d, d) * scale;
+                if (logit[j] > mx) mx = logit[j];
+            }
+            double sum = 0;
+            for (int j = 0; j < n_lm; j++) {
+                logit[j] = expf(logit[j] - mx);
+                sum += logit[j];
+            }
+            float inv = (float)(1.0 / sum);
+            for (int j = 0; j < n_lm; j++) acc[j] += logit[j] * inv;
+        }
+        for (int j = 0; j < n_lm; j++)
+            if (acc[j] > score[j]) score[j] = acc[j];
+    }
+}
+
+/* NaN ranks below every number, -inf included. */
+static inline int better(const float *s, int a, int b) {
+    float x = s[a], y = s[b];
+    if (isnan(x)) return isnan(y) ? a < b : 0;
+    if (isnan(y)) return 1;
+    return x > y || (x == y && a < b);
+}
+
+/* Min-heap by `better`: the root is the worst index kept. */
+static void sift_down(const float *s, int *h, int n, int i) {
+    for (;;) {
+        int l = 2 * i + 1, r = l + 1, w = i;
+        if (l < n && better(s, h[w], h[l])) w = l;
+        if (r < n && better(s, h[w], h[r])) w = r;
+        if (w == i) return;
+        int t = h[i]; h[i] = h[w]; h[w] = t;
+        i = w;
+    }
+}
+
+int shadowkv_topk(const float *score, int n, int k, int *idx) {
+    if (k > n) k = n;
+    if (k <= 0) return 0;
+    for (int i = 0; i < k; i++) idx[i] = i;
+    for (int i = k / 2 - 1; i >= 0; i--) sift_down(score, idx, k, i);
+    for (int i = k; i < n; i++)
+        if (better(score, i, idx[0])) {
+            idx[0] = i;
+            sift_down(score, idx, k, 0);
+        }
+    /* Pop the worst to the back: the array ends best first. */
+    for (int m = k - 1; m > 0; m--) {
+        int t = idx[0]; idx[0] = idx[m]; idx[m] = t;
+        sift_down(score, idx, m, 0);
+    }
+    return k;
+}
+
+void shadowkv_rank(const float *score, int n, int *rank, int *order) {
+    int got = shadowkv_topk(score, n, n, order);
+    for (int i = 0; i < got; i++) rank[order[i]] = i;
+}
+
+/* ---- RoPE tables and key rebuild ---------------------------------------- */
+
+void shadowkv_rope_table(const rope_ctx *rope, int n_pos, float *cs, float *sn) {
+    int half = rope->rope_dim / 2;
+    for (int p = 0; p < n_pos; p++)
+        for (int i = 0; i < half; i++) {
+            double th = (double)p * rope->inv_freq[i];
+            cs[(size_t)p * half + i] = (float)cos(th);
+            sn[(size_t)p * half + i] = (float)sin(th);
+        }
+}
+
+void shadowkv_rope_rows(const rope_ctx *rope, const float *cs, const float *sn, float *x, int n, int pos0) {
+    int half = rope->rope_dim / 2, hd = rope->head_dim;
+    for (int t = 0; t < n; t++) {
+        float *v = x + (size_t)t * hd;
+        const float *c = cs + (size_t)(pos0 + t) * half, *s = sn + (size_t)(pos0 + t) * half;
+        if (rope->mode == ROPE_ADJACENT) {
+            for (int i = 0; i < half; i++) {
+                float a = v[2 * i], b = v[2 * i + 1];
+                v[2 * i] = a * c[i] - b * s[i];
+                v[2 * i + 1] = a * s[i] + b * c[i];
+            }
+        } else {
+            for (int i = 0; i < half; i++) {
+                float a = v[i], b = v[i + half];
+                v[i] = a * c[i] - b * s[i];
+                v[i + half] = a * s[i] + b * c[i];
+            }
+        }
+    }
+}
+
+void shadowkv_rebuild(const float *U, int r, const float *svt, int d, int t0, int n, const rope_ctx *rope,
+                      const float *cs, const float *sn, float *out) {
+    for (int i = 0; i < n; i++) {
+        const float *u = U + (size_t)(t0 + i) * r;
+        float *o = out + (size_t)i * d;
+        memset(o, 0, sizeof(float) * d);
+        for (int j = 0; j < r; j++) vec_axpy(o, u[j], svt + (size_t)j * d, d);
+    }
+    if (cs) shadowkv_rope_rows(rope, cs, sn, out, n, t0);
+    else
+        for (int i = 0; i < n; i++) rope_apply(rope, out + (size_t)i * d, 1, t0 + i);
+}
+
+void shadowkv_project(const float *Vt, int r, int n, const float *x, float *y, float *coef) {
+    for (int i = 0; i < r; i++) coef[i] = vec_dot(Vt + (size_t)i * n, x, n);
+    memset(y, 0, sizeof(float) * n);
+    for (int i = 0; i < r; i++) vec_axpy(y, coef[i], Vt + (size_t)i * n, n);
+}
+
+/* ---- chunk cache -------------------------------------------------------- */
+
+int shadowkv_cache_init(shadowkv_cache *c, int n_slots, int n_ids) {
+    memset(c, 0, sizeof *c);
+    c->n_slots = n_slots;
+    c->n_ids = n_ids;
+    c->slot_id = skv_malloc(sizeof(int) * (size_t)n_slots);
+    c->where = skv_malloc(sizeof(int) * (size_t)n_ids);
+    c->stamp = skv_calloc((size_t)n_slots, sizeof(unsigned));
+    if (!c->slot_id || !c->where || !c->stamp) {
+        shadowkv_cache_free(c);
+        return skv_error(SKV_ENOMEM, "chunk cache: out of memory for %d slots", n_slots);
+    }
+    for (int i = 0; i < n_slots; i++) c->slot_id[i] = -1;
+    for (int i = 0; i < n_ids; i++) c->where[i] = -1;
+    return 0;
+}
+
+void shadowkv_cache_free(shadowkv_cache *c) {
+    free(c->slot_id);
+    free(c->where);
+    free(c->stamp);
+    memset(c, 0, sizeof *c);
+}
+
+int shadowkv_cache_update(shadowkv_cache *c, const int *sel, int k, int *slot_of, int *miss) {
+    SKV_ASSERT(k <= c->n_slots);
+    if (++c->epoch == 0) { /* wrapped: restart the stamps */
+        memset(c->stamp, 0, sizeof(unsigned) * c->n_slots);
+        c->epoch = 1;
+    }
+    int n_miss = 0;
+    for (int i = 0; i < k; i++) {
+        SKV_ASSERT(sel[i] >= 0 && sel[i] < c->n_ids);
+        int s = c->where[sel[i]];
+        if (s >= 0) {
+            slot_of[i] = s;
+            c->stamp[s] = c->epoch;
+        } else {
+            miss[n_miss++] = i;
+        }
+    }
+    int free_slot = 0;
+    for (int m = 0; m < n_miss; m++) {
+        while (c->stamp[free_slot] == c->epoch) free_slot++;
+        int i = miss[m], s = free_slot++;
+        if (c->slot_id[s] >= 0) c->where[c->slot_id[s]] = -1;
+        c->slot_id[s] = sel[i];
+        c->where[sel[i]] = s;
+        c->stamp[s] = c->epoch;
+        slot_of[i] = s;
+    }
+    c->hits += (uint64_t)(k - n_miss);
+    c->misses += (uint64_t)n_miss;
+    return n_miss;
+}
+
+/* ---- offload store ------------------------------------------------------ */
+
+int shadowkv_store_init(shadowkv_store *st, int n_blocks, int rows, int cols) {
+    memset(st, 0, sizeof *st);
+    st->n_blocks = n_blocks;
+    st->rows = rows;
+    st->cols = cols;
+    st->data = skv_malloc(sizeof(float) * (size_t)n_blocks * rows * cols);
+    if (!st->data)
+        return skv_error(SKV_ENOMEM, "offload store: out of memory for %d blocks of (%d, %d)", n_blocks, rows, cols);
+    return 0;
+}
+
+void shadowkv_store_free(shadowkv_store *st) {
+    free(st->data);
+    memset(st, 0, sizeof *st);
+}
+
+size_t shadowkv_store_bytes(const shadowkv_store *st) {
+    return sizeof(float) * (size_t)st->n_blocks * st->rows * st->cols;
+}
+
+void shadowkv_store_put(shadowkv_store *st, int b, const float *src, int src_stride) {
+    SKV_ASSERT(b >= 0 && b < st->n_blocks);
+    float *dst = st->data + (size_t)b * st->rows * st->cols;
+    for (int i = 0; i < st->rows; i++)
+        memcpy(dst + (size_t)i * st->cols, src + (size_t)i * src_stride, sizeof(float) * st->cols);
+}
+
+void shadowkv_store_fetch(shadowkv_store *st, int b, float *dst, int dst_stride) {
+    SKV_ASSERT(b >= 0 && b < st->n_blocks);
+    const float *src = st->data + (size_t)b * st->rows * st->cols;
+    if (dst_stride == st->cols) {
+        memcpy(dst, src, sizeof(float) * st->rows * st->cols);
+    } else {
+        for (int i = 0; i < st->rows; i++)
+            memcpy(dst + (size_t)i * dst_stride, src + (size_t)i * st->cols, sizeof(float) * st->cols);
+    }
+    __atomic_fetch_add(&st->n_fetch, 1, __ATOMIC_RELAXED);
+    __atomic_fetch_add(&st->fetch_bytes, sizeof(float) * (uint64_t)st->rows * st->cols, __ATOMIC_RELAXED);
+}

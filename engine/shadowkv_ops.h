@@ -1,0 +1,118 @@
+/* shadowkv_ops.h: the stages of the ShadowKV method as pure functions on
+ * plain arrays, so that each one can be tested against a brute force and
+ * given a CUDA twin: truncated SVD of the pre-RoPE keys, chunk landmarks,
+ * cosine minima, outlier choice, landmark scoring with the GQA max, top-k,
+ * key rebuild with RoPE, the chunk cache's hit/miss bookkeeping and the
+ * offload store whose every read is a counted fetch.
+ *
+ * Shapes: s tokens, n = kv_heads*head_dim columns of K, r the kept rank,
+ * d the head dim, c tokens per chunk. Every buffer is caller-owned unless a
+ * function says otherwise; nothing here allocates except the *_init calls. */
+#ifndef SKV_SHADOWKV_OPS_H
+#define SKV_SHADOWKV_OPS_H
+
+#include "rope.h"
+
+#include <stddef.h>
+#include <stdint.h>
+
+/* Truncated SVD of K (s, n) row-major (not modified; LAPACK works on a copy):
+ * K ≈ U·SVt with U (s, r) orthonormal columns and SVt = Σ_r·V_rᵀ (r, n).
+ * Vt (r, n), the right singular vectors themselves, may be NULL. sv receives
+ * all min(s, n) singular values, descending. rel_err = √(Σ_{i≥r} σ_i²)/‖K‖_F
+ * (0 for a zero K). Requires 1 <= r <= min(s, n). 0 or SKV_E* with a message. */
+int shadowkv_svd(const float *K, int s, int n, int r, float *U, float *SVt, float *Vt, float *sv, float *rel_err);
+
+/* Landmarks: lm (n_chunks, d) row j = mean of the c key rows j*c..j*c+c-1 of
+ * K, whose rows are `stride` floats apart (pass K offset to the head). */
+void shadowkv_landmarks(const float *K, int stride, int d, int c, int n_chunks, float *lm);
+
+/* cos_min (n_chunks): per chunk, the minimum over its c keys of
+ * cos(landmark, key); a zero vector counts as cosine 0. */
+void shadowkv_cos_min(const float *K, int stride, int d, int c, int n_chunks, const float *lm, float *cos_min);
+
+/* The min(o, n) chunks with the lowest cos_min (ties: lower id first) into
+ * out, ascending by id. scratch: (n) floats. Returns the count chosen. */
+int shadowkv_outliers(const float *cos_min, int n, int o, int *out, float *scratch);
+
+/* Landmark scores for one KV head: for each query head g of the group,
+ * p_g = Σ_i softmax(q_{i,g}·lmᵀ·scale) over the nq query positions; then
+ * score[j] = max_g p_g[j]. Query head g of position i starts at
+ * q + i*q_stride + g*d. tmp: (2*n_lm) floats. */
+void shadowkv_score(const float *q, int nq, size_t q_stride, int group, int d, const float *lm, int n_lm,
+                    float scale, float *tmp, float *score);
+
+/* The min(k, n) best indices of score into idx, best first; higher score is
+ * better, equal scores go to the lower index, NaN ranks below everything.
+ * O(n log k). Returns the count. */
+int shadowkv_topk(const float *score, int n, int k, int *idx);
+
+/* rank[i] = place of i (0 = best) in the order shadowkv_topk gives over all
+ * n entries. order: (n) ints of scratch. */
+void shadowkv_rank(const float *score, int n, int *rank, int *order);
+
+/* RoPE tables for positions 0..n_pos-1 as rope_apply computes them:
+ * cs, sn (n_pos, rope_dim/2). */
+void shadowkv_rope_table(const rope_ctx *rope, int n_pos, float *cs, float *sn);
+
+/* Rotates n rows of one head, x (n, head_dim), at positions pos0..pos0+n-1,
+ * reading the tables of shadowkv_rope_table (bitwise equal to rope_apply). */
+void shadowkv_rope_rows(const rope_ctx *rope, const float *cs, const float *sn, float *x, int n, int pos0);
+
+/* Rebuilds n post-RoPE keys of one head: out (n, d) row i =
+ * RoPE(U[t0+i]·svt, position t0+i), with U (s, r) and svt (r, d) that head's
+ * slice of ΣVᵀ. cs/sn: tables covering t0+n positions, or NULL to use
+ * rope_apply. */
+void shadowkv_rebuild(const float *U, int r, const float *svt, int d, int t0, int n, const rope_ctx *rope,
+                      const float *cs, const float *sn, float *out);
+
+/* ShadowKV+: y (n) = V_r·(V_rᵀ·x), the projection of x (n) onto the span of
+ * the r right singular vectors in Vt (r, n). coef: (r) floats. y may be x. */
+void shadowkv_project(const float *Vt, int r, int n, const float *x, float *y, float *coef);
+
+/* ---- chunk cache ------------------------------------------------------ */
+
+/* Which chunk each of n_slots cache slots holds, for one (layer, KV head).
+ * Ids are 0..n_ids-1 (candidate indices). */
+typedef struct {
+    int n_slots, n_ids;
+    int *slot_id;        /* (n_slots) id held by each slot, -1: empty */
+    int *where;          /* (n_ids) slot holding each id, -1: not cached */
+    unsigned *stamp;     /* (n_slots) epoch in which the slot was last claimed */
+    unsigned epoch;
+    uint64_t hits, misses;
+} shadowkv_cache;
+
+int shadowkv_cache_init(shadowkv_cache *c, int n_slots, int n_ids);
+void shadowkv_cache_free(shadowkv_cache *c);
+
+/* Takes the new selection sel (k distinct ids, k <= n_slots): ids already
+ * cached are hits and keep their slot; the others are misses and get slots
+ * that no selected id uses (evicting what those held). slot_of (k) receives
+ * each sel[i]'s slot and miss the indices i of the misses, in order. Adds to
+ * hits and misses; returns the number of misses. O(k + n_slots). */
+int shadowkv_cache_update(shadowkv_cache *c, const int *sel, int k, int *slot_of, int *miss);
+
+/* ---- offload store ---------------------------------------------------- */
+
+/* Slow memory (host RAM behind PCIe on a GPU build): n_blocks blocks of
+ * (rows, cols) floats. Writes are free; every read is a fetch, counted in
+ * chunks and bytes (atomically, so threads may fetch concurrently). */
+typedef struct {
+    float *data;         /* (n_blocks, rows, cols) */
+    int n_blocks, rows, cols;
+    uint64_t n_fetch;    /* blocks fetched */
+    uint64_t fetch_bytes;
+} shadowkv_store;
+
+int shadowkv_store_init(shadowkv_store *st, int n_blocks, int rows, int cols);
+void shadowkv_store_free(shadowkv_store *st);
+size_t shadowkv_store_bytes(const shadowkv_store *st);
+
+/* Writes block b from src, whose rows are src_stride floats apart. */
+void shadowkv_store_put(shadowkv_store *st, int b, const float *src, int src_stride);
+
+/* Copies block b to dst (rows dst_stride floats apart) and counts it. */
+void shadowkv_store_fetch(shadowkv_store *st, int b, float *dst, int dst_stride);
+
+#endif

@@ -1,0 +1,241 @@
+/* probe.h: the probe event model and the probe bus.
+ *
+ * The engine calls probe points; each point first asks whether anyone wants
+ * its kind of event, so a probe nobody listens to costs one branch:
+ *
+ *     if (probe_wants(bus, PROBE_SPAN)) {
+ *         probe_event ev = { .kind = PROBE_SPAN, .span = { ... } };
+ *         probe_emit(bus, &ev);
+ *     }
+ *
+ * Producers fill plain fields and point at their own arrays; the bus copies
+ * everything an event points at, so subscribers never see engine memory.
+ * Two kinds of subscriber:
+ *  - a ring (fixed number of slots, chosen at subscribe time) drained by
+ *    another thread; when it is full the producer blocks until the consumer
+ *    pops (lossless, ordered);
+ *  - a callback, run on the emitting thread with a pointer that is valid
+ *    only during the call (the trace writer, tests). Calls to one callback
+ *    are serialized even when several threads emit.
+ *
+ * Every event kind also has a schema (probe_schema): the list of its fields
+ * with types and offsets. Copying, comparing and the trace format are all
+ * driven by it, so adding a field means adding one table row. */
+#ifndef SKV_PROBE_H
+#define SKV_PROBE_H
+
+#include <stddef.h>
+#include <stdint.h>
+
+/* Kind numbers are stored in trace files: never renumber, only append. */
+typedef enum {
+    PROBE_NONE = 0,
+    PROBE_RUN = 1,           /* once, at the start of a run */
+    PROBE_TOKEN = 2,         /* every prompt and generated token */
+    PROBE_PREFILL_LAYER = 3, /* ShadowKV prefill, per layer */
+    PROBE_PREFILL_HEAD = 4,  /* ShadowKV prefill, per layer and KV head */
+    PROBE_DECODE_HEAD = 5,   /* per decode step, layer and KV head */
+    PROBE_STEP = 6,          /* per decode step */
+    PROBE_SPAN = 7,          /* a timed operation on a stream */
+    PROBE_NEEDLE = 8,        /* needle tracking, per step, layer and KV head */
+    PROBE_KIND_COUNT         /* one past the last kind this build knows */
+} probe_kind;
+
+#define PROBE_MASK(k) (1u << (unsigned)(k))
+#define PROBE_ALL (((1u << PROBE_KIND_COUNT) - 1u) & ~1u)
+
+/* Streams of PROBE_SPAN (the two CUDA streams of ShadowKV plus compute). */
+enum { PROBE_STREAM_COMPUTE = 0, PROBE_STREAM_FETCH = 1, PROBE_STREAM_REBUILD = 2, PROBE_STREAM_COUNT };
+
+/* Strings are NUL-terminated (NULL reads as ""). Arrays are counted by the
+ * int field named in their comment. In a delivered copy every string and the
+ * token text are followed by a NUL. */
+typedef struct {
+    const char *model, *arch, *format; /* "stories260k", "llama", "gguf" */
+    int random_weights;                /* 1: weights were randomly initialized */
+    int n_layers, n_heads, n_kv_heads, head_dim;
+    int max_ctx, prompt_len;
+    const char *kv_policy;             /* "dense", "shadowkv" */
+    int rank, chunk, budget;           /* SVD rank, tokens per chunk, sparse budget in tokens */
+    int outliers, local_chunks;        /* outlier chunks kept dense, chunks of the local window */
+    int shadowkv_plus, oracle;         /* flags */
+    const char *backend;               /* "cpu", "cuda" */
+} probe_ev_run;
+
+typedef struct {
+    int pos, id;
+    int step;                          /* -1 for prompt tokens, 0.. for generated ones */
+    int n_text;
+    const char *text;                  /* (n_text) bytes, any values */
+} probe_ev_token;
+
+typedef struct {
+    int layer, seq_len, rank;          /* rank r chosen for this layer */
+    int n_sv;                          /* min(seq_len, n_kv_heads*head_dim) */
+    float rel_err;                     /* ||K - U·ΣVᵀ||_F / ||K||_F */
+    double t_svd, t_landmarks, t_cosmin, t_outliers, t_offload; /* seconds */
+    const float *sv;                   /* (n_sv) singular values of pre-RoPE K, descending */
+} probe_ev_prefill_layer;
+
+typedef struct {
+    int layer, head;                   /* head: KV head */
+    int chunk, n_chunks;               /* tokens per chunk, chunks in the prompt */
+    int n_outliers, n_landmarks;
+    int local_start;                   /* first chunk of the dense local window */
+    const float *cos_min;              /* (n_chunks) min cosine(landmark, key) per chunk */
+    const int *outliers;               /* (n_outliers) chunk ids kept dense */
+} probe_ev_prefill_head;
+
+typedef struct {
+    int step, layer, head;
+    int n_sel;                         /* chunks selected (k) */
+    int hits, misses;                  /* against last step's cached selection */
+    int has_oracle;                    /* 1: recall and the rank arrays are filled */
+    float recall;                      /* exact attention mass captured by the selection */
+    int n_chunks;                      /* oracle arrays' length (0 without oracle) */
+    const int *sel;                    /* (n_sel) selected chunk ids */
+    const float *score;                /* (n_sel) their landmark scores */
+    const int *rank_exact;             /* (n_chunks) rank of each chunk under exact attention */
+    const int *rank_landmark;          /* (n_chunks) rank of each chunk under landmark scores */
+} probe_ev_decode_head;
+
+typedef struct {
+    int step, token;                   /* the sampled token id */
+    double seconds;                    /* wall time of the step */
+    uint64_t kv_resident, kv_offloaded; /* bytes */
+    float hit_rate;                    /* mean hits/k over layers and heads */
+    int has_oracle, top1_agree;        /* 1: dense and sparse argmax agree */
+    int n_fetch;                       /* chunks fetched (misses) this step */
+    uint64_t fetch_bytes;
+} probe_ev_step;
+
+typedef struct {
+    int stream;                        /* PROBE_STREAM_* */
+    int layer;                         /* -1: not tied to a layer */
+    int step;                          /* -1: prefill */
+    double t0, t1;                     /* seconds since the bus was created */
+    const char *op;                    /* short name: "svd", "fetch_v", "rebuild_k" */
+} probe_ev_span;
+
+/* Needle tracking: every event repeats the needle's token span and chunks
+ * (a few ints) so that any one of them describes the needle. */
+typedef struct {
+    int id;                            /* needle index, 0.. */
+    int tok_begin, tok_end;            /* token positions [begin, end) */
+    int n_chunks;
+    int step, layer, head;             /* step -1: prefill */
+    float mass_exact, mass_sparse;     /* attention mass on the needle, exact / sparse */
+    const int *chunks;                 /* (n_chunks) chunk ids the needle covers */
+    const int *rank;                   /* (n_chunks) landmark-score rank, -1: not scored (dense) */
+    const int *selected;               /* (n_chunks) 1: chunk in the selection */
+} probe_ev_needle;
+
+typedef struct probe_event {
+    probe_kind kind;
+    union {
+        probe_ev_run run;
+        probe_ev_token token;
+        probe_ev_prefill_layer prefill_layer;
+        probe_ev_prefill_head prefill_head;
+        probe_ev_decode_head decode_head;
+        probe_ev_step step;
+        probe_ev_span span;
+        probe_ev_needle needle;
+    };
+} probe_event;
+
+/* ---- schema ---------------------------------------------------------- */
+
+typedef enum {
+    PROBE_F_I32,     /* int */
+    PROBE_F_F32,     /* float */
+    PROBE_F_F64,     /* double */
+    PROBE_F_U64,     /* uint64_t */
+    PROBE_F_STR,     /* const char *, NUL-terminated */
+    PROBE_F_BYTES,   /* const char *, count field gives the length */
+    PROBE_F_I32S,    /* const int *, count field gives the length */
+    PROBE_F_F32S,    /* const float *, count field gives the length */
+} probe_ftype;
+
+typedef struct {
+    const char *name;
+    probe_ftype type;
+    size_t off;        /* offsetof(probe_event, ...) */
+    int count;         /* for BYTES and arrays: index in the same table of the count field */
+} probe_field;
+
+/* The fields of kind k in encoding order (scalars first), or NULL for a
+ * kind this build does not know. */
+const probe_field *probe_schema(probe_kind k, int *n_fields);
+const char *probe_kind_name(probe_kind k);   /* "decode_head"; "unknown" */
+const char *probe_stream_name(int stream);   /* "compute", "fetch", "rebuild" */
+
+/* Checks counts and pointers (non-negative, arrays present when counted);
+ * 0 or SKV_EINVAL with a message naming the kind and field. */
+int probe_event_check(const probe_event *ev);
+
+/* A deep copy in one allocation; free() it. NULL when out of memory. */
+probe_event *probe_event_dup(const probe_event *ev);
+
+/* 1 when a and b have the same kind and every field and array element is
+ * bitwise equal (a NULL string equals ""). */
+int probe_event_equal(const probe_event *a, const probe_event *b);
+
+/* ---- bus --------------------------------------------------------------- */
+
+/* Only `mask` is read outside probe.c (by probe_wants); the rest is private. */
+struct probe_bus {
+    unsigned mask;                     /* bit k: some subscriber wants kind k; atomic */
+    struct probe_bus_priv *priv;
+};
+typedef struct probe_bus probe_bus;
+typedef struct probe_sub probe_sub;
+
+int probe_bus_new(probe_bus **out);
+/* Frees the bus and any subscriptions still attached (their handles die
+ * too). Call once every producer has stopped. */
+void probe_bus_free(probe_bus *b);
+
+/* Whether any subscriber wants kind k: a NULL check and a mask test. */
+static inline int probe_wants(const probe_bus *b, probe_kind k) {
+    return b && ((__atomic_load_n(&b->mask, __ATOMIC_RELAXED) >> (unsigned)k) & 1u);
+}
+
+/* Delivers ev to every subscriber that wants its kind. May block while a
+ * ring subscriber is full. Safe to call from several threads. A malformed
+ * event (negative count, NULL array) is an engine bug: it asserts. Returns 0,
+ * or SKV_ENOMEM when a ring could not copy the event (it is dropped there). */
+int probe_emit(probe_bus *b, const probe_event *ev);
+
+/* Seconds since the bus was created (monotonic clock); 0 for NULL. */
+double probe_time(const probe_bus *b);
+
+/* Emits one PROBE_SPAN if anyone wants it; returns as probe_emit. */
+int probe_emit_span(probe_bus *b, int stream, const char *op, int layer, int step, double t0, double t1);
+
+/* A ring of `capacity` events for kinds in mask (PROBE_MASK bits). */
+int probe_subscribe_ring(probe_bus *b, unsigned mask, int capacity, probe_sub **out);
+
+typedef void (*probe_callback)(const probe_event *ev, void *user);
+/* fn(ev, user) runs on the emitting thread; ev is valid only during the call.
+ * fn must not subscribe, unsubscribe or emit on the same bus. */
+int probe_subscribe_callback(probe_bus *b, unsigned mask, probe_callback fn, void *user, probe_sub **out);
+
+/* Detaches and frees s. Wakes a producer blocked on s's full ring (its event
+ * for s is dropped) and waits for a callback in progress to return. Not to be
+ * called from inside s's callback. */
+void probe_unsubscribe(probe_sub *s);
+
+/* The oldest event in s's ring without removing it, or NULL when empty. The
+ * pointer stays valid until probe_ring_pop. Consumer side: one thread. */
+const probe_event *probe_ring_peek(probe_sub *s);
+/* Like peek but waits up to timeout_s seconds (< 0: forever) for an event. */
+const probe_event *probe_ring_wait(probe_sub *s, double timeout_s);
+/* Drops the oldest event, freeing its slot for the producer. */
+void probe_ring_pop(probe_sub *s);
+/* Events waiting in the ring. */
+int probe_ring_pending(probe_sub *s);
+/* Times a producer had to wait for a full ring to drain. */
+uint64_t probe_ring_stalls(probe_sub *s);
+
+#endif

@@ -1,0 +1,765 @@
+/* trace.c: the trace file writer and reader (layout in docs/TRACE.md).
+ *
+ * Records are encoded field by field from the event schema (probe.h), so the
+ * writer and the reader share one description of every kind. The writer
+ * streams records into an unlinked temporary file while the run goes on; at
+ * close, when the counts are known, it writes header, metadata, the records
+ * and the footer into a second temporary file next to the target and renames
+ * it into place. The reader maps the file, checks header, footer, checksum,
+ * metadata and the framing of every record at open, then decodes one record
+ * per trace_next into a scratch buffer. */
+#include "trace.h"
+
+#include "skv.h"
+
+#include <cJSON.h>
+#include <errno.h>
+#include <fcntl.h>
+#include <inttypes.h>
+#include <pthread.h>
+#include <stdarg.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/mman.h>
+#include <sys/stat.h>
+#include <time.h>
+#include <unistd.h>
+
+#ifndef SKV_VERSION
+#define SKV_VERSION "0.1.0-dev"
+#endif
+
+static const char magic_head[8] = { 'S', 'K', 'V', 'T', 'R', 'A', 'C', 'E' };
+static const char magic_end[8] = { 'S', 'K', 'V', 'T', 'E', 'N', 'D', 0 };
+#define HEADER_BYTES 24u   /* magic, u32 version, u32 flags, u64 json length */
+#define FOOTER_BYTES 20u   /* magic, u64 record count, u32 crc */
+#define RECORD_HEAD 8u     /* u32 kind, u32 payload length */
+
+/* ---- CRC-32, slice by 8 ------------------------------------------------- */
+
+static uint32_t crc_tab[8][256];
+static pthread_once_t crc_once = PTHREAD_ONCE_INIT;
+
+static void crc_init(void) {
+    for (uint32_t i = 0; i < 256; i++) {
+        uint32_t c = i;
+        for (int k = 0; k < 8; k++) c = c & 1 ? 0xEDB88320u ^ (c >> 1) : c >> 1;
+        crc_tab[0][i] = c;
+    }
+    for (int i = 0; i < 256; i++)
+        for (int t = 1; t < 8; t++) crc_tab[t][i] = (crc_tab[t - 1][i] >> 8) ^ crc_tab[0][crc_tab[t - 1][i] & 0xff];
+}
+
+static uint32_t get_u32(const unsigned char *p) {
+    return (uint32_t)p[0] | (uint32_t)p[1] << 8 | (uint32_t)p[2] << 16 | (uint32_t)p[3] << 24;
+}
+
+static uint64_t get_u64(const unsigned char *p) { return get_u32(p) | (uint64_t)get_u32(p + 4) << 32; }
+
+static void put_u32(unsigned char *p, uint32_t v) {
+    p[0] = (unsigned char)v;
+    p[1] = (unsigned char)(v >> 8);
+    p[2] = (unsigned char)(v >> 16);
+    p[3] = (unsigned char)(v >> 24);
+}
+
+static void put_u64(unsigned char *p, uint64_t v) {
+    put_u32(p, (uint32_t)v);
+    put_u32(p + 4, (uint32_t)(v >> 32));
+}
+
+uint32_t trace_crc32(uint32_t crc, const void *data, size_t n) {
+    pthread_once(&crc_once, crc_init);
+    const unsigned char *p = data;
+    crc = ~crc;
+    while (n >= 8) {
+        uint32_t lo = get_u32(p) ^ crc, hi = get_u32(p + 4);
+        crc = crc_tab[7][lo & 0xff] ^ crc_tab[6][(lo >> 8) & 0xff] ^ crc_tab[5][(lo >> 16) & 0xff] ^
+              crc_tab[4][lo >> 24] ^ crc_tab[3][hi & 0xff] ^ crc_tab[2][(hi >> 8) & 0xff] ^
+              crc_tab[1][(hi >> 16) & 0xff] ^ crc_tab[0][hi >> 24];
+        p += 8;
+        n -= 8;
+    }
+    while (n--) crc = crc_tab[0][(crc ^ *p++) & 0xff] ^ (crc >> 8);
+    return ~crc;
+}
+
+/* n 32-bit values from host order at src to little-endian bytes at dst. */
+static void to_le32(unsigned char *dst, const void *src, size_t n) {
+#if __BYTE_ORDER__ == __ORDER_LITTLE_ENDIAN__
+    memcpy(dst, src, n * 4);
+#else
+    const unsigned char *s = src;
+    for (size_t i = 0; i < n; i++) {
+        uint32_t v;
+        memcpy(&v, s + 4 * i, 4);
+        put_u32(dst + 4 * i, v);
+    }
+#endif
+}
+
+/* n little-endian 32-bit values at src to host order at dst. */
+static void from_le32(void *dst, const unsigned char *src, size_t n) {
+#if __BYTE_ORDER__ == __ORDER_LITTLE_ENDIAN__
+    memcpy(dst, src, n * 4);
+#else
+    unsigned char *d = dst;
+    for (size_t i = 0; i < n; i++) {
+        uint32_t v = get_u32(src + 4 * i);
+        memcpy(d + 4 * i, &v, 4);
+    }
+#endif
+}
+
+static size_t align8(size_t n) { return (n + 7) & ~(size_t)7; }
+
+static const void *field_ptr(const probe_event *e, const probe_field *f) {
+    const void *p;
+    memcpy(&p, (const char *)e + f->off, sizeof p);
+    return p;
+}
+
+static int field_int(const probe_event *e, const probe_field *f) {
+    int v;
+    memcpy(&v, (const char *)e + f->off, sizeof v);
+    return v;
+}
+
+/* ---- encoding ------------------------------------------------------------ */
+
+typedef struct {
+    unsigned char *p;   /* (cap) */
+    size_t n, cap;
+} wbuf;
+
+static int wb_reserve(wbuf *b, size_t extra) {
+    if (b->n + extra <= b->cap) return 0;
+    size_t cap = b->cap ? b->cap : 4096;
+    while (cap < b->n + extra) cap *= 2;
+    unsigned char *p = realloc(b->p, cap);
+    if (!p) return SKV_ENOMEM;
+    b->p = p;
+    b->cap = cap;
+    return 0;
+}
+
+/* The whole record (header and payload) for ev into b. */
+static int encode_event(wbuf *b, const probe_event *ev) {
+    int nf;
+    const probe_field *fs = probe_schema(ev->kind, &nf);
+    b->n = 0;
+    if (wb_reserve(b, RECORD_HEAD)) return SKV_ENOMEM;
+    put_u32(b->p, (uint32_t)ev->kind);
+    b->n = RECORD_HEAD;
+    for (int i = 0; i < nf; i++) {
+        const probe_field *f = &fs[i];
+        switch (f->type) {
+        case PROBE_F_I32:
+        case PROBE_F_F32:
+            if (wb_reserve(b, 4)) return SKV_ENOMEM;
+            to_le32(b->p + b->n, (const char *)ev + f->off, 1);
+            b->n += 4;
+            break;
+        case PROBE_F_F64:
+        case PROBE_F_U64: {
+            uint64_t v;
+            memcpy(&v, (const char *)ev + f->off, 8);
+            if (wb_reserve(b, 8)) return SKV_ENOMEM;
+            put_u64(b->p + b->n, v);
+            b->n += 8;
+            break;
+        }
+        case PROBE_F_STR: {
+            const char *s = field_ptr(ev, f);
+            size_t len = s ? strlen(s) : 0;
+            if (len > UINT32_MAX - 8 || wb_reserve(b, 4 + len)) return SKV_ENOMEM;
+            put_u32(b->p + b->n, (uint32_t)len);
+            if (len) memcpy(b->p + b->n + 4, s, len);
+            b->n += 4 + len;
+            break;
+        }
+        case PROBE_F_BYTES:
+        case PROBE_F_I32S:
+        case PROBE_F_F32S: {
+            size_t cnt = (size_t)field_int(ev, &fs[f->count]);
+            size_t bytes = f->type == PROBE_F_BYTES ? cnt : cnt * 4;
+            if (wb_reserve(b, bytes)) return SKV_ENOMEM;
+            if (f->type == PROBE_F_BYTES) {
+                if (cnt) memcpy(b->p + b->n, field_ptr(ev, f), cnt);
+            } else if (cnt) {
+                to_le32(b->p + b->n, field_ptr(ev, f), cnt);
+            }
+            b->n += bytes;
+            break;
+        }
+        }
+    }
+    if (b->n - RECORD_HEAD > UINT32_MAX) return SKV_ERANGE;
+    put_u32(b->p + 4, (uint32_t)(b->n - RECORD_HEAD));
+    return 0;
+}
+
+/* ---- writer -------------------------------------------------------------- */
+
+struct trace_writer {
+    char *path;
+    FILE *body;                 /* unlinked temporary file with the records */
+    char *body_buf;             /* its stdio buffer */
+    probe_sub *sub;
+    wbuf enc;
+    uint64_t n_records, count[PROBE_KIND_COUNT];
+    probe_event *run;           /* the first PROBE_RUN, for the metadata */
+    int n_steps, n_layers, n_heads;
+    int err;                    /* first error met while recording */
+    char msg[512];
+};
+
+#define BODY_BUF (1u << 20)
+
+/* Remembers the first error (message from skv_last_error) for close. */
+static int writer_fail(trace_writer *w, int rc) {
+    if (!w->err) {
+        w->err = rc;
+        snprintf(w->msg, sizeof w->msg, "%s", skv_last_error());
+    }
+    return rc;
+}
+
+/* A file named template (ending in XXXXXX) created next to path. */
+static int make_temp(const char *path, const char *suffix, char **name) {
+    size_t n = strlen(path) + strlen(suffix) + 8;
+    *name = malloc(n);
+    if (!*name) return -1;
+    snprintf(*name, n, "%s%sXXXXXX", path, suffix);
+    int fd = mkstemp(*name);
+    if (fd < 0) {
+        free(*name);
+        *name = NULL;
+    }
+    return fd;
+}
+
+static void writer_callback(const probe_event *ev, void *user) { trace_writer_write(user, ev); }
+
+int trace_writer_open(const char *path, probe_bus *bus, trace_writer **out) {
+    *out = NULL;
+    trace_writer *w = skv_calloc(1, sizeof *w);
+    if (!w) return skv_error(SKV_ENOMEM, "%s: out of memory for the trace writer", path);
+    w->path = strdup(path);
+    w->body_buf = malloc(BODY_BUF);
+    char *tmp = NULL;
+    int fd = w->path && w->body_buf ? make_temp(path, ".rec.", &tmp) : -1;
+    if (fd < 0) {
+        int e = errno;
+        free(w->path);
+        free(w->body_buf);
+        free(w);
+        return skv_error(SKV_EIO, "%s: cannot create a temporary file next to it: %s", path, strerror(e));
+    }
+    unlink(tmp);   /* anonymous from now on: a crash leaves nothing behind */
+    free(tmp);
+    w->body = fdopen(fd, "w+b");
+    if (!w->body) {
+        int e = errno;
+        close(fd);
+        free(w->path);
+        free(w->body_buf);
+        free(w);
+        return skv_error(SKV_EIO, "%s: cannot open the temporary file: %s", path, strerror(e));
+    }
+    setvbuf(w->body, w->body_buf, _IOFBF, BODY_BUF);
+    if (bus) {
+        int rc = probe_subscribe_callback(bus, ~0u, writer_callback, w, &w->sub);
+        if (rc) {
+            trace_writer_abort(w);
+            return rc;
+        }
+    }
+    *out = w;
+    return 0;
+}
+
+/* Keeps the largest step, layer and head seen, for the metadata counts. */
+static void writer_see(trace_writer *w, const probe_event *ev) {
+    int nf;
+    const probe_field *fs = probe_schema(ev->kind, &nf);
+    for (int i = 0; i < nf; i++) {
+        if (fs[i].type != PROBE_F_I32) continue;
+        int v = field_int(ev, &fs[i]);
+        if (!strcmp(fs[i].name, "step") && v + 1 > w->n_steps) w->n_steps = v + 1;
+        if (!strcmp(fs[i].name, "layer") && v + 1 > w->n_layers) w->n_layers = v + 1;
+        if (!strcmp(fs[i].name, "head") && v + 1 > w->n_heads) w->n_heads = v + 1;
+    }
+}
+
+int trace_writer_write(trace_writer *w, const probe_event *ev) {
+    if (w->err) return w->err;
+    int rc = probe_event_check(ev);
+    if (rc) return writer_fail(w, skv_error(rc, "%s: %s", w->path, skv_last_error()));
+    rc = encode_event(&w->enc, ev);
+    if (rc) return writer_fail(w, skv_error(rc, "%s: cannot encode a %s event (out of memory or over 4 GiB)",
+                                            w->path, probe_kind_name(ev->kind)));
+    if (fwrite(w->enc.p, 1, w->enc.n, w->body) != w->enc.n)
+        return writer_fail(w, skv_error(SKV_EIO, "%s: cannot write the trace: %s", w->path, strerror(errno)));
+    if (ev->kind == PROBE_RUN && !w->run && !(w->run = probe_event_dup(ev)))
+        return writer_fail(w, skv_error(SKV_ENOMEM, "%s: out of memory", w->path));
+    w->n_records++;
+    w->count[ev->kind]++;
+    writer_see(w, ev);
+    return 0;
+}
+
+static void writer_free(trace_writer *w) {
+    if (w->sub) probe_unsubscribe(w->sub);
+    if (w->body) fclose(w->body);
+    free(w->body_buf);
+    free(w->enc.p);
+    free(w->run);
+    free(w->path);
+    free(w);
+}
+
+void trace_writer_abort(trace_writer *w) {
+    if (w) writer_free(w);
+}
+
+/* The metadata block as a cJSON object (caller deletes), or NULL. */
+static cJSON *writer_meta(const trace_writer *w) {
+    cJSON *m = cJSON_CreateObject();
+    if (!m) return NULL;
+    cJSON_AddStringToObject(m, "format", "skv-trace");
+    cJSON_AddNumberToObject(m, "format_version", TRACE_VERSION);
+    cJSON_AddStringToObject(m, "skv_version", SKV_VERSION);
+    cJSON *c = cJSON_AddObjectToObject(m, "created");
+    if (c) {
+        time_t now = time(NULL);
+        struct tm tm;
+        char buf[64] = "";
+        if (gmtime_r(&now, &tm)) strftime(buf, sizeof buf, "%Y-%m-%dT%H:%M:%SZ", &tm);
+        cJSON_AddStringToObject(c, "utc", buf);
+        cJSON_AddNumberToObject(c, "unix_time", (double)now);
+        char host[256] = "";
+        gethostname(host, sizeof host - 1);
+        cJSON_AddStringToObject(c, "host", host);
+        cJSON_AddNumberToObject(c, "pid", (double)getpid());
+    }
+    if (w->run) {
+        cJSON *r = cJSON_AddObjectToObject(m, "run");
+        int nf;
+        const probe_field *fs = probe_schema(PROBE_RUN, &nf);
+        for (int i = 0; r && i < nf; i++) {
+            if (fs[i].type == PROBE_F_I32) {
+                cJSON_AddNumberToObject(r, fs[i].name, field_int(w->run, &fs[i]));
+            } else if (fs[i].type == PROBE_F_STR) {
+                const char *s = field_ptr(w->run, &fs[i]);
+                cJSON_AddStringToObject(r, fs[i].name, s ? s : "");
+            }
+        }
+    } else {
+        cJSON_AddNullToObject(m, "run");
+    }
+    cJSON *k = cJSON_AddObjectToObject(m, "kinds");
+    for (int i = 1; k && i < PROBE_KIND_COUNT; i++)
+        if (w->count[i]) cJSON_AddNumberToObject(k, probe_kind_name((probe_kind)i), (double)w->count[i]);
+    cJSON_AddNumberToObject(m, "records", (double)w->n_records);
+    int layers = w->run && w->run->run.n_layers > 0 ? w->run->run.n_layers : w->n_layers;
+    int heads = w->run && w->run->run.n_kv_heads > 0 ? w->run->run.n_kv_heads : w->n_heads;
+    cJSON_AddNumberToObject(m, "steps", w->n_steps);
+    cJSON_AddNumberToObject(m, "layers", layers);
+    cJSON_AddNumberToObject(m, "kv_heads", heads);
+    return m;
+}
+
+/* Writes n bytes to f and folds them into *crc; 0 or -1. */
+static int put_crc(FILE *f, const void *p, size_t n, uint32_t *crc) {
+    *crc = trace_crc32(*crc, p, n);
+    return fwrite(p, 1, n, f) == n ? 0 : -1;
+}
+
+/* Header, metadata, the recorded body and the footer into f. */
+static int writer_assemble(trace_writer *w, FILE *f) {
+    cJSON *m = writer_meta(w);
+    char *json = m ? cJSON_Print(m) : NULL;
+    cJSON_Delete(m);
+    if (!json) return skv_error(SKV_ENOMEM, "%s: out of memory for the metadata", w->path);
+    size_t jn = strlen(json);
+    unsigned char head[HEADER_BYTES];
+    memcpy(head, magic_head, 8);
+    put_u32(head + 8, TRACE_VERSION);
+    put_u32(head + 12, 0);
+    put_u64(head + 16, jn);
+    uint32_t crc = 0;
+    int bad = put_crc(f, head, sizeof head, &crc) || put_crc(f, json, jn, &crc);
+    free(json);
+    if (!bad && (fflush(w->body) || fseek(w->body, 0, SEEK_SET))) bad = 1;
+    unsigned char *chunk = bad ? NULL : malloc(BODY_BUF);
+    if (!bad && !chunk) return skv_error(SKV_ENOMEM, "%s: out of memory", w->path);
+    size_t got;
+    while (!bad && (got = fread(chunk, 1, BODY_BUF, w->body)) > 0) bad = put_crc(f, chunk, got, &crc);
+    if (!bad && ferror(w->body)) bad = 1;
+    free(chunk);
+    unsigned char foot[FOOTER_BYTES];
+    memcpy(foot, magic_end, 8);
+    put_u64(foot + 8, w->n_records);
+    crc = trace_crc32(crc, foot, 16);
+    put_u32(foot + 16, crc);
+    if (!bad && fwrite(foot, 1, sizeof foot, f) != sizeof foot) bad = 1;
+    if (!bad && (fflush(f) || fsync(fileno(f)))) bad = 1;
+    if (bad) return skv_error(SKV_EIO, "%s: cannot write the trace: %s", w->path, strerror(errno));
+    return 0;
+}
+
+int trace_writer_close(trace_writer *w) {
+    if (!w) return 0;
+    if (w->sub) {
+        probe_unsubscribe(w->sub);
+        w->sub = NULL;
+    }
+    int rc = w->err ? skv_error(w->err, "%s", w->msg) : 0;
+    char *tmp = NULL;
+    if (!rc) {
+        int fd = make_temp(w->path, ".tmp.", &tmp);
+        FILE *f = fd >= 0 ? fdopen(fd, "wb") : NULL;
+        if (!f) {
+            rc = skv_error(SKV_EIO, "%s: cannot create a temporary file next to it: %s", w->path, strerror(errno));
+            if (fd >= 0) close(fd);
+        } else {
+            fchmod(fd, 0644);
+            rc = writer_assemble(w, f);
+            if (fclose(f) && !rc) rc = skv_error(SKV_EIO, "%s: cannot write the trace: %s", w->path, strerror(errno));
+        }
+        if (!rc && rename(tmp, w->path))
+            rc = skv_error(SKV_EIO, "%s: cannot rename the finished trace into place: %s", w->path, strerror(errno));
+        if (rc && tmp) unlink(tmp);
+    }
+    free(tmp);
+    writer_free(w);
+    return rc;
+}
+
+/* ---- reader ----------------------------------------------------------------- */
+
+struct trace_reader {
+    char *path;
+    const unsigned char *map;   /* (size) the whole file */
+    size_t size;
+    size_t rec_begin, rec_end;  /* the records lie in [rec_begin, rec_end) */
+    size_t pos;                 /* next record */
+    uint64_t n_records, index;  /* records in the file, next record's index */
+    uint64_t count[PROBE_KIND_COUNT], n_unknown;
+    char *json;                 /* metadata text, NUL-terminated */
+    cJSON *meta;
+    probe_event ev;
+    char *scratch;              /* (scratch_cap) arrays of ev */
+    size_t scratch_cap;
+};
+
+static void reader_free(trace_reader *r) {
+    if (!r) return;
+    if (r->map) munmap((void *)r->map, r->size);
+    cJSON_Delete(r->meta);
+    free(r->json);
+    free(r->scratch);
+    free(r->path);
+    free(r);
+}
+
+void trace_close(trace_reader *r) { reader_free(r); }
+
+/* A one-line SKV_EFORMAT error about a file. */
+static int file_error(int code, const char *path, const char *fmt, ...) __attribute__((format(printf, 3, 4)));
+static int file_error(int code, const char *path, const char *fmt, ...) {
+    char msg[768];
+    va_list ap;
+    va_start(ap, fmt);
+    vsnprintf(msg, sizeof msg, fmt, ap);
+    va_end(ap);
+    return skv_error(code, "%s: %s", path, msg);
+}
+
+static const char *kind_label(uint32_t kind) {
+    return kind > 0 && kind < PROBE_KIND_COUNT ? probe_kind_name((probe_kind)kind) : "unknown kind";
+}
+
+/* Checks header, footer, checksum and metadata of r's mapped file. */
+static int reader_check_file(trace_reader *r) {
+    const char *path = r->path;
+    const unsigned char *m = r->map;
+    size_t size = r->size;
+    size_t lead = size < 8 ? size : 8;
+    if (memcmp(m, magic_head, lead))
+        return file_error(SKV_EFORMAT, path, "not an skv trace (the file does not start with \"SKVTRACE\")");
+    if (size < HEADER_BYTES + FOOTER_BYTES)
+        return file_error(SKV_EFORMAT, path, "truncated: %zu bytes, a trace has at least %u", size,
+                          HEADER_BYTES + FOOTER_BYTES);
+    uint32_t version = get_u32(m + 8);
+    if (version != TRACE_VERSION)
+        return file_error(SKV_EUNSUPPORTED, path, "trace format version %u is not supported (this skv reads version %d)",
+                          version, TRACE_VERSION);
+    if (memcmp(m + size - FOOTER_BYTES, magic_end, 8))
+        return file_error(SKV_EFORMAT, path, "truncated or unfinished: no end marker in the last %u bytes",
+                          FOOTER_BYTES);
+    uint64_t jn = get_u64(m + 16);
+    if (jn > size - HEADER_BYTES - FOOTER_BYTES)
+        return file_error(SKV_EFORMAT, path, "metadata length %" PRIu64 " runs past the end of the file (%zu bytes)",
+                          jn, size);
+    uint32_t want = get_u32(m + size - 4), got = trace_crc32(0, m, size - 4);
+    if (want != got)
+        return file_error(SKV_EFORMAT, path, "checksum mismatch (footer says %08x, contents give %08x): the file is corrupt",
+                          want, got);
+    r->json = malloc((size_t)jn + 1);
+    if (!r->json) return file_error(SKV_ENOMEM, path, "out of memory for the metadata");
+    memcpy(r->json, m + HEADER_BYTES, (size_t)jn);
+    r->json[jn] = 0;
+    const char *end = NULL;
+    r->meta = cJSON_ParseWithLengthOpts(r->json, (size_t)jn, &end, 0);
+    if (!r->meta || !cJSON_IsObject(r->meta))
+        return file_error(SKV_EFORMAT, path, "metadata is not a valid JSON object (error near byte %zu of the block)",
+                          end && end >= r->json ? (size_t)(end - r->json) : (size_t)0);
+    const cJSON *fv = cJSON_GetObjectItemCaseSensitive(r->meta, "format_version");
+    if (!cJSON_IsNumber(fv) || fv->valuedouble != (double)version)
+        return file_error(SKV_EFORMAT, path, "metadata field format_version is %s, expected %u",
+                          cJSON_IsNumber(fv) ? "different" : "missing", version);
+    r->rec_begin = HEADER_BYTES + (size_t)jn;
+    r->rec_end = size - FOOTER_BYTES;
+    r->n_records = get_u64(m + size - FOOTER_BYTES + 8);
+    return 0;
+}
+
+/* Walks every record header: each must fit before the footer. */
+static int reader_scan(trace_reader *r) {
+    size_t pos = r->rec_begin;
+    uint64_t n = 0;
+    while (pos < r->rec_end) {
+        if (r->rec_end - pos < RECORD_HEAD)
+            return file_error(SKV_EFORMAT, r->path, "record %" PRIu64 " at byte %zu: header cut off (%zu bytes before the footer)",
+                              n, pos, r->rec_end - pos);
+        uint32_t kind = get_u32(r->map + pos), len = get_u32(r->map + pos + 4);
+        if (len > r->rec_end - pos - RECORD_HEAD)
+            return file_error(SKV_EFORMAT, r->path,
+                              "record %" PRIu64 " (%s) at byte %zu: length %u runs past the end of the records (%zu bytes left)",
+                              n, kind_label(kind), pos, len, r->rec_end - pos - RECORD_HEAD);
+        if (kind > 0 && kind < PROBE_KIND_COUNT) r->count[kind]++;
+        else r->n_unknown++;
+        pos += RECORD_HEAD + len;
+        n++;
+    }
+    if (n != r->n_records)
+        return file_error(SKV_EFORMAT, r->path, "footer says %" PRIu64 " records, the file holds %" PRIu64, r->n_records, n);
+    return 0;
+}
+
+int trace_open(const char *path, trace_reader **out) {
+    *out = NULL;
+    trace_reader *r = skv_calloc(1, sizeof *r);
+    if (!r || !(r->path = strdup(path))) {
+        free(r);
+        return skv_error(SKV_ENOMEM, "%s: out of memory", path);
+    }
+    int fd = open(path, O_RDONLY | O_CLOEXEC);
+    struct stat st;
+    if (fd < 0 || fstat(fd, &st)) {
+        int e = errno;
+        if (fd >= 0) close(fd);
+        reader_free(r);
+        return skv_error(SKV_EIO, "%s: cannot open: %s", path, strerror(e));
+    }
+    if (!S_ISREG(st.st_mode)) {
+        close(fd);
+        reader_free(r);
+        return skv_error(SKV_EIO, "%s: not a regular file", path);
+    }
+    r->size = (size_t)st.st_size;
+    if (r->size == 0) {
+        close(fd);
+        reader_free(r);
+        return skv_error(SKV_EFORMAT, "%s: empty file, not an skv trace", path);
+    }
+    void *m = mmap(NULL, r->size, PROT_READ, MAP_PRIVATE, fd, 0);
+    int e = errno;
+    close(fd);
+    if (m == MAP_FAILED) {
+        reader_free(r);
+        return skv_error(SKV_EIO, "%s: cannot map: %s", path, strerror(e));
+    }
+    r->map = m;
+    int rc = reader_check_file(r);
+    if (!rc) rc = reader_scan(r);
+    if (rc) {
+        reader_free(r);
+        return rc;
+    }
+    r->pos = r->rec_begin;
+    *out = r;
+    return 0;
+}
+
+/* A one-line error about record idx of kind at byte off. */
+static int record_error(const trace_reader *r, uint64_t idx, uint32_t kind, size_t off, const char *fmt, ...)
+    __attribute__((format(printf, 5, 6)));
+static int record_error(const trace_reader *r, uint64_t idx, uint32_t kind, size_t off, const char *fmt, ...) {
+    char msg[512];
+    va_list ap;
+    va_start(ap, fmt);
+    vsnprintf(msg, sizeof msg, fmt, ap);
+    va_end(ap);
+    return skv_error(SKV_EFORMAT, "%s: record %" PRIu64 " (%s at byte %zu): %s", r->path, idx, kind_label(kind), off, msg);
+}
+
+/* Decodes payload p (len bytes) of a known kind into r->ev. */
+static int decode_event(trace_reader *r, uint32_t kind, const unsigned char *p, size_t len, size_t off) {
+    int nf;
+    const probe_field *fs = probe_schema((probe_kind)kind, &nf);
+    size_t need = len + (size_t)nf * 16;
+    if (need > r->scratch_cap) {
+        char *s = realloc(r->scratch, need);
+        if (!s) return skv_error(SKV_ENOMEM, "%s: out of memory", r->path);
+        r->scratch = s;
+        r->scratch_cap = need;
+    }
+    probe_event *ev = &r->ev;
+    memset(ev, 0, sizeof *ev);
+    ev->kind = (probe_kind)kind;
+    char *sc = r->scratch;
+    size_t at = 0;
+    uint64_t idx = r->index;
+    for (int i = 0; i < nf; i++) {
+        const probe_field *f = &fs[i];
+        char *dst = (char *)ev + f->off;
+        size_t left = len - at;
+        if (f->type == PROBE_F_I32 || f->type == PROBE_F_F32) {
+            if (left < 4) return record_error(r, idx, kind, off, "field %s runs past the record (%zu bytes left)", f->name, left);
+            from_le32(dst, p + at, 1);
+            at += 4;
+        } else if (f->type == PROBE_F_F64 || f->type == PROBE_F_U64) {
+            if (left < 8) return record_error(r, idx, kind, off, "field %s runs past the record (%zu bytes left)", f->name, left);
+            uint64_t v = get_u64(p + at);
+            memcpy(dst, &v, 8);
+            at += 8;
+        } else if (f->type == PROBE_F_STR) {
+            if (left < 4) return record_error(r, idx, kind, off, "string %s runs past the record (%zu bytes left)", f->name, left);
+            uint32_t sl = get_u32(p + at);
+            if (sl > left - 4)
+                return record_error(r, idx, kind, off, "string %s of %u bytes overruns the record (%zu bytes left)",
+                                    f->name, sl, left - 4);
+            memcpy(sc, p + at + 4, sl);
+            sc[sl] = 0;
+            memcpy(dst, &sc, sizeof sc);
+            sc += align8((size_t)sl + 1);
+            at += 4 + (size_t)sl;
+        } else {
+            int cnt = field_int(ev, &fs[f->count]);
+            if (cnt < 0)
+                return record_error(r, idx, kind, off, "%s = %d, expected >= 0", fs[f->count].name, cnt);
+            size_t bytes = f->type == PROBE_F_BYTES ? (size_t)cnt : (size_t)cnt * 4;
+            if (bytes > left)
+                return record_error(r, idx, kind, off,
+                                    "array %s of %d elements (%zu bytes) overruns the record (%zu bytes left)", f->name,
+                                    cnt, bytes, left);
+            if (f->type == PROBE_F_BYTES) {
+                memcpy(sc, p + at, bytes);
+                sc[bytes] = 0;
+            } else {
+                from_le32(sc, p + at, (size_t)cnt);
+            }
+            char *arr = sc;
+            memcpy(dst, &arr, sizeof arr);
+            sc += align8(bytes + 1);
+            at += bytes;
+        }
+    }
+    if (at != len)
+        return record_error(r, idx, kind, off, "%zu bytes left after the last field (array sizes do not match the record length)",
+                            len - at);
+    return 0;
+}
+
+int trace_next(trace_reader *r, const probe_event **ev) {
+    *ev = NULL;
+    while (r->pos < r->rec_end) {
+        size_t off = r->pos;
+        uint32_t kind = get_u32(r->map + off), len = get_u32(r->map + off + 4);
+        r->pos += RECORD_HEAD + (size_t)len;   /* framing was checked at open */
+        if (kind == 0 || kind >= PROBE_KIND_COUNT) {
+            r->index++;
+            continue;
+        }
+        int rc = decode_event(r, kind, r->map + off + RECORD_HEAD, len, off);
+        r->index++;
+        if (rc) return rc;
+        *ev = &r->ev;
+        return 1;
+    }
+    return 0;
+}
+
+const char *trace_meta_json(const trace_reader *r) { return r->json; }
+uint64_t trace_n_records(const trace_reader *r) { return r->n_records; }
+
+int trace_load_store(const char *path, probe_store *st) {
+    trace_reader *r;
+    int rc = trace_open(path, &r);
+    if (rc) return rc;
+    const probe_event *ev;
+    while ((rc = trace_next(r, &ev)) > 0) {
+        rc = probe_store_add(st, ev);
+        if (rc) {
+            char msg[512];
+            snprintf(msg, sizeof msg, "%s", skv_last_error());
+            rc = skv_error(rc, "%s: record %" PRIu64 ": %s", path, r->index - 1, msg);
+            break;
+        }
+    }
+    trace_close(r);
+    return rc < 0 ? rc : 0;
+}
+
+/* ---- info ------------------------------------------------------------------- */
+
+static const char *meta_str(const cJSON *o, const char *key) {
+    const cJSON *v = cJSON_GetObjectItemCaseSensitive(o, key);
+    return cJSON_IsString(v) && v->valuestring ? v->valuestring : "?";
+}
+
+static double meta_num(const cJSON *o, const char *key) {
+    const cJSON *v = cJSON_GetObjectItemCaseSensitive(o, key);
+    return cJSON_IsNumber(v) ? v->valuedouble : -1;
+}
+
+int trace_info(const char *path, FILE *out) {
+    trace_reader *r;
+    int rc = trace_open(path, &r);
+    if (rc) return rc;
+    const cJSON *m = r->meta, *created = cJSON_GetObjectItemCaseSensitive(m, "created");
+    fprintf(out, "%s: skv trace format %d, written by skv %s", path, TRACE_VERSION, meta_str(m, "skv_version"));
+    if (cJSON_IsObject(created)) fprintf(out, " on %s (%s)", meta_str(created, "utc"), meta_str(created, "host"));
+    fprintf(out, "\n");
+    const cJSON *run = cJSON_GetObjectItemCaseSensitive(m, "run");
+    if (cJSON_IsObject(run)) {
+        fprintf(out, "  model      %s (%s, %s%s), backend %s\n", meta_str(run, "model"), meta_str(run, "arch"),
+                meta_str(run, "format"), meta_num(run, "random_weights") > 0 ? ", random weights" : "",
+                meta_str(run, "backend"));
+        fprintf(out, "  shape      %.0f layers, %.0f heads, %.0f KV heads, head dim %.0f, max context %.0f, prompt %.0f\n",
+                meta_num(run, "n_layers"), meta_num(run, "n_heads"), meta_num(run, "n_kv_heads"),
+                meta_num(run, "head_dim"), meta_num(run, "max_ctx"), meta_num(run, "prompt_len"));
+        fprintf(out, "  kv policy  %s", meta_str(run, "kv_policy"));
+        if (meta_num(run, "chunk") > 0)
+            fprintf(out, ": rank %.0f, chunk %.0f, budget %.0f, outliers %.0f, local chunks %.0f%s%s",
+                    meta_num(run, "rank"), meta_num(run, "chunk"), meta_num(run, "budget"),
+                    meta_num(run, "outliers"), meta_num(run, "local_chunks"),
+                    meta_num(run, "shadowkv_plus") > 0 ? ", ShadowKV+" : "",
+                    meta_num(run, "oracle") > 0 ? ", oracle" : "");
+        fprintf(out, "\n");
+    } else {
+        fprintf(out, "  model      (no run event recorded)\n");
+    }
+    fprintf(out, "  steps      %.0f\n  layers     %.0f\n", meta_num(m, "steps"), meta_num(m, "layers"));
+    fprintf(out, "  records    %" PRIu64 "\n", r->n_records);
+    for (int k = 1; k < PROBE_KIND_COUNT; k++)
+        if (r->count[k]) fprintf(out, "    %-14s %" PRIu64 "\n", probe_kind_name((probe_kind)k), r->count[k]);
+    if (r->n_unknown) fprintf(out, "    %-14s %" PRIu64 " (from a newer skv, skipped)\n", "unknown kinds", r->n_unknown);
+    if (r->size >= 1u << 20) fprintf(out, "  file size  %zu bytes (%.1f MiB), checksum ok\n", r->size, r->size / 1048576.0);
+    else fprintf(out, "  file size  %zu bytes (%.1f KiB), checksum ok\n", r->size, r->size / 1024.0);
+    trace_close(r);
+    return 0;
+}

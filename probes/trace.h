@@ -1,0 +1,60 @@
+/* trace.h: recording a run's probe events to a file and replaying them.
+ *
+ * A trace is a JSON metadata block (run, creation, counts) followed by packed
+ * little-endian binary records, one per event, and a footer with the record
+ * count and a CRC-32; docs/TRACE.md has the byte layout. The writer records
+ * into a temporary file and renames it over the target only at
+ * trace_writer_close, so an aborted or crashed run leaves nothing at the
+ * target path. The reader checks everything (magic, version, checksum, JSON,
+ * every record's length and array sizes) and reports damage as one line
+ * naming the file; kinds it does not know are skipped. */
+#ifndef SKV_TRACE_H
+#define SKV_TRACE_H
+
+#include "probe.h"
+#include "store.h"
+
+#include <stdint.h>
+#include <stdio.h>
+
+#define TRACE_VERSION 1
+
+typedef struct trace_writer trace_writer;
+typedef struct trace_reader trace_reader;
+
+/* Starts a trace at path. With a bus, subscribes a callback for every kind
+ * and records what is emitted; with bus NULL, events come only through
+ * trace_writer_write. Nothing appears at path until trace_writer_close. */
+int trace_writer_open(const char *path, probe_bus *bus, trace_writer **out);
+/* Records one event (not to be mixed with a bus subscription on another thread). */
+int trace_writer_write(trace_writer *w, const probe_event *ev);
+/* Unsubscribes, writes the metadata, records and footer, and renames the file
+ * into place. Frees w. On any error (including one met while recording)
+ * returns it, with a message naming the file, and leaves no file at path. */
+int trace_writer_close(trace_writer *w);
+/* Unsubscribes, discards everything and frees w; no file is left at path. */
+void trace_writer_abort(trace_writer *w);
+
+/* Opens and validates a trace (header, checksum, metadata, record framing). */
+int trace_open(const char *path, trace_reader **out);
+/* The next event: 1 and *ev set (valid until the next call or trace_close),
+ * 0 at the end, or a negative SKV_E* for a damaged record. Skips kinds this
+ * build does not know. */
+int trace_next(trace_reader *r, const probe_event **ev);
+/* The metadata block as JSON text (NUL-terminated, owned by r). */
+const char *trace_meta_json(const trace_reader *r);
+/* Records in the file (known and unknown kinds). */
+uint64_t trace_n_records(const trace_reader *r);
+void trace_close(trace_reader *r);
+
+/* Replays every event of the trace at path into st. */
+int trace_load_store(const char *path, probe_store *st);
+
+/* Prints a human summary (format version, model, KV policy, counts per kind,
+ * steps, layers, file size) for `skv trace info FILE`. */
+int trace_info(const char *path, FILE *out);
+
+/* CRC-32 (IEEE 802.3, as in zlib): pass 0 first, then the previous result. */
+uint32_t trace_crc32(uint32_t crc, const void *data, size_t n);
+
+#endif

@@ -1,0 +1,52 @@
+#!/bin/sh
+# make bench: prefill and decode speed of skv with 2 threads, side by side
+# with the llama.cpp figures measured on this kind of machine (commit
+# c392e509, from the engine-foundation issue), as ratios.
+# Synthetic SmolLM2-135M-shaped models are made once under build/bench/.
+set -eu
+SKV=${SKV:-./skv}
+SHARED=${SKV_SHARED:-../shared}
+OUT=build/bench
+mkdir -p "$OUT"
+T=2
+
+synth() { # dtype
+    f="$OUT/smollm2-135m-$1.gguf"
+    [ -f "$f" ] || $SKV synth --config "$SHARED/configs/smollm2-135m.config.json" --dtype "$1" --seed 1 -o "$f" >&2
+    echo "$f"
+}
+
+field() { sed -n "s/.*$1=\([0-9.]*\).*/\1/p"; }
+
+# bench MODEL PROMPT DECODE [extra flags...] -> "prefill_tok_s decode_tok_s"
+bench() {
+    m=$1; p=$2; n=$3; shift 3
+    line=$($SKV bench -m "$m" -t $T --prompt-tokens "$p" -n "$n" --repeat 2 "$@")
+    echo "$(echo "$line" | field prefill_tok_s) $(echo "$line" | field decode_tok_s)"
+}
+
+ratio() { awk -v a="$1" -v b="$2" 'BEGIN { if (b > 0) printf "%.2fx", a / b; else printf "-" }'; }
+
+row() { # label ours ref
+    printf '%-44s %12s %12s %8s\n' "$1" "$2" "$3" "$(ratio "$2" "$3")"
+}
+
+echo "== engine: prefill and decode tok/s, $T threads (ratio = skv / llama.cpp) =="
+printf '%-44s %12s %12s %8s\n' "case" "skv" "llama.cpp" "ratio"
+if [ -f "$SHARED/models/mini-smollm-f32.gguf" ]; then
+    set -- $(bench "$SHARED/models/mini-smollm-f32.gguf" 512 128)
+    row "mini-smollm-f32 prefill pp512" "$1" 14900
+    row "mini-smollm-f32 decode tg128" "$2" 883
+else
+    echo "(skipped mini-smollm-f32: $SHARED/models missing)"
+fi
+if [ -f "$SHARED/configs/smollm2-135m.config.json" ]; then
+    F32=$(synth f32); F16=$(synth f16); Q8=$(synth q8_0)
+    set -- $(bench "$F32" 512 64);  row "SmolLM2-135M f32 prefill pp512" "$1" 447; row "SmolLM2-135M f32 decode tg" "$2" 36.1
+    set -- $(bench "$F32" 4096 32); row "SmolLM2-135M f32 decode after 4K prompt" "$2" 17.0
+    set -- $(bench "$F16" 16 64);   row "SmolLM2-135M f16 decode tg" "$2" 48.2
+    set -- $(bench "$Q8" 512 64);   row "SmolLM2-135M q8_0 prefill pp512" "$1" 687; row "SmolLM2-135M q8_0 decode tg" "$2" 142
+    set -- $(bench "$Q8" 4096 32);  row "SmolLM2-135M q8_0 decode after 4K prompt" "$2" 27.6
+else
+    echo "(skipped SmolLM2-135M: $SHARED/configs missing)"
+fi

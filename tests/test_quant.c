@@ -1,0 +1,416 @@
+/* test_quant: ggml block formats against the shared models and random data.
+ *
+ * (a) every 2-D tensor of the f16/bf16/q8_0/q6_k/q4_k_m/q4_0 files, dequantized,
+ *     against the same tensor of the f32 file (relative L2 bounds per type), and
+ *     the reference quantizers reproduce llama-quantize's bytes;
+ * (b) quant_matvec and quant_dot against dequantize + a double dot product;
+ * (c) quantize -> dequantize round trips on random data;
+ * (d) fp16 / bf16 conversions on edge values and exhaustively. */
+#include "gguf.h"
+#include "quant.h"
+#include "skv.h"
+#include "testhelp.h"
+
+#include <stdint.h>
+#if defined(__F16C__)
+#include <immintrin.h>
+#endif
+
+/* The types under test and their relative L2 bounds: dequantized file vs the
+ * f32 file (a) and a round trip of Gaussian data (c). Measured figures are
+ * printed; the bounds leave headroom of about 1.5-2x. */
+typedef struct { enum ggml_type t; double file_bound, trip_bound; } type_case;
+static const type_case cases[] = {
+    {GGML_F32, 0, 0},
+    {GGML_F16, 1e-3, 1e-3},
+    {GGML_BF16, 5e-3, 5e-3},
+    {GGML_Q8_0, 1e-2, 1e-2},
+    {GGML_Q6_K, 2e-2, 2.5e-2}, /* our q6_K quantizer is plain round-to-nearest */
+    {GGML_Q5_0, 5e-2, 5e-2},
+    {GGML_Q4_K, 1.2e-1, 1.2e-1},
+    {GGML_Q4_0, 1.2e-1, 1.2e-1},
+};
+#define N_CASES (sizeof cases / sizeof cases[0])
+
+static int case_of(enum ggml_type t) {
+    for (size_t i = 0; i < N_CASES; i++)
+        if (cases[i].t == t) return (int)i;
+    return -1;
+}
+
+/* Deterministic uniform [0,1) and roughly Gaussian numbers. */
+static uint64_t rng_state = 0x9e3779b97f4a7c15ull;
+static double urand(void) {
+    rng_state ^= rng_state << 13;
+    rng_state ^= rng_state >> 7;
+    rng_state ^= rng_state << 17;
+    return (double)(rng_state >> 11) * 0x1p-53;
+}
+static float grand(void) {
+    double s = 0;
+    for (int i = 0; i < 12; i++) s += urand();
+    return (float)(s - 6);
+}
+
+/* Dequantized copy of a whole tensor, (rows, ne[0]) fp32; caller frees. */
+static float *dequant_tensor(const gguf_tensor *t, size_t *rows_out) {
+    size_t rows = (size_t)(t->ne[1] * t->ne[2] * t->ne[3]);
+    float *out = malloc(rows * t->ne[0] * sizeof(float));
+    if (out) quant_dequant_rows(t->type, t->data, t->ne[0], 0, rows, out);
+    *rows_out = rows;
+    return out;
+}
+
+/* One tensor of each type, kept for the matvec test: (rows, n) of type t. */
+typedef struct { gguf_file *file; const gguf_tensor *t; } sample;
+static sample samples[N_CASES];
+
+static double file_err[N_CASES];
+static int seen[N_CASES];
+
+/* (a) Compares every 2-D tensor of file rel with the f32 reference. */
+static void check_file(const gguf_file *ref, const char *rel) {
+    const char *path = test_shared(rel);
+    char msg[256];
+    if (!path) {
+        snprintf(msg, sizeof msg, "test_quant: %s missing", rel);
+        test_skip(msg);
+        return;
+    }
+    gguf_file *f;
+    int rc = gguf_open(path, &f);
+    snprintf(msg, sizeof msg, "%s opens", rel);
+    test_cond(msg, rc == 0);
+    if (rc) { printf("  %s\n", skv_last_error()); return; }
+    int n2d = 0, bad = 0, kept = 0;
+    for (uint64_t i = 0; i < f->n_tensors; i++) {
+        const gguf_tensor *t = &f->tensors[i];
+        if (t->n_dims != 2) continue;
+        n2d++;
+        int c = case_of(t->type);
+        const gguf_tensor *r = gguf_find_tensor(ref, t->name);
+        if (c < 0 || !r || r->type != GGML_F32 || r->ne[0] != t->ne[0] || r->ne[1] != t->ne[1]) {
+            printf("  %s: %s (%s) has no f32 twin or an unexpected type\n", rel, t->name, ggml_type_name(t->type));
+            bad++;
+            continue;
+        }
+        size_t rows, rrows;
+        float *a = dequant_tensor(t, &rows), *b = dequant_tensor(r, &rrows);
+        if (!a || !b) { free(a); free(b); bad++; continue; }
+        double e = test_rel_l2(a, b, rows * t->ne[0]);
+        if (e > file_err[c]) file_err[c] = e;
+        if (e > cases[c].file_bound) {
+            printf("  %s: %s (%s) relative L2 %.3g over the bound %.3g\n", rel, t->name,
+                   ggml_type_name(t->type), e, cases[c].file_bound);
+            bad++;
+        }
+        seen[c] = 1;
+        if (!samples[c].t) { samples[c].t = t; samples[c].file = f; kept = 1; }
+        free(a);
+        free(b);
+    }
+    snprintf(msg, sizeof msg, "%s: %d 2-D tensors dequantize close to f32", rel, n2d);
+    test_cond(msg, n2d > 0 && bad == 0);
+    if (!kept) gguf_close(f);
+}
+
+/* 1 if byte k of a q8_0 row differs from ours only because the file rounded an
+ * exact half to even (gguf-py's numpy quantizer) where ggml rounds it away
+ * from zero. */
+static int q8_0_tie(const float *x, const uint8_t *mine, const uint8_t *file, size_t k) {
+    size_t blk = k / 34, j = k % 34;
+    if (j < 2 || memcmp(mine + blk * 34, file + blk * 34, 2)) return 0;
+    float amax = 0;
+    for (int i = 0; i < 32; i++) amax = fmaxf(amax, fabsf(x[blk * 32 + i]));
+    float v = x[blk * 32 + j - 2] * (1.0f / (amax / 127));
+    int a = (int8_t)mine[k], b = (int8_t)file[k];
+    return v - truncf(v) == (v < 0 ? -0.5f : 0.5f) && abs(a - b) == 1 && fabsf((float)b - v) == 0.5f;
+}
+
+/* Bytes of tensor name in file rel that differ from quantizing its f32 twin
+ * with quant_quantize_row (q8_0 rounding ties counted apart in *ties); -1 when
+ * the file is absent. */
+static long requant_mismatch(const gguf_file *ref, const char *rel, const char *name, enum ggml_type *type,
+                             long *ties) {
+    const char *path = test_shared(rel);
+    gguf_file *f;
+    if (!path || gguf_open(path, &f)) return -1;
+    const gguf_tensor *t = gguf_find_tensor(f, name), *r = gguf_find_tensor(ref, name);
+    long diff = -1;
+    if (t && r && t->ne[0] == r->ne[0] && t->ne[1] == r->ne[1]) {
+        *type = t->type;
+        size_t n = t->ne[0], rows = (size_t)t->ne[1], rs = ggml_row_size(t->type, n);
+        uint8_t *q = malloc(rs);
+        float *x = malloc(n * sizeof(float));
+        diff = 0;
+        for (size_t row = 0; q && x && row < rows; row++) {
+            quant_dequant_row(GGML_F32, (const uint8_t *)r->data + row * n * 4, x, n);
+            if (quant_quantize_row(t->type, x, q, n)) { diff = -2; break; }
+            const uint8_t *p = (const uint8_t *)t->data + row * rs;
+            for (size_t k = 0; k < rs; k++)
+                if (q[k] != p[k]) {
+                    if (t->type == GGML_Q8_0 && q8_0_tie(x, q, p, k)) (*ties)++;
+                    else diff++;
+                }
+        }
+        free(q);
+        free(x);
+    }
+    gguf_close(f);
+    return diff;
+}
+
+/* (b) quant_matvec and quant_dot on a (rows, n) matrix W of type t against a
+ * double dot product of the dequantized rows; returns the relative L2 error. */
+static double matvec_err(enum ggml_type t, const void *W, size_t rows, size_t n) {
+    float *x = malloc(n * sizeof(float)), *y = malloc(rows * sizeof(float));
+    float *wr = malloc(n * sizeof(float)), *yd = malloc(rows * sizeof(float));
+    double e = 1;
+    if (x && y && wr && yd) {
+        for (size_t j = 0; j < n; j++) x[j] = (float)(2 * urand() - 1);
+        quant_matvec(t, W, rows, n, x, y);
+        double num = 0, den = 0;
+        size_t rs = ggml_row_size(t, n);
+        for (size_t r = 0; r < rows; r++) {
+            quant_dequant_row(t, (const uint8_t *)W + r * rs, wr, n);
+            double s = 0;
+            for (size_t j = 0; j < n; j++) s += (double)wr[j] * x[j];
+            num += (y[r] - s) * (y[r] - s);
+            den += s * s;
+            yd[r] = quant_dot(t, (const uint8_t *)W + r * rs, x, n);
+        }
+        e = den > 0 ? sqrt(num / den) : sqrt(num);
+        for (size_t r = 0; r < rows; r++)
+            if (yd[r] != y[r]) e = 1; /* dot and matvec must agree exactly */
+    }
+    free(x); free(y); free(wr); free(yd);
+    return e;
+}
+
+/* Random (rows, n) matrix quantized to t with quant_quantize_row; caller frees. */
+static void *random_matrix(enum ggml_type t, size_t rows, size_t n) {
+    size_t rs = ggml_row_size(t, n);
+    uint8_t *W = malloc(rows * rs);
+    float *x = malloc(n * sizeof(float));
+    if (W && x)
+        for (size_t r = 0; r < rows; r++) {
+            for (size_t j = 0; j < n; j++) x[j] = grand();
+            quant_quantize_row(t, x, W + r * rs, n);
+        }
+    free(x);
+    return W;
+}
+
+static void test_matvec(void) {
+    char msg[256];
+    for (size_t c = 0; c < N_CASES; c++) {
+        enum ggml_type t = cases[c].t;
+        if (samples[c].t) {
+            const gguf_tensor *s = samples[c].t;
+            double e = matvec_err(t, s->data, (size_t)s->ne[1], (size_t)s->ne[0]);
+            snprintf(msg, sizeof msg, "matvec %s on %s (%llu x %llu): rel err %.2g < 1e-5", ggml_type_name(t),
+                     s->name, (unsigned long long)s->ne[1], (unsigned long long)s->ne[0], e);
+            test_cond(msg, e < 1e-5);
+        }
+        /* Synthetic shapes: odd block counts and ragged fp tails. */
+        size_t blck = ggml_blck_size(t);
+        size_t shapes[3][2] = {{7, blck == 1 ? 37 : blck * 3}, {33, blck == 1 ? 8 : blck}, {300, blck * 8}};
+        for (int k = 0; k < 3; k++) {
+            void *W = random_matrix(t, shapes[k][0], shapes[k][1]);
+            double e = W ? matvec_err(t, W, shapes[k][0], shapes[k][1]) : 1;
+            snprintf(msg, sizeof msg, "matvec %s on random %zu x %zu: rel err %.2g < 1e-5", ggml_type_name(t),
+                     shapes[k][0], shapes[k][1], e);
+            test_cond(msg, e < 1e-5);
+            free(W);
+        }
+    }
+}
+
+/* (c) */
+static void test_roundtrip(void) {
+    const size_t n = 8192;
+    float *x = malloc(n * sizeof(float)), *y = malloc(n * sizeof(float));
+    uint8_t *q = malloc(n * 4);
+    char msg[256];
+    if (!x || !y || !q) { free(x); free(y); free(q); test_cond("round trip buffers", 0); return; }
+    for (size_t i = 0; i < n; i++) x[i] = grand() * (i % 512 < 256 ? 1.0f : 0.01f);
+    for (size_t c = 0; c < N_CASES; c++) {
+        enum ggml_type t = cases[c].t;
+        int rc = quant_quantize_row(t, x, q, n);
+        quant_dequant_row(t, q, y, n);
+        double e = test_rel_l2(y, x, n);
+        snprintf(msg, sizeof msg, "round trip %s: rel L2 %.3g <= %.3g", ggml_type_name(t), e, cases[c].trip_bound);
+        test_cond(msg, rc == 0 && e <= cases[c].trip_bound);
+    }
+    /* A block of zeros, and one with a single non-zero, stay exact. */
+    for (size_t c = 0; c < N_CASES; c++) {
+        enum ggml_type t = cases[c].t;
+        memset(x, 0, 256 * sizeof(float));
+        x[5] = -3.0f;
+        int rc = quant_quantize_row(t, x, q, 256);
+        quant_dequant_row(t, q, y, 256);
+        int ok = rc == 0;
+        for (int i = 0; i < 256; i++) ok &= fabsf(y[i] - x[i]) <= 3e-3f;
+        snprintf(msg, sizeof msg, "round trip %s of a lone -3 among zeros", ggml_type_name(t));
+        test_cond(msg, ok);
+    }
+    test_cond("q4_1 has no quantizer", quant_quantize_row(GGML_Q4_1, x, q, 32) == SKV_EUNSUPPORTED);
+    test_cond("q2_K has no quantizer", quant_quantize_row(GGML_Q2_K, x, q, 256) == SKV_EUNSUPPORTED);
+    test_cond("q8_0 rejects a partial block", quant_quantize_row(GGML_Q8_0, x, q, 33) == SKV_EINVAL);
+    int sup = 1;
+    for (size_t c = 0; c < N_CASES; c++) sup &= quant_supported(cases[c].t);
+    test_cond("quant_supported: the 8 types", sup);
+    test_cond("quant_supported: not q4_1, q5_K, i32", !quant_supported(GGML_Q4_1) && !quant_supported(GGML_Q5_K) &&
+                                                          !quant_supported(GGML_I32));
+    free(x); free(y); free(q);
+}
+
+static uint32_t fbits(float f) { uint32_t u; memcpy(&u, &f, 4); return u; }
+static float bitsf(uint32_t u) { float f; memcpy(&f, &u, 4); return f; }
+
+/* (d) */
+static void test_conversions(void) {
+    /* fp32 -> fp16, rounding to nearest even. */
+    test_cond("fp16: 0", f32_to_fp16(0.0f) == 0x0000);
+    test_cond("fp16: -0", f32_to_fp16(-0.0f) == 0x8000);
+    test_cond("fp16: 1, -2", f32_to_fp16(1.0f) == 0x3c00 && f32_to_fp16(-2.0f) == 0xc000);
+    test_cond("fp16: +-inf", f32_to_fp16(INFINITY) == 0x7c00 && f32_to_fp16(-INFINITY) == 0xfc00);
+    uint16_t hn = f32_to_fp16(NAN);
+    test_cond("fp16: nan stays nan", (hn & 0x7c00) == 0x7c00 && (hn & 0x3ff) != 0);
+    test_cond("fp16: 65504 is the largest finite", f32_to_fp16(65504.0f) == 0x7bff);
+    test_cond("fp16: 65519 rounds down, 65520 to inf", f32_to_fp16(65519.0f) == 0x7bff &&
+                                                          f32_to_fp16(65520.0f) == 0x7c00);
+    test_cond("fp16: 1e10 and -1e10 overflow", f32_to_fp16(1e10f) == 0x7c00 && f32_to_fp16(-1e10f) == 0xfc00);
+    test_cond("fp16: 2^-14 is the smallest normal", f32_to_fp16(0x1p-14f) == 0x0400);
+    test_cond("fp16: 2^-24 is the smallest subnormal", f32_to_fp16(0x1p-24f) == 0x0001);
+    test_cond("fp16: 1023*2^-24 is the largest subnormal", f32_to_fp16(1023 * 0x1p-24f) == 0x03ff);
+    test_cond("fp16: 2^-25 ties to even (0)", f32_to_fp16(0x1p-25f) == 0x0000 && f32_to_fp16(-0x1p-25f) == 0x8000);
+    test_cond("fp16: just over 2^-25 rounds up", f32_to_fp16(bitsf(fbits(0x1p-25f) + 1)) == 0x0001);
+    test_cond("fp16: 3*2^-25 ties to even (2)", f32_to_fp16(3 * 0x1p-25f) == 0x0002);
+    test_cond("fp16: 5*2^-25 ties to even (2)", f32_to_fp16(5 * 0x1p-25f) == 0x0002);
+    test_cond("fp16: 1+2^-11 ties to even (1)", f32_to_fp16(1 + 0x1p-11f) == 0x3c00);
+    test_cond("fp16: 1+3*2^-11 ties to even", f32_to_fp16(1 + 3 * 0x1p-11f) == 0x3c02);
+    test_cond("fp16: 1+2^-11+tiny rounds up", f32_to_fp16(bitsf(fbits(1 + 0x1p-11f) + 1)) == 0x3c01);
+    test_cond("fp16: 1023.5*2^-24 ties up into the normals", f32_to_fp16(1023.5f * 0x1p-24f) == 0x0400);
+    test_cond("fp16: fp32 subnormals round to signed 0", f32_to_fp16(1e-40f) == 0 && f32_to_fp16(-1e-40f) == 0x8000);
+
+    /* fp16 -> fp32. */
+    test_cond("fp16->f32: 1, -2, 65504", fp16_to_f32(0x3c00) == 1.0f && fp16_to_f32(0xc000) == -2.0f &&
+                                             fp16_to_f32(0x7bff) == 65504.0f);
+    test_cond("fp16->f32: -0 keeps its sign", fp16_to_f32(0x8000) == 0 && signbit(fp16_to_f32(0x8000)));
+    test_cond("fp16->f32: subnormals", fp16_to_f32(0x0001) == 0x1p-24f && fp16_to_f32(0x03ff) == 1023 * 0x1p-24f &&
+                                           fp16_to_f32(0x8001) == -0x1p-24f);
+    test_cond("fp16->f32: inf, nan", isinf(fp16_to_f32(0x7c00)) && fp16_to_f32(0xfc00) < 0 &&
+                                         isnan(fp16_to_f32(0x7e00)) && isnan(fp16_to_f32(0x7c01)));
+    int ok = 1;
+    for (uint32_t h = 0; h < 65536; h++) {
+        float f = fp16_to_f32((uint16_t)h);
+        uint16_t back = f32_to_fp16(f);
+        if (isnan(f)) ok &= (back & 0x7c00) == 0x7c00 && (back & 0x3ff) != 0 && (back & 0x8000) == (h & 0x8000);
+        else ok &= back == h;
+    }
+    test_cond("fp16: all 65536 values round-trip through fp32", ok);
+#if defined(__F16C__)
+    ok = 1;
+    for (int i = 0; i < 2000000; i++) {
+        uint32_t u = (uint32_t)(urand() * 4294967296.0);
+        if (i & 1) u = (u & 0x8fffffffu) | 0x30000000u; /* dense around fp16's range */
+        float f = bitsf(u);
+        uint16_t hw = (uint16_t)_cvtss_sh(f, _MM_FROUND_TO_NEAREST_INT);
+        if (isnan(f)) continue;
+        ok &= f32_to_fp16(f) == hw;
+        ok &= fbits(fp16_to_f32(hw)) == fbits(_cvtsh_ss(hw));
+    }
+    test_cond("fp16: 2M random floats agree with F16C", ok);
+#endif
+
+    /* bf16. */
+    test_cond("bf16: 0, -0, 1", f32_to_bf16(0.0f) == 0 && f32_to_bf16(-0.0f) == 0x8000 && f32_to_bf16(1.0f) == 0x3f80);
+    test_cond("bf16: +-inf", f32_to_bf16(INFINITY) == 0x7f80 && f32_to_bf16(-INFINITY) == 0xff80);
+    uint16_t bn = f32_to_bf16(NAN), bn2 = f32_to_bf16(bitsf(0x7f800001u));
+    test_cond("bf16: nan stays nan (even a low-payload one)", (bn & 0x7f80) == 0x7f80 && (bn & 0x7f) &&
+                                                                   (bn2 & 0x7f80) == 0x7f80 && (bn2 & 0x7f));
+    test_cond("bf16: ties to even", f32_to_bf16(bitsf(0x3f808000u)) == 0x3f80 &&
+                                        f32_to_bf16(bitsf(0x3f818000u)) == 0x3f82);
+    test_cond("bf16: above a tie rounds up", f32_to_bf16(bitsf(0x3f808001u)) == 0x3f81);
+    test_cond("bf16: FLT_MAX rounds to inf", f32_to_bf16(bitsf(0x7f7fffffu)) == 0x7f80);
+    test_cond("bf16: subnormals round to even", f32_to_bf16(bitsf(0x00008000u)) == 0 &&
+                                                    f32_to_bf16(bitsf(0x00018000u)) == 2 &&
+                                                    f32_to_bf16(bitsf(0x00010000u)) == 1);
+    test_cond("bf16->f32: -0, 1, subnormal", signbit(bf16_to_f32(0x8000)) && bf16_to_f32(0x3f80) == 1.0f &&
+                                                 bf16_to_f32(0x0001) == bitsf(0x00010000u));
+    ok = 1;
+    for (uint32_t h = 0; h < 65536; h++) {
+        float f = bf16_to_f32((uint16_t)h);
+        ok &= isnan(f) ? isnan(bf16_to_f32(f32_to_bf16(f))) : f32_to_bf16(f) == h;
+    }
+    test_cond("bf16: all 65536 values round-trip through fp32", ok);
+}
+
+int main(void) {
+    test_conversions();
+    test_roundtrip();
+
+    const char *rp = test_shared("models/mini-smollm-f32.gguf");
+    gguf_file *ref = NULL;
+    if (!rp) {
+        test_skip("test_quant: ../shared/models/mini-smollm-f32.gguf missing, file checks skipped");
+    } else if (gguf_open(rp, &ref)) {
+        test_cond("mini-smollm-f32.gguf opens", 0);
+        printf("  %s\n", skv_last_error());
+        ref = NULL;
+    }
+    if (ref) {
+        /* The f32 file against itself, to keep a sample f32 matrix. */
+        for (uint64_t i = 0; i < ref->n_tensors; i++)
+            if (ref->tensors[i].n_dims == 2 && ref->tensors[i].type == GGML_F32) {
+                samples[case_of(GGML_F32)].t = &ref->tensors[i];
+                seen[case_of(GGML_F32)] = 1;
+                break;
+            }
+        static const char *files[] = {
+            "models/mini-smollm-f16.gguf", "models/mini-smollm-bf16.gguf", "models/mini-smollm-q8_0.gguf",
+            "models/mini-smollm-q6_k.gguf", "models/mini-smollm-q4_k_m.gguf", "models/mini-smollm-q4_0.gguf",
+        };
+        for (size_t i = 0; i < sizeof files / sizeof files[0]; i++) check_file(ref, files[i]);
+        printf("  measured relative L2 error vs f32 (worst tensor):");
+        for (size_t c = 0; c < N_CASES; c++) printf(" %s %.3g", ggml_type_name(cases[c].t), file_err[c]);
+        printf("\n");
+        char msg[256];
+        for (size_t c = 0; c < N_CASES; c++) {
+            snprintf(msg, sizeof msg, "type %s seen in the model files", ggml_type_name(cases[c].t));
+            test_cond(msg, seen[c]);
+        }
+
+        /* Conversions and reference quantizers against the converter's bytes. */
+        static const struct { const char *file, *tensor; } rq[] = {
+            {"models/mini-smollm-f16.gguf", "blk.0.attn_q.weight"},
+            {"models/mini-smollm-bf16.gguf", "blk.0.attn_q.weight"},
+            {"models/mini-smollm-q4_0.gguf", "blk.0.attn_q.weight"},
+            {"models/mini-smollm-q4_k_m.gguf", "blk.0.attn_q.weight"},
+            {"models/mini-smollm-q4_0.gguf", "token_embd.weight"},  /* q8_0 from llama-quantize */
+            {"models/mini-smollm-q8_0.gguf", "token_embd.weight"},  /* q8_0 from gguf-py */
+        };
+        for (size_t i = 0; i < sizeof rq / sizeof rq[0]; i++) {
+            enum ggml_type t = GGML_F32;
+            long ties = 0, d = requant_mismatch(ref, rq[i].file, rq[i].tensor, &t, &ties);
+            if (d == -1) continue;
+            snprintf(msg, sizeof msg, "quantizing %s of %s to %s matches the file "
+                     "(%ld bytes differ; %ld exact .5 ties the writer rounded to even)",
+                     rq[i].tensor, rq[i].file, ggml_type_name(t), d, ties);
+            test_cond(msg, d == 0);
+        }
+    }
+
+    test_matvec();
+
+    for (size_t c = 0; c < N_CASES; c++)
+        if (samples[c].file && samples[c].file != ref) {
+            gguf_file *f = samples[c].file;
+            for (size_t k = c; k < N_CASES; k++)
+                if (samples[k].file == f) samples[k].file = NULL;
+            gguf_close(f);
+        }
+    if (ref) gguf_close(ref);
+    return test_report("test_quant");
+}

@@ -1,0 +1,148 @@
+/* cli.c: the generation options every generating command takes (model,
+ * prompt, context, sampling, KV policy), parsed the same way everywhere. */
+#include "cli.h"
+#include "skv.h"
+
+#include <errno.h>
+#include <stdarg.h>
+#include <stdlib.h>
+#include <string.h>
+
+void cli_gen_default(cli_gen *g) {
+    memset(g, 0, sizeof *g);
+    g->n_predict = 64;
+    session_opts_default(&g->s);
+}
+
+void cli_gen_free(cli_gen *g) { free(g->prompt_buf); g->prompt_buf = NULL; }
+
+int cli_fail(void) {
+    fprintf(stderr, "skv: %s\n", skv_last_error());
+    return 1;
+}
+
+int cli_usage_error(const char *cmd, const char *fmt, ...) {
+    va_list ap;
+    fprintf(stderr, "skv %s: ", cmd);
+    va_start(ap, fmt);
+    vfprintf(stderr, fmt, ap);
+    va_end(ap);
+    fprintf(stderr, " (see skv %s --help)\n", cmd);
+    return 2;
+}
+
+static int parse_int(const char *flag, const char *v, long lo, long hi, int *out) {
+    char *end;
+    errno = 0;
+    long x = v ? strtol(v, &end, 10) : 0;
+    if (!v || !*v || *end || errno || x < lo || x > hi) {
+        fprintf(stderr, "skv: %s expects an integer in [%ld, %ld], got '%s'\n", flag, lo, hi, v ? v : "");
+        return -1;
+    }
+    *out = (int)x;
+    return 0;
+}
+
+static int parse_float(const char *flag, const char *v, double lo, double hi, float *out) {
+    char *end;
+    errno = 0;
+    double x = v ? strtod(v, &end) : 0;
+    if (!v || !*v || *end || errno || !(x >= lo && x <= hi)) {
+        fprintf(stderr, "skv: %s expects a number in [%g, %g], got '%s'\n", flag, lo, hi, v ? v : "");
+        return -1;
+    }
+    *out = (float)x;
+    return 0;
+}
+
+int cli_gen_option(cli_gen *g, int argc, char **argv, int *i) {
+    const char *a = argv[*i];
+    const char *v = *i + 1 < argc ? argv[*i + 1] : NULL;
+#define TAKES_VALUE() do { if (!v) { fprintf(stderr, "skv: %s needs a value\n", a); return -1; } (*i)++; } while (0)
+    if (!strcmp(a, "-m") || !strcmp(a, "--model")) { TAKES_VALUE(); g->model = v; return 1; }
+    if (!strcmp(a, "-p") || !strcmp(a, "--prompt")) { TAKES_VALUE(); g->prompt = v; return 1; }
+    if (!strcmp(a, "-f") || !strcmp(a, "--file")) { TAKES_VALUE(); g->prompt_file = v; return 1; }
+    if (!strcmp(a, "-n") || !strcmp(a, "--n-predict")) { TAKES_VALUE(); return parse_int(a, v, 0, 1 << 24, &g->n_predict) ? -1 : 1; }
+    if (!strcmp(a, "-c") || !strcmp(a, "--ctx")) { TAKES_VALUE(); return parse_int(a, v, 1, 1 << 24, &g->s.ctx) ? -1 : 1; }
+    if (!strcmp(a, "-b") || !strcmp(a, "--batch")) { TAKES_VALUE(); return parse_int(a, v, 1, 1 << 16, &g->s.batch) ? -1 : 1; }
+    if (!strcmp(a, "-t") || !strcmp(a, "--threads")) { TAKES_VALUE(); return parse_int(a, v, 1, 1024, &g->threads) ? -1 : 1; }
+    if (!strcmp(a, "--temp")) { TAKES_VALUE(); return parse_float(a, v, 0, 100, &g->s.sample.temp) ? -1 : 1; }
+    if (!strcmp(a, "--top-k")) { TAKES_VALUE(); return parse_int(a, v, 0, 1 << 24, &g->s.sample.top_k) ? -1 : 1; }
+    if (!strcmp(a, "--top-p")) { TAKES_VALUE(); return parse_float(a, v, 0, 1, &g->s.sample.top_p) ? -1 : 1; }
+    if (!strcmp(a, "--seed")) {
+        TAKES_VALUE();
+        char *end;
+        errno = 0;
+        unsigned long long s = strtoull(v, &end, 10);
+        if (!*v || *end || errno || *v == '-') { fprintf(stderr, "skv: --seed expects a non-negative integer, got '%s'\n", v); return -1; }
+        g->s.sample.seed = s;
+        return 1;
+    }
+    if (!strcmp(a, "--no-bos")) { g->no_bos = 1; return 1; }
+    if (!strcmp(a, "--kv")) {
+        TAKES_VALUE();
+        if (strcmp(v, "dense")) { fprintf(stderr, "skv: --kv expects dense, got '%s'\n", v); return -1; }
+        snprintf(g->s.kv.policy, sizeof g->s.kv.policy, "%s", v);
+        return 1;
+    }
+#undef TAKES_VALUE
+    return 0;
+}
+
+void cli_gen_help(FILE *o, int with_sampling) {
+    fprintf(o,
+            "  -m, --model PATH      GGUF file or HF directory (config.json, *.safetensors, tokenizer.json)\n"
+            "  -p, --prompt TEXT     prompt text (special tokens such as <|im_start|> are parsed)\n"
+            "  -f, --file FILE       read the prompt from FILE\n"
+            "  -c, --ctx N           context positions (default: the model's trained context)\n"
+            "  -b, --batch N         prefill batch size (default 512)\n"
+            "  -t, --threads N       worker threads (default: all cores)\n"
+            "      --no-bos          do not add the BOS token\n"
+            "      --kv POLICY       KV cache policy: dense (default)\n");
+    if (with_sampling)
+        fprintf(o,
+                "  -n, --n-predict N     tokens to generate (default 64)\n"
+                "      --temp T          temperature; 0 = greedy (default 0)\n"
+                "      --top-k K         keep the K most likely tokens (0 = all)\n"
+                "      --top-p P         nucleus sampling threshold (default 1)\n"
+                "      --seed S          random seed (default 0)\n");
+}
+
+const char *cli_prompt_text(cli_gen *g) {
+    if (g->prompt && g->prompt_file) {
+        fprintf(stderr, "skv: give either -p or -f, not both\n");
+        return NULL;
+    }
+    if (g->prompt) return g->prompt;
+    if (!g->prompt_file) {
+        fprintf(stderr, "skv: no prompt: give -p TEXT or -f FILE\n");
+        return NULL;
+    }
+    FILE *f = fopen(g->prompt_file, "rb");
+    if (!f) {
+        fprintf(stderr, "skv: %s: cannot open: %s\n", g->prompt_file, strerror(errno));
+        return NULL;
+    }
+    size_t cap = 1 << 16, n = 0;
+    char *b = malloc(cap + 1);
+    size_t r;
+    while (b && (r = fread(b + n, 1, cap - n, f)) > 0) {
+        n += r;
+        if (n == cap) {
+            char *nb = realloc(b, cap * 2 + 1);
+            if (!nb) { free(b); b = NULL; break; }
+            b = nb;
+            cap *= 2;
+        }
+    }
+    int err = ferror(f);
+    fclose(f);
+    if (!b || err) {
+        free(b);
+        fprintf(stderr, "skv: %s: cannot read\n", g->prompt_file);
+        return NULL;
+    }
+    b[n] = 0;
+    g->prompt_buf = b;
+    return b;
+}

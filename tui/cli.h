@@ -1,0 +1,46 @@
+/* cli.h: option parsing shared by the commands that load a model and
+ * generate (run, logits, inspect, needle, bench, dump), and small helpers. */
+#ifndef SKV_CLI_H
+#define SKV_CLI_H
+
+#include "session.h"
+#include <stdio.h>
+
+typedef struct {
+    const char *model;       /* -m */
+    const char *prompt;      /* -p */
+    const char *prompt_file; /* -f */
+    char *prompt_buf;        /* owned text read from -f */
+    int n_predict;           /* -n */
+    int no_bos;
+    int threads;
+    int json;
+    const char *trace;       /* --trace FILE */
+    session_opts s;
+} cli_gen;
+
+void cli_gen_default(cli_gen *g);
+
+/* Tries argv[*i] (and its value) as a generation option; returns 1 if it was
+ * one (advancing *i past its value), 0 if not, -1 on a bad value (message
+ * printed). */
+int cli_gen_option(cli_gen *g, int argc, char **argv, int *i);
+
+/* Prints the generation options' help lines. */
+void cli_gen_help(FILE *o, int with_sampling);
+
+/* The prompt text from -p or -f (reading the file); NULL with a message printed. */
+const char *cli_prompt_text(cli_gen *g);
+
+void cli_gen_free(cli_gen *g);
+
+/* Prints "skv: <last error>" to stderr and returns 1. */
+int cli_fail(void);
+int cli_usage_error(const char *cmd, const char *fmt, ...) __attribute__((format(printf, 2, 3)));
+
+int cmd_run(int argc, char **argv);
+int cmd_logits(int argc, char **argv);
+int cmd_info(int argc, char **argv);
+int cmd_bench(int argc, char **argv);
+
+#endif

@@ -1,0 +1,64 @@
+/* cmd_info.c: `skv info -m MODEL`: config, tensors with types and shapes,
+ * and memory. */
+#include "cli.h"
+#include "model.h"
+#include "skv.h"
+#include "tok.h"
+
+#include <string.h>
+
+static void print_tensor(const char *name, const skv_tensor *t) {
+    if (!t->data) return;
+    printf("  %-28s %-5s [%d, %d] %.2f MiB\n", name, ggml_type_name(t->type), t->rows, t->cols,
+           ggml_row_size(t->type, t->cols) * (double)t->rows / (1 << 20));
+}
+
+int cmd_info(int argc, char **argv) {
+    const char *path = NULL;
+    int all = 0;
+    for (int i = 1; i < argc; i++) {
+        if (!strcmp(argv[i], "-h") || !strcmp(argv[i], "--help")) {
+            printf("usage: skv info -m MODEL [--all]\n\nPrints the config, tokenizer, tensors (layer 0 only unless --all)"
+                   " with types and shapes, and memory.\n");
+            return 0;
+        }
+        if ((!strcmp(argv[i], "-m") || !strcmp(argv[i], "--model")) && i + 1 < argc) path = argv[++i];
+        else if (!strcmp(argv[i], "--all")) all = 1;
+        else return cli_usage_error("info", "unknown option '%s'", argv[i]);
+    }
+    if (!path) return cli_usage_error("info", "no model: give -m MODEL");
+    skv_model *m;
+    if (model_load(path, &m)) return cli_fail();
+    const model_config *c = &m->cfg;
+    printf("model:        %s\nformat:       %s\nname:         %s\narchitecture: %s\n", m->path, m->format, c->name, c->arch);
+    printf("layers:       %d\nhidden:       %d\nffn:          %d\nheads:        %d (KV heads %d, GQA %d:1)\n"
+           "head dim:     %d\nvocab:        %d\ncontext:      %d\n",
+           c->n_layers, c->dim, c->ffn_dim, c->n_heads, c->n_kv_heads, c->n_heads / c->n_kv_heads, c->head_dim,
+           c->vocab, c->ctx_train);
+    printf("rope:         %s pairs, theta %g, %d dims%s\n", c->rope_mode == ROPE_NEOX ? "rotate-half" : "adjacent",
+           c->rope_theta, c->rope_dim, c->rope_llama3 ? ", llama3 scaling" : "");
+    printf("norm eps:     %g\nqkv bias:     %s\ntied embd:    %s\n", c->norm_eps, c->qkv_bias ? "yes" : "no",
+           c->tied_embd ? "yes" : "no");
+    printf("tokenizer:    %s (%s), %d tokens, bos %d, eos %d, add bos %s\n",
+           tok_kind(m->tok) == TOK_SPM ? "sentencepiece-bpe" : "byte-level-bpe", tok_pre_name(m->tok),
+           tok_n_vocab(m->tok), tok_bos(m->tok), tok_eos(m->tok), tok_add_bos(m->tok) ? "yes" : "no");
+    printf("tensors:\n");
+    print_tensor("token_embd", &m->tok_embd);
+    print_tensor("output_norm", &m->out_norm);
+    if (!c->tied_embd) print_tensor("output", &m->output);
+    static const char *names[] = {"attn_norm", "wq", "wk", "wv", "wo", "bq", "bk", "bv", "ffn_norm", "w_gate", "w_up", "w_down"};
+    for (int l = 0; l < (all ? c->n_layers : 1); l++) {
+        const skv_tensor *t = &m->layers[l].attn_norm;
+        for (int j = 0; j < 12; j++) {
+            char nm[64];
+            snprintf(nm, sizeof nm, "blk.%d.%s", l, names[j]);
+            print_tensor(nm, &t[j]);
+        }
+    }
+    if (!all && c->n_layers > 1) printf("  ... (%d more layers; --all lists them)\n", c->n_layers - 1);
+    double kvtok = 2.0 * c->n_layers * c->n_kv_heads * c->head_dim * sizeof(float);
+    printf("memory:       weights %.2f MiB; KV cache (fp32) %.1f KiB per token, %.1f MiB at %d tokens\n",
+           model_weight_bytes(m) / 1048576.0, kvtok / 1024, kvtok * c->ctx_train / 1048576.0, c->ctx_train);
+    model_free(m);
+    return 0;
+}

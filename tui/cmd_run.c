@@ -1,0 +1,112 @@
+/* cmd_run.c: `skv run` streams generated text; `skv logits` prints tokens,
+ * last-position logits and greedy continuation as JSON for machine checks. */
+#include "cli.h"
+#include "model.h"
+#include "skv.h"
+#include "tok.h"
+
+#include <stdlib.h>
+#include <string.h>
+
+/* Loads the model, tokenizes the prompt and prefills a session. */
+static int setup(cli_gen *g, const char *cmd, skv_model **m, skv_session **s, int32_t **ids, int *n) {
+    *m = NULL; *s = NULL; *ids = NULL;
+    if (!g->model) return cli_usage_error(cmd, "no model: give -m MODEL");
+    const char *text = cli_prompt_text(g);
+    if (!text) return 2;
+    if (g->threads) skv_set_threads(g->threads);
+    if (model_load(g->model, m)) return cli_fail();
+    int add_bos = tok_add_bos((*m)->tok) && !g->no_bos;
+    if (tok_encode((*m)->tok, text, strlen(text), add_bos, 1, ids, n)) return cli_fail();
+    if (*n == 0) { fprintf(stderr, "skv: the prompt is empty after tokenization\n"); return 1; }
+    if (session_new(*m, &g->s, s)) return cli_fail();
+    if (session_prefill(*s, *ids, *n, NULL, NULL)) return cli_fail();
+    return 0;
+}
+
+static void teardown(skv_model *m, skv_session *s, int32_t *ids, cli_gen *g) {
+    session_free(s);
+    model_free(m);
+    free(ids);
+    cli_gen_free(g);
+}
+
+static void run_help(FILE *o) {
+    fprintf(o, "usage: skv run -m MODEL (-p TEXT | -f FILE) [options]\n\n"
+               "Generates text after the prompt, streaming it to stdout; speed goes to stderr.\n\n");
+    cli_gen_help(o, 1);
+}
+
+int cmd_run(int argc, char **argv) {
+    cli_gen g;
+    cli_gen_default(&g);
+    for (int i = 1; i < argc; i++) {
+        if (!strcmp(argv[i], "-h") || !strcmp(argv[i], "--help")) { run_help(stdout); return 0; }
+        int r = cli_gen_option(&g, argc, argv, &i);
+        if (r < 0) return 2;
+        if (r == 0) return cli_usage_error("run", "unknown option '%s'", argv[i]);
+    }
+    skv_model *m; skv_session *s; int32_t *ids; int n;
+    int rc = setup(&g, "run", &m, &s, &ids, &n);
+    if (rc) { teardown(m, s, ids, &g); return rc; }
+    int prev = ids[n - 1];
+    char buf[256];
+    int generated = 0;
+    for (int i = 0; i < g.n_predict; i++) {
+        int tok = session_sample(s);
+        if (tok_is_eog(m->tok, tok)) break;
+        int len = tok_piece(m->tok, prev, tok, 0, buf, sizeof buf);
+        if (len > 0) fwrite(buf, 1, len < (int)sizeof buf ? len : (int)sizeof buf, stdout);
+        fflush(stdout);
+        prev = tok;
+        generated++;
+        if (i + 1 < g.n_predict && session_decode(s, tok)) { printf("\n"); rc = cli_fail(); break; }
+    }
+    printf("\n");
+    fprintf(stderr, "skv: prompt %d tokens, %.1f tok/s prefill; generated %d tokens, %.1f tok/s decode\n", n,
+            n / (s->t_prefill > 0 ? s->t_prefill : 1e-9), generated,
+            s->step ? s->step / (s->t_decode > 0 ? s->t_decode : 1e-9) : 0.0);
+    teardown(m, s, ids, &g);
+    return rc;
+}
+
+static void logits_help(FILE *o) {
+    fprintf(o, "usage: skv logits -m MODEL -p TEXT [--no-bos] [-n 24] --json\n\n"
+               "Prints {\"tokens\":[...],\"last_logits\":[...],\"greedy\":[...]}: the prompt's token ids,\n"
+               "all logits at its last position and N greedy tokens after it.\n\n");
+    cli_gen_help(o, 0);
+    fprintf(o, "  -n N                  greedy tokens (default 24)\n"
+               "      --json            JSON output (the only format)\n");
+}
+
+int cmd_logits(int argc, char **argv) {
+    cli_gen g;
+    cli_gen_default(&g);
+    g.n_predict = 24;
+    for (int i = 1; i < argc; i++) {
+        if (!strcmp(argv[i], "-h") || !strcmp(argv[i], "--help")) { logits_help(stdout); return 0; }
+        if (!strcmp(argv[i], "--json")) { g.json = 1; continue; }
+        int r = cli_gen_option(&g, argc, argv, &i);
+        if (r < 0) return 2;
+        if (r == 0) return cli_usage_error("logits", "unknown option '%s'", argv[i]);
+    }
+    g.s.sample.temp = 0;
+    skv_model *m; skv_session *s; int32_t *ids; int n;
+    int rc = setup(&g, "logits", &m, &s, &ids, &n);
+    if (rc) { teardown(m, s, ids, &g); return rc; }
+    printf("{\"tokens\":[");
+    for (int i = 0; i < n; i++) printf("%s%d", i ? "," : "", ids[i]);
+    printf("],\"last_logits\":[");
+    const float *l = session_logits(s);
+    for (int i = 0; i < m->cfg.vocab; i++) printf("%s%.9g", i ? "," : "", l[i]);
+    printf("],\"greedy\":[");
+    for (int i = 0; i < g.n_predict; i++) {
+        int tok = sampler_argmax(session_logits(s), m->cfg.vocab);
+        printf("%s%d", i ? "," : "", tok);
+        if (tok_is_eog(m->tok, tok)) break;
+        if (i + 1 < g.n_predict && session_decode(s, tok)) { rc = cli_fail(); break; }
+    }
+    printf("]}\n");
+    teardown(m, s, ids, &g);
+    return rc;
+}
