@@ -17,5 +17,6 @@ void kv_opts_default(kv_opts *o) {
 
 int kv_new(const kv_opts *o, const kv_shape *shape, kv_cache **out) {
     if (!strcmp(o->policy, "dense")) return kv_dense_new(shape, out);
-    return skv_error(SKV_EINVAL, "unknown KV policy '%s' (expected dense)", o->policy);
+    if (!strcmp(o->policy, "shadowkv")) return kv_shadowkv_new(o, shape, out);
+    return skv_error(SKV_EINVAL, "unknown KV policy '%s' (expected dense or shadowkv)", o->policy);
 }

@@ -107,7 +107,8 @@ static void notice_add(kv_sk *c, const char *fmt, ...) {
 
 /* ---- prefill: dense ------------------------------------------------------ */
 
-/* Grows the dense rows of layer L to hold need positions. */
+/* Grows the dense rows of layer L to hold need positions (the prompt; in
+ * oracle mode also the generated tokens, without pre-RoPE keys). */
 static int grow_dense(kv_sk *c, sk_layer *L, int need) {
     if (need <= L->cap) return 0;
     if (need > c->base.shape.max_ctx)
@@ -132,7 +133,7 @@ oom:
     return skv_error(SKV_ENOMEM, "shadowkv: out of memory for %d positions", cap);
 }
 
-/* Exact causal attention over the dense rows (prefill, and oracle checks). */
+/* Exact causal attention over the dense prompt rows (before end_prefill). */
 static void attend_dense(kv_sk *c, sk_layer *L, int pos, int n, const float *q, float *out) {
     int nh = c->base.shape.n_heads, d = c->d;
     float scale = 1.0f / sqrtf((float)d);

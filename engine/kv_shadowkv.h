@@ -32,6 +32,9 @@ typedef struct {
     uint64_t step_hits, step_misses, step_fetches, step_fetch_bytes;
     /* Bytes resident, by part (fp32), and offloaded. */
     size_t b_U, b_SVt, b_landmarks, b_outliers, b_local, b_generated, b_cache, b_prefill;
+                               /* b_SVt includes Vᵀ under ShadowKV+; b_prefill: dense
+                                  prompt K, pre-RoPE K and V before end_prefill; RoPE
+                                  tables, index arrays and scratch are not counted */
     size_t resident, offloaded;
     size_t b_oracle;           /* exact K/V kept for oracle mode (not in resident) */
     float rel_err_mean, rel_err_max; /* SVD relative error of pre-RoPE K over layers */

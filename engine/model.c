@@ -146,6 +146,8 @@ static int load_gguf(const char *path, skv_model *m) {
     const char *name = gguf_get_str(g, "general.name");
     snprintf(c->name, sizeof c->name, "%s", name ? name : "");
     strcpy(m->format, "gguf");
+    int rw = 0;
+    if (gguf_get_bool(g, "skv.synth.random_weights", &rw) == 0) m->random_weights = rw;
     if ((rc = get_u32_key(g, arch, "block_count", &c->n_layers, 1)) ||
         (rc = get_u32_key(g, arch, "embedding_length", &c->dim, 1)) ||
         (rc = get_u32_key(g, arch, "feed_forward_length", &c->ffn_dim, 1)) ||

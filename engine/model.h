@@ -57,6 +57,7 @@ struct skv_model {
     model_config cfg;
     char *path;
     char format[16];               /* "gguf" or "hf" */
+    int random_weights;            /* made by skv synth: not a trained model */
     skv_tensor tok_embd;           /* (vocab, dim) */
     skv_tensor out_norm;           /* (dim) */
     skv_tensor output;             /* (vocab, dim); == tok_embd when tied */

@@ -125,13 +125,14 @@ static void make_tokens(int n, float *kpre, float *k, float *v, int pos0) {
 
 typedef struct {
     double max_prefill, max_decode; /* worst rel L2 of attention outputs vs dense */
+    double checksum;                /* of the sparse decode outputs */
     int rc;
 } run_result;
 
 /* Feeds the same prompt (batches of 64) and n_dec decode tokens to dense and
  * to sk; compares attention outputs of every layer and call. */
 static run_result run_pair(kv_cache *sk, int s, int n_dec) {
-    run_result R = {0, 0, 0};
+    run_result R = {0, 0, 0, 0};
     kv_shape sh = sk->shape;
     kv_cache *dense = NULL;
     kv_dense_new(&sh, &dense);
@@ -167,6 +168,7 @@ static run_result run_pair(kv_cache *sk, int s, int n_dec) {
                 break;
             double e = test_rel_l2(o2, o1, QD);
             if (e > R.max_decode) R.max_decode = e;
+            for (int i = 0; i < QD; i++) R.checksum += o2[i] * (1.0 + 1e-3 * i);
         }
     }
     free(kpre); free(k); free(v); free(q); free(o1); free(o2);
@@ -227,9 +229,16 @@ static void test_policy(void) {
                                       PROBE_MASK(PROBE_DECODE_HEAD) | PROBE_MASK(PROBE_SPAN),
                              on_event, &col, &sub);
     o.rank = 8; o.chunk = 8; o.budget = 48; o.outliers = 3; o.local = 2; o.oracle = 1;
-    c = new_sk(&o, bus);
     int s = 300, steps = 20;
-    R = run_pair(c, s, steps);
+    uint64_t seed = rng_state;
+    c = new_sk(&o, NULL);
+    run_result R0 = run_pair(c, s, steps); /* fused per-head pipeline (no span probes) */
+    kv_free(c);
+    rng_state = seed;
+    c = new_sk(&o, bus);
+    R = run_pair(c, s, steps);             /* staged pipeline, one span per stage */
+    test_cond("small config: the staged (span probes) and fused pipelines give identical outputs",
+              R0.rc == 0 && R.checksum == R0.checksum && R.max_decode == R0.max_decode);
     kv_shadowkv_stats_get(c, &st);
     /* 300 tokens: 37 full chunks + 4-token tail; local chunks 35, 36; 3 outliers; 32 candidates; k = 6. */
     test_cond("small config runs", R.rc == 0 && R.max_prefill <= 1e-5);
@@ -279,6 +288,16 @@ static void test_policy(void) {
     kv_shadowkv_stats_get(c, &st);
     snprintf(msg, sizeof msg, "45-token prompt at defaults: dense (%.1e vs dense), notice \"%s\"", R.max_decode, c->notice);
     test_cond(msg, R.rc == 0 && st.dense && R.max_decode <= 1e-5 && strstr(c->notice, "dense"));
+    kv_free(c);
+
+    /* A prompt shorter than one chunk. */
+    kv_opts_default(&o);
+    c = new_sk(&o, NULL);
+    R = run_pair(c, 5, 3);
+    kv_shadowkv_stats_get(c, &st);
+    test_cond("5-token prompt (less than a chunk): dense, exact, notice",
+              R.rc == 0 && st.dense && st.n_chunks == 0 && st.local_tokens == 5 && R.max_decode <= 1e-5 &&
+                  strstr(c->notice, "dense"));
     kv_free(c);
 
     /* Budget below a chunk: nothing selected, said so. */

@@ -81,10 +81,20 @@ int cli_gen_option(cli_gen *g, int argc, char **argv, int *i) {
     if (!strcmp(a, "--no-bos")) { g->no_bos = 1; return 1; }
     if (!strcmp(a, "--kv")) {
         TAKES_VALUE();
-        if (strcmp(v, "dense")) { fprintf(stderr, "skv: --kv expects dense, got '%s'\n", v); return -1; }
+        if (strcmp(v, "dense") && strcmp(v, "shadowkv")) {
+            fprintf(stderr, "skv: --kv expects dense or shadowkv, got '%s'\n", v);
+            return -1;
+        }
         snprintf(g->s.kv.policy, sizeof g->s.kv.policy, "%s", v);
         return 1;
     }
+    if (!strcmp(a, "--rank")) { TAKES_VALUE(); return parse_int(a, v, 1, 1 << 16, &g->s.kv.rank) ? -1 : 1; }
+    if (!strcmp(a, "--chunk")) { TAKES_VALUE(); return parse_int(a, v, 1, 4096, &g->s.kv.chunk) ? -1 : 1; }
+    if (!strcmp(a, "--budget")) { TAKES_VALUE(); return parse_int(a, v, 1, 1 << 24, &g->s.kv.budget) ? -1 : 1; }
+    if (!strcmp(a, "--outliers")) { TAKES_VALUE(); return parse_int(a, v, 0, 1 << 24, &g->s.kv.outliers) ? -1 : 1; }
+    if (!strcmp(a, "--local")) { TAKES_VALUE(); return parse_int(a, v, 0, 1 << 24, &g->s.kv.local) ? -1 : 1; }
+    if (!strcmp(a, "--shadowkv-plus")) { g->s.kv.plus = 1; return 1; }
+    if (!strcmp(a, "--oracle")) { g->s.kv.oracle = 1; return 1; }
 #undef TAKES_VALUE
     return 0;
 }
@@ -98,7 +108,14 @@ void cli_gen_help(FILE *o, int with_sampling) {
             "  -b, --batch N         prefill batch size (default 512)\n"
             "  -t, --threads N       worker threads (default: all cores)\n"
             "      --no-bos          do not add the BOS token\n"
-            "      --kv POLICY       KV cache policy: dense (default)\n");
+            "      --kv POLICY       KV cache policy: dense (default) or shadowkv\n"
+            "      --rank R          shadowkv: SVD rank of the pre-RoPE keys (default 160)\n"
+            "      --chunk C         shadowkv: tokens per chunk (default 8)\n"
+            "      --budget B        shadowkv: sparse budget in tokens (default 2048)\n"
+            "      --outliers O      shadowkv: outlier chunks kept dense per KV head (default 48)\n"
+            "      --local L         shadowkv: chunks of the dense local window (default 4)\n"
+            "      --shadowkv-plus   shadowkv: project generated keys onto the prefill basis\n"
+            "      --oracle          shadowkv: exact attention beside the sparse one (diagnostics)\n");
     if (with_sampling)
         fprintf(o,
                 "  -n, --n-predict N     tokens to generate (default 64)\n"
