@@ -1,0 +1,148 @@
+/* test_cli: bad input to the skv binary gets one line on stderr and a
+ * non-zero exit, never a crash: bad flags, missing and damaged models
+ * (truncated, wrong architecture, missing tensor, wrong shape, unsupported
+ * dtype), a prompt over the context. The damaged models are copies of
+ * stories260k made with the project's GGUF writer. */
+#include "gguf.h"
+#include "gguf_write.h"
+#include "skv.h"
+#include "testhelp.h"
+
+#include <sys/wait.h>
+
+static const char *skv_bin(void) {
+    const char *b = getenv("SKV_BIN");
+    return b && *b ? b : "./build/skv";
+}
+
+/* Runs skv with args; returns the exit status (-1 on a signal) and the
+ * output (stdout+stderr) in out. */
+static int run(const char *args, char *out, size_t cap) {
+    char cmd[4096];
+    snprintf(cmd, sizeof cmd, "%s %s 2>&1", skv_bin(), args);
+    FILE *p = popen(cmd, "r");
+    if (!p) return -2;
+    size_t n = fread(out, 1, cap - 1, p);
+    out[n] = 0;
+    int st = pclose(p);
+    return WIFEXITED(st) ? WEXITSTATUS(st) : -1;
+}
+
+static int lines(const char *s) {
+    int n = 0;
+    for (; *s; s++) n += *s == '\n';
+    return n;
+}
+
+/* Expects a non-zero exit, exactly one line of output, containing want. */
+static void expect_error(const char *what, const char *args, const char *want) {
+    char out[8192], msg[512];
+    int rc = run(args, out, sizeof out);
+    snprintf(msg, sizeof msg, "%s: exit %d, one line mentioning '%s'", what, rc, want);
+    int ok = rc > 0 && lines(out) == 1 && strstr(out, want) != NULL;
+    test_cond(msg, ok);
+    if (!ok) printf("  got: %s", out);
+}
+
+typedef struct { const gguf_file *src; int drop; const char *reshape; enum ggml_type retype; const char *retype_name; } copy_opts;
+
+static int fill_copy(void *user, int idx, uint64_t off, void *dst, size_t n) {
+    const gguf_tensor *t = user ? (const gguf_tensor *)user + idx : NULL;
+    if (!t) return -1;
+    memcpy(dst, (const uint8_t *)t->data + off, n);
+    return 0;
+}
+
+/* Writes a copy of src with one change: arch renamed, a tensor dropped, a
+ * tensor reshaped (same bytes), or a tensor's type changed (same bytes). */
+static int write_variant(const gguf_file *src, const char *path, const char *arch, const char *drop,
+                         const char *reshape, const char *retype) {
+    gguf_writer *w = gguf_writer_new();
+    for (uint64_t i = 0; i < src->n_kv; i++) gguf_writer_set_kv(w, &src->kv[i]);
+    if (arch) gguf_writer_set_str(w, "general.architecture", arch);
+    gguf_tensor *kept = calloc(src->n_tensors, sizeof *kept);
+    int nk = 0;
+    for (uint64_t i = 0; i < src->n_tensors; i++) {
+        const gguf_tensor *t = &src->tensors[i];
+        if (drop && !strcmp(t->name, drop)) continue;
+        uint64_t ne[4] = {t->ne[0], t->ne[1], t->ne[2], t->ne[3]};
+        int nd = t->n_dims;
+        enum ggml_type ty = t->type;
+        if (reshape && !strcmp(t->name, reshape)) { ne[0] = t->ne[1]; ne[1] = t->ne[0]; }
+        if (retype && !strcmp(t->name, retype)) ty = GGML_I32;
+        gguf_writer_add_tensor(w, t->name, ty, nd, ne);
+        kept[nk++] = *t;
+    }
+    int rc = gguf_writer_write(w, path, fill_copy, kept);
+    gguf_writer_free(w);
+    free(kept);
+    return rc;
+}
+
+int main(void) {
+    char out[8192];
+    int rc = run("--help", out, sizeof out);
+    test_cond("skv --help exits 0 and lists run", rc == 0 && strstr(out, "run"));
+    expect_error("no command", "", "usage");
+    expect_error("unknown command", "frobnicate", "unknown command");
+    expect_error("unknown flag", "run -m x.gguf -p hi --bogus", "unknown option '--bogus'");
+    expect_error("bad -n", "run -m x.gguf -p hi -n abc", "-n expects an integer");
+    expect_error("bad --temp", "run -m x.gguf -p hi --temp -1", "--temp expects a number");
+    expect_error("bad --kv", "run -m x.gguf -p hi --kv sparse", "--kv expects");
+    expect_error("flag without value", "run -m x.gguf -p", "-p needs a value");
+    expect_error("no model", "run -p hi", "no model");
+    expect_error("missing model file", "run -m /nonexistent/model.gguf -p hi", "/nonexistent/model.gguf");
+
+    const char *good = test_shared("models/stories260k.gguf");
+    if (!good) {
+        test_skip("test_cli: ../shared/models missing, damaged-model cases skipped");
+        return test_report("test_cli");
+    }
+    const char *dir = test_tmpdir("cli");
+    char path[1024], args[2048];
+
+    /* Truncated copy. */
+    snprintf(path, sizeof path, "%s/trunc.gguf", dir);
+    FILE *in = fopen(good, "rb"), *o = fopen(path, "wb");
+    char buf[65536];
+    size_t n = fread(buf, 1, sizeof buf, in);
+    fwrite(buf, 1, n / 2, o);
+    fclose(in);
+    fclose(o);
+    snprintf(args, sizeof args, "run -m %s -p hi", path);
+    expect_error("truncated GGUF", args, "trunc.gguf");
+    snprintf(args, sizeof args, "info -m %s", path);
+    expect_error("truncated GGUF (info)", args, "trunc.gguf");
+
+    gguf_file *src;
+    rc = gguf_open(good, &src);
+    test_cond("stories260k opens", rc == 0);
+    if (rc) return test_report("test_cli");
+    static const struct { const char *name, *arch, *drop, *reshape, *retype, *want; } cases[] = {
+        {"arch.gguf", "gptj", NULL, NULL, NULL, "architecture 'gptj' is not supported"},
+        {"drop.gguf", NULL, "blk.2.ffn_up.weight", NULL, NULL, "'blk.2.ffn_up.weight' is missing"},
+        {"shape.gguf", NULL, NULL, "blk.1.attn_k.weight", NULL, "layer 1 wk' has shape"},
+        {"dtype.gguf", NULL, NULL, NULL, "blk.0.attn_norm.weight", "cannot compute with"},
+    };
+    for (size_t i = 0; i < sizeof cases / sizeof cases[0]; i++) {
+        snprintf(path, sizeof path, "%s/%s", dir, cases[i].name);
+        rc = write_variant(src, path, cases[i].arch, cases[i].drop, cases[i].reshape, cases[i].retype);
+        char msg[256];
+        snprintf(msg, sizeof msg, "wrote damaged copy %s", cases[i].name);
+        test_cond(msg, rc == 0);
+        snprintf(args, sizeof args, "run -m %s -p hi -n 2", path);
+        expect_error(cases[i].name, args, cases[i].want);
+        unlink(path);
+    }
+    gguf_close(src);
+
+    snprintf(args, sizeof args, "run -m %s -p \"Once upon a time there was a girl who liked to play\" -c 8", good);
+    expect_error("prompt over the context", args, "more than the context of 8");
+    snprintf(args, sizeof args, "run -m %s -f /nonexistent/prompt.txt", good);
+    expect_error("missing prompt file", args, "/nonexistent/prompt.txt");
+    snprintf(args, sizeof args, "run -m %s -p hi -n 4", good);
+    rc = run(args, out, sizeof out);
+    test_cond("a good run exits 0", rc == 0);
+    rmdir(dir);
+    return test_report("test_cli");
+}
