@@ -1,7 +1,10 @@
 /* session.c: ties a model, a KV policy, the forward pass and a sampler into
  * prefill-then-decode, checking the context limit and timing each phase. */
 #include "session.h"
+#include "kv_shadowkv.h"
+#include "probe.h"
 #include "skv.h"
+#include "tok.h"
 
 #include <stdlib.h>
 #include <string.h>
@@ -17,6 +20,8 @@ void session_free(skv_session *s) {
     if (!s) return;
     kv_free(s->kv);
     forward_free(&s->fwd);
+    kv_free(s->twin_kv);
+    if (s->twin.m) forward_free(&s->twin);
     sampler_free(&s->smp);
     free(s);
 }
@@ -42,8 +47,39 @@ int session_new(skv_model *m, const session_opts *o, skv_session **out) {
         return rc;
     }
     s->kv->bus = o->bus;
+    s->top1_agree = -1;
+    if (o->kv.oracle && strcmp(o->kv.policy, "dense")) {
+        kv_opts d;
+        kv_opts_default(&d);
+        if ((rc = forward_init(&s->twin, m, s->o.batch)) || (rc = kv_new(&d, &sh, &s->twin_kv))) {
+            session_free(s);
+            return rc;
+        }
+    }
     *out = s;
     return 0;
+}
+
+/* Token events carry the token's text as it reads after the previous one. */
+static void emit_token(skv_session *s, int pos, int id, int prev, int step) {
+    char buf[256];
+    int n = tok_piece(s->m->tok, prev, id, 1, buf, sizeof buf);
+    if (n < 0) n = 0;
+    if (n > (int)sizeof buf) n = sizeof buf;
+    probe_event ev = {.kind = PROBE_TOKEN, .token = {.pos = pos, .id = id, .step = step, .n_text = n, .text = buf}};
+    probe_emit(s->o.bus, &ev);
+}
+
+static void emit_run(skv_session *s, int prompt_len) {
+    const model_config *c = &s->m->cfg;
+    const kv_opts *k = &s->o.kv;
+    probe_event ev = {.kind = PROBE_RUN, .run = {
+        .model = c->name[0] ? c->name : s->m->path, .arch = c->arch, .format = s->m->format,
+        .random_weights = s->m->random_weights, .n_layers = c->n_layers, .n_heads = c->n_heads,
+        .n_kv_heads = c->n_kv_heads, .head_dim = c->head_dim, .max_ctx = s->o.ctx, .prompt_len = prompt_len,
+        .kv_policy = k->policy, .rank = k->rank, .chunk = k->chunk, .budget = k->budget, .outliers = k->outliers,
+        .local_chunks = k->local, .shadowkv_plus = k->plus, .oracle = k->oracle, .backend = "cpu"}};
+    probe_emit(s->o.bus, &ev);
 }
 
 int session_prefill(skv_session *s, const int32_t *tokens, int n, void (*progress)(void *, int, int), void *user) {
@@ -54,9 +90,13 @@ int session_prefill(skv_session *s, const int32_t *tokens, int n, void (*progres
     double t0 = skv_now();
     s->kv->step = -1;
     s->fwd.step = -1;
+    if (s->n_past == 0 && probe_wants(s->o.bus, PROBE_RUN)) emit_run(s, n);
+    if (probe_wants(s->o.bus, PROBE_TOKEN))
+        for (int i = 0; i < n; i++) emit_token(s, s->n_past + i, tokens[i], i ? tokens[i - 1] : -1, -1);
     for (int i = 0; i < n; i += s->o.batch) {
         int b = n - i < s->o.batch ? n - i : s->o.batch;
         int rc = forward_batch(&s->fwd, s->kv, tokens + i, b, s->n_past);
+        if (!rc && s->twin_kv) rc = forward_batch(&s->twin, s->twin_kv, tokens + i, b, s->n_past);
         if (rc) return rc;
         s->n_past += b;
         if (progress) progress(user, i + b, n);
@@ -64,6 +104,7 @@ int session_prefill(skv_session *s, const int32_t *tokens, int n, void (*progres
     int rc = s->kv->cls->end_prefill(s->kv);
     if (rc) return rc;
     s->n_prompt = s->n_past;
+    s->last_token = tokens[n - 1];
     s->t_prefill += skv_now() - t0;
     return 0;
 }
@@ -74,10 +115,34 @@ int session_decode(skv_session *s, int32_t token) {
     double t0 = skv_now();
     s->kv->step = s->step;
     s->fwd.step = s->step;
+    if (probe_wants(s->o.bus, PROBE_TOKEN)) emit_token(s, s->n_past, token, s->last_token, s->step);
     int rc = forward_batch(&s->fwd, s->kv, &token, 1, s->n_past);
     if (rc) return rc;
+    double dt = skv_now() - t0;
+    if (s->twin_kv) {
+        if ((rc = forward_batch(&s->twin, s->twin_kv, &token, 1, s->n_past))) return rc;
+        int V = s->m->cfg.vocab;
+        s->top1_agree = sampler_argmax(s->fwd.logits, V) == sampler_argmax(s->twin.logits, V);
+        s->n_agree += s->top1_agree;
+        s->n_compared++;
+    }
+    if (probe_wants(s->o.bus, PROBE_STEP)) {
+        size_t res, off;
+        s->kv->cls->bytes(s->kv, &res, &off);
+        kv_shadowkv_stats st;
+        int sk = kv_shadowkv_stats_get(s->kv, &st) == 0;
+        uint64_t k = sk ? st.step_hits + st.step_misses : 0;
+        probe_event ev = {.kind = PROBE_STEP, .step = {
+            .step = s->step, .token = token, .seconds = dt, .kv_resident = res, .kv_offloaded = off,
+            .hit_rate = k ? (float)st.step_hits / k : 0.0f, .has_oracle = s->twin_kv != NULL,
+            .top1_agree = s->top1_agree > 0, .n_fetch = sk ? (int)st.step_fetches : 0,
+            .fetch_bytes = sk ? st.step_fetch_bytes : 0}};
+        probe_emit(s->o.bus, &ev);
+    }
+    skv_clear_error();
+    s->last_token = token;
     s->n_past++;
     s->step++;
-    s->t_decode += skv_now() - t0;
+    s->t_decode += dt;
     return 0;
 }

@@ -31,6 +31,13 @@ struct skv_session {
     int step;                /* decode steps done */
     double t_prefill;        /* seconds */
     double t_decode;         /* seconds, summed over steps */
+    int last_token;          /* last token fed (for token text) */
+    /* Oracle mode: a dense twin of the forward pass fed the same tokens, so
+     * that the sparse and dense argmax can be compared at every step. */
+    forward_state twin;
+    kv_cache *twin_kv;
+    int top1_agree;          /* last step: 1 if both argmax agree, -1 without oracle */
+    int n_agree, n_compared; /* over the run */
 };
 
 int session_new(skv_model *m, const session_opts *o, skv_session **out);

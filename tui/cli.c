@@ -93,6 +93,7 @@ int cli_gen_option(cli_gen *g, int argc, char **argv, int *i) {
     if (!strcmp(a, "--budget")) { TAKES_VALUE(); return parse_int(a, v, 1, 1 << 24, &g->s.kv.budget) ? -1 : 1; }
     if (!strcmp(a, "--outliers")) { TAKES_VALUE(); return parse_int(a, v, 0, 1 << 24, &g->s.kv.outliers) ? -1 : 1; }
     if (!strcmp(a, "--local")) { TAKES_VALUE(); return parse_int(a, v, 0, 1 << 24, &g->s.kv.local) ? -1 : 1; }
+    if (!strcmp(a, "--trace")) { TAKES_VALUE(); g->trace = v; return 1; }
     if (!strcmp(a, "--shadowkv-plus")) { g->s.kv.plus = 1; return 1; }
     if (!strcmp(a, "--oracle")) { g->s.kv.oracle = 1; return 1; }
 #undef TAKES_VALUE
@@ -108,6 +109,7 @@ void cli_gen_help(FILE *o, int with_sampling) {
             "  -b, --batch N         prefill batch size (default 512)\n"
             "  -t, --threads N       worker threads (default: all cores)\n"
             "      --no-bos          do not add the BOS token\n"
+            "      --trace FILE      record every probe event of the run to FILE (skv trace info FILE)\n"
             "      --kv POLICY       KV cache policy: dense (default) or shadowkv\n"
             "      --rank R          shadowkv: SVD rank of the pre-RoPE keys (default 160)\n"
             "      --chunk C         shadowkv: tokens per chunk (default 8)\n"

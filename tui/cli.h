@@ -16,6 +16,8 @@ typedef struct {
     int threads;
     int json;
     const char *trace;       /* --trace FILE */
+    struct probe_bus *bus;   /* owned, when tracing */
+    struct trace_writer *tw; /* owned, when tracing */
     session_opts s;
 } cli_gen;
 
@@ -43,5 +45,6 @@ int cmd_logits(int argc, char **argv);
 int cmd_info(int argc, char **argv);
 int cmd_bench(int argc, char **argv);
 int cmd_synth(int argc, char **argv);
+int cmd_trace(int argc, char **argv);
 
 #endif
