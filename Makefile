@@ -42,10 +42,15 @@ TUI_OBJ  = $(TUI_SRC:%.c=$(BUILD)/%.o)
 TEST_BIN = $(TEST_SRC:tests/%.c=$(BUILD)/tests/%)
 
 .PHONY: all deps test bench asan clean check-deps
-all: skv
+all: skv $(BUILD)/default-model.gguf
 
 skv: $(BUILD)/skv
 	cp $< $@
+
+# The inspector's built-in default: a random-weight model made by skv synth
+# (not committed; labelled as random weights in the status line).
+$(BUILD)/default-model.gguf: $(BUILD)/skv samples/default-model.config.json
+	$(BUILD)/skv synth --config samples/default-model.config.json --dtype f32 --seed 7 -o $@ --force
 
 $(BUILD)/skv: $(TUI_OBJ) $(BUILD)/libskv.a
 	$(CC) $(CFLAGS) -o $@ $(TUI_OBJ) $(BUILD)/libskv.a $(LDLIBS)
@@ -68,7 +73,7 @@ $(BUILD)/tests/%: tests/%.c tests/testhelp.h $(BUILD)/libskv.a $(TUI_OBJ)
 	$(CC) $(CFLAGS) -o $@ $< $(BUILD)/libskv.a $(LDLIBS)
 
 # Tests run from the project root so that ../shared and samples/ resolve.
-test: $(TEST_BIN) $(BUILD)/skv
+test: $(TEST_BIN) $(BUILD)/skv $(BUILD)/default-model.gguf
 	@SKV_BIN=./$(BUILD)/skv sh tests/run.sh $(TEST_BIN)
 
 bench: skv

@@ -69,6 +69,17 @@ int kv_dense_new(const kv_shape *shape, kv_cache **out);
 void kv_attend_head(const float *q, const float *K, const float *V, int n, int hd, int stride,
                     float scale, float *out);
 
+/* A wrapper that records one layer's keys, values and last query while
+ * delegating everything to inner (which it owns). */
+typedef struct {
+    int n;                    /* positions recorded */
+    float *k_pre, *k, *v;     /* (n, n_kv_heads*head_dim) */
+    float *q_last;            /* (n_heads*head_dim): the last query seen */
+} kv_tap_data;
+int kv_tap_new(kv_cache *inner, int layer, kv_cache **out);
+const kv_tap_data *kv_tap_get(const kv_cache *c);   /* NULL if c is not a tap */
+kv_cache *kv_tap_inner(kv_cache *c);                /* the wrapped policy (c itself if not a tap) */
+
 static inline void kv_free(kv_cache *c) { if (c) c->cls->free(c); }
 
 #endif

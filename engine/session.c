@@ -12,6 +12,7 @@
 void session_opts_default(session_opts *o) {
     memset(o, 0, sizeof *o);
     kv_opts_default(&o->kv);
+    o->tap_layer = -1;
     o->sample.temp = 0;
     o->sample.top_p = 1;
 }
@@ -47,6 +48,16 @@ int session_new(skv_model *m, const session_opts *o, skv_session **out) {
         return rc;
     }
     s->kv->bus = o->bus;
+    if (o->tap_layer >= 0) {
+        if (o->tap_layer >= m->cfg.n_layers) {
+            session_free(s);
+            return skv_error(SKV_ERANGE, "layer %d is out of range (the model has %d layers)", o->tap_layer,
+                             m->cfg.n_layers);
+        }
+        kv_cache *tap;
+        if ((rc = kv_tap_new(s->kv, o->tap_layer, &tap))) { session_free(s); return rc; }
+        s->kv = tap;
+    }
     s->top1_agree = -1;
     if (o->kv.oracle && strcmp(o->kv.policy, "dense")) {
         kv_opts d;
@@ -130,7 +141,7 @@ int session_decode(skv_session *s, int32_t token) {
         size_t res, off;
         s->kv->cls->bytes(s->kv, &res, &off);
         kv_shadowkv_stats st;
-        int sk = kv_shadowkv_stats_get(s->kv, &st) == 0;
+        int sk = kv_shadowkv_stats_get(kv_tap_inner(s->kv), &st) == 0;
         uint64_t k = sk ? st.step_hits + st.step_misses : 0;
         probe_event ev = {.kind = PROBE_STEP, .step = {
             .step = s->step, .token = token, .seconds = dt, .kv_resident = res, .kv_offloaded = off,

@@ -15,6 +15,7 @@ typedef struct {
     kv_opts kv;
     sampler_opts sample;
     probe_bus *bus;          /* may be NULL */
+    int tap_layer;           /* >= 0: record that layer's K, V and last query (kv_tap_get) */
 } session_opts;
 
 void session_opts_default(session_opts *o);

@@ -46,5 +46,6 @@ int cmd_info(int argc, char **argv);
 int cmd_bench(int argc, char **argv);
 int cmd_synth(int argc, char **argv);
 int cmd_trace(int argc, char **argv);
+int cmd_dump(int argc, char **argv);
 
 #endif

@@ -52,7 +52,7 @@ static int teardown(skv_model *m, skv_session *s, int32_t *ids, cli_gen *g, int 
  * formulas (DESIGN.md) evaluated at the measured hit rate. */
 static void print_shadowkv_accounting(const skv_session *s) {
     kv_shadowkv_stats st;
-    if (kv_shadowkv_stats_get(s->kv, &st)) { skv_clear_error(); return; }
+    if (kv_shadowkv_stats_get(kv_tap_inner(s->kv), &st)) { skv_clear_error(); return; }
     const model_config *c = &s->m->cfg;
     double M = (double)c->n_kv_heads * c->head_dim; /* elements per K or V vector */
     double S = st.prompt_len, C = st.chunk, K = st.k, O = st.outliers, r = st.rank;

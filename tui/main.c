@@ -13,6 +13,7 @@ static const struct {
     {"logits", cmd_logits, "print prompt tokens, last logits and greedy tokens as JSON"},
     {"info", cmd_info, "print a model's config, tensors, dtypes and memory"},
     {"synth", cmd_synth, "write a random-weight model of a real shape (for benchmarks)"},
+    {"dump", cmd_dump, "write one layer's K, V, query and ShadowKV tensors as .npy"},
     {"trace", cmd_trace, "summarise a recorded trace (skv trace info FILE)"},
     {"bench", cmd_bench, "time prefill and decode on a synthetic prompt"},
 };

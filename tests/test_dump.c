@@ -1,0 +1,96 @@
+/* test_dump: `skv dump` writes valid .npy files whose contents agree with
+ * each other: U·ΣVᵀ reconstructs the pre-RoPE keys to the probe's error, the
+ * landmarks are chunk means of the post-RoPE keys, and the selected chunks
+ * are neither outliers nor in the local window. */
+#include "testhelp.h"
+
+#include <sys/wait.h>
+
+typedef struct { int rows, cols; float *d; } npy;
+
+/* Reads a v1.0 '<f4' C-order .npy of 1 or 2 dims. */
+static int npy_read(const char *dir, const char *name, npy *a) {
+    char path[1024];
+    snprintf(path, sizeof path, "%s/%s.npy", dir, name);
+    FILE *f = fopen(path, "rb");
+    if (!f) return -1;
+    unsigned char h[10];
+    int ok = fread(h, 1, 10, f) == 10 && !memcmp(h, "\x93NUMPY\x01\x00", 8);
+    int hl = h[8] | h[9] << 8;
+    char hdr[512] = {0};
+    ok = ok && hl < 511 && (int)fread(hdr, 1, hl, f) == hl && (10 + hl) % 64 == 0;
+    ok = ok && strstr(hdr, "'descr': '<f4'") && strstr(hdr, "'fortran_order': False");
+    char *sh = strstr(hdr, "'shape': (");
+    a->rows = 1;
+    a->cols = 0;
+    if (ok && sh) {
+        if (sscanf(sh, "'shape': (%d, %d)", &a->rows, &a->cols) != 2) {
+            a->rows = 1;
+            ok = sscanf(sh, "'shape': (%d,)", &a->cols) == 1;
+        }
+    }
+    a->d = ok ? malloc(sizeof(float) * a->rows * a->cols) : NULL;
+    ok = ok && a->d && fread(a->d, sizeof(float), (size_t)a->rows * a->cols, f) == (size_t)a->rows * a->cols;
+    fclose(f);
+    return ok ? 0 : -1;
+}
+
+int main(void) {
+    const char *model = test_shared("models/stories260k.gguf");
+    if (!model) { test_skip("test_dump: ../shared/models missing"); return test_report("test_dump"); }
+    const char *bin = getenv("SKV_BIN") ? getenv("SKV_BIN") : "./build/skv";
+    const char *dir = test_tmpdir("dump");
+    char cmd[2048];
+    snprintf(cmd, sizeof cmd,
+             "%s dump -m %s -p 'Once upon a time, there was a little girl named Lily. She loved to play outside in "
+             "the park with her friends. One day she found a big red ball' --layer 2 -o %s --kv shadowkv --rank 8 "
+             "--budget 16 --outliers 1 --local 1 > /dev/null", bin, model, dir);
+    int st = system(cmd);
+    test_cond("skv dump exits 0", WIFEXITED(st) && WEXITSTATUS(st) == 0);
+    static const char *names[] = {"k_pre", "k_post", "v", "q_last", "U", "SVt", "landmarks", "cos_min", "outliers", "selected"};
+    npy a[10];
+    int all = 1;
+    for (int i = 0; i < 10; i++) all &= npy_read(dir, names[i], &a[i]) == 0;
+    test_cond("all ten .npy files parse as v1.0 <f4", all);
+    if (!all) return test_report("test_dump");
+    int s = a[0].rows, kvd = a[0].cols, r = a[4].cols;
+    test_cond("shapes: k_pre (48, 32), U (48, 8), SVt (8, 32), q_last (64)",
+              s == 48 && kvd == 32 && a[4].rows == s && r == 8 && a[5].rows == r && a[5].cols == kvd && a[3].cols == 64);
+    double num = 0, den = 0;
+    for (int t = 0; t < s; t++)
+        for (int j = 0; j < kvd; j++) {
+            double x = 0;
+            for (int k = 0; k < r; k++) x += (double)a[4].d[t * r + k] * a[5].d[k * kvd + j];
+            double y = a[0].d[t * kvd + j];
+            num += (x - y) * (x - y);
+            den += y * y;
+        }
+    double err = sqrt(num / den);
+    char msg[256];
+    snprintf(msg, sizeof msg, "U·SVt reconstructs k_pre at rank 8 with rel. error %.3f (< 0.2, > 0)", err);
+    test_cond(msg, err < 0.2 && err > 0);
+    int hd = 8, nc = a[7].cols, ok = 1;
+    for (int h = 0; h < 4; h++)
+        for (int c = 0; c < nc; c++)
+            for (int j = 0; j < hd; j++) {
+                double m = 0;
+                for (int t = 0; t < 8; t++) m += a[1].d[(c * 8 + t) * kvd + h * hd + j];
+                ok &= fabs(m / 8 - a[6].d[h * nc * hd + c * hd + j]) < 1e-5;
+            }
+    test_cond("landmarks are the chunk means of the post-RoPE keys", ok);
+    ok = 1;
+    for (int h = 0; h < 4; h++)
+        for (int j = 0; j < a[9].cols; j++) {
+            int c = (int)a[9].d[h * a[9].cols + j];
+            ok &= c >= 0 && c < nc - 1 && c != (int)a[8].d[h];
+        }
+    test_cond("selected chunks are candidates: not the outlier, not the local window", ok);
+    for (int i = 0; i < 10; i++) {
+        free(a[i].d);
+        char p[1024];
+        snprintf(p, sizeof p, "%s/%s.npy", dir, names[i]);
+        unlink(p);
+    }
+    rmdir(dir);
+    return test_report("test_dump");
+}

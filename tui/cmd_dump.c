@@ -1,0 +1,198 @@
+/* cmd_dump.c: `skv dump` writes one layer's tensors as numpy .npy files
+ * (v1.0, little-endian f32) so other implementations can be checked against
+ * skv: the pre-RoPE and post-RoPE keys, values and last query (recorded by a
+ * kv_tap around the policy), ShadowKV's U, ΣVᵀ and landmarks (computed with
+ * the same shadowkv_ops the policy uses), its cos-min and outlier ids (from
+ * the prefill probe events) and the chunks selected at the first decode step
+ * (from the decode probe events). */
+#include "cli.h"
+#include "kv_shadowkv.h"
+#include "model.h"
+#include "probe.h"
+#include "shadowkv_ops.h"
+#include "skv.h"
+#include "tok.h"
+
+#include <errno.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/stat.h>
+#include <unistd.h>
+
+/* Writes a 1-D or 2-D f32 array as dir/name.npy (temp file, then rename). */
+static int npy_write(const char *dir, const char *name, const float *data, int rows, int cols) {
+    char path[4096], tmp[4200], hdr[256];
+    snprintf(path, sizeof path, "%s/%s.npy", dir, name);
+    snprintf(tmp, sizeof tmp, "%s.tmp.%d", path, (int)getpid());
+    int n = rows < 0 ? snprintf(hdr, sizeof hdr, "{'descr': '<f4', 'fortran_order': False, 'shape': (%d,), }", cols)
+                     : snprintf(hdr, sizeof hdr, "{'descr': '<f4', 'fortran_order': False, 'shape': (%d, %d), }",
+                                rows, cols);
+    int total = 10 + n + 1;
+    int pad = (64 - total % 64) % 64;
+    FILE *f = fopen(tmp, "wb");
+    if (!f) return skv_error(SKV_EIO, "%s: cannot write: %s", tmp, strerror(errno));
+    unsigned char magic[10] = {0x93, 'N', 'U', 'M', 'P', 'Y', 1, 0, 0, 0};
+    uint16_t hl = (uint16_t)(n + pad + 1);
+    magic[8] = hl & 0xff;
+    magic[9] = hl >> 8;
+    fwrite(magic, 1, 10, f);
+    fwrite(hdr, 1, n, f);
+    for (int i = 0; i < pad; i++) fputc(' ', f);
+    fputc('\n', f);
+    size_t count = (size_t)(rows < 0 ? 1 : rows) * cols;
+    size_t w = count ? fwrite(data, sizeof(float), count, f) : 0;
+    int bad = w != count || fflush(f) != 0 || fsync(fileno(f)) != 0;
+    bad |= fclose(f) != 0;
+    if (bad || rename(tmp, path) != 0) {
+        unlink(tmp);
+        return skv_error(SKV_EIO, "%s: cannot write", path);
+    }
+    printf("%s  [%d, %d]\n", path, rows < 0 ? 1 : rows, cols);
+    return 0;
+}
+
+typedef struct {
+    int layer, n_kv;
+    int n_chunks;
+    float *cos_min;      /* (n_kv, n_chunks) */
+    int *n_out;          /* (n_kv) */
+    float *outliers;     /* (n_kv, max_out) */
+    int max_out;
+    int k;
+    float *selected;     /* (n_kv, k) of step 0; -1 padding */
+    int got_sel;
+} dump_capture;
+
+static void on_event(const probe_event *ev, void *user) {
+    dump_capture *d = user;
+    if (ev->kind == PROBE_PREFILL_HEAD && ev->prefill_head.layer == d->layer) {
+        const probe_ev_prefill_head *h = &ev->prefill_head;
+        if (!d->cos_min) {
+            d->n_chunks = h->n_chunks;
+            d->cos_min = calloc((size_t)d->n_kv * (h->n_chunks ? h->n_chunks : 1), sizeof(float));
+            d->n_out = calloc(d->n_kv, sizeof(int));
+            d->max_out = h->n_outliers > 0 ? h->n_outliers : 1;
+            d->outliers = malloc(sizeof(float) * d->n_kv * d->max_out);
+            for (int i = 0; d->outliers && i < d->n_kv * d->max_out; i++) d->outliers[i] = -1;
+        }
+        if (d->cos_min && h->head < d->n_kv && h->n_chunks == d->n_chunks) {
+            for (int j = 0; j < h->n_chunks; j++) d->cos_min[(size_t)h->head * d->n_chunks + j] = h->cos_min[j];
+            for (int j = 0; j < h->n_outliers && j < d->max_out; j++)
+                d->outliers[(size_t)h->head * d->max_out + j] = (float)h->outliers[j];
+            d->n_out[h->head] = h->n_outliers;
+        }
+    }
+    if (ev->kind == PROBE_DECODE_HEAD && ev->decode_head.step == 0 && ev->decode_head.layer == d->layer) {
+        const probe_ev_decode_head *h = &ev->decode_head;
+        if (!d->selected) {
+            d->k = h->n_sel > 0 ? h->n_sel : 1;
+            d->selected = malloc(sizeof(float) * d->n_kv * d->k);
+            for (int i = 0; d->selected && i < d->n_kv * d->k; i++) d->selected[i] = -1;
+        }
+        if (d->selected && h->head < d->n_kv)
+            for (int j = 0; j < h->n_sel && j < d->k; j++) d->selected[(size_t)h->head * d->k + j] = (float)h->sel[j];
+        d->got_sel = 1;
+    }
+}
+
+static void help(FILE *o) {
+    fprintf(o, "usage: skv dump -m MODEL (-p TEXT | -f FILE) --layer L -o DIR [options]\n\n"
+               "Writes layer L's tensors as numpy .npy files (v1.0, little-endian f32) into DIR:\n"
+               "  k_pre.npy (s, kv*hd), k_post.npy, v.npy, q_last.npy (heads*hd);\n"
+               "  with --kv shadowkv also U.npy (s, r), SVt.npy (r, kv*hd), landmarks.npy\n"
+               "  (kv, chunks*hd), cos_min.npy (kv, chunks), outliers.npy (kv, O; -1 padding) and\n"
+               "  selected.npy (kv, k): the chunks chosen at the first decode step.\n\n");
+    cli_gen_help(o, 0);
+}
+
+int cmd_dump(int argc, char **argv) {
+    cli_gen g;
+    cli_gen_default(&g);
+    const char *dir = NULL;
+    int layer = -1;
+    for (int i = 1; i < argc; i++) {
+        if (!strcmp(argv[i], "-h") || !strcmp(argv[i], "--help")) { help(stdout); return 0; }
+        if ((!strcmp(argv[i], "-o") || !strcmp(argv[i], "--output")) && i + 1 < argc) { dir = argv[++i]; continue; }
+        if (!strcmp(argv[i], "--layer") && i + 1 < argc) {
+            char *end;
+            long v = strtol(argv[++i], &end, 10);
+            if (*end || v < 0 || v > 4096) return cli_usage_error("dump", "--layer expects a layer number");
+            layer = (int)v;
+            continue;
+        }
+        int r = cli_gen_option(&g, argc, argv, &i);
+        if (r < 0) return 2;
+        if (r == 0) return cli_usage_error("dump", "unknown option '%s'", argv[i]);
+    }
+    if (!g.model) return cli_usage_error("dump", "no model: give -m MODEL");
+    if (layer < 0) return cli_usage_error("dump", "no --layer L");
+    if (!dir) return cli_usage_error("dump", "no -o DIR");
+    const char *text = cli_prompt_text(&g);
+    if (!text) return 2;
+    if (mkdir(dir, 0755) != 0 && errno != EEXIST) {
+        fprintf(stderr, "skv: %s: cannot create directory: %s\n", dir, strerror(errno));
+        return 1;
+    }
+    skv_model *m = NULL;
+    skv_session *s = NULL;
+    probe_bus *bus = NULL;
+    probe_sub *sub = NULL;
+    int32_t *ids = NULL;
+    int n = 0, rc = 1;
+    dump_capture cap = {.layer = layer};
+    float *U = NULL, *SVt = NULL, *sv = NULL, *lm = NULL;
+    if (model_load(g.model, &m)) { cli_fail(); goto out; }
+    cap.n_kv = m->cfg.n_kv_heads;
+    if (layer >= m->cfg.n_layers) {
+        fprintf(stderr, "skv: --layer %d is out of range (the model has %d layers)\n", layer, m->cfg.n_layers);
+        goto out;
+    }
+    if (tok_encode(m->tok, text, strlen(text), tok_add_bos(m->tok) && !g.no_bos, 1, &ids, &n)) { cli_fail(); goto out; }
+    if (probe_bus_new(&bus) ||
+        probe_subscribe_callback(bus, PROBE_MASK(PROBE_PREFILL_HEAD) | PROBE_MASK(PROBE_DECODE_HEAD), on_event, &cap,
+                                 &sub)) { cli_fail(); goto out; }
+    g.s.bus = bus;
+    g.s.tap_layer = layer;
+    if (session_new(m, &g.s, &s) || session_prefill(s, ids, n, NULL, NULL)) { cli_fail(); goto out; }
+    if (s->kv->notice[0]) fprintf(stderr, "skv: %s\n", s->kv->notice);
+    if (session_decode(s, session_sample(s))) { cli_fail(); goto out; }
+    const kv_tap_data *d = kv_tap_get(s->kv);
+    int kvd = m->cfg.n_kv_heads * m->cfg.head_dim, hd = m->cfg.head_dim;
+    if (npy_write(dir, "k_pre", d->k_pre, n, kvd) || npy_write(dir, "k_post", d->k, n, kvd) ||
+        npy_write(dir, "v", d->v, n, kvd) || npy_write(dir, "q_last", d->q_last, -1, m->cfg.n_heads * hd)) {
+        cli_fail();
+        goto out;
+    }
+    kv_shadowkv_stats st;
+    if (kv_shadowkv_stats_get(kv_tap_inner(s->kv), &st) == 0) {
+        int r = st.rank, mn = n < kvd ? n : kvd;
+        U = malloc(sizeof(float) * n * r);
+        SVt = malloc(sizeof(float) * r * kvd);
+        sv = malloc(sizeof(float) * mn);
+        float err;
+        if (!U || !SVt || !sv || shadowkv_svd(d->k_pre, n, kvd, r, U, SVt, NULL, sv, &err)) { cli_fail(); goto out; }
+        int nc = st.n_chunks;
+        lm = malloc(sizeof(float) * (size_t)m->cfg.n_kv_heads * (nc ? nc : 1) * hd);
+        for (int h = 0; h < m->cfg.n_kv_heads; h++)
+            shadowkv_landmarks(d->k + (size_t)h * hd, kvd, hd, st.chunk, nc, lm + (size_t)h * nc * hd);
+        if (npy_write(dir, "U", U, n, r) || npy_write(dir, "SVt", SVt, r, kvd) ||
+            npy_write(dir, "landmarks", lm, m->cfg.n_kv_heads, nc * hd)) { cli_fail(); goto out; }
+        if (cap.cos_min && (npy_write(dir, "cos_min", cap.cos_min, cap.n_kv, cap.n_chunks) ||
+                            npy_write(dir, "outliers", cap.outliers, cap.n_kv, cap.max_out))) { cli_fail(); goto out; }
+        if (cap.selected && npy_write(dir, "selected", cap.selected, cap.n_kv, cap.k)) { cli_fail(); goto out; }
+    } else {
+        skv_clear_error();
+        fprintf(stderr, "skv: dense run: no ShadowKV tensors (add --kv shadowkv)\n");
+    }
+    rc = 0;
+out:
+    free(U); free(SVt); free(sv); free(lm);
+    free(cap.cos_min); free(cap.n_out); free(cap.outliers); free(cap.selected);
+    session_free(s);
+    if (sub) probe_unsubscribe(sub);
+    probe_bus_free(bus);
+    model_free(m);
+    free(ids);
+    cli_gen_free(&g);
+    return rc;
+}
