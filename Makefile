@@ -19,7 +19,7 @@ PKGS     = ncursesw libpcre2-8 libcjson libpng openblas lapacke freetype2
 PKG_CFLAGS := $(shell pkg-config --cflags $(PKGS) 2>/dev/null)
 PKG_LIBS   := $(shell pkg-config --libs $(PKGS) 2>/dev/null)
 
-CFLAGS  = -std=c11 $(OPT) -g -Wall -Wextra -Werror -D_GNU_SOURCE -fopenmp \
+CFLAGS  = -std=c11 $(OPT) $(EXTRA_CFLAGS) -g -Wall -Wextra -Werror -D_GNU_SOURCE -fopenmp \
           -Iengine -Iprobes -Iviews -Itui -Ikernels $(PKG_CFLAGS) $(SAN) -MMD -MP
 LDLIBS  = $(PKG_LIBS) -fopenmp -lpthread -lm
 
@@ -76,7 +76,9 @@ $(BUILD)/tests/%: tests/%.c tests/testhelp.h $(BUILD)/libskv.a $(TUI_OBJ)
 test: $(TEST_BIN) $(BUILD)/skv $(BUILD)/default-model.gguf
 	@SKV_BIN=./$(BUILD)/skv sh tests/run.sh $(TEST_BIN)
 
+# Benchmarks compare ./skv with a build whose probe points are compiled out.
 bench: skv
+	@$(MAKE) --no-print-directory BUILD=build-noprobes EXTRA_CFLAGS=-DSKV_NO_PROBES build-noprobes/skv >/dev/null
 	@sh tests/bench.sh
 
 asan:
@@ -90,6 +92,6 @@ deps:
 	  liblapacke-dev libpcre2-dev libfreetype-dev fonts-dejavu-core tmux
 
 clean:
-	rm -rf build build-asan skv
+	rm -rf build build-asan build-noprobes skv
 
 -include $(shell find $(BUILD) -name '*.d' 2>/dev/null)

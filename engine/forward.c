@@ -9,6 +9,7 @@
 
 #include <cblas.h>
 #include <math.h>
+#include <omp.h>
 #include <stdlib.h>
 #include <string.h>
 
@@ -66,9 +67,9 @@ void rmsnorm(float *out, const float *x, const skv_tensor *w, int n, float eps) 
     for (int i = 0; i < n; i++) out[i] = x[i] * s * wf[i];
 }
 
-/* Rows of W dequantized per GEMM block: enough to amortize, small enough to
- * stay in cache-friendly scratch. */
-#define WBLOCK_ROWS 512
+/* Rows of W per GEMM task: each thread dequantizes a block into its own
+ * scratch and multiplies it with single-threaded OpenBLAS. */
+#define WBLOCK_ROWS 256
 
 void forward_matmul(forward_state *f, const skv_tensor *W, const float *x, int n, float *y) {
     int rows = W->rows, cols = W->cols;
@@ -76,22 +77,28 @@ void forward_matmul(forward_state *f, const skv_tensor *W, const float *x, int n
         quant_matvec(W->type, W->data, rows, cols, x, y);
         return;
     }
-    if (W->type == GGML_F32) {
-        cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasTrans, n, rows, cols, 1.0f, x, cols, W->data, cols, 0.0f,
-                    y, rows);
-        return;
-    }
-    size_t need = (size_t)WBLOCK_ROWS * cols;
-    if (f->wbuf_len < need) {
+    int nt = skv_threads();
+    size_t need = (size_t)nt * WBLOCK_ROWS * cols;
+    if (W->type != GGML_F32 && f->wbuf_len < need) {
         free(f->wbuf);
         f->wbuf = skv_aligned_alloc(sizeof(float) * need);
         SKV_ASSERT(f->wbuf);
         f->wbuf_len = need;
     }
-    for (int r0 = 0; r0 < rows; r0 += WBLOCK_ROWS) {
-        int r1 = r0 + WBLOCK_ROWS < rows ? r0 + WBLOCK_ROWS : rows;
-        quant_dequant_rows(W->type, W->data, cols, r0, r1, f->wbuf);
-        cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasTrans, n, r1 - r0, cols, 1.0f, x, cols, f->wbuf, cols, 0.0f,
+    int nblk = (rows + WBLOCK_ROWS - 1) / WBLOCK_ROWS;
+    #pragma omp parallel for schedule(dynamic, 1)
+    for (int b = 0; b < nblk; b++) {
+        int r0 = b * WBLOCK_ROWS, r1 = r0 + WBLOCK_ROWS < rows ? r0 + WBLOCK_ROWS : rows;
+        const float *w;
+        if (W->type == GGML_F32) {
+            w = (const float *)W->data + (size_t)r0 * cols;
+        } else {
+            float *buf = f->wbuf + (size_t)omp_get_thread_num() * WBLOCK_ROWS * cols;
+            quant_dequant_row(W->type, (const uint8_t *)W->data + ggml_row_size(W->type, cols) * r0, buf,
+                              (size_t)(r1 - r0) * cols);
+            w = buf;
+        }
+        cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasTrans, n, r1 - r0, cols, 1.0f, x, cols, w, cols, 0.0f,
                     y + r0, rows);
     }
 }

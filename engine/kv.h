@@ -80,6 +80,12 @@ int kv_tap_new(kv_cache *inner, int layer, kv_cache **out);
 const kv_tap_data *kv_tap_get(const kv_cache *c);   /* NULL if c is not a tap */
 kv_cache *kv_tap_inner(kv_cache *c);                /* the wrapped policy (c itself if not a tap) */
 
+/* Exact causal attention of n queries (n, n_heads*hd) at positions pos.. over
+ * rows 0..pos+n-1 of K and V (rows stride floats apart, all KV heads side by
+ * side), with GEMMs per (head, block of queries); out (n, n_heads*hd). */
+void kv_attend_batch(const kv_shape *sh, const float *q, int n, int pos, const float *K, const float *V,
+                     int stride, float *out);
+
 static inline void kv_free(kv_cache *c) { if (c) c->cls->free(c); }
 
 #endif

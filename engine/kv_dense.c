@@ -5,6 +5,7 @@
 #include "skv.h"
 #include "vec.h"
 
+#include <cblas.h>
 #include <math.h>
 #include <stdlib.h>
 #include <string.h>
@@ -19,9 +20,18 @@ typedef struct {
 
 void kv_attend_head(const float *q, const float *K, const float *V, int n, int hd, int stride, float scale,
                     float *out) {
-    float stack[2048];
-    float *s = n <= 2048 ? stack : malloc(sizeof(float) * n);
-    SKV_ASSERT(s);
+    /* Per-thread score buffer that only grows: no allocation per step. */
+    static _Thread_local float *buf;
+    static _Thread_local int cap;
+    if (n > cap) {
+        int nc = cap ? cap : 4096;
+        while (nc < n) nc *= 2;
+        float *nb = realloc(buf, sizeof(float) * nc);
+        SKV_ASSERT(nb);
+        buf = nb;
+        cap = nc;
+    }
+    float *s = buf;
     float mx = -INFINITY;
     for (int j = 0; j < n; j++) {
         s[j] = vec_dot(q, K + (size_t)j * stride, hd) * scale;
@@ -35,7 +45,45 @@ void kv_attend_head(const float *q, const float *K, const float *V, int n, int h
     memset(out, 0, sizeof(float) * hd);
     float inv = (float)(1.0 / sum);
     for (int j = 0; j < n; j++) vec_axpy(out, s[j] * inv, V + (size_t)j * stride, hd);
-    if (s != stack) free(s);
+}
+
+/* Queries per GEMM task of the batched attention. */
+#define QBLOCK 64
+
+void kv_attend_batch(const kv_shape *sh, const float *q, int n, int pos, const float *K, const float *V,
+                     int stride, float *out) {
+    int hd = sh->head_dim, nh = sh->n_heads, grp = sh->n_heads / sh->n_kv_heads;
+    int qs = nh * hd;
+    float scale = 1.0f / sqrtf((float)hd);
+    int nqb = (n + QBLOCK - 1) / QBLOCK;
+    #pragma omp parallel
+    {
+        float *S = malloc(sizeof(float) * QBLOCK * (size_t)(pos + n));
+        SKV_ASSERT(S);
+        #pragma omp for schedule(dynamic, 1) collapse(2)
+        for (int h = 0; h < nh; h++)
+            for (int b = 0; b < nqb; b++) {
+                int i0 = b * QBLOCK, nb = n - i0 < QBLOCK ? n - i0 : QBLOCK;
+                int L = pos + i0 + nb;  /* keys the block's last query sees */
+                const float *Kh = K + (size_t)(h / grp) * hd, *Vh = V + (size_t)(h / grp) * hd;
+                const float *Q = q + (size_t)i0 * qs + (size_t)h * hd;
+                cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasTrans, nb, L, hd, scale, Q, qs, Kh, stride, 0.0f, S, L);
+                for (int i = 0; i < nb; i++) {
+                    float *row = S + (size_t)i * L;
+                    int len = pos + i0 + i + 1;  /* causal: positions 0..pos+i0+i */
+                    float mx = -INFINITY;
+                    for (int j = 0; j < len; j++) mx = row[j] > mx ? row[j] : mx;
+                    double sum = 0;
+                    for (int j = 0; j < len; j++) { row[j] = expf(row[j] - mx); sum += row[j]; }
+                    float inv = (float)(1.0 / sum);
+                    for (int j = 0; j < len; j++) row[j] *= inv;
+                    for (int j = len; j < L; j++) row[j] = 0;
+                }
+                cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasNoTrans, nb, hd, L, 1.0f, S, L, Vh, stride, 0.0f,
+                            out + (size_t)i0 * qs + (size_t)h * hd, qs);
+            }
+        free(S);
+    }
 }
 
 static int grow(kv_dense *c, int need) {
@@ -76,6 +124,10 @@ static int dense_attend(kv_cache *base, int layer, int pos, int n, const float *
     const kv_shape *sh = &base->shape;
     int hd = sh->head_dim, nh = sh->n_heads, grp = sh->n_heads / sh->n_kv_heads;
     int stride = sh->n_kv_heads * hd;
+    if (n > 1) {
+        kv_attend_batch(sh, q, n, pos, c->k[layer], c->v[layer], stride, out);
+        return 0;
+    }
     float scale = 1.0f / sqrtf((float)hd);
     #pragma omp parallel for schedule(dynamic, 1) collapse(2)
     for (int i = 0; i < n; i++)

@@ -133,17 +133,10 @@ oom:
     return skv_error(SKV_ENOMEM, "shadowkv: out of memory for %d positions", cap);
 }
 
-/* Exact causal attention over the dense prompt rows (before end_prefill). */
+/* Exact causal attention over the dense prompt rows (before end_prefill):
+ * the same batched kernel the dense policy uses. */
 static void attend_dense(kv_sk *c, sk_layer *L, int pos, int n, const float *q, float *out) {
-    int nh = c->base.shape.n_heads, d = c->d;
-    float scale = 1.0f / sqrtf((float)d);
-    #pragma omp parallel for schedule(dynamic, 1) collapse(2)
-    for (int i = 0; i < n; i++)
-        for (int hq = 0; hq < nh; hq++) {
-            int kh = hq / c->group;
-            kv_attend_head(q + ((size_t)i * nh + hq) * d, L->k + (size_t)kh * d, L->v + (size_t)kh * d, pos + i + 1,
-                           d, c->kvd, scale, out + ((size_t)i * nh + hq) * d);
-        }
+    kv_attend_batch(&c->base.shape, q, n, pos, L->k, L->v, c->kvd, out);
 }
 
 /* ---- decode: appends ------------------------------------------------------ */

@@ -71,7 +71,9 @@ int skv_threads(void) {
         n_threads = e && atoi(e) > 0 ? atoi(e) : omp_get_num_procs();
         if (n_threads < 1) n_threads = 1;
         omp_set_num_threads(n_threads);
-        openblas_set_num_threads(n_threads);
+        /* All parallelism is OpenMP's: OpenBLAS runs single-threaded inside
+         * our parallel loops, so its own thread pool never competes with ours. */
+        openblas_set_num_threads(1);
     }
     return n_threads;
 }
@@ -79,5 +81,5 @@ int skv_threads(void) {
 void skv_set_threads(int n) {
     n_threads = n > 0 ? n : 1;
     omp_set_num_threads(n_threads);
-    openblas_set_num_threads(n_threads);
+    openblas_set_num_threads(1);
 }

@@ -40,7 +40,8 @@ void *skv_aligned_alloc(size_t n);   /* 64-byte aligned, zeroed; free with free(
 /* Monotonic clock in seconds. */
 double skv_now(void);
 
-/* Number of worker threads the engine uses (OpenMP and OpenBLAS). */
+/* Number of worker threads the engine uses (OpenMP; OpenBLAS runs single-
+ * threaded inside the engine's parallel loops). */
 int skv_threads(void);
 void skv_set_threads(int n);
 

@@ -197,9 +197,15 @@ int probe_bus_new(probe_bus **out);
 void probe_bus_free(probe_bus *b);
 
 /* Whether any subscriber wants kind k: a NULL check and a mask test. */
+#ifdef SKV_NO_PROBES
+/* Probes compiled out: only `make bench` builds this, to measure what the
+ * probe points cost when nobody listens. */
+static inline int probe_wants(const probe_bus *b, probe_kind k) { (void)b; (void)k; return 0; }
+#else
 static inline int probe_wants(const probe_bus *b, probe_kind k) {
     return b && ((__atomic_load_n(&b->mask, __ATOMIC_RELAXED) >> (unsigned)k) & 1u);
 }
+#endif
 
 /* Delivers ev to every subscriber that wants its kind. May block while a
  * ring subscriber is full. Safe to call from several threads. A malformed
