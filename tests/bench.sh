@@ -50,3 +50,36 @@ if [ -f "$SHARED/configs/smollm2-135m.config.json" ]; then
 else
     echo "(skipped SmolLM2-135M: $SHARED/configs missing)"
 fi
+
+# bench_line MODEL PROMPT DECODE [flags] -> the raw `skv bench` line
+bench_line() { m=$1; p=$2; n=$3; shift 3; $SKV bench -m "$m" -t $T --prompt-tokens "$p" -n "$n" -c $((p + n + 8)) "$@"; }
+
+if [ -f "$SHARED/configs/smollm2-135m.config.json" ]; then
+    F32=$(synth f32)
+    echo
+    echo "== ShadowKV vs dense decode, SmolLM2-135M shape f32: budget 1.56% of context, rank 48, chunk 8, outliers 0.3% of chunks =="
+    printf '%-8s %14s %14s %8s %22s\n' "context" "dense ms/step" "shadowkv ms" "speedup" "compress % of prefill"
+    for ctx in 4096 8192 16384; do
+        budget=$(( (ctx * 156 / 10000 + 7) / 8 * 8 ))
+        outl=$(( ctx / 8 * 3 / 1000 )); [ "$outl" -ge 1 ] || outl=1
+        d=$(bench_line "$F32" $ctx 16 | field decode_ms)
+        sline=$(bench_line "$F32" $ctx 16 --kv shadowkv --rank 48 --chunk 8 --budget $budget --outliers $outl)
+        s=$(echo "$sline" | field decode_ms)
+        pc=$(echo "$sline" | field compress_pct)
+        printf '%-8s %14s %14s %8s %22s\n' "$ctx" "$d" "$s" "$(ratio "$d" "$s")" "$pc"
+    done
+fi
+
+if [ -x build-noprobes/skv ] && [ -f "$SHARED/models/mini-smollm-f32.gguf" ]; then
+    echo
+    echo "== probe overhead with probes off: ./skv (probe points compiled in, nobody listening) vs probes compiled out =="
+    M="$SHARED/models/mini-smollm-f32.gguf"
+    best_on=0; best_off=0
+    for i in 1 2 3; do
+        on=$(SKV=./skv bench_line "$M" 512 256 --kv shadowkv --rank 32 --budget 64 --outliers 2 | field decode_tok_s)
+        off=$(SKV=build-noprobes/skv bench_line "$M" 512 256 --kv shadowkv --rank 32 --budget 64 --outliers 2 | field decode_tok_s)
+        best_on=$(awk -v a="$best_on" -v b="$on" 'BEGIN { print (b > a ? b : a) }')
+        best_off=$(awk -v a="$best_off" -v b="$off" 'BEGIN { print (b > a ? b : a) }')
+    done
+    awk -v on="$best_on" -v off="$best_off" 'BEGIN { printf "mini-smollm-f32 shadowkv decode: %.1f tok/s with probe points, %.1f without: overhead %.2f%%\n", on, off, (off - on) / off * 100 }'
+fi
