@@ -260,39 +260,6 @@ static void name_from_path(const char *file, char *out, size_t cap) {
     free(real);
 }
 
-/* Reads path into a NUL-terminated buffer the caller frees. */
-static int read_file(const char *path, char **out, size_t *len) {
-    *out = NULL;
-    *len = 0;
-    FILE *f = fopen(path, "rb");
-    if (!f) return skv_error(errno == ENOENT ? SKV_EMISSING : SKV_EIO, "%s: cannot open: %s", path, strerror(errno));
-    struct stat st;
-    if (fstat(fileno(f), &st) != 0 || !S_ISREG(st.st_mode)) {
-        fclose(f);
-        return skv_error(SKV_EIO, "%s: not a readable regular file", path);
-    }
-    if ((unsigned long long)st.st_size > HF_MAX_CONFIG) {
-        fclose(f);
-        return skv_error(SKV_EFORMAT, "%s: %lld bytes is too large for a config.json", path, (long long)st.st_size);
-    }
-    size_t n = (size_t)st.st_size;
-    char *buf = skv_malloc(n + 1);
-    if (!buf) {
-        fclose(f);
-        return skv_error(SKV_ENOMEM, "%s: out of memory", path);
-    }
-    size_t got = fread(buf, 1, n, f);
-    fclose(f);
-    if (got != n) {
-        free(buf);
-        return skv_error(SKV_EIO, "%s: short read (%zu of %zu bytes)", path, got, n);
-    }
-    buf[n] = 0;
-    *out = buf;
-    *len = n;
-    return 0;
-}
-
 /* Fills cfg and x from the parsed root object. */
 static int read_config(const hf_ctx *c, model_config *cfg, hf_extra *x) {
     int rc;
@@ -358,7 +325,7 @@ int hf_load_config_ex(const char *path, model_config *cfg, hf_extra *extra) {
 
     char *text;
     size_t len;
-    int rc = read_file(file, &text, &len);
+    int rc = skv_read_file(file, HF_MAX_CONFIG, &text, &len);
     if (rc) return rc;
     const char *end = NULL;
     cJSON *root = cJSON_ParseWithLengthOpts(text, len, &end, 0);

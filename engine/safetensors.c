@@ -353,39 +353,6 @@ static int finish(st_set *s, const char *src) {
     return 0;
 }
 
-/* Reads a whole small file into a NUL-terminated buffer the caller frees. */
-static int read_small(const char *path, size_t max, char **out, size_t *len) {
-    *out = NULL;
-    *len = 0;
-    FILE *f = fopen(path, "rb");
-    if (!f) return skv_error(errno == ENOENT ? SKV_EMISSING : SKV_EIO, "%s: cannot open: %s", path, strerror(errno));
-    struct stat st;
-    if (fstat(fileno(f), &st) != 0 || !S_ISREG(st.st_mode)) {
-        fclose(f);
-        return skv_error(SKV_EIO, "%s: not a readable regular file", path);
-    }
-    if ((uint64_t)st.st_size > max) {
-        fclose(f);
-        return skv_error(SKV_EFORMAT, "%s: %lld bytes, more than the %zu expected", path, (long long)st.st_size, max);
-    }
-    size_t n = (size_t)st.st_size;
-    char *buf = skv_malloc(n + 1);
-    if (!buf) {
-        fclose(f);
-        return skv_error(SKV_ENOMEM, "%s: out of memory", path);
-    }
-    size_t got = fread(buf, 1, n, f);
-    fclose(f);
-    if (got != n) {
-        free(buf);
-        return skv_error(SKV_EIO, "%s: short read (%zu of %zu bytes)", path, got, n);
-    }
-    buf[n] = 0;
-    *out = buf;
-    *len = n;
-    return 0;
-}
-
 /* Shard names in an index are relative file names; refuse ones that leave the directory. */
 static int bad_shard_name(const char *f) {
     if (!f[0] || f[0] == '/') return 1;
@@ -399,7 +366,7 @@ static int bad_shard_name(const char *f) {
 static int open_index(st_set *s, const char *path) {
     char *text;
     size_t len;
-    int rc = read_small(path, ST_MAX_INDEX, &text, &len);
+    int rc = skv_read_file(path, ST_MAX_INDEX, &text, &len);
     if (rc) return rc;
     cJSON *root = cJSON_ParseWithLength(text, len);
     free(text);

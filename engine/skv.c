@@ -3,6 +3,8 @@
 #include "skv.h"
 
 #include <cblas.h>
+#include <errno.h>
+#include <sys/stat.h>
 #include <omp.h>
 #include <stdarg.h>
 #include <stdio.h>
@@ -82,4 +84,37 @@ void skv_set_threads(int n) {
     n_threads = n > 0 ? n : 1;
     omp_set_num_threads(n_threads);
     openblas_set_num_threads(1);
+}
+
+/* Reads a whole small file into a NUL-terminated buffer the caller frees. */
+int skv_read_file(const char *path, size_t max, char **out, size_t *len) {
+    *out = NULL;
+    *len = 0;
+    FILE *f = fopen(path, "rb");
+    if (!f) return skv_error(errno == ENOENT ? SKV_EMISSING : SKV_EIO, "%s: cannot open: %s", path, strerror(errno));
+    struct stat st;
+    if (fstat(fileno(f), &st) != 0 || !S_ISREG(st.st_mode)) {
+        fclose(f);
+        return skv_error(SKV_EIO, "%s: not a readable regular file", path);
+    }
+    if ((uint64_t)st.st_size > max) {
+        fclose(f);
+        return skv_error(SKV_EFORMAT, "%s: %lld bytes, more than the %zu expected", path, (long long)st.st_size, max);
+    }
+    size_t n = (size_t)st.st_size;
+    char *buf = skv_malloc(n + 1);
+    if (!buf) {
+        fclose(f);
+        return skv_error(SKV_ENOMEM, "%s: out of memory", path);
+    }
+    size_t got = fread(buf, 1, n, f);
+    fclose(f);
+    if (got != n) {
+        free(buf);
+        return skv_error(SKV_EIO, "%s: short read (%zu of %zu bytes)", path, got, n);
+    }
+    buf[n] = 0;
+    *out = buf;
+    *len = n;
+    return 0;
 }

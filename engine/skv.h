@@ -37,6 +37,10 @@ void *skv_malloc(size_t n);
 void *skv_calloc(size_t count, size_t size);
 void *skv_aligned_alloc(size_t n);   /* 64-byte aligned, zeroed; free with free() */
 
+/* Reads a whole regular file of at most max bytes into a NUL-terminated
+ * buffer the caller frees. SKV_EMISSING when it does not exist. */
+int skv_read_file(const char *path, size_t max, char **out, size_t *len);
+
 /* Monotonic clock in seconds. */
 double skv_now(void);
 

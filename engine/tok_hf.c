@@ -21,33 +21,12 @@
 #include <string.h>
 
 /* Reads a whole file; NULL with *rc set when it cannot (SKV_EMISSING when
- * absent and missing_ok, else SKV_EIO). */
+ * absent and missing_ok). */
 static char *read_file(const char *path, size_t *len, int missing_ok, int *rc) {
-    *rc = 0;
-    FILE *f = fopen(path, "rb");
-    if (!f) {
-        *rc = missing_ok ? SKV_EMISSING : skv_error(SKV_EIO, "%s: cannot open", path);
-        return NULL;
-    }
-    char *buf = NULL;
-    long n = -1;
-    if (fseek(f, 0, SEEK_END) == 0) n = ftell(f);
-    if (n < 0 || n > (1L << 30) || fseek(f, 0, SEEK_SET) != 0) {
-        fclose(f);
-        *rc = skv_error(SKV_EIO, "%s: cannot read (size %ld)", path, n);
-        return NULL;
-    }
-    buf = malloc((size_t)n + 1);
-    if (!buf || fread(buf, 1, (size_t)n, f) != (size_t)n) {
-        free(buf);
-        fclose(f);
-        *rc = skv_error(SKV_EIO, "%s: cannot read", path);
-        return NULL;
-    }
-    fclose(f);
-    buf[n] = 0;
-    *len = (size_t)n;
-    return buf;
+    char *buf;
+    *rc = skv_read_file(path, (size_t)1 << 30, &buf, len);
+    if (*rc == SKV_EMISSING && !missing_ok) *rc = skv_error(SKV_EIO, "%s: cannot open", path);
+    return *rc ? NULL : buf;
 }
 
 static cJSON *parse_json(const char *path, int missing_ok, int *rc) {

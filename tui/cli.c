@@ -137,31 +137,12 @@ const char *cli_prompt_text(cli_gen *g) {
         fprintf(stderr, "skv: no prompt: give -p TEXT or -f FILE\n");
         return NULL;
     }
-    FILE *f = fopen(g->prompt_file, "rb");
-    if (!f) {
-        fprintf(stderr, "skv: %s: cannot open: %s\n", g->prompt_file, strerror(errno));
+    char *b;
+    size_t n;
+    if (skv_read_file(g->prompt_file, (size_t)1 << 30, &b, &n)) {
+        fprintf(stderr, "skv: %s\n", skv_last_error());
         return NULL;
     }
-    size_t cap = 1 << 16, n = 0;
-    char *b = malloc(cap + 1);
-    size_t r;
-    while (b && (r = fread(b + n, 1, cap - n, f)) > 0) {
-        n += r;
-        if (n == cap) {
-            char *nb = realloc(b, cap * 2 + 1);
-            if (!nb) { free(b); b = NULL; break; }
-            b = nb;
-            cap *= 2;
-        }
-    }
-    int err = ferror(f);
-    fclose(f);
-    if (!b || err) {
-        free(b);
-        fprintf(stderr, "skv: %s: cannot read\n", g->prompt_file);
-        return NULL;
-    }
-    b[n] = 0;
     g->prompt_buf = b;
     return b;
 }
