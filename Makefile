@@ -74,7 +74,7 @@ $(BUILD)/tests/%: tests/%.c tests/testhelp.h $(BUILD)/libskv.a $(TUI_OBJ)
 
 # Tests run from the project root so that ../shared and samples/ resolve.
 test: $(TEST_BIN) $(BUILD)/skv $(BUILD)/default-model.gguf
-	@SKV_BIN=./$(BUILD)/skv sh tests/run.sh $(TEST_BIN)
+	@SKV_BIN=$(abspath $(BUILD))/skv sh tests/run.sh $(TEST_BIN)
 
 # Benchmarks compare ./skv with a build whose probe points are compiled out.
 bench: skv

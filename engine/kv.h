@@ -51,6 +51,11 @@ typedef struct {
     int rank, chunk, budget, outliers, local;
     int plus;                 /* ShadowKV+: project generated keys onto the prefill basis */
     int oracle;               /* exact attention beside the sparse one, for diagnostics */
+    /* Needle watch: prompt token positions [watch_begin, watch_end) whose
+     * chunks the ShadowKV policy reports in PROBE_NEEDLE events, at the end
+     * of prefill and at every decode step (engine/needle.h). None when
+     * watch_end <= watch_begin (kv_opts_default leaves both 0). */
+    int watch_begin, watch_end;
 } kv_opts;
 
 void kv_opts_default(kv_opts *o);

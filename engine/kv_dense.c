@@ -20,18 +20,11 @@ typedef struct {
 
 void kv_attend_head(const float *q, const float *K, const float *V, int n, int hd, int stride, float scale,
                     float *out) {
-    /* Per-thread score buffer that only grows: no allocation per step. */
-    static _Thread_local float *buf;
-    static _Thread_local int cap;
-    if (n > cap) {
-        int nc = cap ? cap : 4096;
-        while (nc < n) nc *= 2;
-        float *nb = realloc(buf, sizeof(float) * nc);
-        SKV_ASSERT(nb);
-        buf = nb;
-        cap = nc;
-    }
-    float *s = buf;
+    /* Scores live on the stack up to 4096 positions; longer contexts pay one
+     * allocation, small next to the attention over them. */
+    float stack[4096];
+    float *s = n <= 4096 ? stack : malloc(sizeof(float) * n);
+    SKV_ASSERT(s);
     float mx = -INFINITY;
     for (int j = 0; j < n; j++) {
         s[j] = vec_dot(q, K + (size_t)j * stride, hd) * scale;
@@ -45,6 +38,7 @@ void kv_attend_head(const float *q, const float *K, const float *V, int n, int h
     memset(out, 0, sizeof(float) * hd);
     float inv = (float)(1.0 / sum);
     for (int j = 0; j < n; j++) vec_axpy(out, s[j] * inv, V + (size_t)j * stride, hd);
+    if (s != stack) free(s);
 }
 
 /* Queries per GEMM task of the batched attention. */

@@ -15,7 +15,14 @@
  * The rows attention reads live in one buffer per (layer, KV head) in that
  * order, and the cache's slots are rows of it, so a hit moves nothing and a
  * step allocates nothing; decode work is O(budget) plus O(s/c) scoring.
- * The stages are the pure functions of shadowkv_ops.c. */
+ * The stages are the pure functions of shadowkv_ops.c.
+ *
+ * Needle watch (kv_opts watch_begin/end): for a span of prompt tokens it
+ * emits PROBE_NEEDLE events, at the end of prefill (each chunk's part and
+ * cos-min, the rank-r error of the span's keys) and per decode step, layer
+ * and KV head (landmark rank, selection, and with the oracle the exact,
+ * sparse and ideal attention mass on the span and the output error). It
+ * reads the same buffers attention used and changes nothing. */
 #include "kv_shadowkv.h"
 #include "kv.h"
 #include "probe.h"
@@ -89,6 +96,16 @@ typedef struct {
     uint64_t step_hits, step_misses, step_fetches, step_fetch_bytes;
     double recall_sel_sum, recall_sparse_sum;
     uint64_t recall_n;
+    /* needle watch (nw == 0: off) */
+    int wb, we, nw;        /* prompt token span [wb, we), chunks it touches */
+    int *wchunk;           /* (nw) chunk ids, ascending; the last may be the partial tail chunk */
+    float *w_err;          /* (n_layers, h) rank-r relative error of the span's pre-RoPE keys */
+    float *w_cm;           /* (n_layers, h, nw) cos-min of the span's chunks; NaN past the full chunks */
+    int *w_part, *w_rank, *w_sel, *w_rexact; /* (nw) emission scratch */
+    float *w_mass;         /* (nw) */
+    int *w_rowbase;        /* (n_chunks + 1) first attention row of each prompt chunk, -1: not kept */
+    float *w_p;            /* (max_ctx) probabilities of one query head */
+    float *w_o;            /* (head_dim) exact attention output of one query head */
 } kv_sk;
 
 static const kv_class kv_shadowkv_class;
@@ -300,6 +317,166 @@ static void attend_query_head(kv_sk *c, sk_layer *L, int hq, const float *q, flo
                    1.0f / sqrtf((float)c->d), out + (size_t)hq * c->d);
 }
 
+/* ---- needle watch ------------------------------------------------------------- */
+
+/* Where chunk j lives in KV head H: 2 local window, 1 outlier, 0 candidate. */
+static int watch_part(const kv_sk *c, const sk_head *H, int j) {
+    if (j >= c->local_start) return 2;
+    int lo = 0, hi = c->n_out - 1;
+    while (lo <= hi) {
+        int m = (lo + hi) / 2;
+        if (H->outl[m] == j) return 1;
+        if (H->outl[m] < j) lo = m + 1;
+        else hi = m - 1;
+    }
+    return 0;
+}
+
+/* Index of chunk j among H's candidates (ascending ids), or -1. */
+static int watch_cand(const kv_sk *c, const sk_head *H, int j) {
+    int lo = 0, hi = c->n_cand - 1;
+    while (lo <= hi) {
+        int m = (lo + hi) / 2;
+        if (H->cand[m] == j) return m;
+        if (H->cand[m] < j) lo = m + 1;
+        else hi = m - 1;
+    }
+    return -1;
+}
+
+/* Place of candidate i in the landmark order shadowkv_topk uses (higher
+ * score first, ties to the lower index, NaN last): 0 = best. */
+static int watch_rank(const float *score, int n, int i) {
+    float v = score[i];
+    int r = 0;
+    for (int j = 0; j < n; j++) {
+        if (j == i) continue;
+        float u = score[j];
+        int better = isnan(v) ? (!isnan(u) || j < i) : (!isnan(u) && (u > v || (u == v && j < i)));
+        r += better;
+    }
+    return r;
+}
+
+/* Rank-r relative error of the span's pre-RoPE keys per KV head of layer
+ * L (before its pre-RoPE keys are freed). */
+static void watch_key_err(kv_sk *c, sk_layer *L, int layer) {
+    int d = c->d, r = c->r;
+    for (int kh = 0; kh < c->h; kh++) {
+        double num = 0, den = 0;
+        const float *svt = L->SVt + (size_t)kh * r * d;
+        for (int t = c->wb; t < c->we; t++) {
+            const float *u = L->U + (size_t)t * r, *k = L->kpre + (size_t)t * c->kvd + (size_t)kh * d;
+            for (int e = 0; e < d; e++) {
+                double rec = 0;
+                for (int j = 0; j < r; j++) rec += (double)u[j] * svt[(size_t)j * d + e];
+                num += (k[e] - rec) * (k[e] - rec);
+                den += (double)k[e] * k[e];
+            }
+        }
+        c->w_err[layer * c->h + kh] = den > 0 ? (float)sqrt(num / den) : 0.0f;
+    }
+}
+
+/* Fills c->w_part for KV head H and returns a needle event with the parts,
+ * cos-minima and prefill figures; the caller fills the step's fields. */
+static probe_event watch_event(kv_sk *c, const sk_head *H, int layer, int kh) {
+    for (int i = 0; i < c->nw; i++) {
+        c->w_part[i] = watch_part(c, H, c->wchunk[i]);
+        c->w_sel[i] = 0;
+        c->w_rank[i] = c->w_rexact[i] = -1;
+        c->w_mass[i] = -1;
+    }
+    probe_event ev = {
+        .kind = PROBE_NEEDLE,
+        .needle = {
+            .id = 0, .tok_begin = c->wb, .tok_end = c->we, .n_chunks = c->nw, .step = c->base.step,
+            .layer = layer, .head = kh, .mass_exact = -1, .mass_sparse = -1, .chunks = c->wchunk,
+            .rank = c->w_rank, .selected = c->w_sel, .k = c->n_cand > 0 ? c->k : 0,
+            .key_err = c->w_err[layer * c->h + kh], .mass_ideal = -1, .out_err = -1, .n_info = c->nw,
+            .part = c->w_part, .rank_exact = c->w_rexact, .cos_min = c->w_cm + ((size_t)layer * c->h + kh) * c->nw,
+            .mass_chunk = c->w_mass,
+        },
+    };
+    return ev;
+}
+
+/* Softmax of q·K[t]·scale over n rows (stride floats apart) into p. */
+static void watch_softmax(const float *q, const float *K, int n, int d, size_t stride, float scale, float *p) {
+    float mx = -INFINITY;
+    for (int t = 0; t < n; t++) {
+        p[t] = vec_dot(q, K + (size_t)t * stride, d) * scale;
+        if (p[t] > mx) mx = p[t];
+    }
+    double sum = 0;
+    for (int t = 0; t < n; t++) sum += p[t] = expf(p[t] - mx);
+    for (int t = 0; t < n; t++) p[t] = (float)(p[t] / sum);
+}
+
+/* The needle event of one decode step, layer and KV head: ranks and
+ * selection from this step's scores, the attention mass on the span in the
+ * sparse attention just computed (out), and with the oracle the exact mass,
+ * the ideal mass and the output error. */
+static void watch_decode(kv_sk *c, int layer, int kh, const float *q, const float *out) {
+    sk_layer *L = &c->L[layer];
+    sk_head *H = &L->head[kh];
+    sk_scratch *S = &c->scr[kh];
+    int d = c->d, cc = c->c, sel = c->n_cand > 0, T = c->s + L->n_gen, rows = c->row_gen + L->n_gen;
+    float scale = 1.0f / sqrtf((float)d);
+    probe_event ev = watch_event(c, H, layer, kh);
+    /* First attention row of every prompt chunk that attention read. */
+    for (int j = 0; j <= c->n_chunks; j++) c->w_rowbase[j] = -1;
+    for (int i = 0; i < c->n_out; i++) c->w_rowbase[H->outl[i]] = i * cc;
+    for (int i = 0; sel && i < c->k; i++) c->w_rowbase[S->sel_id[i]] = c->row_slot + S->slot_of[i] * cc;
+    for (int i = 0; i < c->nw; i++) {
+        int j = c->wchunk[i];
+        if (c->w_part[i] != 0 || !sel) continue;
+        int ci = watch_cand(c, H, j);
+        if (ci >= 0) c->w_rank[i] = watch_rank(S->score, c->n_cand, ci);
+        c->w_sel[i] = c->w_rowbase[j] >= 0;
+        if (c->o.oracle) c->w_rexact[i] = S->rank_exact[j];
+    }
+    int lstart = c->local_start * cc;
+    double m_sparse = 0, m_exact = 0, m_ideal = 0, e_num = 0, e_den = 0;
+    for (int i = 0; i < c->nw && c->o.oracle; i++) c->w_mass[i] = 0;
+    for (int g = 0; g < c->group; g++) {
+        int hq = kh * c->group + g;
+        const float *qh = q + (size_t)hq * d;
+        watch_softmax(qh, H->K, rows, d, (size_t)d, scale, c->w_p);
+        for (int t = c->wb; t < c->we; t++) {
+            int j = t / cc;
+            if (t >= lstart) m_sparse += c->w_p[c->row_local + t - lstart];
+            else if (c->w_rowbase[j] >= 0) m_sparse += c->w_p[c->w_rowbase[j] + t - j * cc];
+        }
+        if (!c->o.oracle) continue;
+        watch_softmax(qh, L->k + (size_t)kh * d, T, d, (size_t)c->kvd, scale, c->w_p);
+        double kept = 0, kept_needle = 0;
+        for (int t = 0; t < T; t++)
+            if (t >= lstart || c->w_rowbase[t / cc] >= 0) kept += c->w_p[t];
+        for (int t = c->wb; t < c->we; t++) {
+            int j = t / cc;
+            m_exact += c->w_p[t];
+            c->w_mass[j - c->wchunk[0]] += c->w_p[t] / c->group;
+            if (t >= lstart || c->w_rowbase[j] >= 0) kept_needle += c->w_p[t];
+        }
+        if (kept > 0) m_ideal += kept_needle / kept;
+        for (int e = 0; e < d; e++) c->w_o[e] = 0;
+        for (int t = 0; t < T; t++) vec_axpy(c->w_o, c->w_p[t], L->v + (size_t)t * c->kvd + (size_t)kh * d, d);
+        const float *os = out + (size_t)hq * d;
+        for (int e = 0; e < d; e++) {
+            e_num += ((double)os[e] - c->w_o[e]) * ((double)os[e] - c->w_o[e]);
+            e_den += (double)c->w_o[e] * c->w_o[e];
+        }
+    }
+    ev.needle.mass_sparse = (float)(m_sparse / c->group);
+    if (c->o.oracle) {
+        ev.needle.mass_exact = (float)(m_exact / c->group);
+        ev.needle.mass_ideal = (float)(m_ideal / c->group);
+        ev.needle.out_err = e_den > 0 ? (float)sqrt(e_num / e_den) : 0.0f;
+    }
+    probe_emit(c->base.bus, &ev);
+}
+
 /* One layer of a decode step. Without span probes every KV head runs its
  * whole pipeline (select, fetch, rebuild, attend its query heads) in one
  * parallel loop, one barrier per layer; with them the stages run as
@@ -380,6 +557,8 @@ static int decode_layer(kv_sk *c, int layer, const float *q, float *out) {
             probe_emit(c->base.bus, &ev);
         }
     }
+    if (c->nw && probe_wants(c->base.bus, PROBE_NEEDLE))
+        for (int kh = 0; kh < h; kh++) watch_decode(c, layer, kh, q, out);
     return 0;
 }
 
@@ -448,6 +627,7 @@ static int build_layer(kv_sk *c, int layer, sk_build *B) {
     for (int kh = 0; kh < h; kh++)
         for (int j = 0; j < r; j++)
             memcpy(L->SVt + ((size_t)kh * r + j) * d, B->svt + (size_t)j * kvd + (size_t)kh * d, sizeof(float) * d);
+    if (c->nw) watch_key_err(c, L, layer);
     free(L->kpre);
     L->kpre = NULL;
     t[1] = skv_now();
@@ -463,6 +643,10 @@ static int build_layer(kv_sk *c, int layer, sk_build *B) {
                          B->cm + (size_t)kh * nch);
     t[3] = skv_now();
     if (spans) span(c, PROBE_STREAM_COMPUTE, "cosmin", layer, p0), p0 = probe_time(bus);
+    for (int kh = 0; kh < h && c->nw; kh++)
+        for (int i = 0; i < c->nw; i++)
+            c->w_cm[((size_t)layer * h + kh) * c->nw + i] =
+                c->wchunk[i] < nch ? B->cm[(size_t)kh * nch + c->wchunk[i]] : NAN;
 
     for (int kh = 0; kh < h; kh++) {
         sk_head *H = &L->head[kh];
@@ -565,6 +749,34 @@ static int alloc_scratch(kv_sk *c) {
     return 0;
 }
 
+/* Clips the watched span to the prompt and allocates the watch buffers. */
+static int watch_init(kv_sk *c) {
+    c->wb = c->o.watch_begin > 0 ? c->o.watch_begin : 0;
+    c->we = c->o.watch_end < c->s ? c->o.watch_end : c->s;
+    c->nw = 0;
+    if (c->we <= c->wb) return 0;
+    int j0 = c->wb / c->c, nw = (c->we - 1) / c->c - j0 + 1, nl = c->base.shape.n_layers;
+    size_t lh = (size_t)nl * c->h;
+    c->wchunk = skv_malloc(sizeof(int) * nw);
+    c->w_err = skv_calloc(lh, sizeof(float));
+    c->w_cm = skv_malloc(sizeof(float) * lh * nw);
+    c->w_part = skv_malloc(sizeof(int) * nw);
+    c->w_rank = skv_malloc(sizeof(int) * nw);
+    c->w_sel = skv_malloc(sizeof(int) * nw);
+    c->w_rexact = skv_malloc(sizeof(int) * nw);
+    c->w_mass = skv_malloc(sizeof(float) * nw);
+    c->w_rowbase = skv_malloc(sizeof(int) * ((size_t)c->n_chunks + 1));
+    c->w_p = skv_malloc(sizeof(float) * (size_t)c->base.shape.max_ctx);
+    c->w_o = skv_malloc(sizeof(float) * (size_t)c->d);
+    if (!c->wchunk || !c->w_err || !c->w_cm || !c->w_part || !c->w_rank || !c->w_sel || !c->w_rexact || !c->w_mass ||
+        !c->w_rowbase || !c->w_p || !c->w_o)
+        return skv_error(SKV_ENOMEM, "shadowkv: out of memory for the needle watch");
+    for (int i = 0; i < nw; i++) c->wchunk[i] = j0 + i;
+    for (size_t i = 0; i < lh * nw; i++) c->w_cm[i] = NAN;
+    c->nw = nw;
+    return 0;
+}
+
 static int sk_end_prefill(kv_cache *base) {
     kv_sk *c = (kv_sk *)base;
     const kv_shape *sh = &base->shape;
@@ -612,6 +824,7 @@ static int sk_end_prefill(kv_cache *base) {
     shadowkv_rope_table(sh->rope, s, c->rope_cs, c->rope_sn);
     if ((rc = shadowkv_store_init(&c->store, sh->n_layers * c->h * c->n_cand, c->c, c->d))) return rc;
     if ((rc = alloc_scratch(c))) return rc;
+    if ((rc = watch_init(c))) return rc;
 
     sk_build B = {0};
     int nch = c->n_chunks ? c->n_chunks : 1;
@@ -626,6 +839,12 @@ static int sk_end_prefill(kv_cache *base) {
     free(B.sv); free(B.svt); free(B.lm); free(B.cm); free(B.tmp); free(B.outl);
     if (rc) return rc;
     c->prefilled = 1;
+    if (c->nw && probe_wants(base->bus, PROBE_NEEDLE))
+        for (int l = 0; l < sh->n_layers; l++)
+            for (int kh = 0; kh < c->h; kh++) {
+                probe_event ev = watch_event(c, &c->L[l].head[kh], l, kh);
+                probe_emit(base->bus, &ev);
+            }
     return 0;
 }
 
@@ -736,6 +955,8 @@ static void sk_free(kv_cache *base) {
     }
     free(c->scr);
     free(c->rope_cs); free(c->rope_sn); free(c->proj); free(c->coef);
+    free(c->wchunk); free(c->w_err); free(c->w_cm); free(c->w_part); free(c->w_rank); free(c->w_sel);
+    free(c->w_rexact); free(c->w_mass); free(c->w_rowbase); free(c->w_p); free(c->w_o);
     shadowkv_store_free(&c->store);
     free(c);
 }

@@ -23,13 +23,25 @@ void quant_dequant_row(enum ggml_type t, const void *src, float *dst, size_t n);
  * split over the engine's threads when large. */
 void quant_dequant_rows(enum ggml_type t, const void *W, size_t n, size_t r0, size_t r1, float *dst);
 
-/* sum_j w[j] * x[j] over one stored row w of n elements of type t. */
+/* sum_j w[j] * x[j] over one stored row w of n elements of type t, computed
+ * as quant_matvec computes it (x quantized to 8 bits for quantized t). */
 float quant_dot(enum ggml_type t, const void *row, const float *x, size_t n);
 
 /* y[r] = sum_j W[r][j] * x[j] for r < rows; W is (rows, n) of type t, read
- * once, split over the engine's threads (OpenMP, rows in static chunks). x
- * stays fp32; blocks need no alignment. y[r] equals quant_dot on row r. */
+ * once, split over the engine's threads (OpenMP, rows in static chunks);
+ * blocks need no alignment. f32/f16/bf16 rows meet x in fp32. For q8_0,
+ * q4_0, q5_0, q4_K and q6_K, x is first quantized to blocks of 32 int8 codes
+ * with an fp32 scale (amax/127), as llama.cpp does, and rows are multiplied in
+ * integers: a few tenths of a percent of relative error against the exact
+ * product of the stored weights (a few percent when a few elements of x
+ * dwarf the rest). y[r] equals quant_dot on row r. */
 void quant_matvec(enum ggml_type t, const void *W, size_t rows, size_t n, const float *x, float *y);
+
+/* quant_matvec through the portable scalar kernels on one thread, whatever
+ * the build's SIMD. For the quantized types its y is bit for bit
+ * quant_matvec's (the vector kernels keep the scalar order of every integer
+ * and float operation); for f32/f16/bf16 it differs by summation order. */
+void quant_matvec_ref(enum ggml_type t, const void *W, size_t rows, size_t n, const float *x, float *y);
 
 /* Quantizes n elements of src into dst (ggml_row_size(t, n) bytes), for every
  * type quant_supported accepts. f16/bf16 round to nearest even; q8_0, q4_0 and

@@ -93,7 +93,7 @@ static void emit_run(skv_session *s, int prompt_len) {
     probe_emit(s->o.bus, &ev);
 }
 
-int session_prefill(skv_session *s, const int32_t *tokens, int n, void (*progress)(void *, int, int), void *user) {
+int session_prefill(skv_session *s, const int32_t *tokens, int n, int (*progress)(void *, int, int), void *user) {
     if (n <= 0) return skv_error(SKV_EINVAL, "the prompt is empty");
     if (s->n_past + n > s->o.ctx)
         return skv_error(SKV_ERANGE, "the prompt has %d tokens, more than the context of %d (raise it with -c)",
@@ -110,7 +110,7 @@ int session_prefill(skv_session *s, const int32_t *tokens, int n, void (*progres
         if (!rc && s->twin_kv) rc = forward_batch(&s->twin, s->twin_kv, tokens + i, b, s->n_past);
         if (rc) return rc;
         s->n_past += b;
-        if (progress) progress(user, i + b, n);
+        if (progress && progress(user, i + b, n)) return skv_error(SKV_EINVAL, "prefill cancelled");
     }
     int rc = s->kv->cls->end_prefill(s->kv);
     if (rc) return rc;

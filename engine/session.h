@@ -44,8 +44,9 @@ struct skv_session {
 int session_new(skv_model *m, const session_opts *o, skv_session **out);
 void session_free(skv_session *s);
 
-/* Runs the prompt (n tokens); progress, when set, is called after each batch. */
-int session_prefill(skv_session *s, const int32_t *tokens, int n, void (*progress)(void *user, int done, int total),
+/* Runs the prompt (n tokens). progress, when set, is called after each batch;
+ * a non-zero return cancels the prefill (SKV_EINVAL, "prefill cancelled"). */
+int session_prefill(skv_session *s, const int32_t *tokens, int n, int (*progress)(void *user, int done, int total),
                     void *user);
 
 /* Feeds one token at the next position. */

@@ -77,6 +77,17 @@ static const probe_field schema_needle[] = {
     SC(needle, id), SC(needle, tok_begin), SC(needle, tok_end), SC(needle, n_chunks),
     SC(needle, step), SC(needle, layer), SC(needle, head), SF(needle, mass_exact), SF(needle, mass_sparse),
     SA(needle, chunks, PROBE_F_I32S, 3), SA(needle, rank, PROBE_F_I32S, 3), SA(needle, selected, PROBE_F_I32S, 3),
+    /* appended (fields 12..): scalars, then arrays counted by n_info (field 16) */
+    SC(needle, k), SF(needle, key_err), SF(needle, mass_ideal), SF(needle, out_err), SC(needle, n_info),
+    SA(needle, part, PROBE_F_I32S, 16), SA(needle, rank_exact, PROBE_F_I32S, 16),
+    SA(needle, cos_min, PROBE_F_F32S, 16), SA(needle, mass_chunk, PROBE_F_F32S, 16),
+};
+
+static const probe_field schema_niah[] = {
+    SC(niah, index), SC(niah, length), SF(niah, depth), SC(niah, run), SC(niah, method), SC(niah, hit),
+    SC(niah, prompt_len), SC(niah, tok_begin), SC(niah, tok_end), SC(niah, detail), SC(niah, n_steps),
+    SS(niah, value), SS(niah, answer),
+    SA(niah, top1_agree, PROBE_F_I32S, 10), SA(niah, logit_dist, PROBE_F_F32S, 10),
 };
 
 #define NF(a) ((int)(sizeof a / sizeof a[0]))
@@ -90,6 +101,7 @@ static const struct { const char *name; const probe_field *f; int n; } schemas[P
     [PROBE_STEP] = { "step", schema_step, NF(schema_step) },
     [PROBE_SPAN] = { "span", schema_span, NF(schema_span) },
     [PROBE_NEEDLE] = { "needle", schema_needle, NF(schema_needle) },
+    [PROBE_NIAH] = { "niah", schema_niah, NF(schema_niah) },
 };
 
 const probe_field *probe_schema(probe_kind k, int *n_fields) {

@@ -38,6 +38,7 @@ typedef enum {
     PROBE_STEP = 6,          /* per decode step */
     PROBE_SPAN = 7,          /* a timed operation on a stream */
     PROBE_NEEDLE = 8,        /* needle tracking, per step, layer and KV head */
+    PROBE_NIAH = 9,          /* needle harness: one case's result under one method */
     PROBE_KIND_COUNT         /* one past the last kind this build knows */
 } probe_kind;
 
@@ -128,7 +129,43 @@ typedef struct {
     const int *chunks;                 /* (n_chunks) chunk ids the needle covers */
     const int *rank;                   /* (n_chunks) landmark-score rank, -1: not scored (dense) */
     const int *selected;               /* (n_chunks) 1: chunk in the selection */
+    /* Appended for the needle report (engine/needle.h); zero in events that
+     * do not fill them. Masses are means over the KV head's query heads. */
+    int k;                             /* chunks selected per KV head (the budget in chunks) */
+    float key_err;                     /* step -1: rank-r relative error of the needle's pre-RoPE keys
+                                          in this KV head, ||K - U·ΣVᵀ||_F / ||K||_F; -1 unknown */
+    float mass_ideal;                  /* needle mass the sparse attention would give if the kept
+                                          chunks had exact keys (exact mass renormalized over the
+                                          kept tokens); -1 without oracle */
+    float out_err;                     /* ||sparse - exact attention output|| / ||exact|| over the
+                                          KV head's query heads; -1 without oracle */
+    int n_info;                        /* 0, or n_chunks when the arrays below are filled */
+    const int *part;                   /* (n_info) 0: candidate (offloaded, selectable),
+                                          1: outlier (dense), 2: local window (dense) */
+    const int *rank_exact;             /* (n_info) rank among candidates by exact attention mass, -1 */
+    const float *cos_min;              /* (n_info) the chunk's cos-min; NaN for a partial tail chunk */
+    const float *mass_chunk;           /* (n_info) exact attention mass on the needle tokens of the
+                                          chunk; -1 without oracle */
 } probe_ev_needle;
+
+/* One needle-in-a-haystack case (engine/needle.h) under one method; the
+ * NIAH heatmap is drawn from these alone. */
+typedef struct {
+    int index;                         /* case number in the sweep, 0.. */
+    int length;                        /* requested context length in tokens */
+    float depth;                       /* needle depth in percent of the haystack (0: start, 100: end) */
+    int run;                           /* repetition 0.. (a new value each run) */
+    int method;                        /* 0: dense attention, 1: shadowkv */
+    int hit;                           /* 1: the answer contains the value */
+    int prompt_len;                    /* tokens in the prompt */
+    int tok_begin, tok_end;            /* the needle's token positions [begin, end) */
+    int detail;                        /* 1: the case's probe events come before it in the trace */
+    int n_steps;                       /* decode steps compared with dense (shadowkv with oracle), or 0 */
+    const char *value;                 /* the needle's value, "4821735" */
+    const char *answer;                /* the generated answer text */
+    const int *top1_agree;             /* (n_steps) 1: sparse and dense argmax agree at that step */
+    const float *logit_dist;           /* (n_steps) ||sparse - dense logits|| / ||dense logits|| */
+} probe_ev_niah;
 
 typedef struct probe_event {
     probe_kind kind;
@@ -141,6 +178,7 @@ typedef struct probe_event {
         probe_ev_step step;
         probe_ev_span span;
         probe_ev_needle needle;
+        probe_ev_niah niah;
     };
 } probe_event;
 

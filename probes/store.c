@@ -54,6 +54,8 @@ struct probe_store {
     int n_ops;
     needle_data *needles; /* (n_needles) */
     int n_needles;
+    probe_event **niah;   /* (n_niah) harness cases in arrival order */
+    int n_niah, cap_niah;
     int n_steps, max_layer, max_head;   /* largest indexes seen + 1 */
     uint64_t count[PROBE_KIND_COUNT];
 };
@@ -155,6 +157,8 @@ static void store_clear(probe_store *st) {
         grid_free(&st->needles[i].g);
     }
     free(st->needles);
+    for (int i = 0; i < st->n_niah; i++) free(st->niah[i]);
+    free(st->niah);
     memset(st, 0, sizeof *st);
 }
 
@@ -234,6 +238,16 @@ static int check_event(const probe_store *st, const probe_event *ev) {
         TRY(check_range(ev, "layer", ev->needle.layer, 0, L));
         TRY(check_range(ev, "head", ev->needle.head, 0, H));
         TRY(check_ids(ev, "chunks", ev->needle.chunks, ev->needle.n_chunks, C));
+        if (ev->needle.n_info != 0 && ev->needle.n_info != ev->needle.n_chunks)
+            return skv_error(SKV_EINVAL, "store: needle event: n_info = %d, expected 0 or n_chunks = %d",
+                             ev->needle.n_info, ev->needle.n_chunks);
+        break;
+    case PROBE_NIAH:
+        TRY(check_range(ev, "method", ev->niah.method, 0, 2));
+        TRY(check_range(ev, "index", ev->niah.index, 0, INT_MAX));
+        TRY(check_range(ev, "length", ev->niah.length, 1, INT_MAX));
+        if (!(ev->niah.depth >= 0 && ev->niah.depth <= 100))
+            return skv_error(SKV_ERANGE, "store: niah event: depth = %g, expected 0..100", (double)ev->niah.depth);
         break;
     default:
         return skv_error(SKV_EINVAL, "store: event kind %d is not known", (int)ev->kind);
@@ -366,6 +380,11 @@ int probe_store_add(probe_store *st, const probe_event *ev) {
     case PROBE_NEEDLE:
         TRY(add_needle(st, ev));
         break;
+    case PROBE_NIAH:
+        GROW(st->niah, st->cap_niah, st->n_niah + 1);
+        TRY(keep(&st->niah[st->n_niah], ev));
+        st->n_niah++;
+        break;
     default:
         break;
     }
@@ -481,4 +500,10 @@ const probe_ev_needle *probe_store_needle(const probe_store *st, int id, int ste
     if (id < 0 || id >= st->n_needles) return NULL;
     const probe_event *e = grid_get(&st->needles[id].g, step + 1, layer, head);
     return e ? &e->needle : NULL;
+}
+
+int probe_store_n_niah(const probe_store *st) { return st->n_niah; }
+
+const probe_ev_niah *probe_store_niah(const probe_store *st, int i) {
+    return i >= 0 && i < st->n_niah ? &st->niah[i]->niah : NULL;
 }

@@ -80,4 +80,10 @@ const probe_ev_needle *probe_store_needle_info(const probe_store *st, int id);
 /* A needle at (step, layer, head), step -1 for prefill, or NULL. */
 const probe_ev_needle *probe_store_needle(const probe_store *st, int id, int step, int layer, int head);
 
+/* Needle-in-a-haystack cases (PROBE_NIAH, from skv needle), i = 0.. in
+ * arrival order; NULL out of range. A later PROBE_RUN empties them with the
+ * rest of the store, so a trace puts them after the run they belong with. */
+int probe_store_n_niah(const probe_store *st);
+const probe_ev_niah *probe_store_niah(const probe_store *st, int i);
+
 #endif

@@ -61,6 +61,11 @@ static void synth_run(probe_bus *bus, run_shape sh, int big) {
                                  .kv_policy = "shadowkv", .rank = 160, .chunk = 8, .budget = 2048, .outliers = 48,
                                  .local_chunks = 4, .shadowkv_plus = 0, .oracle = 1, .backend = "cpu" } };
     probe_emit(bus, &run);
+    int ag[2] = {1, 0};
+    float ld[2] = {0.01f, 0.5f};
+    probe_emit(bus, &(probe_event){ .kind = PROBE_NIAH, .niah = { .index = 0, .length = 1024, .depth = 50,
+        .method = 1, .hit = 0, .prompt_len = 1024, .tok_begin = 100, .tok_end = 120, .detail = 1, .n_steps = 2,
+        .value = "4821735", .answer = " 4821", .top1_agree = ag, .logit_dist = ld } });
     char text[16];
     int prompt = big ? 16 : 30;
     for (int i = 0; i < prompt; i++) {
@@ -195,6 +200,13 @@ static int same_event(const probe_event *x, const probe_event *y) {
         const probe_ev_needle *a = &x->needle, *b = &y->needle;
         EQ(id); EQ(tok_begin); EQ(tok_end); EQ(n_chunks); EQ(step); EQ(layer); EQ(head); EQ(mass_exact); EQ(mass_sparse);
         if (ok) { EQA(chunks, a->n_chunks); EQA(rank, a->n_chunks); EQA(selected, a->n_chunks); }
+        break;
+    }
+    case PROBE_NIAH: {
+        const probe_ev_niah *a = &x->niah, *b = &y->niah;
+        EQ(index); EQ(length); EQ(depth); EQ(run); EQ(method); EQ(hit); EQ(prompt_len); EQ(tok_begin); EQ(tok_end);
+        EQ(detail); EQ(n_steps); EQS(value); EQS(answer);
+        if (ok) { EQA(top1_agree, a->n_steps); EQA(logit_dist, a->n_steps); }
         break;
     }
     default:

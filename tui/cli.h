@@ -47,5 +47,8 @@ int cmd_bench(int argc, char **argv);
 int cmd_synth(int argc, char **argv);
 int cmd_trace(int argc, char **argv);
 int cmd_dump(int argc, char **argv);
+int cmd_export(int argc, char **argv);
+int cmd_inspect(int argc, char **argv);
+int cmd_needle(int argc, char **argv);
 
 #endif

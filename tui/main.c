@@ -9,10 +9,13 @@ static const struct {
     int (*fn)(int, char **);
     const char *help;
 } commands[] = {
+    {"inspect", cmd_inspect, "step through decoding and watch ShadowKV in the terminal (or replay a trace)"},
     {"run", cmd_run, "generate text from a prompt"},
     {"logits", cmd_logits, "print prompt tokens, last logits and greedy tokens as JSON"},
     {"info", cmd_info, "print a model's config, tensors, dtypes and memory"},
     {"synth", cmd_synth, "write a random-weight model of a real shape (for benchmarks)"},
+    {"needle", cmd_needle, "needle in a haystack: dense vs shadowkv retrieval, NIAH heatmap, why a needle was missed"},
+    {"export", cmd_export, "draw one view of a trace into a PNG or SVG figure"},
     {"dump", cmd_dump, "write one layer's K, V, query and ShadowKV tensors as .npy"},
     {"trace", cmd_trace, "summarise a recorded trace (skv trace info FILE)"},
     {"bench", cmd_bench, "time prefill and decode on a synthetic prompt"},

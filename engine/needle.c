@@ -1,0 +1,1140 @@
+/* needle.c: the needle-in-a-haystack harness and the diagnosis of a miss.
+ *
+ * Prompts are assembled from separately tokenized pieces (BOS, haystack
+ * sentences, the needle sentence, the question block), so the needle's
+ * token span is exact by construction and always starts at a sentence
+ * boundary. Every case runs twice on the same tokens: a dense session and a
+ * ShadowKV session (with probes on, the ShadowKV session also runs the
+ * oracle and watches the needle's tokens). Answers are greedy.
+ *
+ * The diagnosis reads only a probe_store: the PROBE_NEEDLE events of the
+ * watch, the prefill events, and the case's PROBE_NIAH events. It weighs
+ * every needle chunk at every judged step, layer and KV head by the exact
+ * attention mass on its needle tokens (the oracle's), so a chunk dropped
+ * where attention never looked costs little and one dropped in the heads
+ * that read the needle costs a lot; the shares it compares with the
+ * thresholds in needle.h are shares of that mass. */
+#include "needle.h"
+
+#include "sampler.h"
+#include "session.h"
+#include "skv.h"
+#include "tok.h"
+
+#include <errno.h>
+#include <math.h>
+#include <stdarg.h>
+#include <stdlib.h>
+#include <string.h>
+
+/* ---- option lists ------------------------------------------------------ */
+
+int needle_parse_lengths(const char *s, int **out, int *n) {
+    *out = NULL;
+    *n = 0;
+    if (!s || !*s) return skv_error(SKV_EINVAL, "--lengths: empty list (expected e.g. 1k,2k,4k)");
+    int cap = 8, cnt = 0;
+    int *v = malloc(sizeof(int) * cap);
+    if (!v) return skv_error(SKV_ENOMEM, "out of memory");
+    const char *p = s;
+    while (*p) {
+        char *end;
+        errno = 0;
+        double x = strtod(p, &end);
+        if (end == p || errno) goto bad;
+        if (*end == 'k' || *end == 'K') { x *= 1024; end++; }
+        if (*end != ',' && *end) goto bad;
+        if (!(x >= 1 && x <= (1 << 24)) || x != floor(x)) goto bad;
+        if (cnt == cap) {
+            int *nv = realloc(v, sizeof(int) * (cap *= 2));
+            if (!nv) { free(v); return skv_error(SKV_ENOMEM, "out of memory"); }
+            v = nv;
+        }
+        v[cnt++] = (int)x;
+        p = *end ? end + 1 : end;
+        if (*end && !*p) goto bad;
+        continue;
+bad:
+        free(v);
+        return skv_error(SKV_EINVAL, "--lengths: bad item at '%s' in '%s' (expected whole token counts such as 1k,2k,4096)", p, s);
+    }
+    *out = v;
+    *n = cnt;
+    return 0;
+}
+
+int needle_parse_depths(const char *s, float **out, int *n) {
+    *out = NULL;
+    *n = 0;
+    if (!s || !*s) return skv_error(SKV_EINVAL, "--depths: empty list (expected e.g. 0:100:10 or 0,50,100)");
+    if (strchr(s, ':')) {
+        double a, b, st;
+        char tail;
+        if (sscanf(s, "%lf:%lf:%lf%c", &a, &b, &st, &tail) != 3 || !(st > 0) || !(a >= 0) || !(b <= 100) || b < a)
+            return skv_error(SKV_EINVAL, "--depths: '%s' is not START:STOP:STEP with 0 <= START <= STOP <= 100 and STEP > 0", s);
+        int cnt = (int)floor((b - a) / st + 1e-6) + 1;
+        if (cnt > 1000) return skv_error(SKV_EINVAL, "--depths: '%s' gives %d depths (at most 1000)", s, cnt);
+        float *v = malloc(sizeof(float) * cnt);
+        if (!v) return skv_error(SKV_ENOMEM, "out of memory");
+        for (int i = 0; i < cnt; i++) v[i] = (float)fmin(100.0, a + i * st);
+        *out = v;
+        *n = cnt;
+        return 0;
+    }
+    int cap = 8, cnt = 0;
+    float *v = malloc(sizeof(float) * cap);
+    if (!v) return skv_error(SKV_ENOMEM, "out of memory");
+    for (const char *p = s; *p;) {
+        char *end;
+        errno = 0;
+        double x = strtod(p, &end);
+        if (end == p || errno || (*end != ',' && *end) || !(x >= 0 && x <= 100) || (*end && !end[1])) {
+            free(v);
+            return skv_error(SKV_EINVAL, "--depths: bad item at '%s' in '%s' (expected percents 0..100)", p, s);
+        }
+        if (cnt == cap) {
+            float *nv = realloc(v, sizeof(float) * (cap *= 2));
+            if (!nv) { free(v); return skv_error(SKV_ENOMEM, "out of memory"); }
+            v = nv;
+        }
+        v[cnt++] = (float)x;
+        p = *end ? end + 1 : end;
+    }
+    *out = v;
+    *n = cnt;
+    return 0;
+}
+
+void needle_opts_default(needle_opts *o) {
+    memset(o, 0, sizeof *o);
+    o->needle = NEEDLE_DEFAULT_NEEDLE;
+    o->question = NEEDLE_DEFAULT_QUESTION;
+    o->runs = 1;
+    kv_opts_default(&o->kv);
+    snprintf(o->kv.policy, sizeof o->kv.policy, "shadowkv");
+}
+
+/* ---- small buffers -------------------------------------------------------- */
+
+typedef struct { int32_t *v; int n, cap; } ids_buf;
+
+static int ids_push(ids_buf *b, const int32_t *x, int n) {
+    if (b->n + n > b->cap) {
+        int cap = b->cap ? b->cap : 256;
+        while (cap < b->n + n) cap *= 2;
+        int32_t *p = realloc(b->v, sizeof(int32_t) * cap);
+        if (!p) return skv_error(SKV_ENOMEM, "out of memory");
+        b->v = p;
+        b->cap = cap;
+    }
+    if (n) memcpy(b->v + b->n, x, sizeof(int32_t) * n);
+    b->n += n;
+    return 0;
+}
+
+typedef struct { char *s; size_t n, cap; } str_buf;
+
+static int str_add(str_buf *b, const char *x, size_t n) {
+    if (b->n + n + 1 > b->cap) {
+        size_t cap = b->cap ? b->cap : 64;
+        while (cap < b->n + n + 1) cap *= 2;
+        char *p = realloc(b->s, cap);
+        if (!p) return skv_error(SKV_ENOMEM, "out of memory");
+        b->s = p;
+        b->cap = cap;
+    }
+    memcpy(b->s + b->n, x, n);
+    b->n += n;
+    b->s[b->n] = 0;
+    return 0;
+}
+
+/* ---- prompt pieces ----------------------------------------------------------- */
+
+/* A piece of text as tokens. Byte-level BPE pieces get a leading space so
+ * that they join like words; SentencePiece adds its own. */
+static int encode_piece(const tok_vocab *v, const char *text, ids_buf *out) {
+    out->n = 0;
+    char *tmp = NULL;
+    if (tok_kind(v) != TOK_SPM) {
+        size_t n = strlen(text);
+        if (!(tmp = malloc(n + 2))) return skv_error(SKV_ENOMEM, "out of memory");
+        tmp[0] = ' ';
+        memcpy(tmp + 1, text, n + 1);
+        text = tmp;
+    }
+    int32_t *ids = NULL;
+    int n = 0;
+    int rc = tok_encode(v, text, strlen(text), 0, 0, &ids, &n);
+    free(tmp);
+    if (rc) return rc;
+    rc = ids_push(out, ids, n);
+    free(ids);
+    return rc;
+}
+
+typedef struct {
+    ids_buf hay;       /* every sentence's tokens back to back */
+    int *sent_end;     /* (n_sent) end offset of each sentence in hay */
+    int n_sent;
+} haystack;
+
+static int is_space(char ch) { return ch == ' ' || ch == '\t' || ch == '\n' || ch == '\r' || ch == '\f' || ch == '\v'; }
+
+/* Splits text into sentences (ending in . ! or ?, closing quotes kept) with
+ * whitespace collapsed, and tokenizes each. */
+static int haystack_build(const tok_vocab *v, const char *text, haystack *h) {
+    memset(h, 0, sizeof *h);
+    str_buf cur = {0};
+    ids_buf piece = {0};
+    int cap = 0, rc = 0;
+    for (const char *p = text;; p++) {
+        int end = !*p;
+        if (!end) {
+            char ch = is_space(*p) ? ' ' : *p;
+            if (!(ch == ' ' && (cur.n == 0 || cur.s[cur.n - 1] == ' ')) && (rc = str_add(&cur, &ch, 1))) break;
+        }
+        int stop = end;
+        if (!end && (*p == '.' || *p == '!' || *p == '?')) {
+            const char *q = p + 1;
+            while (*q == '"' || *q == '\'' || *q == ')') q++;
+            if (!*q || is_space(*q)) {
+                if (q > p + 1 && (rc = str_add(&cur, p + 1, (size_t)(q - p - 1)))) break;
+                p = q - 1;
+                stop = 1;
+            }
+        }
+        if (stop) {
+            while (cur.n && cur.s[cur.n - 1] == ' ') cur.s[--cur.n] = 0;
+            if (cur.n) {
+                if ((rc = encode_piece(v, cur.s, &piece))) break;
+                if (piece.n) {
+                    if (h->n_sent == cap) {
+                        int *ne = realloc(h->sent_end, sizeof(int) * (cap = cap ? cap * 2 : 64));
+                        if (!ne) { rc = skv_error(SKV_ENOMEM, "out of memory"); break; }
+                        h->sent_end = ne;
+                    }
+                    if ((rc = ids_push(&h->hay, piece.v, piece.n))) break;
+                    h->sent_end[h->n_sent++] = h->hay.n;
+                }
+            }
+            cur.n = 0;
+            if (cur.s) cur.s[0] = 0;
+        }
+        if (end) break;
+    }
+    free(cur.s);
+    free(piece.v);
+    if (!rc && h->n_sent == 0) rc = skv_error(SKV_EINVAL, "the haystack has no text");
+    return rc;
+}
+
+static void haystack_free(haystack *h) {
+    free(h->hay.v);
+    free(h->sent_end);
+    memset(h, 0, sizeof *h);
+}
+
+/* The first n haystack tokens (sentences repeated as needed; the last one
+ * cut) into out, and the sentence boundaries 0..n into *bounds. */
+static int haystack_take(const haystack *h, int n, ids_buf *out, int **bounds, int *n_bounds) {
+    out->n = 0;
+    int cap = 64, nb = 0;
+    int *b = malloc(sizeof(int) * cap);
+    if (!b) return skv_error(SKV_ENOMEM, "out of memory");
+    b[nb++] = 0;
+    int s = 0, rc = 0;
+    while (out->n < n) {
+        int from = s ? h->sent_end[s - 1] : 0, len = h->sent_end[s] - from;
+        int take = len < n - out->n ? len : n - out->n;
+        if ((rc = ids_push(out, h->hay.v + from, take))) break;
+        if (nb == cap) {
+            int *nbp = realloc(b, sizeof(int) * (cap *= 2));
+            if (!nbp) { rc = skv_error(SKV_ENOMEM, "out of memory"); break; }
+            b = nbp;
+        }
+        if (take == len || out->n == n) b[nb++] = out->n;
+        s = (s + 1) % h->n_sent;
+    }
+    if (rc) { free(b); return rc; }
+    if (b[nb - 1] != n) b[nb++] = n; /* n == 0 */
+    *bounds = b;
+    *n_bounds = nb;
+    return 0;
+}
+
+/* ---- values and scoring ------------------------------------------------------- */
+
+static uint64_t splitmix64(uint64_t x) {
+    x += 0x9e3779b97f4a7c15ull;
+    x = (x ^ (x >> 30)) * 0xbf58476d1ce4e5b9ull;
+    x = (x ^ (x >> 27)) * 0x94d049bb133111ebull;
+    return x ^ (x >> 31);
+}
+
+int needle_contains_value(const char *text, const char *value) {
+    size_t n = strlen(value);
+    if (!text || !n) return 0;
+    for (const char *p = strstr(text, value); p; p = strstr(p + 1, value)) {
+        int before = p > text && p[-1] >= '0' && p[-1] <= '9';
+        int after = p[n] >= '0' && p[n] <= '9';
+        if (!before && !after) return 1;
+    }
+    return 0;
+}
+
+/* tmpl with its first "{value}" replaced by value, into a malloc'd string. */
+static char *fill_value(const char *tmpl, const char *value) {
+    const char *at = strstr(tmpl, "{value}");
+    size_t a = at ? (size_t)(at - tmpl) : strlen(tmpl), vn = at ? strlen(value) : 0;
+    const char *rest = at ? at + 7 : "";
+    char *s = malloc(a + vn + strlen(rest) + 1);
+    if (!s) return NULL;
+    memcpy(s, tmpl, a);
+    memcpy(s + a, value, vn);
+    strcpy(s + a + vn, rest);
+    return s;
+}
+
+/* ---- generation ----------------------------------------------------------------- */
+
+/* Greedy answer of up to n tokens after the prompt; with the oracle, the
+ * top-1 agreement and logit distance against the dense twin per step. */
+static int generate(skv_session *s, int prev, int n, char **text, needle_case *c) {
+    const tok_vocab *tok = s->m->tok;
+    int V = s->m->cfg.vocab, rc = 0;
+    str_buf out = {0};
+    char buf[256];
+    if ((rc = str_add(&out, "", 0))) return rc;
+    for (int i = 0; i < n; i++) {
+        int id = sampler_argmax(session_logits(s), V);
+        if (tok_is_eog(tok, id)) break;
+        int len = tok_piece(tok, prev, id, 0, buf, sizeof buf);
+        if (len > (int)sizeof buf) len = sizeof buf;
+        if (len > 0 && (rc = str_add(&out, buf, (size_t)len))) break;
+        prev = id;
+        if (i + 1 == n) break;
+        if ((rc = session_decode(s, id))) break;
+        if (c && s->twin_kv) {
+            double num = 0, den = 0;
+            const float *a = s->fwd.logits, *b = s->twin.logits;
+            for (int j = 0; j < V; j++) {
+                num += ((double)a[j] - b[j]) * ((double)a[j] - b[j]);
+                den += (double)b[j] * b[j];
+            }
+            c->top1_agree[c->n_steps] = s->top1_agree > 0;
+            c->logit_dist[c->n_steps] = (float)(den > 0 ? sqrt(num / den) : sqrt(num));
+            c->n_steps++;
+        }
+    }
+    if (rc) { free(out.s); return rc; }
+    *text = out.s;
+    return 0;
+}
+
+/* ---- event collection -------------------------------------------------------- */
+
+typedef struct {
+    probe_event **ev;
+    int n, cap;
+    int oom;
+} collector;
+
+static void collect(const probe_event *ev, void *user) {
+    collector *c = user;
+    if (c->oom) return;
+    if (c->n == c->cap) {
+        int cap = c->cap ? c->cap * 2 : 1024;
+        probe_event **p = realloc(c->ev, sizeof *p * cap);
+        if (!p) { c->oom = 1; return; }
+        c->ev = p;
+        c->cap = cap;
+    }
+    probe_event *d = probe_event_dup(ev);
+    if (!d) { c->oom = 1; return; }
+    c->ev[c->n++] = d;
+}
+
+static void events_free(probe_event **ev, int n) {
+    for (int i = 0; i < n; i++) free(ev[i]);
+    free(ev);
+}
+
+probe_event needle_niah_event(const needle_case *c, int method, int detail) {
+    int sk = method == NEEDLE_SHADOWKV;
+    probe_event ev = {
+        .kind = PROBE_NIAH,
+        .niah = {
+            .index = c->index, .length = c->length, .depth = c->depth, .run = c->run, .method = method,
+            .hit = c->hit[method], .prompt_len = c->prompt_len, .tok_begin = c->tok_begin, .tok_end = c->tok_end,
+            .detail = detail, .n_steps = sk ? c->n_steps : 0, .value = c->value, .answer = c->answer[method],
+            .top1_agree = sk ? c->top1_agree : NULL, .logit_dist = sk ? c->logit_dist : NULL,
+        },
+    };
+    return ev;
+}
+
+/* ---- the sweep ------------------------------------------------------------------- */
+
+typedef struct {
+    skv_model *m;
+    const needle_opts *o;
+    haystack hay;
+    ids_buf needle, question, tmp;
+    int bos;
+    char *prefix;         /* owned answer prefix */
+    probe_bus *bus;
+    probe_sub *sub;
+    collector col;
+} sweep;
+
+/* Builds case c's prompt into out (exactly c->length tokens). */
+static int build_prompt(sweep *w, needle_case *c, ids_buf *out) {
+    const tok_vocab *tok = w->m->tok;
+    char *text = fill_value(w->o->needle, c->value);
+    if (!text) return skv_error(SKV_ENOMEM, "out of memory");
+    int rc = encode_piece(tok, text, &w->needle);
+    free(text);
+    if (rc) return rc;
+    int fixed = w->bos + w->needle.n + w->question.n, n = c->length - fixed;
+    if (n < 1)
+        return skv_error(SKV_EINVAL, "length %d is too short: the needle and question alone take %d tokens", c->length,
+                         fixed);
+    int *b = NULL, nb = 0;
+    if ((rc = haystack_take(&w->hay, n, &w->tmp, &b, &nb))) return rc;
+    double target = c->depth / 100.0 * n;
+    int at = b[0];
+    for (int i = 1; i < nb; i++)
+        if (fabs(b[i] - target) < fabs(at - target)) at = b[i];
+    free(b);
+    out->n = 0;
+    int32_t bos = tok_bos(tok);
+    if ((w->bos && (rc = ids_push(out, &bos, 1))) || (rc = ids_push(out, w->tmp.v, at)) ||
+        (rc = ids_push(out, w->needle.v, w->needle.n)) || (rc = ids_push(out, w->tmp.v + at, n - at)) ||
+        (rc = ids_push(out, w->question.v, w->question.n)))
+        return rc;
+    c->prompt_len = out->n;
+    c->tok_begin = w->bos + at;
+    c->tok_end = c->tok_begin + w->needle.n;
+    c->insert_depth = (int)lround(100.0 * at / n);
+    return 0;
+}
+
+/* One session over prompt p under kv; the answer into c->answer[method]. */
+static int run_method(sweep *w, needle_case *c, const ids_buf *p, int method, int n_answer) {
+    session_opts so;
+    session_opts_default(&so);
+    so.ctx = w->o->ctx > 0 ? w->o->ctx : p->n + n_answer;
+    so.batch = w->o->batch;
+    so.sample.temp = 0;
+    if (method == NEEDLE_SHADOWKV) {
+        so.kv = w->o->kv;
+        snprintf(so.kv.policy, sizeof so.kv.policy, "shadowkv");
+        so.kv.oracle = w->o->probes;
+        so.kv.watch_begin = w->o->probes ? c->tok_begin : 0;
+        so.kv.watch_end = w->o->probes ? c->tok_end : 0;
+        so.bus = w->o->probes ? w->bus : NULL;
+    } else {
+        kv_opts_default(&so.kv);
+    }
+    if (p->n + n_answer > so.ctx)
+        return skv_error(SKV_ERANGE, "a %d-token prompt and a %d-token answer do not fit the context of %d (raise -c)",
+                         p->n, n_answer, so.ctx);
+    skv_session *s = NULL;
+    int rc = session_new(w->m, &so, &s);
+    if (!rc) rc = session_prefill(s, p->v, p->n, NULL, NULL);
+    if (!rc) rc = generate(s, p->v[p->n - 1], n_answer, &c->answer[method], method == NEEDLE_SHADOWKV ? c : NULL);
+    session_free(s);
+    if (!rc) c->hit[method] = needle_contains_value(c->answer[method], c->value);
+    return rc;
+}
+
+static void case_free(needle_case *c) {
+    free(c->answer[0]);
+    free(c->answer[1]);
+    free(c->top1_agree);
+    free(c->logit_dist);
+    memset(c, 0, sizeof *c);
+}
+
+void needle_result_free(needle_result *r) {
+    if (!r) return;
+    for (int i = 0; i < r->n_cases; i++) case_free(&r->cases[i]);
+    free(r->cases);
+    events_free(r->ev, r->n_ev);
+    memset(r, 0, sizeof *r);
+    r->detail = -1;
+}
+
+static void sweep_free(sweep *w) {
+    if (w->sub) probe_unsubscribe(w->sub);
+    probe_bus_free(w->bus);
+    events_free(w->col.ev, w->col.n);
+    haystack_free(&w->hay);
+    free(w->needle.v);
+    free(w->question.v);
+    free(w->tmp.v);
+    free(w->prefix);
+}
+
+/* The question block: the question, then the answer prefix. */
+static int sweep_question(sweep *w) {
+    const needle_opts *o = w->o;
+    const char *pre = o->answer_prefix;
+    if (!pre) {
+        const char *at = strstr(o->needle, "{value}");
+        size_t n = (size_t)(at - o->needle);
+        while (n && is_space(o->needle[n - 1])) n--;
+        if (!(w->prefix = malloc(n + 1))) return skv_error(SKV_ENOMEM, "out of memory");
+        memcpy(w->prefix, o->needle, n);
+        w->prefix[n] = 0;
+        pre = w->prefix;
+    }
+    size_t qn = strlen(o->question), pn = strlen(pre);
+    char *text = malloc(qn + pn + 2);
+    if (!text) return skv_error(SKV_ENOMEM, "out of memory");
+    memcpy(text, o->question, qn);
+    if (pn) { text[qn] = ' '; memcpy(text + qn + 1, pre, pn + 1); }
+    else text[qn] = 0;
+    int rc = encode_piece(w->m->tok, text, &w->question);
+    free(text);
+    return rc;
+}
+
+/* Diagnoses case c from the collected events (moved into a store with the
+ * case's NIAH events), calls fn, then keeps or frees the events. */
+static int case_probes(sweep *w, needle_case *c, needle_result *res, int *chose_miss, needle_case_fn fn, void *user) {
+    probe_store *st = NULL;
+    needle_report *rep = NULL;
+    int rc = probe_store_new(&st);
+    for (int i = 0; !rc && i < w->col.n; i++) rc = probe_store_add(st, w->col.ev[i]);
+    for (int m = 0; !rc && m < 2; m++) {
+        probe_event ev = needle_niah_event(c, m, 1);
+        rc = probe_store_add(st, &ev);
+    }
+    if (!rc && !c->hit[NEEDLE_SHADOWKV]) {
+        if (!(rep = malloc(sizeof *rep))) rc = skv_error(SKV_ENOMEM, "out of memory");
+        else if ((rc = needle_diagnose(st, 0, rep)) == SKV_EMISSING) {
+            free(rep);
+            rep = NULL;
+            rc = 0;
+        }
+    }
+    c->store = st;
+    c->report = rep;
+    if (!rc && fn) rc = fn(c, user);
+    c->store = NULL;
+    c->report = NULL;
+    free(rep);
+    probe_store_free(st);
+    int miss = !c->hit[NEEDLE_SHADOWKV];
+    if (res->detail < 0 || (miss && !*chose_miss)) {
+        events_free(res->ev, res->n_ev);
+        res->ev = w->col.ev;
+        res->n_ev = w->col.n;
+        res->detail = c->index;
+        *chose_miss = miss;
+    } else {
+        events_free(w->col.ev, w->col.n);
+    }
+    memset(&w->col, 0, sizeof w->col);
+    return rc;
+}
+
+int needle_run(skv_model *m, const needle_opts *o, needle_case_fn fn, void *user, needle_result *res) {
+    memset(res, 0, sizeof *res);
+    res->detail = -1;
+    if (!o->haystack || !o->needle || !o->question || o->n_lengths < 1 || o->n_depths < 1 || o->runs < 1)
+        return skv_error(SKV_EINVAL, "needle: a haystack, needle, question, lengths, depths and runs >= 1 are required");
+    if (!strstr(o->needle, "{value}"))
+        return skv_error(SKV_EINVAL, "needle: the needle '%s' has no {value} to fill in", o->needle);
+    sweep w = { .m = m, .o = o };
+    int rc = 0;
+    w.bos = !o->no_bos && tok_add_bos(m->tok) && tok_bos(m->tok) >= 0;
+    if ((rc = haystack_build(m->tok, o->haystack, &w.hay)) || (rc = sweep_question(&w))) goto done;
+    if (o->probes && ((rc = probe_bus_new(&w.bus)) ||
+                      (rc = probe_subscribe_callback(w.bus, PROBE_ALL & ~PROBE_MASK(PROBE_SPAN) & ~PROBE_MASK(PROBE_NIAH),
+                                                     collect, &w.col, &w.sub))))
+        goto done;
+    /* Answer length: the value's tokens (seven digits) plus a few. */
+    int n_answer = o->answer_tokens;
+    if (n_answer <= 0) {
+        if ((rc = encode_piece(m->tok, "4821735", &w.tmp))) goto done;
+        n_answer = w.tmp.n + 4;
+    }
+    res->answer_tokens = n_answer;
+    int n = o->n_lengths * o->n_depths * o->runs;
+    if (!(res->cases = calloc((size_t)n, sizeof *res->cases))) { rc = skv_error(SKV_ENOMEM, "out of memory"); goto done; }
+    int max_len = 0;
+    for (int i = 0; i < o->n_lengths; i++) max_len = o->lengths[i] > max_len ? o->lengths[i] : max_len;
+    if (max_len > m->cfg.ctx_train)
+        snprintf(res->notice, sizeof res->notice,
+                 "lengths up to %d tokens run past the model's trained context of %d; retrieval there is not expected",
+                 max_len, m->cfg.ctx_train);
+    ids_buf prompt = {0};
+    int chose_miss = 0;
+    for (int li = 0; li < o->n_lengths && !rc; li++)
+        for (int di = 0; di < o->n_depths && !rc; di++)
+            for (int r = 0; r < o->runs && !rc; r++) {
+                needle_case *c = &res->cases[res->n_cases++];
+                c->index = res->n_cases - 1;
+                c->length = o->lengths[li];
+                c->depth = o->depths[di];
+                c->run = r;
+                snprintf(c->value, sizeof c->value, "%07llu",
+                         (unsigned long long)(1000000 + splitmix64(o->seed * 0x100000001b3ull + (uint64_t)c->index) % 9000000));
+                if (o->probes && (!(c->top1_agree = calloc((size_t)n_answer, sizeof(int))) ||
+                                  !(c->logit_dist = calloc((size_t)n_answer, sizeof(float))))) {
+                    rc = skv_error(SKV_ENOMEM, "out of memory");
+                    break;
+                }
+                if ((rc = build_prompt(&w, c, &prompt)) || (rc = run_method(&w, c, &prompt, NEEDLE_DENSE, n_answer)) ||
+                    (rc = run_method(&w, c, &prompt, NEEDLE_SHADOWKV, n_answer)))
+                    break;
+                if (w.col.oom) { rc = skv_error(SKV_ENOMEM, "needle: out of memory recording probe events"); break; }
+                if (o->probes) rc = case_probes(&w, c, res, &chose_miss, fn, user);
+                else if (fn) rc = fn(c, user);
+            }
+    free(prompt.v);
+done:
+    sweep_free(&w);
+    return rc;
+}
+
+/* ---- diagnosis --------------------------------------------------------------- */
+
+const char *needle_cause_name(int kind) {
+    switch (kind) {
+    case NEEDLE_CAUSE_DENSE: return "dense";
+    case NEEDLE_CAUSE_BUDGET: return "budget";
+    case NEEDLE_CAUSE_OUTLIER: return "outlier handling";
+    case NEEDLE_CAUSE_LOCAL: return "local window";
+    case NEEDLE_CAUSE_RANK: return "rank";
+    default: return "unknown";
+    }
+}
+
+/* Appends printf text to a fixed buffer (truncating). */
+static void cat(char *buf, size_t cap, const char *fmt, ...) __attribute__((format(printf, 3, 4)));
+static void cat(char *buf, size_t cap, const char *fmt, ...) {
+    size_t n = strlen(buf);
+    if (n + 1 >= cap) return;
+    va_list ap;
+    va_start(ap, fmt);
+    vsnprintf(buf + n, cap - n, fmt, ap);
+    va_end(ap);
+}
+
+/* "1st", "2nd", "3rd", "4th", ... into buf. */
+static const char *ordinal(int n, char *buf, size_t cap) {
+    const char *suf = "th";
+    if (n % 100 < 11 || n % 100 > 13) suf = n % 10 == 1 ? "st" : n % 10 == 2 ? "nd" : n % 10 == 3 ? "rd" : "th";
+    snprintf(buf, cap, "%d%s", n, suf);
+    return buf;
+}
+
+/* Copies an answer for one-line display: trimmed, control characters as
+ * spaces, cut to 60 bytes with "...". */
+static void clean_copy(char *dst, size_t cap, const char *src) {
+    size_t i = 0, lim = cap > 64 ? 60 : cap - 1;
+    while (src && (*src == ' ' || *src == '\n' || *src == '\t')) src++;
+    for (; src && *src && i < lim; src++) dst[i++] = (unsigned char)*src < 32 ? ' ' : *src;
+    while (i && dst[i - 1] == ' ') i--;
+    if (src && *src && i + 4 <= cap - 1) {
+        while (i && ((unsigned char)dst[i] & 0xC0) == 0x80) i--; /* not inside a UTF-8 character */
+        memcpy(dst + i, "...", 3);
+        i += 3;
+    }
+    dst[i] = 0;
+}
+
+/* Place of chunk j among chunks 0..n-1 by ascending cos-min (ties: lower id
+ * first), as the outlier choice orders them; -1 when unknown. */
+static int cosmin_order(const probe_ev_prefill_head *ph, int j, int n) {
+    if (!ph || j < 0 || j >= n || n > ph->n_chunks) return -1;
+    float v = ph->cos_min[j];
+    int r = 0;
+    for (int i = 0; i < n; i++)
+        if (i != j && (ph->cos_min[i] < v || (ph->cos_min[i] == v && i < j))) r++;
+    return r;
+}
+
+/* Largest cos-min among a head's outliers (the cut), NaN when it has none. */
+static float outlier_cut(const probe_ev_prefill_head *ph) {
+    float cut = NAN;
+    for (int i = 0; ph && i < ph->n_outliers; i++) {
+        int j = ph->outliers[i];
+        if (j >= 0 && j < ph->n_chunks && (isnan(cut) || ph->cos_min[j] > cut)) cut = ph->cos_min[j];
+    }
+    return cut;
+}
+
+/* Smallest rank whose predicted key error (tail energy of the spectrum) is
+ * at most target in every layer; 0 when no spectrum is known. */
+static int rank_for(const probe_store *st, int n_layers, double target) {
+    int need = 0;
+    for (int l = 0; l < n_layers; l++) {
+        const probe_ev_prefill_layer *pl = probe_store_prefill_layer(st, l);
+        if (!pl || pl->n_sv < 1) continue;
+        double total = 0, tail;
+        for (int i = 0; i < pl->n_sv; i++) total += (double)pl->sv[i] * pl->sv[i];
+        tail = total;
+        int r = 0;
+        while (r < pl->n_sv && total > 0 && sqrt(tail / total) > target) {
+            tail -= (double)pl->sv[r] * pl->sv[r];
+            r++;
+        }
+        if (r > need) need = r;
+    }
+    return need;
+}
+
+/* A dropped needle chunk: the k that would have kept it, and its weight. */
+typedef struct { int k; double w; } need_w;
+
+/* Accumulators of one pass over the judged steps. */
+typedef struct {
+    double W, drop, mis, near, sel, outl, loc, ke;   /* weights */
+    double *drop_step;          /* (n_steps) dropped weight per step */
+    int n_ev, n_ev_kept;        /* (step, layer, head) events judged, with every chunk kept */
+    int k_need;                 /* largest rank among dropped chunks, + 1 */
+    need_w *needs;              /* (n_needs) every dropped chunk's rank + 1 and weight */
+    int n_needs, cap_needs;
+    int out_need;               /* outliers that would cover every misranked chunk */
+    int near_min;               /* lowest dropped chunk near the local window, -1 */
+    double worst_ke; int ke_l, ke_h; /* worst key error among selected */
+    double ms_sum, mi_sum; int m_n;  /* mass sparse / ideal where selected */
+    int first_sel_step;
+} acc;
+
+/* The (layer, head) and chunk with the most weight of one kind at step s. */
+typedef struct { double w; int l, h, i, rank, rank_exact; } spot;
+
+static void spot_take(spot *sp, double w, int l, int h, int i, int rank, int rank_exact) {
+    if (w > sp->w) *sp = (spot){ w, l, h, i, rank, rank_exact };
+}
+
+static int need_cmp(const void *a, const void *b) {
+    const need_w *x = a, *y = b;
+    return x->k - y->k;
+}
+
+/* The smallest k that keeps share q of the dropped weight (needs sorted in place). */
+static int need_quantile(need_w *needs, int n, double q) {
+    double total = 0, run = 0;
+    for (int i = 0; i < n; i++) total += needs[i].w;
+    qsort(needs, (size_t)n, sizeof *needs, need_cmp);
+    for (int i = 0; i < n; i++) {
+        run += needs[i].w;
+        if (run >= q * total - 1e-12) return needs[i].k;
+    }
+    return n ? needs[n - 1].k : 0;
+}
+
+static int cause_cmp(const void *a, const void *b) {
+    static const int prio[NEEDLE_N_CAUSES] = { [NEEDLE_CAUSE_DENSE] = 0, [NEEDLE_CAUSE_OUTLIER] = 1,
+                                               [NEEDLE_CAUSE_LOCAL] = 2, [NEEDLE_CAUSE_BUDGET] = 3,
+                                               [NEEDLE_CAUSE_RANK] = 4 };
+    const needle_cause *x = a, *y = b;
+    if (fabs(x->score - y->score) > 1e-9) return x->score > y->score ? -1 : 1;
+    return prio[x->kind] - prio[y->kind];
+}
+
+/* Weight of needle chunk i in event e: its exact mass, or without the
+ * oracle the share of the needle's tokens in it. */
+static double chunk_weight(const probe_ev_needle *e, int i, int chunk) {
+    if (e->mass_chunk && e->mass_chunk[i] >= 0) return e->mass_chunk[i];
+    int j = e->chunks[i], a = j * chunk, b = a + chunk;
+    if (a < e->tok_begin) a = e->tok_begin;
+    if (b > e->tok_end) b = e->tok_end;
+    return e->tok_end > e->tok_begin && b > a ? (double)(b - a) / (e->tok_end - e->tok_begin) : 0;
+}
+
+/* Fills the answers and the divergence from the NIAH and step events. */
+static void diagnose_answers(const probe_store *st, needle_report *rep) {
+    const probe_ev_niah *sk = NULL, *dn = NULL;
+    for (int i = 0; i < probe_store_n_niah(st); i++) {
+        const probe_ev_niah *e = probe_store_niah(st, i);
+        if (e->method == NEEDLE_SHADOWKV && (!sk || e->detail)) sk = e;
+    }
+    for (int i = 0; sk && i < probe_store_n_niah(st); i++) {
+        const probe_ev_niah *e = probe_store_niah(st, i);
+        if (e->method == NEEDLE_DENSE && e->index == sk->index) dn = e;
+    }
+    rep->dense_hit = dn ? dn->hit : -1;
+    rep->sparse_hit = sk ? sk->hit : -1;
+    if (sk) {
+        snprintf(rep->value, sizeof rep->value, "%s", sk->value ? sk->value : "");
+        clean_copy(rep->sparse_answer, sizeof rep->sparse_answer, sk->answer);
+    }
+    if (dn) clean_copy(rep->dense_answer, sizeof rep->dense_answer, dn->answer);
+    rep->diverge_step = -1;
+    rep->diverge_logit = -1;
+    if (sk && sk->n_steps > 0) {
+        for (int s = 0; s < sk->n_steps && rep->diverge_step < 0; s++)
+            if (!sk->top1_agree[s]) {
+                rep->diverge_step = s;
+                rep->diverge_logit = sk->logit_dist[s];
+            }
+    } else {
+        for (int s = 0; s < probe_store_n_steps(st) && rep->diverge_step < 0; s++) {
+            const probe_ev_step *e = probe_store_step(st, s);
+            if (e && e->has_oracle && !e->top1_agree) rep->diverge_step = s;
+        }
+    }
+}
+
+/* Layers whose sparse attention output differs most from exact at step s. */
+static void diagnose_layers(const probe_store *st, needle_report *rep, int s) {
+    rep->n_div = 0;
+    for (int l = 0; l < rep->n_layers; l++) {
+        float e = -1;
+        for (int h = 0; h < rep->n_heads; h++) {
+            const probe_ev_needle *ev = probe_store_needle(st, rep->id, s, l, h);
+            if (ev && ev->out_err > e) e = ev->out_err;
+        }
+        if (e < 0) continue;
+        int at = rep->n_div < 4 ? rep->n_div++ : 3;
+        if (at == 3 && rep->n_div == 4 && e <= rep->div_err[3]) continue;
+        rep->div_layer[at] = l;
+        rep->div_err[at] = e;
+        for (int i = at; i > 0 && rep->div_err[i] > rep->div_err[i - 1]; i--) {
+            float te = rep->div_err[i]; rep->div_err[i] = rep->div_err[i - 1]; rep->div_err[i - 1] = te;
+            int tl = rep->div_layer[i]; rep->div_layer[i] = rep->div_layer[i - 1]; rep->div_layer[i - 1] = tl;
+        }
+    }
+}
+
+static needle_cause *add_cause(needle_report *rep, int kind, double score) {
+    needle_cause *c = &rep->causes[rep->n_causes++];
+    memset(c, 0, sizeof *c);
+    c->kind = kind;
+    c->score = score;
+    c->step = c->layer = c->head = c->chunk = -1;
+    return c;
+}
+
+int needle_diagnose(const probe_store *st, int id, needle_report *rep) {
+    memset(rep, 0, sizeof *rep);
+    rep->id = id;
+    const probe_ev_needle *info = probe_store_needle_info(st, id);
+    if (!info || info->n_chunks < 1)
+        return skv_error(SKV_EMISSING, "no needle data (record a ShadowKV needle run with skv needle --trace FILE)");
+    const probe_ev_run *run = probe_store_run(st);
+    const probe_ev_prefill_head *ph0 = probe_store_prefill_head(st, 0, 0);
+    rep->tok_begin = info->tok_begin;
+    rep->tok_end = info->tok_end;
+    rep->first_chunk = info->chunks[0];
+    rep->n_chunks = info->n_chunks;
+    rep->n_layers = probe_store_n_layers(st);
+    rep->n_heads = probe_store_n_kv_heads(st);
+    rep->chunk = run && run->chunk > 0 ? run->chunk : ph0 ? ph0->chunk : 1;
+    rep->prompt_len = run ? run->prompt_len : probe_store_n_prompt(st);
+    const probe_ev_prefill_layer *pl0 = probe_store_prefill_layer(st, 0);
+    rep->rank = pl0 ? pl0->rank : run ? run->rank : -1; /* the rank used (clamped to the key width) */
+    rep->budget = run ? run->budget : -1;
+    rep->outliers = run ? run->outliers : -1;
+    rep->local = run ? run->local_chunks : -1;
+    rep->prompt_chunks = ph0 ? ph0->n_chunks : rep->prompt_len / rep->chunk;
+    rep->local_start = ph0 ? ph0->local_start : -1;
+    rep->n_cand = ph0 ? ph0->n_landmarks : -1;
+    rep->k = info->k;
+    rep->n_steps = probe_store_n_steps(st);
+    rep->key_err_selected = -1;
+    for (int s = 0; s < rep->n_steps && !rep->has_oracle; s++)
+        for (int l = 0; l < rep->n_layers && !rep->has_oracle; l++) {
+            const probe_ev_needle *e = probe_store_needle(st, id, s, l, 0);
+            if (e && e->mass_exact >= 0) rep->has_oracle = 1;
+        }
+    diagnose_answers(st, rep);
+    rep->last_step = rep->diverge_step >= 0 ? rep->diverge_step : rep->n_steps - 1;
+    if (rep->diverge_step >= 0) diagnose_layers(st, rep, rep->diverge_step);
+
+    acc a = { .near_min = -1, .ke_l = -1, .ke_h = -1, .first_sel_step = -1, .worst_ke = -1 };
+    a.drop_step = calloc((size_t)(rep->n_steps > 0 ? rep->n_steps : 1), sizeof(double));
+    if (!a.drop_step) return skv_error(SKV_ENOMEM, "out of memory");
+    int reach = rep->local > 0 && 4 * rep->local > NEEDLE_LOCAL_REACH ? 4 * rep->local : NEEDLE_LOCAL_REACH;
+    for (int s = 0; s <= rep->last_step; s++)
+        for (int l = 0; l < rep->n_layers; l++)
+            for (int h = 0; h < rep->n_heads; h++) {
+                const probe_ev_needle *e = probe_store_needle(st, id, s, l, h);
+                if (!e || e->n_info != e->n_chunks) continue;
+                const probe_ev_needle *pre = probe_store_needle(st, id, -1, l, h);
+                a.n_ev++;
+                int all_kept = 1, any_sel = 0;
+                for (int i = 0; i < e->n_chunks; i++) {
+                    double w = chunk_weight(e, i, rep->chunk);
+                    a.W += w;
+                    if (e->part[i] == 1) { a.outl += w; continue; }
+                    if (e->part[i] == 2) { a.loc += w; continue; }
+                    if (e->selected[i]) {
+                        a.sel += w;
+                        any_sel = 1;
+                        float ke = pre ? pre->key_err : e->key_err;
+                        if (ke >= 0) {
+                            a.ke += w * ke;
+                            if (ke > a.worst_ke) { a.worst_ke = ke; a.ke_l = l; a.ke_h = h; }
+                        }
+                        continue;
+                    }
+                    all_kept = 0;
+                    a.drop += w;
+                    a.drop_step[s] += w;
+                    if (e->rank[i] + 1 > a.k_need) a.k_need = e->rank[i] + 1;
+                    if (a.n_needs == a.cap_needs) {
+                        int cap = a.cap_needs ? 2 * a.cap_needs : 256;
+                        need_w *nn = realloc(a.needs, sizeof *nn * (size_t)cap);
+                        if (!nn) { free(a.needs); free(a.drop_step); return skv_error(SKV_ENOMEM, "out of memory"); }
+                        a.needs = nn;
+                        a.cap_needs = cap;
+                    }
+                    a.needs[a.n_needs++] = (need_w){ e->rank[i] + 1, w };
+                    int j = e->chunks[i];
+                    if (e->rank_exact[i] >= 0 && e->rank_exact[i] < e->k) {
+                        a.mis += w;
+                        int ord = cosmin_order(probe_store_prefill_head(st, l, h), j,
+                                               rep->local_start >= 0 ? rep->local_start : rep->prompt_chunks);
+                        if (ord + 1 > a.out_need) a.out_need = ord + 1;
+                    }
+                    if (rep->prompt_chunks - j <= reach) {
+                        a.near += w;
+                        if (a.near_min < 0 || j < a.near_min) a.near_min = j;
+                    }
+                }
+                a.n_ev_kept += all_kept;
+                if (any_sel && e->mass_ideal >= 0) {
+                    a.ms_sum += e->mass_sparse;
+                    a.mi_sum += e->mass_ideal;
+                    a.m_n++;
+                }
+                if (any_sel && a.first_sel_step < 0) a.first_sel_step = s;
+            }
+    double W = a.W > 0 ? a.W : 1;
+    rep->share_dropped = a.drop / W;
+    rep->share_misranked = a.mis / W;
+    rep->share_near_local = a.near / W;
+    rep->share_selected = a.sel / W;
+    rep->share_outlier = a.outl / W;
+    rep->share_local = a.loc / W;
+    if (a.sel > 0) rep->key_err_selected = a.ke / a.sel;
+
+    /* The step with the most dropped mass, and where in it. */
+    int ws = 0;
+    for (int s = 1; s <= rep->last_step; s++)
+        if (a.drop_step[s] > a.drop_step[ws]) ws = s;
+    spot sd = { 0, -1, -1, -1, -1, -1 }, sm = sd, sn = sd;
+    int lay_drop = 0, lh_drop = 0, lh_mis = 0, lh_nonout = 0, lh_total = 0;
+    for (int l = 0; l < rep->n_layers && a.drop > 0; l++) {
+        int any = 0;
+        for (int h = 0; h < rep->n_heads; h++) {
+            const probe_ev_needle *e = probe_store_needle(st, id, ws, l, h);
+            if (!e || e->n_info != e->n_chunks) continue;
+            lh_total++;
+            int d = 0, m = 0, cand = 0;
+            for (int i = 0; i < e->n_chunks; i++) {
+                if (e->part[i] != 0) continue;
+                cand = 1;
+                if (e->selected[i]) continue;
+                double w = chunk_weight(e, i, rep->chunk);
+                d = 1;
+                spot_take(&sd, w + 1e-12, l, h, i, e->rank[i], e->rank_exact[i]);
+                if (e->rank_exact[i] >= 0 && e->rank_exact[i] < e->k) {
+                    m = 1;
+                    spot_take(&sm, w + 1e-12, l, h, i, e->rank[i], e->rank_exact[i]);
+                }
+                if (rep->prompt_chunks - e->chunks[i] <= reach) spot_take(&sn, w + 1e-12, l, h, i, e->rank[i], e->rank_exact[i]);
+            }
+            lh_drop += d;
+            lh_mis += m;
+            lh_nonout += cand;
+            any |= d;
+        }
+        lay_drop += any;
+    }
+    char steps[48];
+    if (rep->last_step > 0) snprintf(steps, sizeof steps, "steps 0-%d", rep->last_step);
+    else snprintf(steps, sizeof steps, "step 0");
+
+    /* What ShadowKV kept. */
+    if (a.n_ev == 0) {
+        snprintf(rep->kept, sizeof rep->kept, "no decode step has needle data, so nothing can be said about what ShadowKV kept");
+    } else {
+        snprintf(rep->kept, sizeof rep->kept,
+                 "ShadowKV kept every needle chunk in %d of %d (step, layer, KV head) at %s and %.0f%% of the needle's %s: "
+                 "%.0f%% as outliers, %.0f%% in the local window, %.0f%% selected (keys rebuilt at rank %d); it dropped %.0f%%",
+                 a.n_ev_kept, a.n_ev, steps, 100 * (1 - rep->share_dropped),
+                 rep->has_oracle ? "exact attention mass" : "chunk-weighted tokens", 100 * rep->share_outlier,
+                 100 * rep->share_local, 100 * rep->share_selected, rep->rank, 100 * rep->share_dropped);
+    }
+    if (rep->diverge_step >= 0) {
+        snprintf(rep->divergence, sizeof rep->divergence, "first divergence at decode step %d (answer token %d): the sparse "
+                 "argmax differs from dense", rep->diverge_step, rep->diverge_step + 2);
+        if (rep->diverge_logit >= 0) cat(rep->divergence, sizeof rep->divergence, ", logit distance %.3f", rep->diverge_logit);
+        if (rep->n_div) {
+            cat(rep->divergence, sizeof rep->divergence, "; attention output error by layer:");
+            for (int i = 0; i < rep->n_div; i++)
+                cat(rep->divergence, sizeof rep->divergence, "%s layer %d %.3f", i ? "," : "", rep->div_layer[i],
+                    rep->div_err[i]);
+        }
+    } else if (rep->has_oracle) {
+        snprintf(rep->divergence, sizeof rep->divergence, "no divergence: the sparse argmax equals dense at all %d decode "
+                 "steps (the first answer token comes from the exact prefill)", rep->n_steps);
+    } else {
+        snprintf(rep->divergence, sizeof rep->divergence, "divergence unknown (run without the oracle)");
+    }
+
+    /* The causes. */
+    if (rep->dense_hit == 0) {
+        needle_cause *c = add_cause(rep, NEEDLE_CAUSE_DENSE, 2.0);
+        c->step = rep->diverge_step >= 0 ? rep->diverge_step : 0;
+        snprintf(c->evidence, sizeof c->evidence,
+                 "the model misses it with dense attention too: dense answered \"%s\" for value %s; "
+                 "ShadowKV %s the needle's chunks (%.0f%% of its %s kept at %s)",
+                 rep->dense_answer, rep->value, rep->share_dropped < NEEDLE_MIN_SHARE ? "kept" : "did not keep all of",
+                 100 * (1 - rep->share_dropped), rep->has_oracle ? "attention mass" : "tokens", steps);
+        snprintf(c->fix, sizeof c->fix, "use a model that retrieves at this length with dense attention; "
+                 "the ShadowKV settings cannot fix this");
+    }
+    if (rep->share_dropped >= NEEDLE_MIN_SHARE && sd.i >= 0) {
+        needle_cause *c = add_cause(rep, NEEDLE_CAUSE_BUDGET, rep->share_dropped);
+        const probe_ev_needle *e = probe_store_needle(st, id, ws, sd.l, sd.h);
+        c->step = ws; c->layer = sd.l; c->head = sd.h; c->chunk = e->chunks[sd.i];
+        snprintf(c->evidence, sizeof c->evidence,
+                 "needle chunk %d ranked %d >= budget k = %d chunks (layer %d, head %d); a needle chunk was dropped in "
+                 "%d of %d layers (%d of %d layer-heads) at step %d; the selection dropped %.0f%% of the needle's %s "
+                 "over %s",
+                 c->chunk, sd.rank, e->k, sd.l, sd.h, lay_drop, rep->n_layers, lh_drop, lh_total, ws,
+                 100 * rep->share_dropped, rep->has_oracle ? "exact attention mass" : "tokens", steps);
+        int kt = a.k_need * rep->chunk, k90 = need_quantile(a.needs, a.n_needs, 0.9);
+        if (rep->n_cand > 0 && a.k_need >= rep->n_cand)
+            snprintf(c->fix, sizeof c->fix, "raise --budget to %d (k = %d chunks: every candidate, no sparsity left)", kt,
+                     a.k_need);
+        else
+            snprintf(c->fix, sizeof c->fix, "raise --budget to %d (k = %d chunks)", kt, a.k_need);
+        if (k90 < a.k_need)
+            cat(c->fix, sizeof c->fix, "; %d (k = %d) would keep 90%% of what was dropped", k90 * rep->chunk, k90);
+    }
+    if (rep->share_misranked >= NEEDLE_MIN_SHARE && sm.i >= 0) {
+        needle_cause *c = add_cause(rep, NEEDLE_CAUSE_OUTLIER, rep->share_misranked);
+        const probe_ev_needle *e = probe_store_needle(st, id, ws, sm.l, sm.h);
+        const probe_ev_needle *pre = probe_store_needle(st, id, -1, sm.l, sm.h);
+        const probe_ev_prefill_head *ph = probe_store_prefill_head(st, sm.l, sm.h);
+        int j = e->chunks[sm.i], nb = rep->local_start >= 0 ? rep->local_start : rep->prompt_chunks;
+        float cm = pre && pre->n_info ? pre->cos_min[sm.i] : NAN, cut = outlier_cut(ph);
+        char ord[16], cuts[48];
+        if (isnan(cut)) snprintf(cuts, sizeof cuts, "there are no outliers (--outliers %d)", rep->outliers);
+        else snprintf(cuts, sizeof cuts, "the outlier cut is %.3f with --outliers %d", cut, rep->outliers);
+        c->step = ws; c->layer = sm.l; c->head = sm.h; c->chunk = j;
+        snprintf(c->evidence, sizeof c->evidence,
+                 "needle chunk %d is not an outlier (cos-min %.3f, the %s lowest of %d chunks; %s); its landmark "
+                 "ranked it %d >= k = %d while exact attention ranked it %d < k (layer %d, head %d, step %d; "
+                 "misranked in %d of %d layer-heads); %.0f%% of the needle's mass was misranked",
+                 j, cm, ordinal(cosmin_order(ph, j, nb) + 1, ord, sizeof ord), nb, cuts, sm.rank, e->k, sm.rank_exact,
+                 sm.l, sm.h, ws, lh_mis, lh_nonout, 100 * rep->share_misranked);
+        if (a.out_need <= nb / 2)
+            snprintf(c->fix, sizeof c->fix, "raise --outliers to %d (keeps the misranked needle chunks dense), or --budget "
+                     "to %d", a.out_need, a.k_need * rep->chunk);
+        else
+            snprintf(c->fix, sizeof c->fix, "raise --budget to %d (their cos-minima are not low: outliers would need "
+                     "--outliers %d of %d chunks)", a.k_need * rep->chunk, a.out_need, nb);
+    }
+    if (rep->share_near_local >= NEEDLE_MIN_SHARE && sn.i >= 0 && a.near_min >= 0) {
+        needle_cause *c = add_cause(rep, NEEDLE_CAUSE_LOCAL, rep->share_near_local);
+        const probe_ev_needle *e = probe_store_needle(st, id, ws, sn.l, sn.h);
+        c->step = ws; c->layer = sn.l; c->head = sn.h; c->chunk = e->chunks[sn.i];
+        snprintf(c->evidence, sizeof c->evidence,
+                 "dropped needle chunk %d lies %d chunks before the local window (it starts at chunk %d with --local %d); "
+                 "%.0f%% of the needle's mass was dropped within %d chunks of the prompt's end",
+                 a.near_min, rep->local_start - a.near_min, rep->local_start, rep->local, 100 * rep->share_near_local, reach);
+        snprintf(c->fix, sizeof c->fix, "raise --local to %d (the window then starts at chunk %d and holds the needle)",
+                 rep->prompt_chunks - a.near_min, a.near_min);
+    }
+    if (rep->share_selected >= NEEDLE_MIN_SHARE && rep->key_err_selected >= NEEDLE_RANK_ERR) {
+        double score = rep->share_selected * fmin(1.0, rep->key_err_selected / 0.5);
+        needle_cause *c = add_cause(rep, NEEDLE_CAUSE_RANK, score);
+        c->step = a.first_sel_step; c->layer = a.ke_l; c->head = a.ke_h;
+        snprintf(c->evidence, sizeof c->evidence,
+                 "the needle's keys are rebuilt at rank %d with %.0f%% relative error (weighted over the layer-heads that "
+                 "selected them; worst layer %d head %d: %.0f%%)",
+                 rep->rank, 100 * rep->key_err_selected, a.ke_l, a.ke_h, 100 * a.worst_ke);
+        if (a.m_n)
+            cat(c->evidence, sizeof c->evidence, "; there the sparse attention put %.4f of its mass on the needle where "
+                "exact keys would put %.4f", a.ms_sum / a.m_n, a.mi_sum / a.m_n);
+        int r = rank_for(st, rep->n_layers, NEEDLE_RANK_TARGET);
+        if (r > rep->rank)
+            snprintf(c->fix, sizeof c->fix, "raise --rank to %d (key error <= %.0f%% in every layer)", r,
+                     100 * NEEDLE_RANK_TARGET);
+        else
+            snprintf(c->fix, sizeof c->fix, "the layers' spectra look fine at rank %d but the needle's keys lie off "
+                     "the dominant subspace: raise --rank, or keep its chunks dense with more --outliers", rep->rank);
+    }
+    qsort(rep->causes, (size_t)rep->n_causes, sizeof rep->causes[0], cause_cmp);
+    free(a.drop_step);
+    free(a.needs);
+    return 0;
+}
+
+/* ---- the printed report --------------------------------------------------------- */
+
+static const char *part_name(int p) { return p == 1 ? "outlier" : p == 2 ? "local" : "cand"; }
+
+void needle_report_print(FILE *f, const probe_store *st, const needle_report *rep) {
+    int id = rep->id;
+    fprintf(f, "  needle: tokens %d..%d (%d tokens) in chunk%s %d", rep->tok_begin, rep->tok_end - 1,
+            rep->tok_end - rep->tok_begin, rep->n_chunks > 1 ? "s" : "", rep->first_chunk);
+    if (rep->n_chunks > 1) fprintf(f, "..%d", rep->first_chunk + rep->n_chunks - 1);
+    fprintf(f, " of %d tokens; prompt %d tokens, %d full chunks\n", rep->chunk, rep->prompt_len, rep->prompt_chunks);
+    fprintf(f, "  settings: rank %d, budget %d tokens (k = %d of %d candidate chunks per KV head), outliers %d, "
+               "local window from chunk %d (--local %d)\n",
+            rep->rank, rep->budget, rep->k, rep->n_cand, rep->outliers, rep->local_start, rep->local);
+    if (rep->sparse_hit >= 0)
+        fprintf(f, "  value %s; dense answered \"%s\" (%s); shadowkv answered \"%s\" (%s)\n", rep->value,
+                rep->dense_answer, rep->dense_hit ? "hit" : "miss", rep->sparse_answer, rep->sparse_hit ? "hit" : "miss");
+    fprintf(f, "  prefill, per layer and KV head: the rank-%d error of the needle's keys; each needle chunk's part "
+               "(cand = offloaded and selectable) and cos-min\n", rep->rank);
+    for (int l = 0; l < rep->n_layers; l++)
+        for (int h = 0; h < rep->n_heads; h++) {
+            const probe_ev_needle *e = probe_store_needle(st, id, -1, l, h);
+            if (!e) continue;
+            fprintf(f, "    layer %2d head %d  key err %6.3f |", l, h, e->key_err);
+            for (int i = 0; i < e->n_chunks && e->n_info; i++)
+                fprintf(f, "  c%d %-7s cos-min %6.3f", e->chunks[i], part_name(e->part[i]), e->cos_min[i]);
+            fprintf(f, "\n");
+        }
+    fprintf(f, "  decode steps (r: landmark rank among candidates, 0 = best, selected when < k = %d; x: rank by exact "
+               "attention; mass on the needle: exact / sparse / ideal = exact keys for what was kept)\n", rep->k);
+    for (int s = 0; s < rep->n_steps; s++)
+        for (int l = 0; l < rep->n_layers; l++)
+            for (int h = 0; h < rep->n_heads; h++) {
+                const probe_ev_needle *e = probe_store_needle(st, id, s, l, h);
+                if (!e) continue;
+                fprintf(f, "    step %2d layer %2d head %d |", s, l, h);
+                for (int i = 0; i < e->n_chunks; i++) {
+                    int p = e->n_info ? e->part[i] : 0;
+                    if (p) fprintf(f, "  c%d %-19s", e->chunks[i], part_name(p));
+                    else {
+                        char x[24] = "";
+                        if (e->n_info && e->rank_exact[i] >= 0) snprintf(x, sizeof x, " x%d", e->rank_exact[i]);
+                        char cell[48];
+                        snprintf(cell, sizeof cell, "r%d%s %s", e->rank[i], x, e->selected[i] ? "sel" : "DROP");
+                        fprintf(f, "  c%d %-19s", e->chunks[i], cell);
+                    }
+                }
+                if (e->mass_exact >= 0)
+                    fprintf(f, " | mass %.4f / %.4f / %.4f | out err %.3f\n", e->mass_exact, e->mass_sparse,
+                            e->mass_ideal, e->out_err);
+                else
+                    fprintf(f, " | sparse mass %.4f\n", e->mass_sparse);
+            }
+    fprintf(f, "  %s\n", rep->divergence);
+    fprintf(f, "  verdict:\n");
+    if (rep->n_causes == 0)
+        fprintf(f, "    no cause passed its threshold: ShadowKV kept the needle with accurate keys; look at the "
+                   "divergence above (other chunks' selection changed the hidden state)\n");
+    for (int i = 0; i < rep->n_causes; i++) {
+        const needle_cause *c = &rep->causes[i];
+        fprintf(f, "    %d. %s: %s", i + 1, needle_cause_name(c->kind), c->evidence);
+        fprintf(f, ": %s\n", c->fix);
+    }
+    fprintf(f, "  %s\n", rep->kept);
+}

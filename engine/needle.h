@@ -1,0 +1,168 @@
+/* needle.h: needle in a haystack. The harness builds prompts (a haystack
+ * trimmed to a length in tokens, a needle sentence carrying a random value
+ * inserted at a depth, a question at the end), runs dense attention and
+ * ShadowKV on the same prompts, and scores exact retrieval of the value in
+ * the greedy answer. With probes on, the ShadowKV runs carry the oracle (a
+ * dense twin and exact attention beside the sparse one) and the policy's
+ * needle watch (kv_opts watch_begin/end), and a ShadowKV miss is diagnosed
+ * from those probe events alone: needle_diagnose reads a probe_store, so the
+ * CLI's --explain and the inspector's needle view (from a trace) give the
+ * same verdict. docs/NEEDLE.md explains how to read the report. */
+#ifndef SKV_NEEDLE_H
+#define SKV_NEEDLE_H
+
+#include "kv.h"
+#include "model.h"
+#include "probe.h"
+#include "store.h"
+
+#include <stdint.h>
+#include <stdio.h>
+
+enum { NEEDLE_DENSE = 0, NEEDLE_SHADOWKV = 1 };
+
+#define NEEDLE_VALUE_MAX 32
+#define NEEDLE_DEFAULT_NEEDLE "The special magic number is {value}."
+#define NEEDLE_DEFAULT_QUESTION "What is the special magic number?"
+
+/* ---- option lists ------------------------------------------------------ */
+
+/* "1k,2k,4k" or "1000,3000" (k = 1024 tokens) into a malloc'd array;
+ * SKV_EINVAL with a message naming the bad item. */
+int needle_parse_lengths(const char *s, int **out, int *n);
+/* "0:100:10" (start:stop:step, stop included) or "0,25,50" in percent. */
+int needle_parse_depths(const char *s, float **out, int *n);
+
+/* ---- harness ----------------------------------------------------------- */
+
+typedef struct {
+    const char *haystack;      /* plain text, borrowed */
+    const char *needle;        /* sentence with one "{value}" */
+    const char *question;
+    const char *answer_prefix; /* text after the question; NULL: the needle's text before {value} */
+    const int *lengths;        /* (n_lengths) prompt lengths in tokens */
+    int n_lengths;
+    const float *depths;       /* (n_depths) needle depths in percent */
+    int n_depths;
+    int runs;                  /* repetitions, each with a new value */
+    uint64_t seed;             /* values come from (seed, case) */
+    int answer_tokens;         /* tokens generated per answer; 0: the value's tokens + 4 */
+    int ctx;                   /* context positions; 0: each prompt plus its answer */
+    int batch;                 /* prefill batch; 0: the session's default */
+    int no_bos;
+    kv_opts kv;                /* ShadowKV settings; policy, oracle and watch are set per run */
+    int probes;                /* 1: oracle + needle watch on the ShadowKV runs, misses diagnosed */
+} needle_opts;
+
+void needle_opts_default(needle_opts *o);
+
+typedef struct needle_report needle_report;
+
+typedef struct {
+    int index, length, run;    /* case number; requested length; repetition */
+    float depth;               /* percent */
+    int prompt_len;            /* tokens (the length, BOS included) */
+    int tok_begin, tok_end;    /* the needle's token positions [begin, end) */
+    int insert_depth;          /* where the needle went, percent of the haystack tokens before it */
+    char value[NEEDLE_VALUE_MAX];
+    char *answer[2];           /* [NEEDLE_DENSE], [NEEDLE_SHADOWKV]: generated text (owned) */
+    int hit[2];                /* 1: the answer contains the value (not inside a longer number) */
+    int n_steps;               /* ShadowKV decode steps compared with the oracle's dense twin */
+    int *top1_agree;           /* (n_steps) */
+    float *logit_dist;         /* (n_steps) ||sparse - dense logits|| / ||dense logits|| */
+    /* With probes, valid during the callback only: */
+    const probe_store *store;  /* the ShadowKV run's events and the case's two PROBE_NIAH events */
+    const needle_report *report; /* the diagnosis when ShadowKV missed, else NULL */
+} needle_case;
+
+typedef struct {
+    needle_case *cases;        /* (n_cases) in sweep order: length, then depth, then run */
+    int n_cases;
+    int detail;                /* with probes: the case whose events are kept below (the first
+                                  ShadowKV miss, else case 0); -1 without */
+    probe_event **ev;          /* (n_ev) that case's probe events in emission order (owned) */
+    int n_ev;
+    int answer_tokens;         /* tokens generated per answer */
+    char notice[256];          /* a note for the user ("length 1024 is past the trained context"), or "" */
+} needle_result;
+
+/* Called after each case; a non-zero return stops the sweep (returned). */
+typedef int (*needle_case_fn)(const needle_case *c, void *user);
+
+/* Runs the sweep on m; res is filled even on error (free it). */
+int needle_run(skv_model *m, const needle_opts *o, needle_case_fn fn, void *user, needle_result *res);
+void needle_result_free(needle_result *r);
+
+/* The PROBE_NIAH event of case c under method; it points into c. */
+probe_event needle_niah_event(const needle_case *c, int method, int detail);
+
+/* 1 when text contains value as a whole number (no digit right before or after). */
+int needle_contains_value(const char *text, const char *value);
+
+/* ---- diagnosis ------------------------------------------------------------ */
+
+enum {
+    NEEDLE_CAUSE_DENSE,        /* the model misses it with dense attention too */
+    NEEDLE_CAUSE_BUDGET,       /* needle chunks ranked below the budget */
+    NEEDLE_CAUSE_OUTLIER,      /* a needle chunk's landmark misranked it and it was not an outlier */
+    NEEDLE_CAUSE_LOCAL,        /* a dropped needle chunk lies just before the local window */
+    NEEDLE_CAUSE_RANK,         /* the rank-r keys blurred the needle */
+    NEEDLE_N_CAUSES
+};
+
+/* Thresholds of the verdict (docs/NEEDLE.md). Shares are of the needle's
+ * exact attention mass summed over the judged steps, layers and KV heads. */
+#define NEEDLE_MIN_SHARE 0.05      /* budget, outlier, local: dropped share at least this */
+#define NEEDLE_RANK_ERR 0.20       /* rank: mass-weighted key error of the selected needle chunks */
+#define NEEDLE_RANK_TARGET 0.10    /* rank fix: key error the suggested rank reaches in every layer */
+#define NEEDLE_LOCAL_REACH 16      /* local: a window of max(4 x --local, this) chunks would cover it */
+
+const char *needle_cause_name(int kind);   /* "dense", "budget", "outlier handling", "local window", "rank" */
+
+typedef struct {
+    int kind;                  /* NEEDLE_CAUSE_* */
+    double score;              /* decisiveness in [0, 1]; the dense cause always comes first */
+    int step, layer, head, chunk; /* where the evidence is strongest; -1 where it does not apply */
+    char evidence[480];
+    char fix[200];
+} needle_cause;
+
+struct needle_report {
+    int id;                    /* needle id in the store */
+    int tok_begin, tok_end;    /* the needle's token span */
+    int first_chunk, n_chunks; /* its chunks: first_chunk .. first_chunk + n_chunks - 1 */
+    int chunk, prompt_len, prompt_chunks, local_start; /* tokens per chunk, prompt, its full chunks, window */
+    int n_layers, n_heads;     /* KV heads */
+    int k, n_cand;             /* chunks selected per KV head, candidates per head (-1 unknown) */
+    int rank, budget, outliers, local; /* the run's settings */
+    int n_steps;               /* decode steps with needle data */
+    int last_step;             /* steps 0..last_step were judged (through the first divergence) */
+    int has_oracle;
+    int dense_hit, sparse_hit; /* -1: unknown (no PROBE_NIAH events) */
+    char value[NEEDLE_VALUE_MAX];
+    char dense_answer[96], sparse_answer[96];
+    int diverge_step;          /* first decode step whose argmax differs from dense, -1 none */
+    float diverge_logit;       /* logit distance there, -1 unknown */
+    int n_div;                 /* layers listed below (largest output error first) */
+    int div_layer[4];
+    float div_err[4];
+    /* shares of the needle's exact attention mass over the judged steps */
+    double share_dropped, share_misranked, share_near_local, share_selected, share_outlier, share_local;
+    double key_err_selected;   /* mass-weighted key error of the selected needle chunks, -1 none */
+    char kept[480];            /* what ShadowKV did with the needle's chunks */
+    char divergence[400];
+    int n_causes;              /* causes that apply, most decisive first */
+    needle_cause causes[NEEDLE_N_CAUSES];
+};
+
+/* Diagnoses needle id from st (a ShadowKV run with the needle watch and
+ * oracle; its PROBE_NIAH events, when present, give the answers).
+ * SKV_EMISSING when st has no needle data. */
+int needle_diagnose(const probe_store *st, int id, needle_report *rep);
+
+/* The whole report: span and chunks, per-layer prefill figures, per step,
+ * layer and KV head the needle chunks' state and masses, the divergence,
+ * the verdict and what ShadowKV kept. */
+void needle_report_print(FILE *f, const probe_store *st, const needle_report *rep);
+
+#endif

@@ -1,0 +1,682 @@
+/* test_needle: the needle-in-a-haystack harness and the diagnosis of a miss.
+ *
+ * Unit level: option lists, value matching, and the verdict on hand-built
+ * probe stores where each cause is planted (outlier handling, budget, local
+ * window, rank, dense failure), with the needle and niah views drawn from
+ * them (the niah cells' colours read back from the PNG pixels).
+ * Model level (../shared models; skipped with one line when absent): on
+ * mini-smollm and stories260k, which cannot retrieve, each cause is forced
+ * through the ShadowKV settings and the verdict must name it: a budget of one
+ * chunk, rank 1, needle chunks pinned as outliers vs. not, a needle just
+ * before a one-chunk local window, and the dense failure that must not hide
+ * the others; and the watch leaves the logits bitwise unchanged. CLI level (skipped when the skv binary has no needle command):
+ * the table, the JSON and the PNG heatmap say the same, the PNG read back
+ * with libpng, outputs are never overwritten without --force, and the trace
+ * replays into the niah view. */
+#include "needle.h"
+#include "paint.h"
+#include "sampler.h"
+#include "session.h"
+#include "skv.h"
+#include "store.h"
+#include "testhelp.h"
+#include "tok.h"
+#include "trace.h"
+#include "view.h"
+
+#include <cjson/cJSON.h>
+#include <png.h>
+#include <sys/wait.h>
+
+/* ---- option lists and matching ------------------------------------------- */
+
+static void test_lists(void) {
+    int *l = NULL, n = 0;
+    test_cond("lengths: 1k,2k,4k", needle_parse_lengths("1k,2k,4k", &l, &n) == 0 && n == 3 && l[0] == 1024 &&
+                                       l[2] == 4096);
+    free(l);
+    test_cond("lengths: plain numbers", needle_parse_lengths("300,2K", &l, &n) == 0 && n == 2 && l[0] == 300 &&
+                                            l[1] == 2048);
+    free(l);
+    test_cond("lengths: bad items are refused", needle_parse_lengths("1x", &l, &n) == SKV_EINVAL &&
+                                                    needle_parse_lengths("1k,", &l, &n) == SKV_EINVAL &&
+                                                    needle_parse_lengths("0", &l, &n) == SKV_EINVAL && !l);
+    float *d = NULL;
+    test_cond("depths: 0:100:10 gives 11, stop included",
+              needle_parse_depths("0:100:10", &d, &n) == 0 && n == 11 && d[0] == 0 && d[10] == 100);
+    free(d);
+    test_cond("depths: a list", needle_parse_depths("0,12.5,100", &d, &n) == 0 && n == 3 && d[1] == 12.5f);
+    free(d);
+    test_cond("depths: out of range and bad steps refused",
+              needle_parse_depths("0:200:10", &d, &n) == SKV_EINVAL && needle_parse_depths("0:100:0", &d, &n) == SKV_EINVAL &&
+                  needle_parse_depths("101", &d, &n) == SKV_EINVAL && !d);
+    test_cond("value found as a whole number only",
+              needle_contains_value(" 4821735.", "4821735") && needle_contains_value("is 4821735", "4821735") &&
+                  !needle_contains_value("14821735", "4821735") && !needle_contains_value("48217356", "4821735") &&
+                  !needle_contains_value("482 1735", "4821735") && needle_contains_value("x14821735 4821735", "4821735"));
+}
+
+/* ---- hand-built stores ----------------------------------------------------- */
+
+enum { SL = 2, SH = 2, SCH = 8, SNCH = 80, SLOCAL = 4, SK = 4, SSTEPS = 2 };
+
+typedef struct {
+    int first;              /* first needle chunk (two chunks) */
+    int part;               /* 0 candidate, 1 outlier, 2 local */
+    int rank, rank_exact;   /* landmark and exact rank (candidates) */
+    int selected;
+    float key_err;
+    int dense_hit;
+} plant;
+
+static int add(probe_store *st, probe_event ev) { return probe_store_add(st, &ev); }
+
+/* A ShadowKV run of SL layers and SH KV heads over an 80-chunk prompt with
+ * one needle of two chunks in the state p describes at every step. */
+static probe_store *planted(const plant *p) {
+    probe_store *st;
+    if (probe_store_new(&st)) return NULL;
+    int bad = add(st, (probe_event){ .kind = PROBE_RUN, .run = { .model = "planted", .n_layers = SL, .n_heads = 4,
+                                                                 .n_kv_heads = SH, .head_dim = 16, .max_ctx = 1024,
+                                                                 .prompt_len = SNCH * SCH, .kv_policy = "shadowkv",
+                                                                 .rank = 4, .chunk = SCH, .budget = SK * SCH,
+                                                                 .outliers = 2, .local_chunks = SLOCAL, .oracle = 1 } });
+    int outl[2] = { 3, 9 };
+    float sv[16], cm[SNCH];
+    for (int i = 0; i < 16; i++) sv[i] = 16.0f - i;
+    for (int c = 0; c < SNCH; c++) cm[c] = 0.5f + 0.4f * (float)(c % 7) / 7;
+    cm[3] = 0.05f;
+    cm[9] = 0.06f;
+    cm[p->first] = 0.2f;
+    cm[p->first + 1] = 0.25f;
+    for (int l = 0; l < SL; l++) {
+        bad |= add(st, (probe_event){ .kind = PROBE_PREFILL_LAYER,
+                                      .prefill_layer = { .layer = l, .seq_len = SNCH * SCH, .rank = 4, .n_sv = 16, .sv = sv } });
+        for (int h = 0; h < SH; h++)
+            bad |= add(st, (probe_event){ .kind = PROBE_PREFILL_HEAD,
+                                          .prefill_head = { .layer = l, .head = h, .chunk = SCH, .n_chunks = SNCH,
+                                                            .n_outliers = 2, .n_landmarks = SNCH - SLOCAL - 2,
+                                                            .local_start = SNCH - SLOCAL, .cos_min = cm, .outliers = outl } });
+    }
+    int chunks[2] = { p->first, p->first + 1 }, part[2] = { p->part, p->part };
+    int rank[2] = { p->part ? -1 : p->rank, p->part ? -1 : p->rank + 1 };
+    int rex[2] = { p->part ? -1 : p->rank_exact, p->part ? -1 : p->rank_exact + 1 };
+    int sel[2] = { p->part ? 0 : p->selected, p->part ? 0 : p->selected };
+    float cms[2] = { cm[p->first], cm[p->first + 1] }, mass[2] = { 0.05f, 0.04f }, none[2] = { -1, -1 };
+    int none_i[2] = { -1, -1 }, zero[2] = { 0, 0 };
+    for (int s = -1; s < SSTEPS; s++)
+        for (int l = 0; l < SL; l++)
+            for (int h = 0; h < SH; h++) {
+                int pre = s < 0;
+                probe_event ev = { .kind = PROBE_NEEDLE, .needle = {
+                    .id = 0, .tok_begin = p->first * SCH + 2, .tok_end = p->first * SCH + 14, .n_chunks = 2, .step = s,
+                    .layer = l, .head = h, .mass_exact = pre ? -1 : 0.09f, .mass_sparse = pre ? -1 : 0.02f,
+                    .chunks = chunks, .rank = pre ? none_i : rank, .selected = pre ? zero : sel, .k = SK,
+                    .key_err = p->key_err, .mass_ideal = pre ? -1 : 0.1f, .out_err = pre ? -1 : 0.3f + 0.1f * l,
+                    .n_info = 2, .part = part, .rank_exact = pre ? none_i : rex, .cos_min = cms,
+                    .mass_chunk = pre ? none : mass } };
+                bad |= probe_store_add(st, &ev);
+            }
+    for (int s = 0; s < SSTEPS; s++)
+        bad |= add(st, (probe_event){ .kind = PROBE_STEP, .step = { .step = s, .has_oracle = 1, .top1_agree = s != 1 } });
+    int agree[SSTEPS] = { 1, 0 };
+    float dist[SSTEPS] = { 0.01f, 0.4f };
+    for (int m = 0; m < 2; m++)
+        bad |= add(st, (probe_event){ .kind = PROBE_NIAH, .niah = {
+            .index = 0, .length = SNCH * SCH, .depth = 50, .method = m, .hit = m ? 0 : p->dense_hit,
+            .prompt_len = SNCH * SCH, .tok_begin = p->first * SCH + 2, .tok_end = p->first * SCH + 14, .detail = 1,
+            .n_steps = m ? SSTEPS : 0, .value = "4821735", .answer = m ? " 4821" : (p->dense_hit ? " 4821735." : " blue"),
+            .top1_agree = m ? agree : NULL, .logit_dist = m ? dist : NULL } });
+    if (bad) { probe_store_free(st); return NULL; }
+    return st;
+}
+
+static int has_cause(const needle_report *r, int kind) {
+    for (int i = 0; i < r->n_causes; i++) if (r->causes[i].kind == kind) return 1;
+    return 0;
+}
+
+/* Draws the needle view of st into 120x40 cells and returns its text. */
+static char *needle_cells(const probe_store *st, int *rc) {
+    canvas *c = NULL;
+    char *t = NULL;
+    view_cursor cur;
+    view_cursor_init(&cur);
+    *rc = -99;
+    if (canvas_cells_new(&c, 120, 40, 0) == 0) {
+        *rc = view_find("needle")->draw(c, (canvas_rect){ 0, 0, 120, 40 }, st, &cur, NULL);
+        t = canvas_cells_text(c);
+    }
+    canvas_free(c);
+    return t;
+}
+
+static void test_planted(void) {
+    needle_report rep;
+    plant p = { .first = 50, .part = 0, .rank = 10, .rank_exact = 0, .selected = 0, .key_err = 0.01f, .dense_hit = 1 };
+    probe_store *st = planted(&p);
+    test_cond("planted store accepted", st != NULL);
+    if (!st) return;
+    int rc = needle_diagnose(st, 0, &rep);
+    test_cond("misranked needle chunk: outlier handling first, budget too",
+              rc == 0 && rep.n_causes == 2 && rep.causes[0].kind == NEEDLE_CAUSE_OUTLIER &&
+                  rep.causes[1].kind == NEEDLE_CAUSE_BUDGET && strstr(rep.causes[0].fix, "--outliers"));
+    test_cond("the outlier cause names the chunk, its cos-min order and where to look",
+              strstr(rep.causes[0].evidence, "needle chunk 5") && strstr(rep.causes[0].evidence, "not an outlier") &&
+                  strstr(rep.causes[0].fix, "--outliers to 4") && rep.causes[0].step == 0 && rep.causes[0].layer >= 0 &&
+                  rep.causes[0].head >= 0);
+    test_cond("first divergence at the step whose top-1 differs, layers by output error",
+              rep.diverge_step == 1 && rep.last_step == 1 && rep.n_div == 2 && rep.div_layer[0] == 1 &&
+                  fabsf(rep.diverge_logit - 0.4f) < 1e-6);
+    test_cond("dense hit: no dense cause", !has_cause(&rep, NEEDLE_CAUSE_DENSE) && rep.dense_hit == 1 && rep.sparse_hit == 0);
+    int vrc;
+    char *t = needle_cells(st, &vrc);
+    test_cond("needle view draws the verdict", vrc == 0 && t && strstr(t, "outlier handling") && strstr(t, "budget"));
+    free(t);
+    probe_store_free(st);
+
+    p.rank_exact = 7;
+    st = planted(&p);
+    rc = st ? needle_diagnose(st, 0, &rep) : -1;
+    test_cond("ranked past the budget, also by exact attention: budget alone, raise to the rank + 1",
+              rc == 0 && rep.n_causes == 1 && rep.causes[0].kind == NEEDLE_CAUSE_BUDGET &&
+                  strstr(rep.causes[0].fix, "--budget to 96") && strstr(rep.causes[0].evidence, "ranked 10 >= budget k = 4"));
+    probe_store_free(st);
+
+    p.first = 74;
+    st = planted(&p);
+    rc = st ? needle_diagnose(st, 0, &rep) : -1;
+    test_cond("dropped just before the local window: local window first, then budget",
+              rc == 0 && rep.n_causes == 2 && rep.causes[0].kind == NEEDLE_CAUSE_LOCAL &&
+                  rep.causes[1].kind == NEEDLE_CAUSE_BUDGET && strstr(rep.causes[0].fix, "--local to 6"));
+    probe_store_free(st);
+
+    plant q = { .first = 50, .part = 0, .rank = 1, .rank_exact = 1, .selected = 1, .key_err = 0.6f, .dense_hit = 1 };
+    st = planted(&q);
+    rc = st ? needle_diagnose(st, 0, &rep) : -1;
+    test_cond("selected with blurred keys: rank, with a rank from the spectrum",
+              rc == 0 && rep.n_causes == 1 && rep.causes[0].kind == NEEDLE_CAUSE_RANK &&
+                  strstr(rep.causes[0].fix, "--rank to ") && fabs(rep.key_err_selected - 0.6) < 1e-6);
+    probe_store_free(st);
+
+    q.key_err = 0.05f;
+    q.dense_hit = 0;
+    st = planted(&q);
+    rc = st ? needle_diagnose(st, 0, &rep) : -1;
+    test_cond("kept with good keys, dense misses too: only the dense cause, saying ShadowKV kept the needle",
+              rc == 0 && rep.n_causes == 1 && rep.causes[0].kind == NEEDLE_CAUSE_DENSE &&
+                  strstr(rep.causes[0].evidence, "the model misses it with dense attention too") &&
+                  strstr(rep.causes[0].evidence, "ShadowKV kept the needle's chunks"));
+    probe_store_free(st);
+
+    plant o = { .first = 50, .part = 1, .dense_hit = 0 };
+    st = planted(&o);
+    rc = st ? needle_diagnose(st, 0, &rep) : -1;
+    test_cond("needle chunks pinned as outliers: kept dense, no budget or outlier cause",
+              rc == 0 && rep.n_causes == 1 && rep.causes[0].kind == NEEDLE_CAUSE_DENSE &&
+                  fabs(rep.share_outlier - 1) < 1e-9 && strstr(rep.kept, "100% as outliers"));
+    probe_store_free(st);
+
+    probe_store *empty;
+    probe_store_new(&empty);
+    test_cond("no needle data: SKV_EMISSING", needle_diagnose(empty, 0, &rep) == SKV_EMISSING);
+    probe_store_free(empty);
+}
+
+/* ---- the niah view on planted results ------------------------------------- */
+
+static canvas_color pixel_at(const uint8_t *px, int w, int h, double x, double y) {
+    int X = (int)floor(x), Y = (int)floor(y);
+    if (!px || X < 0 || Y < 0 || X >= w || Y >= h) return CANVAS_NONE;
+    const uint8_t *p = px + ((size_t)Y * w + X) * 4;
+    return CANVAS_RGB(p[0], p[1], p[2]);
+}
+
+/* Colour inside cell (col, row) of a heatmap area (away from its text and outline). */
+static canvas_color cell_color(const uint8_t *px, int w, int h, canvas_rect a, int nx, int ny, int col, int row) {
+    double cw = a.w / nx, ch = a.h / ny;
+    return pixel_at(px, w, h, a.x + cw * col + cw * 0.2, a.y + ch * row + ch * 0.2);
+}
+
+static void test_niah_view(void) {
+    probe_store *st;
+    probe_store_new(&st);
+    int lens[2] = { 1024, 2048 };
+    float deps[3] = { 0, 50, 100 };
+    int bad = 0, idx = 0;
+    for (int li = 0; li < 2; li++)
+        for (int di = 0; di < 3; di++)
+            for (int run = 0; run < 2; run++, idx++)
+                for (int m = 0; m < 2; m++) {
+                    /* dense hits everything; shadowkv misses the 2k column and one run at depth 50 */
+                    int hit = m == 0 || (li == 0 && !(di == 1 && run == 1));
+                    bad |= add(st, (probe_event){ .kind = PROBE_NIAH, .niah = {
+                        .index = idx, .length = lens[li], .depth = deps[di], .run = run, .method = m, .hit = hit,
+                        .prompt_len = lens[li], .value = "1234567", .answer = hit ? "1234567" : "no" } });
+                }
+    test_cond("niah events accepted", !bad && probe_store_n_niah(st) == 24);
+    canvas *c = NULL;
+    canvas_png_opts po = { .scale = 1 };
+    paint_result res;
+    view_cursor cur;
+    view_cursor_init(&cur);
+    int rc = canvas_png_new(&c, 1200, 500, &po);
+    if (!rc) {
+        canvas_clear(c);
+        rc = view_find("niah")->draw(c, (canvas_rect){ 0, 0, 1200, 500 }, st, &cur, &res);
+    }
+    test_cond("niah view draws on PNG", rc == 0);
+    if (!rc) {
+        int w, h;
+        const uint8_t *px = canvas_png_pixels(c, &w, &h);
+        int ok = res.legend.w > 0 && res.legend.x > res.area.x + res.area.w;
+        for (int li = 0; li < 2; li++)
+            for (int di = 0; di < 3; di++) {
+                double sk = li == 0 ? (di == 1 ? 50 : 100) : 0;
+                ok &= cell_color(px, w, h, res.area, 2, 3, li, di) == palette_viridis(1.0);
+                ok &= cell_color(px, w, h, res.legend, 2, 3, li, di) == palette_viridis(sk / 100);
+            }
+        test_cond("niah cells: dense 100% everywhere, shadowkv 100/50/0% where planted", ok);
+        view_cursor k = cur;
+        int r = view_find("niah")->click(&k, st, &res, res.legend.x + res.legend.w * 0.75, res.legend.y + res.legend.h * 0.5);
+        test_cond("niah click on the shadowkv panel selects that cell", (r & VIEW_HANDLED) && k.scroll == 1 * 1000 + 1);
+    }
+    canvas_free(c);
+    probe_store_free(st);
+}
+
+/* ---- model level ------------------------------------------------------------ */
+
+typedef struct {
+    const char *what;
+    int budget, rank, outliers, local;
+    float depth;
+    int want;               /* the cause the verdict must name */
+} forced;
+
+static char *haystack_text(void) {
+    char *t = NULL;
+    size_t n;
+    return skv_read_file("samples/haystack.txt", 1 << 24, &t, &n) == 0 ? t : NULL;
+}
+
+/* Runs one case with probes; keeps a copy of its report and the parts seen. */
+typedef struct {
+    needle_report rep;
+    int have;
+    int n_parts[3];         /* needle chunk events per part at decode steps */
+    int hit[2];
+} case_out;
+
+static int keep_case(const needle_case *c, void *user) {
+    case_out *o = user;
+    o->hit[0] = c->hit[0];
+    o->hit[1] = c->hit[1];
+    if (c->report) { o->rep = *c->report; o->have = 1; }
+    for (int s = 0; s < probe_store_n_steps(c->store); s++)
+        for (int l = 0; l < probe_store_n_layers(c->store); l++)
+            for (int h = 0; h < probe_store_n_kv_heads(c->store); h++) {
+                const probe_ev_needle *e = probe_store_needle(c->store, 0, s, l, h);
+                for (int i = 0; e && i < e->n_info; i++)
+                    if (e->part[i] >= 0 && e->part[i] < 3) o->n_parts[e->part[i]]++;
+            }
+    return 0;
+}
+
+static void test_model(const char *rel, int length) {
+    const char *path = test_shared(rel);
+    char msg[256];
+    if (!path) {
+        snprintf(msg, sizeof msg, "%s not found under ../shared: constructed misses on it skipped", rel);
+        test_skip(msg);
+        return;
+    }
+    char *hay = haystack_text();
+    skv_model *m = NULL;
+    if (!hay || model_load(path, &m)) {
+        test_cond("model and haystack load", 0);
+        free(hay);
+        return;
+    }
+    const forced cases[] = {
+        { "a budget of one chunk", 8, 160, 0, 4, 50, NEEDLE_CAUSE_BUDGET },
+        { "rank 1", 1 << 20, 1, 0, 4, 50, NEEDLE_CAUSE_RANK },
+        { "needle chunks pinned as outliers", 8, 160, 1 << 20, 4, 50, -1 },
+        { "needle chunks not outliers", 8, 160, 0, 4, 50, NEEDLE_CAUSE_BUDGET },
+        { "a needle just before a one-chunk local window", 8, 160, 0, 1, 100, NEEDLE_CAUSE_LOCAL },
+    };
+    for (size_t i = 0; i < sizeof cases / sizeof cases[0]; i++) {
+        const forced *f = &cases[i];
+        needle_opts o;
+        needle_opts_default(&o);
+        int len = length;
+        o.haystack = hay;
+        o.lengths = &len;
+        o.n_lengths = 1;
+        o.depths = &f->depth;
+        o.n_depths = 1;
+        o.answer_tokens = 4;
+        o.probes = 1;
+        o.kv.budget = f->budget;
+        o.kv.rank = f->rank;
+        o.kv.outliers = f->outliers;
+        o.kv.local = f->local;
+        case_out out;
+        memset(&out, 0, sizeof out);
+        needle_result res;
+        int rc = needle_run(m, &o, keep_case, &out, &res);
+        const needle_report *r = &out.rep;
+        snprintf(msg, sizeof msg, "%s, %s: the sweep ran and ShadowKV missed (the model cannot retrieve)", rel, f->what);
+        test_cond(msg, rc == 0 && res.n_cases == 1 && out.have && !out.hit[1]);
+        if (rc || !out.have) {
+            if (rc) printf("  %s\n", skv_last_error());
+            needle_result_free(&res);
+            continue;
+        }
+        snprintf(msg, sizeof msg, "%s, %s: dense misses too and the verdict says so first", rel, f->what);
+        test_cond(msg, !out.hit[0] && r->n_causes >= 1 && r->causes[0].kind == NEEDLE_CAUSE_DENSE &&
+                           strstr(r->causes[0].evidence, "the model misses it with dense attention too"));
+        if (f->want >= 0) {
+            snprintf(msg, sizeof msg, "%s, %s: the verdict also names %s", rel, f->what, needle_cause_name(f->want));
+            test_cond(msg, has_cause(r, f->want));
+            for (int k = 0; k < r->n_causes && !has_cause(r, f->want); k++)
+                printf("  got %s: %s\n", needle_cause_name(r->causes[k].kind), r->causes[k].evidence);
+        }
+        if (f->outliers > 100) {
+            snprintf(msg, sizeof msg, "%s, %s: every needle chunk kept dense, no budget, outlier or rank cause", rel, f->what);
+            test_cond(msg, out.n_parts[0] == 0 && out.n_parts[1] > 0 && r->share_dropped == 0 &&
+                               !has_cause(r, NEEDLE_CAUSE_BUDGET) && !has_cause(r, NEEDLE_CAUSE_OUTLIER) &&
+                               !has_cause(r, NEEDLE_CAUSE_RANK) && strstr(r->kept, "dropped 0%"));
+        } else if (f->outliers == 0) {
+            snprintf(msg, sizeof msg, "%s, %s: no needle chunk is an outlier; outlier handling named iff misranked", rel,
+                     f->what);
+            test_cond(msg, out.n_parts[1] == 0 && r->share_outlier == 0 &&
+                               has_cause(r, NEEDLE_CAUSE_OUTLIER) == (r->share_misranked >= NEEDLE_MIN_SHARE));
+        }
+        if (f->want == NEEDLE_CAUSE_RANK) {
+            snprintf(msg, sizeof msg, "%s, rank 1: nothing dropped, the needle's keys badly rebuilt", rel);
+            test_cond(msg, r->share_dropped == 0 && r->key_err_selected >= NEEDLE_RANK_ERR);
+        }
+        snprintf(msg, sizeof msg, "%s, %s: the kept case's events hold the needle watch", rel, f->what);
+        int watch = 0;
+        for (int e = 0; e < res.n_ev; e++) watch += res.ev[e]->kind == PROBE_NEEDLE && res.ev[e]->needle.n_info > 0;
+        test_cond(msg, res.detail == 0 && watch > 0);
+        needle_result_free(&res);
+    }
+    model_free(m);
+    free(hay);
+}
+
+/* ---- the needle watch changes nothing ---------------------------------------- */
+
+static void count_needle(const probe_event *ev, void *user) {
+    int *n = user;
+    if (ev->kind == PROBE_NEEDLE && ev->needle.n_info == ev->needle.n_chunks) (*n)++;
+}
+
+/* Logits after the prompt and 3 greedy steps, into out (4 * vocab). */
+static int watched_run(skv_model *m, const int32_t *ids, int n, int watch, int oracle, probe_bus *bus, float *out) {
+    session_opts o;
+    session_opts_default(&o);
+    snprintf(o.kv.policy, sizeof o.kv.policy, "shadowkv");
+    o.kv.budget = 32;
+    o.kv.outliers = 2;
+    o.kv.rank = 8;
+    o.kv.oracle = oracle;
+    o.kv.watch_begin = watch ? 100 : 0;
+    o.kv.watch_end = watch ? 121 : 0;
+    o.bus = bus;
+    skv_session *s = NULL;
+    int V = m->cfg.vocab, rc = session_new(m, &o, &s);
+    if (!rc) rc = session_prefill(s, ids, n, NULL, NULL);
+    for (int i = 0; !rc && i < 4; i++) {
+        memcpy(out + (size_t)i * V, session_logits(s), sizeof(float) * V);
+        if (i < 3) rc = session_decode(s, sampler_argmax(session_logits(s), V));
+    }
+    session_free(s);
+    return rc;
+}
+
+static void test_watch_is_passive(void) {
+    const char *path = test_shared("models/stories260k.gguf");
+    if (!path) { test_skip("stories260k not found under ../shared: watch checks skipped"); return; }
+    skv_model *m = NULL;
+    char *hay = haystack_text();
+    int32_t *ids = NULL;
+    int n = 0;
+    if (!hay || model_load(path, &m) || tok_encode(m->tok, hay, 900, 1, 0, &ids, &n) || n < 200) {
+        test_cond("model, haystack and prompt", 0);
+        free(hay); free(ids); model_free(m);
+        return;
+    }
+    if (n > 300) n = 300;
+    int V = m->cfg.vocab;
+    float *a = malloc(sizeof(float) * 4 * V), *b = malloc(sizeof(float) * 4 * V);
+    probe_bus *bus = NULL;
+    probe_sub *sub = NULL;
+    int events = 0;
+    probe_bus_new(&bus);
+    probe_subscribe_callback(bus, PROBE_MASK(PROBE_NEEDLE), count_needle, &events, &sub);
+    for (int oracle = 0; oracle < 2; oracle++) {
+        events = 0;
+        int ok = a && b && watched_run(m, ids, n, 0, oracle, NULL, a) == 0 && watched_run(m, ids, n, 1, oracle, bus, b) == 0;
+        char msg[160];
+        snprintf(msg, sizeof msg, "the needle watch%s leaves the logits bitwise unchanged", oracle ? " with the oracle" : "");
+        test_cond(msg, ok && !memcmp(a, b, sizeof(float) * 4 * V));
+        /* prefill plus 3 steps, per layer and KV head */
+        snprintf(msg, sizeof msg, "the watch%s emits one full needle event per step, layer and KV head",
+                 oracle ? " with the oracle" : "");
+        test_cond(msg, events == 4 * m->cfg.n_layers * m->cfg.n_kv_heads);
+    }
+    probe_unsubscribe(sub);
+    probe_bus_free(bus);
+    free(a); free(b); free(ids); free(hay);
+    model_free(m);
+}
+
+/* ---- CLI level --------------------------------------------------------------- */
+
+static const char *skv_bin(void) {
+    const char *b = getenv("SKV_BIN");
+    return b && *b ? b : "./build/skv";
+}
+
+/* Runs skv with args, stdout into out (cap bytes) and stderr into err; the exit status. */
+static int run_skv(const char *args, char *out, size_t cap, const char *err_path) {
+    char cmd[4096];
+    snprintf(cmd, sizeof cmd, "%s %s 2>%s", skv_bin(), args, err_path);
+    FILE *p = popen(cmd, "r");
+    if (!p) return -2;
+    size_t n = fread(out, 1, cap - 1, p);
+    out[n] = 0;
+    char sink[4096];
+    while (fread(sink, 1, sizeof sink, p) > 0) {} /* the rest, so the child never sees a closed pipe */
+    int st = pclose(p);
+    return WIFEXITED(st) ? WEXITSTATUS(st) : -1;
+}
+
+static char *slurp(const char *path) {
+    char *t = NULL;
+    size_t n;
+    return skv_read_file(path, 1 << 26, &t, &n) == 0 ? t : NULL;
+}
+
+static uint8_t *read_png(const char *path, int *w, int *h) {
+    png_image img;
+    memset(&img, 0, sizeof img);
+    img.version = PNG_IMAGE_VERSION;
+    if (!png_image_begin_read_from_file(&img, path)) return NULL;
+    img.format = PNG_FORMAT_RGBA;
+    uint8_t *buf = malloc(PNG_IMAGE_SIZE(img));
+    if (!buf || !png_image_finish_read(&img, NULL, buf, 0, NULL)) {
+        free(buf);
+        png_image_free(&img);
+        return NULL;
+    }
+    *w = (int)img.width;
+    *h = (int)img.height;
+    return buf;
+}
+
+/* The table row of depth d: the dense and shadowkv rates per length. */
+static int table_row(const char *out, float d, double *dense, double *sk, int n) {
+    char key[32];
+    snprintf(key, sizeof key, "\n%6g%%", d);
+    const char *p = strstr(out, key);
+    if (!p) return 0;
+    p += strlen(key);
+    for (int i = 0; i < n; i++) {
+        char *end;
+        dense[i] = strtod(p, &end);
+        if (end == p) return 0;
+        p = strchr(end, '|');
+        if (!p) return 0;
+        sk[i] = strtod(p + 1, &end);
+        p = end;
+    }
+    return 1;
+}
+
+static void test_cli(void) {
+    const char *model = test_shared("models/stories260k.gguf");
+    if (!model) { test_skip("stories260k not found under ../shared: skv needle CLI checks skipped"); return; }
+    static char out[1 << 20];
+    const char *dir = test_tmpdir("needle");
+    char err[600], args[3000], json[600], png[600], trace[600];
+    snprintf(err, sizeof err, "%s/err.txt", dir);
+    if (run_skv("needle --help", out, sizeof out, err) != 0 || !strstr(out, "--lengths")) {
+        test_skip("this skv has no needle command yet (tui/main.c): CLI checks skipped");
+        return;
+    }
+    snprintf(json, sizeof json, "%s/n.json", dir);
+    snprintf(png, sizeof png, "%s/n.png", dir);
+    snprintf(trace, sizeof trace, "%s/n.skvtrace", dir);
+    unlink(json); unlink(png); unlink(trace);
+    snprintf(args, sizeof args,
+             "needle -m %s --lengths 192,256 --depths 0,50,100 --budget 16 --outliers 1 --answer-tokens 3 --explain "
+             "--json %s --png %s --trace %s", model, json, png, trace);
+    int rc = run_skv(args, out, sizeof out, err);
+    test_cond("skv needle runs, with --explain, --json, --png and --trace", rc == 0);
+    if (rc) { char *e = slurp(err); printf("  %s\n", e ? e : ""); free(e); return; }
+    test_cond("--explain prints a verdict per ShadowKV miss", strstr(out, "verdict:") && strstr(out, "dense:"));
+
+    char *text = slurp(json);
+    cJSON *root = text ? cJSON_Parse(text) : NULL;
+    free(text);
+    cJSON *cases = cJSON_GetObjectItem(root, "cases");
+    test_cond("the JSON parses and holds all 6 cases", cJSON_GetArraySize(cases) == 6);
+    int ok = 1, nd = 0;
+    double rate[2][3][2] = { { { 0 } } };  /* [length][depth][method] */
+    int cnt[2][3] = { { 0 } };
+    static const float deps[3] = { 0, 50, 100 };
+    for (int i = 0; i < cJSON_GetArraySize(cases); i++) {
+        cJSON *c = cJSON_GetArrayItem(cases, i), *nd_ = cJSON_GetObjectItem(c, "needle");
+        int len = cJSON_GetObjectItem(c, "length")->valueint;
+        double dep = cJSON_GetObjectItem(c, "depth")->valuedouble;
+        int li = len == 192 ? 0 : 1, di = dep == 0 ? 0 : dep == 50 ? 1 : 2;
+        int hd = cJSON_IsTrue(cJSON_GetObjectItem(cJSON_GetObjectItem(c, "dense"), "hit"));
+        int hs = cJSON_IsTrue(cJSON_GetObjectItem(cJSON_GetObjectItem(c, "shadowkv"), "hit"));
+        const char *val = cJSON_GetStringValue(cJSON_GetObjectItem(c, "value"));
+        const char *ans = cJSON_GetStringValue(cJSON_GetObjectItem(cJSON_GetObjectItem(c, "shadowkv"), "answer"));
+        ok &= val && strlen(val) == 7 && ans && hs == needle_contains_value(ans, val);
+        ok &= nd_ && cJSON_GetObjectItem(nd_, "tok_end")->valueint > cJSON_GetObjectItem(nd_, "tok_begin")->valueint &&
+              cJSON_GetObjectItem(c, "prompt_len")->valueint == len;
+        rate[li][di][0] += 100.0 * hd;
+        rate[li][di][1] += 100.0 * hs;
+        cnt[li][di]++;
+        if (!hs) nd += cJSON_GetObjectItem(c, "diagnosis") != NULL;
+    }
+    test_cond("every case has a 7-digit value, the needle span, and hit flags that match its answer", ok);
+    int misses = 0;
+    for (int l = 0; l < 2; l++)
+        for (int d = 0; d < 3; d++) misses += rate[l][d][1] == 0;
+    test_cond("every ShadowKV miss carries its diagnosis in the JSON", nd == misses);
+    ok = 1;
+    for (int d = 0; d < 3; d++) {
+        double de[2], sk[2];
+        ok &= table_row(out, deps[d], de, sk, 2);
+        for (int l = 0; l < 2; l++)
+            ok &= cnt[l][d] == 1 && fabs(de[l] - rate[l][d][0]) < 0.5 && fabs(sk[l] - rate[l][d][1]) < 0.5;
+    }
+    test_cond("the printed table says what the JSON says", ok);
+
+    int w = 0, h = 0;
+    uint8_t *px = read_png(png, &w, &h);
+    test_cond("the PNG reads back with libpng", px && w > 100 && h > 100);
+    probe_store *st = NULL;
+    probe_store_new(&st);
+    rc = trace_load_store(trace, st);
+    test_cond("the trace replays: the detailed case's needle events and every case's niah events",
+              rc == 0 && probe_store_n_niah(st) == 12 && probe_store_n_needles(st) == 1);
+    canvas *c = NULL;
+    canvas_png_opts po = { .scale = 1 };
+    paint_result res;
+    view_cursor cur;
+    view_cursor_init(&cur);
+    if (px && rc == 0 && canvas_png_new(&c, w, h, &po) == 0) {
+        canvas_clear(c);
+        rc = view_find("niah")->draw(c, (canvas_rect){ 0, 0, w, h }, st, &cur, &res);
+        int cw, ch;
+        const uint8_t *mine = canvas_png_pixels(c, &cw, &ch);
+        test_cond("the niah view of the replayed trace draws the same pixels as the PNG written",
+                  rc == 0 && cw == w && ch == h && !memcmp(mine, px, (size_t)w * h * 4));
+        ok = rc == 0;
+        for (int l = 0; l < 2 && ok; l++)
+            for (int d = 0; d < 3; d++) {
+                ok &= cell_color(px, w, h, res.area, 2, 3, l, d) == palette_viridis(rate[l][d][0] / 100);
+                ok &= cell_color(px, w, h, res.legend, 2, 3, l, d) == palette_viridis(rate[l][d][1] / 100);
+            }
+        test_cond("each heatmap cell in the PNG has the colour of its JSON result (dense | shadowkv)", ok);
+    }
+    canvas_free(c);
+    free(px);
+    probe_store_free(st);
+    cJSON_Delete(root);
+
+    /* outputs are kept without --force; bad lists are one line and exit 2 */
+    struct stat sb0, sb1;
+    stat(json, &sb0);
+    snprintf(args, sizeof args, "needle -m %s --lengths 192 --depths 0 --json %s", model, json);
+    rc = run_skv(args, out, sizeof out, err);
+    stat(json, &sb1);
+    char *e = slurp(err);
+    test_cond("an existing --json file is kept without --force (exit 1, one line)",
+              rc == 1 && e && strstr(e, "--force") && strchr(e, '\n') == e + strlen(e) - 1 && sb0.st_size == sb1.st_size &&
+                  sb0.st_mtime == sb1.st_mtime);
+    free(e);
+    snprintf(args, sizeof args, "needle -m %s --depths 0:200:10", model);
+    rc = run_skv(args, out, sizeof out, err);
+    e = slurp(err);
+    test_cond("--depths 0:200:10 is refused with one line and exit 2",
+              rc == 2 && e && strstr(e, "--depths") && strchr(e, '\n') == e + strlen(e) - 1);
+    free(e);
+    snprintf(args, sizeof args, "needle -m %s -p hello", model);
+    test_cond("-p is refused (skv needle builds its prompts)", run_skv(args, out, sizeof out, err) == 2);
+
+    /* skv export draws both views from the trace, when this skv has export */
+    if (run_skv("export --help", out, sizeof out, err) == 0) {
+        char fig[700];
+        snprintf(fig, sizeof fig, "%s/niah.png", dir);
+        unlink(fig);
+        snprintf(args, sizeof args, "export --trace %s --view niah -o %s", trace, fig);
+        int r1 = run_skv(args, out, sizeof out, err);
+        snprintf(fig, sizeof fig, "%s/needle.png", dir);
+        unlink(fig);
+        snprintf(args, sizeof args, "export --trace %s --view needle -o %s", trace, fig);
+        int r2 = run_skv(args, out, sizeof out, err);
+        test_cond("skv export --view niah and --view needle work from the needle trace", r1 == 0 && r2 == 0);
+    } else {
+        test_skip("this skv has no export command yet: export of the needle trace skipped");
+    }
+}
+
+int main(void) {
+    test_lists();
+    test_planted();
+    test_niah_view();
+    test_watch_is_passive();
+    test_model("models/mini-smollm-f32.gguf", 320);
+    test_model("models/stories260k.gguf", 320);
+    test_cli();
+    return test_report("test_needle");
+}

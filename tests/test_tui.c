@@ -1,0 +1,486 @@
+/* test_tui: `skv inspect` end to end, in a detached tmux server of its own.
+ *
+ * Bad input (an unknown flag, a missing trace, no terminal) must give one
+ * line and a non-zero exit before curses starts. Then, in tmux panes, the
+ * inspector replays a trace recorded with `skv run --trace` (views, tab and
+ * shift-tab, a mouse click on the tab bar, stepping, the help overlay, PNG
+ * export), runs live on the built-in default model (n steps the engine, r
+ * runs to -n), shows the "too small" message in a 40x12 pane and recovers on
+ * resize, falls back to ASCII without a UTF-8 locale and to no colour on a
+ * vt100, refuses a terminal that cannot move the cursor, and on q or SIGTERM leaves the terminal as it found it (the shell
+ * after it prints "EXITED <status>" and tmux reports the alternate screen
+ * off). Every wait polls the pane with a generous timeout, so slow (ASan)
+ * builds pass too; every tmux session is killed on the way out. */
+#include "testhelp.h"
+#include "view.h"
+
+#include <dirent.h>
+#include <limits.h>
+#include <signal.h>
+#include <stdarg.h>
+#include <sys/wait.h>
+#include <time.h>
+
+/* Seconds to wait for the screen to show something; the live prefill of the
+ * default model gets the longer one. Polls return as soon as it shows. */
+#define UI_TIMEOUT 120.0
+#define PREFILL_TIMEOUT 900.0
+
+static char bin[PATH_MAX];      /* absolute path of the skv binary */
+static char sock[PATH_MAX];     /* tmux -S socket, private to this run, in dir */
+static const char *dir;         /* scratch directory: traces, exports */
+static int server_started;
+
+static double now_s(void) {
+    struct timespec ts;
+    clock_gettime(CLOCK_MONOTONIC, &ts);
+    return ts.tv_sec + ts.tv_nsec * 1e-9;
+}
+
+static void nap(double s) {
+    struct timespec ts = {(time_t)s, (long)((s - (time_t)s) * 1e9)};
+    nanosleep(&ts, NULL);
+}
+
+/* Runs a shell command built from fmt; returns its exit status (-1 on a signal). */
+static int sh(const char *fmt, ...) __attribute__((format(printf, 1, 2)));
+static int sh(const char *fmt, ...) {
+    char cmd[8192];
+    va_list ap;
+    va_start(ap, fmt);
+    vsnprintf(cmd, sizeof cmd, fmt, ap);
+    va_end(ap);
+    int st = system(cmd);
+    return st != -1 && WIFEXITED(st) ? WEXITSTATUS(st) : -1;
+}
+
+/* Runs a command and returns its output (stdout+stderr) in out; exit status as sh. */
+static int sh_out(char *out, size_t cap, const char *fmt, ...) __attribute__((format(printf, 3, 4)));
+static int sh_out(char *out, size_t cap, const char *fmt, ...) {
+    char cmd[8192];
+    va_list ap;
+    va_start(ap, fmt);
+    vsnprintf(cmd, sizeof cmd, fmt, ap);
+    va_end(ap);
+    out[0] = 0;
+    FILE *p = popen(cmd, "r");
+    if (!p) return -2;
+    size_t n = fread(out, 1, cap - 1, p);
+    out[n] = 0;
+    int st = pclose(p);
+    return st != -1 && WIFEXITED(st) ? WEXITSTATUS(st) : -1;
+}
+
+static int lines(const char *s) {
+    int n = 0;
+    for (; *s; s++) n += *s == '\n';
+    return n;
+}
+
+static void kill_server(void) {
+    if (server_started) sh("tmux -S %s kill-server >/dev/null 2>&1", sock);
+    server_started = 0;
+    unlink(sock);
+}
+
+static void on_signal(int sig) {
+    kill_server();
+    signal(sig, SIG_DFL);
+    raise(sig);
+}
+
+/* Starts a detached w x h session running cmd in dir; the pane stays open
+ * after cmd ends and shows "EXITED <status>". */
+static int start(const char *name, int w, int h, const char *cmd) {
+    int rc = sh("tmux -S %s -f /dev/null new-session -d -s %s -x %d -y %d -c %s "
+                "'%s; echo EXITED $?; sleep 3600' >/dev/null 2>&1",
+                sock, name, w, h, dir, cmd);
+    if (rc == 0) server_started = 1;
+    return rc == 0;
+}
+
+static void stop(const char *name) { sh("tmux -S %s kill-session -t %s >/dev/null 2>&1", sock, name); }
+
+static char screen[65536];
+
+static const char *capture(const char *name) {
+    if (sh_out(screen, sizeof screen, "tmux -S %s capture-pane -p -t %s 2>&1", sock, name) != 0) screen[0] = 0;
+    return screen;
+}
+
+/* Whether the inspector has already ended (the shell printed its status). */
+static int ended(const char *scr, const char *want) { return !strstr(want, "EXITED") && strstr(scr, "EXITED "); }
+
+/* Polls the pane until it shows want (or, with absent, until it no longer
+ * does); gives up early when the inspector has exited. */
+static int wait_screen(const char *name, const char *want, int absent, double timeout) {
+    double t0 = now_s();
+    for (;;) {
+        const char *scr = capture(name);
+        int has = strstr(scr, want) != NULL;
+        if (has != absent) return 1;
+        if (ended(scr, want) || now_s() - t0 > timeout) return 0;
+        nap(0.1);
+    }
+}
+
+static int wait_for(const char *name, const char *want, double timeout) { return wait_screen(name, want, 0, timeout); }
+
+/* Polls the pane until it shows a or b. */
+static int wait_any(const char *name, const char *a, const char *b, double timeout) {
+    double t0 = now_s();
+    for (;;) {
+        const char *s = capture(name);
+        if (strstr(s, a) || strstr(s, b)) return 1;
+        if (ended(s, a) || now_s() - t0 > timeout) return 0;
+        nap(0.1);
+    }
+}
+
+static void show_screen(void) {
+    printf("  screen was:\n");
+    for (const char *s = screen; *s;) {
+        const char *e = strchr(s, '\n');
+        int n = e ? (int)(e - s) : (int)strlen(s);
+        if (n) printf("  | %.*s\n", n, s);
+        if (!e) break;
+        s = e + 1;
+    }
+}
+
+static void check_screen(const char *what, const char *name, const char *want, double timeout) {
+    int ok = wait_for(name, want, timeout);
+    test_cond(what, ok);
+    if (!ok) show_screen();
+}
+
+/* The status line's step counter reads n ("steps n" ends a segment or the line). */
+static void check_steps(const char *what, const char *name, int n) {
+    char a[32], b[32];
+    snprintf(a, sizeof a, "steps %d |", n);
+    snprintf(b, sizeof b, "steps %d\n", n);
+    int ok = wait_any(name, a, b, UI_TIMEOUT);
+    test_cond(what, ok);
+    if (!ok) show_screen();
+}
+
+static void keys(const char *name, const char *k) { sh("tmux -S %s send-keys -t %s %s", sock, name, k); }
+
+/* An SGR (xterm 1006) left click at cell (x, y), 0-based. */
+static void click(const char *name, int x, int y) {
+    char seq[64], hex[256] = "";
+    snprintf(seq, sizeof seq, "\033[<0;%d;%dM", x + 1, y + 1);
+    for (const char *p = seq; *p; p++) snprintf(hex + strlen(hex), sizeof hex - strlen(hex), " %02x", (unsigned char)*p);
+    sh("tmux -S %s send-keys -t %s -H%s", sock, name, hex);
+}
+
+static int alternate_off(const char *name) {
+    char out[64];
+    sh_out(out, sizeof out, "tmux -S %s display -p -t %s '#{alternate_on}'", sock, name);
+    return out[0] == '0';
+}
+
+/* Quits with q and checks the exit status and that the terminal is back. */
+static void quit_and_check(const char *what, const char *name) {
+    char msg[256];
+    keys(name, "q");
+    snprintf(msg, sizeof msg, "%s: q exits with status 0", what);
+    check_screen(msg, name, "EXITED 0", UI_TIMEOUT);
+    snprintf(msg, sizeof msg, "%s: the terminal is restored (alternate screen off)", what);
+    test_cond(msg, alternate_off(name));
+}
+
+/* The pid of the pane shell's child (the skv process), or -1. */
+static int pane_child(const char *name) {
+    char out[64];
+    if (sh_out(out, sizeof out, "tmux -S %s display -p -t %s '#{pane_pid}'", sock, name)) return -1;
+    int parent = atoi(out);
+    DIR *d = opendir("/proc");
+    if (!d) return -1;
+    struct dirent *e;
+    int found = -1;
+    while ((e = readdir(d)) && found < 0) {
+        int pid = atoi(e->d_name);
+        if (pid <= 0) continue;
+        char path[64], buf[512];
+        snprintf(path, sizeof path, "/proc/%d/stat", pid);
+        FILE *f = fopen(path, "r");
+        if (!f) continue;
+        size_t n = fread(buf, 1, sizeof buf - 1, f);
+        fclose(f);
+        buf[n] = 0;
+        const char *rp = strrchr(buf, ')'); /* the command name may hold spaces */
+        int ppid;
+        char state;
+        if (rp && sscanf(rp + 1, " %c %d", &state, &ppid) == 2 && ppid == parent) found = pid;
+    }
+    closedir(d);
+    return found;
+}
+
+/* Available view titles in tab order. */
+static int view_titles(const char **t, int cap) {
+    int n = 0;
+    for (int i = 0; view_classes[i] && n < cap; i++)
+        if (view_available(view_classes[i])) t[n++] = view_classes[i]->title;
+    return n;
+}
+
+static int count_png(void) {
+    DIR *d = opendir(dir);
+    if (!d) return 0;
+    int n = 0;
+    struct dirent *e;
+    while ((e = readdir(d))) {
+        size_t l = strlen(e->d_name);
+        n += !strncmp(e->d_name, "skv-", 4) && l > 4 && !strcmp(e->d_name + l - 4, ".png");
+    }
+    closedir(d);
+    return n;
+}
+
+/* Removes what the tests wrote (the trace, exports, the suppressions) and the directory. */
+static void remove_scratch(void) {
+    DIR *d = opendir(dir);
+    if (!d) return;
+    struct dirent *e;
+    char path[PATH_MAX + 300];
+    while ((e = readdir(d))) {
+        if (e->d_name[0] == '.') continue;
+        snprintf(path, sizeof path, "%s/%s", dir, e->d_name);
+        unlink(path);
+    }
+    closedir(d);
+    rmdir(dir);
+}
+
+static void test_bad_input(const char *trace) {
+    char out[8192];
+    int rc = sh_out(out, sizeof out, "%s inspect --no-such-flag 2>&1 </dev/null", bin);
+    test_cond("a bad flag: one line and a non-zero exit", rc > 0 && lines(out) == 1 && strstr(out, "--no-such-flag"));
+    rc = sh_out(out, sizeof out, "%s inspect --trace %s/missing.trace 2>&1 </dev/null", bin, dir);
+    test_cond("a missing trace: one line naming it and a non-zero exit",
+              rc > 0 && lines(out) == 1 && strstr(out, "missing.trace"));
+    rc = sh_out(out, sizeof out, "%s inspect --trace %s/t.trace --kv dense 2>&1 </dev/null", bin, dir);
+    test_cond("replay with generation flags: one line and a non-zero exit", rc > 0 && lines(out) == 1);
+    rc = sh_out(out, sizeof out, "%s inspect -m %s/missing.gguf -p hi 2>&1 </dev/null", bin, dir);
+    test_cond("a missing model: one line and a non-zero exit", rc > 0 && lines(out) == 1 && strstr(out, "missing.gguf"));
+    if (trace) {
+        rc = sh_out(out, sizeof out, "%s inspect --trace %s 2>&1 </dev/null | cat", bin, trace);
+        test_cond("stdout not a terminal: one line saying so", lines(out) == 1 && strstr(out, "not a terminal"));
+        rc = sh_out(out, sizeof out, "%s inspect --trace %s 2>&1 </dev/null >/dev/null; echo rc=$?", bin, trace);
+        test_cond("stdout not a terminal: non-zero exit", strstr(out, "rc=0") == NULL);
+    }
+    rc = sh_out(out, sizeof out, "%s inspect --help", bin);
+    test_cond("--help documents keys and options", rc == 0 && strstr(out, "keys:") && strstr(out, "--trace"));
+}
+
+/* Replays the trace: views and tabs, mouse, steps, help, export, quit. */
+static void test_replay(void) {
+    const char *titles[32];
+    int nt = view_titles(titles, 32);
+    char cmd[PATH_MAX * 2 + 64], want[128];
+    snprintf(cmd, sizeof cmd, "TERM=xterm-256color %s inspect --trace %s/t.trace", bin, dir);
+    if (!start("replay", 120, 40, cmd)) { test_cond("tmux starts a replay session", 0); return; }
+    snprintf(want, sizeof want, "[%s]", titles[0]);
+    check_screen("replay: the first view's tab is selected", "replay", want, UI_TIMEOUT);
+    check_screen("replay: the status line names the replayed trace", "replay", "replay t.trace", UI_TIMEOUT);
+    check_screen("replay: the status line says random weights", "replay", "random weights", UI_TIMEOUT);
+    if (nt >= 2) {
+        keys("replay", "Tab");
+        snprintf(want, sizeof want, "[%s]", titles[1]);
+        check_screen("replay: tab switches to the next view's title", "replay", want, UI_TIMEOUT);
+        keys("replay", "BTab");
+        snprintf(want, sizeof want, "[%s]", titles[0]);
+        check_screen("replay: shift-tab goes back", "replay", want, UI_TIMEOUT);
+    }
+    if (nt >= 3) {
+        int x = 0;
+        for (int i = 0; i < 2; i++) x += (int)strlen(titles[i]) + 3;
+        click("replay", x + 1, 0);
+        snprintf(want, sizeof want, "[%s]", titles[2]);
+        check_screen("replay: a click on the tab bar switches views", "replay", want, UI_TIMEOUT);
+    }
+    check_screen("replay: starts at step 0", "replay", "(at 0)", UI_TIMEOUT);
+    keys("replay", "n");
+    check_screen("replay: n moves to the next recorded step", "replay", "(at 1)", UI_TIMEOUT);
+    /* The recorded steps: "steps N (at S)" on the status line. */
+    const char *sp = strstr(capture("replay"), "| steps ");
+    int n_steps = sp ? atoi(sp + 8) : 0;
+    snprintf(want, sizeof want, "(at %d)", n_steps - 1);
+    keys("replay", "G");
+    check_screen("replay: G goes to the last step", "replay", want, UI_TIMEOUT);
+    keys("replay", "g");
+    check_screen("replay: g goes to the first step", "replay", "(at 0)", UI_TIMEOUT);
+    keys("replay", "']'");
+    check_screen("replay: ] selects the next layer", "replay", "L1/", UI_TIMEOUT);
+    keys("replay", "'?'");
+    check_screen("replay: ? shows the help overlay", "replay", "skv inspect: keys", UI_TIMEOUT);
+    keys("replay", "x");
+    test_cond("replay: any key closes the help", wait_screen("replay", "skv inspect: keys", 1, UI_TIMEOUT));
+    int before = count_png();
+    keys("replay", "Tab");
+    keys("replay", "e");
+    check_screen("replay: e exports and names the file", "replay", "exported skv-", UI_TIMEOUT);
+    test_cond("replay: the exported PNG is in the current directory", count_png() == before + 1);
+    keys("replay", "e");
+    double t0 = now_s();
+    while (count_png() < before + 2 && now_s() - t0 < UI_TIMEOUT) nap(0.1);
+    test_cond("replay: a second export picks a new name", count_png() == before + 2);
+    quit_and_check("replay", "replay");
+    stop("replay");
+}
+
+/* A live run of the built-in default: prefill, n, r, tab, q. */
+static void test_live(const char *model_args) {
+    const char *titles[32];
+    int nt = view_titles(titles, 32);
+    char cmd[PATH_MAX * 3 + 1024], want[128];
+    snprintf(cmd, sizeof cmd, "TERM=xterm-256color %s inspect %s --trace %s/live.trace", bin, model_args, dir);
+    if (!start("live", 120, 40, cmd)) { test_cond("tmux starts a live session", 0); return; }
+    check_screen("live: the status line shows the model", "live", "| ctx ", UI_TIMEOUT);
+    check_screen("live: the prefill finishes and the worker is idle", "live", "live: idle", PREFILL_TIMEOUT);
+    check_steps("live: no steps yet", "live", 0);
+    keys("live", "n");
+    check_steps("live: n steps the engine (steps 1)", "live", 1);
+    keys("live", "Space");
+    check_steps("live: space steps again (steps 2)", "live", 2);
+    keys("live", "r");
+    /* A random-weight model may sample end-of-generation first: that stops a run too. */
+    int ok = wait_any("live", "steps 4 |", "end of generation", UI_TIMEOUT);
+    test_cond("live: r runs to -n (steps 4) or to the end of generation", ok);
+    if (!ok) show_screen();
+    check_screen("live: the run stops", "live", "live: idle", UI_TIMEOUT);
+    if (nt >= 2) {
+        keys("live", "Tab");
+        snprintf(want, sizeof want, "[%s]", titles[1]);
+        check_screen("live: tab switches views", "live", want, UI_TIMEOUT);
+    }
+    keys("live", "'}'");
+    check_screen("live: } selects the next KV head", "live", "H1/", UI_TIMEOUT);
+    quit_and_check("live", "live");
+    check_screen("live: --trace records the inspected run", "live", "trace written to", UI_TIMEOUT);
+    char path[PATH_MAX + 32];
+    struct stat sb;
+    snprintf(path, sizeof path, "%s/live.trace", dir);
+    test_cond("live: the recorded trace exists", stat(path, &sb) == 0 && sb.st_size > 0);
+    stop("live");
+}
+
+/* Too small, then resized: the message, the recovery, and SIGTERM. */
+static void test_small_and_signal(void) {
+    const char *titles[32];
+    view_titles(titles, 32);
+    char cmd[PATH_MAX * 2 + 64], want[128];
+    snprintf(cmd, sizeof cmd, "%s inspect --trace %s/t.trace", bin, dir);
+    if (!start("small", 40, 12, cmd)) { test_cond("tmux starts a 40x12 session", 0); return; }
+    check_screen("40x12: the too-small message", "small", "terminal too small", UI_TIMEOUT);
+    check_screen("40x12: says what it needs and has", "small", "have 40x12", UI_TIMEOUT);
+    sh("tmux -S %s resize-window -t small -x 100 -y 30 >/dev/null 2>&1", sock);
+    snprintf(want, sizeof want, "[%s]", titles[0]);
+    check_screen("resized to 100x30: the views come back", "small", want, UI_TIMEOUT);
+    sh("tmux -S %s resize-window -t small -x 59 -y 20 >/dev/null 2>&1", sock);
+    check_screen("resized to 59x20: too small again", "small", "have 59x20", UI_TIMEOUT);
+    int pid = pane_child("small");
+    test_cond("the inspector's pid is found", pid > 0);
+    if (pid > 0) kill(pid, SIGTERM);
+    check_screen("SIGTERM: a clean exit with status 128+15", "small", "EXITED 143", UI_TIMEOUT);
+    test_cond("SIGTERM: the terminal is restored (alternate screen off)", alternate_off("small"));
+    stop("small");
+}
+
+/* No UTF-8 locale: ASCII only; a vt100: no colour, still drawn. */
+static void test_fallbacks(void) {
+    const char *titles[32];
+    view_titles(titles, 32);
+    char cmd[PATH_MAX * 2 + 64], want[128];
+    snprintf(want, sizeof want, "[%s]", titles[0]);
+    snprintf(cmd, sizeof cmd, "LC_ALL=C LANG=C %s inspect --trace %s/t.trace", bin, dir);
+    if (start("ascii", 100, 30, cmd)) {
+        check_screen("C locale: the views are drawn", "ascii", want, UI_TIMEOUT);
+        nap(0.3);
+        const char *s = capture("ascii");
+        int ascii = 1;
+        for (; *s; s++) ascii &= (unsigned char)*s < 0x80;
+        test_cond("C locale: only ASCII on the screen", ascii);
+        quit_and_check("C locale", "ascii");
+        stop("ascii");
+    }
+    snprintf(cmd, sizeof cmd, "TERM=dumb %s inspect --trace %s/t.trace", bin, dir);
+    if (start("dumb", 100, 30, cmd)) {
+        check_screen("TERM=dumb: one line saying the terminal cannot move the cursor", "dumb", "cannot move the cursor",
+                     UI_TIMEOUT);
+        check_screen("TERM=dumb: a non-zero exit", "dumb", "EXITED 1", UI_TIMEOUT);
+        stop("dumb");
+    }
+    snprintf(cmd, sizeof cmd, "TERM=vt100 %s inspect --trace %s/t.trace", bin, dir);
+    if (start("mono", 100, 30, cmd)) {
+        check_screen("vt100 (no colour): the views are drawn", "mono", want, UI_TIMEOUT);
+        quit_and_check("vt100", "mono");
+        stop("mono");
+    }
+}
+
+int main(void) {
+    const char *b = getenv("SKV_BIN");
+    if (!b || !*b) b = "./build/skv";
+    if (!realpath(b, bin)) {
+        test_skip("test_tui: the skv binary is missing (build it first)");
+        return test_report("test_tui");
+    }
+    dir = test_tmpdir("tui");
+    snprintf(sock, sizeof sock, "%s/tmux.sock", dir);
+    signal(SIGINT, on_signal);
+    signal(SIGTERM, on_signal);
+    atexit(kill_server);
+
+    /* The default model lies next to the binary (build/default-model.gguf). */
+    char model[PATH_MAX + 32], bdir[PATH_MAX];
+    snprintf(bdir, sizeof bdir, "%s", bin);
+    char *slash = strrchr(bdir, '/');
+    if (slash) *slash = 0;
+    snprintf(model, sizeof model, "%s/default-model.gguf", bdir);
+    struct stat sb;
+    int have_default = stat(model, &sb) == 0;
+    const char *stories = test_shared("models/stories260k.gguf");
+    char rec_args[PATH_MAX + 512] = "", live_args[PATH_MAX + 600] = "";
+    if (have_default) {
+        snprintf(rec_args, sizeof rec_args, "-m %s -p \"%s\" --kv shadowkv --rank 8 --budget 32 --outliers 2 --local 2",
+                 model, "The quick brown fox jumps over the lazy dog. A needle hides in a haystack of words; "
+                        "the inspector shows which chunks each head selects at every step.");
+        snprintf(live_args, sizeof live_args, "-n 4");
+    } else if (stories) {
+        snprintf(rec_args, sizeof rec_args, "-m %s -p \"Once upon a time, there was a little girl named Lily. "
+                 "She liked to play in the park with her friends.\" --kv shadowkv --rank 8 --chunk 4 --budget 16 "
+                 "--outliers 1 --local 1", stories);
+        snprintf(live_args, sizeof live_args, "%s -n 4", rec_args);
+    }
+
+    char trace[PATH_MAX + 32], out[8192];
+    snprintf(trace, sizeof trace, "%s/t.trace", dir);
+    int have_trace = 0;
+    if (rec_args[0]) {
+        int rc = sh_out(out, sizeof out, "%s run %s -n 6 --trace %s 2>&1", bin, rec_args, trace);
+        have_trace = rc == 0 && stat(trace, &sb) == 0;
+        test_cond("a trace is recorded with skv run --trace", have_trace);
+        if (!have_trace) printf("  got: %s", out);
+    } else {
+        test_skip("no model (build/default-model.gguf or ../shared/models/stories260k.gguf): live and replay parts");
+    }
+    test_bad_input(have_trace ? trace : NULL);
+
+    if (sh("command -v tmux >/dev/null 2>&1") != 0) {
+        test_skip("tmux is missing: the terminal tests");
+        return test_report("test_tui");
+    }
+
+    if (have_trace) {
+        test_replay();
+        test_small_and_signal();
+        test_fallbacks();
+    }
+    if (rec_args[0]) test_live(live_args);
+    kill_server();
+    remove_scratch();
+    return test_report("test_tui");
+}

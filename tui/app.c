@@ -1,0 +1,865 @@
+/* app.c: the inspector's curses application. The screen is a tab bar (one
+ * tab per available view), the view area (a cells canvas of exactly that
+ * size, drawn by the view and blitted by tui_blit.c), a status line (model,
+ * context, steps, speed, KV bytes, hit rate) and a bottom line (prefill
+ * progress, messages, key hints).
+ *
+ * One loop on the UI thread: drain the probe ring into the store, pick up
+ * the worker's status, redraw when something changed (at most ~20 times a
+ * second while events stream in), then poll() stdin, the signal self-pipe
+ * and the worker's wake pipe. Keys go through one const table whose rows
+ * return a small bit set (handled, redraw, quit), as htop's handlers do; the
+ * help overlay is printed from the same table. SIGINT, SIGTERM, SIGHUP and
+ * SIGQUIT only set a flag and write to the self-pipe; the loop then leaves
+ * through endwin. An atexit handler and a SIGABRT handler restore the
+ * terminal as a last resort. */
+#define NCURSES_WIDECHAR 1
+#include "app.h"
+#include "skv.h"
+
+#include <curses.h>
+#include <errno.h>
+#include <fcntl.h>
+#include <langinfo.h>
+#include <poll.h>
+#include <signal.h>
+#include <stdarg.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <strings.h>
+#include <sys/stat.h>
+#include <unistd.h>
+
+enum { MIN_COLS = 60, MIN_ROWS = 15 };
+enum { APP_HANDLED = 1, APP_REDRAW = 2, APP_QUIT = 4 };
+enum { MAX_TABS = 32 };
+
+/* PNG export size in logical pixels, and its scale (2 = a crisp 2x figure). */
+enum { EXPORT_W = 1200, EXPORT_H = 700, EXPORT_SCALE = 2 };
+
+typedef struct app {
+    const app_opts *o;
+    probe_store *st;
+    int utf8, colors;
+    int rows, cols;
+    int view;                   /* index in view_classes */
+    view_cursor cur;
+    paint_result res;           /* layout of the last draw, for clicks */
+    int res_ok;
+    canvas *cv;                 /* cells canvas of the view area */
+    int cv_cols, cv_rows;
+    int view_top, view_h;       /* the view area on screen */
+    int help;                   /* the help overlay is shown */
+    char msg[256];              /* a transient message for the bottom line */
+    double msg_until;
+    char draw_err[256];
+    tui_worker_status ws;       /* last snapshot of the worker */
+    double t_start;
+    int playing;                /* replay: stepping through recorded steps */
+    double play_next;
+    int tab_y, n_tabs;          /* the tab bar: its row, and each tab's columns */
+    int tab_x0[MAX_TABS], tab_x1[MAX_TABS], tab_view[MAX_TABS];
+} app;
+
+/* ---- signals and the last-resort restore ---- */
+
+static volatile sig_atomic_t got_signal;
+static int sig_pipe[2] = {-1, -1};
+static volatile sig_atomic_t curses_up;
+static SCREEN *screen;
+static const int quit_signals[] = {SIGINT, SIGTERM, SIGHUP, SIGQUIT};
+#define N_QUIT_SIGNALS ((int)(sizeof quit_signals / sizeof quit_signals[0]))
+static struct sigaction old_actions[N_QUIT_SIGNALS], old_abort;
+
+static void on_quit_signal(int sig) {
+    int e = errno;
+    if (!got_signal) got_signal = sig;
+    if (sig_pipe[1] >= 0) {
+        char b = 1;
+        ssize_t r = write(sig_pipe[1], &b, 1);
+        (void)r;
+    }
+    errno = e;
+}
+
+/* A crash (abort, failed assert) with the screen up: put the terminal back
+ * as well as can be done from a signal handler, then die as asked. */
+static void on_abort(int sig) {
+    if (curses_up) { curses_up = 0; endwin(); }
+    signal(sig, SIG_DFL);
+    raise(sig);
+}
+
+static void restore_at_exit(void) {
+    if (curses_up) { curses_up = 0; endwin(); }
+}
+
+static int install_signals(void) {
+    if (pipe(sig_pipe)) return -1;
+    for (int i = 0; i < 2; i++) {
+        fcntl(sig_pipe[i], F_SETFL, fcntl(sig_pipe[i], F_GETFL) | O_NONBLOCK);
+        fcntl(sig_pipe[i], F_SETFD, FD_CLOEXEC);
+    }
+    got_signal = 0;
+    struct sigaction sa;
+    memset(&sa, 0, sizeof sa);
+    sa.sa_handler = on_quit_signal;
+    sigemptyset(&sa.sa_mask);
+    for (int i = 0; i < N_QUIT_SIGNALS; i++) sigaction(quit_signals[i], &sa, &old_actions[i]);
+    sa.sa_handler = on_abort;
+    sa.sa_flags = SA_RESETHAND;
+    sigaction(SIGABRT, &sa, &old_abort);
+    static int registered;
+    if (!registered) { atexit(restore_at_exit); registered = 1; }
+    return 0;
+}
+
+static void remove_signals(void) {
+    for (int i = 0; i < N_QUIT_SIGNALS; i++) sigaction(quit_signals[i], &old_actions[i], NULL);
+    sigaction(SIGABRT, &old_abort, NULL);
+    for (int i = 0; i < 2; i++) {
+        if (sig_pipe[i] >= 0) close(sig_pipe[i]);
+        sig_pipe[i] = -1;
+    }
+}
+
+int app_locale_utf8(void) {
+    const char *cs = nl_langinfo(CODESET);
+    return cs && (!strcasecmp(cs, "UTF-8") || !strcasecmp(cs, "utf8"));
+}
+
+/* ---- small helpers ---- */
+
+static void set_msg(app *a, const char *fmt, ...) __attribute__((format(printf, 2, 3)));
+static void set_msg(app *a, const char *fmt, ...) {
+    va_list ap;
+    va_start(ap, fmt);
+    vsnprintf(a->msg, sizeof a->msg, fmt, ap);
+    va_end(ap);
+    a->msg_until = skv_now() + 6;
+}
+
+/* Bytes in binary units, short: "512B", "3.1K", "1.64M", "2.00G". */
+static void fmt_bytes(char *buf, size_t cap, double n) {
+    if (n < 1024) snprintf(buf, cap, "%.0fB", n);
+    else if (n < 1048576) snprintf(buf, cap, "%.1fK", n / 1024);
+    else if (n < 1073741824.0) snprintf(buf, cap, "%.2fM", n / 1048576);
+    else snprintf(buf, cap, "%.2fG", n / 1073741824.0);
+}
+
+static const view_class *cur_view(const app *a) { return view_classes[a->view]; }
+
+static int n_view_classes(void) {
+    int n = 0;
+    while (view_classes[n]) n++;
+    return n;
+}
+
+/* The next available view from index i in direction dir (+1/-1), or i. */
+static int next_view(int i, int dir) {
+    int n = n_view_classes();
+    for (int k = 1; k <= n; k++) {
+        int j = ((i + dir * k) % n + n) % n;
+        if (view_available(view_classes[j])) return j;
+    }
+    return i;
+}
+
+static int live(const app *a) { return a->o->worker != NULL; }
+
+/* Keeps layer and head inside what the store knows. */
+static void clamp_cursor(app *a) {
+    int nl = probe_store_n_layers(a->st), nh = probe_store_n_kv_heads(a->st);
+    if (nl > 0 && a->cur.layer >= nl) a->cur.layer = nl - 1;
+    if (nh > 0 && a->cur.head >= nh) a->cur.head = nh - 1;
+    if (a->cur.layer < 0) a->cur.layer = 0;
+    if (a->cur.head < 0) a->cur.head = 0;
+    int ns = probe_store_n_steps(a->st);
+    if (a->cur.step >= ns) a->cur.step = ns > 0 ? ns - 1 : -1;
+}
+
+/* Moves the shown step by d, staying inside the steps there are; live, the
+ * last step means "follow the latest" again. */
+static int move_step(app *a, int d) {
+    int n = probe_store_n_steps(a->st);
+    int s = view_step(a->st, &a->cur);
+    if (n <= 0 || s < 0) { set_msg(a, "no decode steps yet"); return APP_HANDLED | APP_REDRAW; }
+    int t = s + d;
+    if (t < 0) t = 0;
+    if (t > n - 1) t = n - 1;
+    a->cur.step = (live(a) && t == n - 1) ? -1 : t;
+    return APP_HANDLED | APP_REDRAW;
+}
+
+/* ---- key handlers: each returns APP_* bits ---- */
+
+static int key_step(app *a, int ch) {
+    (void)ch;
+    if (!live(a)) {
+        int n = probe_store_n_steps(a->st), s = view_step(a->st, &a->cur);
+        if (n <= 0) set_msg(a, "the trace has no decode steps");
+        else if (s >= n - 1) set_msg(a, "last recorded step (%d)", n - 1);
+        else a->cur.step = s + 1;
+        a->playing = 0;
+        return APP_HANDLED | APP_REDRAW;
+    }
+    if (a->ws.state == TUI_W_FAILED) { set_msg(a, "the engine stopped: %s", a->ws.error); return APP_HANDLED | APP_REDRAW; }
+    if (a->ws.state == TUI_W_PREFILL) set_msg(a, "step queued: the prefill is still running");
+    tui_worker_send(a->o->worker, TUI_CMD_STEP);
+    a->cur.step = -1;
+    return APP_HANDLED | APP_REDRAW;
+}
+
+static int key_run(app *a, int ch) {
+    (void)ch;
+    if (!live(a)) {
+        int n = probe_store_n_steps(a->st);
+        if (n <= 0) { set_msg(a, "the trace has no decode steps"); return APP_HANDLED | APP_REDRAW; }
+        a->playing = !a->playing;
+        if (a->playing && view_step(a->st, &a->cur) >= n - 1) a->cur.step = 0;
+        a->play_next = skv_now() + 0.2;
+        return APP_HANDLED | APP_REDRAW;
+    }
+    if (a->ws.state == TUI_W_FAILED) { set_msg(a, "the engine stopped: %s", a->ws.error); return APP_HANDLED | APP_REDRAW; }
+    if (a->ws.state == TUI_W_PREFILL) set_msg(a, "run queued: the prefill is still running");
+    tui_worker_send(a->o->worker, TUI_CMD_TOGGLE);
+    a->cur.step = -1;
+    return APP_HANDLED | APP_REDRAW;
+}
+
+static int key_view(app *a, int ch) {
+    a->view = next_view(a->view, ch == KEY_BTAB ? -1 : 1);
+    a->res_ok = 0;
+    return APP_HANDLED | APP_REDRAW;
+}
+
+static int key_layer(app *a, int ch) {
+    int n = probe_store_n_layers(a->st);
+    if (n <= 0) { set_msg(a, "no layers known yet"); return APP_HANDLED | APP_REDRAW; }
+    a->cur.layer += ch == ']' ? 1 : -1;
+    clamp_cursor(a);
+    return APP_HANDLED | APP_REDRAW;
+}
+
+static int key_head(app *a, int ch) {
+    int n = probe_store_n_kv_heads(a->st);
+    if (n <= 0) { set_msg(a, "no KV heads known yet"); return APP_HANDLED | APP_REDRAW; }
+    a->cur.head += ch == '}' ? 1 : -1;
+    clamp_cursor(a);
+    return APP_HANDLED | APP_REDRAW;
+}
+
+/* Arrows and hjkl go to the view's move(); left/right it leaves alone move
+ * the shown step. */
+static int key_move(app *a, int ch) {
+    int dx = 0, dy = 0;
+    switch (ch) {
+    case KEY_LEFT: case 'h': dx = -1; break;
+    case KEY_RIGHT: case 'l': dx = 1; break;
+    case KEY_UP: case 'k': dy = -1; break;
+    case KEY_DOWN: case 'j': dy = 1; break;
+    default: return 0;
+    }
+    const view_class *vc = cur_view(a);
+    int bits = vc->move ? (vc->move)(&a->cur, a->st, dx, dy) : 0; /* parenthesised: curses defines move() */
+    if (!(bits & VIEW_HANDLED) && dx) return move_step(a, dx);
+    clamp_cursor(a);
+    return APP_HANDLED | APP_REDRAW;
+}
+
+static int key_first_last(app *a, int ch) {
+    int n = probe_store_n_steps(a->st);
+    if (n <= 0) { set_msg(a, "no decode steps yet"); return APP_HANDLED | APP_REDRAW; }
+    if (ch == 'g' || ch == KEY_HOME) a->cur.step = 0;
+    else a->cur.step = live(a) ? -1 : n - 1;
+    a->playing = 0;
+    return APP_HANDLED | APP_REDRAW;
+}
+
+/* Picks a file name in the current directory that does not exist yet:
+ * skv-VIEW-L<layer>-H<head>-S<step>.png, then -2, -3, ... before .png. */
+static int export_name(const app *a, char *out, size_t cap) {
+    char base[160];
+    int s = view_step(a->st, &a->cur);
+    if (s >= 0) snprintf(base, sizeof base, "skv-%s-L%d-H%d-S%d", cur_view(a)->name, a->cur.layer, a->cur.head, s);
+    else snprintf(base, sizeof base, "skv-%s-L%d-H%d-prefill", cur_view(a)->name, a->cur.layer, a->cur.head);
+    for (int k = 1; k < 10000; k++) {
+        if (k == 1) snprintf(out, cap, "%s.png", base);
+        else snprintf(out, cap, "%s-%d.png", base, k);
+        struct stat sb;
+        if (lstat(out, &sb) != 0 && errno == ENOENT) return 0;
+    }
+    return -1;
+}
+
+static int key_export(app *a, int ch) {
+    (void)ch;
+    const view_class *vc = cur_view(a);
+    canvas *pc;
+    canvas_png_opts po = {.scale = EXPORT_SCALE};
+    if (canvas_png_new(&pc, EXPORT_W, EXPORT_H, &po)) {
+        set_msg(a, "export failed: %s", skv_last_error());
+        return APP_HANDLED | APP_REDRAW;
+    }
+    canvas_clear(pc);
+    int rc = vc->draw(pc, (canvas_rect){0, 0, EXPORT_W, EXPORT_H}, a->st, &a->cur, NULL);
+    char name[256];
+    if (rc == SKV_EMISSING) set_msg(a, "nothing to export: the %s view has no data yet", vc->name);
+    else if (rc < 0) set_msg(a, "export failed: %s", skv_last_error());
+    else if (export_name(a, name, sizeof name)) set_msg(a, "export failed: no free file name for %s", vc->name);
+    else if (canvas_png_save(pc, name, 0)) set_msg(a, "export failed: %s", skv_last_error());
+    else set_msg(a, "exported %s (%dx%d)", name, EXPORT_W * EXPORT_SCALE, EXPORT_H * EXPORT_SCALE);
+    canvas_free(pc);
+    return APP_HANDLED | APP_REDRAW;
+}
+
+static int key_help(app *a, int ch) {
+    (void)ch;
+    a->help = !a->help;
+    return APP_HANDLED | APP_REDRAW;
+}
+
+static int key_quit(app *a, int ch) {
+    (void)a; (void)ch;
+    return APP_HANDLED | APP_QUIT;
+}
+
+static int key_redraw(app *a, int ch) {
+    (void)a; (void)ch;
+    clearok(curscr, TRUE);
+    return APP_HANDLED | APP_REDRAW;
+}
+
+/* The key table: the loop dispatches through it and the help lists it. */
+static const struct app_key {
+    int keys[5];          /* curses key codes, 0-terminated */
+    const char *label;    /* as the help shows them */
+    const char *help;
+    int (*fn)(app *a, int ch);
+} app_keys[] = {
+    {{' ', 'n'}, "space n", "step one token (replay: the next recorded step)", key_step},
+    {{'r'}, "r", "run / pause (up to -n tokens or end of generation; replay: play)", key_run},
+    {{'\t', KEY_BTAB}, "tab S-tab", "next / previous view", key_view},
+    {{'[', ']'}, "[ ]", "previous / next layer", key_layer},
+    {{'{', '}'}, "{ }", "previous / next KV head", key_head},
+    {{KEY_LEFT, KEY_RIGHT, KEY_UP, KEY_DOWN}, "arrows", "move inside the view (left/right: step)", key_move},
+    {{'h', 'j', 'k', 'l'}, "h j k l", "the same as the arrows", key_move},
+    {{'g', 'G', KEY_HOME, KEY_END}, "g G Home End", "first / last step (G follows the newest)", key_first_last},
+    {{'e'}, "e", "export the view to skv-VIEW-L#-H#-S#.png here", key_export},
+    {{'?'}, "?", "this help (any key closes it)", key_help},
+    {{12}, "C-l", "redraw the screen", key_redraw},
+    {{'q', 'Q'}, "q", "quit", key_quit},
+};
+#define N_APP_KEYS ((int)(sizeof app_keys / sizeof app_keys[0]))
+
+static int handle_mouse(app *a) {
+    MEVENT me;
+    if (getmouse(&me) != OK) return 0;
+    if (a->help) { a->help = 0; return APP_HANDLED | APP_REDRAW; }
+    if (me.bstate & BUTTON4_PRESSED) return key_move(a, KEY_UP);
+#ifdef BUTTON5_PRESSED
+    if (me.bstate & BUTTON5_PRESSED) return key_move(a, KEY_DOWN);
+#endif
+    if (!(me.bstate & (BUTTON1_PRESSED | BUTTON1_CLICKED))) return APP_HANDLED;
+    if (me.y == a->tab_y) {
+        for (int i = 0; i < a->n_tabs; i++)
+            if (me.x >= a->tab_x0[i] && me.x < a->tab_x1[i]) {
+                a->view = a->tab_view[i];
+                a->res_ok = 0;
+                return APP_HANDLED | APP_REDRAW;
+            }
+        return APP_HANDLED;
+    }
+    const view_class *vc = cur_view(a);
+    if (me.y >= a->view_top && me.y < a->view_top + a->view_h && vc->click && a->res_ok) {
+        int bits = vc->click(&a->cur, a->st, &a->res, me.x + 0.5, me.y - a->view_top + 0.5);
+        clamp_cursor(a);
+        return APP_HANDLED | ((bits & VIEW_REDRAW) ? APP_REDRAW : 0);
+    }
+    return APP_HANDLED;
+}
+
+static int handle_key(app *a, int ch) {
+    if (ch == KEY_RESIZE) return APP_HANDLED | APP_REDRAW;
+    if (ch == KEY_MOUSE) return handle_mouse(a);
+    if (a->help) { a->help = 0; return APP_HANDLED | APP_REDRAW; }
+    for (int i = 0; i < N_APP_KEYS; i++)
+        for (int k = 0; app_keys[i].keys[k]; k++)
+            if (app_keys[i].keys[k] == ch) return app_keys[i].fn(a, ch);
+    return 0;
+}
+
+/* ---- drawing ---- */
+
+static void draw_centered(int y, const char *s, int attr) {
+    int w = (int)strlen(s);
+    int x = (COLS - w) / 2;
+    if (x < 0) x = 0;
+    tui_blit_text(y, x, COLS - x, s, attr, 0, 0);
+}
+
+static void draw_too_small(app *a) {
+    char need[96];
+    snprintf(need, sizeof need, "terminal too small (need %dx%d, have %dx%d)", MIN_COLS, MIN_ROWS, a->cols, a->rows);
+    if ((int)strlen(need) <= a->cols) {
+        draw_centered(a->rows / 2, need, A_BOLD);
+    } else {
+        snprintf(need, sizeof need, "need %dx%d, have %dx%d", MIN_COLS, MIN_ROWS, a->cols, a->rows);
+        draw_centered(a->rows / 2 - 1, "terminal too small", A_BOLD);
+        draw_centered(a->rows / 2, need, 0);
+    }
+    if (a->rows > 2) draw_centered(a->rows / 2 + 1, "(q quits)", 0);
+}
+
+static const char *base_name(const char *p) {
+    const char *s = strrchr(p, '/');
+    return s && s[1] ? s + 1 : p;
+}
+
+/* The tab bar: available views in order, the current one in brackets and
+ * reverse video; scrolled so that the current tab is visible. */
+static void draw_tabs(app *a, int y, int h) {
+    (void)h;
+    a->tab_y = y;
+    char label[96];
+    int x = 0, cur_x1 = 0;
+    a->n_tabs = 0;
+    for (int i = 0; view_classes[i] && a->n_tabs < MAX_TABS; i++) {
+        if (!view_available(view_classes[i])) continue;
+        int w = (int)strlen(view_classes[i]->title) + 2;
+        a->tab_x0[a->n_tabs] = x;
+        a->tab_x1[a->n_tabs] = x + w;
+        a->tab_view[a->n_tabs] = i;
+        if (i == a->view) cur_x1 = x + w;
+        a->n_tabs++;
+        x += w + 1;
+    }
+    int shift = cur_x1 > a->cols ? cur_x1 - a->cols : 0;
+    for (int t = 0; t < a->n_tabs; t++) {
+        a->tab_x0[t] -= shift;
+        a->tab_x1[t] -= shift;
+        int i = a->tab_view[t], on = i == a->view;
+        snprintf(label, sizeof label, on ? "[%s]" : " %s ", view_classes[i]->title);
+        int x0 = a->tab_x0[t], skip = x0 < 0 ? -x0 : 0;
+        if (skip >= (int)strlen(label)) continue;
+        tui_blit_text(y, x0 + skip, a->cols - x0 - skip, label + skip, on ? (A_REVERSE | A_BOLD) : 0,
+                      on ? 0 : tui_blit_pair(CANVAS_RGB(0xb0, 0xb0, 0xb0), CANVAS_DEFAULT), a->utf8);
+    }
+    /* Right side: where the cursor is, the source, the help key; the parts
+     * that do not fit beside the tabs are left out from the right. */
+    char where[64], src[96], right[200];
+    snprintf(where, sizeof where, "L%d/%d H%d/%d", a->cur.layer, probe_store_n_layers(a->st), a->cur.head,
+             probe_store_n_kv_heads(a->st));
+    static const char *const state_name[] = {"prefill", "idle", "running", "stopped"};
+    if (a->o->replay_path)
+        snprintf(src, sizeof src, "replay %s%s", base_name(a->o->replay_path), a->playing ? ": playing" : "");
+    else snprintf(src, sizeof src, "live: %s", state_name[a->ws.state]);
+    const char *parts[3] = {where, src, "? help"};
+    for (int k = 3; k >= 1; k--) {
+        right[0] = 0;
+        for (int i = 0; i < k; i++)
+            snprintf(right + strlen(right), sizeof right - strlen(right), "%s%s", i ? "  " : " ", parts[i]);
+        strcat(right, " ");
+        int mx = a->cols - (int)strlen(right);
+        if (x - shift + 1 < mx) {
+            tui_blit_text(y, mx, (int)strlen(right), right, A_BOLD, 0, a->utf8);
+            break;
+        }
+    }
+}
+
+/* Whether a cells canvas shows nothing but blanks. */
+static int cells_blank(canvas *c) {
+    int cols, rows;
+    const canvas_cell *g = canvas_cells_grid(c, &cols, &rows);
+    for (long i = 0; g && i < (long)cols * rows; i++)
+        if (g[i].ch != ' ' || g[i].bg != CANVAS_DEFAULT) return 0;
+    return 1;
+}
+
+static void draw_view(app *a, int y, int h) {
+    a->view_top = y;
+    a->view_h = h;
+    const view_class *vc = cur_view(a);
+    unsigned flags = (a->utf8 ? 0 : CANVAS_CELLS_ASCII) | (a->colors ? 0 : CANVAS_CELLS_MONO);
+    if (!a->cv || a->cv_cols != a->cols || a->cv_rows != a->view_h) {
+        canvas_free(a->cv);
+        a->cv = NULL;
+        if (canvas_cells_new(&a->cv, a->cols, a->view_h, flags)) {
+            snprintf(a->draw_err, sizeof a->draw_err, "%s", skv_last_error());
+            return;
+        }
+        a->cv_cols = a->cols;
+        a->cv_rows = a->view_h;
+    }
+    canvas_clear(a->cv);
+    memset(&a->res, 0, sizeof a->res);
+    int rc = vc->draw(a->cv, (canvas_rect){0, 0, a->cols, a->view_h}, a->st, &a->cur, &a->res);
+    a->res_ok = rc == 0;
+    if (rc < 0 && rc != SKV_EMISSING) snprintf(a->draw_err, sizeof a->draw_err, "%s: %s", vc->name, skv_last_error());
+    else a->draw_err[0] = 0;
+    if (rc < 0 && cells_blank(a->cv)) /* the view said nothing: say why it could not draw */
+        canvas_text(a->cv, a->cols / 2.0, a->view_h / 2.0, skv_last_error(), CANVAS_FONT_BODY,
+                    CANVAS_CENTER | CANVAS_MIDDLE, CANVAS_DEFAULT);
+    tui_blit(a->cv, a->view_top, 0, a->utf8);
+}
+
+/* The status line is built from segments ranked by importance (1 = always
+ * kept); when the row is too narrow the least important ones go first. */
+enum { MAX_SEGS = 12 };
+typedef struct status_line {
+    char text[MAX_SEGS][160];
+    int prio[MAX_SEGS];
+    int n;
+} status_line;
+
+static void seg(status_line *l, int prio, const char *fmt, ...) __attribute__((format(printf, 3, 4)));
+static void seg(status_line *l, int prio, const char *fmt, ...) {
+    if (l->n >= MAX_SEGS) return;
+    va_list ap;
+    va_start(ap, fmt);
+    vsnprintf(l->text[l->n], sizeof l->text[0], fmt, ap);
+    va_end(ap);
+    l->prio[l->n++] = prio;
+}
+
+/* Joins the segments marked in keep with " | ". */
+static int join_status(const status_line *l, const int *keep, char *out, size_t cap) {
+    size_t n = 0;
+    out[0] = 0;
+    for (int i = 0; i < l->n; i++) {
+        if (!keep[i]) continue;
+        n += (size_t)snprintf(out + n, n < cap ? cap - n : 0, "%s%s", n ? " | " : " ", l->text[i]);
+        if (n >= cap) { out[cap - 1] = 0; n = cap - 1; }
+    }
+    return (int)n;
+}
+
+/* Keeps segments in order of importance while they fit in width cells;
+ * rank 1 is kept regardless. Returns the joined line's length. */
+static int fit_status(const status_line *l, int width, char *out, size_t cap) {
+    int keep[MAX_SEGS] = {0};
+    for (int rank = 1; rank <= 9; rank++)
+        for (int i = 0; i < l->n; i++) {
+            if (l->prio[i] != rank) continue;
+            keep[i] = 1;
+            if (rank > 1 && join_status(l, keep, out, cap) > width) keep[i] = 0;
+        }
+    return join_status(l, keep, out, cap);
+}
+
+static void draw_status(app *a, int y, int h) {
+    (void)h;
+    status_line l = {.n = 0};
+    const probe_ev_run *run = probe_store_run(a->st);
+    int n_steps = probe_store_n_steps(a->st);
+    int vs = view_step(a->st, &a->cur);
+    const probe_ev_step *se = vs >= 0 ? probe_store_step(a->st, vs) : NULL;
+    int random = live(a) ? a->o->random_weights : run && run->random_weights;
+    const char *model = live(a) ? a->o->model_label : run && run->model && run->model[0] ? run->model : "?";
+    seg(&l, 1, "%s%s", model, random ? " [random weights]" : "");
+    if (live(a)) seg(&l, 2, "ctx %d/%d", a->ws.n_past, a->ws.n_ctx);
+    else if (run) seg(&l, 2, "ctx %d/%d", run->prompt_len + n_steps, run->max_ctx);
+    int steps = live(a) ? a->ws.steps : n_steps;
+    if (a->cur.step >= 0 && vs >= 0) seg(&l, 1, "steps %d (at %d)", steps, vs);
+    else seg(&l, 1, "steps %d", steps);
+    double tps = 0;
+    if (live(a)) tps = a->ws.t_decode > 0 ? a->ws.steps / a->ws.t_decode : 0;
+    else {
+        double sum = 0;
+        int k = 0;
+        for (int i = 0; i < n_steps; i++) {
+            const probe_ev_step *e = probe_store_step(a->st, i);
+            if (e && e->seconds > 0) { sum += e->seconds; k++; }
+        }
+        tps = sum > 0 ? k / sum : 0;
+    }
+    if (tps > 0) seg(&l, 6, tps >= 100 ? "%.0f tok/s" : "%.1f tok/s", tps);
+    double res = se ? (double)se->kv_resident : live(a) ? (double)a->ws.kv_resident : -1;
+    double off = se ? (double)se->kv_offloaded : live(a) ? (double)a->ws.kv_offloaded : -1;
+    if (res >= 0 && (res > 0 || off > 0)) {
+        char rb[32], ob[32];
+        fmt_bytes(rb, sizeof rb, res);
+        fmt_bytes(ob, sizeof ob, off);
+        seg(&l, 5, "KV res %s off %s", rb, ob);
+    }
+    int dense = run && run->kv_policy && !strcmp(run->kv_policy, "dense");
+    if (!dense) {
+        if (se) seg(&l, 4, "hit %.0f%%", 100.0 * se->hit_rate);
+        else if (live(a) && a->ws.hits + a->ws.misses)
+            seg(&l, 4, "hit %.0f%%", 100.0 * a->ws.hits / (double)(a->ws.hits + a->ws.misses));
+    }
+    char full[MAX_SEGS * 170];
+    int len = fit_status(&l, a->cols, full, sizeof full);
+    tui_blit_text(y, 0, a->cols, full, A_REVERSE, 0, a->utf8);
+    for (int x = len; x < a->cols; x++) tui_blit_text(y, x, 1, " ", A_REVERSE, 0, 0);
+}
+
+static void draw_progress(app *a, int y) {
+    int done = a->ws.prefill_done, total = a->ws.prefill_total > 0 ? a->ws.prefill_total : 1;
+    char tail[128];
+    snprintf(tail, sizeof tail, " %d/%d tokens %3d%%  %.1f s", done, total, (int)(100.0 * done / total),
+             skv_now() - a->t_start);
+    const char *head = " prefill ";
+    int bar = a->cols - (int)strlen(head) - (int)strlen(tail) - 3;
+    if (bar < 5) bar = 5;
+    int fill = (int)((double)bar * done / total);
+    tui_blit_text(y, 0, a->cols, head, A_BOLD, 0, a->utf8);
+    int x = (int)strlen(head);
+    tui_blit_text(y, x++, 1, "[", 0, 0, 0);
+    for (int i = 0; i < bar; i++) {
+        const char *g = i < fill ? (a->utf8 ? "\xe2\x96\x88" : "#") : (a->utf8 ? "\xe2\x96\x91" : ".");
+        tui_blit_text(y, x++, 1, g, 0, i < fill ? tui_blit_pair(CANVAS_RGB(0x3c, 0xa0, 0xe0), CANVAS_DEFAULT) : 0, a->utf8);
+    }
+    tui_blit_text(y, x++, 1, "]", 0, 0, 0);
+    tui_blit_text(y, x, a->cols - x, tail, 0, 0, 0);
+}
+
+static void draw_bottom(app *a, int y, int h) {
+    (void)h;
+    int w = a->cols;
+    if (a->msg[0]) { tui_blit_text(y, 1, w - 1, a->msg, A_BOLD, 0, a->utf8); return; }
+    if (live(a) && a->ws.state == TUI_W_PREFILL) { draw_progress(a, y); return; }
+    if (live(a) && a->ws.state == TUI_W_FAILED) {
+        char b[320];
+        snprintf(b, sizeof b, "engine stopped: %s (q quits)", a->ws.error);
+        tui_blit_text(y, 1, w - 1, b, A_BOLD, tui_blit_pair(CANVAS_RGB(0xff, 0x60, 0x60), CANVAS_DEFAULT), a->utf8);
+        return;
+    }
+    if (live(a) && a->ws.error[0]) { tui_blit_text(y, 1, w - 1, a->ws.error, 0, 0, a->utf8); return; }
+    if (live(a) && a->ws.notice[0]) {
+        char b[300];
+        snprintf(b, sizeof b, "kv: %s", a->ws.notice);
+        tui_blit_text(y, 1, w - 1, b, 0, 0, a->utf8);
+        return;
+    }
+    if (a->draw_err[0]) { tui_blit_text(y, 1, w - 1, a->draw_err, 0, 0, a->utf8); return; }
+    const char *hint = live(a)
+        ? "space step  r run/pause  tab view  [ ] layer  { } head  arrows move  g G steps  e export  ? help  q quit"
+        : "space next step  r play  tab view  [ ] layer  { } head  arrows move  g G steps  e export  ? help  q quit";
+    tui_blit_text(y, 1, w - 1, hint, A_DIM, 0, a->utf8);
+}
+
+/* A framed box over the view area listing the key table and the view's help. */
+static void draw_help(app *a) {
+    int bw = a->cols - 4 < 84 ? a->cols - 4 : 84;
+    int lines = N_APP_KEYS + 6;
+    int bh = lines < a->view_h ? lines : a->view_h;
+    int x0 = (a->cols - bw) / 2, y0 = a->view_top + (a->view_h - bh) / 2;
+    const char *h = a->utf8 ? "\xe2\x94\x80" : "-", *v = a->utf8 ? "\xe2\x94\x82" : "|";
+    const char *c[4] = {"+", "+", "+", "+"};
+    if (a->utf8) { c[0] = "\xe2\x94\x8c"; c[1] = "\xe2\x94\x90"; c[2] = "\xe2\x94\x94"; c[3] = "\xe2\x94\x98"; }
+    for (int y = y0; y < y0 + bh; y++)
+        for (int x = x0; x < x0 + bw; x++) {
+            const char *g = " ";
+            int top = y == y0, bot = y == y0 + bh - 1, lft = x == x0, rgt = x == x0 + bw - 1;
+            if ((top || bot) && (lft || rgt)) g = c[(bot ? 2 : 0) + (rgt ? 1 : 0)];
+            else if (top || bot) g = h;
+            else if (lft || rgt) g = v;
+            tui_blit_text(y, x, 1, g, 0, 0, a->utf8);
+        }
+    int y = y0 + 1, tw = bw - 4;
+    char line[256];
+    tui_blit_text(y0, x0 + 2, tw, " skv inspect: keys ", A_BOLD, 0, a->utf8);
+    for (int i = 0; i < N_APP_KEYS && y < y0 + bh - 1; i++, y++) {
+        snprintf(line, sizeof line, "%-13s %s", app_keys[i].label, app_keys[i].help);
+        tui_blit_text(y, x0 + 2, tw, line, 0, 0, a->utf8);
+    }
+    char view_line[256];
+    snprintf(line, sizeof line, "%-13s %s", "mouse", "click selects (chunk, layer, step); click a tab; wheel moves");
+    snprintf(view_line, sizeof view_line, "%s: %s", cur_view(a)->title, cur_view(a)->help ? cur_view(a)->help : "");
+    const char *extra[] = {line, "", view_line, "any key closes this help"};
+    for (int i = 0; i < 4 && y < y0 + bh - 1; i++, y++)
+        tui_blit_text(y, x0 + 2, tw, extra[i], i == 2 ? A_BOLD : (i == 3 ? A_DIM : 0), 0, a->utf8);
+}
+
+/* The screen from top to bottom; a pane of 0 rows takes what the others leave. */
+static const struct app_pane {
+    const char *name;
+    int rows;
+    void (*draw)(app *a, int y, int h);
+} app_panes[] = {
+    {"tabs", 1, draw_tabs},
+    {"view", 0, draw_view},
+    {"status", 1, draw_status},
+    {"bottom", 1, draw_bottom},
+};
+#define N_APP_PANES ((int)(sizeof app_panes / sizeof app_panes[0]))
+
+static void draw(app *a) {
+    getmaxyx(stdscr, a->rows, a->cols);
+    erase();
+    if (a->cols < MIN_COLS || a->rows < MIN_ROWS) {
+        draw_too_small(a);
+        a->res_ok = 0;
+        a->n_tabs = 0;
+        refresh();
+        return;
+    }
+    int fixed = 0;
+    for (int i = 0; i < N_APP_PANES; i++) fixed += app_panes[i].rows;
+    for (int i = 0, y = 0; i < N_APP_PANES; i++) {
+        int h = app_panes[i].rows ? app_panes[i].rows : a->rows - fixed;
+        app_panes[i].draw(a, y, h);
+        y += h;
+    }
+    if (a->help) draw_help(a);
+    refresh();
+}
+
+/* ---- the loop ---- */
+
+/* Moves pending probe events into the store for at most budget seconds.
+ * Returns the number moved; *more is set when some are still waiting. */
+static int drain(app *a, double budget, int *more) {
+    *more = 0;
+    if (!a->o->ring) return 0;
+    double t0 = skv_now();
+    int total = 0;
+    for (int errors = 0; errors < 64;) {
+        int r = probe_store_drain(a->st, a->o->ring, 512);
+        if (r < 0) { errors++; set_msg(a, "probe event dropped: %s", skv_last_error()); continue; }
+        if (r == 0) break;
+        total += r;
+        if (skv_now() - t0 > budget) { *more = probe_ring_pending(a->o->ring) > 0; break; }
+    }
+    if (total) clamp_cursor(a);
+    return total;
+}
+
+static void empty_pipe(int fd) {
+    char buf[256];
+    while (fd >= 0 && read(fd, buf, sizeof buf) > 0) {}
+}
+
+static void init_app(app *a, const app_opts *o) {
+    memset(a, 0, sizeof *a);
+    a->o = o;
+    a->st = o->store;
+    view_cursor_init(&a->cur);
+    a->view = view_available(view_classes[0]) ? 0 : next_view(0, 1);
+    a->t_start = skv_now();
+    if (!o->worker && probe_store_n_steps(o->store) > 0) a->cur.step = 0;
+    if (o->worker) tui_worker_status_get(o->worker, &a->ws);
+    clamp_cursor(a);
+}
+
+static int colors_in_use, utf8_in_use;
+
+int app_open(void) {
+    if (curses_up) return 0;
+    int any = 0;
+    for (int i = 0; view_classes[i]; i++) any |= view_available(view_classes[i]);
+    if (!any) {
+        fprintf(stderr, "skv inspect: no view is built into this skv\n");
+        return 1;
+    }
+    if (install_signals()) {
+        fprintf(stderr, "skv inspect: cannot create a pipe: %s\n", strerror(errno));
+        return 1;
+    }
+    const char *term = getenv("TERM");
+    screen = newterm(NULL, stdout, stdin);
+    if (!screen) {
+        remove_signals();
+        fprintf(stderr, "skv inspect: cannot set up the terminal (TERM=%s)\n", term ? term : "unset");
+        return 1;
+    }
+    curses_up = 1;
+    char *cup = tigetstr("cup");
+    if (!cup || cup == (char *)-1) { /* a terminal that cannot place the cursor would show garbage */
+        app_close();
+        fprintf(stderr, "skv inspect: the terminal (TERM=%s) cannot move the cursor; the inspector needs one that can\n",
+                term ? term : "unset");
+        return 1;
+    }
+    cbreak();
+    noecho();
+    nonl();
+    keypad(stdscr, TRUE);
+    nodelay(stdscr, TRUE);
+    curs_set(0);
+    set_escdelay(25);
+    mousemask(BUTTON1_PRESSED | BUTTON1_CLICKED | BUTTON4_PRESSED
+#ifdef BUTTON5_PRESSED
+              | BUTTON5_PRESSED
+#endif
+              , NULL);
+    mouseinterval(0);
+    colors_in_use = tui_blit_init();
+    utf8_in_use = app_locale_utf8();
+    return 0;
+}
+
+void app_close(void) {
+    if (!screen) return;
+    curses_up = 0;
+    endwin();
+    delscreen(screen);
+    screen = NULL;
+    remove_signals();
+}
+
+int app_run(const app_opts *o) {
+    if (!screen) return 1;
+    app a;
+    init_app(&a, o);
+    a.colors = colors_in_use;
+    a.utf8 = utf8_in_use;
+
+    int rc = 0, dirty = 1, force = 1;
+    double last_draw = 0;
+    for (;;) {
+        if (got_signal) { rc = 128 + got_signal; break; }
+        int more = 0;
+        if (drain(&a, 0.03, &more) > 0) dirty = 1;
+        if (o->worker) {
+            tui_worker_status ws;
+            tui_worker_status_get(o->worker, &ws);
+            if (ws.version != a.ws.version || ws.state != a.ws.state) dirty = 1;
+            a.ws = ws;
+        }
+        double now = skv_now();
+        if (a.playing && now >= a.play_next) {
+            int n = probe_store_n_steps(a.st), s = view_step(a.st, &a.cur);
+            if (s + 1 < n) a.cur.step = s + 1;
+            if (s + 1 >= n - 1) a.playing = 0;
+            a.play_next = now + 0.2;
+            dirty = 1;
+        }
+        if (a.msg[0] && now > a.msg_until) { a.msg[0] = 0; dirty = 1; }
+        if (o->worker && a.ws.state == TUI_W_PREFILL && now - last_draw > 0.25) dirty = 1; /* elapsed time */
+        if (dirty && (force || now - last_draw >= 0.05)) {
+            draw(&a);
+            last_draw = skv_now();
+            dirty = force = 0;
+        }
+        int timeout = 500;
+        if (more) timeout = 0;
+        else if (dirty) timeout = 20;
+        else if (a.playing) timeout = 50;
+        else if (o->worker && (a.ws.state == TUI_W_PREFILL || a.ws.state == TUI_W_RUNNING)) timeout = 100;
+        struct pollfd fds[3] = {
+            {.fd = STDIN_FILENO, .events = POLLIN},
+            {.fd = sig_pipe[0], .events = POLLIN},
+            {.fd = o->wake_fd, .events = POLLIN},
+        };
+        int nfds = o->wake_fd >= 0 ? 3 : 2;
+        if (poll(fds, nfds, timeout) < 0 && errno != EINTR) { rc = 1; break; }
+        if (nfds == 3 && (fds[2].revents & POLLIN)) empty_pipe(o->wake_fd);
+        if (fds[1].revents & POLLIN) empty_pipe(sig_pipe[0]);
+        int quit = 0, ch;
+        while (!quit && (ch = getch()) != ERR) {
+            int bits = handle_key(&a, ch);
+            if (bits & APP_QUIT) quit = 1;
+            if (bits & APP_REDRAW) dirty = force = 1;
+        }
+        if (quit) break;
+        /* Stdin gone (terminal closed): leave as after SIGHUP. */
+        if (fds[0].revents & (POLLHUP | POLLERR | POLLNVAL)) { rc = 128 + SIGHUP; break; }
+    }
+    app_close();
+    canvas_free(a.cv);
+    return rc;
+}

@@ -1,0 +1,175 @@
+/* cmd_export.c: `skv export` draws one view of a recorded trace into a
+ * figure file, with the same drawing code the inspector uses in a terminal.
+ *
+ *   skv export --trace T --view NAME [--layer L --head H --step S --chunk C]
+ *              -o FIG.png [--scale 2] [--size WxH] [--force]
+ *
+ * The trace is replayed into a probe store, the view draws on a PNG canvas
+ * (an SVG one when FIG ends in .svg), and the file is saved atomically; an
+ * existing file is replaced only with --force. Every failure is one line on
+ * stderr and a non-zero exit: 2 for a bad command line, 1 for bad input. */
+#include "cli.h"
+#include "skv.h"
+#include "store.h"
+#include "trace.h"
+#include "view.h"
+
+#include <errno.h>
+#include <stdlib.h>
+#include <string.h>
+#include <strings.h>
+#include <sys/stat.h>
+
+#define EXPORT_MAX_SIDE 8192    /* logical pixels per side */
+#define EXPORT_MAX_SCALE 4
+
+static void export_help(FILE *o) {
+    fprintf(o, "usage: skv export --trace FILE --view NAME -o FIG.png [options]\n\n"
+               "Draws one view of a recorded trace (skv run --trace FILE) into a PNG figure,\n"
+               "or an SVG one when FIG ends in .svg, and prints the path written.\n\n"
+               "  -t, --trace FILE      the trace to replay\n"
+               "  -v, --view NAME       the view to draw (below)\n"
+               "  -o, --output FIG      the figure to write; an existing file is kept unless --force\n"
+               "      --layer L         model layer (default 0)\n"
+               "      --head H          KV head (default 0)\n"
+               "      --step S          decode step (default: the last one)\n"
+               "      --chunk C         chunk to mark in chunkmap and selection (default: none)\n"
+               "      --size WxH        figure size in logical pixels (default 1200x700)\n"
+               "      --scale N         pixel density 1..%d (default 1; 2 = a crisp 2x image)\n"
+               "      --force           replace FIG if it exists\n\nviews:\n",
+            EXPORT_MAX_SCALE);
+    for (int i = 0; view_classes[i]; i++) {
+        const view_class *v = view_classes[i];
+        fprintf(o, "  %-10s %s%s\n", v->name, view_available(v) ? "" : "(not available yet) ", v->help ? v->help : "");
+    }
+}
+
+/* Parses a whole decimal integer in [lo, hi]; prints the error itself. */
+static int parse_int_opt(const char *flag, const char *v, long lo, long hi, int *out) {
+    char *end;
+    errno = 0;
+    long x = v ? strtol(v, &end, 10) : 0;
+    if (!v || !*v || *end || errno || x < lo || x > hi) {
+        cli_usage_error("export", "%s expects an integer in [%ld, %ld], got '%s'", flag, lo, hi, v ? v : "");
+        return -1;
+    }
+    *out = (int)x;
+    return 0;
+}
+
+/* Parses "WxH" (an ASCII x or X between the sides). */
+static int parse_size(const char *v, int *w, int *h) {
+    char *end;
+    errno = 0;
+    long a = strtol(v, &end, 10);
+    if (end == v || (*end != 'x' && *end != 'X') || errno) return -1;
+    const char *p = end + 1;
+    long b = strtol(p, &end, 10);
+    if (end == p || *end || errno) return -1;
+    if (a < 16 || b < 16 || a > EXPORT_MAX_SIDE || b > EXPORT_MAX_SIDE) return -1;
+    *w = (int)a;
+    *h = (int)b;
+    return 0;
+}
+
+static int ends_with(const char *s, const char *suffix) {
+    size_t n = strlen(s), m = strlen(suffix);
+    return n >= m && !strcasecmp(s + n - m, suffix);
+}
+
+/* Checks the cursor against the store's shape; one line and 1 when out of range. */
+static int check_cursor(const char *trace, const probe_store *st, const view_cursor *cur) {
+    int nl = probe_store_n_layers(st), nh = probe_store_n_kv_heads(st), ns = probe_store_n_steps(st);
+    if (cur->layer >= (nl > 0 ? nl : 1)) {
+        fprintf(stderr, "skv export: --layer %d is out of range: %s has %d layer%s (0..%d)\n", cur->layer, trace, nl,
+                nl == 1 ? "" : "s", nl - 1);
+        return 1;
+    }
+    if (cur->head >= (nh > 0 ? nh : 1)) {
+        fprintf(stderr, "skv export: --head %d is out of range: %s has %d KV head%s (0..%d)\n", cur->head, trace, nh,
+                nh == 1 ? "" : "s", nh - 1);
+        return 1;
+    }
+    if (cur->step >= 0 && cur->step >= ns) {
+        if (ns == 0) fprintf(stderr, "skv export: --step %d is out of range: %s has no decode steps\n", cur->step, trace);
+        else
+            fprintf(stderr, "skv export: --step %d is out of range: %s has %d decode steps (0..%d)\n", cur->step, trace,
+                    ns, ns - 1);
+        return 1;
+    }
+    return 0;
+}
+
+int cmd_export(int argc, char **argv) {
+    const char *trace = NULL, *view_name = NULL, *out = NULL;
+    int layer = 0, head = 0, step = -1, chunk = -1, scale = 1, width = 1200, height = 700, force = 0;
+    for (int i = 1; i < argc; i++) {
+        const char *a = argv[i], *v = i + 1 < argc ? argv[i + 1] : NULL;
+        if (!strcmp(a, "-h") || !strcmp(a, "--help")) { export_help(stdout); return 0; }
+        if (!strcmp(a, "--force")) { force = 1; continue; }
+        int known = !strcmp(a, "--trace") || !strcmp(a, "-t") || !strcmp(a, "--view") || !strcmp(a, "-v") ||
+                    !strcmp(a, "-o") || !strcmp(a, "--output") || !strcmp(a, "--layer") || !strcmp(a, "--head") ||
+                    !strcmp(a, "--step") || !strcmp(a, "--chunk") || !strcmp(a, "--scale") || !strcmp(a, "--size");
+        if (!known) return cli_usage_error("export", "unknown option '%s'", a);
+        if (!v) return cli_usage_error("export", "%s needs a value", a);
+        i++;
+        if (!strcmp(a, "--trace") || !strcmp(a, "-t")) trace = v;
+        else if (!strcmp(a, "--view") || !strcmp(a, "-v")) view_name = v;
+        else if (!strcmp(a, "-o") || !strcmp(a, "--output")) out = v;
+        else if (!strcmp(a, "--layer")) { if (parse_int_opt(a, v, 0, 1 << 20, &layer)) return 2; }
+        else if (!strcmp(a, "--head")) { if (parse_int_opt(a, v, 0, 1 << 20, &head)) return 2; }
+        else if (!strcmp(a, "--step")) { if (parse_int_opt(a, v, -1, 1 << 30, &step)) return 2; }
+        else if (!strcmp(a, "--chunk")) { if (parse_int_opt(a, v, -1, 1 << 30, &chunk)) return 2; }
+        else if (!strcmp(a, "--scale")) { if (parse_int_opt(a, v, 1, EXPORT_MAX_SCALE, &scale)) return 2; }
+        else if (parse_size(v, &width, &height))
+            return cli_usage_error("export", "--size expects WxH with each side in [16, %d], got '%s'", EXPORT_MAX_SIDE, v);
+    }
+    if (!trace) return cli_usage_error("export", "no trace: give --trace FILE");
+    if (!view_name) return cli_usage_error("export", "no view: give --view NAME");
+    if (!out) return cli_usage_error("export", "no output: give -o FIG.png");
+    const view_class *vc = view_find(view_name);
+    if (!vc) return cli_usage_error("export", "unknown view '%s'", view_name);
+    if (!view_available(vc)) {
+        fprintf(stderr, "skv export: view '%s' is not available yet\n", view_name);
+        return 1;
+    }
+    int svg = ends_with(out, ".svg");
+    if (!svg && !ends_with(out, ".png"))
+        return cli_usage_error("export", "%s: the figure's name must end in .png or .svg", out);
+    struct stat sb;
+    if (!force && stat(out, &sb) == 0) {
+        fprintf(stderr, "skv export: %s exists; use --force to replace it\n", out);
+        return 1;
+    }
+
+    probe_store *st = NULL;
+    canvas *c = NULL;
+    int rc = 1;
+    if (probe_store_new(&st) || trace_load_store(trace, st)) { rc = cli_fail(); goto done; }
+    view_cursor cur;
+    view_cursor_init(&cur);
+    cur.layer = layer;
+    cur.head = head;
+    cur.step = step;
+    cur.chunk = chunk;
+    if (check_cursor(trace, st, &cur)) goto done;
+    canvas_png_opts po = { .scale = scale };
+    if (svg ? canvas_svg_new(&c, width, height, &po) : canvas_png_new(&c, width, height, &po)) {
+        rc = cli_fail();
+        goto done;
+    }
+    canvas_clear(c);
+    int drc = vc->draw(c, (canvas_rect){ 0, 0, width, height }, st, &cur, NULL);
+    if (drc == SKV_EMISSING) {
+        fprintf(stderr, "skv export: %s has no data for view '%s': %s\n", trace, view_name, skv_last_error());
+        goto done;
+    }
+    if (drc) { rc = cli_fail(); goto done; }
+    if (canvas_save(c, out, force)) { rc = cli_fail(); goto done; }
+    printf("%s\n", out);
+    rc = 0;
+done:
+    canvas_free(c);
+    probe_store_free(st);
+    return rc;
+}

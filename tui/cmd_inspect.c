@@ -1,0 +1,285 @@
+/* cmd_inspect.c: `skv inspect`, the interactive inspector. It parses the
+ * command line and does everything that can fail on bad input (flags, the
+ * model, the prompt, the trace) before the terminal is touched, so such
+ * errors are one line on stderr and a non-zero exit. Then it wires the
+ * pieces of app.h together: a probe bus with a ring for the UI (and the
+ * trace writer when --trace records), the engine worker thread, and the
+ * curses loop; and it takes them apart again in the safe order (stop
+ * listening, join the worker, close the trace, free).
+ *
+ * Three ways in:
+ *   skv inspect                        the built-in default: a random-weight
+ *                                      model and prompt, ShadowKV settings that fit
+ *   skv inspect -m MODEL -p/-f ...     a live run of any model
+ *   skv inspect --trace FILE           replay a recorded trace (no model) */
+#include "app.h"
+#include "cli.h"
+#include "model.h"
+#include "skv.h"
+#include "tok.h"
+#include "trace.h"
+
+#include <errno.h>
+#include <fcntl.h>
+#include <limits.h>
+#include <locale.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/stat.h>
+#include <unistd.h>
+
+/* Ring slots between the worker and the UI: enough for a decode step of a
+ * large model; a long prefill simply waits for the UI to drain. */
+enum { RING_EVENTS = 8192 };
+
+/* ShadowKV settings for the default model and its ~1900-token prompt. */
+static const char *const default_flags[] = {
+    "--kv", "shadowkv", "--rank", "16", "--budget", "128", "--outliers", "4", "--local", "4", "--oracle",
+};
+
+static void inspect_help(FILE *o) {
+    fprintf(o,
+            "usage: skv inspect [-m MODEL (-p TEXT | -f FILE)] [options]\n"
+            "       skv inspect --trace FILE          replay a recorded trace (no model needed)\n\n"
+            "Steps through decoding one token at a time and shows what ShadowKV does in\n"
+            "the terminal: spectra, chunk maps, selections, cache hits, timelines, tokens.\n"
+            "Without -m it runs the built-in default: build/default-model.gguf (random\n"
+            "weights, made by `make`) on samples/prompts/default.txt with --kv shadowkv\n"
+            "--rank 16 --budget 128 --outliers 4 --local 4 --oracle (flags given override).\n"
+            "--trace FILE alone replays FILE; with -m, -p, -f or any run option it records the\n"
+            "run into FILE while you inspect it (without -m/-p/-f, only into a new file).\n\n"
+            "keys:\n"
+            "  space, n      step one token (replay: the next recorded step)\n"
+            "  r             run / pause: keep stepping up to -n tokens or end of generation\n"
+            "  tab, S-tab    next / previous view\n"
+            "  [ ]           previous / next layer\n"
+            "  { }           previous / next KV head\n"
+            "  arrows, hjkl  move inside the view (left/right: step where the view does not)\n"
+            "  g G           first / last step (G follows the newest step)\n"
+            "  e             export the view to skv-VIEW-L#-H#-S#.png in the current directory\n"
+            "  ?             help overlay\n"
+            "  q             quit (also Ctrl-C)\n"
+            "  mouse         click selects a chunk, layer or step; click a tab to switch views\n\n"
+            "The terminal must be at least 60x15; colours and Unicode are used when available.\n\n"
+            "options:\n");
+    cli_gen_help(o, 1);
+}
+
+/* Parses argv into g; returns 0, or the exit status after a message. *n_gen
+ * counts options other than --trace. */
+static int parse(cli_gen *g, int argc, char **argv, int *n_gen, int *help) {
+    *n_gen = 0;
+    *help = 0;
+    for (int i = 1; i < argc; i++) {
+        if (!strcmp(argv[i], "-h") || !strcmp(argv[i], "--help")) { *help = 1; return 0; }
+        int is_trace = !strcmp(argv[i], "--trace");
+        int r = cli_gen_option(g, argc, argv, &i);
+        if (r < 0) return 2;
+        if (r == 0) return cli_usage_error("inspect", "unknown option '%s'", argv[i]);
+        if (!is_trace) (*n_gen)++;
+    }
+    return 0;
+}
+
+/* The directory of the running executable into dir; 0 or -1. */
+static int exe_dir(char *dir, size_t cap) {
+    ssize_t n = readlink("/proc/self/exe", dir, cap - 1);
+    if (n <= 0) return -1;
+    dir[n] = 0;
+    char *s = strrchr(dir, '/');
+    if (!s) return -1;
+    *s = 0;
+    return 0;
+}
+
+static int exists(const char *p) {
+    struct stat sb;
+    return stat(p, &sb) == 0 && S_ISREG(sb.st_mode);
+}
+
+/* Finds the first existing file among dir/rel for the candidate dirs
+ * (relative to the executable's directory, then the current directory). */
+static int find_default(const char *const *rels, int n, char *out, size_t cap, char *tried, size_t tcap) {
+    char dir[PATH_MAX];
+    int have = exe_dir(dir, sizeof dir) == 0;
+    tried[0] = 0;
+    for (int i = 0; i < n; i++) {
+        if (have) snprintf(out, cap, "%s/%s", dir, rels[i]);
+        else snprintf(out, cap, "%s", rels[i]);
+        if (exists(out)) return 0;
+        if (!tried[0]) snprintf(tried, tcap, "%s", out);
+    }
+    return -1;
+}
+
+/* Sets g up for the built-in default model and prompt, then re-applies the
+ * user's flags over it so that any of them overrides the preset. */
+static int use_default(cli_gen *g, int argc, char **argv, char *model, char *prompt, size_t cap) {
+    static const char *const model_rel[] = {"build/default-model.gguf", "default-model.gguf"};
+    static const char *const prompt_rel[] = {"samples/prompts/default.txt", "../samples/prompts/default.txt"};
+    char tried[PATH_MAX + 64];
+    if (find_default(model_rel, 2, model, cap, tried, sizeof tried)) {
+        fprintf(stderr, "skv inspect: no -m MODEL given and the default model %s is missing (run make)\n", tried);
+        return 1;
+    }
+    int have_prompt = g->prompt || g->prompt_file;
+    if (!have_prompt && find_default(prompt_rel, 2, prompt, cap, tried, sizeof tried)) {
+        if (exists("samples/prompts/default.txt")) snprintf(prompt, cap, "samples/prompts/default.txt");
+        else {
+            fprintf(stderr, "skv inspect: no prompt given and the default prompt %s is missing\n", tried);
+            return 1;
+        }
+    }
+    cli_gen_free(g);
+    cli_gen_default(g);
+    char **args = (char **)default_flags;
+    int na = (int)(sizeof default_flags / sizeof default_flags[0]);
+    for (int i = 0; i < na; i++)
+        if (cli_gen_option(g, na, args, &i) != 1) return 2;
+    int n_gen, help;
+    int rc = parse(g, argc, argv, &n_gen, &help);
+    if (rc) return rc;
+    g->model = model;
+    if (!have_prompt) g->prompt_file = prompt;
+    return 0;
+}
+
+static int need_tty(void) {
+    if (isatty(STDOUT_FILENO) && isatty(STDIN_FILENO)) return 0;
+    fprintf(stderr, "skv inspect: %s is not a terminal; the inspector needs one (try skv run, or skv trace info)\n",
+            isatty(STDOUT_FILENO) ? "stdin" : "stdout");
+    return 1;
+}
+
+static int replay(const char *path) {
+    probe_store *st = NULL;
+    if (probe_store_new(&st)) return cli_fail();
+    if (trace_load_store(path, st)) {
+        probe_store_free(st);
+        return cli_fail();
+    }
+    if (need_tty() || app_open()) { probe_store_free(st); return 1; }
+    app_opts o = {.store = st, .wake_fd = -1, .replay_path = path};
+    int rc = app_run(&o);
+    probe_store_free(st);
+    return rc;
+}
+
+/* A live run: everything that can fail on input happens before app_run. */
+static int live(cli_gen *g) {
+    const char *text = cli_prompt_text(g);
+    if (!text) return 2;
+    if (g->threads) skv_set_threads(g->threads);
+    skv_model *m = NULL;
+    if (model_load(g->model, &m)) return cli_fail();
+    int32_t *ids = NULL;
+    int n = 0, rc = 0;
+    int add_bos = tok_add_bos(m->tok) && !g->no_bos;
+    probe_bus *bus = NULL;
+    probe_store *st = NULL;
+    probe_sub *ring = NULL;
+    trace_writer *tw = NULL;
+    skv_session *s = NULL;
+    tui_worker *w = NULL;
+    int wake[2] = {-1, -1};
+    if (tok_encode(m->tok, text, strlen(text), add_bos, 1, &ids, &n)) { rc = cli_fail(); goto out; }
+    if (n == 0) { fprintf(stderr, "skv: the prompt is empty after tokenization\n"); rc = 1; goto out; }
+    if (probe_bus_new(&bus) || probe_store_new(&st) || probe_subscribe_ring(bus, PROBE_ALL, RING_EVENTS, &ring)) {
+        rc = cli_fail();
+        goto out;
+    }
+    g->s.bus = bus;
+    if (session_new(m, &g->s, &s)) { rc = cli_fail(); goto out; }
+    if (n > s->o.ctx) {
+        fprintf(stderr, "skv: the prompt has %d tokens, more than the context of %d (raise it with -c)\n", n,
+                s->o.ctx);
+        rc = 1;
+        goto out;
+    }
+    if ((rc = need_tty())) goto out;
+    if (g->trace && trace_writer_open(g->trace, bus, &tw)) { rc = cli_fail(); goto out; }
+    if (pipe(wake)) {
+        fprintf(stderr, "skv inspect: cannot create a pipe: %s\n", strerror(errno));
+        rc = 1;
+        goto out;
+    }
+    for (int i = 0; i < 2; i++) {
+        fcntl(wake[i], F_SETFL, fcntl(wake[i], F_GETFL) | O_NONBLOCK);
+        fcntl(wake[i], F_SETFD, FD_CLOEXEC);
+    }
+    if ((rc = app_open())) goto out;
+    if (tui_worker_start(s, ids, n, g->n_predict, wake[1], &w)) {
+        app_close();
+        rc = cli_fail();
+        goto out;
+    }
+    s = NULL; /* the worker owns them now */
+    ids = NULL;
+    char label[160];
+    snprintf(label, sizeof label, "%s", m->cfg.name[0] ? m->cfg.name : m->path);
+    app_opts o = {.store = st, .ring = ring, .worker = w, .wake_fd = wake[0], .model_label = label,
+                  .random_weights = m->random_weights, .trace_path = g->trace};
+    rc = app_run(&o);
+    /* Stop listening first: the worker may be blocked on a full ring. */
+    probe_unsubscribe(ring);
+    ring = NULL;
+    tui_worker_status ws;
+    tui_worker_status_get(w, &ws);
+    if (ws.state == TUI_W_PREFILL)
+        fprintf(stderr, "skv inspect: waiting for the prefill to finish (%d/%d tokens) before exiting\n",
+                ws.prefill_done, ws.prefill_total);
+    tui_worker_free(w);
+    w = NULL;
+    if (ws.state == TUI_W_FAILED) fprintf(stderr, "skv inspect: the engine stopped: %s\n", ws.error);
+out:
+    if (ring) probe_unsubscribe(ring);
+    tui_worker_free(w);
+    if (tw) { /* kept after q or a quit signal (a clean stop); dropped after an error */
+        if (rc && rc < 128) trace_writer_abort(tw);
+        else if (trace_writer_close(tw)) rc = cli_fail();
+        else fprintf(stderr, "skv: trace written to %s\n", g->trace);
+    }
+    session_free(s);
+    probe_bus_free(bus);
+    probe_store_free(st);
+    for (int i = 0; i < 2; i++)
+        if (wake[i] >= 0) close(wake[i]);
+    free(ids);
+    model_free(m);
+    return rc;
+}
+
+int cmd_inspect(int argc, char **argv) {
+    setlocale(LC_ALL, "");
+    setlocale(LC_NUMERIC, "C"); /* numbers in files and on screen keep their '.' */
+    cli_gen g;
+    cli_gen_default(&g);
+    int n_gen, help;
+    int rc = parse(&g, argc, argv, &n_gen, &help);
+    if (help) { inspect_help(stdout); return 0; }
+    if (rc) return rc;
+    /* --trace FILE alone replays FILE. With run options but no model or
+     * prompt it records the default run into FILE, but never over an
+     * existing file: that one was more likely meant to be replayed. */
+    struct stat sb;
+    int replaying = g.trace && !g.model && !g.prompt && !g.prompt_file && (!n_gen || stat(g.trace, &sb) == 0);
+    if (replaying) {
+        if (n_gen) {
+            cli_gen_free(&g);
+            return cli_usage_error("inspect", "%s exists: with --trace FILE alone inspect replays it; to record a new "
+                                   "run give another FILE", g.trace);
+        }
+        rc = replay(g.trace);
+        cli_gen_free(&g);
+        return rc;
+    }
+    char model[PATH_MAX + 64], prompt[PATH_MAX + 64];
+    if (!g.model && (rc = use_default(&g, argc, argv, model, prompt, sizeof model))) {
+        cli_gen_free(&g);
+        return rc;
+    }
+    rc = live(&g);
+    cli_gen_free(&g);
+    return rc;
+}

@@ -1,0 +1,545 @@
+/* cmd_needle.c: `skv needle`, the needle-in-a-haystack command. It parses
+ * the command line, checks every input and output path before any work,
+ * runs the sweep of engine/needle.h (dense and ShadowKV on the same
+ * prompts), prints the length x depth table, and writes what was asked:
+ * --explain prints the diagnosis of every ShadowKV miss, --json every case
+ * (with the diagnoses), --png the side-by-side NIAH heatmap drawn by the
+ * niah view, and --trace the probe events of one explained case followed by
+ * every case's PROBE_NIAH event, so that `skv inspect --trace` and
+ * `skv export --view needle|niah` show the same thing later. Existing
+ * outputs are kept unless --force. */
+#include "cli.h"
+#include "model.h"
+#include "needle.h"
+#include "skv.h"
+#include "store.h"
+#include "trace.h"
+#include "view.h"
+
+#include <cjson/cJSON.h>
+#include <limits.h>
+#include <math.h>
+#include <stdlib.h>
+#include <string.h>
+#include <strings.h>
+#include <sys/stat.h>
+#include <unistd.h>
+
+#define NEEDLE_PNG_W 1400
+#define NEEDLE_PNG_H 600
+
+static void needle_help(FILE *o) {
+    fprintf(o,
+            "usage: skv needle [-m MODEL] [--lengths 1k,2k,4k] [--depths 0:100:10] [options]\n\n"
+            "Needle in a haystack: places a needle sentence with a random seven-digit value at\n"
+            "each depth of a haystack trimmed to each length (in tokens), asks for the value at\n"
+            "the end, and scores exact retrieval in the greedy answer under dense attention and\n"
+            "under ShadowKV on the same prompts. Prints a table of length x depth; with\n"
+            "--explain, the diagnosis of every ShadowKV miss (docs/NEEDLE.md explains it).\n"
+            "Without -m it uses build/default-model.gguf (random weights; made by make).\n\n"
+            "  -m, --model PATH      GGUF file or HF directory\n"
+            "      --lengths LIST    prompt lengths in tokens, k = 1024 (default 1k,2k,4k)\n"
+            "      --depths LIST     needle depths in percent: START:STOP:STEP or a list (default 0:100:10)\n"
+            "      --haystack FILE   plain text to fill the prompt (default samples/haystack.txt)\n"
+            "      --needle TEXT     the needle, with {value} (default \"%s\")\n"
+            "      --question TEXT   asked after the haystack (default \"%s\")\n"
+            "      --answer-prefix T text after the question that the answer continues\n"
+            "                        (default: the needle's text before {value}; \"\" for none)\n"
+            "      --answer-tokens N tokens generated per answer (default: the value's tokens + 4)\n"
+            "      --runs N          repetitions per cell, each with a new value (default 1)\n"
+            "      --seed S          seed of the values (default 0)\n"
+            "      --explain         diagnose every ShadowKV miss (runs the oracle beside it)\n"
+            "      --oracle          run the oracle without printing the diagnoses (JSON gets them)\n"
+            "      --json FILE       write every case (and the diagnoses) as JSON\n"
+            "      --png FILE        write the NIAH heatmap, dense beside shadowkv\n"
+            "      --trace FILE      record the explained case's probes and all results (for skv inspect\n"
+            "                        --trace and skv export --view needle|niah)\n"
+            "      --force           replace existing output files\n"
+            "ShadowKV settings (dense always runs beside it):\n"
+            "      --rank R --chunk C --budget B --outliers O --local L --shadowkv-plus\n"
+            "                        as for skv run (defaults 160, 8, 2048, 48, 4)\n"
+            "  -c, --ctx N           context positions (default: each prompt plus its answer)\n"
+            "  -b, --batch N         prefill batch size (default 512)\n"
+            "  -t, --threads N       worker threads (default: all cores)\n"
+            "      --no-bos          do not add the BOS token\n\n"
+            "Exit status: 0 when the sweep ran (misses included), 1 on a failure, 2 on a bad command line.\n",
+            NEEDLE_DEFAULT_NEEDLE, NEEDLE_DEFAULT_QUESTION);
+}
+
+/* ---- defaults next to the executable ---------------------------------------- */
+
+static int file_exists(const char *p) {
+    struct stat sb;
+    return stat(p, &sb) == 0 && S_ISREG(sb.st_mode);
+}
+
+/* The first of rels that exists relative to the executable's directory, then
+ * the current directory, into out; -1 (with the first path tried) if none. */
+static int find_near_exe(const char *const *rels, int n, char *out, size_t cap) {
+    char dir[PATH_MAX];
+    ssize_t len = readlink("/proc/self/exe", dir, sizeof dir - 1);
+    int have = 0;
+    if (len > 0) {
+        dir[len] = 0;
+        char *s = strrchr(dir, '/');
+        if (s) { *s = 0; have = 1; }
+    }
+    for (int pass = have ? 0 : 1; pass < 2; pass++)
+        for (int i = 0; i < n; i++) {
+            if (pass == 0) snprintf(out, cap, "%s/%s", dir, rels[i]);
+            else snprintf(out, cap, "%s", rels[i]);
+            if (file_exists(out)) return 0;
+        }
+    if (have) snprintf(out, cap, "%s/%s", dir, rels[0]);
+    else snprintf(out, cap, "%s", rels[0]);
+    return -1;
+}
+
+/* ---- results ----------------------------------------------------------------- */
+
+typedef struct {
+    int explain;
+    int n_total;            /* cases in the sweep */
+    cJSON **diag;           /* (n_total) diagnosis per case, or NULL */
+} run_state;
+
+static cJSON *report_json(const needle_report *rep) {
+    cJSON *d = cJSON_CreateObject();
+    if (!d) return NULL;
+    cJSON *v = cJSON_AddArrayToObject(d, "verdict");
+    for (int i = 0; v && i < rep->n_causes; i++) {
+        const needle_cause *c = &rep->causes[i];
+        cJSON *o = cJSON_CreateObject();
+        if (!o) break;
+        cJSON_AddStringToObject(o, "cause", needle_cause_name(c->kind));
+        cJSON_AddNumberToObject(o, "score", c->score);
+        cJSON_AddNumberToObject(o, "step", c->step);
+        cJSON_AddNumberToObject(o, "layer", c->layer);
+        cJSON_AddNumberToObject(o, "head", c->head);
+        cJSON_AddNumberToObject(o, "chunk", c->chunk);
+        cJSON_AddStringToObject(o, "evidence", c->evidence);
+        cJSON_AddStringToObject(o, "fix", c->fix);
+        cJSON_AddItemToArray(v, o);
+    }
+    cJSON_AddStringToObject(d, "kept", rep->kept);
+    cJSON_AddStringToObject(d, "divergence", rep->divergence);
+    cJSON_AddNumberToObject(d, "diverge_step", rep->diverge_step);
+    cJSON_AddNumberToObject(d, "judged_steps", rep->last_step + 1);
+    cJSON *sh = cJSON_AddObjectToObject(d, "needle_mass_share");
+    if (sh) {
+        cJSON_AddNumberToObject(sh, "dropped", rep->share_dropped);
+        cJSON_AddNumberToObject(sh, "misranked", rep->share_misranked);
+        cJSON_AddNumberToObject(sh, "dropped_near_local", rep->share_near_local);
+        cJSON_AddNumberToObject(sh, "selected", rep->share_selected);
+        cJSON_AddNumberToObject(sh, "outlier", rep->share_outlier);
+        cJSON_AddNumberToObject(sh, "local", rep->share_local);
+    }
+    cJSON_AddNumberToObject(d, "key_err_selected", rep->key_err_selected);
+    return d;
+}
+
+/* After each case: a progress line, and with --explain the diagnosis. */
+static int on_case(const needle_case *c, void *user) {
+    run_state *rs = user;
+    fprintf(stderr, "skv needle: case %d/%d: length %d, depth %g%%, run %d: dense %s, shadowkv %s\n", c->index + 1,
+            rs->n_total, c->length, c->depth, c->run, c->hit[0] ? "hit" : "miss", c->hit[1] ? "hit" : "miss");
+    if (c->report) {
+        if (rs->explain) {
+            printf("case %d: length %d, depth %g%% (inserted at %d%%), run %d: shadowkv missed value %s\n", c->index,
+                   c->length, c->depth, c->insert_depth, c->run, c->value);
+            needle_report_print(stdout, c->store, c->report);
+            printf("\n");
+            fflush(stdout);
+        }
+        if (rs->diag && c->index < rs->n_total && !(rs->diag[c->index] = report_json(c->report)))
+            return skv_error(SKV_ENOMEM, "out of memory");
+    }
+    return 0;
+}
+
+/* "4k" for multiples of 1024, else the number. */
+static void len_label(int v, char *buf, size_t n) {
+    if (v >= 1024 && v % 1024 == 0) snprintf(buf, n, "%dk", v / 1024);
+    else snprintf(buf, n, "%d", v);
+}
+
+/* Hit rate in percent of method m over the cases at (length, depth); -1 none. */
+static double cell_rate(const needle_result *r, int length, float depth, int m) {
+    int n = 0, h = 0;
+    for (int i = 0; i < r->n_cases; i++) {
+        const needle_case *c = &r->cases[i];
+        if (c->length != length || c->depth != depth) continue;
+        n++;
+        h += c->hit[m];
+    }
+    return n ? 100.0 * h / n : -1;
+}
+
+static void print_table(const needle_result *r, const needle_opts *o) {
+    printf("retrieval in %% of %d run%s per cell: dense | shadowkv (rank %d, budget %d, outliers %d, local %d)\n",
+           o->runs, o->runs == 1 ? "" : "s", o->kv.rank, o->kv.budget, o->kv.outliers, o->kv.local);
+    printf("%7s", "depth");
+    for (int i = 0; i < o->n_lengths; i++) {
+        char l[16];
+        len_label(o->lengths[i], l, sizeof l);
+        printf(" %11s", l);
+    }
+    printf("\n");
+    for (int d = 0; d < o->n_depths; d++) {
+        printf("%6g%%", o->depths[d]);
+        for (int i = 0; i < o->n_lengths; i++)
+            printf("   %3.0f | %3.0f", cell_rate(r, o->lengths[i], o->depths[d], 0),
+                   cell_rate(r, o->lengths[i], o->depths[d], 1));
+        printf("\n");
+    }
+    printf("%7s", "all");
+    for (int i = 0; i < o->n_lengths; i++) {
+        int n = 0, h0 = 0, h1 = 0;
+        for (int c = 0; c < r->n_cases; c++)
+            if (r->cases[c].length == o->lengths[i]) { n++; h0 += r->cases[c].hit[0]; h1 += r->cases[c].hit[1]; }
+        printf("   %3.0f | %3.0f", n ? 100.0 * h0 / n : 0, n ? 100.0 * h1 / n : 0);
+    }
+    printf("\n");
+}
+
+/* A run event with the sweep's settings for stores that have none. */
+static probe_event settings_event(const skv_model *m, const needle_opts *o) {
+    const model_config *c = &m->cfg;
+    probe_event ev = { .kind = PROBE_RUN, .run = {
+        .model = c->name[0] ? c->name : m->path, .arch = c->arch, .format = m->format,
+        .random_weights = m->random_weights, .n_layers = c->n_layers, .n_heads = c->n_heads,
+        .n_kv_heads = c->n_kv_heads, .head_dim = c->head_dim, .max_ctx = c->ctx_train, .kv_policy = "shadowkv",
+        .rank = o->kv.rank, .chunk = o->kv.chunk, .budget = o->kv.budget, .outliers = o->kv.outliers,
+        .local_chunks = o->kv.local, .shadowkv_plus = o->kv.plus, .backend = "cpu" } };
+    return ev;
+}
+
+/* Adds the sweep's events (the kept case's probes, or a settings event,
+ * then every NIAH event) to a store or a trace writer. */
+static int emit_all(const skv_model *m, const needle_opts *o, const needle_result *r, probe_store *st,
+                    trace_writer *tw) {
+    int rc = 0;
+    if (r->n_ev) {
+        for (int i = 0; !rc && i < r->n_ev; i++) rc = st ? probe_store_add(st, r->ev[i]) : trace_writer_write(tw, r->ev[i]);
+    } else {
+        probe_event ev = settings_event(m, o);
+        rc = st ? probe_store_add(st, &ev) : trace_writer_write(tw, &ev);
+    }
+    for (int i = 0; !rc && i < r->n_cases; i++)
+        for (int k = 0; !rc && k < 2; k++) {
+            probe_event ev = needle_niah_event(&r->cases[i], k, r->cases[i].index == r->detail);
+            rc = st ? probe_store_add(st, &ev) : trace_writer_write(tw, &ev);
+        }
+    return rc;
+}
+
+static int write_png(const char *path, int force, const skv_model *m, const needle_opts *o, const needle_result *r) {
+    probe_store *st = NULL;
+    canvas *c = NULL;
+    canvas_png_opts po = { .scale = 1 };
+    int rc = probe_store_new(&st);
+    if (!rc) rc = emit_all(m, o, r, st, NULL);
+    if (!rc) rc = canvas_png_new(&c, NEEDLE_PNG_W, NEEDLE_PNG_H, &po);
+    if (!rc) {
+        canvas_clear(c);
+        view_cursor cur;
+        view_cursor_init(&cur);
+        const view_class *v = view_find("niah");
+        rc = v && view_available(v) ? v->draw(c, (canvas_rect){ 0, 0, NEEDLE_PNG_W, NEEDLE_PNG_H }, st, &cur, NULL)
+                                    : skv_error(SKV_EUNSUPPORTED, "the niah view is not built into this skv");
+    }
+    if (!rc) rc = canvas_save(c, path, force);
+    canvas_free(c);
+    probe_store_free(st);
+    return rc;
+}
+
+static int write_trace(const char *path, const skv_model *m, const needle_opts *o, const needle_result *r) {
+    trace_writer *tw = NULL;
+    int rc = trace_writer_open(path, NULL, &tw);
+    if (rc) return rc;
+    if ((rc = emit_all(m, o, r, NULL, tw))) {
+        trace_writer_abort(tw);
+        return rc;
+    }
+    return trace_writer_close(tw);
+}
+
+static cJSON *int_array(const int *v, int n) {
+    cJSON *a = cJSON_CreateArray();
+    for (int i = 0; a && i < n; i++) cJSON_AddItemToArray(a, cJSON_CreateNumber(v[i]));
+    return a;
+}
+
+/* The whole sweep as JSON text (malloc'd), or NULL when out of memory. */
+static char *json_text(const skv_model *m, const needle_opts *o, const needle_result *r, const run_state *rs,
+                       const char *haystack_path) {
+    cJSON *root = cJSON_CreateObject();
+    if (!root) return NULL;
+    cJSON_AddStringToObject(root, "format", "skv-needle");
+    cJSON_AddNumberToObject(root, "format_version", 1);
+    cJSON *mo = cJSON_AddObjectToObject(root, "model");
+    if (mo) {
+        cJSON_AddStringToObject(mo, "path", m->path);
+        cJSON_AddStringToObject(mo, "name", m->cfg.name);
+        cJSON_AddBoolToObject(mo, "random_weights", m->random_weights);
+        cJSON_AddNumberToObject(mo, "ctx_train", m->cfg.ctx_train);
+    }
+    cJSON *se = cJSON_AddObjectToObject(root, "settings");
+    if (se) {
+        cJSON_AddStringToObject(se, "haystack", haystack_path);
+        cJSON_AddStringToObject(se, "needle", o->needle);
+        cJSON_AddStringToObject(se, "question", o->question);
+        if (o->answer_prefix) cJSON_AddStringToObject(se, "answer_prefix", o->answer_prefix);
+        cJSON_AddNumberToObject(se, "answer_tokens", r->answer_tokens);
+        cJSON_AddNumberToObject(se, "runs", o->runs);
+        cJSON_AddNumberToObject(se, "seed", (double)o->seed);
+        cJSON *kv = cJSON_AddObjectToObject(se, "shadowkv");
+        if (kv) {
+            cJSON_AddNumberToObject(kv, "rank", o->kv.rank);
+            cJSON_AddNumberToObject(kv, "chunk", o->kv.chunk);
+            cJSON_AddNumberToObject(kv, "budget", o->kv.budget);
+            cJSON_AddNumberToObject(kv, "outliers", o->kv.outliers);
+            cJSON_AddNumberToObject(kv, "local", o->kv.local);
+            cJSON_AddBoolToObject(kv, "shadowkv_plus", o->kv.plus);
+        }
+    }
+    cJSON_AddItemToObject(root, "lengths", int_array(o->lengths, o->n_lengths));
+    cJSON *dep = cJSON_AddArrayToObject(root, "depths");
+    for (int i = 0; dep && i < o->n_depths; i++) cJSON_AddItemToArray(dep, cJSON_CreateNumber(o->depths[i]));
+    int h0 = 0, h1 = 0;
+    for (int i = 0; i < r->n_cases; i++) { h0 += r->cases[i].hit[0]; h1 += r->cases[i].hit[1]; }
+    cJSON *su = cJSON_AddObjectToObject(root, "retrieved_percent");
+    if (su && r->n_cases) {
+        cJSON_AddNumberToObject(su, "dense", 100.0 * h0 / r->n_cases);
+        cJSON_AddNumberToObject(su, "shadowkv", 100.0 * h1 / r->n_cases);
+    }
+    cJSON_AddNumberToObject(root, "traced_case", r->detail);
+    cJSON *cases = cJSON_AddArrayToObject(root, "cases");
+    for (int i = 0; cases && i < r->n_cases; i++) {
+        const needle_case *c = &r->cases[i];
+        cJSON *o2 = cJSON_CreateObject();
+        if (!o2) break;
+        cJSON_AddNumberToObject(o2, "index", c->index);
+        cJSON_AddNumberToObject(o2, "length", c->length);
+        cJSON_AddNumberToObject(o2, "depth", c->depth);
+        cJSON_AddNumberToObject(o2, "run", c->run);
+        cJSON_AddStringToObject(o2, "value", c->value);
+        cJSON_AddNumberToObject(o2, "prompt_len", c->prompt_len);
+        cJSON *nd = cJSON_AddObjectToObject(o2, "needle");
+        if (nd) {
+            cJSON_AddNumberToObject(nd, "tok_begin", c->tok_begin);
+            cJSON_AddNumberToObject(nd, "tok_end", c->tok_end);
+            cJSON_AddNumberToObject(nd, "first_chunk", c->tok_begin / o->kv.chunk);
+            cJSON_AddNumberToObject(nd, "last_chunk", (c->tok_end - 1) / o->kv.chunk);
+            cJSON_AddNumberToObject(nd, "inserted_depth", c->insert_depth);
+        }
+        for (int k = 0; k < 2; k++) {
+            cJSON *mm = cJSON_AddObjectToObject(o2, k ? "shadowkv" : "dense");
+            if (!mm) continue;
+            cJSON_AddStringToObject(mm, "answer", c->answer[k] ? c->answer[k] : "");
+            cJSON_AddBoolToObject(mm, "hit", c->hit[k]);
+            if (k && c->n_steps) {
+                cJSON_AddItemToObject(mm, "top1_agree", int_array(c->top1_agree, c->n_steps));
+                cJSON *ld = cJSON_AddArrayToObject(mm, "logit_dist");
+                for (int s = 0; ld && s < c->n_steps; s++) cJSON_AddItemToArray(ld, cJSON_CreateNumber(c->logit_dist[s]));
+            }
+        }
+        if (rs->diag && c->index < rs->n_total && rs->diag[c->index])
+            cJSON_AddItemReferenceToObject(o2, "diagnosis", rs->diag[c->index]);
+        cJSON_AddItemToArray(cases, o2);
+    }
+    char *text = cJSON_Print(root);
+    cJSON_Delete(root);
+    return text;
+}
+
+/* Writes text to path atomically (a temporary file renamed into place). */
+static int write_file_atomic(const char *path, const char *text, int force) {
+    if (!force && file_exists(path)) return skv_error(SKV_EIO, "%s exists; use --force to replace it", path);
+    size_t n = strlen(path);
+    char *tmp = malloc(n + 16);
+    if (!tmp) return skv_error(SKV_ENOMEM, "out of memory");
+    snprintf(tmp, n + 16, "%s.tmp.XXXXXX", path);
+    int fd = mkstemp(tmp);
+    if (fd < 0) {
+        int rc = skv_error(SKV_EIO, "%s: cannot create a file next to it", path);
+        free(tmp);
+        return rc;
+    }
+    mode_t um = umask(0);
+    umask(um);
+    fchmod(fd, 0666 & ~um); /* as an ordinary new file would get */
+    FILE *f = fdopen(fd, "w");
+    int ok = f && fputs(text, f) >= 0 && fputc('\n', f) != EOF;
+    if (f) ok &= fclose(f) == 0;
+    else close(fd);
+    if (!ok || rename(tmp, path)) {
+        unlink(tmp);
+        free(tmp);
+        return skv_error(SKV_EIO, "%s: cannot write it", path);
+    }
+    free(tmp);
+    return 0;
+}
+
+/* ---- the command ---------------------------------------------------------------- */
+
+int cmd_needle(int argc, char **argv) {
+    cli_gen g;
+    cli_gen_default(&g);
+    const char *lengths_s = "1k,2k,4k", *depths_s = "0:100:10", *hay_path = NULL, *json = NULL, *png = NULL;
+    const char *trace = NULL;
+    needle_opts o;
+    needle_opts_default(&o);
+    int explain = 0, force = 0, seed_given = 0;
+    for (int i = 1; i < argc; i++) {
+        const char *a = argv[i], *v = i + 1 < argc ? argv[i + 1] : NULL;
+        if (!strcmp(a, "-h") || !strcmp(a, "--help")) { needle_help(stdout); return 0; }
+        if (!strcmp(a, "--explain")) { explain = 1; continue; }
+        if (!strcmp(a, "--force")) { force = 1; continue; }
+        static const char *const valued[] = { "--lengths", "--depths", "--haystack", "--needle", "--question",
+                                              "--answer-prefix", "--answer-tokens", "--runs", "--json", "--png",
+                                              "--trace" };
+        int k = -1;
+        for (int j = 0; j < (int)(sizeof valued / sizeof valued[0]); j++) if (!strcmp(a, valued[j])) k = j;
+        if (k >= 0) {
+            if (!v) return cli_usage_error("needle", "%s needs a value", a);
+            i++;
+            char *end;
+            long x;
+            switch (k) {
+            case 0: lengths_s = v; break;
+            case 1: depths_s = v; break;
+            case 2: hay_path = v; break;
+            case 3: o.needle = v; break;
+            case 4: o.question = v; break;
+            case 5: o.answer_prefix = v; break;
+            case 6: case 7:
+                x = strtol(v, &end, 10);
+                if (!*v || *end || x < 1 || x > (k == 6 ? 4096 : 100000))
+                    return cli_usage_error("needle", "%s expects an integer in [1, %d], got '%s'", a, k == 6 ? 4096 : 100000, v);
+                if (k == 6) o.answer_tokens = (int)x;
+                else o.runs = (int)x;
+                break;
+            case 8: json = v; break;
+            case 9: png = v; break;
+            default: trace = v; break;
+            }
+            continue;
+        }
+        static const char *const not_here[] = { "-p", "--prompt", "-f", "--file", "-n", "--n-predict", "--temp",
+                                                "--top-k", "--top-p" };
+        for (int j = 0; j < (int)(sizeof not_here / sizeof not_here[0]); j++)
+            if (!strcmp(a, not_here[j]))
+                return cli_usage_error("needle", "%s does not apply: skv needle builds its own prompts and answers greedily", a);
+        if (!strcmp(a, "--seed")) seed_given = 1;
+        int r = cli_gen_option(&g, argc, argv, &i);
+        if (r < 0) return 2;
+        if (r == 0) return cli_usage_error("needle", "unknown option '%s'", a);
+    }
+    for (int i = 1; i < argc; i++)
+        if (!strcmp(argv[i], "--kv") && i + 1 < argc && !strcmp(argv[i + 1], "dense"))
+            return cli_usage_error("needle", "--kv dense does not apply: skv needle always runs dense beside shadowkv");
+    if (!strstr(o.needle, "{value}"))
+        return cli_usage_error("needle", "--needle must contain {value}, got '%s'", o.needle);
+    int *lengths = NULL, n_len = 0;
+    float *depths = NULL;
+    int n_dep = 0, rc = 1;
+    if (needle_parse_lengths(lengths_s, &lengths, &n_len) || needle_parse_depths(depths_s, &depths, &n_dep)) {
+        free(lengths);
+        return cli_usage_error("needle", "%s", skv_last_error());
+    }
+    const char *outs[3] = { json, png, trace };
+    for (int i = 0; i < 3; i++)
+        if (outs[i] && !force && file_exists(outs[i])) {
+            fprintf(stderr, "skv needle: %s exists; use --force to replace it\n", outs[i]);
+            free(lengths);
+            free(depths);
+            return 1;
+        }
+    if (png && (strlen(png) < 4 || strcasecmp(png + strlen(png) - 4, ".png"))) {
+        free(lengths);
+        free(depths);
+        return cli_usage_error("needle", "--png %s: the file's name must end in .png", png);
+    }
+    char model_buf[PATH_MAX + 64], hay_buf[PATH_MAX + 64];
+    static const char *const model_rel[] = { "build/default-model.gguf", "default-model.gguf" };
+    static const char *const hay_rel[] = { "samples/haystack.txt", "../samples/haystack.txt" };
+    if (!g.model) {
+        if (find_near_exe(model_rel, 2, model_buf, sizeof model_buf)) {
+            fprintf(stderr, "skv needle: no -m MODEL given and the default model %s is missing (run make)\n", model_buf);
+            goto out;
+        }
+        g.model = model_buf;
+    }
+    if (!hay_path) {
+        if (find_near_exe(hay_rel, 2, hay_buf, sizeof hay_buf)) {
+            fprintf(stderr, "skv needle: no --haystack FILE given and the default %s is missing\n", hay_buf);
+            goto out;
+        }
+        hay_path = hay_buf;
+    }
+    char *hay = NULL;
+    size_t hay_n;
+    if (skv_read_file(hay_path, (size_t)64 << 20, &hay, &hay_n)) { rc = cli_fail(); goto out; }
+    if (g.threads) skv_set_threads(g.threads);
+    skv_model *m = NULL;
+    if (model_load(g.model, &m)) { free(hay); rc = cli_fail(); goto out; }
+    o.haystack = hay;
+    o.lengths = lengths;
+    o.n_lengths = n_len;
+    o.depths = depths;
+    o.n_depths = n_dep;
+    o.seed = seed_given ? g.s.sample.seed : 0;
+    o.ctx = g.s.ctx;
+    o.batch = g.s.batch;
+    o.no_bos = g.no_bos;
+    o.kv = g.s.kv;
+    snprintf(o.kv.policy, sizeof o.kv.policy, "shadowkv");
+    o.probes = explain || trace || g.s.kv.oracle;
+    run_state rs = { .explain = explain, .n_total = n_len * n_dep * o.runs };
+    rs.diag = o.probes ? calloc((size_t)rs.n_total, sizeof *rs.diag) : NULL;
+    if (o.probes && !rs.diag) {
+        skv_error(SKV_ENOMEM, "out of memory");
+        rc = cli_fail();
+        goto fail;
+    }
+    fprintf(stderr, "skv needle: %s%s, %d length%s x %d depth%s x %d run%s, haystack %s\n", g.model,
+            m->random_weights ? " (random weights: retrieval is not expected)" : "", n_len, n_len == 1 ? "" : "s", n_dep,
+            n_dep == 1 ? "" : "s", o.runs, o.runs == 1 ? "" : "s", hay_path);
+    needle_result res;
+    rc = needle_run(m, &o, on_case, &rs, &res);
+    if (res.notice[0]) fprintf(stderr, "skv needle: %s\n", res.notice);
+    if (rc) { rc = cli_fail(); goto done; }
+    print_table(&res, &o);
+    if (json) {
+        char *text = json_text(m, &o, &res, &rs, hay_path);
+        if (!text) rc = skv_error(SKV_ENOMEM, "out of memory writing %s", json);
+        else rc = write_file_atomic(json, text, force);
+        free(text);
+        if (rc) { rc = cli_fail(); goto done; }
+        fprintf(stderr, "skv needle: wrote %s\n", json);
+    }
+    if (png) {
+        if (write_png(png, force, m, &o, &res)) { rc = cli_fail(); goto done; }
+        fprintf(stderr, "skv needle: wrote %s\n", png);
+    }
+    if (trace) {
+        if (write_trace(trace, m, &o, &res)) { rc = cli_fail(); goto done; }
+        fprintf(stderr, "skv needle: wrote %s (case %d in detail)\n", trace, res.detail);
+    }
+    rc = 0;
+done:
+    needle_result_free(&res);
+fail:
+    for (int i = 0; rs.diag && i < rs.n_total; i++) cJSON_Delete(rs.diag[i]);
+    free(rs.diag);
+    model_free(m);
+    free(hay);
+out:
+    free(lengths);
+    free(depths);
+    cli_gen_free(&g);
+    return rc;
+}

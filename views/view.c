@@ -1,0 +1,69 @@
+/* view.c: the table of views in tab order, lookup by name, and cursor
+ * helpers shared by the views. */
+#include "view.h"
+
+#include "skv.h"
+
+#include <math.h>
+#include <string.h>
+
+extern const view_class view_spectrum, view_chunkmap, view_selection, view_cache, view_timeline, view_tokens;
+extern const view_class view_needle, view_niah;
+
+const view_class *const view_classes[] = {
+    &view_spectrum, &view_chunkmap, &view_selection, &view_cache, &view_timeline, &view_tokens,
+    &view_needle, &view_niah, NULL,
+};
+
+const view_class *view_find(const char *name) {
+    for (int i = 0; view_classes[i]; i++)
+        if (!strcmp(view_classes[i]->name, name)) return view_classes[i];
+    return NULL;
+}
+
+void view_cursor_init(view_cursor *cur) {
+    memset(cur, 0, sizeof *cur);
+    cur->step = -1;
+    cur->chunk = -1;
+    cur->token = -1;
+}
+
+int view_step(const probe_store *st, const view_cursor *cur) {
+    int n = probe_store_n_steps(st);
+    if (n <= 0) return -1;
+    if (cur->step < 0 || cur->step >= n) return n - 1;
+    return cur->step;
+}
+
+/* Cuts buf (in place) with an ellipsis so that it is at most w wide in font. */
+void view_fit_text(canvas *c, int font, double w, char *buf) {
+    if (canvas_text_width(c, buf, font) <= w) return;
+    const char *ell = canvas_geometry(c)->ascii ? "~" : "\xe2\x80\xa6";
+    size_t len = strlen(buf), el = strlen(ell);
+    while (len > 0) {
+        do len--; while (len > 0 && ((unsigned char)buf[len] & 0xC0) == 0x80);
+        memcpy(buf + len, ell, el + 1);
+        if (canvas_text_width(c, buf, font) <= w) return;
+    }
+    buf[0] = 0;
+}
+
+/* Clears res, draws the title and a centred message, records the message as
+ * the last error and returns SKV_EMISSING. */
+int view_message(canvas *c, canvas_rect r, const char *title, const char *msg, paint_result *res) {
+    if (res) {
+        memset(res, 0, sizeof *res);
+        res->area = (canvas_rect){ r.x, r.y, 0, 0 };
+        res->axis_x = res->axis_y = NAN;
+        for (int i = 0; i < PAINT_MAX_MARKERS; i++) res->marker_x[i] = NAN;
+    }
+    const canvas_geom *g = canvas_geometry(c);
+    const canvas_theme *th = canvas_get_theme(c);
+    canvas_rect old = canvas_clip(c, r);
+    double cx = g->cells ? r.x + floor(r.w / 2) : r.x + r.w / 2;
+    canvas_text(c, cx, r.y + g->pad, title, CANVAS_FONT_TITLE, CANVAS_CENTER | CANVAS_TOP, th->fg);
+    canvas_text(c, cx, g->cells ? r.y + floor(r.h / 2) : r.y + r.h / 2, msg, CANVAS_FONT_BODY,
+                CANVAS_CENTER | (g->cells ? CANVAS_TOP : CANVAS_MIDDLE), th->fg);
+    canvas_clip(c, old);
+    return skv_error(SKV_EMISSING, "%s", msg);
+}

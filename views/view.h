@@ -1,0 +1,65 @@
+/* view.h: the inspector's views. Each view is one file views/view_NAME.c
+ * with a const table of callbacks; it computes what to show from a
+ * probe_store (live or replayed from a trace) and draws it with the shared
+ * painters (paint.h) into any canvas, so the terminal and the exported PNG
+ * come from the same code. Views never touch engine memory or curses. */
+#ifndef SKV_VIEW_H
+#define SKV_VIEW_H
+
+#include "canvas.h"
+#include "paint.h"
+#include "store.h"
+
+/* What the user is looking at; shared by every view, owned by the TUI or
+ * the export command. */
+typedef struct view_cursor {
+    int layer;      /* model layer */
+    int head;       /* KV head */
+    int step;       /* decode step shown; -1 = the latest available */
+    int chunk;      /* selected chunk, -1 = none */
+    int token;      /* selected token position (tokens view), -1 = none */
+    int scroll;     /* first row/column shown, as the view defines it */
+} view_cursor;
+
+void view_cursor_init(view_cursor *cur);
+
+/* Bits returned by move and click. */
+enum { VIEW_HANDLED = 1, VIEW_REDRAW = 2 };
+
+typedef struct view_class {
+    const char *name;     /* CLI name: spectrum, chunkmap, selection, cache, timeline, tokens, needle, niah */
+    const char *title;    /* shown in the TUI's tab bar */
+    const char *help;     /* one line: what the view shows */
+    /* Draws the view into r. Returns 0, or SKV_EMISSING when the store has no
+     * data for it yet (it then draws a message saying what is missing). res,
+     * when not NULL, receives the painter's layout for click mapping and tests. */
+    int (*draw)(canvas *c, canvas_rect r, const probe_store *st, const view_cursor *cur, paint_result *res);
+    /* Arrow keys / hjkl inside the view: dx, dy in {-1, 0, 1}. May be NULL. */
+    int (*move)(view_cursor *cur, const probe_store *st, int dx, int dy);
+    /* A mouse click at (x, y) in canvas units, with the layout of the last
+     * draw. May be NULL. */
+    int (*click)(view_cursor *cur, const probe_store *st, const paint_result *res, double x, double y);
+} view_class;
+
+/* Every view in tab order, NULL-terminated. A view whose draw is NULL has its
+ * place reserved but is not built yet: it is listed, skipped
+ * by the TUI's tab key and refused by export with a one-line message (none
+ * today). */
+extern const view_class *const view_classes[];
+
+const view_class *view_find(const char *name);
+static inline int view_available(const view_class *v) { return v && v->draw != NULL; }
+
+/* The step a cursor shows: cur->step, or the latest step in the store when
+ * cur->step < 0 (-1 when there is none). */
+int view_step(const probe_store *st, const view_cursor *cur);
+
+/* Cuts buf (in place) with an ellipsis so that it is at most w wide in font. */
+void view_fit_text(canvas *c, int font, double w, char *buf);
+
+/* Clears res, draws title and a centred message in r, records the message as
+ * the last error and returns SKV_EMISSING: what a view draws when the store
+ * has no data for it. */
+int view_message(canvas *c, canvas_rect r, const char *title, const char *msg, paint_result *res);
+
+#endif

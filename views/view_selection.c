@@ -1,0 +1,262 @@
+/* view_selection.c: which chunks one KV head selected at every decode step.
+ *
+ * A raster with the prompt's chunks across and the decode steps down, for
+ * the cursor's (layer, KV head). Each cell says what happened to the chunk
+ * at that step: selected and found in the cache (a hit), selected and
+ * fetched (a miss), not selected, or never a candidate because it stays
+ * dense (an outlier, or part of the local window). The cache holds exactly
+ * the previous step's selection (k slots for k chunks), so a selected chunk
+ * is a hit when the same head also selected it one step earlier. The
+ * current step's row and the cursor's chunk column are outlined; the last
+ * line gives the counts of the current step (or the cursor chunk's story).
+ *
+ * Chunk c and step s are the cells centred on data x = c and y = s, so
+ * the tick labels sit on the cells they name.
+ *
+ * When more chunks than columns fit (a terminal, or a very long prompt) the
+ * raster shows a window of chunks starting at cursor.scroll, moved so that
+ * the cursor's chunk stays inside; when more steps than rows fit it shows
+ * the steps up to the current one.
+ *
+ * Keys: ←/→ move the cursor's chunk (the window follows); ↑/↓ go to the
+ * previous/next decode step. A click selects the chunk and step under it. */
+#include "skv.h"
+#include "view.h"
+
+#include <math.h>
+#include <stdint.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+static int clampi(int v, int lo, int hi) { return v < lo ? lo : v > hi ? hi : v; }
+
+
+
+/* Cell categories; where cells share a pixel the highest wins. */
+enum { CAT_NONE, CAT_LOCAL, CAT_OUTLIER, CAT_HIT, CAT_MISS, CAT_N, CAT_EMPTY = 255 };
+
+/* Chunks of the prompt for (layer, head): from the prefill event, else the
+ * largest selected id + 1 over all steps. */
+static int chunk_count(const probe_store *st, int layer, int head) {
+    const probe_ev_prefill_head *ph = probe_store_prefill_head(st, layer, head);
+    if (ph && ph->n_chunks > 0) return ph->n_chunks;
+    int n = 0;
+    for (int s = 0; s < probe_store_n_steps(st); s++) {
+        const probe_ev_decode_head *d = probe_store_decode(st, s, layer, head);
+        for (int i = 0; d && i < d->n_sel; i++)
+            if (d->sel[i] + 1 > n) n = d->sel[i] + 1;
+    }
+    return n;
+}
+
+/* The category of every chunk at one step: (n) into out. */
+static void classify_step(const probe_store *st, int step, int layer, int head, const probe_ev_prefill_head *ph,
+                          int n, uint8_t *out) {
+    const probe_ev_decode_head *d = probe_store_decode(st, step, layer, head);
+    if (!d) { memset(out, CAT_EMPTY, (size_t)n); return; }
+    memset(out, CAT_NONE, (size_t)n);
+    if (ph) {
+        for (int c = ph->local_start; c < n; c++) out[c] = CAT_LOCAL;
+        for (int i = 0; i < ph->n_outliers; i++)
+            if (ph->outliers[i] >= 0 && ph->outliers[i] < n) out[ph->outliers[i]] = CAT_OUTLIER;
+    }
+    const probe_ev_decode_head *prev = step > 0 ? probe_store_decode(st, step - 1, layer, head) : NULL;
+    for (int i = 0; i < d->n_sel; i++) {
+        int c = d->sel[i];
+        if (c < 0 || c >= n) continue;
+        int hit = 0;
+        if (d->hits >= d->n_sel) hit = 1;
+        else if (d->hits > 0 && prev)
+            for (int j = 0; j < prev->n_sel && !hit; j++) hit = prev->sel[j] == c;
+        out[c] = hit ? CAT_HIT : CAT_MISS;
+    }
+}
+
+/* The window of steps [*s0, *s0 + *ns) for rows that fit, ending at the
+ * current step when not all fit. */
+static void step_window(int n_steps, int step, int rows, int *s0, int *ns) {
+    if (rows < 1) rows = 1;
+    if (n_steps <= rows) { *s0 = 0; *ns = n_steps; return; }
+    *ns = rows;
+    *s0 = clampi(step - rows + 1, 0, n_steps - rows);
+}
+
+/* The window of chunks: starts at scroll, moved to hold the cursor's chunk. */
+static void chunk_window(int n, int cols, int scroll, int chunk, int *c0, int *nc) {
+    if (cols < 1) cols = 1;
+    if (n <= cols) { *c0 = 0; *nc = n; return; }
+    int s = clampi(scroll, 0, n - cols);
+    if (chunk >= 0 && chunk < s) s = chunk;
+    if (chunk >= s + cols) s = chunk - cols + 1;
+    *c0 = clampi(s, 0, n - cols);
+    *nc = cols;
+}
+
+static void describe(char *buf, size_t n, const probe_store *st, int step, int layer, int head, int chunk,
+                     const uint8_t *cats_now, int n_chunks, int cells) {
+    const probe_ev_decode_head *d = probe_store_decode(st, step, layer, head);
+    size_t k = 0;
+#define ADD(...) do { if (k < n) k += (size_t)snprintf(buf + k, n - k, __VA_ARGS__); } while (0)
+    if (!d) { ADD("step %d: no selection recorded for layer %d, KV head %d", step, layer, head); return; }
+    if (chunk >= 0 && chunk < n_chunks) {
+        static const char *what[CAT_N] = { "not selected", "local window (dense)", "outlier (dense)",
+                                           "selected, cache hit", "selected, fetched (miss)" };
+        int cat = cats_now[chunk];
+        ADD("chunk %d at step %d: %s", chunk, step, cat < CAT_N ? what[cat] : "no data");
+        for (int i = 0; i < d->n_sel; i++)
+            if (d->sel[i] == chunk) ADD(cells ? ", score %.3g" : ", landmark score %.3g", d->score[i]);
+        if (d->has_oracle && chunk < d->n_chunks && d->rank_landmark && d->rank_exact)
+            ADD(cells ? "; rank %d lm / %d exact" : "; rank %d by landmark, %d by exact attention",
+                d->rank_landmark[chunk], d->rank_exact[chunk]);
+        return;
+    }
+    ADD("step %d: %d selected, %d hits, %d misses (hit rate %.0f%%)", step, d->n_sel, d->hits, d->misses,
+        d->n_sel ? 100.0 * d->hits / d->n_sel : 0.0);
+    if (d->has_oracle) ADD(cells ? "; recall %.1f%%" : "; selection holds %.1f%% of the exact attention", 100 * d->recall);
+#undef ADD
+}
+
+static int selection_draw(canvas *c, canvas_rect r, const probe_store *st, const view_cursor *cur, paint_result *res) {
+    const canvas_geom *g = canvas_geometry(c);
+    const canvas_theme *th = canvas_get_theme(c);
+    int nl = probe_store_n_layers(st), nh = probe_store_n_kv_heads(st), n_steps = probe_store_n_steps(st);
+    int layer = clampi(cur->layer, 0, nl > 0 ? nl - 1 : 0), head = clampi(cur->head, 0, nh > 0 ? nh - 1 : 0);
+    int n = chunk_count(st, layer, head), any = 0;
+    for (int s = 0; s < n_steps && !any; s++) any = probe_store_decode(st, s, layer, head) != NULL;
+    if (!any || n <= 0) {
+        const probe_ev_run *run = probe_store_run(st);
+        const char *msg = !run || !run->kv_policy || strcmp(run->kv_policy, "shadowkv")
+                              ? "no chunk selections: run with --kv shadowkv and generate tokens (-n N)"
+                              : "no decode steps with a chunk selection yet";
+        return view_message(c, r, "Chunk selection", msg, res);
+    }
+    int step = view_step(st, cur);
+    const probe_ev_prefill_head *ph = probe_store_prefill_head(st, layer, head);
+    int chunk = cur->chunk >= 0 && cur->chunk < n ? cur->chunk : -1;
+
+    uint8_t *now = malloc((size_t)n), *cat = NULL;
+    if (!now) return skv_error(SKV_ENOMEM, "selection view: out of memory");
+    classify_step(st, step, layer, head, ph, n, now);
+
+    int k = 0, hits = 0, sel = 0;
+    for (int s = 0; s < n_steps; s++) {
+        const probe_ev_decode_head *d = probe_store_decode(st, s, layer, head);
+        if (!d) continue;
+        k = d->n_sel > k ? d->n_sel : k;
+        hits += d->hits;
+        sel += d->n_sel;
+    }
+    char title[200], info[300];
+    if (g->cells)
+        snprintf(title, sizeof title, "Selection L%d H%d: k=%d of %d chunks, hit rate %.0f%%", layer, head, k, n,
+                 sel ? 100.0 * hits / sel : 0.0);
+    else
+        snprintf(title, sizeof title, "Chunks selected by layer %d, KV head %d: k = %d of %d chunks, cache hit rate %.1f%%",
+                 layer, head, k, n, sel ? 100.0 * hits / sel : 0.0);
+    describe(info, sizeof info, st, step, layer, head, chunk, now, n, g->cells);
+    view_fit_text(c, CANVAS_FONT_TITLE, r.w, title);
+    view_fit_text(c, CANVAS_FONT_BODY, r.w - (g->cells ? 0 : 2 * g->pad), info);
+
+    static const char *names[CAT_N] = { "not selected", "local window (dense)", "outlier (dense)", "selected, cache hit",
+                                        "selected, fetched (miss)" };
+    static const char *short_names[CAT_N] = { "not sel.", "local", "outlier", "hit", "miss" };
+    paint_category cats[CAT_N] = {
+        [CAT_NONE] = { g->cells ? short_names[CAT_NONE] : names[CAT_NONE], CANVAS_NONE },
+        [CAT_LOCAL] = { g->cells ? short_names[CAT_LOCAL] : names[CAT_LOCAL],
+                        g->cells ? CANVAS_RGB(0x5a, 0x5a, 0x5a) : CANVAS_RGB(0xd0, 0xd0, 0xd0) },
+        [CAT_OUTLIER] = { g->cells ? short_names[CAT_OUTLIER] : names[CAT_OUTLIER], palette_cat(5) },
+        [CAT_HIT] = { g->cells ? short_names[CAT_HIT] : names[CAT_HIT], g->cells ? palette_cat(4) : palette_cat(0) },
+        [CAT_MISS] = { g->cells ? short_names[CAT_MISS] : names[CAT_MISS], palette_cat(1) },
+    };
+    if (!ph) cats[CAT_LOCAL].name = cats[CAT_OUTLIER].name = NULL;
+
+    double lh = canvas_line_height(c, CANVAS_FONT_BODY), info_h = g->cells ? 1 : ceil(lh + 2 * g->pad);
+    canvas_rect body = { r.x, r.y, r.w, fmax(0, r.h - info_h) };
+    /* first pass with everything, to learn how many columns and rows fit */
+    int c0 = 0, nc = n, s0 = 0, nsw = n_steps, rc = SKV_OK;
+    paint_result local, *pr = res ? res : &local;
+    for (int pass = 0; pass < 2; pass++) {
+        free(cat);
+        cat = malloc((size_t)nc * (nsw > 0 ? nsw : 1));
+        if (!cat) { rc = skv_error(SKV_ENOMEM, "selection view: out of memory"); goto done; }
+        uint8_t *row = malloc((size_t)n);
+        if (!row) { rc = skv_error(SKV_ENOMEM, "selection view: out of memory"); goto done; }
+        for (int j = 0; j < nsw; j++) {
+            classify_step(st, s0 + j, layer, head, ph, n, row);
+            memcpy(cat + (size_t)j * nc, row + c0, (size_t)nc);
+        }
+        free(row);
+        paint_raster ras = {
+            .title = title, .cat = cat, .nx = nc, .ny = nsw, .cats = cats, .n_cats = CAT_N,
+            .x = { .label = g->cells ? "chunk" : "chunk (prompt position / chunk size)",
+                   .min = c0 - 0.5, .max = c0 + nc - 0.5 },
+            .y = { .label = "decode step", .min = s0 - 0.5, .max = s0 + nsw - 0.5 },
+            .highlight = PAINT_HI_ROW | (chunk >= c0 && chunk < c0 + nc ? PAINT_HI_COL : 0),
+            .hi_row = step - s0, .hi_col = chunk - c0,
+        };
+        if (pass == 1) canvas_fill_rect(c, body.x, body.y, body.w, body.h, th->bg);
+        rc = paint_draw_raster(c, body, &ras, pr);
+        if (rc) goto done;
+        if (pass == 1) break;
+        int cols = (int)floor(pr->area.w / g->fill_w + 1e-9), rows = (int)floor(pr->area.h / g->fill_h + 1e-9);
+        int nc2, c02, ns2, s02;
+        chunk_window(n, cols, cur->scroll, chunk, &c02, &nc2);
+        step_window(n_steps, step, rows, &s02, &ns2);
+        if (nc2 == nc && ns2 == nsw) break;
+        c0 = c02; nc = nc2; s0 = s02; nsw = ns2;
+    }
+    canvas_rect old = canvas_clip(c, r);
+    canvas_text(c, r.x + (g->cells ? 0 : g->pad), g->cells ? r.y + r.h - 1 : r.y + r.h - info_h / 2, info,
+                CANVAS_FONT_BODY, CANVAS_LEFT | (g->cells ? CANVAS_TOP : CANVAS_MIDDLE), th->fg);
+    canvas_clip(c, old);
+done:
+    free(cat);
+    free(now);
+    return rc;
+}
+
+/* ↓ past the last step (or from "latest") means: follow the latest step. */
+static int step_move(view_cursor *cur, const probe_store *st, int d) {
+    int n = probe_store_n_steps(st);
+    if (n <= 0) return 0;
+    int s = cur->step < 0 || cur->step >= n ? n - 1 : cur->step, ns;
+    if (d < 0) ns = s > 0 ? s - 1 : 0;
+    else ns = s + 1 < n ? s + 1 : -1;
+    if (cur->step < 0 && d > 0) ns = -1;
+    if (ns == cur->step) return VIEW_HANDLED;
+    cur->step = ns;
+    return VIEW_HANDLED | VIEW_REDRAW;
+}
+
+static int selection_move(view_cursor *cur, const probe_store *st, int dx, int dy) {
+    if (dy) return step_move(cur, st, dy);
+    if (!dx) return 0;
+    int n = chunk_count(st, cur->layer, cur->head);
+    if (n <= 0) return 0;
+    int c = cur->chunk < 0 ? clampi(cur->scroll, 0, n - 1) : clampi(cur->chunk + dx, 0, n - 1);
+    if (c == cur->chunk) return VIEW_HANDLED;
+    cur->chunk = c;
+    return VIEW_HANDLED | VIEW_REDRAW;
+}
+
+static int selection_click(view_cursor *cur, const probe_store *st, const paint_result *res, double x, double y) {
+    const canvas_rect *a = &res->area;
+    if (a->w <= 0 || a->h <= 0 || x < a->x || x >= a->x + a->w || y < a->y || y >= a->y + a->h) return 0;
+    int c = (int)floor(res->x0 + (x - a->x) / a->w * (res->x1 - res->x0) + 0.5);
+    int s = (int)floor(res->y0 + (y - a->y) / a->h * (res->y1 - res->y0) + 0.5);
+    if (c < 0 || c >= chunk_count(st, cur->layer, cur->head) || s < 0 || s >= probe_store_n_steps(st)) return 0;
+    if (c == cur->chunk && s == cur->step) return VIEW_HANDLED;
+    cur->chunk = c;
+    cur->step = s;
+    return VIEW_HANDLED | VIEW_REDRAW;
+}
+
+const view_class view_selection = {
+    .name = "selection",
+    .title = "Selection",
+    .help = "chunks x decode steps for one layer and KV head: selected (cache hit or fetched), dense, not selected",
+    .draw = selection_draw,
+    .move = selection_move,
+    .click = selection_click,
+};

@@ -1,0 +1,299 @@
+/* view_timeline.c: where the time of one step went, per stream.
+ *
+ * A Gantt chart of the timing spans of the current decode step (the
+ * prefill when the run has no decode steps yet): one row per stream
+ * (compute, fetch, rebuild: the two CUDA streams of ShadowKV plus
+ * compute), one bar per span coloured by its operation, x in milliseconds
+ * from the step's first span. Spans nest (a layer's "attention" encloses
+ * its select / sparse_attn), so bars are drawn longest first and the inner
+ * ones stay visible on top. Bars wide enough carry their layer ("L3"); the
+ * cursor's layer is outlined.
+ *
+ * Known operations keep one colour in every step; others take the palette
+ * colours left over, in order of appearance.
+ *
+ * Keys: ←/→ previous/next decode step (→ past the last follows the latest);
+ * ↑/↓ previous/next layer. A click on a bar selects that bar's layer. */
+#include "skv.h"
+#include "view.h"
+
+#include <math.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#define TL_MAX_OPS 32       /* distinct operation names shown in one step */
+
+static int clampi(int v, int lo, int hi) { return v < lo ? lo : v > hi ? hi : v; }
+
+
+
+/* Fixed colours (palette_cat index, or -1 for grey) of the operations the
+ * engine emits, so that a colour means the same thing in every step. */
+static const struct { const char *op; int cat; } known_ops[] = {
+    { "sparse_attn", 0 }, { "select", 1 }, { "rebuild_k", 2 }, { "fetch_v", 3 }, { "attention", 4 },
+    { "qkv", 5 }, { "logits", 6 }, { "mlp", 7 },
+    /* prefill: none of the decode-only ones above appear there */
+    { "svd", 0 }, { "landmarks", 1 }, { "cosmin", 2 }, { "outliers", 3 }, { "offload", -1 },
+};
+
+typedef struct tl_ops {
+    int n;
+    const char *name[TL_MAX_OPS];
+    canvas_color color[TL_MAX_OPS];
+} tl_ops;
+
+/* The index of op in ops, adding it (with its colour) when new; -1 when full. */
+static int op_index(tl_ops *ops, const char *op) {
+    for (int i = 0; i < ops->n; i++)
+        if (!strcmp(ops->name[i], op)) return i;
+    if (ops->n >= TL_MAX_OPS) return -1;
+    int k = ops->n++;
+    ops->name[k] = op;
+    ops->color[k] = CANVAS_NONE;
+    for (size_t i = 0; i < sizeof known_ops / sizeof known_ops[0]; i++)
+        if (!strcmp(known_ops[i].op, op))
+            ops->color[k] = known_ops[i].cat < 0 ? CANVAS_RGB(0x99, 0x99, 0x99) : palette_cat(known_ops[i].cat);
+    return k;
+}
+
+/* Unknown operations get the palette colours no operation of this step uses. */
+static void fill_colors(tl_ops *ops) {
+    for (int k = 0; k < ops->n; k++) {
+        if (ops->color[k] != CANVAS_NONE) continue;
+        canvas_color pick = CANVAS_RGB(0x77, 0x77, 0x77);
+        for (int p = 0; p < PALETTE_CAT_N; p++) {
+            int used = 0;
+            for (int j = 0; j < ops->n; j++) used |= ops->color[j] == palette_cat(p);
+            if (!used) { pick = palette_cat(p); break; }
+        }
+        ops->color[k] = pick;
+    }
+}
+
+/* Sorts bars longest first, so that nested spans are painted over their parents. */
+static int bar_cmp(const void *a, const void *b) {
+    const paint_bar *x = a, *y = b;
+    double dx = x->t1 - x->t0, dy = y->t1 - y->t0;
+    if (dx != dy) return dx > dy ? -1 : 1;
+    return x->t0 < y->t0 ? -1 : x->t0 > y->t0;
+}
+
+/* The step shown: the cursor's, or the prefill (-1) when no decode step has spans. */
+static int shown_step(const probe_store *st, const view_cursor *cur) {
+    int s = view_step(st, cur), n;
+    if (s >= 0 && probe_store_spans(st, s, &n) && n > 0) return s;
+    return -1;
+}
+
+/* Totals of one operation on one stream over the step. */
+typedef struct tl_total { int op, stream, count; double ms; } tl_total;
+
+static int total_cmp(const void *a, const void *b) {
+    const tl_total *x = a, *y = b;
+    if (x->ms != y->ms) return x->ms > y->ms ? -1 : 1;
+    return x->op != y->op ? x->op - y->op : x->stream - y->stream;
+}
+
+/* A table of the time per operation and stream under the chart: the
+ * question after "what overlaps" is "what costs the most". */
+static int draw_totals(canvas *c, canvas_rect r, const tl_ops *ops, const probe_ev_span *sp, int n, double step_ms) {
+    tl_total *t = calloc((size_t)n, sizeof *t);
+    char (*txt)[6][32] = calloc((size_t)n, sizeof *txt);
+    const char **cells = calloc((size_t)n * 6, sizeof *cells);
+    int rc = SKV_OK, nt = 0;
+    if (!t || !txt || !cells) { rc = skv_error(SKV_ENOMEM, "timeline view: out of memory"); goto done; }
+    for (int i = 0; i < n; i++) {
+        if (sp[i].stream < 0 || sp[i].stream >= PROBE_STREAM_COUNT) continue;
+        int op = -1;
+        for (int k = 0; k < ops->n; k++)
+            if (!strcmp(ops->name[k], sp[i].op ? sp[i].op : "")) op = k;
+        int j = 0;
+        while (j < nt && (t[j].op != op || t[j].stream != sp[i].stream)) j++;
+        if (j == nt) t[nt++] = (tl_total){ op, sp[i].stream, 0, 0 };
+        t[j].count++;
+        t[j].ms += (sp[i].t1 - sp[i].t0) * 1e3;
+    }
+    qsort(t, (size_t)nt, sizeof *t, total_cmp);
+    for (int j = 0; j < nt; j++) {
+        snprintf(txt[j][0], 32, "%s", t[j].op >= 0 ? ops->name[t[j].op] : "?");
+        snprintf(txt[j][1], 32, "%s", probe_stream_name(t[j].stream));
+        snprintf(txt[j][2], 32, "%d", t[j].count);
+        snprintf(txt[j][3], 32, "%.4g", t[j].ms);
+        snprintf(txt[j][4], 32, "%.1f", step_ms > 0 ? 100 * t[j].ms / step_ms : 0.0);
+        snprintf(txt[j][5], 32, "%.3g", t[j].ms / t[j].count);
+        for (int k = 0; k < 6; k++) cells[j * 6 + k] = txt[j][k];
+    }
+    static const paint_column cols[6] = {
+        { "operation", PAINT_ALIGN_LEFT }, { "stream", PAINT_ALIGN_LEFT }, { "spans", PAINT_ALIGN_RIGHT },
+        { "total ms", PAINT_ALIGN_RIGHT }, { "% of step", PAINT_ALIGN_RIGHT }, { "ms per span", PAINT_ALIGN_RIGHT },
+    };
+    paint_table tab = { .cols = cols, .n_cols = 6, .cells = cells, .n_rows = nt };
+    paint_result pr;
+    rc = paint_draw_table(c, r, &tab, &pr);
+    double dx = floor((r.x + r.w - (pr.area.x + pr.area.w)) / 2);
+    if (!rc && dx >= 1) { /* centre it: the table's width is known only once drawn */
+        canvas_fill_rect(c, r.x, r.y, r.w, r.h, canvas_get_theme(c)->bg);
+        rc = paint_draw_table(c, (canvas_rect){ r.x + dx, r.y, r.w - dx, r.h }, &tab, &pr);
+    }
+done:
+    free(t);
+    free(txt);
+    free(cells);
+    return rc;
+}
+
+/* A bar's layer is kept beside it (paint_bar has no room for it). */
+typedef struct tl_bar { paint_bar b; int layer; } tl_bar;
+
+static int tl_bar_cmp(const void *a, const void *b) { return bar_cmp(&((const tl_bar *)a)->b, &((const tl_bar *)b)->b); }
+
+static int timeline_draw(canvas *c, canvas_rect r, const probe_store *st, const view_cursor *cur, paint_result *res) {
+    const canvas_geom *g = canvas_geometry(c);
+    const canvas_theme *th = canvas_get_theme(c);
+    int step = shown_step(st, cur), n;
+    const probe_ev_span *sp = probe_store_spans(st, step, &n);
+    if (!sp || n <= 0)
+        return view_message(c, r, "Timeline", "no timing spans: record the run with --trace (or inspect it live)", res);
+    double t0 = INFINITY, t1 = -INFINITY;
+    for (int i = 0; i < n; i++) { t0 = fmin(t0, sp[i].t0); t1 = fmax(t1, sp[i].t1); }
+
+    tl_ops ops = { 0 };
+    tl_bar *tb = malloc((size_t)n * sizeof *tb);
+    paint_bar *bars = malloc((size_t)n * sizeof *bars);
+    int rc = SKV_OK, nb = 0;
+    if (!tb || !bars) { rc = skv_error(SKV_ENOMEM, "timeline view: out of memory"); goto done; }
+    for (int i = 0; i < n; i++) {
+        if (sp[i].stream < 0 || sp[i].stream >= PROBE_STREAM_COUNT) continue;
+        int k = op_index(&ops, sp[i].op ? sp[i].op : "");
+        tb[nb++] = (tl_bar){ { sp[i].stream, k, (sp[i].t0 - t0) * 1e3, (sp[i].t1 - t0) * 1e3 }, sp[i].layer };
+    }
+    fill_colors(&ops);
+    qsort(tb, (size_t)nb, sizeof *tb, tl_bar_cmp);
+    for (int i = 0; i < nb; i++) bars[i] = tb[i].b;
+    paint_category cats[TL_MAX_OPS];
+    for (int k = 0; k < ops.n; k++) cats[k] = (paint_category){ ops.name[k], ops.color[k] };
+    const char *rows[PROBE_STREAM_COUNT];
+    for (int s = 0; s < PROBE_STREAM_COUNT; s++) rows[s] = probe_stream_name(s);
+
+    char title[200];
+    int layer = cur->layer;
+    double total = (t1 - t0) * 1e3;
+    if (step < 0)
+        snprintf(title, sizeof title,
+                 g->cells ? "Timeline, prefill: %.3g ms" : "Stream timeline of the prefill: %.3g ms, %d spans", total, n);
+    else
+        snprintf(title, sizeof title,
+                 g->cells ? "Timeline, step %d: %.3g ms" : "Stream timeline of decode step %d: %.3g ms, %d spans", step,
+                 total, n);
+    view_fit_text(c, CANVAS_FONT_TITLE, r.w, title);
+    paint_gantt gt = {
+        .title = title, .rows = rows, .n_rows = PROBE_STREAM_COUNT, .ops = cats, .n_ops = ops.n,
+        .bars = bars, .n_bars = nb,
+        .t = { .label = g->cells ? "time" : "time from the step's first span", .unit = "ms" },
+    };
+    paint_result local, *pr = res ? res : &local;
+    rc = paint_draw_gantt(c, r, &gt, pr);
+    if (rc || pr->shown <= 0 || pr->area.w <= 0) goto done;
+
+    /* layer labels in the bars that have room and enclose no other bar; the cursor's layer outlined */
+    canvas_rect old = canvas_clip(c, pr->area);
+    double row_h = pr->area.h / pr->shown;
+    for (int i = 0; i < nb; i++) {
+        const tl_bar *b = &tb[i];
+        if (b->b.row >= pr->shown) continue;
+        double x0 = paint_map_x(pr, b->b.t0), x1 = paint_map_x(pr, b->b.t1), y = pr->area.y + b->b.row * row_h;
+        if (!isfinite(x0) || !isfinite(x1)) continue;
+        if (b->layer == layer && b->layer >= 0 && !g->cells && x1 - x0 >= 3 * g->hair) {
+            double inset = round(row_h * 0.16);
+            canvas_color oc = th->fg;
+            canvas_rule(c, x0, y + inset, x1, y + inset, oc, 0);
+            canvas_rule(c, x0, y + row_h - inset, x1, y + row_h - inset, oc, 0);
+            canvas_rule(c, x0, y + inset, x0, y + row_h - inset, oc, 0);
+            canvas_rule(c, x1, y + inset, x1, y + row_h - inset, oc, 0);
+        }
+        if (b->layer < 0) continue;
+        int encloses = 0;
+        for (int j = 0; j < nb && !encloses; j++)
+            encloses = j != i && tb[j].b.row == b->b.row && tb[j].b.t0 >= b->b.t0 && tb[j].b.t1 <= b->b.t1 &&
+                       tb[j].b.t1 - tb[j].b.t0 < b->b.t1 - b->b.t0;
+        if (encloses) continue;
+        char lab[16];
+        snprintf(lab, sizeof lab, "L%d", b->layer);
+        double tw = canvas_text_width(c, lab, CANVAS_FONT_SMALL);
+        if (tw + (g->cells ? 0 : 2 * g->pad) > x1 - x0) continue;
+        canvas_color bc = b->b.op >= 0 ? ops.color[b->b.op] : th->muted;
+        canvas_color ink = canvas_luma(bc) > 0.3 ? CANVAS_RGB(0, 0, 0) : CANVAS_RGB(0xff, 0xff, 0xff);
+        double cx = g->cells ? floor((x0 + x1 - tw) / 2) : (x0 + x1) / 2;
+        canvas_text(c, cx, g->cells ? y : y + row_h / 2, lab, CANVAS_FONT_SMALL,
+                    (g->cells ? CANVAS_LEFT | CANVAS_TOP : CANVAS_CENTER | CANVAS_MIDDLE), ink);
+    }
+    canvas_clip(c, old);
+
+    /* what is left under the chart (x tick labels and axis label) holds the totals */
+    double lh_s = canvas_line_height(c, CANVAS_FONT_SMALL), lh_b = canvas_line_height(c, CANVAS_FONT_BODY);
+    double used = pr->area.y + pr->area.h +
+                  (g->cells ? 3 : g->hair + g->tick + 3 * g->pad + lh_s + lh_b + g->em);
+    double left = r.y + r.h - used;
+    if (left >= (g->cells ? 5 : 8 * lh_b)) {
+        rc = draw_totals(c, (canvas_rect){ r.x, used, r.w, left }, &ops, sp, n, total);
+    }
+done:
+    free(tb);
+    free(bars);
+    return rc;
+}
+
+static int timeline_move(view_cursor *cur, const probe_store *st, int dx, int dy) {
+    if (dy) {
+        int nl = probe_store_n_layers(st);
+        if (nl <= 0) return 0;
+        int l = clampi(cur->layer + dy, 0, nl - 1);
+        if (l == cur->layer) return VIEW_HANDLED;
+        cur->layer = l;
+        return VIEW_HANDLED | VIEW_REDRAW;
+    }
+    if (!dx) return 0;
+    int n = probe_store_n_steps(st);
+    if (n <= 0) return 0;
+    int s = cur->step < 0 || cur->step >= n ? n - 1 : cur->step, ns;
+    if (dx < 0) ns = s > 0 ? s - 1 : 0;
+    else ns = s + 1 < n ? s + 1 : -1;
+    if (cur->step < 0 && dx > 0) ns = -1;
+    if (ns == cur->step) return VIEW_HANDLED;
+    cur->step = ns;
+    return VIEW_HANDLED | VIEW_REDRAW;
+}
+
+/* The innermost (shortest) span under the click on its stream's row gives the layer. */
+static int timeline_click(view_cursor *cur, const probe_store *st, const paint_result *res, double x, double y) {
+    const canvas_rect *a = &res->area;
+    if (res->shown <= 0 || a->w <= 0 || a->h <= 0 || x < a->x || x > a->x + a->w || y < a->y || y >= a->y + a->h)
+        return 0;
+    int step = shown_step(st, cur), n;
+    const probe_ev_span *sp = probe_store_spans(st, step, &n);
+    if (!sp || n <= 0) return 0;
+    double t0 = INFINITY;
+    for (int i = 0; i < n; i++) t0 = fmin(t0, sp[i].t0);
+    int row = (int)floor((y - a->y) / (a->h / res->shown));
+    double t = (res->x0 + (x - a->x) / a->w * (res->x1 - res->x0)) / 1e3 + t0;
+    double slack = (res->x1 - res->x0) / a->w / 1e3; /* one canvas unit, in seconds */
+    int best = -1;
+    for (int i = 0; i < n; i++)
+        if (sp[i].stream == row && sp[i].layer >= 0 && t >= sp[i].t0 - slack && t <= sp[i].t1 + slack &&
+            (best < 0 || sp[i].t1 - sp[i].t0 < sp[best].t1 - sp[best].t0))
+            best = i;
+    if (best < 0) return 0;
+    if (sp[best].layer == cur->layer) return VIEW_HANDLED;
+    cur->layer = sp[best].layer;
+    return VIEW_HANDLED | VIEW_REDRAW;
+}
+
+const view_class view_timeline = {
+    .name = "timeline",
+    .title = "Timeline",
+    .help = "Gantt chart of one step's timed spans per stream (compute, fetch, rebuild), in ms",
+    .draw = timeline_draw,
+    .move = timeline_move,
+    .click = timeline_click,
+};
