@@ -29,25 +29,6 @@
 
 static int clampi(int v, int lo, int hi) { return v < lo ? lo : v > hi ? hi : v; }
 
-/* Clears res, draws the title and a centred message, records the message as
- * the last error and returns SKV_EMISSING. */
-static int draw_missing(canvas *c, canvas_rect r, const char *title, const char *msg, paint_result *res) {
-    if (res) {
-        memset(res, 0, sizeof *res);
-        res->area = (canvas_rect){ r.x, r.y, 0, 0 };
-        res->axis_x = res->axis_y = NAN;
-        for (int i = 0; i < PAINT_MAX_MARKERS; i++) res->marker_x[i] = NAN;
-    }
-    const canvas_geom *g = canvas_geometry(c);
-    const canvas_theme *th = canvas_get_theme(c);
-    canvas_rect old = canvas_clip(c, r);
-    double cx = g->cells ? r.x + floor(r.w / 2) : r.x + r.w / 2;
-    canvas_text(c, cx, r.y + g->pad, title, CANVAS_FONT_TITLE, CANVAS_CENTER | CANVAS_TOP, th->fg);
-    canvas_text(c, cx, g->cells ? r.y + floor(r.h / 2) : r.y + r.h / 2, msg, CANVAS_FONT_BODY,
-                CANVAS_CENTER | (g->cells ? CANVAS_TOP : CANVAS_MIDDLE), th->fg);
-    canvas_clip(c, old);
-    return skv_error(SKV_EMISSING, "%s", msg);
-}
 
 /* Lines text would take when wrapped at width w (at most max_lines); when
  * draw is set, draws them from y on. Words longer than a line are cut. */
@@ -127,7 +108,7 @@ static int needle_draw(canvas *c, canvas_rect r, const probe_store *st, const vi
     int rc = probe_store_n_needles(st) > 0 ? needle_diagnose(st, 0, rep) : SKV_EMISSING;
     if (rc == SKV_EMISSING) {
         free(rep);
-        return draw_missing(c, r, "Needle report",
+        return view_message(c, r, "Needle report",
                             "no needle data: record a run with skv needle --trace FILE and open that trace", res);
     }
     if (rc) { free(rep); return rc; }

@@ -23,25 +23,6 @@
 
 #define NIAH_MAX_AXIS 256   /* distinct lengths or depths shown */
 
-/* Clears res, draws the title and a centred message, records the message as
- * the last error and returns SKV_EMISSING. */
-static int draw_missing(canvas *c, canvas_rect r, const char *title, const char *msg, paint_result *res) {
-    if (res) {
-        memset(res, 0, sizeof *res);
-        res->area = (canvas_rect){ r.x, r.y, 0, 0 };
-        res->axis_x = res->axis_y = NAN;
-        for (int i = 0; i < PAINT_MAX_MARKERS; i++) res->marker_x[i] = NAN;
-    }
-    const canvas_geom *g = canvas_geometry(c);
-    const canvas_theme *th = canvas_get_theme(c);
-    canvas_rect old = canvas_clip(c, r);
-    double cx = g->cells ? r.x + floor(r.w / 2) : r.x + r.w / 2;
-    canvas_text(c, cx, r.y + g->pad, title, CANVAS_FONT_TITLE, CANVAS_CENTER | CANVAS_TOP, th->fg);
-    canvas_text(c, cx, g->cells ? r.y + floor(r.h / 2) : r.y + r.h / 2, msg, CANVAS_FONT_BODY,
-                CANVAS_CENTER | (g->cells ? CANVAS_TOP : CANVAS_MIDDLE), th->fg);
-    canvas_clip(c, old);
-    return skv_error(SKV_EMISSING, "%s", msg);
-}
 
 /* The grid: sorted distinct lengths and depths, and per method and cell the
  * mean hit rate in percent (NaN: no case). */
@@ -130,7 +111,7 @@ static int niah_draw(canvas *c, canvas_rect r, const probe_store *st, const view
     int rc = grid_build(st, &g);
     if (rc == SKV_EMISSING) {
         grid_free(&g);
-        return draw_missing(c, r, "Needle in a haystack",
+        return view_message(c, r, "Needle in a haystack",
                             "no NIAH results: run skv needle --trace FILE, then open or export that trace", res);
     }
     if (rc) { grid_free(&g); return rc; }
