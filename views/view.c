@@ -67,3 +67,26 @@ int view_message(canvas *c, canvas_rect r, const char *title, const char *msg, p
     canvas_clip(c, old);
     return skv_error(SKV_EMISSING, "%s", msg);
 }
+
+/* up/down: layer; left/right: step (right past the last step follows the
+ * latest again). */
+int view_move_layer_step(view_cursor *cur, const probe_store *st, int dx, int dy) {
+    if (dy) {
+        int nl = probe_store_n_layers(st);
+        if (nl <= 0) return 0;
+        int l = cur->layer + dy < 0 ? 0 : cur->layer + dy > nl - 1 ? nl - 1 : cur->layer + dy;
+        if (l == cur->layer) return VIEW_HANDLED;
+        cur->layer = l;
+        return VIEW_HANDLED | VIEW_REDRAW;
+    }
+    if (!dx) return 0;
+    int n = probe_store_n_steps(st);
+    if (n <= 0) return 0;
+    int s = cur->step < 0 || cur->step >= n ? n - 1 : cur->step, ns;
+    if (dx < 0) ns = s > 0 ? s - 1 : 0;
+    else ns = s + 1 < n ? s + 1 : -1;
+    if (cur->step < 0 && dx > 0) ns = -1;
+    if (ns == cur->step) return VIEW_HANDLED;
+    cur->step = ns;
+    return VIEW_HANDLED | VIEW_REDRAW;
+}

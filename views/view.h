@@ -62,4 +62,8 @@ void view_fit_text(canvas *c, int font, double w, char *buf);
  * has no data for it. */
 int view_message(canvas *c, canvas_rect r, const char *title, const char *msg, paint_result *res);
 
+/* A move() for views that show one layer over steps: up/down change the
+ * layer, left/right the step (right past the last step follows the latest). */
+int view_move_layer_step(view_cursor *cur, const probe_store *st, int dx, int dy);
+
 #endif

@@ -111,27 +111,6 @@ done:
     return rc;
 }
 
-static int cache_move(view_cursor *cur, const probe_store *st, int dx, int dy) {
-    if (dy) {
-        int nl = probe_store_n_layers(st);
-        if (nl <= 0) return 0;
-        int l = clampi(cur->layer + dy, 0, nl - 1);
-        if (l == cur->layer) return VIEW_HANDLED;
-        cur->layer = l;
-        return VIEW_HANDLED | VIEW_REDRAW;
-    }
-    if (!dx) return 0;
-    int n = probe_store_n_steps(st);
-    if (n <= 0) return 0;
-    int s = cur->step < 0 || cur->step >= n ? n - 1 : cur->step, ns;
-    if (dx < 0) ns = s > 0 ? s - 1 : 0;
-    else ns = s + 1 < n ? s + 1 : -1;
-    if (cur->step < 0 && dx > 0) ns = -1;
-    if (ns == cur->step) return VIEW_HANDLED;
-    cur->step = ns;
-    return VIEW_HANDLED | VIEW_REDRAW;
-}
-
 static int cache_click(view_cursor *cur, const probe_store *st, const paint_result *res, double x, double y) {
     const canvas_rect *a = &res->area;
     int n = probe_store_n_steps(st);
@@ -155,6 +134,6 @@ const view_class view_cache = {
     .title = "Cache",
     .help = "chunk cache hit rate per layer over the decode steps, with the mean over layers",
     .draw = cache_draw,
-    .move = cache_move,
+    .move = view_move_layer_step,
     .click = cache_click,
 };

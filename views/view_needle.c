@@ -217,27 +217,6 @@ done:
     return rc;
 }
 
-static int needle_move(view_cursor *cur, const probe_store *st, int dx, int dy) {
-    if (dy) {
-        int nl = probe_store_n_layers(st);
-        if (nl <= 0) return 0;
-        int l = clampi(cur->layer + dy, 0, nl - 1);
-        if (l == cur->layer) return VIEW_HANDLED;
-        cur->layer = l;
-        return VIEW_HANDLED | VIEW_REDRAW;
-    }
-    if (!dx) return 0;
-    int n = probe_store_n_steps(st);
-    if (n <= 0) return 0;
-    int s = cur->step < 0 || cur->step >= n ? n - 1 : cur->step, ns;
-    if (dx < 0) ns = s > 0 ? s - 1 : 0;
-    else ns = s + 1 < n ? s + 1 : -1;
-    if (cur->step < 0 && dx > 0) ns = -1;
-    if (ns == cur->step) return VIEW_HANDLED;
-    cur->step = ns;
-    return VIEW_HANDLED | VIEW_REDRAW;
-}
-
 static int needle_click(view_cursor *cur, const probe_store *st, const paint_result *res, double x, double y) {
     const probe_ev_needle *info = probe_store_needle_info(st, 0);
     if (!info || info->n_chunks < 1) return 0;
@@ -277,6 +256,6 @@ const view_class view_needle = {
     .help = "why a needle was missed: needle chunk ranks per layer and KV head vs the budget, and the verdict "
             "(skv needle --trace)",
     .draw = needle_draw,
-    .move = needle_move,
+    .move = view_move_layer_step,
     .click = needle_click,
 };

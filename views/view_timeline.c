@@ -24,7 +24,6 @@
 
 #define TL_MAX_OPS 32       /* distinct operation names shown in one step */
 
-static int clampi(int v, int lo, int hi) { return v < lo ? lo : v > hi ? hi : v; }
 
 
 
@@ -244,27 +243,6 @@ done:
     return rc;
 }
 
-static int timeline_move(view_cursor *cur, const probe_store *st, int dx, int dy) {
-    if (dy) {
-        int nl = probe_store_n_layers(st);
-        if (nl <= 0) return 0;
-        int l = clampi(cur->layer + dy, 0, nl - 1);
-        if (l == cur->layer) return VIEW_HANDLED;
-        cur->layer = l;
-        return VIEW_HANDLED | VIEW_REDRAW;
-    }
-    if (!dx) return 0;
-    int n = probe_store_n_steps(st);
-    if (n <= 0) return 0;
-    int s = cur->step < 0 || cur->step >= n ? n - 1 : cur->step, ns;
-    if (dx < 0) ns = s > 0 ? s - 1 : 0;
-    else ns = s + 1 < n ? s + 1 : -1;
-    if (cur->step < 0 && dx > 0) ns = -1;
-    if (ns == cur->step) return VIEW_HANDLED;
-    cur->step = ns;
-    return VIEW_HANDLED | VIEW_REDRAW;
-}
-
 /* The innermost (shortest) span under the click on its stream's row gives the layer. */
 static int timeline_click(view_cursor *cur, const probe_store *st, const paint_result *res, double x, double y) {
     const canvas_rect *a = &res->area;
@@ -294,6 +272,6 @@ const view_class view_timeline = {
     .title = "Timeline",
     .help = "Gantt chart of one step's timed spans per stream (compute, fetch, rebuild), in ms",
     .draw = timeline_draw,
-    .move = timeline_move,
+    .move = view_move_layer_step,
     .click = timeline_click,
 };
