@@ -326,7 +326,8 @@ static dot_fn dot_for(enum ggml_type t, int ref) {
 /* ---- quantized rows against 8-bit activations ----
  *
  * For q8_0, q4_0, q5_0, q4_K and q6_K, x is first quantized to blocks of 32
- * int8 codes q = round(x * 127/amax) with an fp32 scale dx = amax/127; each
+ * int8 codes q = round(x * 127/amax) with a scale dx = amax/127 (rounded to
+ * fp16 when it fits, as llama.cpp stores it); each
  * 32-element run of a weight row then meets one x block in integer
  * arithmetic. Every kernel gives the same bits, in this order: lane l (0..7)
  * of x block b is the exact integer sum_{k<4} w[4l+k] * q[4l+k] (w the signed
@@ -364,7 +365,10 @@ static inline float xq_scale(float amax, int nonfinite, float *d) {
         *d = nonfinite ? NAN : 0.0f;
         return 0;
     }
-    *d = amax / 127.0f;
+    /* The block scale is stored rounded to fp16, as llama.cpp keeps it, when
+     * it fits; the codes still come from the exact inverse. */
+    float dd = amax / 127.0f;
+    *d = dd <= 65504.0f ? fp16_to_f32(f32_to_fp16(dd)) : dd;
     return id;
 }
 
