@@ -68,8 +68,24 @@ int view_message(canvas *c, canvas_rect r, const char *title, const char *msg, p
     return skv_error(SKV_EMISSING, "%s", msg);
 }
 
-/* up/down: layer; left/right: step (right past the last step follows the
- * latest again). */
+int view_next_step(const probe_store *st, const view_cursor *cur, int d, int *ns) {
+    int n = probe_store_n_steps(st);
+    if (n <= 0) return 0;
+    int s = cur->step < 0 || cur->step >= n ? n - 1 : cur->step;
+    if (d < 0) *ns = s > 0 ? s - 1 : 0;
+    else *ns = s + 1 < n ? s + 1 : -1;
+    if (cur->step < 0 && d > 0) *ns = -1;
+    return 1;
+}
+
+int view_move_step(view_cursor *cur, const probe_store *st, int d) {
+    int ns;
+    if (!view_next_step(st, cur, d, &ns)) return 0;
+    if (ns == cur->step) return VIEW_HANDLED;
+    cur->step = ns;
+    return VIEW_HANDLED | VIEW_REDRAW;
+}
+
 int view_move_layer_step(view_cursor *cur, const probe_store *st, int dx, int dy) {
     if (dy) {
         int nl = probe_store_n_layers(st);
@@ -79,14 +95,5 @@ int view_move_layer_step(view_cursor *cur, const probe_store *st, int dx, int dy
         cur->layer = l;
         return VIEW_HANDLED | VIEW_REDRAW;
     }
-    if (!dx) return 0;
-    int n = probe_store_n_steps(st);
-    if (n <= 0) return 0;
-    int s = cur->step < 0 || cur->step >= n ? n - 1 : cur->step, ns;
-    if (dx < 0) ns = s > 0 ? s - 1 : 0;
-    else ns = s + 1 < n ? s + 1 : -1;
-    if (cur->step < 0 && dx > 0) ns = -1;
-    if (ns == cur->step) return VIEW_HANDLED;
-    cur->step = ns;
-    return VIEW_HANDLED | VIEW_REDRAW;
+    return dx ? view_move_step(cur, st, dx) : 0;
 }

@@ -62,6 +62,13 @@ void view_fit_text(canvas *c, int font, double w, char *buf);
  * has no data for it. */
 int view_message(canvas *c, canvas_rect r, const char *title, const char *msg, paint_result *res);
 
+/* The step a move of d (< 0 back, > 0 forward) goes to, into *ns: forward
+ * past the last step (or from "latest") gives -1, follow the latest.
+ * Returns 0 when the store has no steps. */
+int view_next_step(const probe_store *st, const view_cursor *cur, int d, int *ns);
+/* Moves cur->step by d as view_next_step says; returns VIEW_* bits. */
+int view_move_step(view_cursor *cur, const probe_store *st, int d);
+
 /* A move() for views that show one layer over steps: up/down change the
  * layer, left/right the step (right past the last step follows the latest). */
 int view_move_layer_step(view_cursor *cur, const probe_store *st, int dx, int dy);

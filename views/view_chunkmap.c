@@ -240,21 +240,8 @@ done:
     return rc;
 }
 
-/* ↓ past the last step (or from "latest") means: follow the latest step. */
-static int step_move(view_cursor *cur, const probe_store *st, int d) {
-    int n = probe_store_n_steps(st);
-    if (n <= 0) return 0;
-    int s = cur->step < 0 || cur->step >= n ? n - 1 : cur->step, ns;
-    if (d < 0) ns = s > 0 ? s - 1 : 0;
-    else ns = s + 1 < n ? s + 1 : -1;
-    if (cur->step < 0 && d > 0) ns = -1;
-    if (ns == cur->step) return VIEW_HANDLED;
-    cur->step = ns;
-    return VIEW_HANDLED | VIEW_REDRAW;
-}
-
 static int chunkmap_move(view_cursor *cur, const probe_store *st, int dx, int dy) {
-    if (dy) return step_move(cur, st, dy);
+    if (dy) return view_move_step(cur, st, dy);
     if (!dx) return 0;
     const probe_ev_prefill_head *ph = probe_store_prefill_head(st, cur->layer, cur->head);
     if (!ph || ph->n_chunks <= 0) return 0;

@@ -377,13 +377,8 @@ static int tokens_move(view_cursor *cur, const probe_store *st, int dx, int dy) 
         cur->scroll = s;
         return VIEW_HANDLED | VIEW_REDRAW;
     }
-    if (!dx) return 0;
-    int n = probe_store_n_steps(st);
-    if (n <= 0) return 0;
-    int s = cur->step < 0 || cur->step >= n ? n - 1 : cur->step, ns;
-    if (dx < 0) ns = s > 0 ? s - 1 : 0;
-    else ns = s + 1 < n ? s + 1 : -1;
-    if (cur->step < 0 && dx > 0) ns = -1;
+    int ns;
+    if (!dx || !view_next_step(st, cur, dx, &ns)) return 0;
     if (ns == cur->step && cur->token < 0) return VIEW_HANDLED;
     cur->step = ns;
     cur->token = -1;
