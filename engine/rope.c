@@ -39,15 +39,16 @@ void rope_free(rope_ctx *r) {
     r->inv_freq = NULL;
 }
 
-void rope_apply(const rope_ctx *r, float *x, int n_heads, int pos) {
-    int half = r->rope_dim / 2;
-    float cs[512], sn[512];
-    SKV_ASSERT(half <= 512);
-    for (int i = 0; i < half; i++) {
+void rope_angles(const rope_ctx *r, int pos, float *cs, float *sn) {
+    for (int i = 0; i < r->rope_dim / 2; i++) {
         double th = (double)pos * r->inv_freq[i];
         cs[i] = (float)cos(th);
         sn[i] = (float)sin(th);
     }
+}
+
+void rope_rotate(const rope_ctx *r, float *x, int n_heads, const float *cs, const float *sn) {
+    int half = r->rope_dim / 2;
     for (int h = 0; h < n_heads; h++) {
         float *v = x + (size_t)h * r->head_dim;
         if (r->mode == ROPE_ADJACENT) {
@@ -64,4 +65,11 @@ void rope_apply(const rope_ctx *r, float *x, int n_heads, int pos) {
             }
         }
     }
+}
+
+void rope_apply(const rope_ctx *r, float *x, int n_heads, int pos) {
+    float cs[512], sn[512];
+    SKV_ASSERT(r->rope_dim / 2 <= 512);
+    rope_angles(r, pos, cs, sn);
+    rope_rotate(r, x, n_heads, cs, sn);
 }

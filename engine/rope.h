@@ -16,6 +16,12 @@ typedef struct {
 int rope_init(rope_ctx *r, const model_config *cfg, const float *freq_factors);
 void rope_free(rope_ctx *r);
 
+/* cos and sin of every pair's angle at position pos: cs, sn (rope_dim/2). */
+void rope_angles(const rope_ctx *r, int pos, float *cs, float *sn);
+
+/* Rotates x (n_heads, head_dim) in place by the angles rope_angles gave. */
+void rope_rotate(const rope_ctx *r, float *x, int n_heads, const float *cs, const float *sn);
+
 /* Rotates x (n_heads, head_dim) in place for position pos. */
 void rope_apply(const rope_ctx *r, float *x, int n_heads, int pos);
 

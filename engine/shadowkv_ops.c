@@ -165,34 +165,15 @@ void shadowkv_rank(const float *score, int n, int *rank, int *order) {
 /* ---- RoPE tables and key rebuild ---------------------------------------- */
 
 void shadowkv_rope_table(const rope_ctx *rope, int n_pos, float *cs, float *sn) {
-    int half = rope->rope_dim / 2;
-    for (int p = 0; p < n_pos; p++)
-        for (int i = 0; i < half; i++) {
-            double th = (double)p * rope->inv_freq[i];
-            cs[(size_t)p * half + i] = (float)cos(th);
-            sn[(size_t)p * half + i] = (float)sin(th);
-        }
+    size_t half = rope->rope_dim / 2;
+    for (int p = 0; p < n_pos; p++) rope_angles(rope, p, cs + p * half, sn + p * half);
 }
 
 void shadowkv_rope_rows(const rope_ctx *rope, const float *cs, const float *sn, float *x, int n, int pos0) {
-    int half = rope->rope_dim / 2, hd = rope->head_dim;
-    for (int t = 0; t < n; t++) {
-        float *v = x + (size_t)t * hd;
-        const float *c = cs + (size_t)(pos0 + t) * half, *s = sn + (size_t)(pos0 + t) * half;
-        if (rope->mode == ROPE_ADJACENT) {
-            for (int i = 0; i < half; i++) {
-                float a = v[2 * i], b = v[2 * i + 1];
-                v[2 * i] = a * c[i] - b * s[i];
-                v[2 * i + 1] = a * s[i] + b * c[i];
-            }
-        } else {
-            for (int i = 0; i < half; i++) {
-                float a = v[i], b = v[i + half];
-                v[i] = a * c[i] - b * s[i];
-                v[i + half] = a * s[i] + b * c[i];
-            }
-        }
-    }
+    size_t half = rope->rope_dim / 2;
+    for (int t = 0; t < n; t++)
+        rope_rotate(rope, x + (size_t)t * rope->head_dim, 1, cs + (size_t)(pos0 + t) * half,
+                    sn + (size_t)(pos0 + t) * half);
 }
 
 void shadowkv_rebuild(const float *U, int r, const float *svt, int d, int t0, int n, const rope_ctx *rope,
