@@ -232,3 +232,14 @@ double canvas_luma(canvas_color col) {
     double r = ((col >> 16) & 255) / 255.0, g = ((col >> 8) & 255) / 255.0, b = (col & 255) / 255.0;
     return 0.2126 * srgb_to_linear(r) + 0.7152 * srgb_to_linear(g) + 0.0722 * srgb_to_linear(b);
 }
+
+/* The theme of exported figures (PNG and SVG): dark ink on white. */
+const canvas_theme canvas_figure_theme = {
+    .bg = CANVAS_RGB(0xff, 0xff, 0xff),
+    .fg = CANVAS_RGB(0x1a, 0x1a, 0x1a),
+    .muted = CANVAS_RGB(0x44, 0x44, 0x44),
+    .axis = CANVAS_RGB(0x33, 0x33, 0x33),
+    .grid = CANVAS_RGB(0xe4, 0xe4, 0xe4),
+    .band = CANVAS_RGB(0xe9, 0xe9, 0xe9),
+    .highlight = CANVAS_RGB(0x00, 0x00, 0x00),
+};

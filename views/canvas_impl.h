@@ -62,4 +62,7 @@ int canvas_clip_segment(canvas_rect r, double *x0, double *y0, double *x1, doubl
  * [a, b); when none does but b > a, the one slot holding the midpoint. */
 void canvas_span_slots(double a, double b, double step, long *i0, long *i1);
 
+/* The theme of exported figures (PNG and SVG): dark ink on white. */
+extern const canvas_theme canvas_figure_theme;
+
 #endif

@@ -36,16 +36,6 @@ typedef struct png_canvas {
     float adv[CANVAS_FONT_COUNT][128]; /* advance of ASCII glyphs, physical px; <0 unknown */
 } png_canvas;
 
-static const canvas_theme pix_theme = {
-    .bg = CANVAS_RGB(0xff, 0xff, 0xff),
-    .fg = CANVAS_RGB(0x1a, 0x1a, 0x1a),
-    .muted = CANVAS_RGB(0x44, 0x44, 0x44),
-    .axis = CANVAS_RGB(0x33, 0x33, 0x33),
-    .grid = CANVAS_RGB(0xe4, 0xe4, 0xe4),
-    .band = CANVAS_RGB(0xe9, 0xe9, 0xe9),
-    .highlight = CANVAS_RGB(0x00, 0x00, 0x00),
-};
-
 static png_canvas *pc_of(canvas *c) { return (png_canvas *)c; }
 
 /* Resolves the special colours: CANVAS_DEFAULT is the theme's fg for ink, bg for fills. */
@@ -376,15 +366,15 @@ int canvas_png_new(canvas **out, int width, int height, const canvas_png_opts *o
     for (int f = 0; f < CANVAS_FONT_COUNT; f++)
         for (int i = 0; i < 128; i++) p->adv[f][i] = -1;
     p->px = malloc((size_t)p->pw * p->ph * 4);
-    canvas_init_base(&p->base, &pix_ops, &pix_theme); /* so pix_free works on failure */
+    canvas_init_base(&p->base, &pix_ops, &canvas_figure_theme); /* so pix_free works on failure */
     if (!p->px) { pix_free(&p->base); return skv_error(SKV_ENOMEM, "canvas: out of memory for a %d x %d image", p->pw, p->ph); }
     int rc = open_fonts(p, opts ? opts->font_path : NULL);
     if (rc) { pix_free(&p->base); return rc; }
     double em = opts && opts->font_px > 0 ? opts->font_px : canvas_figure_em(width, height);
     for (int f = 0; f < CANVAS_FONT_COUNT; f++) p->size[f] = canvas_figure_font_px(em, f) * scale;
     canvas_figure_geom(&p->base.geom, width, height, em, scale);
-    canvas_init_base(&p->base, &pix_ops, &pix_theme);
-    pix_clear(&p->base, pix_theme.bg);
+    canvas_init_base(&p->base, &pix_ops, &canvas_figure_theme);
+    pix_clear(&p->base, canvas_figure_theme.bg);
     *out = &p->base;
     return SKV_OK;
 }

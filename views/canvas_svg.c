@@ -29,16 +29,6 @@ typedef struct svg_canvas {
     int next_id;
 } svg_canvas;
 
-static const canvas_theme svg_theme = {
-    .bg = CANVAS_RGB(0xff, 0xff, 0xff),
-    .fg = CANVAS_RGB(0x1a, 0x1a, 0x1a),
-    .muted = CANVAS_RGB(0x44, 0x44, 0x44),
-    .axis = CANVAS_RGB(0x33, 0x33, 0x33),
-    .grid = CANVAS_RGB(0xe4, 0xe4, 0xe4),
-    .band = CANVAS_RGB(0xe9, 0xe9, 0xe9),
-    .highlight = CANVAS_RGB(0x00, 0x00, 0x00),
-};
-
 static svg_canvas *sc_of(canvas *c) { return (svg_canvas *)c; }
 
 static void put(svg_canvas *s, const char *fmt, ...) __attribute__((format(printf, 2, 3)));
@@ -245,8 +235,8 @@ int canvas_svg_new(canvas **out, int width, int height, const canvas_png_opts *o
     if (!s->buf) { canvas_free(m); free(s); return skv_error(SKV_ENOMEM, "canvas: out of memory"); }
     for (int f = 0; f < CANVAS_FONT_COUNT; f++) s->size[f] = canvas_figure_font_px(em, f);
     canvas_figure_geom(&s->base.geom, width, height, em, 1);
-    canvas_init_base(&s->base, &svg_ops, &svg_theme);
-    svg_clear(&s->base, svg_theme.bg);
+    canvas_init_base(&s->base, &svg_ops, &canvas_figure_theme);
+    svg_clear(&s->base, canvas_figure_theme.bg);
     *out = &s->base;
     return SKV_OK;
 }
