@@ -2,6 +2,7 @@
 #include "kv.h"
 #include "skv.h"
 
+#include <math.h>
 #include <stdio.h>
 #include <string.h>
 
@@ -13,6 +14,12 @@ void kv_opts_default(kv_opts *o) {
     o->budget = 2048;
     o->outliers = 48;
     o->local = 4;
+}
+
+int kv_budget_tokens(const kv_opts *o, int prompt_len) {
+    if (o->budget_pct <= 0) return o->budget;
+    long b = lround((double)o->budget_pct * prompt_len / 100.0);
+    return b < 1 ? 1 : b > (1 << 24) ? 1 << 24 : (int)b;
 }
 
 int kv_new(const kv_opts *o, const kv_shape *shape, kv_cache **out) {

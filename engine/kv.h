@@ -49,6 +49,7 @@ struct kv_cache {
 typedef struct {
     char policy[16];          /* "dense" or "shadowkv" */
     int rank, chunk, budget, outliers, local;
+    float budget_pct;         /* > 0: the budget is this percent of the prompt (--budget 3%), budget unused */
     int plus;                 /* ShadowKV+: project generated keys onto the prefill basis */
     int oracle;               /* exact attention beside the sparse one, for diagnostics */
     /* Needle watch: prompt token positions [watch_begin, watch_end) whose
@@ -57,6 +58,10 @@ typedef struct {
      * watch_end <= watch_begin (kv_opts_default leaves both 0). */
     int watch_begin, watch_end;
 } kv_opts;
+
+/* The sparse budget in tokens for a prompt of prompt_len tokens: budget, or
+ * budget_pct of the prompt rounded to the nearest token (at least 1). */
+int kv_budget_tokens(const kv_opts *o, int prompt_len);
 
 void kv_opts_default(kv_opts *o);
 

@@ -794,7 +794,8 @@ static int sk_end_prefill(kv_cache *base) {
     c->n_local = s - c->local_start * c->c;
     c->n_out = c->o.outliers < c->local_start ? c->o.outliers : c->local_start;
     c->n_cand = c->local_start - c->n_out;
-    int want_k = c->o.budget / c->c;
+    int budget = kv_budget_tokens(&c->o, s);
+    int want_k = budget / c->c;
     c->k = want_k < c->n_cand ? want_k : c->n_cand;
     int max_r = s < c->kvd ? s : c->kvd;
     c->r = c->o.rank < max_r ? c->o.rank : max_r;
@@ -807,9 +808,9 @@ static int sk_end_prefill(kv_cache *base) {
                    "outlier chunk%s; attention is dense", s, c->n_local, c->n_out, c->n_out == 1 ? "" : "s");
     else if (want_k > c->n_cand)
         notice_add(c, "shadowkv: budget %d tokens > %d candidate tokens in a %d-token prompt; using all %d chunks",
-                   c->o.budget, c->n_cand * c->c, s, c->n_cand);
+                   budget, c->n_cand * c->c, s, c->n_cand);
     else if (c->k == 0)
-        notice_add(c, "shadowkv: budget %d tokens is less than one chunk of %d; no chunk is selected", c->o.budget,
+        notice_add(c, "shadowkv: budget %d tokens is less than one chunk of %d; no chunk is selected", budget,
                    c->c);
     c->row_slot = c->n_out * c->c;
     c->row_local = c->row_slot + c->k * c->c;

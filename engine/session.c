@@ -88,7 +88,7 @@ static void emit_run(skv_session *s, int prompt_len) {
         .model = c->name[0] ? c->name : s->m->path, .arch = c->arch, .format = s->m->format,
         .random_weights = s->m->random_weights, .n_layers = c->n_layers, .n_heads = c->n_heads,
         .n_kv_heads = c->n_kv_heads, .head_dim = c->head_dim, .max_ctx = s->o.ctx, .prompt_len = prompt_len,
-        .kv_policy = k->policy, .rank = k->rank, .chunk = k->chunk, .budget = k->budget, .outliers = k->outliers,
+        .kv_policy = k->policy, .rank = k->rank, .chunk = k->chunk, .budget = kv_budget_tokens(k, prompt_len), .outliers = k->outliers,
         .local_chunks = k->local, .shadowkv_plus = k->plus, .oracle = k->oracle, .backend = "cpu"}};
     probe_emit(s->o.bus, &ev);
 }

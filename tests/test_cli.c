@@ -90,6 +90,9 @@ int main(void) {
     expect_error("bad --temp", "run -m x.gguf -p hi --temp -1", "--temp expects a number");
     expect_error("bad --kv", "run -m x.gguf -p hi --kv sparse", "--kv expects");
     expect_error("flag without value", "run -m x.gguf -p", "-p needs a value");
+    expect_error("bad --budget", "run -m x.gguf -p hi --budget 3x%", "--budget expects a number");
+    expect_error("--budget 0%", "run -m x.gguf -p hi --budget 0%", "--budget expects a number in");
+    expect_error("--budget over 100%", "run -m x.gguf -p hi --budget 101%", "--budget expects a number in");
     expect_error("no model", "run -p hi", "no model");
     expect_error("missing model file", "run -m /nonexistent/model.gguf -p hi", "/nonexistent/model.gguf");
 

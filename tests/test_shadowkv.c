@@ -290,6 +290,20 @@ static void test_policy(void) {
     test_cond(msg, R.rc == 0 && st.dense && R.max_decode <= 1e-5 && strstr(c->notice, "dense"));
     kv_free(c);
 
+    /* The budget as a share of the prompt: 10% of 400 tokens = 40 = 5 chunks of 8. */
+    kv_opts_default(&o);
+    o.rank = 4; o.budget = 8; o.budget_pct = 10; o.outliers = 2; o.local = 2;
+    test_cond("kv_budget_tokens: 10% of 400 = 40, 0.1% of 400 = 1 (at least one), no percent = budget",
+              kv_budget_tokens(&o, 400) == 40 && (o.budget_pct = 0.1f, kv_budget_tokens(&o, 400) == 1) &&
+                  (o.budget_pct = 0, kv_budget_tokens(&o, 400) == 8));
+    o.budget_pct = 10;
+    c = new_sk(&o, NULL);
+    R = run_pair(c, 400, 2);
+    kv_shadowkv_stats_get(c, &st);
+    snprintf(msg, sizeof msg, "--budget 10%% on a 400-token prompt selects k = 5 chunks of 8 (got %d)", st.k);
+    test_cond(msg, R.rc == 0 && st.k == 5);
+    kv_free(c);
+
     /* A prompt shorter than one chunk. */
     kv_opts_default(&o);
     c = new_sk(&o, NULL);

@@ -90,7 +90,20 @@ int cli_gen_option(cli_gen *g, int argc, char **argv, int *i) {
     }
     if (!strcmp(a, "--rank")) { TAKES_VALUE(); return parse_int(a, v, 1, 1 << 16, &g->s.kv.rank) ? -1 : 1; }
     if (!strcmp(a, "--chunk")) { TAKES_VALUE(); return parse_int(a, v, 1, 4096, &g->s.kv.chunk) ? -1 : 1; }
-    if (!strcmp(a, "--budget")) { TAKES_VALUE(); return parse_int(a, v, 1, 1 << 24, &g->s.kv.budget) ? -1 : 1; }
+    if (!strcmp(a, "--budget")) {
+        TAKES_VALUE();
+        size_t n = strlen(v);
+        if (n > 1 && v[n - 1] == '%') { /* a share of the prompt */
+            char num[32];
+            if (n - 1 >= sizeof num) { fprintf(stderr, "skv: --budget '%s' is not a number or a percentage\n", v); return -1; }
+            memcpy(num, v, n - 1);
+            num[n - 1] = 0;
+            if (parse_float(a, num, 1e-3, 100, &g->s.kv.budget_pct)) return -1;
+            return 1;
+        }
+        g->s.kv.budget_pct = 0;
+        return parse_int(a, v, 1, 1 << 24, &g->s.kv.budget) ? -1 : 1;
+    }
     if (!strcmp(a, "--outliers")) { TAKES_VALUE(); return parse_int(a, v, 0, 1 << 24, &g->s.kv.outliers) ? -1 : 1; }
     if (!strcmp(a, "--local")) { TAKES_VALUE(); return parse_int(a, v, 0, 1 << 24, &g->s.kv.local) ? -1 : 1; }
     if (!strcmp(a, "--trace")) { TAKES_VALUE(); g->trace = v; return 1; }
@@ -113,7 +126,7 @@ void cli_gen_help(FILE *o, int with_sampling) {
             "      --kv POLICY       KV cache policy: dense (default) or shadowkv\n"
             "      --rank R          shadowkv: SVD rank of the pre-RoPE keys (default 160)\n"
             "      --chunk C         shadowkv: tokens per chunk (default 8)\n"
-            "      --budget B        shadowkv: sparse budget in tokens (default 2048)\n"
+            "      --budget B        shadowkv: sparse budget in tokens, or B%% of the prompt (default 2048)\n"
             "      --outliers O      shadowkv: outlier chunks kept dense per KV head (default 48)\n"
             "      --local L         shadowkv: chunks of the dense local window (default 4)\n"
             "      --shadowkv-plus   shadowkv: project generated keys onto the prefill basis\n"
