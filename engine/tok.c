@@ -429,6 +429,10 @@ static int get_flag(const gguf_file *f, const char *key, int *out) {
     return 0;
 }
 
+int tok_pre_ignores_merges(const char *pre) {
+    return !strcmp(pre, "llama-bpe") || !strcmp(pre, "llama3") || !strcmp(pre, "llama-v3");
+}
+
 static int load_gguf(const gguf_file *f, tok_vocab **out) {
     const char *src = f->path ? f->path : "gguf";
     const char *model = gguf_get_str(f, "tokenizer.ggml.model");
@@ -490,7 +494,7 @@ static int load_gguf(const gguf_file *f, tok_vocab **out) {
         if (!pre || !*pre) pre = "default";
         if ((rc = tok_pre_from_name(pre, src, &v->pre))) { tok_free(v); return rc; }
         snprintf(v->pre_name, sizeof v->pre_name, "%s", pre);
-        int llama3 = !strcmp(pre, "llama-bpe") || !strcmp(pre, "llama3") || !strcmp(pre, "llama-v3");
+        int llama3 = tok_pre_ignores_merges(pre);
         v->ignore_merges = llama3;
         v->add_bos = llama3;
     }

@@ -1,7 +1,8 @@
 /* tok_impl.h: the tokenizer's private parts, shared by tok.c (vocabulary,
  * special-token splitting, decoding, GGUF loading), tok_pre.c (the regex
  * pre-tokenizer), tok_bpe.c (merge-rank byte-level BPE), tok_spm.c
- * (SentencePiece-style score merging) and tok_hf.c (tokenizer.json).
+ * (SentencePiece-style score merging) and tok_hf.c (tokenizer.json), and
+ * read by convert.c, which writes a vocabulary back out as GGUF metadata.
  *
  * Token texts live in one arena. Ids 0..n_vocab-1 are the vocabulary; ids
  * from n_vocab up to n_str-1 are extra strings that only merges mention
@@ -45,6 +46,12 @@ int tok_pre_add(tok_pre *p, const char *pattern, int literal, const char *what);
 void tok_pre_free(tok_pre *p);
 const char *tok_pre_get_name(const tok_pre *p);
 int tok_pre_count(const tok_pre *p);
+/* The llama.cpp name (tokenizer.ggml.pre) whose regex list is exactly p's,
+ * pattern for pattern, or NULL when no name has that list. */
+const char *tok_pre_gguf_name(const tok_pre *p);
+/* 1 when the GGUF loader sets ignore_merges for this tokenizer.ggml.pre name
+ * (the llama3 family), as llama.cpp does. */
+int tok_pre_ignores_merges(const char *gguf_pre);
 
 /* Splits len bytes of valid UTF-8 (see tok_utf8_valid) into pieces;
  * *spans is malloc'd and owned by the caller. */

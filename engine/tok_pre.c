@@ -21,6 +21,8 @@ struct tok_pre {
     char name[32];
     int n;
     pcre2_code *re[TOK_PRE_MAX];
+    char *pat[TOK_PRE_MAX];      /* the source text of each regex, for tok_pre_gguf_name */
+    uint8_t literal[TOK_PRE_MAX];
 };
 
 /* The expressions of TOKENIZERS.md. */
@@ -67,6 +69,13 @@ int tok_pre_add(tok_pre *p, const char *pattern, int literal, const char *what) 
                          (const char *)msg);
     }
     (void)pcre2_jit_compile(re, PCRE2_JIT_COMPLETE); /* the interpreter runs it when JIT is absent */
+    char *copy = strdup(pattern);
+    if (!copy) {
+        pcre2_code_free(re);
+        return skv_error(SKV_ENOMEM, "tokenizer: out of memory");
+    }
+    p->pat[p->n] = copy;
+    p->literal[p->n] = literal != 0;
     p->re[p->n++] = re;
     return 0;
 }
@@ -91,9 +100,26 @@ int tok_pre_from_name(const char *name, const char *src, tok_pre **out) {
                      "or default)", src, name);
 }
 
+/* Exact text comparison: two spellings of one regex (say "(?i:'s)" and
+ * "'[sS]") are different names, since they can split some texts differently. */
+const char *tok_pre_gguf_name(const tok_pre *p) {
+    for (size_t i = 0; i < sizeof pre_table / sizeof pre_table[0]; i++) {
+        int n = 0;
+        while (n < 3 && pre_table[i].re[n]) n++;
+        if (n != p->n) continue;
+        int same = 1;
+        for (int j = 0; j < n && same; j++) same = !p->literal[j] && strcmp(p->pat[j], pre_table[i].re[j]) == 0;
+        if (same) return pre_table[i].name;
+    }
+    return NULL;
+}
+
 void tok_pre_free(tok_pre *p) {
     if (!p) return;
-    for (int i = 0; i < p->n; i++) pcre2_code_free(p->re[i]);
+    for (int i = 0; i < p->n; i++) {
+        pcre2_code_free(p->re[i]);
+        free(p->pat[i]);
+    }
     free(p);
 }
 

@@ -14,6 +14,7 @@ static const struct {
     {"logits", cmd_logits, "print prompt tokens, last logits and greedy tokens as JSON"},
     {"info", cmd_info, "print a model's config, tensors, dtypes and memory"},
     {"synth", cmd_synth, "write a random-weight model of a real shape (for benchmarks)"},
+    {"convert", cmd_convert, "write any model skv loads (HF directory or GGUF) as a llama.cpp GGUF"},
     {"needle", cmd_needle, "needle in a haystack: dense vs shadowkv retrieval, NIAH heatmap, why a needle was missed"},
     {"export", cmd_export, "draw one view of a trace into a PNG or SVG figure"},
     {"dump", cmd_dump, "write one layer's K, V, query and ShadowKV tensors as .npy"},
