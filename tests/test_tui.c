@@ -434,7 +434,8 @@ int main(void) {
     signal(SIGTERM, on_signal);
     atexit(kill_server);
 
-    /* The default model lies next to the binary (build/default-model.gguf). */
+    /* The random-weight test model lies next to the binary
+     * (build/default-model.gguf); inspect's own default is the demo model. */
     char model[PATH_MAX + 32], bdir[PATH_MAX];
     snprintf(bdir, sizeof bdir, "%s", bin);
     char *slash = strrchr(bdir, '/');
@@ -448,7 +449,9 @@ int main(void) {
         snprintf(rec_args, sizeof rec_args, "-m %s -p \"%s\" --kv shadowkv --rank 8 --budget 32 --outliers 2 --local 2",
                  model, "The quick brown fox jumps over the lazy dog. A needle hides in a haystack of words; "
                         "the inspector shows which chunks each head selects at every step.");
-        snprintf(live_args, sizeof live_args, "-n 4");
+        /* No -m: the built-in default (the demo model, samples/model/). */
+        if (stat("samples/model/skv-demo.gguf", &sb) == 0) snprintf(live_args, sizeof live_args, "-n 4");
+        else snprintf(live_args, sizeof live_args, "%s -n 4", rec_args);
     } else if (stories) {
         snprintf(rec_args, sizeof rec_args, "-m %s -p \"Once upon a time, there was a little girl named Lily. "
                  "She liked to play in the park with her friends.\" --kv shadowkv --rank 8 --chunk 4 --budget 16 "

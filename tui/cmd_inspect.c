@@ -33,9 +33,10 @@
  * large model; a long prefill simply waits for the UI to drain. */
 enum { RING_EVENTS = 8192 };
 
-/* ShadowKV settings for the default model and its ~1900-token prompt. */
+/* ShadowKV settings for the demo model and its needle prompt (about 2000
+ * tokens): a budget of 64 tokens is 3% of the context, as in the paper. */
 static const char *const default_flags[] = {
-    "--kv", "shadowkv", "--rank", "16", "--budget", "128", "--outliers", "4", "--local", "4", "--oracle",
+    "--kv", "shadowkv", "--rank", "16", "--budget", "64", "--outliers", "4", "--local", "4", "--oracle",
 };
 
 static void inspect_help(FILE *o) {
@@ -44,9 +45,10 @@ static void inspect_help(FILE *o) {
             "       skv inspect --trace FILE          replay a recorded trace (no model needed)\n\n"
             "Steps through decoding one token at a time and shows what ShadowKV does in\n"
             "the terminal: spectra, chunk maps, selections, cache hits, timelines, tokens.\n"
-            "Without -m it runs the built-in default: build/default-model.gguf (random\n"
-            "weights, made by `make`) on samples/prompts/default.txt with --kv shadowkv\n"
-            "--rank 16 --budget 128 --outliers 4 --local 4 --oracle (flags given override).\n"
+            "Without -m it runs the built-in default: the trained demo model\n"
+            "samples/model/skv-demo.gguf on samples/prompts/needle.txt (a value planted in\n"
+            "a 2000-token haystack, asked for at the end) with --kv shadowkv --rank 16\n"
+            "--budget 64 --outliers 4 --local 4 --oracle (flags given override).\n"
             "--trace FILE alone replays FILE; with -m, -p, -f or any run option it records the\n"
             "run into FILE while you inspect it (without -m/-p/-f, only into a new file).\n\n"
             "keys:\n"
@@ -116,16 +118,16 @@ static int find_default(const char *const *rels, int n, char *out, size_t cap, c
 /* Sets g up for the built-in default model and prompt, then re-applies the
  * user's flags over it so that any of them overrides the preset. */
 static int use_default(cli_gen *g, int argc, char **argv, char *model, char *prompt, size_t cap) {
-    static const char *const model_rel[] = {"build/default-model.gguf", "default-model.gguf"};
-    static const char *const prompt_rel[] = {"samples/prompts/default.txt", "../samples/prompts/default.txt"};
+    static const char *const model_rel[] = {"samples/model/skv-demo.gguf", "../samples/model/skv-demo.gguf"};
+    static const char *const prompt_rel[] = {"samples/prompts/needle.txt", "../samples/prompts/needle.txt"};
     char tried[PATH_MAX + 64];
     if (find_default(model_rel, 2, model, cap, tried, sizeof tried)) {
-        fprintf(stderr, "skv inspect: no -m MODEL given and the default model %s is missing (run make)\n", tried);
+        fprintf(stderr, "skv inspect: no -m MODEL given and the default model %s is missing\n", tried);
         return 1;
     }
     int have_prompt = g->prompt || g->prompt_file;
     if (!have_prompt && find_default(prompt_rel, 2, prompt, cap, tried, sizeof tried)) {
-        if (exists("samples/prompts/default.txt")) snprintf(prompt, cap, "samples/prompts/default.txt");
+        if (exists("samples/prompts/needle.txt")) snprintf(prompt, cap, "samples/prompts/needle.txt");
         else {
             fprintf(stderr, "skv inspect: no prompt given and the default prompt %s is missing\n", tried);
             return 1;

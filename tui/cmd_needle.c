@@ -36,7 +36,9 @@ static void needle_help(FILE *o) {
             "the end, and scores exact retrieval in the greedy answer under dense attention and\n"
             "under ShadowKV on the same prompts. Prints a table of length x depth; with\n"
             "--explain, the diagnosis of every ShadowKV miss (docs/NEEDLE.md explains it).\n"
-            "Without -m it uses build/default-model.gguf (random weights; made by make).\n\n"
+            "Without -m it uses the trained demo model samples/model/skv-demo.gguf (4096\n"
+            "positions) with the preset --lengths 1k,2k,3k,4000 --rank 16 --budget 3%%\n"
+            "--outliers 4 --local 4; flags given override it.\n\n"
             "  -m, --model PATH      GGUF file or HF directory\n"
             "      --lengths LIST    prompt lengths in tokens, k = 1024 (default 1k,2k,4k)\n"
             "      --depths LIST     needle depths in percent: START:STOP:STEP or a list (default 0:100:10)\n"
@@ -176,8 +178,11 @@ static double cell_rate(const needle_result *r, int length, float depth, int m) 
 }
 
 static void print_table(const needle_result *r, const needle_opts *o) {
-    printf("retrieval in %% of %d run%s per cell: dense | shadowkv (rank %d, budget %d, outliers %d, local %d)\n",
-           o->runs, o->runs == 1 ? "" : "s", o->kv.rank, o->kv.budget, o->kv.outliers, o->kv.local);
+    char budget[48];
+    if (o->kv.budget_pct > 0) snprintf(budget, sizeof budget, "%g%% of the prompt", o->kv.budget_pct);
+    else snprintf(budget, sizeof budget, "%d", o->kv.budget);
+    printf("retrieval in %% of %d run%s per cell: dense | shadowkv (rank %d, budget %s, outliers %d, local %d)\n",
+           o->runs, o->runs == 1 ? "" : "s", o->kv.rank, budget, o->kv.outliers, o->kv.local);
     printf("%7s", "depth");
     for (int i = 0; i < o->n_lengths; i++) {
         char l[16];
@@ -209,7 +214,7 @@ static probe_event settings_event(const skv_model *m, const needle_opts *o) {
         .model = c->name[0] ? c->name : m->path, .arch = c->arch, .format = m->format,
         .random_weights = m->random_weights, .n_layers = c->n_layers, .n_heads = c->n_heads,
         .n_kv_heads = c->n_kv_heads, .head_dim = c->head_dim, .max_ctx = c->ctx_train, .kv_policy = "shadowkv",
-        .rank = o->kv.rank, .chunk = o->kv.chunk, .budget = o->kv.budget, .outliers = o->kv.outliers,
+        .rank = o->kv.rank, .chunk = o->kv.chunk, .budget = kv_budget_tokens(&o->kv, o->lengths[0]), .outliers = o->kv.outliers,
         .local_chunks = o->kv.local, .shadowkv_plus = o->kv.plus, .backend = "cpu" } };
     return ev;
 }
@@ -298,7 +303,8 @@ static char *json_text(const skv_model *m, const needle_opts *o, const needle_re
         if (kv) {
             cJSON_AddNumberToObject(kv, "rank", o->kv.rank);
             cJSON_AddNumberToObject(kv, "chunk", o->kv.chunk);
-            cJSON_AddNumberToObject(kv, "budget", o->kv.budget);
+            if (o->kv.budget_pct > 0) cJSON_AddNumberToObject(kv, "budget_percent", o->kv.budget_pct);
+            else cJSON_AddNumberToObject(kv, "budget", o->kv.budget);
             cJSON_AddNumberToObject(kv, "outliers", o->kv.outliers);
             cJSON_AddNumberToObject(kv, "local", o->kv.local);
             cJSON_AddBoolToObject(kv, "shadowkv_plus", o->kv.plus);
@@ -392,7 +398,16 @@ int cmd_needle(int argc, char **argv) {
     const char *trace = NULL;
     needle_opts o;
     needle_opts_default(&o);
-    int explain = 0, force = 0, seed_given = 0;
+    int explain = 0, force = 0, seed_given = 0, have_model = 0;
+    for (int i = 1; i < argc; i++) have_model |= !strcmp(argv[i], "-m") || !strcmp(argv[i], "--model");
+    if (!have_model) {
+        /* The demo model's preset; the user's flags, parsed next, override it. */
+        static const char *const demo_flags[] = { "--rank", "16", "--budget", "3%", "--outliers", "4", "--local", "4" };
+        int na = (int)(sizeof demo_flags / sizeof demo_flags[0]);
+        for (int i = 0; i < na; i++)
+            if (cli_gen_option(&g, na, (char **)demo_flags, &i) != 1) return 2;
+        lengths_s = "1k,2k,3k,4000";
+    }
     for (int i = 1; i < argc; i++) {
         const char *a = argv[i], *v = i + 1 < argc ? argv[i + 1] : NULL;
         if (!strcmp(a, "-h") || !strcmp(a, "--help")) { needle_help(stdout); return 0; }
@@ -464,11 +479,11 @@ int cmd_needle(int argc, char **argv) {
         return cli_usage_error("needle", "--png %s: the file's name must end in .png", png);
     }
     char model_buf[PATH_MAX + 64], hay_buf[PATH_MAX + 64];
-    static const char *const model_rel[] = { "build/default-model.gguf", "default-model.gguf" };
+    static const char *const model_rel[] = { "samples/model/skv-demo.gguf", "../samples/model/skv-demo.gguf" };
     static const char *const hay_rel[] = { "samples/haystack.txt", "../samples/haystack.txt" };
     if (!g.model) {
         if (find_near_exe(model_rel, 2, model_buf, sizeof model_buf)) {
-            fprintf(stderr, "skv needle: no -m MODEL given and the default model %s is missing (run make)\n", model_buf);
+            fprintf(stderr, "skv needle: no -m MODEL given and the default model %s is missing\n", model_buf);
             goto out;
         }
         g.model = model_buf;
