@@ -75,7 +75,7 @@ MODEL = dict(
 STAGES = [(512, 8, 400, 0.5, 0.0, "text"), (64, 32, 1000, 0.0, 1.0, "random"),
           (256, 8, 250, 0.3, 0.4, "random"), (512, 8, 250, 0.2, 0.1, "random", 0.5),
           (1024, 4, 250, 0.3, 0.1, "random", 0.4), (2048, 2, 200, 0.3, 0.1, "random", 0.4),
-          (4096, 1, 150, 0.4, 0.1, "random", 0.4)]
+          (4096, 1, 220, 0.4, 0.1, "random", 0.4)]
 
 TRAIN = dict(
     # learning-rate cycles (first step, peak, warmup steps, steps to the
@@ -800,10 +800,10 @@ def main():
         elapsed += time.time() - t0
         rec = dict(step=step, T=T, lr=lr, loss=loss.item(), lm_loss=lm, answer_digit_acc=ans_acc, tokens=seen,
                    seconds=round(elapsed, 1))
+        history.append(rec)  # before save(), so that a checkpoint holds its own step's record
         if step % 50 == 0 or step == total or step == bounds[si]:
             rec.update(evaluate(model, tok, val_pool, val_stream, args.seed, sorted({512, T})))
             save()
-        history.append(rec)
         if step % 10 == 0 or "val_loss" in rec:
             log(json.dumps(rec))
         if args.minutes and time.time() - t_run > args.minutes * 60 and step < total:
