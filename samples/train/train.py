@@ -387,6 +387,17 @@ def make_task(rng):
     return facts, q, " %s." % v
 
 
+def haystack(pool, rng, room):
+    """room tokens of whole haystack sentences drawn from pool (the last one
+    cut), and the sentence boundaries where a fact may go."""
+    hay, bounds = [], [0]
+    while len(hay) < room:
+        s = pool[rng.randint(len(pool))]
+        hay.extend(s[:room - len(hay)])
+        bounds.append(len(hay))
+    return hay, bounds
+
+
 def retrieval_row(tok, pool, rng, T):
     """T+1 tokens: BOS, haystack with the facts at random sentence
     boundaries, the question, the answer; and per-target loss weights."""
@@ -398,11 +409,7 @@ def retrieval_row(tok, pool, rng, T):
         room = T + 1 - 1 - sum(map(len, f_ids)) - len(q_ids) - len(a_ids)
         if room >= T // 4:
             break
-    hay, bounds = [], [0]
-    while len(hay) < room:
-        s = pool[rng.randint(len(pool))]
-        hay.extend(s[:room - len(hay)])
-        bounds.append(len(hay))
+    hay, bounds = haystack(pool, rng, room)
     spots = sorted(int(bounds[rng.randint(len(bounds))]) for _ in f_ids)
     order = rng.permutation(len(f_ids))
     row, prev = [tok.bos], 0
@@ -440,11 +447,7 @@ def dense_row(tok, pool, rng, T):
     q_ids = tok.encode(" " + q)
     a_ids = tok.encode(ans)
     room = T + 1 - 1 - copies * len(f_ids) - len(q_ids) - len(a_ids)
-    hay, bounds = [], [0]
-    while len(hay) < room:
-        s = pool[rng.randint(len(pool))]
-        hay.extend(s[:room - len(hay)])
-        bounds.append(len(hay))
+    hay, bounds = haystack(pool, rng, room)
     spots = sorted(int(bounds[rng.randint(len(bounds))]) for _ in range(copies))
     row, prev, starts = [TOK_BOS[0]], 0, []
     for spot in spots:
