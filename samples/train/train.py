@@ -398,6 +398,22 @@ def haystack(pool, rng, room):
     return hay, bounds
 
 
+def plant(hay, spots, facts, q_ids, a_ids):
+    """BOS, the haystack with facts[i] inserted at spots[i], the question and
+    the answer; with where each fact and the answer start."""
+    row, prev, starts = [TOK_BOS[0]], 0, []
+    for spot, f in zip(spots, facts):
+        row.extend(hay[prev:spot])
+        starts.append(len(row))
+        row.extend(f)
+        prev = spot
+    row.extend(hay[prev:])
+    row.extend(q_ids)
+    a0 = len(row)
+    row.extend(a_ids)
+    return row, starts, a0
+
+
 def retrieval_row(tok, pool, rng, T):
     """T+1 tokens: BOS, haystack with the facts at random sentence
     boundaries, the question, the answer; and per-target loss weights."""
@@ -412,15 +428,7 @@ def retrieval_row(tok, pool, rng, T):
     hay, bounds = haystack(pool, rng, room)
     spots = sorted(int(bounds[rng.randint(len(bounds))]) for _ in f_ids)
     order = rng.permutation(len(f_ids))
-    row, prev = [tok.bos], 0
-    for spot, fi in zip(spots, order):
-        row.extend(hay[prev:spot])
-        row.extend(f_ids[fi])
-        prev = spot
-    row.extend(hay[prev:])
-    row.extend(q_ids)
-    a0 = len(row)
-    row.extend(a_ids)
+    row, _, a0 = plant(hay, spots, [f_ids[fi] for fi in order], q_ids, a_ids)
     w = np.ones(T, dtype=np.float32)
     w[a0 - 1:a0 - 1 + len(a_ids)] = TRAIN["answer_weight"]
     amask = np.zeros(T, dtype=bool)
@@ -449,16 +457,7 @@ def dense_row(tok, pool, rng, T):
     room = T + 1 - 1 - copies * len(f_ids) - len(q_ids) - len(a_ids)
     hay, bounds = haystack(pool, rng, room)
     spots = sorted(int(bounds[rng.randint(len(bounds))]) for _ in range(copies))
-    row, prev, starts = [TOK_BOS[0]], 0, []
-    for spot in spots:
-        row.extend(hay[prev:spot])
-        starts.append(len(row))
-        row.extend(f_ids)
-        prev = spot
-    row.extend(hay[prev:])
-    row.extend(q_ids)
-    a0 = len(row)
-    row.extend(a_ids)
+    row, starts, a0 = plant(hay, spots, [f_ids] * copies, q_ids, a_ids)
     w = np.ones(T, dtype=np.float32)
     for st in starts[1:] + [a0]:
         n = len(a_ids) if st == a0 else len(f_ids)
