@@ -19,11 +19,13 @@ PKGS     = ncursesw libpcre2-8 libcjson libpng openblas lapacke freetype2
 PKG_CFLAGS := $(shell pkg-config --cflags $(PKGS) 2>/dev/null)
 PKG_LIBS   := $(shell pkg-config --libs $(PKGS) 2>/dev/null)
 
+# Layers, from the ground up: kernels < probes < engine < views < tui.
+INC_DIRS = kernels kernels/cpu probes engine engine/model engine/tok engine/kv views tui
 CFLAGS  = -std=c11 $(OPT) $(EXTRA_CFLAGS) -g -Wall -Wextra -Werror -D_GNU_SOURCE -fopenmp \
-          -Iengine -Iprobes -Iviews -Itui -Ikernels $(PKG_CFLAGS) $(SAN) -MMD -MP
+          $(addprefix -I,$(INC_DIRS)) $(PKG_CFLAGS) $(SAN) -MMD -MP
 LDLIBS  = $(PKG_LIBS) -fopenmp -lpthread -lm
 
-LIB_SRC  = $(wildcard engine/*.c) $(wildcard probes/*.c) $(wildcard views/*.c)
+LIB_SRC  = $(wildcard kernels/*.c kernels/cpu/*.c probes/*.c engine/*.c engine/*/*.c views/*.c)
 TUI_SRC  = $(wildcard tui/*.c)
 TEST_SRC = $(wildcard tests/test_*.c)
 

@@ -30,7 +30,8 @@ int forward_init(forward_state *f, const skv_model *m, int max_batch) {
             factors = tmp;
         }
     }
-    int rc = rope_init(&f->rope, c, factors);
+    rope_params rp = model_rope_params(c);
+    int rc = rope_init(&f->rope, &rp, factors);
     free(tmp);
     if (rc) return rc;
     size_t B = max_batch;

@@ -1,4 +1,4 @@
-/* gguf.h: GGUF v2/v3 reader (mmap) and the ggml tensor type table.
+/* gguf.h: GGUF v2/v3 reader (mmap); the tensor types are kernels/ggml_type.h.
  *
  * gguf_open maps the file, parses and validates every metadata entry and
  * tensor description (counts, string lengths, dims, offsets and sizes are all
@@ -7,16 +7,10 @@
 #ifndef SKV_GGUF_H
 #define SKV_GGUF_H
 
+#include "ggml_type.h"
+
 #include <stddef.h>
 #include <stdint.h>
-
-/* ggml tensor types (numbering as in the GGUF spec). */
-enum ggml_type {
-    GGML_F32 = 0, GGML_F16 = 1, GGML_Q4_0 = 2, GGML_Q4_1 = 3, GGML_Q5_0 = 6, GGML_Q5_1 = 7,
-    GGML_Q8_0 = 8, GGML_Q8_1 = 9, GGML_Q2_K = 10, GGML_Q3_K = 11, GGML_Q4_K = 12,
-    GGML_Q5_K = 13, GGML_Q6_K = 14, GGML_Q8_K = 15, GGML_I8 = 24, GGML_I16 = 25,
-    GGML_I32 = 26, GGML_I64 = 27, GGML_F64 = 28, GGML_BF16 = 30, GGML_TYPE_COUNT = 40,
-};
 
 /* Metadata value types. */
 enum gguf_vtype {
@@ -80,13 +74,6 @@ const char *gguf_get_str(const gguf_file *f, const char *key); /* NULL if absent
 
 /* Element i of a numeric array as double (any numeric element type). */
 double gguf_arr_num(const gguf_kv *kv, uint64_t i);
-
-const char *ggml_type_name(enum ggml_type t);
-int ggml_type_known(enum ggml_type t);    /* has a size entry (may still be unsupported) */
-uint32_t ggml_blck_size(enum ggml_type t); /* elements per block */
-uint32_t ggml_type_size(enum ggml_type t); /* bytes per block */
-/* Bytes of a row of n elements, or 0 if n is not a multiple of the block size. */
-size_t ggml_row_size(enum ggml_type t, uint64_t n);
 
 const char *gguf_vtype_name(enum gguf_vtype t);
 

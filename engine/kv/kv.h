@@ -11,6 +11,8 @@
 
 #include "rope.h"
 
+#include <stddef.h>
+
 typedef struct probe_bus probe_bus;
 
 typedef struct {

@@ -119,18 +119,6 @@ static int add(conv_ctx *c, const char *name, const skv_tensor *src, enum ggml_t
     return 0;
 }
 
-/* Llama-3 divisors of each pair's frequency, as llama.cpp's converter
- * computes rope_freqs.weight. */
-static float llama3_divisor(const model_config *c, int i) {
-    double f = pow(c->rope_theta, -2.0 * i / c->rope_dim);
-    double lo = c->rope_orig_ctx / c->rope_low_freq, hi = c->rope_orig_ctx / c->rope_high_freq;
-    double wl = 2 * M_PI / f;
-    if (wl < hi) return 1.0f;
-    if (wl > lo) return c->rope_factor;
-    double smooth = (c->rope_orig_ctx / wl - c->rope_low_freq) / (c->rope_high_freq - c->rope_low_freq);
-    return (float)(1.0 / ((1 - smooth) / c->rope_factor + smooth));
-}
-
 /* The tensor list, in the order llama.cpp's converter writes a llama model. */
 static int plan_tensors(conv_ctx *c, const skv_model *m, enum ggml_type type, int perm) {
     const model_config *cfg = &m->cfg;
@@ -146,7 +134,8 @@ static int plan_tensors(conv_ctx *c, const skv_model *m, enum ggml_type type, in
     } else if (cfg->rope_llama3) {
         int half = cfg->rope_dim / 2;
         if (!(c->rope_freqs = malloc(sizeof(float) * half))) return skv_error(SKV_ENOMEM, "out of memory");
-        for (int i = 0; i < half; i++) c->rope_freqs[i] = llama3_divisor(cfg, i);
+        rope_params rp = model_rope_params(cfg);
+        for (int i = 0; i < half; i++) c->rope_freqs[i] = (float)rope_llama3_divisor(&rp, i);
         skv_tensor t = {GGML_F32, 1, half, c->rope_freqs};
         if ((rc = add(c, "rope_freqs.weight", &t, GGML_F32, 0))) return rc;
     }

@@ -8,13 +8,10 @@
 #define SKV_MODEL_H
 
 #include "gguf.h"
+#include "rope.h"
 #include <stddef.h>
 #include <stdint.h>
 
-typedef enum {
-    ROPE_ADJACENT = 0, /* pairs (2i, 2i+1): GGUF llama (Meta layout) */
-    ROPE_NEOX = 1,     /* pairs (i, i+d/2), "rotate half": HF checkpoints, qwen2 */
-} rope_mode;
 
 typedef struct {
     char arch[32];         /* "llama", "mistral", "qwen2" */
@@ -80,6 +77,14 @@ size_t model_weight_bytes(const skv_model *m);
 /* Fills cfg fields derived from others (head_dim, rope_dim) and checks the
  * config for consistency; returns 0 or SKV_EFORMAT with a message naming src. */
 int model_config_check(model_config *cfg, const char *src);
+
+/* The RoPE parameters of cfg. */
+static inline rope_params model_rope_params(const model_config *c) {
+    rope_params p = {.mode = c->rope_mode, .head_dim = c->head_dim, .rope_dim = c->rope_dim,
+                     .theta = c->rope_theta, .llama3 = c->rope_llama3, .factor = c->rope_factor,
+                     .low_freq = c->rope_low_freq, .high_freq = c->rope_high_freq, .orig_ctx = c->rope_orig_ctx};
+    return p;
+}
 
 /* Checks a tensor's type and shape; on mismatch sets a message naming src. */
 int model_check_tensor(const skv_tensor *t, const char *name, int rows, int cols, const char *src);

@@ -6,29 +6,27 @@
 #include <math.h>
 #include <stdlib.h>
 
-/* Llama-3 scaling: long wavelengths are slowed by factor, short ones kept, and
- * the band between blends the two (as in Meta's reference). */
-static double llama3_scale(const model_config *c, double freq) {
-    double lo_wl = c->rope_orig_ctx / c->rope_low_freq;
-    double hi_wl = c->rope_orig_ctx / c->rope_high_freq;
-    double wl = 2 * M_PI / freq;
-    if (wl < hi_wl) return freq;
-    if (wl > lo_wl) return freq / c->rope_factor;
-    double smooth = (c->rope_orig_ctx / wl - c->rope_low_freq) / (c->rope_high_freq - c->rope_low_freq);
-    return (1 - smooth) * freq / c->rope_factor + smooth * freq;
+double rope_llama3_divisor(const rope_params *p, int i) {
+    double f = pow(p->theta, -2.0 * i / p->rope_dim);
+    double lo_wl = p->orig_ctx / p->low_freq, hi_wl = p->orig_ctx / p->high_freq;
+    double wl = 2 * M_PI / f;
+    if (wl < hi_wl) return 1.0;
+    if (wl > lo_wl) return p->factor;
+    double smooth = (p->orig_ctx / wl - p->low_freq) / (p->high_freq - p->low_freq);
+    return 1.0 / ((1 - smooth) / p->factor + smooth);
 }
 
-int rope_init(rope_ctx *r, const model_config *cfg, const float *freq_factors) {
-    r->mode = cfg->rope_mode;
-    r->head_dim = cfg->head_dim;
-    r->rope_dim = cfg->rope_dim;
-    int half = cfg->rope_dim / 2;
+int rope_init(rope_ctx *r, const rope_params *p, const float *freq_factors) {
+    r->mode = p->mode;
+    r->head_dim = p->head_dim;
+    r->rope_dim = p->rope_dim;
+    int half = p->rope_dim / 2;
     r->inv_freq = malloc(sizeof(float) * (half ? half : 1));
     if (!r->inv_freq) return skv_error(SKV_ENOMEM, "out of memory for RoPE tables");
     for (int i = 0; i < half; i++) {
-        double f = pow(cfg->rope_theta, -2.0 * i / cfg->rope_dim);
+        double f = pow(p->theta, -2.0 * i / p->rope_dim);
         if (freq_factors) f /= freq_factors[i];
-        else if (cfg->rope_llama3) f = llama3_scale(cfg, f);
+        else if (p->llama3) f /= rope_llama3_divisor(p, i);
         r->inv_freq[i] = (float)f;
     }
     return 0;

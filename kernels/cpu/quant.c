@@ -35,13 +35,13 @@
 #define QUANT_AVX2 1
 #endif
 
-#define QK 32     /* elements per q8_0 / q4_0 / q5_0 block */
-#define QK_K 256  /* elements per k-quant super-block */
-#define Q8_0_BYTES 34
-#define Q4_0_BYTES 18
-#define Q5_0_BYTES 22
-#define Q4_K_BYTES 144
-#define Q6_K_BYTES 210
+#define QK GGML_QK
+#define QK_K GGML_QK_K
+#define Q8_0_BYTES GGML_Q8_0_BYTES
+#define Q4_0_BYTES GGML_Q4_0_BYTES
+#define Q5_0_BYTES GGML_Q5_0_BYTES
+#define Q4_K_BYTES GGML_Q4_K_BYTES
+#define Q6_K_BYTES GGML_Q6_K_BYTES
 
 /* ---- scalar conversions ---- */
 

@@ -51,16 +51,6 @@ static void fill_random(float *x, int n, uint64_t seed, uint64_t stream, float s
     }
 }
 
-static float llama3_factor(const model_config *c, int i) {
-    double f = pow(c->rope_theta, -2.0 * i / c->rope_dim);
-    double lo = c->rope_orig_ctx / c->rope_low_freq, hi = c->rope_orig_ctx / c->rope_high_freq;
-    double wl = 2 * M_PI / f;
-    if (wl < hi) return 1.0f;
-    if (wl > lo) return c->rope_factor;
-    double smooth = (c->rope_orig_ctx / wl - c->rope_low_freq) / (c->rope_high_freq - c->rope_low_freq);
-    return (float)(1.0 / ((1 - smooth) / c->rope_factor + smooth));
-}
-
 /* Produces one float row of tensor ti. */
 static void make_row(synth_ctx *s, const tinfo *t, int ti, int r, float *row) {
     const model_config *c = s->c;
@@ -69,9 +59,11 @@ static void make_row(synth_ctx *s, const tinfo *t, int ti, int r, float *row) {
     case T_OUT_NORM: case T_ATTN_NORM: case T_FFN_NORM:
         for (int j = 0; j < t->cols; j++) row[j] = 1.0f;
         break;
-    case T_ROPE_FREQS:
-        for (int j = 0; j < t->cols; j++) row[j] = llama3_factor(c, j);
+    case T_ROPE_FREQS: {
+        rope_params rp = model_rope_params(c);
+        for (int j = 0; j < t->cols; j++) row[j] = (float)rope_llama3_divisor(&rp, j);
         break;
+    }
     case T_BQ: case T_BK: case T_BV:
         fill_random(row, t->cols, s->o->seed, stream, 0.1f);
         break;

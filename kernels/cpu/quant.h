@@ -4,7 +4,7 @@
 #ifndef SKV_QUANT_H
 #define SKV_QUANT_H
 
-#include "gguf.h"
+#include "ggml_type.h"
 #include <stddef.h>
 #include <stdint.h>
 
