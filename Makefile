@@ -31,7 +31,7 @@ TEST_SRC = $(wildcard tests/test_*.c)
 
 # CUDA objects are built only when nvcc is present (SKV_HAVE_CUDA).
 ifneq ($(NVCC),)
-CU_SRC   = $(wildcard kernels/*.cu)
+CU_SRC   = $(wildcard kernels/cuda/*.cu)
 CUDA_DIR = $(patsubst %/bin/nvcc,%,$(NVCC))
 ifneq ($(CU_SRC),)
 CFLAGS  += -DSKV_HAVE_CUDA -I$(CUDA_DIR)/include
@@ -68,7 +68,7 @@ $(BUILD)/%.o: %.c
 $(BUILD)/%.cu.o: %.cu
 	@mkdir -p $(dir $@)
 	$(NVCC) -O2 -std=c++17 -gencode arch=compute_80,code=sm_80 -gencode arch=compute_90,code=sm_90 \
-	  -DSKV_HAVE_CUDA -Iengine -Ikernels -Iprobes -c $< -o $@
+	  -DSKV_HAVE_CUDA $(addprefix -I,$(INC_DIRS)) -c $< -o $@
 
 $(BUILD)/tests/%: tests/%.c tests/testhelp.h $(BUILD)/libskv.a $(TUI_OBJ)
 	@mkdir -p $(dir $@)

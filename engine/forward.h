@@ -1,11 +1,12 @@
-/* forward.h: the CPU forward pass of a Llama-family model over a KV policy.
+/* forward.h: the forward pass of a Llama-family model over a KV policy.
  *
  * forward_batch runs n tokens at positions pos..pos+n-1 through every layer
- * (batched GEMMs through OpenBLAS for n > 1, weight-streaming matvecs for
- * n == 1) and writes the logits of the last token. */
+ * on a backend (batched GEMMs for n > 1, weight-streaming matvecs for n == 1)
+ * and writes the logits of the last token. */
 #ifndef SKV_FORWARD_H
 #define SKV_FORWARD_H
 
+#include "backend.h"
 #include "kv.h"
 #include "model.h"
 #include "rope.h"
@@ -14,27 +15,23 @@ typedef struct probe_bus probe_bus;
 
 typedef struct {
     const skv_model *m;
+    const skv_backend *be;  /* where the math runs */
     rope_ctx rope;
     int max_batch;
     /* activations, (max_batch, width) */
     float *x, *xn, *q, *k, *k_pre, *v, *att, *gate, *up;
-    float *wbuf;        /* dequantization scratch for batched GEMMs */
-    size_t wbuf_len;
+    skv_workspace ws;   /* the backend's matmul scratch */
     float *logits;      /* (vocab) */
     probe_bus *bus;     /* may be NULL: timeline spans of the forward ops */
     int step;           /* for spans; -1 during prefill */
 } forward_state;
 
-int forward_init(forward_state *f, const skv_model *m, int max_batch);
+/* be: the backend (NULL: the CPU reference). */
+int forward_init(forward_state *f, const skv_model *m, const skv_backend *be, int max_batch);
 void forward_free(forward_state *f);
 
 /* Runs tokens[0..n) at positions pos.. through the model; n <= max_batch.
  * Returns 0 and leaves the last token's logits in f->logits. */
 int forward_batch(forward_state *f, kv_cache *kv, const int32_t *tokens, int n, int pos);
-
-/* y (n, W.rows) = x (n, W.cols) · Wᵀ for any stored weight type. */
-void forward_matmul(forward_state *f, const skv_tensor *W, const float *x, int n, float *y);
-
-void rmsnorm(float *out, const float *x, const skv_tensor *w, int n, float eps);
 
 #endif

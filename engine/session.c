@@ -6,6 +6,7 @@
 #include "skv.h"
 #include "tok.h"
 
+#include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 
@@ -36,12 +37,18 @@ int session_new(skv_model *m, const session_opts *o, skv_session **out) {
     if (s->o.ctx <= 0) s->o.ctx = m->cfg.ctx_train;
     if (s->o.batch <= 0) s->o.batch = 512;
     skv_threads();
-    int rc = forward_init(&s->fwd, m, s->o.batch);
+    char notice[256];
+    if (!(s->be = skv_backend_pick(o->backend, notice, sizeof notice))) {
+        free(s);
+        return SKV_EINVAL;
+    }
+    snprintf(s->notice, sizeof s->notice, "%s", notice);
+    int rc = forward_init(&s->fwd, m, s->be, s->o.batch);
     if (rc) { free(s); return rc; }
     s->fwd.bus = o->bus;
     kv_shape sh = {
         .n_layers = m->cfg.n_layers, .n_heads = m->cfg.n_heads, .n_kv_heads = m->cfg.n_kv_heads,
-        .head_dim = m->cfg.head_dim, .max_ctx = s->o.ctx, .rope = &s->fwd.rope,
+        .head_dim = m->cfg.head_dim, .max_ctx = s->o.ctx, .rope = &s->fwd.rope, .be = s->be,
     };
     if ((rc = kv_new(&s->o.kv, &sh, &s->kv)) || (rc = sampler_init(&s->smp, &s->o.sample, m->cfg.vocab))) {
         session_free(s);
@@ -62,7 +69,7 @@ int session_new(skv_model *m, const session_opts *o, skv_session **out) {
     if (o->kv.oracle && strcmp(o->kv.policy, "dense")) {
         kv_opts d;
         kv_opts_default(&d);
-        if ((rc = forward_init(&s->twin, m, s->o.batch)) || (rc = kv_new(&d, &sh, &s->twin_kv))) {
+        if ((rc = forward_init(&s->twin, m, s->be, s->o.batch)) || (rc = kv_new(&d, &sh, &s->twin_kv))) {
             session_free(s);
             return rc;
         }
@@ -89,7 +96,7 @@ static void emit_run(skv_session *s, int prompt_len) {
         .random_weights = s->m->random_weights, .n_layers = c->n_layers, .n_heads = c->n_heads,
         .n_kv_heads = c->n_kv_heads, .head_dim = c->head_dim, .max_ctx = s->o.ctx, .prompt_len = prompt_len,
         .kv_policy = k->policy, .rank = k->rank, .chunk = k->chunk, .budget = kv_budget_tokens(k, prompt_len), .outliers = k->outliers,
-        .local_chunks = k->local, .shadowkv_plus = k->plus, .oracle = k->oracle, .backend = "cpu"}};
+        .local_chunks = k->local, .shadowkv_plus = k->plus, .oracle = k->oracle, .backend = s->be->name}};
     probe_emit(s->o.bus, &ev);
 }
 

@@ -10,6 +10,7 @@
 #include "sampler.h"
 
 typedef struct {
+    char backend[16];        /* where the math runs ("cpu"); "" = the default */
     int ctx;                 /* positions; 0 = the model's trained context */
     int batch;               /* prefill batch; 0 = 512 */
     kv_opts kv;
@@ -24,6 +25,8 @@ typedef struct skv_session skv_session;
 struct skv_session {
     skv_model *m;            /* borrowed */
     session_opts o;
+    const skv_backend *be;   /* the backend in use (after any fallback) */
+    char notice[256];        /* a message for the user (backend fallback), or "" */
     forward_state fwd;
     kv_cache *kv;
     sampler smp;

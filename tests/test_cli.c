@@ -87,6 +87,13 @@ int main(void) {
     expect_error("unknown command", "frobnicate", "unknown command");
     expect_error("unknown flag", "run -m x.gguf -p hi --bogus", "unknown option '--bogus'");
     expect_error("bad -n", "run -m x.gguf -p hi -n abc", "-n expects an integer");
+    expect_error("unknown backend", "run -m x.gguf -p hi --backend tpu", "unknown backend 'tpu'");
+    {
+        char out[8192];
+        int rc = run("info --backends", out, sizeof out);
+        test_cond("info --backends lists the cpu backend as available", rc == 0 && strstr(out, "cpu") &&
+                  strstr(out, "available"));
+    }
     expect_error("bad --temp", "run -m x.gguf -p hi --temp -1", "--temp expects a number");
     expect_error("bad --kv", "run -m x.gguf -p hi --kv sparse", "--kv expects");
     expect_error("flag without value", "run -m x.gguf -p", "-p needs a value");

@@ -1,6 +1,7 @@
 /* cli.c: the generation options every generating command takes (model,
  * prompt, context, sampling, KV policy), parsed the same way everywhere. */
 #include "cli.h"
+#include "backend.h"
 #include "skv.h"
 
 #include <errno.h>
@@ -79,6 +80,12 @@ int cli_gen_option(cli_gen *g, int argc, char **argv, int *i) {
         return 1;
     }
     if (!strcmp(a, "--no-bos")) { g->no_bos = 1; return 1; }
+    if (!strcmp(a, "--backend")) {
+        TAKES_VALUE();
+        if (!skv_backend_find(v)) { fprintf(stderr, "skv: %s\n", skv_last_error()); return -1; }
+        snprintf(g->s.backend, sizeof g->s.backend, "%s", v);
+        return 1;
+    }
     if (!strcmp(a, "--kv")) {
         TAKES_VALUE();
         if (strcmp(v, "dense") && strcmp(v, "shadowkv")) {
@@ -122,6 +129,7 @@ void cli_gen_help(FILE *o, int with_sampling) {
             "  -b, --batch N         prefill batch size (default 512)\n"
             "  -t, --threads N       worker threads (default: all cores)\n"
             "      --no-bos          do not add the BOS token\n"
+            "      --backend NAME    where the math runs (default cpu; skv info --backends lists them)\n"
             "      --trace FILE      record every probe event of the run to FILE (skv trace info FILE)\n"
             "      --kv POLICY       KV cache policy: dense (default) or shadowkv\n"
             "      --rank R          shadowkv: SVD rank of the pre-RoPE keys (default 160)\n"

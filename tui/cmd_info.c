@@ -1,5 +1,6 @@
 /* cmd_info.c: `skv info -m MODEL`: config, tensors with types and shapes,
- * and memory. */
+ * and memory; `skv info --backends`: the backend registry. */
+#include "backend.h"
 #include "cli.h"
 #include "model.h"
 #include "skv.h"
@@ -13,20 +14,36 @@ static void print_tensor(const char *name, const skv_tensor *t) {
            ggml_row_size(t->type, t->cols) * (double)t->rows / (1 << 20));
 }
 
+/* The backends built into this binary and whether each can run here. */
+static int list_backends(void) {
+    printf("backends (--backend NAME; the first is the default):\n");
+    for (int i = 0; i < skv_backend_count(); i++) {
+        const skv_backend *b = skv_backend_at(i);
+        char why[160] = "";
+        int ok = !b->available || b->available(why, sizeof why);
+        printf("  %-6s %s\n         %s%s\n", b->name, b->summary, ok ? "available" : "not available here: ",
+               ok ? "" : why);
+    }
+    return 0;
+}
+
 int cmd_info(int argc, char **argv) {
     const char *path = NULL;
-    int all = 0;
+    int all = 0, backends = 0;
     for (int i = 1; i < argc; i++) {
         if (!strcmp(argv[i], "-h") || !strcmp(argv[i], "--help")) {
-            printf("usage: skv info -m MODEL [--all]\n\nPrints the config, tokenizer, tensors (layer 0 only unless --all)"
-                   " with types and shapes, and memory.\n");
+            printf("usage: skv info -m MODEL [--all]\n       skv info --backends\n\nPrints the config, tokenizer, tensors "
+                   "(layer 0 only unless --all) with types and shapes, and memory.\n--backends lists the backends built "
+                   "into this binary and whether each can run on this machine.\n");
             return 0;
         }
         if ((!strcmp(argv[i], "-m") || !strcmp(argv[i], "--model")) && i + 1 < argc) path = argv[++i];
         else if (!strcmp(argv[i], "--all")) all = 1;
+        else if (!strcmp(argv[i], "--backends")) backends = 1;
         else return cli_usage_error("info", "unknown option '%s'", argv[i]);
     }
-    if (!path) return cli_usage_error("info", "no model: give -m MODEL");
+    if (backends && !path) return list_backends();
+    if (!path) return cli_usage_error("info", "no model: give -m MODEL (or --backends)");
     skv_model *m;
     if (model_load(path, &m)) return cli_fail();
     const model_config *c = &m->cfg;

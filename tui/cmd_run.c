@@ -29,6 +29,7 @@ static int setup(cli_gen *g, const char *cmd, skv_model **m, skv_session **s, in
     if (*n == 0) { fprintf(stderr, "skv: the prompt is empty after tokenization\n"); return 1; }
     if (session_new(*m, &g->s, s)) return cli_fail();
     if (session_prefill(*s, *ids, *n, NULL, NULL)) return cli_fail();
+    if ((*s)->notice[0]) fprintf(stderr, "skv: %s\n", (*s)->notice);
     if ((*s)->kv->notice[0]) fprintf(stderr, "skv: %s\n", (*s)->kv->notice);
     return 0;
 }

@@ -9,6 +9,7 @@
 #ifndef SKV_KV_H
 #define SKV_KV_H
 
+#include "backend.h"
 #include "rope.h"
 
 #include <stddef.h>
@@ -19,6 +20,7 @@ typedef struct {
     int n_layers, n_heads, n_kv_heads, head_dim;
     int max_ctx;              /* positions the cache must hold */
     const rope_ctx *rope;     /* for policies that rebuild keys */
+    const skv_backend *be;    /* where the policy's math runs (NULL: the CPU reference) */
 } kv_shape;
 
 typedef struct kv_cache kv_cache;
@@ -76,11 +78,6 @@ int kv_shadowkv_new(const kv_opts *o, const kv_shape *shape, kv_cache **out);
 /* The dense policy: full keys and values, exact attention. */
 int kv_dense_new(const kv_shape *shape, kv_cache **out);
 
-/* Exact attention of one query head over n cached positions:
- * out (hd) = softmax(q·K^T * scale) V; K and V rows are stride floats apart. */
-void kv_attend_head(const float *q, const float *K, const float *V, int n, int hd, int stride,
-                    float scale, float *out);
-
 /* A wrapper that records one layer's keys, values and last query while
  * delegating everything to inner (which it owns). */
 typedef struct {
@@ -91,12 +88,6 @@ typedef struct {
 int kv_tap_new(kv_cache *inner, int layer, kv_cache **out);
 const kv_tap_data *kv_tap_get(const kv_cache *c);   /* NULL if c is not a tap */
 kv_cache *kv_tap_inner(kv_cache *c);                /* the wrapped policy (c itself if not a tap) */
-
-/* Exact causal attention of n queries (n, n_heads*hd) at positions pos.. over
- * rows 0..pos+n-1 of K and V (rows stride floats apart, all KV heads side by
- * side), with GEMMs per (head, block of queries); out (n, n_heads*hd). */
-void kv_attend_batch(const kv_shape *sh, const float *q, int n, int pos, const float *K, const float *V,
-                     int stride, float *out);
 
 static inline void kv_free(kv_cache *c) { if (c) c->cls->free(c); }
 

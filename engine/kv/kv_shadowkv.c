@@ -66,6 +66,8 @@ typedef struct {
     int *sel_id;           /* (k) their prompt chunk ids */
     float *sel_score;      /* (k) their scores */
     int *slot_of, *miss;   /* (k) cache slot of each sel[i]; indices i that missed */
+    int *g_idx;            /* (k) store blocks of the misses, for the backend's gather */
+    size_t *g_off;         /* (k) their destination offsets in the head's V rows */
     int n_miss;
     /* oracle mode only */
     float *p;              /* (max_ctx) exact attention probabilities of one query head */
@@ -153,7 +155,8 @@ oom:
 /* Exact causal attention over the dense prompt rows (before end_prefill):
  * the same batched kernel the dense policy uses. */
 static void attend_dense(kv_sk *c, sk_layer *L, int pos, int n, const float *q, float *out) {
-    kv_attend_batch(&c->base.shape, q, n, pos, L->k, L->v, c->kvd, out);
+    const kv_shape *sh = &c->base.shape;
+    sh->be->attend_causal(q, n, pos, sh->n_heads, sh->n_kv_heads, sh->head_dim, L->k, L->v, c->kvd, out);
 }
 
 /* ---- decode: appends ------------------------------------------------------ */
@@ -206,8 +209,8 @@ static int sk_append(kv_cache *base, int layer, int pos, int n, const float *k_p
     }
     const float *key = k;
     if (c->o.plus) { /* ShadowKV+: project the pre-RoPE key onto the prefill basis, then rotate */
-        shadowkv_project(L->Vt, c->r, c->kvd, k_pre, c->proj, c->coef);
-        rope_apply(base->shape.rope, c->proj, c->h, pos);
+        base->shape.be->project(L->Vt, c->r, c->kvd, k_pre, c->proj, c->coef);
+        base->shape.be->rope(base->shape.rope, c->proj, 1, c->h, pos);
         key = c->proj;
     }
     int r = c->row_gen + L->n_gen;
@@ -226,9 +229,10 @@ static void select_head(kv_sk *c, sk_layer *L, int kh, const float *q) {
     sk_head *H = &L->head[kh];
     sk_scratch *S = &c->scr[kh];
     int nh = c->base.shape.n_heads;
-    shadowkv_score(q + (size_t)kh * c->group * c->d, 1, (size_t)nh * c->d, c->group, c->d, H->lm, c->n_cand,
-                   1.0f / sqrtf((float)c->d), S->tmp, S->score);
-    int k = shadowkv_topk(S->score, c->n_cand, c->k, S->sel);
+    const skv_backend *be = c->base.shape.be;
+    be->score(q + (size_t)kh * c->group * c->d, 1, (size_t)nh * c->d, c->group, c->d, H->lm, c->n_cand,
+              1.0f / sqrtf((float)c->d), S->tmp, S->score);
+    int k = be->topk(S->score, c->n_cand, c->k, S->sel);
     SKV_ASSERT(k == c->k);
     for (int i = 0; i < k; i++) {
         S->sel_id[i] = H->cand[S->sel[i]];
@@ -292,9 +296,11 @@ static void fetch_head(kv_sk *c, int layer, int kh) {
     sk_head *H = &c->L[layer].head[kh];
     for (int m = 0; m < S->n_miss; m++) {
         int i = S->miss[m];
-        int blk = (layer * c->h + kh) * c->n_cand + S->sel[i];
-        shadowkv_store_fetch(&c->store, blk, H->V + (size_t)(c->row_slot + S->slot_of[i] * c->c) * c->d, c->d);
+        S->g_idx[m] = (layer * c->h + kh) * c->n_cand + S->sel[i];
+        S->g_off[m] = (size_t)(c->row_slot + S->slot_of[i] * c->c) * c->d;
     }
+    c->base.shape.be->gather(c->store.data, c->store.rows, c->store.cols, S->g_idx, S->n_miss, H->V, S->g_off, c->d);
+    shadowkv_store_count(&c->store, S->n_miss);
 }
 
 /* Misses of KV head kh: rebuild K = RoPE(U·ΣVᵀ_kh) at the original positions. */
@@ -305,7 +311,7 @@ static void rebuild_head(kv_sk *c, int layer, int kh) {
     int d = c->d, cc = c->c;
     for (int m = 0; m < S->n_miss; m++) {
         int i = S->miss[m];
-        shadowkv_rebuild(L->U, c->r, L->SVt + (size_t)kh * c->r * d, d, S->sel_id[i] * cc, cc, c->base.shape.rope,
+        c->base.shape.be->rebuild(L->U, c->r, L->SVt + (size_t)kh * c->r * d, d, S->sel_id[i] * cc, cc, c->base.shape.rope,
                          c->rope_cs, c->rope_sn, H->K + (size_t)(c->row_slot + S->slot_of[i] * cc) * d);
     }
 }
@@ -313,8 +319,8 @@ static void rebuild_head(kv_sk *c, int layer, int kh) {
 /* Sparse attention of query head hq over its KV head's rows. */
 static void attend_query_head(kv_sk *c, sk_layer *L, int hq, const float *q, float *out) {
     sk_head *H = &L->head[hq / c->group];
-    kv_attend_head(q + (size_t)hq * c->d, H->K, H->V, c->row_gen + L->n_gen, c->d, c->d,
-                   1.0f / sqrtf((float)c->d), out + (size_t)hq * c->d);
+    c->base.shape.be->attend_rows(q + (size_t)hq * c->d, H->K, H->V, c->row_gen + L->n_gen, c->d, c->d,
+                                  1.0f / sqrtf((float)c->d), out + (size_t)hq * c->d);
 }
 
 /* ---- needle watch ------------------------------------------------------------- */
@@ -622,7 +628,8 @@ static int build_layer(kv_sk *c, int layer, sk_build *B) {
     if (c->o.plus) L->Vt = skv_malloc(sizeof(float) * (size_t)r * kvd);
     if (!L->U || !L->SVt || (c->o.plus && !L->Vt))
         return skv_error(SKV_ENOMEM, "shadowkv: out of memory for the rank-%d factors of layer %d", r, layer);
-    int rc = shadowkv_svd(L->kpre, s, kvd, r, L->U, B->svt, L->Vt, B->sv, &L->rel_err);
+    const skv_backend *be = c->base.shape.be;
+    int rc = be->svd(L->kpre, s, kvd, r, L->U, B->svt, L->Vt, B->sv, &L->rel_err);
     if (rc) return skv_error(rc, "shadowkv: layer %d: %s", layer, skv_last_error());
     for (int kh = 0; kh < h; kh++)
         for (int j = 0; j < r; j++)
@@ -634,13 +641,12 @@ static int build_layer(kv_sk *c, int layer, sk_build *B) {
     if (spans) span(c, PROBE_STREAM_COMPUTE, "svd", layer, p0), p0 = probe_time(bus);
 
     for (int kh = 0; kh < h; kh++)
-        shadowkv_landmarks(L->k + (size_t)kh * d, kvd, d, cc, nch, B->lm + (size_t)kh * nch * d);
+        be->landmarks(L->k + (size_t)kh * d, kvd, d, cc, nch, B->lm + (size_t)kh * nch * d);
     t[2] = skv_now();
     if (spans) span(c, PROBE_STREAM_COMPUTE, "landmarks", layer, p0), p0 = probe_time(bus);
 
     for (int kh = 0; kh < h; kh++)
-        shadowkv_cos_min(L->k + (size_t)kh * d, kvd, d, cc, nch, B->lm + (size_t)kh * nch * d,
-                         B->cm + (size_t)kh * nch);
+        be->cos_min(L->k + (size_t)kh * d, kvd, d, cc, nch, B->lm + (size_t)kh * nch * d, B->cm + (size_t)kh * nch);
     t[3] = skv_now();
     if (spans) span(c, PROBE_STREAM_COMPUTE, "cosmin", layer, p0), p0 = probe_time(bus);
     for (int kh = 0; kh < h && c->nw; kh++)
@@ -732,7 +738,10 @@ static int alloc_scratch(kv_sk *c) {
         S->sel_score = skv_malloc(sizeof(float) * k);
         S->slot_of = skv_malloc(sizeof(int) * k);
         S->miss = skv_malloc(sizeof(int) * k);
-        if (!S->score || !S->tmp || !S->sel || !S->sel_id || !S->sel_score || !S->slot_of || !S->miss)
+        S->g_idx = skv_malloc(sizeof(int) * k);
+        S->g_off = skv_malloc(sizeof(size_t) * k);
+        if (!S->score || !S->tmp || !S->sel || !S->sel_id || !S->sel_score || !S->slot_of || !S->miss || !S->g_idx ||
+            !S->g_off)
             return skv_error(SKV_ENOMEM, "out of memory");
         if (c->o.oracle) {
             S->p = skv_malloc(sizeof(float) * (size_t)c->base.shape.max_ctx);
@@ -950,7 +959,7 @@ static void sk_free(kv_cache *base) {
     for (int kh = 0; c->scr && kh < c->h; kh++) {
         sk_scratch *S = &c->scr[kh];
         free(S->score); free(S->tmp); free(S->sel); free(S->sel_id); free(S->sel_score);
-        free(S->slot_of); free(S->miss);
+        free(S->slot_of); free(S->miss); free(S->g_idx); free(S->g_off);
         free(S->p); free(S->mass); free(S->cand_key); free(S->order); free(S->rank_tmp);
         free(S->rank_exact); free(S->rank_lm);
     }
@@ -985,6 +994,7 @@ int kv_shadowkv_new(const kv_opts *o, const kv_shape *shape, kv_cache **out) {
     if (!c) return skv_error(SKV_ENOMEM, "out of memory");
     c->base.cls = &kv_shadowkv_class;
     c->base.shape = *shape;
+    if (!c->base.shape.be) c->base.shape.be = &skv_backend_cpu;
     c->base.step = -1;
     c->o = *o;
     c->h = shape->n_kv_heads;

@@ -281,6 +281,11 @@ void shadowkv_store_put(shadowkv_store *st, int b, const float *src, int src_str
         memcpy(dst + (size_t)i * st->cols, src + (size_t)i * src_stride, sizeof(float) * st->cols);
 }
 
+void shadowkv_store_count(shadowkv_store *st, int n) {
+    __atomic_fetch_add(&st->n_fetch, (uint64_t)n, __ATOMIC_RELAXED);
+    __atomic_fetch_add(&st->fetch_bytes, sizeof(float) * (uint64_t)n * st->rows * st->cols, __ATOMIC_RELAXED);
+}
+
 void shadowkv_store_fetch(shadowkv_store *st, int b, float *dst, int dst_stride) {
     SKV_ASSERT(b >= 0 && b < st->n_blocks);
     const float *src = st->data + (size_t)b * st->rows * st->cols;

@@ -112,6 +112,9 @@ size_t shadowkv_store_bytes(const shadowkv_store *st);
 /* Writes block b from src, whose rows are src_stride floats apart. */
 void shadowkv_store_put(shadowkv_store *st, int b, const float *src, int src_stride);
 
+/* Counts n blocks fetched by a backend's gather straight from st->data. */
+void shadowkv_store_count(shadowkv_store *st, int n);
+
 /* Copies block b to dst (rows dst_stride floats apart) and counts it. */
 void shadowkv_store_fetch(shadowkv_store *st, int b, float *dst, int dst_stride);
 

@@ -1,0 +1,125 @@
+/* backend.h: the backend table, one axis of skv: where the math runs.
+ *
+ * A backend is one `const skv_backend` of function pointers. The engine (the
+ * forward pass) and the KV policies reach the math only through it: the
+ * quantized matmul, RMSNorm, RoPE, SwiGLU, attention over a set of rows, the
+ * SVD and the chunk stages of the sparse policies. The CPU backend
+ * (kernels/cpu/backend_cpu.c) is the reference every other backend is tested
+ * against, op by op; a CUDA backend is one more folder (kernels/cuda/) and one
+ * more line in the registry (kernels/backend.c).
+ *
+ * Buffers: `alloc`/`free` give memory the backend computes on (host memory
+ * for the CPU), `upload`/`download` copy between it and the host. Every op
+ * takes pointers of the backend's own memory. The CPU backend's are plain
+ * host pointers, so today's callers pass host arrays.
+ *
+ * Index bookkeeping that runs on the host whatever the backend (the chunk
+ * cache's hit/miss table, ranking for probes, the offload store's counters)
+ * is not in the table: it lives in kernels/cpu/shadowkv_ops.h and is shared. */
+#ifndef SKV_BACKEND_H
+#define SKV_BACKEND_H
+
+#include "ggml_type.h"
+#include "rope.h"
+
+#include <stddef.h>
+#include <stdint.h>
+
+/* Scratch an op may grow and reuse between calls (dequantized weight
+ * blocks for the batched matmul). Owned by the caller; free with
+ * skv_workspace_free. */
+typedef struct {
+    float *buf;
+    size_t len;              /* floats allocated */
+} skv_workspace;
+
+void skv_workspace_free(skv_workspace *ws);
+
+typedef struct skv_backend {
+    const char *name;        /* "cpu", "cuda": what --backend takes */
+    const char *summary;     /* one line for skv info --backends */
+    /* 1 when the backend can run on this machine; otherwise 0 and a reason
+     * (no device, driver missing) in why. */
+    int (*available)(char *why, size_t n);
+
+    /* ---- buffers ------------------------------------------------------- */
+    void *(*alloc)(size_t bytes);        /* zeroed; NULL when out of memory */
+    void (*free)(void *p);
+    void (*upload)(void *dst, const void *host_src, size_t bytes);
+    void (*download)(void *host_dst, const void *src, size_t bytes);
+
+    /* ---- the forward pass ---------------------------------------------- */
+    /* y (n, rows) = x (n, cols) · Wᵀ, W (rows, cols) stored as type t (any
+     * type quant_supported accepts). n == 1 is the decode matvec. */
+    void (*matmul)(enum ggml_type t, const void *W, int rows, int cols, const float *x, int n, float *y,
+                   skv_workspace *ws);
+    /* x (n, dim): rows ids[i] of the embedding table (vocab, dim) of type t. */
+    void (*embed)(enum ggml_type t, const void *table, int dim, const int32_t *ids, int n, float *x);
+    /* out (n, dim) = x / rms(x) * w per row. out may be x. */
+    void (*rmsnorm)(float *out, const float *x, const float *w, int n, int dim, float eps);
+    /* Rotates x (n, n_heads*head_dim), row i at position pos0 + i. */
+    void (*rope)(const rope_ctx *r, float *x, int n, int n_heads, int pos0);
+    /* y (n, width) += b (width) per row. */
+    void (*add_bias)(float *y, const float *b, int n, int width);
+    /* y (len) += x (len): the residual stream. */
+    void (*add)(float *y, const float *x, size_t len);
+    /* gate (len) = silu(gate) * up. */
+    void (*swiglu)(float *gate, const float *up, size_t len);
+
+    /* ---- attention ------------------------------------------------------- */
+    /* Exact attention of one query head over a set of n rows:
+     * out (d) = softmax(q·Kᵀ·scale) V, K and V rows stride floats apart. */
+    void (*attend_rows)(const float *q, const float *K, const float *V, int n, int d, int stride, float scale,
+                        float *out);
+    /* Exact causal attention of nq queries q (nq, n_heads*d) at positions
+     * pos.. over rows 0..pos+nq-1 of K and V (all KV heads side by side,
+     * rows stride floats apart); out (nq, n_heads*d). */
+    void (*attend_causal)(const float *q, int nq, int pos, int n_heads, int n_kv_heads, int d, const float *K,
+                          const float *V, int stride, float *out);
+
+    /* ---- sparse-policy stages (shapes as in kernels/cpu/shadowkv_ops.h) -- */
+    /* Truncated SVD K (s, n) ≈ U (s, r) · SVt (r, n); Vt may be NULL; sv gets
+     * all min(s, n) singular values. 0 or SKV_E* with a message. */
+    int (*svd)(const float *K, int s, int n, int r, float *U, float *SVt, float *Vt, float *sv, float *rel_err);
+    /* lm (n_chunks, d): mean of each chunk's c key rows (rows stride apart). */
+    void (*landmarks)(const float *K, int stride, int d, int c, int n_chunks, float *lm);
+    /* cos_min (n_chunks): min over a chunk's keys of cos(landmark, key). */
+    void (*cos_min)(const float *K, int stride, int d, int c, int n_chunks, const float *lm, float *cos_min);
+    /* score (n_lm): per query head softmax over landmarks, summed over the nq
+     * positions, max over the group. tmp: (2*n_lm). */
+    void (*score)(const float *q, int nq, size_t q_stride, int group, int d, const float *lm, int n_lm,
+                  float scale, float *tmp, float *score);
+    /* The min(k, n) best indices of score, best first; returns the count. */
+    int (*topk)(const float *score, int n, int k, int *idx);
+    /* Copies n blocks of `rows` rows of `cols` floats: block src_idx[i] of
+     * src (blocks back to back) to dst + dst_off[i] floats, rows dst_stride
+     * apart. */
+    void (*gather)(const float *src, int rows, int cols, const int *src_idx, int n, float *dst,
+                   const size_t *dst_off, int dst_stride);
+    /* out (n, d): RoPE(U[t0+i] · svt) at position t0+i, with RoPE tables
+     * cs/sn (or NULL for rope_apply). */
+    void (*rebuild)(const float *U, int r, const float *svt, int d, int t0, int n, const rope_ctx *rope,
+                    const float *cs, const float *sn, float *out);
+    /* y (n) = V_r·(V_rᵀ·x) for Vt (r, n); coef (r) scratch; y may be x. */
+    void (*project)(const float *Vt, int r, int n, const float *x, float *y, float *coef);
+} skv_backend;
+
+/* ---- registry ------------------------------------------------------------ */
+
+extern const skv_backend skv_backend_cpu;
+
+/* Backends built into this binary, in registry order; the first is the CPU
+ * reference, the default. */
+int skv_backend_count(void);
+const skv_backend *skv_backend_at(int i);
+
+/* The backend called name; NULL with a message listing the known names. */
+const skv_backend *skv_backend_find(const char *name);
+
+/* The backend to run on for name (NULL: the default). A backend that is
+ * built but cannot run here (no device) falls back to the CPU with a
+ * one-line notice in notice (empty otherwise). NULL with a message for an
+ * unknown name. */
+const skv_backend *skv_backend_pick(const char *name, char *notice, size_t n);
+
+#endif

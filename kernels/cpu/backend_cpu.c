@@ -1,0 +1,205 @@
+/* backend_cpu.c: the CPU backend, the reference of the backend table.
+ *
+ * Batched matmuls are GEMMs over blocks of 256 weight rows spread over the
+ * OpenMP threads: each thread dequantizes a block into its own scratch and
+ * multiplies it with single-threaded OpenBLAS (so two thread pools never
+ * compete). Single tokens go through quant_matvec, the integer-dot matvec
+ * straight from the stored blocks. Batched causal attention is two GEMMs
+ * per (query head, block of 64 queries); single-query attention over a row
+ * set is a vector loop. The sparse-policy stages are kernels/cpu/shadowkv_ops.c. */
+#include "backend.h"
+#include "quant.h"
+#include "shadowkv_ops.h"
+#include "skv.h"
+#include "vec.h"
+
+#include <cblas.h>
+#include <math.h>
+#include <omp.h>
+#include <stdlib.h>
+#include <string.h>
+
+static int cpu_available(char *why, size_t n) {
+    (void)why;
+    (void)n;
+    return 1;
+}
+
+static void *cpu_alloc(size_t bytes) { return skv_aligned_alloc(bytes); }
+static void cpu_free(void *p) { free(p); }
+static void cpu_copy(void *dst, const void *src, size_t bytes) { memcpy(dst, src, bytes); }
+
+/* Rows of W per GEMM task. */
+#define WBLOCK_ROWS 256
+
+static void cpu_matmul(enum ggml_type t, const void *W, int rows, int cols, const float *x, int n, float *y,
+                       skv_workspace *ws) {
+    if (n == 1) {
+        quant_matvec(t, W, rows, cols, x, y);
+        return;
+    }
+    int nt = skv_threads();
+    size_t need = (size_t)nt * WBLOCK_ROWS * cols;
+    if (t != GGML_F32 && ws->len < need) {
+        free(ws->buf);
+        ws->buf = skv_aligned_alloc(sizeof(float) * need);
+        SKV_ASSERT(ws->buf);
+        ws->len = need;
+    }
+    size_t row_bytes = ggml_row_size(t, cols);
+    int nblk = (rows + WBLOCK_ROWS - 1) / WBLOCK_ROWS;
+    #pragma omp parallel for schedule(dynamic, 1)
+    for (int b = 0; b < nblk; b++) {
+        int r0 = b * WBLOCK_ROWS, r1 = r0 + WBLOCK_ROWS < rows ? r0 + WBLOCK_ROWS : rows;
+        const float *w;
+        if (t == GGML_F32) {
+            w = (const float *)W + (size_t)r0 * cols;
+        } else {
+            float *buf = ws->buf + (size_t)omp_get_thread_num() * WBLOCK_ROWS * cols;
+            quant_dequant_row(t, (const uint8_t *)W + row_bytes * r0, buf, (size_t)(r1 - r0) * cols);
+            w = buf;
+        }
+        cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasTrans, n, r1 - r0, cols, 1.0f, x, cols, w, cols, 0.0f,
+                    y + r0, rows);
+    }
+}
+
+static void cpu_embed(enum ggml_type t, const void *table, int dim, const int32_t *ids, int n, float *x) {
+    size_t row = ggml_row_size(t, dim);
+    for (int i = 0; i < n; i++)
+        quant_dequant_row(t, (const uint8_t *)table + row * ids[i], x + (size_t)i * dim, dim);
+}
+
+static void cpu_rmsnorm(float *out, const float *x, const float *w, int n, int dim, float eps) {
+    for (int i = 0; i < n; i++) {
+        const float *xi = x + (size_t)i * dim;
+        float *oi = out + (size_t)i * dim;
+        double ss = 0;
+        for (int j = 0; j < dim; j++) ss += (double)xi[j] * xi[j];
+        float s = (float)(1.0 / sqrt(ss / dim + eps));
+        for (int j = 0; j < dim; j++) oi[j] = xi[j] * s * w[j];
+    }
+}
+
+static void cpu_rope(const rope_ctx *r, float *x, int n, int n_heads, int pos0) {
+    for (int i = 0; i < n; i++) rope_apply(r, x + (size_t)i * n_heads * r->head_dim, n_heads, pos0 + i);
+}
+
+static void cpu_add_bias(float *y, const float *b, int n, int width) {
+    for (int i = 0; i < n; i++) vec_axpy(y + (size_t)i * width, 1.0f, b, width);
+}
+
+static void cpu_add(float *y, const float *x, size_t len) {
+    for (size_t i = 0; i < len; i++) y[i] += x[i];
+}
+
+static inline float silu(float x) { return x / (1.0f + expf(-x)); }
+
+static void cpu_swiglu(float *gate, const float *up, size_t len) {
+    for (size_t i = 0; i < len; i++) gate[i] = silu(gate[i]) * up[i];
+}
+
+static void cpu_attend_rows(const float *q, const float *K, const float *V, int n, int hd, int stride, float scale,
+                            float *out) {
+    /* Scores live on the stack up to 4096 rows; longer sets pay one
+     * allocation, small next to the attention over them. */
+    float stack[4096];
+    float *s = n <= 4096 ? stack : malloc(sizeof(float) * n);
+    SKV_ASSERT(s);
+    float mx = -INFINITY;
+    for (int j = 0; j < n; j++) {
+        s[j] = vec_dot(q, K + (size_t)j * stride, hd) * scale;
+        if (s[j] > mx) mx = s[j];
+    }
+    double sum = 0;
+    for (int j = 0; j < n; j++) {
+        s[j] = expf(s[j] - mx);
+        sum += s[j];
+    }
+    memset(out, 0, sizeof(float) * hd);
+    float inv = (float)(1.0 / sum);
+    for (int j = 0; j < n; j++) vec_axpy(out, s[j] * inv, V + (size_t)j * stride, hd);
+    if (s != stack) free(s);
+}
+
+/* Queries per GEMM task of the batched attention. */
+#define QBLOCK 64
+
+static void cpu_attend_causal(const float *q, int n, int pos, int nh, int n_kv, int hd, const float *K,
+                              const float *V, int stride, float *out) {
+    int grp = nh / n_kv;
+    int qs = nh * hd;
+    float scale = 1.0f / sqrtf((float)hd);
+    int nqb = (n + QBLOCK - 1) / QBLOCK;
+    #pragma omp parallel
+    {
+        float *S = malloc(sizeof(float) * QBLOCK * (size_t)(pos + n));
+        SKV_ASSERT(S);
+        #pragma omp for schedule(dynamic, 1) collapse(2)
+        for (int h = 0; h < nh; h++)
+            for (int b = 0; b < nqb; b++) {
+                int i0 = b * QBLOCK, nb = n - i0 < QBLOCK ? n - i0 : QBLOCK;
+                int L = pos + i0 + nb;  /* keys the block's last query sees */
+                const float *Kh = K + (size_t)(h / grp) * hd, *Vh = V + (size_t)(h / grp) * hd;
+                const float *Q = q + (size_t)i0 * qs + (size_t)h * hd;
+                cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasTrans, nb, L, hd, scale, Q, qs, Kh, stride, 0.0f, S, L);
+                for (int i = 0; i < nb; i++) {
+                    float *row = S + (size_t)i * L;
+                    int len = pos + i0 + i + 1;  /* causal: positions 0..pos+i0+i */
+                    float mx = -INFINITY;
+                    for (int j = 0; j < len; j++) mx = row[j] > mx ? row[j] : mx;
+                    double sum = 0;
+                    for (int j = 0; j < len; j++) { row[j] = expf(row[j] - mx); sum += row[j]; }
+                    float inv = (float)(1.0 / sum);
+                    for (int j = 0; j < len; j++) row[j] *= inv;
+                    for (int j = len; j < L; j++) row[j] = 0;
+                }
+                cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasNoTrans, nb, hd, L, 1.0f, S, L, Vh, stride, 0.0f,
+                            out + (size_t)i0 * qs + (size_t)h * hd, qs);
+            }
+        free(S);
+    }
+}
+
+static void cpu_gather(const float *src, int rows, int cols, const int *src_idx, int n, float *dst,
+                       const size_t *dst_off, int dst_stride) {
+    size_t blk = (size_t)rows * cols;
+    for (int i = 0; i < n; i++) {
+        const float *s = src + (size_t)src_idx[i] * blk;
+        float *d = dst + dst_off[i];
+        if (dst_stride == cols) {
+            memcpy(d, s, sizeof(float) * blk);
+        } else {
+            for (int r = 0; r < rows; r++)
+                memcpy(d + (size_t)r * dst_stride, s + (size_t)r * cols, sizeof(float) * cols);
+        }
+    }
+}
+
+const skv_backend skv_backend_cpu = {
+    .name = "cpu",
+    .summary = "the reference: OpenBLAS GEMMs, integer-dot quantized matvec (AVX-512/VNNI, AVX2 or scalar), "
+               "LAPACK SVD, OpenMP threads",
+    .available = cpu_available,
+    .alloc = cpu_alloc,
+    .free = cpu_free,
+    .upload = cpu_copy,
+    .download = cpu_copy,
+    .matmul = cpu_matmul,
+    .embed = cpu_embed,
+    .rmsnorm = cpu_rmsnorm,
+    .rope = cpu_rope,
+    .add_bias = cpu_add_bias,
+    .add = cpu_add,
+    .swiglu = cpu_swiglu,
+    .attend_rows = cpu_attend_rows,
+    .attend_causal = cpu_attend_causal,
+    .svd = shadowkv_svd,
+    .landmarks = shadowkv_landmarks,
+    .cos_min = shadowkv_cos_min,
+    .score = shadowkv_score,
+    .topk = shadowkv_topk,
+    .gather = cpu_gather,
+    .rebuild = shadowkv_rebuild,
+    .project = shadowkv_project,
+};

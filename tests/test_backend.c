@@ -1,0 +1,386 @@
+/* test_backend.c: every op of every backend in the registry against a plain
+ * scalar loop in double precision, on fresh random inputs; then the registry
+ * itself (lookup, unknown names, the CPU default). A backend built into the
+ * binary that cannot run on this machine is skipped with one line. */
+#include "backend.h"
+#include "quant.h"
+#include "skv.h"
+#include "testhelp.h"
+
+#include <stdint.h>
+
+static uint64_t rng_state = 0x2545f4914f6cdd1dull;
+
+static float frand(void) { /* uniform in [-1, 1) */
+    rng_state ^= rng_state << 13;
+    rng_state ^= rng_state >> 7;
+    rng_state ^= rng_state << 17;
+    return (float)((rng_state >> 11) * (1.0 / 9007199254740992.0)) * 2.0f - 1.0f;
+}
+
+static float *rnd(size_t n) {
+    float *x = malloc(sizeof(float) * (n ? n : 1));
+    for (size_t i = 0; i < n; i++) x[i] = frand();
+    return x;
+}
+
+static double rel(const float *a, const double *b, size_t n) {
+    double num = 0, den = 0;
+    for (size_t i = 0; i < n; i++) {
+        num += ((double)a[i] - b[i]) * ((double)a[i] - b[i]);
+        den += b[i] * b[i];
+    }
+    return den > 0 ? sqrt(num / den) : sqrt(num);
+}
+
+static void check(const skv_backend *be, const char *op, double err, double tol) {
+    char msg[160];
+    snprintf(msg, sizeof msg, "%s %s: rel. error %.2e against the scalar loop (bound %.0e)", be->name, op, err, tol);
+    test_cond(msg, err <= tol);
+}
+
+/* Scalar softmax attention of one query over n rows. */
+static void ref_attend(const float *q, const float *K, const float *V, int n, int d, int stride, double scale,
+                       double *out) {
+    double *p = malloc(sizeof(double) * n), mx = -INFINITY, sum = 0;
+    for (int j = 0; j < n; j++) {
+        double s = 0;
+        for (int t = 0; t < d; t++) s += (double)q[t] * K[(size_t)j * stride + t];
+        p[j] = s * scale;
+        if (p[j] > mx) mx = p[j];
+    }
+    for (int j = 0; j < n; j++) sum += p[j] = exp(p[j] - mx);
+    for (int t = 0; t < d; t++) {
+        double acc = 0;
+        for (int j = 0; j < n; j++) acc += p[j] / sum * V[(size_t)j * stride + t];
+        out[t] = acc;
+    }
+    free(p);
+}
+
+static void test_matmul(const skv_backend *be) {
+    static const enum ggml_type types[] = {GGML_F32, GGML_F16, GGML_BF16, GGML_Q8_0, GGML_Q4_0, GGML_Q4_K, GGML_Q6_K};
+    int rows = 40, cols = 256;
+    skv_workspace ws = {0};
+    for (size_t ti = 0; ti < sizeof types / sizeof types[0]; ti++) {
+        enum ggml_type t = types[ti];
+        float *w = rnd((size_t)rows * cols);
+        size_t rb = ggml_row_size(t, cols);
+        uint8_t *W = malloc(rb * rows);
+        for (int r = 0; r < rows; r++) quant_quantize_row(t, w + (size_t)r * cols, W + rb * r, cols);
+        float *wd = malloc(sizeof(float) * rows * cols); /* the stored weights, dequantized */
+        quant_dequant_row(t, W, wd, (size_t)rows * cols);
+        for (int n = 1; n <= 5; n += 4) {
+            float *x = rnd((size_t)n * cols), *y = malloc(sizeof(float) * n * rows);
+            double *yr = malloc(sizeof(double) * n * rows);
+            for (int i = 0; i < n; i++)
+                for (int r = 0; r < rows; r++) {
+                    double acc = 0;
+                    for (int j = 0; j < cols; j++) acc += (double)x[(size_t)i * cols + j] * wd[(size_t)r * cols + j];
+                    yr[(size_t)i * rows + r] = acc;
+                }
+            be->matmul(t, W, rows, cols, x, n, y, &ws);
+            char op[64];
+            snprintf(op, sizeof op, "matmul %s n=%d", ggml_type_name(t), n);
+            /* n == 1 quantizes the activation to 8 bits for the quantized types. */
+            int q = t != GGML_F32 && t != GGML_F16 && t != GGML_BF16;
+            check(be, op, rel(y, yr, (size_t)n * rows), n == 1 && q ? 2e-2 : 1e-5);
+            free(x); free(y); free(yr);
+        }
+        free(w); free(W); free(wd);
+    }
+    skv_workspace_free(&ws);
+}
+
+static void test_elementwise(const skv_backend *be) {
+    int n = 3, dim = 96;
+    /* embed: rows of a q8_0 table */
+    {
+        int vocab = 10;
+        float *tab = rnd((size_t)vocab * dim);
+        size_t rb = ggml_row_size(GGML_Q8_0, dim);
+        uint8_t *T = malloc(rb * vocab);
+        for (int r = 0; r < vocab; r++) quant_quantize_row(GGML_Q8_0, tab + (size_t)r * dim, T + rb * r, dim);
+        int32_t ids[3] = {7, 0, 9};
+        float *x = malloc(sizeof(float) * n * dim), *row = malloc(sizeof(float) * dim);
+        double *xr = malloc(sizeof(double) * n * dim);
+        for (int i = 0; i < n; i++) {
+            quant_dequant_row(GGML_Q8_0, T + rb * ids[i], row, dim);
+            for (int j = 0; j < dim; j++) xr[(size_t)i * dim + j] = row[j];
+        }
+        be->embed(GGML_Q8_0, T, dim, ids, n, x);
+        check(be, "embed q8_0", rel(x, xr, (size_t)n * dim), 0);
+        free(tab); free(T); free(x); free(row); free(xr);
+    }
+    /* rmsnorm */
+    {
+        float *x = rnd((size_t)n * dim), *w = rnd(dim), *y = malloc(sizeof(float) * n * dim);
+        double *yr = malloc(sizeof(double) * n * dim);
+        for (int i = 0; i < n; i++) {
+            double ss = 0;
+            for (int j = 0; j < dim; j++) ss += (double)x[i * dim + j] * x[i * dim + j];
+            double s = 1 / sqrt(ss / dim + 1e-5);
+            for (int j = 0; j < dim; j++) yr[i * dim + j] = x[i * dim + j] * s * w[j];
+        }
+        be->rmsnorm(y, x, w, n, dim, 1e-5f);
+        check(be, "rmsnorm", rel(y, yr, (size_t)n * dim), 1e-6);
+        free(x); free(w); free(y); free(yr);
+    }
+    /* add_bias, add, swiglu */
+    {
+        size_t len = (size_t)n * dim;
+        float *y = rnd(len), *b = rnd(dim), *x = rnd(len), *g = rnd(len), *u = rnd(len);
+        double *r = malloc(sizeof(double) * len);
+        for (size_t i = 0; i < len; i++) r[i] = (double)y[i] + b[i % dim];
+        be->add_bias(y, b, n, dim);
+        check(be, "add_bias", rel(y, r, len), 1e-7);
+        for (size_t i = 0; i < len; i++) r[i] = (double)y[i] + x[i];
+        be->add(y, x, len);
+        check(be, "add", rel(y, r, len), 1e-7);
+        for (size_t i = 0; i < len; i++) r[i] = g[i] / (1 + exp(-(double)g[i])) * u[i];
+        be->swiglu(g, u, len);
+        check(be, "swiglu", rel(g, r, len), 1e-6);
+        free(y); free(b); free(x); free(g); free(u); free(r);
+    }
+    /* rope, both pairings, rows at consecutive positions */
+    for (int mode = 0; mode < 2; mode++) {
+        int nh = 2, hd = 16, pos0 = 37;
+        rope_params p = {.mode = mode ? ROPE_NEOX : ROPE_ADJACENT, .head_dim = hd, .rope_dim = hd, .theta = 10000};
+        rope_ctx rc;
+        rope_init(&rc, &p, NULL);
+        size_t len = (size_t)n * nh * hd;
+        float *x = rnd(len);
+        double *r = malloc(sizeof(double) * len);
+        for (int i = 0; i < n; i++)
+            for (int h = 0; h < nh; h++)
+                for (int k = 0; k < hd / 2; k++) {
+                    double th = (double)(pos0 + i) * pow(10000.0, -2.0 * k / hd);
+                    size_t base = ((size_t)i * nh + h) * hd;
+                    size_t a = mode ? base + k : base + 2 * k, b = mode ? base + k + hd / 2 : base + 2 * k + 1;
+                    r[a] = x[a] * cos(th) - x[b] * sin(th);
+                    r[b] = x[a] * sin(th) + x[b] * cos(th);
+                }
+        be->rope(&rc, x, n, nh, pos0);
+        check(be, mode ? "rope rotate-half" : "rope adjacent", rel(x, r, len), 1e-5);
+        rope_free(&rc);
+        free(x); free(r);
+    }
+}
+
+static void test_attention(const skv_backend *be) {
+    /* attend_rows: one query over a strided row set */
+    {
+        int n = 45, d = 32, stride = 3 * d;
+        float *q = rnd(d), *K = rnd((size_t)n * stride), *V = rnd((size_t)n * stride), out[32];
+        double r[32];
+        ref_attend(q, K + d, V + d, n, d, stride, 0.3, r);
+        be->attend_rows(q, K + d, V + d, n, d, stride, 0.3f, out);
+        check(be, "attend_rows", rel(out, r, d), 1e-5);
+        free(q); free(K); free(V);
+    }
+    /* attend_causal: GQA 3:1, a block of queries after a prefix */
+    {
+        int nh = 6, nkv = 2, d = 16, pos = 70, nq = 70, stride = nkv * d, T = pos + nq;
+        float *q = rnd((size_t)nq * nh * d), *K = rnd((size_t)T * stride), *V = rnd((size_t)T * stride);
+        float *out = malloc(sizeof(float) * nq * nh * d);
+        double *r = malloc(sizeof(double) * nq * nh * d);
+        for (int i = 0; i < nq; i++)
+            for (int h = 0; h < nh; h++)
+                ref_attend(q + ((size_t)i * nh + h) * d, K + (size_t)(h / 3) * d, V + (size_t)(h / 3) * d, pos + i + 1,
+                           d, stride, 1 / sqrt(d), r + ((size_t)i * nh + h) * d);
+        be->attend_causal(q, nq, pos, nh, nkv, d, K, V, stride, out);
+        check(be, "attend_causal", rel(out, r, (size_t)nq * nh * d), 1e-5);
+        free(q); free(K); free(V); free(out); free(r);
+    }
+}
+
+static void test_sparse_stages(const skv_backend *be) {
+    int s = 64, n = 24, r = 5, d = 8, c = 4, nch = s / c;
+    float *K = rnd((size_t)s * n);
+    /* svd: U·SVt is the best rank-r approximation; check orthonormal U and the error it reports */
+    {
+        float *U = malloc(sizeof(float) * s * r), *SVt = malloc(sizeof(float) * r * n), sv[24], err;
+        int rc = be->svd(K, s, n, r, U, SVt, NULL, sv, &err);
+        test_cond("svd returns 0", rc == 0);
+        double num = 0, den = 0, orth = 0;
+        for (int i = 0; i < s; i++)
+            for (int j = 0; j < n; j++) {
+                double a = 0;
+                for (int t = 0; t < r; t++) a += (double)U[i * r + t] * SVt[t * n + j];
+                num += (a - K[i * n + j]) * (a - K[i * n + j]);
+                den += (double)K[i * n + j] * K[i * n + j];
+            }
+        for (int a = 0; a < r; a++)
+            for (int b = 0; b < r; b++) {
+                double dot = 0;
+                for (int i = 0; i < s; i++) dot += (double)U[i * r + a] * U[i * r + b];
+                orth = fmax(orth, fabs(dot - (a == b)));
+            }
+        double tail = 0;
+        for (int i = r; i < n; i++) tail += (double)sv[i] * sv[i];
+        char msg[160];
+        snprintf(msg, sizeof msg, "%s svd: ||K-U·SVt||/||K|| %.4f = reported %.4f = sqrt(tail sv^2)/||K|| %.4f; "
+                 "U orthonormal within %.1e", be->name, sqrt(num / den), err, sqrt(tail / den), orth);
+        test_cond(msg, fabs(sqrt(num / den) - err) < 1e-4 && fabs(sqrt(tail / den) - err) < 1e-4 && orth < 1e-5);
+        free(U); free(SVt);
+    }
+    /* landmarks and cos_min of head 1 (rows n floats apart) */
+    float *lm = malloc(sizeof(float) * nch * d), *cm = malloc(sizeof(float) * nch);
+    {
+        double *lr = malloc(sizeof(double) * nch * d), *cr = malloc(sizeof(double) * nch);
+        const float *Kh = K + d;
+        for (int j = 0; j < nch; j++)
+            for (int t = 0; t < d; t++) {
+                double acc = 0;
+                for (int i = 0; i < c; i++) acc += Kh[(size_t)(j * c + i) * n + t];
+                lr[j * d + t] = acc / c;
+            }
+        be->landmarks(Kh, n, d, c, nch, lm);
+        check(be, "landmarks", rel(lm, lr, (size_t)nch * d), 1e-6);
+        for (int j = 0; j < nch; j++) {
+            double mn = INFINITY;
+            for (int i = 0; i < c; i++) {
+                double dot = 0, a = 0, b = 0;
+                for (int t = 0; t < d; t++) {
+                    double k = Kh[(size_t)(j * c + i) * n + t], l = lm[j * d + t];
+                    dot += k * l, a += k * k, b += l * l;
+                }
+                mn = fmin(mn, a > 0 && b > 0 ? dot / sqrt(a * b) : 0);
+            }
+            cr[j] = mn;
+        }
+        be->cos_min(Kh, n, d, c, nch, lm, cm);
+        check(be, "cos_min", rel(cm, cr, nch), 1e-5);
+        free(lr); free(cr);
+    }
+    /* score: softmax per query head over landmarks, summed over positions, max over the group */
+    {
+        int group = 2, nq = 3;
+        size_t qs = (size_t)group * d;
+        float *q = rnd(nq * qs), score[16], tmp[32];
+        double ref[16];
+        for (int j = 0; j < nch; j++) ref[j] = -INFINITY;
+        for (int g = 0; g < group; g++) {
+            double acc[16] = {0};
+            for (int i = 0; i < nq; i++) {
+                double l[16], mx = -INFINITY, sum = 0;
+                for (int j = 0; j < nch; j++) {
+                    double dot = 0;
+                    for (int t = 0; t < d; t++) dot += (double)q[i * qs + g * d + t] * lm[j * d + t];
+                    l[j] = dot * 0.25;
+                    mx = fmax(mx, l[j]);
+                }
+                for (int j = 0; j < nch; j++) sum += l[j] = exp(l[j] - mx);
+                for (int j = 0; j < nch; j++) acc[j] += l[j] / sum;
+            }
+            for (int j = 0; j < nch; j++) ref[j] = fmax(ref[j], acc[j]);
+        }
+        be->score(q, nq, qs, group, d, lm, nch, 0.25f, tmp, score);
+        check(be, "score", rel(score, ref, nch), 1e-5);
+        /* topk: the k best by a full scan, ties to the lower index */
+        int k = 5, idx[16], got = be->topk(score, nch, k, idx), ok = got == k;
+        int used[16] = {0};
+        for (int i = 0; i < k && ok; i++) {
+            int best = -1;
+            for (int j = 0; j < nch; j++)
+                if (!used[j] && (best < 0 || score[j] > score[best])) best = j;
+            used[best] = 1;
+            ok = idx[i] == best;
+        }
+        char msg[96];
+        snprintf(msg, sizeof msg, "%s topk: the %d best indices, best first, as a full scan finds them", be->name, k);
+        test_cond(msg, ok);
+        free(q);
+    }
+    /* gather: blocks into strided destinations */
+    {
+        int rows = 4, cols = 8, nb = 6, stride = 12;
+        float *src = rnd((size_t)nb * rows * cols), *dst = calloc((size_t)3 * rows * stride, sizeof(float));
+        int sidx[3] = {5, 0, 3};
+        size_t off[3] = {2, (size_t)rows * stride + 4, (size_t)2 * rows * stride};
+        double *ref = calloc((size_t)3 * rows * stride, sizeof(double));
+        for (int i = 0; i < 3; i++)
+            for (int rr = 0; rr < rows; rr++)
+                for (int t = 0; t < cols; t++)
+                    ref[off[i] + (size_t)rr * stride + t] = src[((size_t)sidx[i] * rows + rr) * cols + t];
+        be->gather(src, rows, cols, sidx, 3, dst, off, stride);
+        check(be, "gather", rel(dst, ref, (size_t)3 * rows * stride), 0);
+        free(src); free(dst); free(ref);
+    }
+    /* rebuild: RoPE(U[t0+i]·svt) at position t0+i; project: V_r·V_rᵀ·x */
+    {
+        int rr = 3, t0 = 9, nr = 4;
+        rope_params p = {.mode = ROPE_ADJACENT, .head_dim = d, .rope_dim = d, .theta = 10000};
+        rope_ctx rc;
+        rope_init(&rc, &p, NULL);
+        float *U = rnd((size_t)(t0 + nr) * rr), *svt = rnd((size_t)rr * d), *out = malloc(sizeof(float) * nr * d);
+        double *ref = malloc(sizeof(double) * nr * d);
+        for (int i = 0; i < nr; i++) {
+            double row[8];
+            for (int t = 0; t < d; t++) {
+                row[t] = 0;
+                for (int j = 0; j < rr; j++) row[t] += (double)U[(t0 + i) * rr + j] * svt[j * d + t];
+            }
+            for (int k = 0; k < d / 2; k++) {
+                double th = (double)(t0 + i) * pow(10000.0, -2.0 * k / d);
+                ref[i * d + 2 * k] = row[2 * k] * cos(th) - row[2 * k + 1] * sin(th);
+                ref[i * d + 2 * k + 1] = row[2 * k] * sin(th) + row[2 * k + 1] * cos(th);
+            }
+        }
+        be->rebuild(U, rr, svt, d, t0, nr, &rc, NULL, NULL, out);
+        check(be, "rebuild", rel(out, ref, (size_t)nr * d), 1e-5);
+        float *Vt = rnd((size_t)rr * n), *x = rnd(n), y[24], coef[3];
+        double yr[24];
+        for (int j = 0; j < n; j++) {
+            yr[j] = 0;
+            for (int a = 0; a < rr; a++) {
+                double dot = 0;
+                for (int t = 0; t < n; t++) dot += (double)Vt[a * n + t] * x[t];
+                yr[j] += dot * Vt[a * n + j];
+            }
+        }
+        be->project(Vt, rr, n, x, y, coef);
+        check(be, "project", rel(y, yr, n), 1e-5);
+        rope_free(&rc);
+        free(U); free(svt); free(out); free(ref); free(Vt); free(x);
+    }
+    /* buffers: a round trip through the backend's memory */
+    {
+        float *h = rnd(100), back[100];
+        void *dev = be->alloc(sizeof back);
+        test_cond("alloc gives memory", dev != NULL);
+        be->upload(dev, h, sizeof back);
+        be->download(back, dev, sizeof back);
+        be->free(dev);
+        test_cond("upload then download returns the same bytes", !memcmp(h, back, sizeof back));
+        free(h);
+    }
+    free(lm); free(cm); free(K);
+}
+
+int main(void) {
+    test_cond("the registry has at least the CPU backend, first", skv_backend_count() >= 1 &&
+              !strcmp(skv_backend_at(0)->name, "cpu"));
+    test_cond("find(\"cpu\") is the CPU backend", skv_backend_find("cpu") == &skv_backend_cpu);
+    test_cond("find(NULL) is the default", skv_backend_find(NULL) == skv_backend_at(0));
+    test_cond("an unknown backend is refused, naming it and the known ones",
+              !skv_backend_find("tpu") && strstr(skv_last_error(), "'tpu'") && strstr(skv_last_error(), "cpu"));
+    char notice[256];
+    test_cond("pick(cpu) runs on cpu with no notice",
+              skv_backend_pick("cpu", notice, sizeof notice) == &skv_backend_cpu && !notice[0]);
+    for (int i = 0; i < skv_backend_count(); i++) {
+        const skv_backend *be = skv_backend_at(i);
+        char why[160] = "";
+        if (be->available && !be->available(why, sizeof why)) {
+            char msg[256];
+            snprintf(msg, sizeof msg, "backend %s: not available here (%s)", be->name, why);
+            test_skip(msg);
+            continue;
+        }
+        test_matmul(be);
+        test_elementwise(be);
+        test_attention(be);
+        test_sparse_stages(be);
+    }
+    return test_report("test_backend");
+}
