@@ -111,7 +111,36 @@ void needle_opts_default(needle_opts *o) {
     o->question = NEEDLE_DEFAULT_QUESTION;
     o->runs = 1;
     kv_opts_default(&o->kv);
-    snprintf(o->kv.policy, sizeof o->kv.policy, "shadowkv");
+    needle_set_methods(o, "dense,shadowkv");
+}
+
+int needle_set_methods(needle_opts *o, const char *list) {
+    char names[NEEDLE_MAX_METHODS][32];
+    int n = 1, has_dense = 0;
+    snprintf(names[0], sizeof names[0], "dense");
+    for (const char *p = list; *p;) {
+        const char *e = strchr(p, ',');
+        size_t len = e ? (size_t)(e - p) : strlen(p);
+        char name[32];
+        if (!len || len >= sizeof name)
+            return skv_error(SKV_EINVAL, "--kv: '%s' is not a comma-separated list of policies", list);
+        memcpy(name, p, len);
+        name[len] = 0;
+        if (!kv_policy_find(name)) return SKV_EINVAL;
+        if (!strcmp(name, "dense")) {
+            if (has_dense++) return skv_error(SKV_EINVAL, "--kv: dense is listed twice");
+        } else {
+            for (int i = 1; i < n; i++)
+                if (!strcmp(names[i], name)) return skv_error(SKV_EINVAL, "--kv: %s is listed twice", name);
+            if (n == NEEDLE_MAX_METHODS)
+                return skv_error(SKV_EINVAL, "--kv: at most %d policies besides dense", NEEDLE_MAX_METHODS - 1);
+            snprintf(names[n++], sizeof names[0], "%s", name);
+        }
+        p = e ? e + 1 : p + len;
+    }
+    memcpy(o->methods, names, sizeof names[0] * n);
+    o->n_methods = n;
+    return 0;
 }
 
 /* ---- small buffers -------------------------------------------------------- */
@@ -300,7 +329,7 @@ static char *fill_value(const char *tmpl, const char *value) {
 
 /* Greedy answer of up to n tokens after the prompt; with the oracle, the
  * top-1 agreement and logit distance against the dense twin per step. */
-static int generate(skv_session *s, int prev, int n, char **text, needle_case *c) {
+static int generate(skv_session *s, int prev, int n, char **text, needle_case *c, int m) {
     const tok_vocab *tok = s->m->tok;
     int V = s->m->cfg.vocab, rc = 0;
     str_buf out = {0};
@@ -322,9 +351,9 @@ static int generate(skv_session *s, int prev, int n, char **text, needle_case *c
                 num += ((double)a[j] - b[j]) * ((double)a[j] - b[j]);
                 den += (double)b[j] * b[j];
             }
-            c->top1_agree[c->n_steps] = s->top1_agree > 0;
-            c->logit_dist[c->n_steps] = (float)(den > 0 ? sqrt(num / den) : sqrt(num));
-            c->n_steps++;
+            c->top1_agree[m][c->n_steps[m]] = s->top1_agree > 0;
+            c->logit_dist[m][c->n_steps[m]] = (float)(den > 0 ? sqrt(num / den) : sqrt(num));
+            c->n_steps[m]++;
         }
     }
     if (rc) { free(out.s); return rc; }
@@ -360,15 +389,14 @@ static void events_free(probe_event **ev, int n) {
     free(ev);
 }
 
-probe_event needle_niah_event(const needle_case *c, int method, int detail) {
-    int sk = method == NEEDLE_SHADOWKV;
+probe_event needle_niah_event(const needle_opts *o, const needle_case *c, int m, int detail) {
     probe_event ev = {
         .kind = PROBE_NIAH,
         .niah = {
-            .index = c->index, .length = c->length, .depth = c->depth, .run = c->run, .method = method,
-            .hit = c->hit[method], .prompt_len = c->prompt_len, .tok_begin = c->tok_begin, .tok_end = c->tok_end,
-            .detail = detail, .n_steps = sk ? c->n_steps : 0, .value = c->value, .answer = c->answer[method],
-            .top1_agree = sk ? c->top1_agree : NULL, .logit_dist = sk ? c->logit_dist : NULL,
+            .index = c->index, .length = c->length, .depth = c->depth, .run = c->run, .method = m,
+            .hit = c->hit[m], .prompt_len = c->prompt_len, .tok_begin = c->tok_begin, .tok_end = c->tok_end,
+            .detail = detail, .n_steps = c->n_steps[m], .policy = o->methods[m], .value = c->value,
+            .answer = c->answer[m], .top1_agree = c->top1_agree[m], .logit_dist = c->logit_dist[m],
         },
     };
     return ev;
@@ -420,40 +448,42 @@ static int build_prompt(sweep *w, needle_case *c, ids_buf *out) {
     return 0;
 }
 
-/* One session over prompt p under kv; the answer into c->answer[method]. */
-static int run_method(sweep *w, needle_case *c, const ids_buf *p, int method, int n_answer) {
+/* One session over prompt p under method m; the answer into c->answer[m]. */
+static int run_method(sweep *w, needle_case *c, const ids_buf *p, int m, int n_answer) {
     session_opts so;
     session_opts_default(&so);
     so.ctx = w->o->ctx > 0 ? w->o->ctx : p->n + n_answer;
     so.batch = w->o->batch;
     so.sample.temp = 0;
-    if (method == NEEDLE_SHADOWKV) {
-        so.kv = w->o->kv;
-        snprintf(so.kv.policy, sizeof so.kv.policy, "shadowkv");
-        so.kv.oracle = w->o->probes;
-        so.kv.watch_begin = w->o->probes ? c->tok_begin : 0;
-        so.kv.watch_end = w->o->probes ? c->tok_end : 0;
-        so.bus = w->o->probes ? w->bus : NULL;
-    } else {
-        kv_opts_default(&so.kv);
-    }
+    snprintf(so.backend, sizeof so.backend, "%s", w->o->backend);
+    int probes = w->o->probes && m != NEEDLE_DENSE;
+    so.kv = w->o->kv;
+    snprintf(so.kv.policy, sizeof so.kv.policy, "%s", w->o->methods[m]);
+    so.kv.oracle = probes;
+    so.kv.watch_begin = probes ? c->tok_begin : 0;
+    so.kv.watch_end = probes ? c->tok_end : 0;
+    so.bus = probes ? w->bus : NULL;
+    if (probes && (!(c->top1_agree[m] = calloc((size_t)n_answer, sizeof(int))) ||
+                   !(c->logit_dist[m] = calloc((size_t)n_answer, sizeof(float)))))
+        return skv_error(SKV_ENOMEM, "out of memory");
     if (p->n + n_answer > so.ctx)
         return skv_error(SKV_ERANGE, "a %d-token prompt and a %d-token answer do not fit the context of %d (raise -c)",
                          p->n, n_answer, so.ctx);
     skv_session *s = NULL;
     int rc = session_new(w->m, &so, &s);
     if (!rc) rc = session_prefill(s, p->v, p->n, NULL, NULL);
-    if (!rc) rc = generate(s, p->v[p->n - 1], n_answer, &c->answer[method], method == NEEDLE_SHADOWKV ? c : NULL);
+    if (!rc) rc = generate(s, p->v[p->n - 1], n_answer, &c->answer[m], probes ? c : NULL, m);
     session_free(s);
-    if (!rc) c->hit[method] = needle_contains_value(c->answer[method], c->value);
+    if (!rc) c->hit[m] = needle_contains_value(c->answer[m], c->value);
     return rc;
 }
 
 static void case_free(needle_case *c) {
-    free(c->answer[0]);
-    free(c->answer[1]);
-    free(c->top1_agree);
-    free(c->logit_dist);
+    for (int m = 0; m < NEEDLE_MAX_METHODS; m++) {
+        free(c->answer[m]);
+        free(c->top1_agree[m]);
+        free(c->logit_dist[m]);
+    }
     memset(c, 0, sizeof *c);
 }
 
@@ -501,18 +531,21 @@ static int sweep_question(sweep *w) {
     return rc;
 }
 
-/* Diagnoses case c from the collected events (moved into a store with the
- * case's NIAH events), calls fn, then keeps or frees the events. */
-static int case_probes(sweep *w, needle_case *c, needle_result *res, int *chose_miss, needle_case_fn fn, void *user) {
+/* Method m of case c has run with probes: its collected events go into a
+ * store with the NIAH events of dense and m, a miss is diagnosed, and the
+ * events are kept in res (the first sparse miss, else case 0's first sparse
+ * method) or freed. The store and report stay in c for the callback. */
+static int method_probes(sweep *w, needle_case *c, int m, needle_result *res, int *chose_miss) {
     probe_store *st = NULL;
     needle_report *rep = NULL;
     int rc = probe_store_new(&st);
     for (int i = 0; !rc && i < w->col.n; i++) rc = probe_store_add(st, w->col.ev[i]);
-    for (int m = 0; !rc && m < 2; m++) {
-        probe_event ev = needle_niah_event(c, m, 1);
+    int ms[2] = {NEEDLE_DENSE, m};
+    for (int i = 0; !rc && i < 2; i++) {
+        probe_event ev = needle_niah_event(w->o, c, ms[i], 1);
         rc = probe_store_add(st, &ev);
     }
-    if (!rc && !c->hit[NEEDLE_SHADOWKV]) {
+    if (!rc && !c->hit[m]) {
         if (!(rep = malloc(sizeof *rep))) rc = skv_error(SKV_ENOMEM, "out of memory");
         else if ((rc = needle_diagnose(st, 0, rep)) == SKV_EMISSING) {
             free(rep);
@@ -520,19 +553,15 @@ static int case_probes(sweep *w, needle_case *c, needle_result *res, int *chose_
             rc = 0;
         }
     }
-    c->store = st;
-    c->report = rep;
-    if (!rc && fn) rc = fn(c, user);
-    c->store = NULL;
-    c->report = NULL;
-    free(rep);
-    probe_store_free(st);
-    int miss = !c->hit[NEEDLE_SHADOWKV];
+    c->store[m] = st;
+    c->report[m] = rep;
+    int miss = !c->hit[m];
     if (res->detail < 0 || (miss && !*chose_miss)) {
         events_free(res->ev, res->n_ev);
         res->ev = w->col.ev;
         res->n_ev = w->col.n;
         res->detail = c->index;
+        res->detail_method = m;
         *chose_miss = miss;
     } else {
         events_free(w->col.ev, w->col.n);
@@ -541,11 +570,23 @@ static int case_probes(sweep *w, needle_case *c, needle_result *res, int *chose_
     return rc;
 }
 
+/* Frees what method_probes left in c. */
+static void case_probes_free(needle_case *c) {
+    for (int m = 0; m < NEEDLE_MAX_METHODS; m++) {
+        free((needle_report *)c->report[m]);
+        probe_store_free((probe_store *)c->store[m]);
+        c->report[m] = NULL;
+        c->store[m] = NULL;
+    }
+}
+
 int needle_run(skv_model *m, const needle_opts *o, needle_case_fn fn, void *user, needle_result *res) {
     memset(res, 0, sizeof *res);
     res->detail = -1;
     if (!o->haystack || !o->needle || !o->question || o->n_lengths < 1 || o->n_depths < 1 || o->runs < 1)
         return skv_error(SKV_EINVAL, "needle: a haystack, needle, question, lengths, depths and runs >= 1 are required");
+    if (o->n_methods < 1 || o->n_methods > NEEDLE_MAX_METHODS || strcmp(o->methods[0], "dense"))
+        return skv_error(SKV_EINVAL, "needle: the methods must start with dense (needle_set_methods)");
     if (!strstr(o->needle, "{value}"))
         return skv_error(SKV_EINVAL, "needle: the needle '%s' has no {value} to fill in", o->needle);
     sweep w = { .m = m, .o = o };
@@ -583,17 +624,14 @@ int needle_run(skv_model *m, const needle_opts *o, needle_case_fn fn, void *user
                 c->run = r;
                 snprintf(c->value, sizeof c->value, "%07llu",
                          (unsigned long long)(1000000 + splitmix64(o->seed * 0x100000001b3ull + (uint64_t)c->index) % 9000000));
-                if (o->probes && (!(c->top1_agree = calloc((size_t)n_answer, sizeof(int))) ||
-                                  !(c->logit_dist = calloc((size_t)n_answer, sizeof(float))))) {
-                    rc = skv_error(SKV_ENOMEM, "out of memory");
-                    break;
+                if ((rc = build_prompt(&w, c, &prompt))) break;
+                for (int mi = 0; !rc && mi < o->n_methods; mi++) {
+                    if (!(rc = run_method(&w, c, &prompt, mi, n_answer)) && w.col.oom)
+                        rc = skv_error(SKV_ENOMEM, "needle: out of memory recording probe events");
+                    if (!rc && o->probes && mi != NEEDLE_DENSE) rc = method_probes(&w, c, mi, res, &chose_miss);
                 }
-                if ((rc = build_prompt(&w, c, &prompt)) || (rc = run_method(&w, c, &prompt, NEEDLE_DENSE, n_answer)) ||
-                    (rc = run_method(&w, c, &prompt, NEEDLE_SHADOWKV, n_answer)))
-                    break;
-                if (w.col.oom) { rc = skv_error(SKV_ENOMEM, "needle: out of memory recording probe events"); break; }
-                if (o->probes) rc = case_probes(&w, c, res, &chose_miss, fn, user);
-                else if (fn) rc = fn(c, user);
+                if (!rc && fn) rc = fn(c, user);
+                case_probes_free(c);
             }
     free(prompt.v);
 done:
@@ -755,7 +793,7 @@ static void diagnose_answers(const probe_store *st, needle_report *rep) {
     const probe_ev_niah *sk = NULL, *dn = NULL;
     for (int i = 0; i < probe_store_n_niah(st); i++) {
         const probe_ev_niah *e = probe_store_niah(st, i);
-        if (e->method == NEEDLE_SHADOWKV && (!sk || e->detail)) sk = e;
+        if (e->method != NEEDLE_DENSE && (!sk || (e->detail && !sk->detail))) sk = e;
     }
     for (int i = 0; sk && i < probe_store_n_niah(st); i++) {
         const probe_ev_niah *e = probe_store_niah(st, i);
@@ -763,6 +801,9 @@ static void diagnose_answers(const probe_store *st, needle_report *rep) {
     }
     rep->dense_hit = dn ? dn->hit : -1;
     rep->sparse_hit = sk ? sk->hit : -1;
+    const probe_ev_run *run = probe_store_run(st);
+    snprintf(rep->policy, sizeof rep->policy, "%s",
+             sk && sk->policy && sk->policy[0] ? sk->policy : run && run->kv_policy ? run->kv_policy : "sparse");
     if (sk) {
         snprintf(rep->value, sizeof rep->value, "%s", sk->value ? sk->value : "");
         clean_copy(rep->sparse_answer, sizeof rep->sparse_answer, sk->answer);
@@ -819,7 +860,7 @@ int needle_diagnose(const probe_store *st, int id, needle_report *rep) {
     rep->id = id;
     const probe_ev_needle *info = probe_store_needle_info(st, id);
     if (!info || info->n_chunks < 1)
-        return skv_error(SKV_EMISSING, "no needle data (record a ShadowKV needle run with skv needle --trace FILE)");
+        return skv_error(SKV_EMISSING, "no needle data (record a needle run with skv needle --trace FILE)");
     const probe_ev_run *run = probe_store_run(st);
     const probe_ev_prefill_head *ph0 = probe_store_prefill_head(st, 0, 0);
     rep->tok_begin = info->tok_begin;
@@ -828,13 +869,15 @@ int needle_diagnose(const probe_store *st, int id, needle_report *rep) {
     rep->n_chunks = info->n_chunks;
     rep->n_layers = probe_store_n_layers(st);
     rep->n_heads = probe_store_n_kv_heads(st);
-    rep->chunk = run && run->chunk > 0 ? run->chunk : ph0 ? ph0->chunk : 1;
+    int run_chunk = run ? (int)probe_pairs_get(run->kv_opts, "chunk", 0) : 0;
+    rep->chunk = run_chunk > 0 ? run_chunk : ph0 ? ph0->chunk : 1;
     rep->prompt_len = run ? run->prompt_len : probe_store_n_prompt(st);
     const probe_ev_prefill_layer *pl0 = probe_store_prefill_layer(st, 0);
-    rep->rank = pl0 ? pl0->rank : run ? run->rank : -1; /* the rank used (clamped to the key width) */
+    /* the rank used (clamped to the key width) */
+    rep->rank = pl0 ? pl0->rank : run ? (int)probe_pairs_get(run->kv_opts, "rank", -1) : -1;
     rep->budget = run ? run->budget : -1;
-    rep->outliers = run ? run->outliers : -1;
-    rep->local = run ? run->local_chunks : -1;
+    rep->outliers = run ? (int)probe_pairs_get(run->kv_opts, "outliers", -1) : -1;
+    rep->local = run ? (int)probe_pairs_get(run->kv_opts, "local", -1) : -1;
     rep->prompt_chunks = ph0 ? ph0->n_chunks : rep->prompt_len / rep->chunk;
     rep->local_start = ph0 ? ph0->local_start : -1;
     rep->n_cand = ph0 ? ph0->n_landmarks : -1;
@@ -957,12 +1000,13 @@ int needle_diagnose(const probe_store *st, int id, needle_report *rep) {
 
     /* What ShadowKV kept. */
     if (a.n_ev == 0) {
-        snprintf(rep->kept, sizeof rep->kept, "no decode step has needle data, so nothing can be said about what ShadowKV kept");
+        snprintf(rep->kept, sizeof rep->kept, "no decode step has needle data, so nothing can be said about what %s kept",
+                 rep->policy);
     } else {
         snprintf(rep->kept, sizeof rep->kept,
-                 "ShadowKV kept every needle chunk in %d of %d (step, layer, KV head) at %s and %.0f%% of the needle's %s: "
+                 "%s kept every needle chunk in %d of %d (step, layer, KV head) at %s and %.0f%% of the needle's %s: "
                  "%.0f%% as outliers, %.0f%% in the local window, %.0f%% selected (keys rebuilt at rank %d); it dropped %.0f%%",
-                 a.n_ev_kept, a.n_ev, steps, 100 * (1 - rep->share_dropped),
+                 rep->policy, a.n_ev_kept, a.n_ev, steps, 100 * (1 - rep->share_dropped),
                  rep->has_oracle ? "exact attention mass" : "chunk-weighted tokens", 100 * rep->share_outlier,
                  100 * rep->share_local, 100 * rep->share_selected, rep->rank, 100 * rep->share_dropped);
     }
@@ -989,11 +1033,11 @@ int needle_diagnose(const probe_store *st, int id, needle_report *rep) {
         c->step = rep->diverge_step >= 0 ? rep->diverge_step : 0;
         snprintf(c->evidence, sizeof c->evidence,
                  "the model misses it with dense attention too: dense answered \"%s\" for value %s; "
-                 "ShadowKV %s the needle's chunks (%.0f%% of its %s kept at %s)",
-                 rep->dense_answer, rep->value, rep->share_dropped < NEEDLE_MIN_SHARE ? "kept" : "did not keep all of",
+                 "%s %s the needle's chunks (%.0f%% of its %s kept at %s)",
+                 rep->dense_answer, rep->value, rep->policy, rep->share_dropped < NEEDLE_MIN_SHARE ? "kept" : "did not keep all of",
                  100 * (1 - rep->share_dropped), rep->has_oracle ? "attention mass" : "tokens", steps);
         snprintf(c->fix, sizeof c->fix, "use a model that retrieves at this length with dense attention; "
-                 "the ShadowKV settings cannot fix this");
+                 "the %s settings cannot fix this", rep->policy);
     }
     if (rep->share_dropped >= NEEDLE_MIN_SHARE && sd.i >= 0) {
         needle_cause *c = add_cause(rep, NEEDLE_CAUSE_BUDGET, rep->share_dropped);
@@ -1088,8 +1132,9 @@ void needle_report_print(FILE *f, const probe_store *st, const needle_report *re
                "local window from chunk %d (--local %d)\n",
             rep->rank, rep->budget, rep->k, rep->n_cand, rep->outliers, rep->local_start, rep->local);
     if (rep->sparse_hit >= 0)
-        fprintf(f, "  value %s; dense answered \"%s\" (%s); shadowkv answered \"%s\" (%s)\n", rep->value,
-                rep->dense_answer, rep->dense_hit ? "hit" : "miss", rep->sparse_answer, rep->sparse_hit ? "hit" : "miss");
+        fprintf(f, "  value %s; dense answered \"%s\" (%s); %s answered \"%s\" (%s)\n", rep->value,
+                rep->dense_answer, rep->dense_hit ? "hit" : "miss", rep->policy, rep->sparse_answer,
+                rep->sparse_hit ? "hit" : "miss");
     fprintf(f, "  prefill, per layer and KV head: the rank-%d error of the needle's keys; each needle chunk's part "
                "(cand = offloaded and selectable) and cos-min\n", rep->rank);
     for (int l = 0; l < rep->n_layers; l++)
@@ -1129,8 +1174,8 @@ void needle_report_print(FILE *f, const probe_store *st, const needle_report *re
     fprintf(f, "  %s\n", rep->divergence);
     fprintf(f, "  verdict:\n");
     if (rep->n_causes == 0)
-        fprintf(f, "    no cause passed its threshold: ShadowKV kept the needle with accurate keys; look at the "
-                   "divergence above (other chunks' selection changed the hidden state)\n");
+        fprintf(f, "    no cause passed its threshold: %s kept the needle with accurate keys; look at the "
+                   "divergence above (other chunks' selection changed the hidden state)\n", rep->policy);
     for (int i = 0; i < rep->n_causes; i++) {
         const needle_cause *c = &rep->causes[i];
         fprintf(f, "    %d. %s: %s", i + 1, needle_cause_name(c->kind), c->evidence);

@@ -1,10 +1,10 @@
 /* needle.h: needle in a haystack. The harness builds prompts (a haystack
  * trimmed to a length in tokens, a needle sentence carrying a random value
- * inserted at a depth, a question at the end), runs dense attention and
- * ShadowKV on the same prompts, and scores exact retrieval of the value in
- * the greedy answer. With probes on, the ShadowKV runs carry the oracle (a
+ * inserted at a depth, a question at the end), runs a list of KV policies
+ * (dense first) on the same prompts, and scores exact retrieval of the value
+ * in the greedy answer. With probes on, the sparse runs carry the oracle (a
  * dense twin and exact attention beside the sparse one) and the policy's
- * needle watch (kv_opts watch_begin/end), and a ShadowKV miss is diagnosed
+ * needle watch (kv_opts watch_begin/end), and a sparse miss is diagnosed
  * from those probe events alone: needle_diagnose reads a probe_store, so the
  * CLI's --explain and the inspector's needle view (from a trace) give the
  * same verdict. docs/NEEDLE.md explains how to read the report. */
@@ -19,7 +19,10 @@
 #include <stdint.h>
 #include <stdio.h>
 
-enum { NEEDLE_DENSE = 0, NEEDLE_SHADOWKV = 1 };
+/* Methods of a sweep are registered KV policies; method 0 is always dense,
+ * the reference every other method is scored and diagnosed against. */
+enum { NEEDLE_DENSE = 0 };
+#define NEEDLE_MAX_METHODS 8
 
 #define NEEDLE_VALUE_MAX 32
 #define NEEDLE_DEFAULT_NEEDLE "The special magic number is {value}."
@@ -50,11 +53,20 @@ typedef struct {
     int ctx;                   /* context positions; 0: each prompt plus its answer */
     int batch;                 /* prefill batch; 0: the session's default */
     int no_bos;
-    kv_opts kv;                /* ShadowKV settings; policy, oracle and watch are set per run */
-    int probes;                /* 1: oracle + needle watch on the ShadowKV runs, misses diagnosed */
+    char backend[16];          /* where the math runs; "" = the default */
+    kv_opts kv;                /* budget and policy options; policy, oracle and watch are set per run */
+    int probes;                /* 1: oracle + needle watch on the sparse runs, misses diagnosed */
+    int n_methods;             /* methods[0] is "dense" */
+    char methods[NEEDLE_MAX_METHODS][32]; /* registered policy names, in the order they run */
 } needle_opts;
 
+/* Defaults: the methods dense and shadowkv, one run, the default needle. */
 void needle_opts_default(needle_opts *o);
+
+/* Sets the methods from "dense,shadowkv,..." (registered policy names, no
+ * repeats); dense is put first when the list lacks it. SKV_EINVAL with a
+ * message naming a bad item. */
+int needle_set_methods(needle_opts *o, const char *list);
 
 typedef struct needle_report needle_report;
 
@@ -65,21 +77,23 @@ typedef struct {
     int tok_begin, tok_end;    /* the needle's token positions [begin, end) */
     int insert_depth;          /* where the needle went, percent of the haystack tokens before it */
     char value[NEEDLE_VALUE_MAX];
-    char *answer[2];           /* [NEEDLE_DENSE], [NEEDLE_SHADOWKV]: generated text (owned) */
-    int hit[2];                /* 1: the answer contains the value (not inside a longer number) */
-    int n_steps;               /* ShadowKV decode steps compared with the oracle's dense twin */
-    int *top1_agree;           /* (n_steps) */
-    float *logit_dist;         /* (n_steps) ||sparse - dense logits|| / ||dense logits|| */
-    /* With probes, valid during the callback only: */
-    const probe_store *store;  /* the ShadowKV run's events and the case's two PROBE_NIAH events */
-    const needle_report *report; /* the diagnosis when ShadowKV missed, else NULL */
+    /* Per method m (needle_opts.methods[m]): */
+    char *answer[NEEDLE_MAX_METHODS]; /* generated text (owned) */
+    int hit[NEEDLE_MAX_METHODS];      /* 1: the answer contains the value (not inside a longer number) */
+    int n_steps[NEEDLE_MAX_METHODS];  /* decode steps compared with the oracle's dense twin (probes only) */
+    int *top1_agree[NEEDLE_MAX_METHODS]; /* (n_steps[m]) */
+    float *logit_dist[NEEDLE_MAX_METHODS]; /* (n_steps[m]) ||sparse - dense logits|| / ||dense logits|| */
+    /* With probes, valid during the callback only (NULL for dense): */
+    const probe_store *store[NEEDLE_MAX_METHODS];  /* method m's events and the PROBE_NIAH events of dense and m */
+    const needle_report *report[NEEDLE_MAX_METHODS]; /* the diagnosis when m missed, else NULL */
 } needle_case;
 
 typedef struct {
     needle_case *cases;        /* (n_cases) in sweep order: length, then depth, then run */
     int n_cases;
     int detail;                /* with probes: the case whose events are kept below (the first
-                                  ShadowKV miss, else case 0); -1 without */
+                                  miss of a sparse method, else case 0); -1 without */
+    int detail_method;         /* the method of those events */
     probe_event **ev;          /* (n_ev) that case's probe events in emission order (owned) */
     int n_ev;
     int answer_tokens;         /* tokens generated per answer */
@@ -93,8 +107,8 @@ typedef int (*needle_case_fn)(const needle_case *c, void *user);
 int needle_run(skv_model *m, const needle_opts *o, needle_case_fn fn, void *user, needle_result *res);
 void needle_result_free(needle_result *r);
 
-/* The PROBE_NIAH event of case c under method; it points into c. */
-probe_event needle_niah_event(const needle_case *c, int method, int detail);
+/* The PROBE_NIAH event of case c under method m of o; it points into c and o. */
+probe_event needle_niah_event(const needle_opts *o, const needle_case *c, int m, int detail);
 
 /* 1 when text contains value as a whole number (no digit right before or after). */
 int needle_contains_value(const char *text, const char *value);
@@ -138,6 +152,7 @@ struct needle_report {
     int n_steps;               /* decode steps with needle data */
     int last_step;             /* steps 0..last_step were judged (through the first divergence) */
     int has_oracle;
+    char policy[32];           /* the sparse method the report concerns */
     int dense_hit, sparse_hit; /* -1: unknown (no PROBE_NIAH events) */
     char value[NEEDLE_VALUE_MAX];
     char dense_answer[96], sparse_answer[96];

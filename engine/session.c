@@ -1,11 +1,11 @@
 /* session.c: ties a model, a KV policy, the forward pass and a sampler into
  * prefill-then-decode, checking the context limit and timing each phase. */
 #include "session.h"
-#include "kv_shadowkv.h"
 #include "probe.h"
 #include "skv.h"
 #include "tok.h"
 
+#include <math.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -66,7 +66,7 @@ int session_new(skv_model *m, const session_opts *o, skv_session **out) {
         s->kv = tap;
     }
     s->top1_agree = -1;
-    if (o->kv.oracle && strcmp(o->kv.policy, "dense")) {
+    if (o->kv.oracle && s->kv->policy != &kv_policy_dense) {
         kv_opts d;
         kv_opts_default(&d);
         if ((rc = forward_init(&s->twin, m, s->be, s->o.batch)) || (rc = kv_new(&d, &sh, &s->twin_kv))) {
@@ -88,15 +88,25 @@ static void emit_token(skv_session *s, int pos, int id, int prev, int step) {
     probe_emit(s->o.bus, &ev);
 }
 
+void session_run_event(const skv_model *m, const session_opts *o, const char *backend, int prompt_len,
+                       char *opts_buf, size_t n, probe_event *ev) {
+    const model_config *c = &m->cfg;
+    const kv_class *p = kv_policy_find(o->kv.policy);
+    if (p) kv_opts_describe(&o->kv, p, prompt_len, opts_buf, n);
+    else if (n) opts_buf[0] = 0, skv_clear_error();
+    *ev = (probe_event){.kind = PROBE_RUN, .run = {
+        .model = c->name[0] ? c->name : m->path, .arch = c->arch, .format = m->format,
+        .random_weights = m->random_weights, .n_layers = c->n_layers, .n_heads = c->n_heads,
+        .n_kv_heads = c->n_kv_heads, .head_dim = c->head_dim, .max_ctx = o->ctx > 0 ? o->ctx : c->ctx_train,
+        .prompt_len = prompt_len, .kv_policy = o->kv.policy,
+        .budget = p && p->budgeted ? kv_budget_tokens(&o->kv, prompt_len) : 0, .oracle = o->kv.oracle,
+        .backend = backend, .kv_opts = opts_buf}};
+}
+
 static void emit_run(skv_session *s, int prompt_len) {
-    const model_config *c = &s->m->cfg;
-    const kv_opts *k = &s->o.kv;
-    probe_event ev = {.kind = PROBE_RUN, .run = {
-        .model = c->name[0] ? c->name : s->m->path, .arch = c->arch, .format = s->m->format,
-        .random_weights = s->m->random_weights, .n_layers = c->n_layers, .n_heads = c->n_heads,
-        .n_kv_heads = c->n_kv_heads, .head_dim = c->head_dim, .max_ctx = s->o.ctx, .prompt_len = prompt_len,
-        .kv_policy = k->policy, .rank = k->rank, .chunk = k->chunk, .budget = kv_budget_tokens(k, prompt_len), .outliers = k->outliers,
-        .local_chunks = k->local, .shadowkv_plus = k->plus, .oracle = k->oracle, .backend = s->be->name}};
+    char opts[512];
+    probe_event ev;
+    session_run_event(s->m, &s->o, s->be->name, prompt_len, opts, sizeof opts, &ev);
     probe_emit(s->o.bus, &ev);
 }
 
@@ -147,14 +157,17 @@ int session_decode(skv_session *s, int32_t token) {
     if (probe_wants(s->o.bus, PROBE_STEP)) {
         size_t res, off;
         s->kv->cls->bytes(s->kv, &res, &off);
-        kv_shadowkv_stats st;
-        int sk = kv_shadowkv_stats_get(kv_tap_inner(s->kv), &st) == 0;
-        uint64_t k = sk ? st.step_hits + st.step_misses : 0;
+        /* Generic stats by name; a policy without a cache has none (NaN). */
+        double hits = kv_stat(s->kv, "step_hits"), misses = kv_stat(s->kv, "step_misses");
+        double fetches = kv_stat(s->kv, "step_fetches"), fbytes = kv_stat(s->kv, "step_fetch_bytes");
+        double k = isnan(hits) || isnan(misses) ? 0 : hits + misses;
+        char stats[1024];
+        kv_stats_describe(s->kv, stats, sizeof stats);
         probe_event ev = {.kind = PROBE_STEP, .step = {
             .step = s->step, .token = token, .seconds = dt, .kv_resident = res, .kv_offloaded = off,
-            .hit_rate = k ? (float)st.step_hits / k : 0.0f, .has_oracle = s->twin_kv != NULL,
-            .top1_agree = s->top1_agree > 0, .n_fetch = sk ? (int)st.step_fetches : 0,
-            .fetch_bytes = sk ? st.step_fetch_bytes : 0}};
+            .hit_rate = k > 0 ? (float)(hits / k) : 0.0f, .has_oracle = s->twin_kv != NULL,
+            .top1_agree = s->top1_agree > 0, .n_fetch = isnan(fetches) ? 0 : (int)fetches,
+            .fetch_bytes = isnan(fbytes) ? 0 : (uint64_t)fbytes, .kv_stats = stats}};
         probe_emit(s->o.bus, &ev);
     }
     skv_clear_error();

@@ -7,6 +7,7 @@
 #include "forward.h"
 #include "kv.h"
 #include "model.h"
+#include "probe.h"
 #include "sampler.h"
 
 typedef struct {
@@ -46,6 +47,13 @@ struct skv_session {
 
 int session_new(skv_model *m, const session_opts *o, skv_session **out);
 void session_free(skv_session *s);
+
+/* The run event of a session with options o on backend, for a prompt of
+ * prompt_len tokens: built here alone, so every producer (the session, the
+ * needle harness) records the same fields. The policy's options are written
+ * into opts_buf (n bytes), which the event points at. */
+void session_run_event(const skv_model *m, const session_opts *o, const char *backend, int prompt_len,
+                       char *opts_buf, size_t n, probe_event *ev);
 
 /* Runs the prompt (n tokens). progress, when set, is called after each batch;
  * a non-zero return cancels the prefill (SKV_EINVAL, "prefill cancelled"). */

@@ -22,6 +22,24 @@ _Static_assert(sizeof(int) == 4 && sizeof(float) == 4 && sizeof(double) == 8, "p
 _Static_assert(sizeof(const float *) == sizeof(const void *) && sizeof(const int *) == sizeof(const void *),
                "array fields are read and written as void pointers");
 
+/* ---- key=value lists ------------------------------------------------------ */
+
+double probe_pairs_get(const char *pairs, const char *key, double def) {
+    size_t kl = strlen(key);
+    for (const char *p = pairs ? pairs : ""; *p;) {
+        while (*p == ' ') p++;
+        const char *end = p;
+        while (*end && *end != ' ') end++;
+        if ((size_t)(end - p) > kl && !strncmp(p, key, kl) && p[kl] == '=') {
+            char *num_end;
+            double v = strtod(p + kl + 1, &num_end);
+            return num_end == end && num_end != p + kl + 1 ? v : def;
+        }
+        p = end;
+    }
+    return def;
+}
+
 /* ---- schema ------------------------------------------------------------ */
 
 #define SC(m, f) { #f, PROBE_F_I32, offsetof(probe_event, m.f), -1 }
@@ -33,9 +51,8 @@ _Static_assert(sizeof(const float *) == sizeof(const void *) && sizeof(const int
 
 static const probe_field schema_run[] = {
     SC(run, random_weights), SC(run, n_layers), SC(run, n_heads), SC(run, n_kv_heads), SC(run, head_dim),
-    SC(run, max_ctx), SC(run, prompt_len), SC(run, rank), SC(run, chunk), SC(run, budget),
-    SC(run, outliers), SC(run, local_chunks), SC(run, shadowkv_plus), SC(run, oracle),
-    SS(run, model), SS(run, arch), SS(run, format), SS(run, kv_policy), SS(run, backend),
+    SC(run, max_ctx), SC(run, prompt_len), SC(run, budget), SC(run, oracle),
+    SS(run, model), SS(run, arch), SS(run, format), SS(run, kv_policy), SS(run, backend), SS(run, kv_opts),
 };
 
 static const probe_field schema_token[] = {
@@ -57,16 +74,18 @@ static const probe_field schema_prefill_head[] = {
 };
 
 static const probe_field schema_decode_head[] = {
-    SC(decode_head, step), SC(decode_head, layer), SC(decode_head, head), SC(decode_head, n_sel),
+    SC(decode_head, step), SC(decode_head, layer), SC(decode_head, head), SC(decode_head, block),
+    SU(decode_head, fetch_bytes), SC(decode_head, n_sel),
     SC(decode_head, hits), SC(decode_head, misses), SC(decode_head, has_oracle), SF(decode_head, recall),
     SC(decode_head, n_chunks),
-    SA(decode_head, sel, PROBE_F_I32S, 3), SA(decode_head, score, PROBE_F_F32S, 3),
-    SA(decode_head, rank_exact, PROBE_F_I32S, 8), SA(decode_head, rank_landmark, PROBE_F_I32S, 8),
+    SA(decode_head, sel, PROBE_F_I32S, 5), SA(decode_head, score, PROBE_F_F32S, 5),
+    SA(decode_head, rank_exact, PROBE_F_I32S, 10), SA(decode_head, rank_landmark, PROBE_F_I32S, 10),
 };
 
 static const probe_field schema_step[] = {
     SC(step, step), SC(step, token), SD(step, seconds), SU(step, kv_resident), SU(step, kv_offloaded),
     SF(step, hit_rate), SC(step, has_oracle), SC(step, top1_agree), SC(step, n_fetch), SU(step, fetch_bytes),
+    SS(step, kv_stats),
 };
 
 static const probe_field schema_span[] = {
@@ -86,7 +105,7 @@ static const probe_field schema_needle[] = {
 static const probe_field schema_niah[] = {
     SC(niah, index), SC(niah, length), SF(niah, depth), SC(niah, run), SC(niah, method), SC(niah, hit),
     SC(niah, prompt_len), SC(niah, tok_begin), SC(niah, tok_end), SC(niah, detail), SC(niah, n_steps),
-    SS(niah, value), SS(niah, answer),
+    SS(niah, policy), SS(niah, value), SS(niah, answer),
     SA(niah, top1_agree, PROBE_F_I32S, 10), SA(niah, logit_dist, PROBE_F_F32S, 10),
 };
 

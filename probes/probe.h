@@ -32,9 +32,9 @@ typedef enum {
     PROBE_NONE = 0,
     PROBE_RUN = 1,           /* once, at the start of a run */
     PROBE_TOKEN = 2,         /* every prompt and generated token */
-    PROBE_PREFILL_LAYER = 3, /* ShadowKV prefill, per layer */
-    PROBE_PREFILL_HEAD = 4,  /* ShadowKV prefill, per layer and KV head */
-    PROBE_DECODE_HEAD = 5,   /* per decode step, layer and KV head */
+    PROBE_PREFILL_LAYER = 3, /* low-rank key policies' prefill, per layer (spectrum) */
+    PROBE_PREFILL_HEAD = 4,  /* block policies' prefill, per layer and KV head (cos-min, outliers) */
+    PROBE_DECODE_HEAD = 5,   /* the generic selection event: per decode step, layer and KV head */
     PROBE_STEP = 6,          /* per decode step */
     PROBE_SPAN = 7,          /* a timed operation on a stream */
     PROBE_NEEDLE = 8,        /* needle tracking, per step, layer and KV head */
@@ -56,11 +56,12 @@ typedef struct {
     int random_weights;                /* 1: weights were randomly initialized */
     int n_layers, n_heads, n_kv_heads, head_dim;
     int max_ctx, prompt_len;
-    const char *kv_policy;             /* "dense", "shadowkv" */
-    int rank, chunk, budget;           /* SVD rank, tokens per chunk, sparse budget in tokens */
-    int outliers, local_chunks;        /* outlier chunks kept dense, chunks of the local window */
-    int shadowkv_plus, oracle;         /* flags */
+    const char *kv_policy;             /* the registered policy's name */
+    int budget;                        /* tokens attended per KV head; 0 for a policy without a budget */
+    int oracle;                        /* 1: exact attention ran beside the policy */
     const char *backend;               /* "cpu", "cuda" */
+    const char *kv_opts;               /* the policy's options in force, "key=value key=value"
+                                          (probe_pairs_get reads one) */
 } probe_ev_run;
 
 typedef struct {
@@ -87,9 +88,14 @@ typedef struct {
     const int *outliers;               /* (n_outliers) chunk ids kept dense */
 } probe_ev_prefill_head;
 
+/* What a policy kept for one (step, layer, KV head): the blocks it attended
+ * in full precision besides its always-kept rows, and what that cost. Every
+ * view and the diagnosis read this event, whatever the policy. */
 typedef struct {
     int step, layer, head;
-    int n_sel;                         /* chunks selected (k) */
+    int block;                         /* tokens per block (chunk, page); block ids * block = positions */
+    uint64_t fetch_bytes;              /* bytes fetched from slow memory for this head at this step */
+    int n_sel;                         /* blocks selected (k) */
     int hits, misses;                  /* against last step's cached selection */
     int has_oracle;                    /* 1: recall and the rank arrays are filled */
     float recall;                      /* exact attention mass captured by the selection */
@@ -108,6 +114,7 @@ typedef struct {
     int has_oracle, top1_agree;        /* 1: dense and sparse argmax agree */
     int n_fetch;                       /* chunks fetched (misses) this step */
     uint64_t fetch_bytes;
+    const char *kv_stats;              /* the policy's stats after the step, "key=value ..." */
 } probe_ev_step;
 
 typedef struct {
@@ -155,12 +162,13 @@ typedef struct {
     int length;                        /* requested context length in tokens */
     float depth;                       /* needle depth in percent of the haystack (0: start, 100: end) */
     int run;                           /* repetition 0.. (a new value each run) */
-    int method;                        /* 0: dense attention, 1: shadowkv */
+    int method;                        /* index of the method in the sweep's list (0 is dense) */
     int hit;                           /* 1: the answer contains the value */
     int prompt_len;                    /* tokens in the prompt */
     int tok_begin, tok_end;            /* the needle's token positions [begin, end) */
     int detail;                        /* 1: the case's probe events come before it in the trace */
-    int n_steps;                       /* decode steps compared with dense (shadowkv with oracle), or 0 */
+    int n_steps;                       /* decode steps compared with dense (a sparse policy with oracle), or 0 */
+    const char *policy;                /* the method's policy name */
     const char *value;                 /* the needle's value, "4821735" */
     const char *answer;                /* the generated answer text */
     const int *top1_agree;             /* (n_steps) 1: sparse and dense argmax agree at that step */
@@ -207,6 +215,10 @@ typedef struct {
 const probe_field *probe_schema(probe_kind k, int *n_fields);
 const char *probe_kind_name(probe_kind k);   /* "decode_head"; "unknown" */
 const char *probe_stream_name(int stream);   /* "compute", "fetch", "rebuild" */
+
+/* The value of key in a "key=value key=value" list (run.kv_opts,
+ * step.kv_stats), or def when absent or not a number. */
+double probe_pairs_get(const char *pairs, const char *key, double def);
 
 /* Checks counts and pointers (non-negative, arrays present when counted);
  * 0 or SKV_EINVAL with a message naming the kind and field. */

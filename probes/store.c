@@ -178,10 +178,11 @@ static int lim_heads(const probe_store *st) {
     return st->run && st->run->run.n_kv_heads > 0 ? st->run->run.n_kv_heads : STORE_MAX_HEADS;
 }
 
-/* Chunks a context can hold, the bound for chunk ids. */
+/* The bound for block (chunk, page) ids: a block holds at least one of the
+ * context's positions. */
 static int lim_chunks(const probe_store *st) {
-    if (!st->run || st->run->run.chunk <= 0 || st->run->run.max_ctx <= 0) return INT_MAX;
-    return (int)(((long long)st->run->run.max_ctx + st->run->run.chunk - 1) / st->run->run.chunk);
+    if (!st->run || st->run->run.max_ctx <= 0) return INT_MAX;
+    return st->run->run.max_ctx;
 }
 
 static int check_range(const probe_event *ev, const char *field, int v, int lo, int hi) {

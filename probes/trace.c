@@ -493,6 +493,10 @@ static int reader_check_file(trace_reader *r) {
         return file_error(SKV_EFORMAT, path, "truncated: %zu bytes, a trace has at least %u", size,
                           HEADER_BYTES + FOOTER_BYTES);
     uint32_t version = get_u32(m + 8);
+    if (version == 1)
+        return file_error(SKV_EUNSUPPORTED, path, "trace format version 1 was written before the KV policy registry "
+                          "(run and selection records changed); this skv reads version %d: record the run again",
+                          TRACE_VERSION);
     if (version != TRACE_VERSION)
         return file_error(SKV_EUNSUPPORTED, path, "trace format version %u is not supported (this skv reads version %d)",
                           version, TRACE_VERSION);
@@ -742,14 +746,9 @@ int trace_info(const char *path, FILE *out) {
         fprintf(out, "  shape      %.0f layers, %.0f heads, %.0f KV heads, head dim %.0f, max context %.0f, prompt %.0f\n",
                 meta_num(run, "n_layers"), meta_num(run, "n_heads"), meta_num(run, "n_kv_heads"),
                 meta_num(run, "head_dim"), meta_num(run, "max_ctx"), meta_num(run, "prompt_len"));
-        fprintf(out, "  kv policy  %s", meta_str(run, "kv_policy"));
-        if (meta_num(run, "chunk") > 0)
-            fprintf(out, ": rank %.0f, chunk %.0f, budget %.0f, outliers %.0f, local chunks %.0f%s%s",
-                    meta_num(run, "rank"), meta_num(run, "chunk"), meta_num(run, "budget"),
-                    meta_num(run, "outliers"), meta_num(run, "local_chunks"),
-                    meta_num(run, "shadowkv_plus") > 0 ? ", ShadowKV+" : "",
-                    meta_num(run, "oracle") > 0 ? ", oracle" : "");
-        fprintf(out, "\n");
+        const char *opts = meta_str(run, "kv_opts");
+        fprintf(out, "  kv policy  %s%s%s%s\n", meta_str(run, "kv_policy"), *opts && strcmp(opts, "?") ? ": " : "",
+                strcmp(opts, "?") ? opts : "", meta_num(run, "oracle") > 0 ? ", oracle" : "");
     } else {
         fprintf(out, "  model      (no run event recorded)\n");
     }

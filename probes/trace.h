@@ -17,7 +17,7 @@
 #include <stdint.h>
 #include <stdio.h>
 
-#define TRACE_VERSION 1
+#define TRACE_VERSION 2
 
 typedef struct trace_writer trace_writer;
 typedef struct trace_reader trace_reader;

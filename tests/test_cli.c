@@ -95,7 +95,22 @@ int main(void) {
                   strstr(out, "available"));
     }
     expect_error("bad --temp", "run -m x.gguf -p hi --temp -1", "--temp expects a number");
-    expect_error("bad --kv", "run -m x.gguf -p hi --kv sparse", "--kv expects");
+    expect_error("bad --kv", "run -m x.gguf -p hi --kv sparse", "unknown KV policy 'sparse'");
+    expect_error("--kv-opt with an unknown key", "run -m x.gguf -p hi --kv-opt bogus=1", "unknown KV option 'bogus'");
+    expect_error("--kv-opt with a bad value", "run -m x.gguf -p hi --kv-opt rank=abc", "'rank' expects an integer");
+    expect_error("--kv-opt out of range", "run -m x.gguf -p hi --kv-opt chunk=0", "[1, 4096]");
+    expect_error("--kv-opt without =", "run -m x.gguf -p hi --kv-opt rank", "key=value");
+    expect_error("a policy flag with a bad value", "run -m x.gguf -p hi --rank -3", "--rank");
+    expect_error("--kv-opt that the policy in force lacks",
+                 "run -m samples/model/skv-demo.gguf -p hi -n 1 --kv dense --kv-opt rank=16",
+                 "not an option of policy dense");
+    {
+        char out[16384];
+        int rc = run("run --kv help", out, sizeof out);
+        test_cond("--kv help lists dense and shadowkv with shadowkv's options and defaults",
+                  rc == 0 && strstr(out, "dense:") && strstr(out, "shadowkv:") && strstr(out, "rank=N, --rank") &&
+                      strstr(out, "default 160") && strstr(out, "plus=0|1, --shadowkv-plus") && strstr(out, "--budget"));
+    }
     expect_error("flag without value", "run -m x.gguf -p", "-p needs a value");
     expect_error("bad --budget", "run -m x.gguf -p hi --budget 3x%", "--budget expects a number");
     expect_error("--budget 0%", "run -m x.gguf -p hi --budget 0%", "--budget expects a number in");

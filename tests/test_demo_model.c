@@ -97,7 +97,7 @@ static void check_retrieval(skv_model *m) {
     o.n_depths = 3;
     o.runs = 1;
     o.seed = 11;
-    o.kv.rank = 16;
+    kv_opts_set_num(&o.kv, "rank", 16);
     o.kv.budget = 32;
     needle_result res;
     int rc = needle_run(m, &o, NULL, NULL, &res);

@@ -308,11 +308,11 @@ static void test_live_vs_replay(const char *dir, const char *model, const char *
     session_opts o;
     session_opts_default(&o);
     snprintf(o.kv.policy, sizeof o.kv.policy, "shadowkv");
-    o.kv.rank = 8;
-    o.kv.chunk = 8;
+    kv_opts_set_num(&o.kv, "rank", 8);
+    kv_opts_set_num(&o.kv, "chunk", 8);
     o.kv.budget = 16;
-    o.kv.outliers = 1;
-    o.kv.local = 1;
+    kv_opts_set_num(&o.kv, "outliers", 1);
+    kv_opts_set_num(&o.kv, "local", 1);
     o.kv.oracle = 1;
     o.bus = bus;
     skv_session *s = NULL;

@@ -79,8 +79,7 @@ static probe_store *planted(const plant *p) {
     int bad = add(st, (probe_event){ .kind = PROBE_RUN, .run = { .model = "planted", .n_layers = SL, .n_heads = 4,
                                                                  .n_kv_heads = SH, .head_dim = 16, .max_ctx = 1024,
                                                                  .prompt_len = SNCH * SCH, .kv_policy = "shadowkv",
-                                                                 .rank = 4, .chunk = SCH, .budget = SK * SCH,
-                                                                 .outliers = 2, .local_chunks = SLOCAL, .oracle = 1 } });
+                                                                 .budget = SK * SCH, .kv_opts = "rank=4 chunk=8 outliers=2 local=4" /* SCH, SLOCAL */, .oracle = 1 } });
     int outl[2] = { 3, 9 };
     float sv[16], cm[SNCH];
     for (int i = 0; i < 16; i++) sv[i] = 16.0f - i;
@@ -203,10 +202,10 @@ static void test_planted(void) {
     q.dense_hit = 0;
     st = planted(&q);
     rc = st ? needle_diagnose(st, 0, &rep) : -1;
-    test_cond("kept with good keys, dense misses too: only the dense cause, saying ShadowKV kept the needle",
+    test_cond("kept with good keys, dense misses too: only the dense cause, saying the policy kept the needle",
               rc == 0 && rep.n_causes == 1 && rep.causes[0].kind == NEEDLE_CAUSE_DENSE &&
                   strstr(rep.causes[0].evidence, "the model misses it with dense attention too") &&
-                  strstr(rep.causes[0].evidence, "ShadowKV kept the needle's chunks"));
+                  strstr(rep.causes[0].evidence, "shadowkv kept the needle's chunks"));
     probe_store_free(st);
 
     plant o = { .first = 50, .part = 1, .dense_hit = 0 };
@@ -312,11 +311,11 @@ static int keep_case(const needle_case *c, void *user) {
     case_out *o = user;
     o->hit[0] = c->hit[0];
     o->hit[1] = c->hit[1];
-    if (c->report) { o->rep = *c->report; o->have = 1; }
-    for (int s = 0; s < probe_store_n_steps(c->store); s++)
-        for (int l = 0; l < probe_store_n_layers(c->store); l++)
-            for (int h = 0; h < probe_store_n_kv_heads(c->store); h++) {
-                const probe_ev_needle *e = probe_store_needle(c->store, 0, s, l, h);
+    if (c->report[1]) { o->rep = *c->report[1]; o->have = 1; }
+    for (int s = 0; s < probe_store_n_steps(c->store[1]); s++)
+        for (int l = 0; l < probe_store_n_layers(c->store[1]); l++)
+            for (int h = 0; h < probe_store_n_kv_heads(c->store[1]); h++) {
+                const probe_ev_needle *e = probe_store_needle(c->store[1], 0, s, l, h);
                 for (int i = 0; e && i < e->n_info; i++)
                     if (e->part[i] >= 0 && e->part[i] < 3) o->n_parts[e->part[i]]++;
             }
@@ -358,9 +357,9 @@ static void test_model(const char *rel, int length) {
         o.answer_tokens = 4;
         o.probes = 1;
         o.kv.budget = f->budget;
-        o.kv.rank = f->rank;
-        o.kv.outliers = f->outliers;
-        o.kv.local = f->local;
+        kv_opts_set_num(&o.kv, "rank", f->rank);
+        kv_opts_set_num(&o.kv, "outliers", f->outliers);
+        kv_opts_set_num(&o.kv, "local", f->local);
         case_out out;
         memset(&out, 0, sizeof out);
         needle_result res;
@@ -420,8 +419,8 @@ static int watched_run(skv_model *m, const int32_t *ids, int n, int watch, int o
     session_opts_default(&o);
     snprintf(o.kv.policy, sizeof o.kv.policy, "shadowkv");
     o.kv.budget = 32;
-    o.kv.outliers = 2;
-    o.kv.rank = 8;
+    kv_opts_set_num(&o.kv, "outliers", 2);
+    kv_opts_set_num(&o.kv, "rank", 8);
     o.kv.oracle = oracle;
     o.kv.watch_begin = watch ? 100 : 0;
     o.kv.watch_end = watch ? 121 : 0;
@@ -584,7 +583,7 @@ static void test_cli(void) {
         rate[li][di][0] += 100.0 * hd;
         rate[li][di][1] += 100.0 * hs;
         cnt[li][di]++;
-        if (!hs) nd += cJSON_GetObjectItem(c, "diagnosis") != NULL;
+        if (!hs) nd += cJSON_GetObjectItem(cJSON_GetObjectItem(c, "shadowkv"), "diagnosis") != NULL;
     }
     test_cond("every case has a 7-digit value, the needle span, and hit flags that match its answer", ok);
     int misses = 0;

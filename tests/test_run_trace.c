@@ -25,7 +25,7 @@ static float *run(skv_model *m, probe_bus *bus, const int32_t *ids, int n) {
     session_opts o;
     session_opts_default(&o);
     snprintf(o.kv.policy, sizeof o.kv.policy, "shadowkv");
-    o.kv.rank = 8; o.kv.budget = 16; o.kv.outliers = 1; o.kv.local = 1; o.kv.oracle = 1;
+    kv_opts_set_num(&o.kv, "rank", 8); o.kv.budget = 16; kv_opts_set_num(&o.kv, "outliers", 1); kv_opts_set_num(&o.kv, "local", 1); o.kv.oracle = 1;
     o.bus = bus;
     skv_session *s;
     if (session_new(m, &o, &s) || session_prefill(s, ids, n, NULL, NULL)) return NULL;

@@ -196,7 +196,7 @@ static void test_policy(void) {
     snprintf(o.policy, sizeof o.policy, "shadowkv");
 
     /* Exact configuration: full rank, all chunks, no outliers, no local window. */
-    o.rank = KVD; o.budget = 4096; o.outliers = 0; o.local = 0;
+    kv_opts_set_num(&o, "rank", KVD); o.budget = 4096; kv_opts_set_num(&o, "outliers", 0); kv_opts_set_num(&o, "local", 0);
     kv_cache *c = new_sk(&o, NULL);
     run_result R = run_pair(c, 203, 24);
     snprintf(msg, sizeof msg, "policy exact config: prefill %.1e, 24 decode steps %.1e rel L2 vs dense (<= 1e-4)",
@@ -212,13 +212,13 @@ static void test_policy(void) {
     kv_free(c);
 
     /* ShadowKV+ at full rank projects onto the whole space: still exact. */
-    o.plus = 1;
+    kv_opts_set_num(&o, "plus", 1);
     c = new_sk(&o, NULL);
     R = run_pair(c, 203, 8);
     snprintf(msg, sizeof msg, "policy ShadowKV+ at full rank: decode rel L2 %.1e vs dense", R.max_decode);
     test_cond(msg, R.rc == 0 && R.max_decode <= 1e-4);
     kv_free(c);
-    o.plus = 0;
+    kv_opts_set_num(&o, "plus", 0);
 
     /* Small settings with oracle and probes. */
     probe_bus *bus = NULL;
@@ -228,7 +228,7 @@ static void test_policy(void) {
     probe_subscribe_callback(bus, PROBE_MASK(PROBE_PREFILL_LAYER) | PROBE_MASK(PROBE_PREFILL_HEAD) |
                                       PROBE_MASK(PROBE_DECODE_HEAD) | PROBE_MASK(PROBE_SPAN),
                              on_event, &col, &sub);
-    o.rank = 8; o.chunk = 8; o.budget = 48; o.outliers = 3; o.local = 2; o.oracle = 1;
+    kv_opts_set_num(&o, "rank", 8); kv_opts_set_num(&o, "chunk", 8); o.budget = 48; kv_opts_set_num(&o, "outliers", 3); kv_opts_set_num(&o, "local", 2); o.oracle = 1;
     int s = 300, steps = 20;
     uint64_t seed = rng_state;
     c = new_sk(&o, NULL);
@@ -282,7 +282,7 @@ static void test_policy(void) {
 
     /* A prompt shorter than local window + outliers: dense, with a notice. */
     kv_opts_default(&o);
-    o.rank = 4;
+    kv_opts_set_num(&o, "rank", 4);
     c = new_sk(&o, NULL);
     R = run_pair(c, 45, 6);
     kv_shadowkv_stats_get(c, &st);
@@ -292,7 +292,7 @@ static void test_policy(void) {
 
     /* The budget as a share of the prompt: 10% of 400 tokens = 40 = 5 chunks of 8. */
     kv_opts_default(&o);
-    o.rank = 4; o.budget = 8; o.budget_pct = 10; o.outliers = 2; o.local = 2;
+    kv_opts_set_num(&o, "rank", 4); o.budget = 8; o.budget_pct = 10; kv_opts_set_num(&o, "outliers", 2); kv_opts_set_num(&o, "local", 2);
     test_cond("kv_budget_tokens: 10% of 400 = 40, 0.1% of 400 = 1 (at least one), no percent = budget",
               kv_budget_tokens(&o, 400) == 40 && (o.budget_pct = 0.1f, kv_budget_tokens(&o, 400) == 1) &&
                   (o.budget_pct = 0, kv_budget_tokens(&o, 400) == 8));
@@ -316,7 +316,7 @@ static void test_policy(void) {
 
     /* Budget below a chunk: nothing selected, said so. */
     kv_opts_default(&o);
-    o.rank = 8; o.budget = 4; o.outliers = 2; o.local = 1;
+    kv_opts_set_num(&o, "rank", 8); o.budget = 4; kv_opts_set_num(&o, "outliers", 2); kv_opts_set_num(&o, "local", 1);
     c = new_sk(&o, NULL);
     R = run_pair(c, 120, 4);
     kv_shadowkv_stats_get(c, &st);
@@ -324,9 +324,12 @@ static void test_policy(void) {
     kv_free(c);
 
     kv_opts_default(&o);
-    o.chunk = 0;
+    test_cond("chunk 0 is refused with a message naming the option and its range",
+              kv_opts_set_num(&o, "chunk", 0) == SKV_EINVAL && strstr(skv_last_error(), "'chunk'") &&
+              strstr(skv_last_error(), "[1, 4096]"));
+    o.budget = -1;
     kv_shape sh = {.n_layers = 1, .n_heads = 2, .n_kv_heads = 1, .head_dim = HD, .max_ctx = 64, .rope = &test_rope};
-    test_cond("chunk 0 is refused with a message", kv_shadowkv_new(&o, &sh, &c) == SKV_EINVAL);
+    test_cond("a negative budget is refused by the policy", kv_shadowkv_new(&o, &sh, &c) == SKV_EINVAL);
     rope_free(&test_rope);
 }
 
@@ -414,7 +417,7 @@ static void test_model(const char *file, int rank_check) {
     kv_opts o;
     kv_opts_default(&o);
     snprintf(o.policy, sizeof o.policy, "shadowkv");
-    o.rank = kvd; o.budget = n; o.outliers = 0; o.local = 0;
+    kv_opts_set_num(&o, "rank", kvd); o.budget = n; kv_opts_set_num(&o, "outliers", 0); kv_opts_set_num(&o, "local", 0);
     kv_shadowkv_stats st;
     double e = compare_logits(m, &o, n, 24, &rc, &st, NULL);
     snprintf(msg, sizeof msg, "%s: rank %d = kv_dim, all %d chunks, no outliers/local: logits rel L2 %.2e vs dense "
@@ -422,7 +425,7 @@ static void test_model(const char *file, int rank_check) {
     test_cond(msg, rc == 0 && e <= 1e-4 && st.k == n / 8);
 
     /* Default-ish small settings. */
-    o.rank = 16; o.budget = 64; o.outliers = 4; o.local = 2; o.oracle = 1;
+    kv_opts_set_num(&o, "rank", 16); o.budget = 64; kv_opts_set_num(&o, "outliers", 4); kv_opts_set_num(&o, "local", 2); o.oracle = 1;
     char notice[256] = "";
     e = compare_logits(m, &o, n, 24, &rc, &st, notice);
     snprintf(msg, sizeof msg, "%s: rank 16, budget 64, 4 outliers, local 2: runs; hits %llu misses %llu "
@@ -455,7 +458,7 @@ static void test_model(const char *file, int rank_check) {
             probe_subscribe_callback(bus, PROBE_MASK(PROBE_PREFILL_LAYER), on_event, &col, &sub);
             kv_opts_default(&o);
             snprintf(o.policy, sizeof o.policy, "shadowkv");
-            o.rank = ranks[i];
+            kv_opts_set_num(&o, "rank", ranks[i]);
             skv_session *s = NULL;
             int32_t *ids = prompt_ids(m, n);
             rc = open_session(m, &o, n + 1, bus, &s);

@@ -21,8 +21,7 @@ static void emit_run(probe_store *st) {
     probe_event run = { .kind = PROBE_RUN,
                         .run = { .model = "synthetic", .arch = "llama", .format = "gguf", .random_weights = 1,
                                  .n_layers = L, .n_heads = 4, .n_kv_heads = H, .head_dim = 16, .max_ctx = 8 * CHUNKS,
-                                 .prompt_len = 100, .kv_policy = "shadowkv", .rank = 8, .chunk = 8, .budget = 8 * K,
-                                 .outliers = 2, .local_chunks = 2, .backend = "cpu" } };
+                                 .prompt_len = 100, .kv_policy = "shadowkv", .budget = 8 * K, .kv_opts = "rank=8 chunk=8 outliers=2 local=2", .backend = "cpu" } };
     test_cond("run event accepted", probe_store_add(st, &run) == 0);
     for (int i = 0; i < 5; i++) {
         char t[2] = { (char)('a' + i), 0 };
@@ -86,7 +85,7 @@ static void test_synthetic(void) {
     }
     test_cond("shape from the run event", probe_store_n_layers(st) == L && probe_store_n_kv_heads(st) == H);
     test_cond("run meta kept", probe_store_run(st) && !strcmp(probe_store_run(st)->model, "synthetic") &&
-                                   probe_store_run(st)->chunk == 8);
+                                   probe_pairs_get(probe_store_run(st)->kv_opts, "chunk", 0) == 8);
     test_cond("counts per kind", probe_store_count(st, PROBE_DECODE_HEAD) == STEPS * L * H &&
                                      probe_store_count(st, PROBE_TOKEN) == 5 + STEPS &&
                                      probe_store_count(st, PROBE_PREFILL_HEAD) == L * H);
@@ -169,7 +168,7 @@ static void test_synthetic(void) {
     bad.decode_head.head = -1;
     test_cond("negative head rejected", probe_store_add(st, &bad) == SKV_ERANGE);
     bad.decode_head.head = 0;
-    sel1[0] = CHUNKS;   /* max_ctx / chunk = CHUNKS chunks: ids 0..CHUNKS-1 */
+    sel1[0] = 8 * CHUNKS;   /* a block holds at least one position: ids 0..max_ctx-1 */
     test_cond("chunk id past the context rejected", probe_store_add(st, &bad) == SKV_ERANGE &&
                                                         strstr(skv_last_error(), "sel[0]") != NULL);
     bad.decode_head.step = -1;

@@ -58,14 +58,14 @@ static void synth_run(probe_bus *bus, run_shape sh, int big) {
                         .run = { .model = "synthetic \"model\" ü", .arch = "llama", .format = "gguf", .random_weights = 1,
                                  .n_layers = sh.n_layers, .n_heads = sh.n_heads * 2, .n_kv_heads = sh.n_heads,
                                  .head_dim = 64, .max_ctx = 8 * max_chunks, .prompt_len = 8 * max_chunks - 40,
-                                 .kv_policy = "shadowkv", .rank = 160, .chunk = 8, .budget = 2048, .outliers = 48,
-                                 .local_chunks = 4, .shadowkv_plus = 0, .oracle = 1, .backend = "cpu" } };
+                                 .kv_policy = "shadowkv", .budget = 2048, .oracle = 1, .backend = "cpu",
+                                 .kv_opts = "budget=2048 rank=160 chunk=8 outliers=48 local=4 plus=0" } };
     probe_emit(bus, &run);
     int ag[2] = {1, 0};
     float ld[2] = {0.01f, 0.5f};
     probe_emit(bus, &(probe_event){ .kind = PROBE_NIAH, .niah = { .index = 0, .length = 1024, .depth = 50,
         .method = 1, .hit = 0, .prompt_len = 1024, .tok_begin = 100, .tok_end = 120, .detail = 1, .n_steps = 2,
-        .value = "4821735", .answer = " 4821", .top1_agree = ag, .logit_dist = ld } });
+        .policy = "shadowkv", .value = "4821735", .answer = " 4821", .top1_agree = ag, .logit_dist = ld } });
     char text[16];
     int prompt = big ? 16 : 30;
     for (int i = 0; i < prompt; i++) {
@@ -109,7 +109,8 @@ static void synth_run(probe_bus *bus, run_shape sh, int big) {
                 }
                 int hits = k ? rnd_int(0, k) : 0;
                 probe_emit(bus, &(probe_event){ .kind = PROBE_DECODE_HEAD,
-                                                .decode_head = { .step = s, .layer = l, .head = h, .n_sel = k, .hits = hits,
+                                                .decode_head = { .step = s, .layer = l, .head = h, .block = 8,
+                                                                 .fetch_bytes = (uint64_t)rnd() * 3, .n_sel = k, .hits = hits,
                                                                  .misses = k - hits, .has_oracle = oracle, .recall = rnd_float(),
                                                                  .n_chunks = nch, .sel = ia, .score = fa, .rank_exact = ib,
                                                                  .rank_landmark = ic } });
@@ -133,7 +134,8 @@ static void synth_run(probe_bus *bus, run_shape sh, int big) {
         probe_emit(bus, &(probe_event){ .kind = PROBE_STEP,
                                         .step = { .step = s, .token = rnd_int(0, 32000), .seconds = rnd_double(), .kv_resident = (uint64_t)rnd() << 20,
                                                   .kv_offloaded = ((uint64_t)rnd() << 32) | rnd(), .hit_rate = rnd_float(), .has_oracle = 1,
-                                                  .top1_agree = (int)(rnd() % 2), .n_fetch = rnd_int(0, 100), .fetch_bytes = (uint64_t)rnd() * 77 } });
+                                                  .top1_agree = (int)(rnd() % 2), .n_fetch = rnd_int(0, 100), .fetch_bytes = (uint64_t)rnd() * 77,
+                                                  .kv_stats = "hits=3 misses=1 hit_rate=75" } });
     }
     free(fa);
     free(ia);
@@ -156,8 +158,8 @@ static int same_event(const probe_event *x, const probe_event *y) {
     case PROBE_RUN: {
         const probe_ev_run *a = &x->run, *b = &y->run;
         EQS(model); EQS(arch); EQS(format); EQ(random_weights); EQ(n_layers); EQ(n_heads); EQ(n_kv_heads);
-        EQ(head_dim); EQ(max_ctx); EQ(prompt_len); EQS(kv_policy); EQ(rank); EQ(chunk); EQ(budget); EQ(outliers);
-        EQ(local_chunks); EQ(shadowkv_plus); EQ(oracle); EQS(backend);
+        EQ(head_dim); EQ(max_ctx); EQ(prompt_len); EQS(kv_policy); EQ(budget); EQ(oracle); EQS(backend);
+        EQS(kv_opts);
         break;
     }
     case PROBE_TOKEN: {
@@ -181,14 +183,15 @@ static int same_event(const probe_event *x, const probe_event *y) {
     }
     case PROBE_DECODE_HEAD: {
         const probe_ev_decode_head *a = &x->decode_head, *b = &y->decode_head;
-        EQ(step); EQ(layer); EQ(head); EQ(n_sel); EQ(hits); EQ(misses); EQ(has_oracle); EQ(recall); EQ(n_chunks);
+        EQ(step); EQ(layer); EQ(head); EQ(block); EQ(fetch_bytes); EQ(n_sel); EQ(hits); EQ(misses); EQ(has_oracle);
+        EQ(recall); EQ(n_chunks);
         if (ok) { EQA(sel, a->n_sel); EQA(score, a->n_sel); EQA(rank_exact, a->n_chunks); EQA(rank_landmark, a->n_chunks); }
         break;
     }
     case PROBE_STEP: {
         const probe_ev_step *a = &x->step, *b = &y->step;
         EQ(step); EQ(token); EQ(seconds); EQ(kv_resident); EQ(kv_offloaded); EQ(hit_rate); EQ(has_oracle);
-        EQ(top1_agree); EQ(n_fetch); EQ(fetch_bytes);
+        EQ(top1_agree); EQ(n_fetch); EQ(fetch_bytes); EQS(kv_stats);
         break;
     }
     case PROBE_SPAN: {
@@ -205,7 +208,7 @@ static int same_event(const probe_event *x, const probe_event *y) {
     case PROBE_NIAH: {
         const probe_ev_niah *a = &x->niah, *b = &y->niah;
         EQ(index); EQ(length); EQ(depth); EQ(run); EQ(method); EQ(hit); EQ(prompt_len); EQ(tok_begin); EQ(tok_end);
-        EQ(detail); EQ(n_steps); EQS(value); EQS(answer);
+        EQ(detail); EQ(n_steps); EQS(policy); EQS(value); EQS(answer);
         if (ok) { EQA(top1_agree, a->n_steps); EQA(logit_dist, a->n_steps); }
         break;
     }
@@ -423,7 +426,7 @@ static void test_round_trip(const char *dir) {
         test_cond("trace_next after the end stays at the end", trace_next(r, &ev) == 0 && ev == NULL);
         const char *json = trace_meta_json(r);
         test_cond("metadata JSON has version, run and counts",
-                  json && strstr(json, "\"format_version\":\t1") && strstr(json, "\"synthetic \\\"model\\\" ü\"") &&
+                  json && strstr(json, "\"format_version\":\t2") && strstr(json, "\"synthetic \\\"model\\\" ü\"") &&
                       strstr(json, "\"decode_head\":\t54") && strstr(json, "\"skv_version\""));
         trace_close(r);
     }
@@ -443,7 +446,7 @@ static void test_round_trip(const char *dir) {
     rc = trace_info(path, mf);
     fclose(mf);
     printf("%s", info);
-    test_cond("trace info summarizes", rc == 0 && strstr(info, "format 1") && strstr(info, "synthetic") &&
+    test_cond("trace info summarizes", rc == 0 && strstr(info, "format 2") && strstr(info, "synthetic") &&
                                            strstr(info, "shadowkv") && strstr(info, "decode_head") &&
                                            strstr(info, "steps      9") && strstr(info, "layers     3") && strstr(info, "bytes"));
     free(info);
@@ -501,8 +504,13 @@ static void test_damage(const char *dir) {
     expect_damage("not a trace at all", bad, "hello, world\n", 13, SKV_EFORMAT);
 
     memcpy(p, orig, n);
-    wr32(p + 8, 2);
+    wr32(p + 8, TRACE_VERSION + 1);
     expect_damage("unknown (newer) version", bad, p, n, SKV_EUNSUPPORTED);
+    memcpy(p, orig, n);
+    wr32(p + 8, 1);
+    expect_damage("version 1 (before the policy registry)", bad, p, n, SKV_EUNSUPPORTED);
+    test_cond("a version 1 trace is refused with what to do", strstr(skv_last_error(), "version 1") &&
+                                                                  strstr(skv_last_error(), "record the run again"));
     wr32(p + 8, 0);
     expect_damage("version 0", bad, p, n, SKV_EUNSUPPORTED);
 
@@ -538,7 +546,7 @@ static void test_damage(const char *dir) {
 
     size_t dh = find_record(orig, n, PROBE_DECODE_HEAD);
     test_cond("found a decode_head record", dh != 0);
-    size_t nsel = dh + 8 + 12;   /* step, layer, head, then n_sel */
+    size_t nsel = dh + 8 + 24;   /* step, layer, head, block, u64 fetch_bytes, then n_sel */
     uint32_t k = rd32(orig + nsel);
     memcpy(p, orig, n);
     wr32(p + nsel, k + 1);
@@ -565,7 +573,7 @@ static void test_damage(const char *dir) {
     expect_damage("token text length huge", bad, p, n, SKV_EFORMAT);
     size_t run = find_record(orig, n, PROBE_RUN);
     memcpy(p, orig, n);
-    wr32(p + run + 8 + 14 * 4, 0xffffff00u);   /* the model string's length */
+    wr32(p + run + 8 + 9 * 4, 0xffffff00u);   /* the model string's length, after 9 ints */
     fix_crc(p, n);
     expect_damage("string length past the record", bad, p, n, SKV_EFORMAT);
 

@@ -25,6 +25,8 @@
 #define NCH 120         /* chunks in the prompt */
 #define CH 8            /* tokens per chunk */
 #define RANK 5
+#define XSTR_(x) #x
+#define XSTR(x) XSTR_(x)
 #define NSV 12
 #define LOCAL_START 116
 
@@ -51,8 +53,9 @@ static int fill_store(probe_store *st) {
     bad += add(st, (probe_event){ .kind = PROBE_RUN,
                                   .run = { .model = "synthetic", .arch = "llama", .format = "gguf", .random_weights = 1,
                                            .n_layers = L, .n_heads = 4, .n_kv_heads = H, .head_dim = 16, .max_ctx = 1024,
-                                           .prompt_len = NCH * CH + 3, .kv_policy = "shadowkv", .rank = RANK, .chunk = CH,
-                                           .budget = K * CH, .outliers = 2, .local_chunks = 4, .oracle = 1,
+                                           .prompt_len = NCH * CH + 3, .kv_policy = "shadowkv",
+                                           .kv_opts = "rank=" XSTR(RANK) " chunk=" XSTR(CH) " outliers=2 local=4",
+                                           .budget = K * CH, .oracle = 1,
                                            .backend = "cpu" } }) != 0;
     static const char *prompt[] = { "<s>", "Once", " upon", " a", " time", "\n", " ctrl\x01", "bad\xff", " end", "." };
     for (int i = 0; i < 10; i++)
@@ -307,8 +310,9 @@ static void test_missing(void) {
         canvas *c = cells(100, 24, 0);
         int rc = draw(view_find(needs_shadowkv[i]), c, dense, &cur, NULL);
         char *t = text_of(c), what[128];
-        snprintf(what, sizeof what, "%s: a dense run says to run with --kv shadowkv", needs_shadowkv[i]);
-        test_cond(what, rc == SKV_EMISSING && t && strstr(t, "--kv shadowkv"));
+        snprintf(what, sizeof what, "%s: a dense run says the policy records none, and where to find policies",
+                 needs_shadowkv[i]);
+        test_cond(what, rc == SKV_EMISSING && t && strstr(t, "policy dense records none") && strstr(t, "--kv help"));
         free(t);
         canvas_free(c);
     }

@@ -88,15 +88,16 @@ int cli_gen_option(cli_gen *g, int argc, char **argv, int *i) {
     }
     if (!strcmp(a, "--kv")) {
         TAKES_VALUE();
-        if (strcmp(v, "dense") && strcmp(v, "shadowkv")) {
-            fprintf(stderr, "skv: --kv expects dense or shadowkv, got '%s'\n", v);
-            return -1;
-        }
+        if (!strcmp(v, "help")) { kv_policies_help(stdout); return CLI_DONE; }
+        if (!kv_policy_find(v)) { fprintf(stderr, "skv: %s\n", skv_last_error()); return -1; }
         snprintf(g->s.kv.policy, sizeof g->s.kv.policy, "%s", v);
         return 1;
     }
-    if (!strcmp(a, "--rank")) { TAKES_VALUE(); return parse_int(a, v, 1, 1 << 16, &g->s.kv.rank) ? -1 : 1; }
-    if (!strcmp(a, "--chunk")) { TAKES_VALUE(); return parse_int(a, v, 1, 4096, &g->s.kv.chunk) ? -1 : 1; }
+    if (!strcmp(a, "--kv-opt")) {
+        TAKES_VALUE();
+        if (kv_opts_set_pair(&g->s.kv, v)) { fprintf(stderr, "skv: %s\n", skv_last_error()); return -1; }
+        return 1;
+    }
     if (!strcmp(a, "--budget")) {
         TAKES_VALUE();
         size_t n = strlen(v);
@@ -111,11 +112,24 @@ int cli_gen_option(cli_gen *g, int argc, char **argv, int *i) {
         g->s.kv.budget_pct = 0;
         return parse_int(a, v, 1, 1 << 24, &g->s.kv.budget) ? -1 : 1;
     }
-    if (!strcmp(a, "--outliers")) { TAKES_VALUE(); return parse_int(a, v, 0, 1 << 24, &g->s.kv.outliers) ? -1 : 1; }
-    if (!strcmp(a, "--local")) { TAKES_VALUE(); return parse_int(a, v, 0, 1 << 24, &g->s.kv.local) ? -1 : 1; }
     if (!strcmp(a, "--trace")) { TAKES_VALUE(); g->trace = v; return 1; }
-    if (!strcmp(a, "--shadowkv-plus")) { g->s.kv.plus = 1; return 1; }
     if (!strcmp(a, "--oracle")) { g->s.kv.oracle = 1; return 1; }
+    /* A policy's own flag (--rank 16 is rank=16): applies to the policies
+     * that have the option; the others ignore it. */
+    for (int p = 0; p < kv_policy_count(); p++) {
+        const kv_class *pc = kv_policy_at(p);
+        for (int j = 0; j < pc->n_opts; j++) {
+            const kv_opt_def *d = &pc->opts[j];
+            if (!d->flag || strcmp(a, d->flag)) continue;
+            const char *val = "1";
+            if (d->type != KV_OPT_FLAG) { TAKES_VALUE(); val = v; }
+            if (kv_opts_set(&g->s.kv, d->key, val, 0)) {
+                fprintf(stderr, "skv: %s: %s\n", a, skv_last_error());
+                return -1;
+            }
+            return 1;
+        }
+    }
 #undef TAKES_VALUE
     return 0;
 }
@@ -131,14 +145,22 @@ void cli_gen_help(FILE *o, int with_sampling) {
             "      --no-bos          do not add the BOS token\n"
             "      --backend NAME    where the math runs (default cpu; skv info --backends lists them)\n"
             "      --trace FILE      record every probe event of the run to FILE (skv trace info FILE)\n"
-            "      --kv POLICY       KV cache policy: dense (default) or shadowkv\n"
-            "      --rank R          shadowkv: SVD rank of the pre-RoPE keys (default 160)\n"
-            "      --chunk C         shadowkv: tokens per chunk (default 8)\n"
-            "      --budget B        shadowkv: sparse budget in tokens, or B%% of the prompt (default 2048)\n"
-            "      --outliers O      shadowkv: outlier chunks kept dense per KV head (default 48)\n"
-            "      --local L         shadowkv: chunks of the dense local window (default 4)\n"
-            "      --shadowkv-plus   shadowkv: project generated keys onto the prefill basis\n"
-            "      --oracle          shadowkv: exact attention beside the sparse one (diagnostics)\n");
+            "      --kv POLICY       KV cache policy (default dense); --kv help lists the policies and options\n"
+            "      --kv-opt KEY=VAL  set an option of the policy (checked: the policy must have it)\n"
+            "      --budget B        tokens attended per KV head, or B%% of the prompt (default 2048)\n"
+            "      --oracle          exact attention beside the policy (recall, error; diagnostics)\n");
+    /* The policies' own flags, from their option tables. */
+    for (int p = 0; p < kv_policy_count(); p++) {
+        const kv_class *pc = kv_policy_at(p);
+        for (int j = 0; j < pc->n_opts; j++) {
+            const kv_opt_def *d = &pc->opts[j];
+            if (!d->flag) continue;
+            char left[48];
+            snprintf(left, sizeof left, "%s%s", d->flag, d->type == KV_OPT_FLAG ? "" : " N");
+            if (d->type == KV_OPT_FLAG) fprintf(o, "      %-18s%s: %s\n", left, pc->name, d->help);
+            else fprintf(o, "      %-18s%s: %s (default %g)\n", left, pc->name, d->help, d->def);
+        }
+    }
     if (with_sampling)
         fprintf(o,
                 "  -n, --n-predict N     tokens to generate (default 64)\n"

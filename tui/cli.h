@@ -25,7 +25,9 @@ void cli_gen_default(cli_gen *g);
 
 /* Tries argv[*i] (and its value) as a generation option; returns 1 if it was
  * one (advancing *i past its value), 0 if not, -1 on a bad value (message
- * printed). */
+ * printed), CLI_DONE when it printed what was asked (--kv help) and the
+ * command should exit 0. */
+#define CLI_DONE 2
 int cli_gen_option(cli_gen *g, int argc, char **argv, int *i);
 
 /* Prints the generation options' help lines. */

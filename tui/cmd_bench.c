@@ -43,6 +43,7 @@ int cmd_bench(int argc, char **argv) {
         }
         int r = cli_gen_option(&g, argc, argv, &i);
         if (r < 0) return 2;
+        if (r == CLI_DONE) return 0;
         if (r == 0) return cli_usage_error("bench", "unknown option '%s'", argv[i]);
     }
     if (!g.model) return cli_usage_error("bench", "no model: give -m MODEL");

@@ -122,6 +122,7 @@ int cmd_dump(int argc, char **argv) {
         }
         int r = cli_gen_option(&g, argc, argv, &i);
         if (r < 0) return 2;
+        if (r == CLI_DONE) return 0;
         if (r == 0) return cli_usage_error("dump", "unknown option '%s'", argv[i]);
     }
     if (!g.model) return cli_usage_error("dump", "no model: give -m MODEL");

@@ -78,6 +78,7 @@ static int parse(cli_gen *g, int argc, char **argv, int *n_gen, int *help) {
         int is_trace = !strcmp(argv[i], "--trace");
         int r = cli_gen_option(g, argc, argv, &i);
         if (r < 0) return 2;
+        if (r == CLI_DONE) return 0;
         if (r == 0) return cli_usage_error("inspect", "unknown option '%s'", argv[i]);
         if (!is_trace) (*n_gen)++;
     }

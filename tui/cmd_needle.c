@@ -102,7 +102,8 @@ static int find_near_exe(const char *const *rels, int n, char *out, size_t cap) 
 typedef struct {
     int explain;
     int n_total;            /* cases in the sweep */
-    cJSON **diag;           /* (n_total) diagnosis per case, or NULL */
+    const needle_opts *o;
+    cJSON **diag;           /* (n_total, NEEDLE_MAX_METHODS) diagnosis per case and method, or NULL */
 } run_state;
 
 static cJSON *report_json(const needle_report *rep) {
@@ -140,20 +141,28 @@ static cJSON *report_json(const needle_report *rep) {
     return d;
 }
 
-/* After each case: a progress line, and with --explain the diagnosis. */
+/* After each case: a progress line, and with --explain the diagnosis of
+ * every method that missed. */
 static int on_case(const needle_case *c, void *user) {
     run_state *rs = user;
-    fprintf(stderr, "skv needle: case %d/%d: length %d, depth %g%%, run %d: dense %s, shadowkv %s\n", c->index + 1,
-            rs->n_total, c->length, c->depth, c->run, c->hit[0] ? "hit" : "miss", c->hit[1] ? "hit" : "miss");
-    if (c->report) {
+    const needle_opts *o = rs->o;
+    char line[512];
+    int len = snprintf(line, sizeof line, "case %d/%d: length %d, depth %g%%, run %d:", c->index + 1, rs->n_total,
+                       c->length, c->depth, c->run);
+    for (int m = 0; m < o->n_methods && len < (int)sizeof line; m++)
+        len += snprintf(line + len, sizeof line - len, "%s %s %s", m ? "," : "", o->methods[m], c->hit[m] ? "hit" : "miss");
+    fprintf(stderr, "skv needle: %s\n", line);
+    for (int m = 1; m < o->n_methods; m++) {
+        if (!c->report[m]) continue;
         if (rs->explain) {
-            printf("case %d: length %d, depth %g%% (inserted at %d%%), run %d: shadowkv missed value %s\n", c->index,
-                   c->length, c->depth, c->insert_depth, c->run, c->value);
-            needle_report_print(stdout, c->store, c->report);
+            printf("case %d: length %d, depth %g%% (inserted at %d%%), run %d: %s missed value %s\n", c->index,
+                   c->length, c->depth, c->insert_depth, c->run, o->methods[m], c->value);
+            needle_report_print(stdout, c->store[m], c->report[m]);
             printf("\n");
             fflush(stdout);
         }
-        if (rs->diag && c->index < rs->n_total && !(rs->diag[c->index] = report_json(c->report)))
+        size_t slot = (size_t)c->index * NEEDLE_MAX_METHODS + m;
+        if (rs->diag && c->index < rs->n_total && !(rs->diag[slot] = report_json(c->report[m])))
             return skv_error(SKV_ENOMEM, "out of memory");
     }
     return 0;
@@ -178,44 +187,59 @@ static double cell_rate(const needle_result *r, int length, float depth, int m) 
 }
 
 static void print_table(const needle_result *r, const needle_opts *o) {
-    char budget[48];
+    char budget[48], names[256] = "";
     if (o->kv.budget_pct > 0) snprintf(budget, sizeof budget, "%g%% of the prompt", o->kv.budget_pct);
-    else snprintf(budget, sizeof budget, "%d", o->kv.budget);
-    printf("retrieval in %% of %d run%s per cell: dense | shadowkv (rank %d, budget %s, outliers %d, local %d)\n",
-           o->runs, o->runs == 1 ? "" : "s", o->kv.rank, budget, o->kv.outliers, o->kv.local);
+    else snprintf(budget, sizeof budget, "%d tokens", o->kv.budget);
+    for (int m = 0, len = 0; m < o->n_methods && len < (int)sizeof names; m++)
+        len += snprintf(names + len, sizeof names - len, "%s%s", m ? " | " : "", o->methods[m]);
+    printf("retrieval in %% of %d run%s per cell: %s (budget %s)\n", o->runs, o->runs == 1 ? "" : "s", names, budget);
+    for (int m = 1; m < o->n_methods; m++) {
+        const kv_class *p = kv_policy_find(o->methods[m]);
+        char opts[256];
+        kv_opts_describe(&o->kv, p, o->lengths[0], opts, sizeof opts);
+        printf("  %s: %s\n", o->methods[m], opts);
+    }
+    int w = 6 * o->n_methods - 1; /* "100 | 100" per length */
     printf("%7s", "depth");
     for (int i = 0; i < o->n_lengths; i++) {
         char l[16];
         len_label(o->lengths[i], l, sizeof l);
-        printf(" %11s", l);
+        printf("   %*s", w, l);
     }
     printf("\n");
     for (int d = 0; d < o->n_depths; d++) {
         printf("%6g%%", o->depths[d]);
-        for (int i = 0; i < o->n_lengths; i++)
-            printf("   %3.0f | %3.0f", cell_rate(r, o->lengths[i], o->depths[d], 0),
-                   cell_rate(r, o->lengths[i], o->depths[d], 1));
+        for (int i = 0; i < o->n_lengths; i++) {
+            printf("  ");
+            for (int m = 0; m < o->n_methods; m++)
+                printf("%s%4.0f", m ? " |" : " ", cell_rate(r, o->lengths[i], o->depths[d], m));
+        }
         printf("\n");
     }
     printf("%7s", "all");
     for (int i = 0; i < o->n_lengths; i++) {
-        int n = 0, h0 = 0, h1 = 0;
-        for (int c = 0; c < r->n_cases; c++)
-            if (r->cases[c].length == o->lengths[i]) { n++; h0 += r->cases[c].hit[0]; h1 += r->cases[c].hit[1]; }
-        printf("   %3.0f | %3.0f", n ? 100.0 * h0 / n : 0, n ? 100.0 * h1 / n : 0);
+        printf("  ");
+        for (int m = 0; m < o->n_methods; m++) {
+            int n = 0, h = 0;
+            for (int k = 0; k < r->n_cases; k++)
+                if (r->cases[k].length == o->lengths[i]) { n++; h += r->cases[k].hit[m]; }
+            printf("%s%4.0f", m ? " |" : " ", n ? 100.0 * h / n : 0);
+        }
     }
     printf("\n");
 }
 
-/* A run event with the sweep's settings for stores that have none. */
-static probe_event settings_event(const skv_model *m, const needle_opts *o) {
-    const model_config *c = &m->cfg;
-    probe_event ev = { .kind = PROBE_RUN, .run = {
-        .model = c->name[0] ? c->name : m->path, .arch = c->arch, .format = m->format,
-        .random_weights = m->random_weights, .n_layers = c->n_layers, .n_heads = c->n_heads,
-        .n_kv_heads = c->n_kv_heads, .head_dim = c->head_dim, .max_ctx = c->ctx_train, .kv_policy = "shadowkv",
-        .rank = o->kv.rank, .chunk = o->kv.chunk, .budget = kv_budget_tokens(&o->kv, o->lengths[0]), .outliers = o->kv.outliers,
-        .local_chunks = o->kv.local, .shadowkv_plus = o->kv.plus, .backend = "cpu" } };
+/* A run event with the sweep's settings (its first sparse method, at the
+ * first length) for stores that have no probe events. */
+static probe_event settings_event(const skv_model *m, const needle_opts *o, char *opts, size_t n) {
+    session_opts so;
+    session_opts_default(&so);
+    so.kv = o->kv;
+    snprintf(so.kv.policy, sizeof so.kv.policy, "%s", o->methods[o->n_methods > 1 ? 1 : 0]);
+    const skv_backend *be = skv_backend_find(o->backend);
+    probe_event ev;
+    session_run_event(m, &so, be ? be->name : "cpu", o->lengths[0], opts, n, &ev);
+    ev.run.max_ctx = m->cfg.ctx_train;
     return ev;
 }
 
@@ -227,12 +251,14 @@ static int emit_all(const skv_model *m, const needle_opts *o, const needle_resul
     if (r->n_ev) {
         for (int i = 0; !rc && i < r->n_ev; i++) rc = st ? probe_store_add(st, r->ev[i]) : trace_writer_write(tw, r->ev[i]);
     } else {
-        probe_event ev = settings_event(m, o);
+        char opts[512];
+        probe_event ev = settings_event(m, o, opts, sizeof opts);
         rc = st ? probe_store_add(st, &ev) : trace_writer_write(tw, &ev);
     }
     for (int i = 0; !rc && i < r->n_cases; i++)
-        for (int k = 0; !rc && k < 2; k++) {
-            probe_event ev = needle_niah_event(&r->cases[i], k, r->cases[i].index == r->detail);
+        for (int k = 0; !rc && k < o->n_methods; k++) {
+            int detail = r->cases[i].index == r->detail && (k == NEEDLE_DENSE || k == r->detail_method);
+            probe_event ev = needle_niah_event(o, &r->cases[i], k, detail);
             rc = st ? probe_store_add(st, &ev) : trace_writer_write(tw, &ev);
         }
     return rc;
@@ -282,7 +308,7 @@ static char *json_text(const skv_model *m, const needle_opts *o, const needle_re
     cJSON *root = cJSON_CreateObject();
     if (!root) return NULL;
     cJSON_AddStringToObject(root, "format", "skv-needle");
-    cJSON_AddNumberToObject(root, "format_version", 1);
+    cJSON_AddNumberToObject(root, "format_version", 2);
     cJSON *mo = cJSON_AddObjectToObject(root, "model");
     if (mo) {
         cJSON_AddStringToObject(mo, "path", m->path);
@@ -299,28 +325,28 @@ static char *json_text(const skv_model *m, const needle_opts *o, const needle_re
         cJSON_AddNumberToObject(se, "answer_tokens", r->answer_tokens);
         cJSON_AddNumberToObject(se, "runs", o->runs);
         cJSON_AddNumberToObject(se, "seed", (double)o->seed);
-        cJSON *kv = cJSON_AddObjectToObject(se, "shadowkv");
-        if (kv) {
-            cJSON_AddNumberToObject(kv, "rank", o->kv.rank);
-            cJSON_AddNumberToObject(kv, "chunk", o->kv.chunk);
-            if (o->kv.budget_pct > 0) cJSON_AddNumberToObject(kv, "budget_percent", o->kv.budget_pct);
-            else cJSON_AddNumberToObject(kv, "budget", o->kv.budget);
-            cJSON_AddNumberToObject(kv, "outliers", o->kv.outliers);
-            cJSON_AddNumberToObject(kv, "local", o->kv.local);
-            cJSON_AddBoolToObject(kv, "shadowkv_plus", o->kv.plus);
+        if (o->kv.budget_pct > 0) cJSON_AddNumberToObject(se, "budget_percent", o->kv.budget_pct);
+        else cJSON_AddNumberToObject(se, "budget", o->kv.budget);
+        cJSON *ms = cJSON_AddObjectToObject(se, "methods");
+        for (int k = 0; ms && k < o->n_methods; k++) {
+            /* every option of the policy in force, by its registered key */
+            const kv_class *p = kv_policy_find(o->methods[k]);
+            cJSON *po = cJSON_AddObjectToObject(ms, o->methods[k]);
+            for (int j = 0; po && p && j < p->n_opts; j++)
+                cJSON_AddNumberToObject(po, p->opts[j].key, kv_opt(&o->kv, p, p->opts[j].key));
         }
     }
     cJSON_AddItemToObject(root, "lengths", int_array(o->lengths, o->n_lengths));
     cJSON *dep = cJSON_AddArrayToObject(root, "depths");
     for (int i = 0; dep && i < o->n_depths; i++) cJSON_AddItemToArray(dep, cJSON_CreateNumber(o->depths[i]));
-    int h0 = 0, h1 = 0;
-    for (int i = 0; i < r->n_cases; i++) { h0 += r->cases[i].hit[0]; h1 += r->cases[i].hit[1]; }
     cJSON *su = cJSON_AddObjectToObject(root, "retrieved_percent");
-    if (su && r->n_cases) {
-        cJSON_AddNumberToObject(su, "dense", 100.0 * h0 / r->n_cases);
-        cJSON_AddNumberToObject(su, "shadowkv", 100.0 * h1 / r->n_cases);
+    for (int k = 0; su && r->n_cases && k < o->n_methods; k++) {
+        int h = 0;
+        for (int i = 0; i < r->n_cases; i++) h += r->cases[i].hit[k];
+        cJSON_AddNumberToObject(su, o->methods[k], 100.0 * h / r->n_cases);
     }
     cJSON_AddNumberToObject(root, "traced_case", r->detail);
+    if (r->detail >= 0) cJSON_AddStringToObject(root, "traced_method", o->methods[r->detail_method]);
     cJSON *cases = cJSON_AddArrayToObject(root, "cases");
     for (int i = 0; cases && i < r->n_cases; i++) {
         const needle_case *c = &r->cases[i];
@@ -336,23 +362,24 @@ static char *json_text(const skv_model *m, const needle_opts *o, const needle_re
         if (nd) {
             cJSON_AddNumberToObject(nd, "tok_begin", c->tok_begin);
             cJSON_AddNumberToObject(nd, "tok_end", c->tok_end);
-            cJSON_AddNumberToObject(nd, "first_chunk", c->tok_begin / o->kv.chunk);
-            cJSON_AddNumberToObject(nd, "last_chunk", (c->tok_end - 1) / o->kv.chunk);
+
             cJSON_AddNumberToObject(nd, "inserted_depth", c->insert_depth);
         }
-        for (int k = 0; k < 2; k++) {
-            cJSON *mm = cJSON_AddObjectToObject(o2, k ? "shadowkv" : "dense");
+        for (int k = 0; k < o->n_methods; k++) {
+            cJSON *mm = cJSON_AddObjectToObject(o2, o->methods[k]);
             if (!mm) continue;
             cJSON_AddStringToObject(mm, "answer", c->answer[k] ? c->answer[k] : "");
             cJSON_AddBoolToObject(mm, "hit", c->hit[k]);
-            if (k && c->n_steps) {
-                cJSON_AddItemToObject(mm, "top1_agree", int_array(c->top1_agree, c->n_steps));
+            if (c->n_steps[k]) {
+                cJSON_AddItemToObject(mm, "top1_agree", int_array(c->top1_agree[k], c->n_steps[k]));
                 cJSON *ld = cJSON_AddArrayToObject(mm, "logit_dist");
-                for (int s = 0; ld && s < c->n_steps; s++) cJSON_AddItemToArray(ld, cJSON_CreateNumber(c->logit_dist[s]));
+                for (int s = 0; ld && s < c->n_steps[k]; s++)
+                    cJSON_AddItemToArray(ld, cJSON_CreateNumber(c->logit_dist[k][s]));
             }
+            size_t slot = (size_t)c->index * NEEDLE_MAX_METHODS + k;
+            if (rs->diag && c->index < rs->n_total && rs->diag[slot])
+                cJSON_AddItemReferenceToObject(mm, "diagnosis", rs->diag[slot]);
         }
-        if (rs->diag && c->index < rs->n_total && rs->diag[c->index])
-            cJSON_AddItemReferenceToObject(o2, "diagnosis", rs->diag[c->index]);
         cJSON_AddItemToArray(cases, o2);
     }
     char *text = cJSON_Print(root);
@@ -449,13 +476,18 @@ int cmd_needle(int argc, char **argv) {
             if (!strcmp(a, not_here[j]))
                 return cli_usage_error("needle", "%s does not apply: skv needle builds its own prompts and answers greedily", a);
         if (!strcmp(a, "--seed")) seed_given = 1;
+        if (!strcmp(a, "--kv") && v && strcmp(v, "help")) {
+            /* a list of policies: dense runs first whether listed or not */
+            if (needle_set_methods(&o, v)) return cli_usage_error("needle", "%s", skv_last_error());
+            i++;
+            continue;
+        }
         int r = cli_gen_option(&g, argc, argv, &i);
         if (r < 0) return 2;
+        if (r == CLI_DONE) return 0;
         if (r == 0) return cli_usage_error("needle", "unknown option '%s'", a);
     }
-    for (int i = 1; i < argc; i++)
-        if (!strcmp(argv[i], "--kv") && i + 1 < argc && !strcmp(argv[i + 1], "dense"))
-            return cli_usage_error("needle", "--kv dense does not apply: skv needle always runs dense beside shadowkv");
+
     if (!strstr(o.needle, "{value}"))
         return cli_usage_error("needle", "--needle must contain {value}, got '%s'", o.needle);
     int *lengths = NULL, n_len = 0;
@@ -511,10 +543,10 @@ int cmd_needle(int argc, char **argv) {
     o.batch = g.s.batch;
     o.no_bos = g.no_bos;
     o.kv = g.s.kv;
-    snprintf(o.kv.policy, sizeof o.kv.policy, "shadowkv");
+    snprintf(o.backend, sizeof o.backend, "%s", g.s.backend);
     o.probes = explain || trace || g.s.kv.oracle;
-    run_state rs = { .explain = explain, .n_total = n_len * n_dep * o.runs };
-    rs.diag = o.probes ? calloc((size_t)rs.n_total, sizeof *rs.diag) : NULL;
+    run_state rs = { .explain = explain, .n_total = n_len * n_dep * o.runs, .o = &o };
+    rs.diag = o.probes ? calloc((size_t)rs.n_total * NEEDLE_MAX_METHODS, sizeof *rs.diag) : NULL;
     if (o.probes && !rs.diag) {
         skv_error(SKV_ENOMEM, "out of memory");
         rc = cli_fail();
@@ -542,13 +574,14 @@ int cmd_needle(int argc, char **argv) {
     }
     if (trace) {
         if (write_trace(trace, m, &o, &res)) { rc = cli_fail(); goto done; }
-        fprintf(stderr, "skv needle: wrote %s (case %d in detail)\n", trace, res.detail);
+        fprintf(stderr, "skv needle: wrote %s (case %d under %s in detail)\n", trace, res.detail,
+                res.detail >= 0 ? o.methods[res.detail_method] : "-");
     }
     rc = 0;
 done:
     needle_result_free(&res);
 fail:
-    for (int i = 0; rs.diag && i < rs.n_total; i++) cJSON_Delete(rs.diag[i]);
+    for (size_t i = 0; rs.diag && i < (size_t)rs.n_total * NEEDLE_MAX_METHODS; i++) cJSON_Delete(rs.diag[i]);
     free(rs.diag);
     model_free(m);
     free(hay);

@@ -90,6 +90,7 @@ int cmd_run(int argc, char **argv) {
         if (!strcmp(argv[i], "-h") || !strcmp(argv[i], "--help")) { run_help(stdout); return 0; }
         int r = cli_gen_option(&g, argc, argv, &i);
         if (r < 0) return 2;
+        if (r == CLI_DONE) return 0;
         if (r == 0) return cli_usage_error("run", "unknown option '%s'", argv[i]);
     }
     skv_model *m; skv_session *s; int32_t *ids; int n;
@@ -134,6 +135,7 @@ int cmd_logits(int argc, char **argv) {
         if (!strcmp(argv[i], "--json")) { g.json = 1; continue; }
         int r = cli_gen_option(&g, argc, argv, &i);
         if (r < 0) return 2;
+        if (r == CLI_DONE) return 0;
         if (r == 0) return cli_usage_error("logits", "unknown option '%s'", argv[i]);
     }
     g.s.sample.temp = 0;

@@ -4,6 +4,8 @@
 
 #include "skv.h"
 
+#include <stdio.h>
+
 #include <math.h>
 #include <string.h>
 
@@ -50,6 +52,21 @@ void view_fit_text(canvas *c, int font, double w, char *buf) {
 
 /* Clears res, draws the title and a centred message, records the message as
  * the last error and returns SKV_EMISSING. */
+const char *view_no_data(const probe_store *st, probe_kind kind, const char *what, char *buf, size_t n) {
+    const probe_ev_run *run = probe_store_run(st);
+    int per_step = kind == PROBE_DECODE_HEAD || kind == PROBE_STEP || kind == PROBE_NEEDLE;
+    if (!run && probe_store_count(st, kind) == 0)
+        snprintf(buf, n, "no %s: no run recorded yet", what);
+    else if (per_step && probe_store_n_steps(st) == 0)
+        snprintf(buf, n, "no %s yet: generate tokens (-n N) and step (n or r)", what);
+    else if (probe_store_count(st, kind) == 0)
+        snprintf(buf, n, "no %s: policy %s records none (skv run --kv help lists the policies)", what,
+                 run && run->kv_policy && run->kv_policy[0] ? run->kv_policy : "?");
+    else
+        snprintf(buf, n, "no %s here: move to another layer, head or step", what);
+    return buf;
+}
+
 int view_message(canvas *c, canvas_rect r, const char *title, const char *msg, paint_result *res) {
     if (res) {
         memset(res, 0, sizeof *res);

@@ -62,6 +62,11 @@ void view_fit_text(canvas *c, int font, double w, char *buf);
  * has no data for it. */
 int view_message(canvas *c, canvas_rect r, const char *title, const char *msg, paint_result *res);
 
+/* Why a view has nothing to draw, for any policy: no run yet, no decode steps
+ * yet (for per-step kinds), or the run's policy records no events of kind
+ * (what names them: "key spectra"). Writes the sentence into buf. */
+const char *view_no_data(const probe_store *st, probe_kind kind, const char *what, char *buf, size_t n);
+
 /* The step a move of d (< 0 back, > 0 forward) goes to, into *ns: forward
  * past the last step (or from "latest") gives -1, follow the latest.
  * Returns 0 when the store has no steps. */

@@ -62,12 +62,8 @@ static int cache_draw(canvas *c, canvas_rect r, const probe_store *st, const vie
         mean[s] = cnt ? sum / cnt : NAN;
     }
     if (!any) {
-        const probe_ev_run *run = probe_store_run(st);
-        rc = view_message(c, r, "Cache hit rate",
-                          !run || !run->kv_policy || strcmp(run->kv_policy, "shadowkv")
-                              ? "no cache data: run with --kv shadowkv and generate tokens (-n N)"
-                              : "no decode steps with a chunk selection yet",
-                          res);
+        char msg[160];
+        rc = view_message(c, r, "Cache hit rate", view_no_data(st, PROBE_DECODE_HEAD, "cache data", msg, sizeof msg), res);
         goto done;
     }
 

@@ -117,12 +117,8 @@ static int chunkmap_draw(canvas *c, canvas_rect r, const probe_store *st, const 
     int layer = clampi(cur->layer, 0, nl > 0 ? nl - 1 : 0), head = clampi(cur->head, 0, nh > 0 ? nh - 1 : 0);
     const probe_ev_prefill_head *ph = probe_store_prefill_head(st, layer, head);
     if (!ph || ph->n_chunks <= 0 || !ph->cos_min) {
-        const probe_ev_run *run = probe_store_run(st);
         char msg[160];
-        if (!run || !run->kv_policy || strcmp(run->kv_policy, "shadowkv") || probe_store_count(st, PROBE_PREFILL_HEAD) == 0)
-            snprintf(msg, sizeof msg, "no ShadowKV prefill data: run with --kv shadowkv");
-        else
-            snprintf(msg, sizeof msg, "no chunk data for layer %d, KV head %d", layer, head);
+        view_no_data(st, PROBE_PREFILL_HEAD, "chunk data", msg, sizeof msg);
         return view_message(c, r, "Chunk map", msg, res);
     }
     int n = ph->n_chunks, step = view_step(st, cur);

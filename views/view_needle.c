@@ -118,7 +118,8 @@ static int needle_draw(canvas *c, canvas_rect r, const probe_store *st, const vi
     int nl = rep->n_layers, nh = rep->n_heads, nw = rep->n_chunks, nx = nh * nw;
     int step = view_step(st, cur), layer = clampi(cur->layer, 0, nl > 0 ? nl - 1 : 0);
     int head = clampi(cur->head, 0, nh > 0 ? nh - 1 : 0);
-    int k = rep->k > 0 ? rep->k : run && run->chunk > 0 ? run->budget / run->chunk : 0;
+    int run_chunk = run ? (int)probe_pairs_get(run->kv_opts, "chunk", 0) : 0;
+    int k = rep->k > 0 ? rep->k : run_chunk > 0 ? run->budget / run_chunk : 0;
     float *v = nl > 0 && nx > 0 ? malloc(sizeof(float) * (size_t)nl * nx) : NULL;
     paint_cellmark *marks = nl > 0 && nx > 0 ? malloc(sizeof *marks * (size_t)nl * nx) : NULL;
     char (*xl)[24] = nx > 0 ? malloc(sizeof *xl * (size_t)nx) : NULL;
@@ -174,9 +175,9 @@ static int needle_draw(canvas *c, canvas_rect r, const probe_store *st, const vi
     if (g->cells)
         snprintf(title, sizeof title, "Needle ranks, step %d (k = %d; outlined: dropped)", step, k);
     else
-        snprintf(title, sizeof title, "Needle ranks at step %d (k = %d): tokens %d-%d, value %s; dense %s, ShadowKV %s",
+        snprintf(title, sizeof title, "Needle ranks at step %d (k = %d): tokens %d-%d, value %s; dense %s, %s %s",
                  step, k, rep->tok_begin, rep->tok_end - 1, rep->value[0] ? rep->value : "?",
-                 rep->dense_hit < 0 ? "?" : rep->dense_hit ? "hit" : "miss",
+                 rep->dense_hit < 0 ? "?" : rep->dense_hit ? "hit" : "miss", rep->policy,
                  rep->sparse_hit < 0 ? "?" : rep->sparse_hit ? "hit" : "miss");
     paint_heatmap hm = {
         .title = title, .v = v, .nx = nx, .ny = nl,

@@ -1,17 +1,19 @@
 /* view_niah.c: the needle-in-a-haystack heatmap, in the style of Figure 6
- * of the ShadowKV paper: for dense attention (left) and ShadowKV (right),
- * one cell per (context length, needle depth) coloured by the share of runs
- * whose answer held the needle's value (0-100%), lengths across, depths
- * down (0% = the needle at the start of the haystack, at the top).
+ * of the ShadowKV paper: one panel per method of the sweep (dense first,
+ * then each KV policy, side by side on one colour scale), one cell per
+ * (context length, needle depth) coloured by the share of runs whose answer
+ * held the needle's value (0-100%), lengths across, depths down (0% = the
+ * needle at the start of the haystack, at the top).
  *
  * It reads only PROBE_NIAH events (skv needle --trace FILE writes them after
- * the probe events of the one case it records in detail); both panels
- * outline that case's cell, so they keep the same layout. res describes the dense panel (area, axes, colour bar),
- * except res->legend, which holds the ShadowKV panel's data area.
+ * the probe events of the one case it records in detail); every panel
+ * outlines that case's cell, so they keep the same layout. res describes the
+ * first panel (area, axes, colour bar), except res->legend, which holds the
+ * second panel's data area (panels are equally wide, so it gives the pitch).
  *
  * Keys: ←/→ and ↑/↓ move a cell cursor over the grid (lengths and depths);
- * the line under the panels reports that cell for both methods. A click on a
- * cell of either panel moves the cursor there. The cell cursor lives in the
+ * the line under the panels reports that cell for every method. A click on a
+ * cell of any panel moves the cursor there. The cell cursor lives in the
  * view cursor's scroll field (length index * 1000 + depth index). */
 #include "skv.h"
 #include "view.h"
@@ -22,6 +24,7 @@
 #include <string.h>
 
 #define NIAH_MAX_AXIS 256   /* distinct lengths or depths shown */
+#define NIAH_MAX_METHODS 8  /* panels: method indices 0..7 */
 
 
 /* The grid: sorted distinct lengths and depths, and per method and cell the
@@ -30,14 +33,16 @@ typedef struct {
     int nx, ny;
     int len[NIAH_MAX_AXIS];
     float dep[NIAH_MAX_AXIS];
-    float *v[2];            /* (ny, nx) per method */
-    int *runs[2];           /* (ny, nx) cases per cell */
-    int hits[2], total[2];
+    int nm;                 /* methods: 1 + the largest method index seen */
+    char name[NIAH_MAX_METHODS][32]; /* the method's policy name */
+    float *v[NIAH_MAX_METHODS];      /* (ny, nx) per method */
+    int *runs[NIAH_MAX_METHODS];     /* (ny, nx) cases per cell */
+    int hits[NIAH_MAX_METHODS], total[NIAH_MAX_METHODS];
     int mark_x, mark_y;     /* the explained case's cell, -1 */
 } niah_grid;
 
 static void grid_free(niah_grid *g) {
-    for (int m = 0; m < 2; m++) { free(g->v[m]); free(g->runs[m]); }
+    for (int m = 0; m < NIAH_MAX_METHODS; m++) { free(g->v[m]); free(g->runs[m]); }
 }
 
 static int find_len(const niah_grid *g, int v) {
@@ -63,14 +68,20 @@ static int grid_build(const probe_store *st, niah_grid *g) {
     int n = probe_store_n_niah(st);
     for (int i = 0; i < n; i++) {
         const probe_ev_niah *e = probe_store_niah(st, i);
+        if (e->method < 0 || e->method >= NIAH_MAX_METHODS) continue;
         if (find_len(g, e->length) < 0 && g->nx < NIAH_MAX_AXIS) g->len[g->nx++] = e->length;
         if (find_dep(g, e->depth) < 0 && g->ny < NIAH_MAX_AXIS) g->dep[g->ny++] = e->depth;
+        if (e->method >= g->nm) g->nm = e->method + 1;
+        if (!g->name[e->method][0] && e->policy && e->policy[0])
+            snprintf(g->name[e->method], sizeof g->name[0], "%s", e->policy);
     }
+    for (int m = 0; m < g->nm; m++)
+        if (!g->name[m][0]) snprintf(g->name[m], sizeof g->name[0], m ? "method %d" : "dense", m);
     if (!g->nx || !g->ny) return SKV_EMISSING;
     qsort(g->len, (size_t)g->nx, sizeof g->len[0], cmp_int);
     qsort(g->dep, (size_t)g->ny, sizeof g->dep[0], cmp_float);
     size_t cells = (size_t)g->nx * g->ny;
-    for (int m = 0; m < 2; m++) {
+    for (int m = 0; m < g->nm; m++) {
         g->v[m] = calloc(cells, sizeof(float));
         g->runs[m] = calloc(cells, sizeof(int));
         if (!g->v[m] || !g->runs[m]) return skv_error(SKV_ENOMEM, "niah view: out of memory");
@@ -78,15 +89,15 @@ static int grid_build(const probe_store *st, niah_grid *g) {
     for (int i = 0; i < n; i++) {
         const probe_ev_niah *e = probe_store_niah(st, i);
         int x = find_len(g, e->length), y = find_dep(g, e->depth), m = e->method;
-        if (x < 0 || y < 0 || m < 0 || m > 1) continue;
+        if (x < 0 || y < 0 || m < 0 || m >= g->nm) continue;
         size_t at = (size_t)y * g->nx + x;
         g->v[m][at] += e->hit ? 100.0f : 0.0f;
         g->runs[m][at]++;
         g->hits[m] += e->hit != 0;
         g->total[m]++;
-        if (e->detail && m == 1) { g->mark_x = x; g->mark_y = y; }
+        if (e->detail && m > 0) { g->mark_x = x; g->mark_y = y; }
     }
-    for (int m = 0; m < 2; m++)
+    for (int m = 0; m < g->nm; m++)
         for (size_t i = 0; i < cells; i++) g->v[m][i] = g->runs[m][i] ? g->v[m][i] / g->runs[m][i] : NAN;
     return 0;
 }
@@ -122,25 +133,24 @@ static int niah_draw(canvas *c, canvas_rect r, const probe_store *st, const view
     for (int i = 0; i < g.nx; i++) { len_label(g.len[i], xl[i], sizeof xl[i]); xt[i] = xl[i]; }
     for (int i = 0; i < g.ny; i++) { snprintf(yl[i], sizeof yl[i], "%g%%", g.dep[i]); yt[i] = yl[i]; }
     const probe_ev_run *run = probe_store_run(st);
-    char title[2][160];
-    for (int m = 0; m < 2; m++) {
+    char title[NIAH_MAX_METHODS][160];
+    for (int m = 0; m < g.nm; m++) {
         double pct = g.total[m] ? 100.0 * g.hits[m] / g.total[m] : 0;
         if (m == 0) snprintf(title[m], sizeof title[m], "Dense attention: %.0f%% retrieved", pct);
-        else if (run && run->kv_policy && !strcmp(run->kv_policy, "shadowkv") && !geo->cells)
-            snprintf(title[m], sizeof title[m], "ShadowKV (budget %d, rank %d): %.0f%% retrieved", run->budget, run->rank, pct);
-        else snprintf(title[m], sizeof title[m], "ShadowKV: %.0f%% retrieved", pct);
+        else if (run && run->kv_policy && !strcmp(run->kv_policy, g.name[m]) && run->budget > 0 && !geo->cells)
+            snprintf(title[m], sizeof title[m], "%s (budget %d at %d tokens): %.0f%% retrieved", g.name[m], run->budget,
+                     run->prompt_len, pct);
+        else snprintf(title[m], sizeof title[m], "%s: %.0f%% retrieved", g.name[m], pct);
     }
     /* One text line under the panels for the cursor's cell. */
     double line_h = geo->cells ? 1 : canvas_line_height(c, CANVAS_FONT_BODY) + geo->pad;
     double ph = r.h - (r.h > 4 * line_h ? line_h : 0);
-    double half = geo->cells ? floor(r.w / 2) : r.w / 2;
-    canvas_rect left = { r.x, r.y, half, ph }, right = { r.x + half, r.y, r.w - half, ph };
-    if (!geo->cells) right.w = half;
+    double pw = geo->cells ? floor(r.w / g.nm) : r.w / g.nm;
     int cx, cy;
     cell_of(cur, &g, &cx, &cy);
     paint_cellmark mk = { g.mark_x, g.mark_y };
-    paint_result lres, rres;
-    for (int m = 0; m < 2 && !rc; m++) {
+    paint_result lres, rres = {0};
+    for (int m = 0; m < g.nm && !rc; m++) {
         paint_heatmap h = {
             .title = title[m], .v = g.v[m], .nx = g.nx, .ny = g.ny,
             .x = { .label = "context length", .unit = "tokens" }, .y = { .label = "needle depth" },
@@ -149,14 +159,19 @@ static int niah_draw(canvas *c, canvas_rect r, const probe_store *st, const view
             .marks = g.mark_x >= 0 ? &mk : NULL, .n_marks = g.mark_x >= 0 ? 1 : 0,
             .mark_label = geo->cells ? "traced" : "case recorded in detail", .annotate = "%.0f",
         };
-        rc = paint_draw_heatmap(c, m ? right : left, &h, m ? &rres : &lres);
+        canvas_rect pr = { r.x + m * pw, r.y, m == g.nm - 1 && geo->cells ? r.w - m * pw : pw, ph };
+        paint_result tmp;
+        rc = paint_draw_heatmap(c, pr, &h, m == 0 ? &lres : m == 1 ? &rres : &tmp);
     }
     if (!rc && ph < r.h) {
         size_t at = (size_t)cy * g.nx + cx;
-        char line[256], ln[16];
+        char line[512], ln[16];
         len_label(g.len[cx], ln, sizeof ln);
-        snprintf(line, sizeof line, "length %s, depth %g%%: dense %.0f%%, shadowkv %.0f%% of %d run%s", ln, g.dep[cy],
-                 g.v[0][at], g.v[1][at], g.runs[1][at], g.runs[1][at] == 1 ? "" : "s");
+        int len = snprintf(line, sizeof line, "length %s, depth %g%%:", ln, g.dep[cy]);
+        for (int m = 0; m < g.nm && len < (int)sizeof line; m++)
+            len += snprintf(line + len, sizeof line - len, "%s %s %.0f%%", m ? "," : "", g.name[m], g.v[m][at]);
+        if (len < (int)sizeof line)
+            snprintf(line + len, sizeof line - len, " of %d run%s", g.runs[0][at], g.runs[0][at] == 1 ? "" : "s");
         canvas_rect old = canvas_clip(c, r);
         canvas_text(c, r.x + (geo->cells ? 0 : geo->pad), r.y + r.h - line_h / 2, line, CANVAS_FONT_BODY,
                     CANVAS_LEFT | CANVAS_MIDDLE, th->fg);
@@ -189,11 +204,14 @@ static int niah_move(view_cursor *cur, const probe_store *st, int dx, int dy) {
 
 static int niah_click(view_cursor *cur, const probe_store *st, const paint_result *res, double x, double y) {
     niah_grid g;
-    int rc = grid_build(st, &g), nx = g.nx, ny = g.ny;
+    int rc = grid_build(st, &g), nx = g.nx, ny = g.ny, nm = g.nm;
     grid_free(&g);
     if (rc) return 0;
-    for (int m = 0; m < 2; m++) {
-        const canvas_rect *a = m ? &res->legend : &res->area;
+    double pitch = nm > 1 ? res->legend.x - res->area.x : 0;
+    for (int m = 0; m < nm; m++) {
+        canvas_rect pa = res->area;
+        pa.x += m * pitch;
+        const canvas_rect *a = &pa;
         if (a->w <= 0 || a->h <= 0 || x < a->x || x >= a->x + a->w || y < a->y || y >= a->y + a->h) continue;
         int v = (int)floor((x - a->x) / a->w * nx) * 1000 + (int)floor((y - a->y) / a->h * ny);
         int changed = v != cur->scroll;
@@ -206,7 +224,7 @@ static int niah_click(view_cursor *cur, const probe_store *st, const paint_resul
 const view_class view_niah = {
     .name = "niah",
     .title = "NIAH",
-    .help = "needle-in-a-haystack heatmap, context length x needle depth, dense beside shadowkv (skv needle --trace)",
+    .help = "needle-in-a-haystack heatmap, context length x needle depth, one panel per method (skv needle --trace)",
     .draw = niah_draw,
     .move = niah_move,
     .click = niah_click,

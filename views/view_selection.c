@@ -125,10 +125,8 @@ static int selection_draw(canvas *c, canvas_rect r, const probe_store *st, const
     int n = chunk_count(st, layer, head), any = 0;
     for (int s = 0; s < n_steps && !any; s++) any = probe_store_decode(st, s, layer, head) != NULL;
     if (!any || n <= 0) {
-        const probe_ev_run *run = probe_store_run(st);
-        const char *msg = !run || !run->kv_policy || strcmp(run->kv_policy, "shadowkv")
-                              ? "no chunk selections: run with --kv shadowkv and generate tokens (-n N)"
-                              : "no decode steps with a chunk selection yet";
+        char msg[160];
+        view_no_data(st, PROBE_DECODE_HEAD, "chunk selections", msg, sizeof msg);
         return view_message(c, r, "Chunk selection", msg, res);
     }
     int step = view_step(st, cur);

@@ -45,13 +45,9 @@ static int spectrum_draw(canvas *c, canvas_rect r, const probe_store *st, const 
     int nl = probe_store_n_layers(st);
     int layer = clampi(cur->layer, 0, nl > 0 ? nl - 1 : 0);
     const probe_ev_prefill_layer *pl = probe_store_prefill_layer(st, layer);
-    const probe_ev_run *run = probe_store_run(st);
     if (!pl || pl->n_sv <= 0 || !pl->sv) {
         char msg[160];
-        if (!run || !run->kv_policy || strcmp(run->kv_policy, "shadowkv") || probe_store_count(st, PROBE_PREFILL_LAYER) == 0)
-            snprintf(msg, sizeof msg, "no ShadowKV prefill data: run with --kv shadowkv");
-        else
-            snprintf(msg, sizeof msg, "no ShadowKV prefill data for layer %d", layer);
+        view_no_data(st, PROBE_PREFILL_LAYER, "key spectrum", msg, sizeof msg);
         return view_message(c, r, "Key spectrum", msg, res);
     }
 

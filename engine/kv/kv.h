@@ -1,6 +1,9 @@
-/* kv.h: the KV-cache interface. A policy owns the cached keys and values of
- * every layer and computes attention over them, so a policy that compresses
- * or selects (ShadowKV) plugs in behind the same calls as the dense one.
+/* kv.h: the KV-cache interface and the registry of KV policies, the other
+ * axis of skv. A policy owns the cached keys and values of every layer and
+ * computes attention over them, so a policy that compresses or selects
+ * (ShadowKV) plugs in behind the same calls as the dense one. Each policy is
+ * one file with one const kv_class: its name, summary, options (parsed
+ * generically), stats (named numbers) and calls; kv.c lists them.
  *
  * Per layer the forward pass calls append() with the new tokens' keys and
  * values, then attend() with their queries. After the whole prompt has gone
@@ -13,6 +16,7 @@
 #include "rope.h"
 
 #include <stddef.h>
+#include <stdio.h>
 
 typedef struct probe_bus probe_bus;
 
@@ -24,9 +28,51 @@ typedef struct {
 } kv_shape;
 
 typedef struct kv_cache kv_cache;
+typedef struct kv_opts kv_opts;
 
+/* ---- the registry: one const kv_class per policy -------------------------- */
+
+typedef enum {
+    KV_OPT_INT,               /* an integer in [lo, hi] */
+    KV_OPT_FLOAT,             /* a number in [lo, hi] */
+    KV_OPT_FLAG,              /* 0 or 1; its flag takes no value */
+} kv_opt_type;
+
+/* One option of a policy: parsed generically from --kv-opt key=value and
+ * from the policy's own flag. */
 typedef struct {
-    const char *name;
+    const char *key;          /* "rank" */
+    const char *flag;         /* "--rank", or NULL */
+    kv_opt_type type;
+    double def, lo, hi;
+    const char *help;         /* one line */
+} kv_opt_def;
+
+/* One named numeric statistic a policy reports (kv_class.stats fills them
+ * in this order). Keys other code may look up by name, when the policy has
+ * them: hits, misses, hit_rate (cumulative chunk/page cache), step_hits,
+ * step_misses, step_fetches, step_fetch_bytes (the last decode step, summed
+ * over layers and KV heads), fetch_bytes (cumulative), rank, chunk. */
+typedef struct {
+    const char *key;          /* "hit_rate" */
+    const char *unit;         /* "%", "B", "chunks", "x", "" */
+    const char *help;
+} kv_stat_def;
+
+#define KV_MAX_STATS 32
+
+typedef struct kv_class {
+    const char *name;         /* what --kv takes: "dense", "shadowkv" */
+    const char *summary;      /* one line for --kv help */
+    const kv_opt_def *opts;   /* (n_opts) */
+    int n_opts;
+    int budgeted;             /* 1: honours the shared --budget (tokens attended per KV head) */
+    const kv_stat_def *stat_defs; /* (n_stats <= KV_MAX_STATS) */
+    int n_stats;
+    /* Creates a cache of this policy; its options are read with kv_opt(). */
+    int (*create)(const kv_opts *o, const kv_shape *shape, kv_cache **out);
+
+    /* ---- the instance's calls ---- */
     /* Stores n tokens at positions pos..pos+n-1 of layer. k_pre: pre-RoPE keys,
      * k: post-RoPE keys, v: values, each (n, n_kv_heads*head_dim). */
     int (*append)(kv_cache *c, int layer, int pos, int n, const float *k_pre, const float *k, const float *v);
@@ -37,31 +83,54 @@ typedef struct {
     int (*end_prefill)(kv_cache *c);
     /* Bytes held resident (fast memory) and offloaded (slow memory). */
     void (*bytes)(const kv_cache *c, size_t *resident, size_t *offloaded);
+    /* val (n_stats) in the order of stat_defs; NaN for one not known yet. May be NULL with n_stats 0. */
+    void (*stats)(const kv_cache *c, double *val);
     void (*free)(kv_cache *c);
 } kv_class;
 
 struct kv_cache {
-    const kv_class *cls;
+    const kv_class *cls;      /* the calls */
+    const kv_class *policy;   /* the registered policy whose options and stats describe this cache
+                                 (cls itself, or the wrapped policy's for a wrapper such as the tap) */
     kv_shape shape;
     probe_bus *bus;           /* may be NULL */
     int step;                 /* decode step (-1 during prefill), for probes */
     char notice[256];         /* a message for the user (budget shrunk, fallback), or "" */
 };
 
-/* KV options shared by every command that generates. Budget is in tokens,
- * local in chunks, as in the ShadowKV reference code. */
-typedef struct {
-    char policy[16];          /* "dense" or "shadowkv" */
-    int rank, chunk, budget, outliers, local;
+/* Registered policies, in the order --kv help lists them (dense first). */
+int kv_policy_count(void);
+const kv_class *kv_policy_at(int i);
+/* The policy called name; NULL with a message listing the names. */
+const kv_class *kv_policy_find(const char *name);
+/* The definition of key in policy p, or NULL. */
+const kv_opt_def *kv_policy_opt(const kv_class *p, const char *key);
+
+/* ---- options ------------------------------------------------------------------- */
+
+#define KV_MAX_SET 24
+
+/* The KV options of every command that generates. Shared by all policies:
+ * the budget (tokens attended per KV head, or a share of the prompt), the
+ * oracle and the needle watch. Each policy's own options are key/value pairs
+ * set by name, read with kv_opt() (the policy's default when unset). */
+struct kv_opts {
+    char policy[64];          /* a registered name */
+    int budget;               /* tokens attended per KV head (policies with budgeted = 1) */
     float budget_pct;         /* > 0: the budget is this percent of the prompt (--budget 3%), budget unused */
-    int plus;                 /* ShadowKV+: project generated keys onto the prefill basis */
-    int oracle;               /* exact attention beside the sparse one, for diagnostics */
-    /* Needle watch: prompt token positions [watch_begin, watch_end) whose
-     * chunks the ShadowKV policy reports in PROBE_NEEDLE events, at the end
-     * of prefill and at every decode step (engine/needle.h). None when
-     * watch_end <= watch_begin (kv_opts_default leaves both 0). */
+    int oracle;               /* exact attention beside the policy, for diagnostics */
+    /* Needle watch: prompt token positions [watch_begin, watch_end) that a
+     * policy reports in PROBE_NEEDLE events, at the end of prefill and at
+     * every decode step (engine/needle.h). None when watch_end <= watch_begin
+     * (kv_opts_default leaves both 0). */
     int watch_begin, watch_end;
-} kv_opts;
+    int n_set;
+    struct {
+        char key[24];
+        double val;
+        int strict;           /* 1: set by --kv-opt, so the policy in force must have it */
+    } set[KV_MAX_SET];
+};
 
 /* The sparse budget in tokens for a prompt of prompt_len tokens: budget, or
  * budget_pct of the prompt rounded to the nearest token (at least 1). */
@@ -69,13 +138,44 @@ int kv_budget_tokens(const kv_opts *o, int prompt_len);
 
 void kv_opts_default(kv_opts *o);
 
-/* Creates the policy o->policy names. */
+/* Sets policy option key from text. The key must be an option of some
+ * registered policy, and the value valid for it (a flag takes "", 0 or 1);
+ * strict marks a --kv-opt, which the policy in force must have. 0, or
+ * SKV_EINVAL with a one-line message. */
+int kv_opts_set(kv_opts *o, const char *key, const char *value, int strict);
+
+/* kv_opts_set with a number (programs and tests), not strict. */
+int kv_opts_set_num(kv_opts *o, const char *key, double v);
+
+/* Parses "key=value" (a --kv-opt argument) with kv_opts_set(strict = 1). */
+int kv_opts_set_pair(kv_opts *o, const char *pair);
+
+/* The value of key for policy p: the value set, else p's default. key must
+ * be one of p's options (asserted). */
+double kv_opt(const kv_opts *o, const kv_class *p, const char *key);
+static inline int kv_opt_int(const kv_opts *o, const kv_class *p, const char *key) { return (int)kv_opt(o, p, key); }
+
+/* The options in force for p as "budget=64 rank=16 ..." (the budget in tokens
+ * for a prompt of prompt_len; only for budgeted policies), into buf. */
+void kv_opts_describe(const kv_opts *o, const kv_class *p, int prompt_len, char *buf, size_t n);
+
+/* Prints the registered policies and their options (skv run --kv help). */
+void kv_policies_help(FILE *out);
+
+/* Creates the policy o->policy names; SKV_EINVAL when a strict option is not
+ * one of its own. */
 int kv_new(const kv_opts *o, const kv_shape *shape, kv_cache **out);
 
-/* The ShadowKV policy (engine/kv_shadowkv.c). */
-int kv_shadowkv_new(const kv_opts *o, const kv_shape *shape, kv_cache **out);
+/* The statistic key of c (by the policy's stats table), or NaN when the
+ * policy has no such statistic. */
+double kv_stat(const kv_cache *c, const char *key);
 
-/* The dense policy: full keys and values, exact attention. */
+/* The stats of c as "key=value ..." (values as %g), into buf. */
+void kv_stats_describe(const kv_cache *c, char *buf, size_t n);
+
+extern const kv_class kv_policy_dense, kv_policy_shadowkv;
+
+/* A dense cache (the oracle's exact twin, tests). */
 int kv_dense_new(const kv_shape *shape, kv_cache **out);
 
 /* A wrapper that records one layer's keys, values and last query while

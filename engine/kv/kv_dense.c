@@ -94,8 +94,15 @@ static void dense_free(kv_cache *base) {
     free(c);
 }
 
-static const kv_class kv_dense_class = {
+static int dense_create(const kv_opts *o, const kv_shape *shape, kv_cache **out) {
+    (void)o;
+    return kv_dense_new(shape, out);
+}
+
+const kv_class kv_policy_dense = {
     .name = "dense",
+    .summary = "every key and value kept, exact attention (the reference)",
+    .create = dense_create,
     .append = dense_append,
     .attend = dense_attend,
     .end_prefill = dense_end_prefill,
@@ -106,7 +113,7 @@ static const kv_class kv_dense_class = {
 int kv_dense_new(const kv_shape *shape, kv_cache **out) {
     kv_dense *c = calloc(1, sizeof *c);
     if (!c) return skv_error(SKV_ENOMEM, "out of memory");
-    c->base.cls = &kv_dense_class;
+    c->base.cls = c->base.policy = &kv_policy_dense;
     c->base.shape = *shape;
     if (!c->base.shape.be) c->base.shape.be = &skv_backend_cpu;
     c->base.step = -1;

@@ -78,9 +78,15 @@ typedef struct {
     float recall_sel, recall_sparse;
 } sk_scratch;
 
+/* The policy's own options (kv_opt_defs below), read once at creation. */
+typedef struct {
+    int rank, chunk, outliers, local, plus;
+} sk_opts;
+
 typedef struct {
     kv_cache base;
-    kv_opts o;
+    kv_opts o;             /* the shared options (budget, oracle, needle watch) */
+    sk_opts so;
     int h, d, kvd, group;  /* KV heads, head dim, h*d, query heads per KV head */
     int prefilled;
     int s, c, n_chunks;    /* prompt tokens, tokens per chunk, full chunks */
@@ -110,7 +116,6 @@ typedef struct {
     float *w_o;            /* (head_dim) exact attention output of one query head */
 } kv_sk;
 
-static const kv_class kv_shadowkv_class;
 
 /* Appends "; msg" (or msg) to the user-visible notice. */
 static void notice_add(kv_sk *c, const char *fmt, ...) __attribute__((format(printf, 2, 3)));
@@ -208,7 +213,7 @@ static int sk_append(kv_cache *base, int layer, int pos, int n, const float *k_p
         L->n = pos + 1;
     }
     const float *key = k;
-    if (c->o.plus) { /* ShadowKV+: project the pre-RoPE key onto the prefill basis, then rotate */
+    if (c->so.plus) { /* ShadowKV+: project the pre-RoPE key onto the prefill basis, then rotate */
         base->shape.be->project(L->Vt, c->r, c->kvd, k_pre, c->proj, c->coef);
         base->shape.be->rope(base->shape.rope, c->proj, 1, c->h, pos);
         key = c->proj;
@@ -550,7 +555,8 @@ static int decode_layer(kv_sk *c, int layer, const float *q, float *out) {
             probe_event ev = {
                 .kind = PROBE_DECODE_HEAD,
                 .decode_head = {
-                    .step = c->base.step, .layer = layer, .head = kh,
+                    .step = c->base.step, .layer = layer, .head = kh, .block = c->c,
+                    .fetch_bytes = (uint64_t)nm * c->c * c->d * sizeof(float),
                     .n_sel = k, .hits = k - nm, .misses = nm,
                     .has_oracle = c->o.oracle,
                     .recall = c->o.oracle ? S->recall_sel : 0,
@@ -625,8 +631,8 @@ static int build_layer(kv_sk *c, int layer, sk_build *B) {
     double p0 = spans ? probe_time(bus) : 0;
     L->U = skv_malloc(sizeof(float) * (size_t)s * r);
     L->SVt = skv_malloc(sizeof(float) * (size_t)r * kvd);
-    if (c->o.plus) L->Vt = skv_malloc(sizeof(float) * (size_t)r * kvd);
-    if (!L->U || !L->SVt || (c->o.plus && !L->Vt))
+    if (c->so.plus) L->Vt = skv_malloc(sizeof(float) * (size_t)r * kvd);
+    if (!L->U || !L->SVt || (c->so.plus && !L->Vt))
         return skv_error(SKV_ENOMEM, "shadowkv: out of memory for the rank-%d factors of layer %d", r, layer);
     const skv_backend *be = c->base.shape.be;
     int rc = be->svd(L->kpre, s, kvd, r, L->U, B->svt, L->Vt, B->sv, &L->rel_err);
@@ -797,19 +803,19 @@ static int sk_end_prefill(kv_cache *base) {
     if (s < 1) return skv_error(SKV_EINVAL, "shadowkv: end_prefill with an empty prompt");
     base->notice[0] = 0;
     c->s = s;
-    c->c = c->o.chunk;
+    c->c = c->so.chunk;
     c->n_chunks = s / c->c;
-    c->local_start = c->n_chunks > c->o.local ? c->n_chunks - c->o.local : 0;
+    c->local_start = c->n_chunks > c->so.local ? c->n_chunks - c->so.local : 0;
     c->n_local = s - c->local_start * c->c;
-    c->n_out = c->o.outliers < c->local_start ? c->o.outliers : c->local_start;
+    c->n_out = c->so.outliers < c->local_start ? c->so.outliers : c->local_start;
     c->n_cand = c->local_start - c->n_out;
     int budget = kv_budget_tokens(&c->o, s);
     int want_k = budget / c->c;
     c->k = want_k < c->n_cand ? want_k : c->n_cand;
     int max_r = s < c->kvd ? s : c->kvd;
-    c->r = c->o.rank < max_r ? c->o.rank : max_r;
-    if (c->o.rank > max_r)
-        notice_add(c, "shadowkv: rank %d > min(%d tokens, %d = kv_heads*head_dim); using %d", c->o.rank, s, c->kvd,
+    c->r = c->so.rank < max_r ? c->so.rank : max_r;
+    if (c->so.rank > max_r)
+        notice_add(c, "shadowkv: rank %d > min(%d tokens, %d = kv_heads*head_dim); using %d", c->so.rank, s, c->kvd,
                    c->r);
     if (c->n_cand == 0)
         notice_add(c,
@@ -870,7 +876,7 @@ static void parts(const kv_sk *c, kv_shadowkv_stats *st) {
             continue;
         }
         st->b_U += (size_t)c->s * c->r * f;
-        st->b_SVt += (size_t)c->r * c->kvd * f * (c->o.plus ? 2 : 1);
+        st->b_SVt += (size_t)c->r * c->kvd * f * (c->so.plus ? 2 : 1);
         st->b_landmarks += h * c->n_cand * d * f;
         st->b_outliers += 2 * h * c->n_out * cc * d * f;
         st->b_local += 2 * h * c->n_local * d * f;
@@ -891,12 +897,12 @@ static void sk_bytes(const kv_cache *base, size_t *resident, size_t *offloaded) 
 }
 
 int kv_shadowkv_stats_get(const kv_cache *base, kv_shadowkv_stats *st) {
-    if (!base || base->cls != &kv_shadowkv_class)
+    if (!base || base->cls != &kv_policy_shadowkv)
         return skv_error(SKV_EINVAL, "KV stats: the cache is not a shadowkv cache");
     const kv_sk *c = (const kv_sk *)base;
     memset(st, 0, sizeof *st);
     st->prefilled = c->prefilled;
-    st->chunk = c->o.chunk;
+    st->chunk = c->so.chunk;
     st->oracle_recall_sel = st->oracle_recall_sparse = -1;
     parts(c, st);
     if (!c->prefilled) {
@@ -936,7 +942,7 @@ int kv_shadowkv_stats_get(const kv_cache *base, kv_shadowkv_stats *st) {
 }
 
 float kv_shadowkv_rel_err(const kv_cache *base, int layer) {
-    if (!base || base->cls != &kv_shadowkv_class) return -1;
+    if (!base || base->cls != &kv_policy_shadowkv) return -1;
     const kv_sk *c = (const kv_sk *)base;
     if (!c->prefilled || layer < 0 || layer >= base->shape.n_layers) return -1;
     return c->L[layer].rel_err;
@@ -971,32 +977,112 @@ static void sk_free(kv_cache *base) {
     free(c);
 }
 
-static const kv_class kv_shadowkv_class = {
+/* The policy's stats, in the order sk_stats fills them. */
+static const kv_stat_def sk_stat_defs[] = {
+    {"prompt_len", "tokens", "tokens in the prompt"},
+    {"rank", "", "SVD rank r of the pre-RoPE keys actually used"},
+    {"chunk", "tokens", "tokens per chunk"},
+    {"n_chunks", "chunks", "full chunks in the prompt"},
+    {"local_tokens", "tokens", "dense local window (local chunks + the s mod c tail)"},
+    {"outliers", "chunks", "outlier chunks kept dense per KV head"},
+    {"candidates", "chunks", "chunks per KV head that can be selected"},
+    {"k", "chunks", "chunks selected per KV head and step"},
+    {"generated", "tokens", "tokens appended after the prompt"},
+    {"steps", "", "decode steps attended"},
+    {"hits", "chunks", "chunk cache hits, all layers, heads and steps"},
+    {"misses", "chunks", "chunk cache misses"},
+    {"hit_rate", "%", "hits / (hits + misses)"},
+    {"fetch_bytes", "B", "value bytes fetched from the offload store"},
+    {"step_hits", "chunks", "cache hits of the last decode step"},
+    {"step_misses", "chunks", "cache misses of the last decode step"},
+    {"step_fetches", "chunks", "chunks fetched in the last decode step"},
+    {"step_fetch_bytes", "B", "bytes fetched in the last decode step"},
+    {"resident", "B", "bytes resident (U, SVt, landmarks, outliers, local, generated, cache slots)"},
+    {"offloaded", "B", "bytes in the offload store (the candidates' values)"},
+    {"svd_err_mean", "", "relative SVD error of the pre-RoPE keys, mean over layers"},
+    {"svd_err_max", "", "relative SVD error, max over layers"},
+    {"recall_sel", "%", "oracle: exact attention mass on the selected chunks (mean)"},
+    {"recall_sparse", "%", "oracle: exact attention mass on the whole sparse set (mean)"},
+    {"equiv_bw_x", "x", "paper's equivalent bandwidth at the measured hit rate, in units of HBM (HBM/PCIe = 62.5)"},
+    {"mem_saving_x", "x", "paper's memory saving over dense"},
+};
+
+static void sk_stats(const kv_cache *base, double *v) {
+    kv_shadowkv_stats st;
+    kv_shadowkv_stats_get(base, &st);
+    double hm = (double)st.hits + st.misses, alpha = hm > 0 ? st.hits / hm : 0;
+    /* The paper's formulas (DESIGN.md), with M floats per K or V vector and the
+     * paper's A100-class HBM/PCIe ratio. */
+    double M = (double)base->shape.n_kv_heads * base->shape.head_dim;
+    double S = st.prompt_len, C = st.chunk, K = st.k, O = st.outliers, r = st.rank;
+    const double hbm_over_pcie = 2.0e12 / 32e9;
+    double eq_bw = 2 * S / (S / C + 2 * (K + O) * C + (1 - alpha) * K * C * hbm_over_pcie);
+    double saving = 2 * S * M / (S * M / C + 2 * (K + O) * C * M + S * r + r * M);
+    double out[] = {
+        st.prompt_len, st.rank, st.chunk, st.n_chunks, st.local_tokens, st.outliers, st.candidates, st.k,
+        st.generated, st.steps, (double)st.hits, (double)st.misses, hm > 0 ? 100 * alpha : NAN,
+        (double)st.fetch_bytes, (double)st.step_hits, (double)st.step_misses, (double)st.step_fetches,
+        (double)st.step_fetch_bytes, (double)st.resident, (double)st.offloaded, st.rel_err_mean, st.rel_err_max,
+        st.oracle_recall_sel >= 0 ? 100 * st.oracle_recall_sel : NAN,
+        st.oracle_recall_sparse >= 0 ? 100 * st.oracle_recall_sparse : NAN,
+        st.prefilled ? eq_bw : NAN, st.prefilled ? saving : NAN,
+    };
+    _Static_assert(sizeof out / sizeof out[0] == sizeof sk_stat_defs / sizeof sk_stat_defs[0], "one value per stat");
+    memcpy(v, out, sizeof out);
+}
+
+/* Options and defaults of the ShadowKV reference code. */
+static const kv_opt_def sk_opt_defs[] = {
+    {"rank", "--rank", KV_OPT_INT, 160, 1, 1 << 16, "SVD rank of the pre-RoPE keys"},
+    {"chunk", "--chunk", KV_OPT_INT, 8, 1, 4096, "tokens per chunk"},
+    {"outliers", "--outliers", KV_OPT_INT, 48, 0, 1 << 24, "outlier chunks kept dense per KV head"},
+    {"local", "--local", KV_OPT_INT, 4, 0, 1 << 24, "chunks of the dense local window"},
+    {"plus", "--shadowkv-plus", KV_OPT_FLAG, 0, 0, 1, "ShadowKV+: project generated keys onto the prefill basis"},
+};
+
+static int sk_create(const kv_opts *o, const kv_shape *shape, kv_cache **out) {
+    return kv_shadowkv_new(o, shape, out);
+}
+
+const kv_class kv_policy_shadowkv = {
     .name = "shadowkv",
+    .summary = "low-rank pre-RoPE keys, offloaded values, top-k chunks by landmark score (Sun et al., ICML 2025)",
+    .opts = sk_opt_defs,
+    .n_opts = sizeof sk_opt_defs / sizeof sk_opt_defs[0],
+    .budgeted = 1,
+    .stat_defs = sk_stat_defs,
+    .n_stats = sizeof sk_stat_defs / sizeof sk_stat_defs[0],
+    .create = sk_create,
     .append = sk_append,
     .attend = sk_attend,
     .end_prefill = sk_end_prefill,
     .bytes = sk_bytes,
+    .stats = sk_stats,
     .free = sk_free,
 };
 
 int kv_shadowkv_new(const kv_opts *o, const kv_shape *shape, kv_cache **out) {
     *out = NULL;
-    if (o->chunk < 1 || o->rank < 1 || o->budget < 0 || o->outliers < 0 || o->local < 0)
+    const kv_class *p = &kv_policy_shadowkv;
+    sk_opts so = {.rank = kv_opt_int(o, p, "rank"), .chunk = kv_opt_int(o, p, "chunk"),
+                  .outliers = kv_opt_int(o, p, "outliers"), .local = kv_opt_int(o, p, "local"),
+                  .plus = kv_opt_int(o, p, "plus")};
+    if (so.chunk < 1 || so.rank < 1 || o->budget < 0 || so.outliers < 0 || so.local < 0)
         return skv_error(SKV_EINVAL,
                          "shadowkv: options need chunk >= 1 and rank >= 1, budget, outliers and local >= 0 "
                          "(got chunk %d, rank %d, budget %d, outliers %d, local %d)",
-                         o->chunk, o->rank, o->budget, o->outliers, o->local);
+                         so.chunk, so.rank, o->budget, so.outliers, so.local);
     if (shape->n_kv_heads < 1 || shape->n_heads % shape->n_kv_heads || !shape->rope || shape->head_dim < 1)
         return skv_error(SKV_EINVAL, "shadowkv: %d query heads do not split into %d KV heads, or no RoPE context",
                          shape->n_heads, shape->n_kv_heads);
     kv_sk *c = calloc(1, sizeof *c);
     if (!c) return skv_error(SKV_ENOMEM, "out of memory");
-    c->base.cls = &kv_shadowkv_class;
+    c->base.cls = c->base.policy = &kv_policy_shadowkv;
     c->base.shape = *shape;
     if (!c->base.shape.be) c->base.shape.be = &skv_backend_cpu;
     c->base.step = -1;
     c->o = *o;
+    c->so = so;
     c->h = shape->n_kv_heads;
     c->d = shape->head_dim;
     c->kvd = c->h * c->d;

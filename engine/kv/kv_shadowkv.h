@@ -44,6 +44,9 @@ typedef struct {
     double oracle_recall_sel, oracle_recall_sparse;
 } kv_shadowkv_stats;
 
+/* Creates a ShadowKV cache (kv_new does it for --kv shadowkv). */
+int kv_shadowkv_new(const kv_opts *o, const kv_shape *shape, kv_cache **out);
+
 /* Fills st from c; SKV_EINVAL if c is not a ShadowKV cache. */
 int kv_shadowkv_stats_get(const kv_cache *c, kv_shadowkv_stats *st);
 

@@ -73,8 +73,14 @@ static void tap_free(kv_cache *b) {
     free(t);
 }
 
+static void tap_stats(const kv_cache *b, double *val) {
+    const kv_tap *t = (const kv_tap *)b;
+    if (t->inner->policy->n_stats) t->inner->cls->stats(t->inner, val);
+}
+
 static const kv_class kv_tap_class = {
     .name = "tap",
+    .stats = tap_stats,
     .append = tap_append,
     .attend = tap_attend,
     .end_prefill = tap_end_prefill,
@@ -86,6 +92,7 @@ int kv_tap_new(kv_cache *inner, int layer, kv_cache **out) {
     kv_tap *t = calloc(1, sizeof *t);
     if (!t) return skv_error(SKV_ENOMEM, "out of memory");
     t->base.cls = &kv_tap_class;
+    t->base.policy = inner->policy; /* options and stats are the wrapped policy's */
     t->base.shape = inner->shape;
     t->base.bus = inner->bus;
     t->base.step = -1;

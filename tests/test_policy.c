@@ -1,0 +1,74 @@
+/* test_policy.c: the registry of KV policies: lookup, option tables parsed
+ * generically (ranges, flags, defaults, the strict --kv-opt rule), the
+ * description carried by the run event, and stats read by name. */
+#include "kv.h"
+#include "probe.h"
+#include "skv.h"
+#include "testhelp.h"
+
+#include <math.h>
+
+int main(void) {
+    test_cond("the registry lists dense first, then shadowkv",
+              kv_policy_count() >= 2 && !strcmp(kv_policy_at(0)->name, "dense") &&
+                  !strcmp(kv_policy_at(1)->name, "shadowkv"));
+    int ok = 1;
+    for (int i = 0; i < kv_policy_count(); i++) {
+        const kv_class *p = kv_policy_at(i);
+        ok &= p->summary && *p->summary && p->create && p->append && p->attend && p->end_prefill && p->bytes &&
+              p->free && (p->n_stats == 0 || p->stats) && p->n_stats <= KV_MAX_STATS && kv_policy_find(p->name) == p;
+        for (int j = 0; j < p->n_opts; j++) {
+            const kv_opt_def *d = &p->opts[j];
+            ok &= d->key && d->help && d->lo <= d->def && d->def <= d->hi && kv_policy_opt(p, d->key) == d;
+        }
+    }
+    test_cond("every policy has a summary, its calls, and options whose defaults lie in their ranges", ok);
+    test_cond("an unknown policy is refused, listing the known ones",
+              !kv_policy_find("quux") && strstr(skv_last_error(), "'quux'") && strstr(skv_last_error(), "shadowkv"));
+
+    const kv_class *sk = kv_policy_find("shadowkv");
+    kv_opts o;
+    kv_opts_default(&o);
+    test_cond("defaults are the ShadowKV reference code's", kv_opt(&o, sk, "rank") == 160 && kv_opt(&o, sk, "chunk") == 8 &&
+                                                              kv_opt(&o, sk, "outliers") == 48 && kv_opt(&o, sk, "local") == 4 &&
+                                                              kv_opt(&o, sk, "plus") == 0 && o.budget == 2048);
+    test_cond("a set value is read back", kv_opts_set(&o, "rank", "16", 0) == 0 && kv_opt(&o, sk, "rank") == 16);
+    test_cond("setting a key twice keeps one entry", kv_opts_set(&o, "rank", "24", 0) == 0 && o.n_set == 1 &&
+                                                          kv_opt(&o, sk, "rank") == 24);
+    test_cond("a flag takes no value", kv_opts_set(&o, "plus", "", 0) == 0 && kv_opt(&o, sk, "plus") == 1);
+    test_cond("a flag refuses other words", kv_opts_set(&o, "plus", "maybe", 0) == SKV_EINVAL &&
+                                                 strstr(skv_last_error(), "flag"));
+    test_cond("an integer option refuses 2.5", kv_opts_set(&o, "chunk", "2.5", 0) == SKV_EINVAL &&
+                                                    strstr(skv_last_error(), "integer"));
+    test_cond("an out-of-range value names the range", kv_opts_set(&o, "chunk", "5000", 0) == SKV_EINVAL &&
+                                                           strstr(skv_last_error(), "[1, 4096]"));
+    test_cond("an unknown key is refused", kv_opts_set(&o, "ranks", "1", 0) == SKV_EINVAL &&
+                                               strstr(skv_last_error(), "'ranks'"));
+    test_cond("key=value parses", kv_opts_set_pair(&o, "outliers=3") == 0 && kv_opt(&o, sk, "outliers") == 3);
+    test_cond("a pair without = is refused", kv_opts_set_pair(&o, "outliers") == SKV_EINVAL);
+
+    char buf[256];
+    o.budget_pct = 10;
+    kv_opts_describe(&o, sk, 500, buf, sizeof buf);
+    test_cond("the description lists the budget in tokens and every option", !strcmp(buf, "budget=50 rank=24 chunk=8 outliers=3 local=4 plus=1"));
+    test_cond("and reads back by key", probe_pairs_get(buf, "outliers", -1) == 3 && probe_pairs_get(buf, "budget", -1) == 50 &&
+                                           probe_pairs_get(buf, "rank", -1) == 24 && probe_pairs_get(buf, "ran", -1) == -1 &&
+                                           probe_pairs_get(NULL, "rank", -1) == -1);
+    kv_opts_describe(&o, kv_policy_find("dense"), 500, buf, sizeof buf);
+    test_cond("dense has no options to describe", buf[0] == 0);
+
+    /* The strict rule: a --kv-opt the chosen policy lacks is refused by kv_new. */
+    kv_opts d;
+    kv_opts_default(&d);
+    kv_opts_set_pair(&d, "rank=8");
+    kv_shape sh = {.n_layers = 1, .n_heads = 2, .n_kv_heads = 1, .head_dim = 8, .max_ctx = 32};
+    kv_cache *c = NULL;
+    test_cond("a strict option of another policy is refused when the cache is made",
+              kv_new(&d, &sh, &c) == SKV_EINVAL && strstr(skv_last_error(), "not an option of policy dense") && !c);
+    kv_opts_default(&d);
+    kv_opts_set(&d, "rank", "8", 0);
+    test_cond("a policy flag of another policy is ignored", kv_new(&d, &sh, &c) == 0 && c && c->policy == &kv_policy_dense);
+    test_cond("a policy without a stat reports NaN", c && isnan(kv_stat(c, "hit_rate")));
+    kv_free(c);
+    return test_report("test_policy");
+}
