@@ -584,8 +584,7 @@ static void draw_status(app *a, int y, int h) {
         fmt_bytes(ob, sizeof ob, off);
         seg(&l, 5, "KV res %s off %s", rb, ob);
     }
-    int dense = run && run->kv_policy && !strcmp(run->kv_policy, "dense");
-    if (!dense) {
+    if (probe_store_count(a->st, PROBE_DECODE_HEAD) > 0 || (live(a) && a->ws.hits + a->ws.misses)) {
         if (se) seg(&l, 4, "hit %.0f%%", 100.0 * se->hit_rate);
         else if (live(a) && a->ws.hits + a->ws.misses)
             seg(&l, 4, "hit %.0f%%", 100.0 * a->ws.hits / (double)(a->ws.hits + a->ws.misses));

@@ -46,7 +46,7 @@ typedef struct tui_worker_status {
     int eog;                    /* 1: the last sampled token ends generation */
     double t_prefill, t_decode; /* seconds */
     size_t kv_resident, kv_offloaded; /* bytes */
-    uint64_t hits, misses;      /* ShadowKV chunk cache, cumulative; 0 for dense */
+    uint64_t hits, misses;      /* the policy's block cache, cumulative (its "hits"/"misses" stats); 0 without */
     char notice[256];           /* the KV policy's notice, or "" */
     char error[256];            /* the engine's last error when FAILED, or a stop reason */
 } tui_worker_status;

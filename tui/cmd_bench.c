@@ -3,7 +3,6 @@
  * comparisons (dense vs shadowkv, probes on vs off) are made by
  * tests/bench.sh, which runs this in one go and prints ratios. */
 #include "cli.h"
-#include "kv_shadowkv.h"
 #include "model.h"
 #include "probe.h"
 #include "skv.h"
@@ -64,18 +63,16 @@ int cmd_bench(int argc, char **argv) {
     }
     double best_pp = 0, best_tg = 0, compress = 0, compress_pct = 0;
     int rc = 0;
-    /* ShadowKV's prefill work (SVD, landmarks, cos-min, outliers, offload) is
-     * timed by its prefill-layer probe; only that kind is subscribed, so the
-     * decode steps run with every probe off. */
+    /* A policy's prefill work (SVD, landmarks, cos-min, outliers, offload) is
+     * timed by its prefill-layer probe, if it emits one; only that kind is
+     * subscribed, so the decode steps run with every probe off. */
     probe_bus *bus = NULL;
     probe_sub *sub = NULL;
-    if (!strcmp(g.s.kv.policy, "shadowkv")) {
-        if (probe_bus_new(&bus) ||
-            probe_subscribe_callback(bus, PROBE_MASK(PROBE_PREFILL_LAYER), sum_compress, &compress, &sub)) {
-            rc = cli_fail();
-        }
-        g.s.bus = bus;
+    if (probe_bus_new(&bus) ||
+        probe_subscribe_callback(bus, PROBE_MASK(PROBE_PREFILL_LAYER), sum_compress, &compress, &sub)) {
+        rc = cli_fail();
     }
+    g.s.bus = bus;
     for (int r = 0; r < repeat && !rc; r++) {
         skv_session *s;
         compress = 0;

@@ -6,14 +6,13 @@
  * the prefill probe events) and the chunks selected at the first decode step
  * (from the decode probe events). */
 #include "cli.h"
-#include "kv_shadowkv.h"
 #include "model.h"
 #include "probe.h"
-#include "shadowkv_ops.h"
 #include "skv.h"
 #include "tok.h"
 
 #include <errno.h>
+#include <math.h>
 #include <stdlib.h>
 #include <string.h>
 #include <sys/stat.h>
@@ -99,7 +98,7 @@ static void help(FILE *o) {
     fprintf(o, "usage: skv dump -m MODEL (-p TEXT | -f FILE) --layer L -o DIR [options]\n\n"
                "Writes layer L's tensors as numpy .npy files (v1.0, little-endian f32) into DIR:\n"
                "  k_pre.npy (s, kv*hd), k_post.npy, v.npy, q_last.npy (heads*hd);\n"
-               "  with --kv shadowkv also U.npy (s, r), SVt.npy (r, kv*hd), landmarks.npy\n"
+               "  with a low-rank block policy (--kv shadowkv) also U.npy (s, r), SVt.npy (r, kv*hd), landmarks.npy\n"
                "  (kv, chunks*hd), cos_min.npy (kv, chunks), outliers.npy (kv, O; -1 padding) and\n"
                "  selected.npy (kv, k): the chunks chosen at the first decode step.\n\n");
     cli_gen_help(o, 0);
@@ -164,26 +163,28 @@ int cmd_dump(int argc, char **argv) {
         cli_fail();
         goto out;
     }
-    kv_shadowkv_stats st;
-    if (kv_shadowkv_stats_get(kv_tap_inner(s->kv), &st) == 0) {
-        int r = st.rank, mn = n < kvd ? n : kvd;
+    /* A low-rank block policy reports its rank and chunk as stats; its
+     * factors are recomputed here through the same backend op. */
+    double st_rank = kv_stat(s->kv, "rank"), st_chunk = kv_stat(s->kv, "chunk"), st_nch = kv_stat(s->kv, "n_chunks");
+    if (!isnan(st_rank) && !isnan(st_chunk) && !isnan(st_nch) && st_rank >= 1) {
+        int r = (int)st_rank, mn = n < kvd ? n : kvd;
         U = malloc(sizeof(float) * n * r);
         SVt = malloc(sizeof(float) * r * kvd);
         sv = malloc(sizeof(float) * mn);
         float err;
-        if (!U || !SVt || !sv || shadowkv_svd(d->k_pre, n, kvd, r, U, SVt, NULL, sv, &err)) { cli_fail(); goto out; }
-        int nc = st.n_chunks;
+        if (!U || !SVt || !sv || s->be->svd(d->k_pre, n, kvd, r, U, SVt, NULL, sv, &err)) { cli_fail(); goto out; }
+        int nc = (int)st_nch, chunk = (int)st_chunk;
         lm = malloc(sizeof(float) * (size_t)m->cfg.n_kv_heads * (nc ? nc : 1) * hd);
         for (int h = 0; h < m->cfg.n_kv_heads; h++)
-            shadowkv_landmarks(d->k + (size_t)h * hd, kvd, hd, st.chunk, nc, lm + (size_t)h * nc * hd);
+            s->be->landmarks(d->k + (size_t)h * hd, kvd, hd, chunk, nc, lm + (size_t)h * nc * hd);
         if (npy_write(dir, "U", U, n, r) || npy_write(dir, "SVt", SVt, r, kvd) ||
             npy_write(dir, "landmarks", lm, m->cfg.n_kv_heads, nc * hd)) { cli_fail(); goto out; }
         if (cap.cos_min && (npy_write(dir, "cos_min", cap.cos_min, cap.n_kv, cap.n_chunks) ||
                             npy_write(dir, "outliers", cap.outliers, cap.n_kv, cap.max_out))) { cli_fail(); goto out; }
         if (cap.selected && npy_write(dir, "selected", cap.selected, cap.n_kv, cap.k)) { cli_fail(); goto out; }
     } else {
-        skv_clear_error();
-        fprintf(stderr, "skv: dense run: no ShadowKV tensors (add --kv shadowkv)\n");
+        fprintf(stderr, "skv: policy %s keeps no low-rank keys: only K, V and the query were written\n",
+                s->kv->policy->name);
     }
     rc = 0;
 out:

@@ -1,13 +1,13 @@
 /* cmd_run.c: `skv run` streams generated text; `skv logits` prints tokens,
  * last-position logits and greedy continuation as JSON for machine checks. */
 #include "cli.h"
-#include "kv_shadowkv.h"
 #include "model.h"
 #include "probe.h"
 #include "skv.h"
 #include "tok.h"
 #include "trace.h"
 
+#include <math.h>
 #include <stdlib.h>
 #include <string.h>
 
@@ -49,32 +49,36 @@ static int teardown(skv_model *m, skv_session *s, int32_t *ids, cli_gen *g, int 
     return rc;
 }
 
-/* Memory and bandwidth of a ShadowKV run against dense, with the paper's
- * formulas (DESIGN.md) evaluated at the measured hit rate. */
-static void print_shadowkv_accounting(const skv_session *s) {
-    kv_shadowkv_stats st;
-    if (kv_shadowkv_stats_get(kv_tap_inner(s->kv), &st)) { skv_clear_error(); return; }
+/* What the KV policy holds against dense, and its own stats by name (the
+ * registry's table gives their units), for any policy. */
+static void print_kv_accounting(const skv_session *s) {
     const model_config *c = &s->m->cfg;
-    double M = (double)c->n_kv_heads * c->head_dim; /* elements per K or V vector */
-    double S = st.prompt_len, C = st.chunk, K = st.k, O = st.outliers, r = st.rank;
-    double dense = 2.0 * c->n_layers * (double)s->n_past * M * sizeof(float);
-    double alpha = st.hits + st.misses ? (double)st.hits / (st.hits + st.misses) : 0;
-    const double hbm_over_pcie = 2.0e12 / 32e9; /* A100-class HBM vs PCIe 4.0 x16, as in the paper */
-    double eq_bw = 2 * S / (S / C + 2 * (K + O) * C + (1 - alpha) * K * C * hbm_over_pcie);
-    double saving = 2 * S * M / (S * M / C + 2 * (K + O) * C * M + S * r + r * M);
-    fprintf(stderr, "skv: shadowkv KV bytes: resident %.2f MiB + offloaded %.2f MiB vs dense %.2f MiB "
+    const kv_class *p = s->kv->policy;
+    size_t res, off;
+    s->kv->cls->bytes(s->kv, &res, &off);
+    double dense = 2.0 * c->n_layers * (double)s->n_past * c->n_kv_heads * c->head_dim * sizeof(float);
+    fprintf(stderr, "skv: %s KV bytes: resident %.2f MiB + offloaded %.2f MiB vs dense %.2f MiB "
                     "(resident %.1f%% of dense)\n",
-            st.resident / 1048576.0, st.offloaded / 1048576.0, dense / 1048576.0, 100.0 * st.resident / dense);
-    fprintf(stderr, "skv: shadowkv rank %d, k %d chunks of %d, outliers %d, hit rate %.1f%%, fetched %llu chunks "
-                    "(%.2f MiB), key SVD rel. error mean %.2e max %.2e\n",
-            st.rank, st.k, st.chunk, st.outliers, 100 * alpha, (unsigned long long)st.fetches,
-            st.fetch_bytes / 1048576.0, st.rel_err_mean, st.rel_err_max);
-    fprintf(stderr, "skv: paper formulas at this hit rate: equivalent bandwidth %.2fx HBM "
-                    "(HBM/PCIe = %.1f), memory saving %.2fx\n", eq_bw, hbm_over_pcie, saving);
-    if (st.oracle_recall_sel >= 0)
-        fprintf(stderr, "skv: oracle: selected chunks capture %.1f%% of exact attention, the sparse set %.1f%%; "
-                        "top-1 agrees with dense on %d of %d steps\n",
-                100 * st.oracle_recall_sel, 100 * st.oracle_recall_sparse, s->n_agree, s->n_compared);
+            p->name, res / 1048576.0, off / 1048576.0, dense / 1048576.0, dense > 0 ? 100.0 * res / dense : 0.0);
+    if (!p->n_stats) return;
+    double val[KV_MAX_STATS];
+    s->kv->cls->stats(s->kv, val);
+    char line[2048];
+    int len = snprintf(line, sizeof line, "skv: %s stats:", p->name);
+    for (int i = 0; i < p->n_stats && len < (int)sizeof line; i++) {
+        if (isnan(val[i])) continue;
+        const char *u = p->stat_defs[i].unit;
+        if (!strcmp(u, "B") && val[i] >= 1048576)
+            len += snprintf(line + len, sizeof line - len, " %s %.2f MiB", p->stat_defs[i].key, val[i] / 1048576.0);
+        else if (!strcmp(u, "B") && val[i] >= 1024)
+            len += snprintf(line + len, sizeof line - len, " %s %.1f KiB", p->stat_defs[i].key, val[i] / 1024.0);
+        else
+            len += snprintf(line + len, sizeof line - len, " %s %.4g%s%s", p->stat_defs[i].key, val[i],
+                            !strcmp(u, "%") || !strcmp(u, "x") ? "" : u[0] ? " " : "", !strcmp(u, "B") ? "B" : u);
+    }
+    fprintf(stderr, "%s\n", line);
+    if (s->n_compared)
+        fprintf(stderr, "skv: oracle: top-1 agrees with dense on %d of %d steps\n", s->n_agree, s->n_compared);
 }
 
 static void run_help(FILE *o) {
@@ -113,7 +117,7 @@ int cmd_run(int argc, char **argv) {
     fprintf(stderr, "skv: prompt %d tokens, %.1f tok/s prefill; generated %d tokens, %.1f tok/s decode\n", n,
             n / (s->t_prefill > 0 ? s->t_prefill : 1e-9), generated,
             s->step ? s->step / (s->t_decode > 0 ? s->t_decode : 1e-9) : 0.0);
-    print_shadowkv_accounting(s);
+    print_kv_accounting(s);
     return teardown(m, s, ids, &g, rc);
 }
 

@@ -6,11 +6,11 @@
  * bus; the UI never touches the session. After every change the worker
  * writes one byte to a wake pipe so that the UI's poll() returns at once. */
 #include "app.h"
-#include "kv_shadowkv.h"
 #include "skv.h"
 #include "tok.h"
 
 #include <errno.h>
+#include <math.h>
 #include <pthread.h>
 #include <signal.h>
 #include <stdio.h>
@@ -55,13 +55,9 @@ static void status_from_session(tui_worker *w) {
     s->kv->cls->bytes(s->kv, &res, &off);
     w->st.kv_resident = res;
     w->st.kv_offloaded = off;
-    kv_shadowkv_stats ks;
-    if (kv_shadowkv_stats_get(s->kv, &ks) == 0) {
-        w->st.hits = ks.hits;
-        w->st.misses = ks.misses;
-    } else {
-        skv_clear_error();
-    }
+    double hits = kv_stat(s->kv, "hits"), misses = kv_stat(s->kv, "misses");
+    w->st.hits = isnan(hits) ? 0 : (uint64_t)hits;
+    w->st.misses = isnan(misses) ? 0 : (uint64_t)misses;
     snprintf(w->st.notice, sizeof w->st.notice, "%s", s->kv->notice);
     w->st.version++;
 }

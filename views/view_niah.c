@@ -132,14 +132,11 @@ static int niah_draw(canvas *c, canvas_rect r, const probe_store *st, const view
     const char *xt[NIAH_MAX_AXIS], *yt[NIAH_MAX_AXIS];
     for (int i = 0; i < g.nx; i++) { len_label(g.len[i], xl[i], sizeof xl[i]); xt[i] = xl[i]; }
     for (int i = 0; i < g.ny; i++) { snprintf(yl[i], sizeof yl[i], "%g%%", g.dep[i]); yt[i] = yl[i]; }
-    const probe_ev_run *run = probe_store_run(st);
     char title[NIAH_MAX_METHODS][160];
     for (int m = 0; m < g.nm; m++) {
         double pct = g.total[m] ? 100.0 * g.hits[m] / g.total[m] : 0;
+        /* The budget may differ per length (--budget P%), so titles name the policy alone. */
         if (m == 0) snprintf(title[m], sizeof title[m], "Dense attention: %.0f%% retrieved", pct);
-        else if (run && run->kv_policy && !strcmp(run->kv_policy, g.name[m]) && run->budget > 0 && !geo->cells)
-            snprintf(title[m], sizeof title[m], "%s (budget %d at %d tokens): %.0f%% retrieved", g.name[m], run->budget,
-                     run->prompt_len, pct);
         else snprintf(title[m], sizeof title[m], "%s: %.0f%% retrieved", g.name[m], pct);
     }
     /* One text line under the panels for the cursor's cell. */
