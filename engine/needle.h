@@ -14,6 +14,7 @@
 #include "kv.h"
 #include "model.h"
 #include "probe.h"
+#include "needle_diag.h"
 #include "store.h"
 
 #include <stdint.h>
@@ -24,7 +25,6 @@
 enum { NEEDLE_DENSE = 0 };
 #define NEEDLE_MAX_METHODS 8
 
-#define NEEDLE_VALUE_MAX 32
 #define NEEDLE_DEFAULT_NEEDLE "The special magic number is {value}."
 #define NEEDLE_DEFAULT_QUESTION "What is the special magic number?"
 
@@ -68,7 +68,6 @@ void needle_opts_default(needle_opts *o);
  * message naming a bad item. */
 int needle_set_methods(needle_opts *o, const char *list);
 
-typedef struct needle_report needle_report;
 
 typedef struct {
     int index, length, run;    /* case number; requested length; repetition */
@@ -112,72 +111,5 @@ probe_event needle_niah_event(const needle_opts *o, const needle_case *c, int m,
 
 /* 1 when text contains value as a whole number (no digit right before or after). */
 int needle_contains_value(const char *text, const char *value);
-
-/* ---- diagnosis ------------------------------------------------------------ */
-
-enum {
-    NEEDLE_CAUSE_DENSE,        /* the model misses it with dense attention too */
-    NEEDLE_CAUSE_BUDGET,       /* needle chunks ranked below the budget */
-    NEEDLE_CAUSE_OUTLIER,      /* a needle chunk's landmark misranked it and it was not an outlier */
-    NEEDLE_CAUSE_LOCAL,        /* a dropped needle chunk lies just before the local window */
-    NEEDLE_CAUSE_RANK,         /* the rank-r keys blurred the needle */
-    NEEDLE_N_CAUSES
-};
-
-/* Thresholds of the verdict (docs/NEEDLE.md). Shares are of the needle's
- * exact attention mass summed over the judged steps, layers and KV heads. */
-#define NEEDLE_MIN_SHARE 0.05      /* budget, outlier, local: dropped share at least this */
-#define NEEDLE_RANK_ERR 0.20       /* rank: mass-weighted key error of the selected needle chunks */
-#define NEEDLE_RANK_TARGET 0.10    /* rank fix: key error the suggested rank reaches in every layer */
-#define NEEDLE_LOCAL_REACH 16      /* local: a window of max(4 x --local, this) chunks would cover it */
-
-const char *needle_cause_name(int kind);   /* "dense", "budget", "outlier handling", "local window", "rank" */
-
-typedef struct {
-    int kind;                  /* NEEDLE_CAUSE_* */
-    double score;              /* decisiveness in [0, 1]; the dense cause always comes first */
-    int step, layer, head, chunk; /* where the evidence is strongest; -1 where it does not apply */
-    char evidence[480];
-    char fix[200];
-} needle_cause;
-
-struct needle_report {
-    int id;                    /* needle id in the store */
-    int tok_begin, tok_end;    /* the needle's token span */
-    int first_chunk, n_chunks; /* its chunks: first_chunk .. first_chunk + n_chunks - 1 */
-    int chunk, prompt_len, prompt_chunks, local_start; /* tokens per chunk, prompt, its full chunks, window */
-    int n_layers, n_heads;     /* KV heads */
-    int k, n_cand;             /* chunks selected per KV head, candidates per head (-1 unknown) */
-    int rank, budget, outliers, local; /* the run's settings */
-    int n_steps;               /* decode steps with needle data */
-    int last_step;             /* steps 0..last_step were judged (through the first divergence) */
-    int has_oracle;
-    char policy[32];           /* the sparse method the report concerns */
-    int dense_hit, sparse_hit; /* -1: unknown (no PROBE_NIAH events) */
-    char value[NEEDLE_VALUE_MAX];
-    char dense_answer[96], sparse_answer[96];
-    int diverge_step;          /* first decode step whose argmax differs from dense, -1 none */
-    float diverge_logit;       /* logit distance there, -1 unknown */
-    int n_div;                 /* layers listed below (largest output error first) */
-    int div_layer[4];
-    float div_err[4];
-    /* shares of the needle's exact attention mass over the judged steps */
-    double share_dropped, share_misranked, share_near_local, share_selected, share_outlier, share_local;
-    double key_err_selected;   /* mass-weighted key error of the selected needle chunks, -1 none */
-    char kept[480];            /* what ShadowKV did with the needle's chunks */
-    char divergence[400];
-    int n_causes;              /* causes that apply, most decisive first */
-    needle_cause causes[NEEDLE_N_CAUSES];
-};
-
-/* Diagnoses needle id from st (a ShadowKV run with the needle watch and
- * oracle; its PROBE_NIAH events, when present, give the answers).
- * SKV_EMISSING when st has no needle data. */
-int needle_diagnose(const probe_store *st, int id, needle_report *rep);
-
-/* The whole report: span and chunks, per-layer prefill figures, per step,
- * layer and KV head the needle chunks' state and masses, the divergence,
- * the verdict and what ShadowKV kept. */
-void needle_report_print(FILE *f, const probe_store *st, const needle_report *rep);
 
 #endif

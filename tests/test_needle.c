@@ -157,7 +157,7 @@ static void test_planted(void) {
     test_cond("planted store accepted", st != NULL);
     if (!st) return;
     int rc = needle_diagnose(st, 0, &rep);
-    test_cond("misranked needle chunk: outlier handling first, budget too",
+    test_cond("misranked needle chunk: never selected (misranked, not an outlier) first, budget too",
               rc == 0 && rep.n_causes == 2 && rep.causes[0].kind == NEEDLE_CAUSE_OUTLIER &&
                   rep.causes[1].kind == NEEDLE_CAUSE_BUDGET && strstr(rep.causes[0].fix, "--outliers"));
     test_cond("the outlier cause names the chunk, its cos-min order and where to look",
@@ -170,7 +170,7 @@ static void test_planted(void) {
     test_cond("dense hit: no dense cause", !has_cause(&rep, NEEDLE_CAUSE_DENSE) && rep.dense_hit == 1 && rep.sparse_hit == 0);
     int vrc;
     char *t = needle_cells(st, &vrc);
-    test_cond("needle view draws the verdict", vrc == 0 && t && strstr(t, "outlier handling") && strstr(t, "budget"));
+    test_cond("needle view draws the verdict", vrc == 0 && t && strstr(t, "never selected") && strstr(t, "budget"));
     free(t);
     probe_store_free(st);
 
@@ -557,7 +557,7 @@ static void test_cli(void) {
     int rc = run_skv(args, out, sizeof out, err);
     test_cond("skv needle runs, with --explain, --json, --png and --trace", rc == 0);
     if (rc) { char *e = slurp(err); printf("  %s\n", e ? e : ""); free(e); return; }
-    test_cond("--explain prints a verdict per ShadowKV miss", strstr(out, "verdict:") && strstr(out, "dense:"));
+    test_cond("--explain prints a verdict per ShadowKV miss", strstr(out, "verdict:") && strstr(out, "model:"));
 
     char *text = slurp(json);
     cJSON *root = text ? cJSON_Parse(text) : NULL;

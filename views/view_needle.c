@@ -18,7 +18,7 @@
  * Keys: ←/→ previous/next decode step, ↑/↓ previous/next layer. A click on a
  * heatmap cell selects its layer, KV head and chunk; a click on a verdict
  * item jumps to the step, layer and head it names. */
-#include "needle.h"
+#include "needle_diag.h"
 #include "skv.h"
 #include "view.h"
 

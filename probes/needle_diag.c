@@ -1,0 +1,557 @@
+/* needle_diag.c: the diagnosis of a needle miss from a probe_store (see
+ * needle_diag.h). No engine type is used: a trace is enough. */
+#include "needle_diag.h"
+#include "probe.h"
+#include "skv.h"
+
+#include <math.h>
+#include <stdarg.h>
+#include <stdlib.h>
+#include <string.h>
+
+/* Method 0 of a needle sweep is dense attention, the reference. */
+#define METHOD_DENSE 0
+
+
+const char *needle_cause_name(int kind) {
+    switch (kind) {
+    case NEEDLE_CAUSE_DENSE: return "model";
+    case NEEDLE_CAUSE_BUDGET: return "budget";
+    case NEEDLE_CAUSE_OUTLIER: return "never selected";
+    case NEEDLE_CAUSE_LOCAL: return "window";
+    case NEEDLE_CAUSE_RANK: return "compressed";
+    default: return "unknown";
+    }
+}
+
+/* Appends printf text to a fixed buffer (truncating). */
+static void cat(char *buf, size_t cap, const char *fmt, ...) __attribute__((format(printf, 3, 4)));
+static void cat(char *buf, size_t cap, const char *fmt, ...) {
+    size_t n = strlen(buf);
+    if (n + 1 >= cap) return;
+    va_list ap;
+    va_start(ap, fmt);
+    vsnprintf(buf + n, cap - n, fmt, ap);
+    va_end(ap);
+}
+
+/* "1st", "2nd", "3rd", "4th", ... into buf. */
+static const char *ordinal(int n, char *buf, size_t cap) {
+    const char *suf = "th";
+    if (n % 100 < 11 || n % 100 > 13) suf = n % 10 == 1 ? "st" : n % 10 == 2 ? "nd" : n % 10 == 3 ? "rd" : "th";
+    snprintf(buf, cap, "%d%s", n, suf);
+    return buf;
+}
+
+/* Copies an answer for one-line display: trimmed, control characters as
+ * spaces, cut to 60 bytes with "...". */
+static void clean_copy(char *dst, size_t cap, const char *src) {
+    size_t i = 0, lim = cap > 64 ? 60 : cap - 1;
+    while (src && (*src == ' ' || *src == '\n' || *src == '\t')) src++;
+    for (; src && *src && i < lim; src++) dst[i++] = (unsigned char)*src < 32 ? ' ' : *src;
+    while (i && dst[i - 1] == ' ') i--;
+    if (src && *src && i + 4 <= cap - 1) {
+        while (i && ((unsigned char)dst[i] & 0xC0) == 0x80) i--; /* not inside a UTF-8 character */
+        memcpy(dst + i, "...", 3);
+        i += 3;
+    }
+    dst[i] = 0;
+}
+
+/* Place of chunk j among chunks 0..n-1 by ascending cos-min (ties: lower id
+ * first), as the outlier choice orders them; -1 when unknown. */
+static int cosmin_order(const probe_ev_prefill_head *ph, int j, int n) {
+    if (!ph || j < 0 || j >= n || n > ph->n_chunks) return -1;
+    float v = ph->cos_min[j];
+    int r = 0;
+    for (int i = 0; i < n; i++)
+        if (i != j && (ph->cos_min[i] < v || (ph->cos_min[i] == v && i < j))) r++;
+    return r;
+}
+
+/* Largest cos-min among a head's outliers (the cut), NaN when it has none. */
+static float outlier_cut(const probe_ev_prefill_head *ph) {
+    float cut = NAN;
+    for (int i = 0; ph && i < ph->n_outliers; i++) {
+        int j = ph->outliers[i];
+        if (j >= 0 && j < ph->n_chunks && (isnan(cut) || ph->cos_min[j] > cut)) cut = ph->cos_min[j];
+    }
+    return cut;
+}
+
+/* Smallest rank whose predicted key error (tail energy of the spectrum) is
+ * at most target in every layer; 0 when no spectrum is known. */
+static int rank_for(const probe_store *st, int n_layers, double target) {
+    int need = 0;
+    for (int l = 0; l < n_layers; l++) {
+        const probe_ev_prefill_layer *pl = probe_store_prefill_layer(st, l);
+        if (!pl || pl->n_sv < 1) continue;
+        double total = 0, tail;
+        for (int i = 0; i < pl->n_sv; i++) total += (double)pl->sv[i] * pl->sv[i];
+        tail = total;
+        int r = 0;
+        while (r < pl->n_sv && total > 0 && sqrt(tail / total) > target) {
+            tail -= (double)pl->sv[r] * pl->sv[r];
+            r++;
+        }
+        if (r > need) need = r;
+    }
+    return need;
+}
+
+/* A dropped needle chunk: the k that would have kept it, and its weight. */
+typedef struct { int k; double w; } need_w;
+
+/* Accumulators of one pass over the judged steps. */
+typedef struct {
+    double W, drop, mis, near, sel, outl, loc, ke;   /* weights */
+    double *drop_step;          /* (n_steps) dropped weight per step */
+    int n_ev, n_ev_kept;        /* (step, layer, head) events judged, with every chunk kept */
+    int k_need;                 /* largest rank among dropped chunks, + 1 */
+    need_w *needs;              /* (n_needs) every dropped chunk's rank + 1 and weight */
+    int n_needs, cap_needs;
+    int out_need;               /* outliers that would cover every misranked chunk */
+    int near_min;               /* lowest dropped chunk near the local window, -1 */
+    double worst_ke; int ke_l, ke_h; /* worst key error among selected */
+    double ms_sum, mi_sum; int m_n;  /* mass sparse / ideal where selected */
+    int first_sel_step;
+} acc;
+
+/* The (layer, head) and chunk with the most weight of one kind at step s. */
+typedef struct { double w; int l, h, i, rank, rank_exact; } spot;
+
+static void spot_take(spot *sp, double w, int l, int h, int i, int rank, int rank_exact) {
+    if (w > sp->w) *sp = (spot){ w, l, h, i, rank, rank_exact };
+}
+
+static int need_cmp(const void *a, const void *b) {
+    const need_w *x = a, *y = b;
+    return x->k - y->k;
+}
+
+/* The smallest k that keeps share q of the dropped weight (needs sorted in place). */
+static int need_quantile(need_w *needs, int n, double q) {
+    double total = 0, run = 0;
+    for (int i = 0; i < n; i++) total += needs[i].w;
+    qsort(needs, (size_t)n, sizeof *needs, need_cmp);
+    for (int i = 0; i < n; i++) {
+        run += needs[i].w;
+        if (run >= q * total - 1e-12) return needs[i].k;
+    }
+    return n ? needs[n - 1].k : 0;
+}
+
+static int cause_cmp(const void *a, const void *b) {
+    static const int prio[NEEDLE_N_CAUSES] = { [NEEDLE_CAUSE_DENSE] = 0, [NEEDLE_CAUSE_OUTLIER] = 1,
+                                               [NEEDLE_CAUSE_LOCAL] = 2, [NEEDLE_CAUSE_BUDGET] = 3,
+                                               [NEEDLE_CAUSE_RANK] = 4 };
+    const needle_cause *x = a, *y = b;
+    if (fabs(x->score - y->score) > 1e-9) return x->score > y->score ? -1 : 1;
+    return prio[x->kind] - prio[y->kind];
+}
+
+/* Weight of needle chunk i in event e: its exact mass, or without the
+ * oracle the share of the needle's tokens in it. */
+static double chunk_weight(const probe_ev_needle *e, int i, int chunk) {
+    if (e->mass_chunk && e->mass_chunk[i] >= 0) return e->mass_chunk[i];
+    int j = e->chunks[i], a = j * chunk, b = a + chunk;
+    if (a < e->tok_begin) a = e->tok_begin;
+    if (b > e->tok_end) b = e->tok_end;
+    return e->tok_end > e->tok_begin && b > a ? (double)(b - a) / (e->tok_end - e->tok_begin) : 0;
+}
+
+/* Fills the answers and the divergence from the NIAH and step events. */
+static void diagnose_answers(const probe_store *st, needle_report *rep) {
+    const probe_ev_niah *sk = NULL, *dn = NULL;
+    for (int i = 0; i < probe_store_n_niah(st); i++) {
+        const probe_ev_niah *e = probe_store_niah(st, i);
+        if (e->method != METHOD_DENSE && (!sk || (e->detail && !sk->detail))) sk = e;
+    }
+    for (int i = 0; sk && i < probe_store_n_niah(st); i++) {
+        const probe_ev_niah *e = probe_store_niah(st, i);
+        if (e->method == METHOD_DENSE && e->index == sk->index) dn = e;
+    }
+    rep->dense_hit = dn ? dn->hit : -1;
+    rep->sparse_hit = sk ? sk->hit : -1;
+    const probe_ev_run *run = probe_store_run(st);
+    snprintf(rep->policy, sizeof rep->policy, "%s",
+             sk && sk->policy && sk->policy[0] ? sk->policy : run && run->kv_policy ? run->kv_policy : "sparse");
+    if (sk) {
+        snprintf(rep->value, sizeof rep->value, "%s", sk->value ? sk->value : "");
+        clean_copy(rep->sparse_answer, sizeof rep->sparse_answer, sk->answer);
+    }
+    if (dn) clean_copy(rep->dense_answer, sizeof rep->dense_answer, dn->answer);
+    rep->diverge_step = -1;
+    rep->diverge_logit = -1;
+    if (sk && sk->n_steps > 0) {
+        for (int s = 0; s < sk->n_steps && rep->diverge_step < 0; s++)
+            if (!sk->top1_agree[s]) {
+                rep->diverge_step = s;
+                rep->diverge_logit = sk->logit_dist[s];
+            }
+    } else {
+        for (int s = 0; s < probe_store_n_steps(st) && rep->diverge_step < 0; s++) {
+            const probe_ev_step *e = probe_store_step(st, s);
+            if (e && e->has_oracle && !e->top1_agree) rep->diverge_step = s;
+        }
+    }
+}
+
+/* Layers whose sparse attention output differs most from exact at step s. */
+static void diagnose_layers(const probe_store *st, needle_report *rep, int s) {
+    rep->n_div = 0;
+    for (int l = 0; l < rep->n_layers; l++) {
+        float e = -1;
+        for (int h = 0; h < rep->n_heads; h++) {
+            const probe_ev_needle *ev = probe_store_needle(st, rep->id, s, l, h);
+            if (ev && ev->out_err > e) e = ev->out_err;
+        }
+        if (e < 0) continue;
+        int at = rep->n_div < 4 ? rep->n_div++ : 3;
+        if (at == 3 && rep->n_div == 4 && e <= rep->div_err[3]) continue;
+        rep->div_layer[at] = l;
+        rep->div_err[at] = e;
+        for (int i = at; i > 0 && rep->div_err[i] > rep->div_err[i - 1]; i--) {
+            float te = rep->div_err[i]; rep->div_err[i] = rep->div_err[i - 1]; rep->div_err[i - 1] = te;
+            int tl = rep->div_layer[i]; rep->div_layer[i] = rep->div_layer[i - 1]; rep->div_layer[i - 1] = tl;
+        }
+    }
+}
+
+static needle_cause *add_cause(needle_report *rep, int kind, double score) {
+    needle_cause *c = &rep->causes[rep->n_causes++];
+    memset(c, 0, sizeof *c);
+    c->kind = kind;
+    c->score = score;
+    c->step = c->layer = c->head = c->chunk = -1;
+    return c;
+}
+
+int needle_diagnose(const probe_store *st, int id, needle_report *rep) {
+    memset(rep, 0, sizeof *rep);
+    rep->id = id;
+    const probe_ev_needle *info = probe_store_needle_info(st, id);
+    if (!info || info->n_chunks < 1)
+        return skv_error(SKV_EMISSING, "no needle data (record a needle run with skv needle --trace FILE)");
+    const probe_ev_run *run = probe_store_run(st);
+    const probe_ev_prefill_head *ph0 = probe_store_prefill_head(st, 0, 0);
+    rep->tok_begin = info->tok_begin;
+    rep->tok_end = info->tok_end;
+    rep->first_chunk = info->chunks[0];
+    rep->n_chunks = info->n_chunks;
+    rep->n_layers = probe_store_n_layers(st);
+    rep->n_heads = probe_store_n_kv_heads(st);
+    int run_chunk = run ? (int)probe_pairs_get(run->kv_opts, "chunk", 0) : 0;
+    rep->chunk = run_chunk > 0 ? run_chunk : ph0 ? ph0->chunk : 1;
+    rep->prompt_len = run ? run->prompt_len : probe_store_n_prompt(st);
+    const probe_ev_prefill_layer *pl0 = probe_store_prefill_layer(st, 0);
+    /* the rank used (clamped to the key width) */
+    rep->rank = pl0 ? pl0->rank : run ? (int)probe_pairs_get(run->kv_opts, "rank", -1) : -1;
+    rep->budget = run ? run->budget : -1;
+    rep->outliers = run ? (int)probe_pairs_get(run->kv_opts, "outliers", -1) : -1;
+    rep->local = run ? (int)probe_pairs_get(run->kv_opts, "local", -1) : -1;
+    rep->prompt_chunks = ph0 ? ph0->n_chunks : rep->prompt_len / rep->chunk;
+    rep->local_start = ph0 ? ph0->local_start : -1;
+    rep->n_cand = ph0 ? ph0->n_landmarks : -1;
+    rep->k = info->k;
+    rep->n_steps = probe_store_n_steps(st);
+    rep->key_err_selected = -1;
+    for (int s = 0; s < rep->n_steps && !rep->has_oracle; s++)
+        for (int l = 0; l < rep->n_layers && !rep->has_oracle; l++) {
+            const probe_ev_needle *e = probe_store_needle(st, id, s, l, 0);
+            if (e && e->mass_exact >= 0) rep->has_oracle = 1;
+        }
+    diagnose_answers(st, rep);
+    rep->last_step = rep->diverge_step >= 0 ? rep->diverge_step : rep->n_steps - 1;
+    if (rep->diverge_step >= 0) diagnose_layers(st, rep, rep->diverge_step);
+
+    acc a = { .near_min = -1, .ke_l = -1, .ke_h = -1, .first_sel_step = -1, .worst_ke = -1 };
+    a.drop_step = calloc((size_t)(rep->n_steps > 0 ? rep->n_steps : 1), sizeof(double));
+    if (!a.drop_step) return skv_error(SKV_ENOMEM, "out of memory");
+    int reach = rep->local > 0 && 4 * rep->local > NEEDLE_LOCAL_REACH ? 4 * rep->local : NEEDLE_LOCAL_REACH;
+    for (int s = 0; s <= rep->last_step; s++)
+        for (int l = 0; l < rep->n_layers; l++)
+            for (int h = 0; h < rep->n_heads; h++) {
+                const probe_ev_needle *e = probe_store_needle(st, id, s, l, h);
+                if (!e || e->n_info != e->n_chunks) continue;
+                const probe_ev_needle *pre = probe_store_needle(st, id, -1, l, h);
+                a.n_ev++;
+                int all_kept = 1, any_sel = 0;
+                for (int i = 0; i < e->n_chunks; i++) {
+                    double w = chunk_weight(e, i, rep->chunk);
+                    a.W += w;
+                    if (e->part[i] == 1) { a.outl += w; continue; }
+                    if (e->part[i] == 2) { a.loc += w; continue; }
+                    if (e->selected[i]) {
+                        a.sel += w;
+                        any_sel = 1;
+                        float ke = pre ? pre->key_err : e->key_err;
+                        if (ke >= 0) {
+                            a.ke += w * ke;
+                            if (ke > a.worst_ke) { a.worst_ke = ke; a.ke_l = l; a.ke_h = h; }
+                        }
+                        continue;
+                    }
+                    all_kept = 0;
+                    a.drop += w;
+                    a.drop_step[s] += w;
+                    if (e->rank[i] + 1 > a.k_need) a.k_need = e->rank[i] + 1;
+                    if (a.n_needs == a.cap_needs) {
+                        int cap = a.cap_needs ? 2 * a.cap_needs : 256;
+                        need_w *nn = realloc(a.needs, sizeof *nn * (size_t)cap);
+                        if (!nn) { free(a.needs); free(a.drop_step); return skv_error(SKV_ENOMEM, "out of memory"); }
+                        a.needs = nn;
+                        a.cap_needs = cap;
+                    }
+                    a.needs[a.n_needs++] = (need_w){ e->rank[i] + 1, w };
+                    int j = e->chunks[i];
+                    if (e->rank_exact[i] >= 0 && e->rank_exact[i] < e->k) {
+                        a.mis += w;
+                        int ord = cosmin_order(probe_store_prefill_head(st, l, h), j,
+                                               rep->local_start >= 0 ? rep->local_start : rep->prompt_chunks);
+                        if (ord + 1 > a.out_need) a.out_need = ord + 1;
+                    }
+                    if (rep->prompt_chunks - j <= reach) {
+                        a.near += w;
+                        if (a.near_min < 0 || j < a.near_min) a.near_min = j;
+                    }
+                }
+                a.n_ev_kept += all_kept;
+                if (any_sel && e->mass_ideal >= 0) {
+                    a.ms_sum += e->mass_sparse;
+                    a.mi_sum += e->mass_ideal;
+                    a.m_n++;
+                }
+                if (any_sel && a.first_sel_step < 0) a.first_sel_step = s;
+            }
+    double W = a.W > 0 ? a.W : 1;
+    rep->share_dropped = a.drop / W;
+    rep->share_misranked = a.mis / W;
+    rep->share_near_local = a.near / W;
+    rep->share_selected = a.sel / W;
+    rep->share_outlier = a.outl / W;
+    rep->share_local = a.loc / W;
+    if (a.sel > 0) rep->key_err_selected = a.ke / a.sel;
+
+    /* The step with the most dropped mass, and where in it. */
+    int ws = 0;
+    for (int s = 1; s <= rep->last_step; s++)
+        if (a.drop_step[s] > a.drop_step[ws]) ws = s;
+    spot sd = { 0, -1, -1, -1, -1, -1 }, sm = sd, sn = sd;
+    int lay_drop = 0, lh_drop = 0, lh_mis = 0, lh_nonout = 0, lh_total = 0;
+    for (int l = 0; l < rep->n_layers && a.drop > 0; l++) {
+        int any = 0;
+        for (int h = 0; h < rep->n_heads; h++) {
+            const probe_ev_needle *e = probe_store_needle(st, id, ws, l, h);
+            if (!e || e->n_info != e->n_chunks) continue;
+            lh_total++;
+            int d = 0, m = 0, cand = 0;
+            for (int i = 0; i < e->n_chunks; i++) {
+                if (e->part[i] != 0) continue;
+                cand = 1;
+                if (e->selected[i]) continue;
+                double w = chunk_weight(e, i, rep->chunk);
+                d = 1;
+                spot_take(&sd, w + 1e-12, l, h, i, e->rank[i], e->rank_exact[i]);
+                if (e->rank_exact[i] >= 0 && e->rank_exact[i] < e->k) {
+                    m = 1;
+                    spot_take(&sm, w + 1e-12, l, h, i, e->rank[i], e->rank_exact[i]);
+                }
+                if (rep->prompt_chunks - e->chunks[i] <= reach) spot_take(&sn, w + 1e-12, l, h, i, e->rank[i], e->rank_exact[i]);
+            }
+            lh_drop += d;
+            lh_mis += m;
+            lh_nonout += cand;
+            any |= d;
+        }
+        lay_drop += any;
+    }
+    char steps[48];
+    if (rep->last_step > 0) snprintf(steps, sizeof steps, "steps 0-%d", rep->last_step);
+    else snprintf(steps, sizeof steps, "step 0");
+
+    /* What ShadowKV kept. */
+    if (a.n_ev == 0) {
+        snprintf(rep->kept, sizeof rep->kept, "no decode step has needle data, so nothing can be said about what %s kept",
+                 rep->policy);
+    } else {
+        snprintf(rep->kept, sizeof rep->kept,
+                 "%s kept every needle chunk in %d of %d (step, layer, KV head) at %s and %.0f%% of the needle's %s: "
+                 "%.0f%% as outliers, %.0f%% in the local window, %.0f%% selected (keys rebuilt at rank %d); it dropped %.0f%%",
+                 rep->policy, a.n_ev_kept, a.n_ev, steps, 100 * (1 - rep->share_dropped),
+                 rep->has_oracle ? "exact attention mass" : "chunk-weighted tokens", 100 * rep->share_outlier,
+                 100 * rep->share_local, 100 * rep->share_selected, rep->rank, 100 * rep->share_dropped);
+    }
+    if (rep->diverge_step >= 0) {
+        snprintf(rep->divergence, sizeof rep->divergence, "first divergence at decode step %d (answer token %d): the sparse "
+                 "argmax differs from dense", rep->diverge_step, rep->diverge_step + 2);
+        if (rep->diverge_logit >= 0) cat(rep->divergence, sizeof rep->divergence, ", logit distance %.3f", rep->diverge_logit);
+        if (rep->n_div) {
+            cat(rep->divergence, sizeof rep->divergence, "; attention output error by layer:");
+            for (int i = 0; i < rep->n_div; i++)
+                cat(rep->divergence, sizeof rep->divergence, "%s layer %d %.3f", i ? "," : "", rep->div_layer[i],
+                    rep->div_err[i]);
+        }
+    } else if (rep->has_oracle) {
+        snprintf(rep->divergence, sizeof rep->divergence, "no divergence: the sparse argmax equals dense at all %d decode "
+                 "steps (the first answer token comes from the exact prefill)", rep->n_steps);
+    } else {
+        snprintf(rep->divergence, sizeof rep->divergence, "divergence unknown (run without the oracle)");
+    }
+
+    /* The causes. */
+    if (rep->dense_hit == 0) {
+        needle_cause *c = add_cause(rep, NEEDLE_CAUSE_DENSE, 2.0);
+        c->step = rep->diverge_step >= 0 ? rep->diverge_step : 0;
+        snprintf(c->evidence, sizeof c->evidence,
+                 "the model misses it with dense attention too: dense answered \"%s\" for value %s; "
+                 "%s %s the needle's chunks (%.0f%% of its %s kept at %s)",
+                 rep->dense_answer, rep->value, rep->policy, rep->share_dropped < NEEDLE_MIN_SHARE ? "kept" : "did not keep all of",
+                 100 * (1 - rep->share_dropped), rep->has_oracle ? "attention mass" : "tokens", steps);
+        snprintf(c->fix, sizeof c->fix, "use a model that retrieves at this length with dense attention; "
+                 "the %s settings cannot fix this", rep->policy);
+    }
+    if (rep->share_dropped >= NEEDLE_MIN_SHARE && sd.i >= 0) {
+        needle_cause *c = add_cause(rep, NEEDLE_CAUSE_BUDGET, rep->share_dropped);
+        const probe_ev_needle *e = probe_store_needle(st, id, ws, sd.l, sd.h);
+        c->step = ws; c->layer = sd.l; c->head = sd.h; c->chunk = e->chunks[sd.i];
+        snprintf(c->evidence, sizeof c->evidence,
+                 "needle chunk %d ranked %d >= budget k = %d chunks (layer %d, head %d); a needle chunk was dropped in "
+                 "%d of %d layers (%d of %d layer-heads) at step %d; the selection dropped %.0f%% of the needle's %s "
+                 "over %s",
+                 c->chunk, sd.rank, e->k, sd.l, sd.h, lay_drop, rep->n_layers, lh_drop, lh_total, ws,
+                 100 * rep->share_dropped, rep->has_oracle ? "exact attention mass" : "tokens", steps);
+        int kt = a.k_need * rep->chunk, k90 = need_quantile(a.needs, a.n_needs, 0.9);
+        if (rep->n_cand > 0 && a.k_need >= rep->n_cand)
+            snprintf(c->fix, sizeof c->fix, "raise --budget to %d (k = %d chunks: every candidate, no sparsity left)", kt,
+                     a.k_need);
+        else
+            snprintf(c->fix, sizeof c->fix, "raise --budget to %d (k = %d chunks)", kt, a.k_need);
+        if (k90 < a.k_need)
+            cat(c->fix, sizeof c->fix, "; %d (k = %d) would keep 90%% of what was dropped", k90 * rep->chunk, k90);
+    }
+    if (rep->share_misranked >= NEEDLE_MIN_SHARE && sm.i >= 0) {
+        needle_cause *c = add_cause(rep, NEEDLE_CAUSE_OUTLIER, rep->share_misranked);
+        const probe_ev_needle *e = probe_store_needle(st, id, ws, sm.l, sm.h);
+        const probe_ev_needle *pre = probe_store_needle(st, id, -1, sm.l, sm.h);
+        const probe_ev_prefill_head *ph = probe_store_prefill_head(st, sm.l, sm.h);
+        int j = e->chunks[sm.i], nb = rep->local_start >= 0 ? rep->local_start : rep->prompt_chunks;
+        float cm = pre && pre->n_info ? pre->cos_min[sm.i] : NAN, cut = outlier_cut(ph);
+        char ord[16], cuts[48];
+        if (isnan(cut)) snprintf(cuts, sizeof cuts, "there are no outliers (--outliers %d)", rep->outliers);
+        else snprintf(cuts, sizeof cuts, "the outlier cut is %.3f with --outliers %d", cut, rep->outliers);
+        c->step = ws; c->layer = sm.l; c->head = sm.h; c->chunk = j;
+        snprintf(c->evidence, sizeof c->evidence,
+                 "needle chunk %d is not an outlier (cos-min %.3f, the %s lowest of %d chunks; %s); its landmark "
+                 "ranked it %d >= k = %d while exact attention ranked it %d < k (layer %d, head %d, step %d; "
+                 "misranked in %d of %d layer-heads); %.0f%% of the needle's mass was misranked",
+                 j, cm, ordinal(cosmin_order(ph, j, nb) + 1, ord, sizeof ord), nb, cuts, sm.rank, e->k, sm.rank_exact,
+                 sm.l, sm.h, ws, lh_mis, lh_nonout, 100 * rep->share_misranked);
+        if (a.out_need <= nb / 2)
+            snprintf(c->fix, sizeof c->fix, "raise --outliers to %d (keeps the misranked needle chunks dense), or --budget "
+                     "to %d", a.out_need, a.k_need * rep->chunk);
+        else
+            snprintf(c->fix, sizeof c->fix, "raise --budget to %d (their cos-minima are not low: outliers would need "
+                     "--outliers %d of %d chunks)", a.k_need * rep->chunk, a.out_need, nb);
+    }
+    if (rep->share_near_local >= NEEDLE_MIN_SHARE && sn.i >= 0 && a.near_min >= 0) {
+        needle_cause *c = add_cause(rep, NEEDLE_CAUSE_LOCAL, rep->share_near_local);
+        const probe_ev_needle *e = probe_store_needle(st, id, ws, sn.l, sn.h);
+        c->step = ws; c->layer = sn.l; c->head = sn.h; c->chunk = e->chunks[sn.i];
+        snprintf(c->evidence, sizeof c->evidence,
+                 "dropped needle chunk %d lies %d chunks before the local window (it starts at chunk %d with --local %d); "
+                 "%.0f%% of the needle's mass was dropped within %d chunks of the prompt's end",
+                 a.near_min, rep->local_start - a.near_min, rep->local_start, rep->local, 100 * rep->share_near_local, reach);
+        snprintf(c->fix, sizeof c->fix, "raise --local to %d (the window then starts at chunk %d and holds the needle)",
+                 rep->prompt_chunks - a.near_min, a.near_min);
+    }
+    if (rep->share_selected >= NEEDLE_MIN_SHARE && rep->key_err_selected >= NEEDLE_RANK_ERR) {
+        double score = rep->share_selected * fmin(1.0, rep->key_err_selected / 0.5);
+        needle_cause *c = add_cause(rep, NEEDLE_CAUSE_RANK, score);
+        c->step = a.first_sel_step; c->layer = a.ke_l; c->head = a.ke_h;
+        snprintf(c->evidence, sizeof c->evidence,
+                 "the needle's keys are rebuilt at rank %d with %.0f%% relative error (weighted over the layer-heads that "
+                 "selected them; worst layer %d head %d: %.0f%%)",
+                 rep->rank, 100 * rep->key_err_selected, a.ke_l, a.ke_h, 100 * a.worst_ke);
+        if (a.m_n)
+            cat(c->evidence, sizeof c->evidence, "; there the sparse attention put %.4f of its mass on the needle where "
+                "exact keys would put %.4f", a.ms_sum / a.m_n, a.mi_sum / a.m_n);
+        int r = rank_for(st, rep->n_layers, NEEDLE_RANK_TARGET);
+        if (r > rep->rank)
+            snprintf(c->fix, sizeof c->fix, "raise --rank to %d (key error <= %.0f%% in every layer)", r,
+                     100 * NEEDLE_RANK_TARGET);
+        else
+            snprintf(c->fix, sizeof c->fix, "the layers' spectra look fine at rank %d but the needle's keys lie off "
+                     "the dominant subspace: raise --rank, or keep its chunks dense with more --outliers", rep->rank);
+    }
+    qsort(rep->causes, (size_t)rep->n_causes, sizeof rep->causes[0], cause_cmp);
+    free(a.drop_step);
+    free(a.needs);
+    return 0;
+}
+
+/* ---- the printed report --------------------------------------------------------- */
+
+static const char *part_name(int p) { return p == 1 ? "outlier" : p == 2 ? "local" : "cand"; }
+
+void needle_report_print(FILE *f, const probe_store *st, const needle_report *rep) {
+    int id = rep->id;
+    fprintf(f, "  needle: tokens %d..%d (%d tokens) in chunk%s %d", rep->tok_begin, rep->tok_end - 1,
+            rep->tok_end - rep->tok_begin, rep->n_chunks > 1 ? "s" : "", rep->first_chunk);
+    if (rep->n_chunks > 1) fprintf(f, "..%d", rep->first_chunk + rep->n_chunks - 1);
+    fprintf(f, " of %d tokens; prompt %d tokens, %d full chunks\n", rep->chunk, rep->prompt_len, rep->prompt_chunks);
+    fprintf(f, "  settings: rank %d, budget %d tokens (k = %d of %d candidate chunks per KV head), outliers %d, "
+               "local window from chunk %d (--local %d)\n",
+            rep->rank, rep->budget, rep->k, rep->n_cand, rep->outliers, rep->local_start, rep->local);
+    if (rep->sparse_hit >= 0)
+        fprintf(f, "  value %s; dense answered \"%s\" (%s); %s answered \"%s\" (%s)\n", rep->value,
+                rep->dense_answer, rep->dense_hit ? "hit" : "miss", rep->policy, rep->sparse_answer,
+                rep->sparse_hit ? "hit" : "miss");
+    fprintf(f, "  prefill, per layer and KV head: the rank-%d error of the needle's keys; each needle chunk's part "
+               "(cand = offloaded and selectable) and cos-min\n", rep->rank);
+    for (int l = 0; l < rep->n_layers; l++)
+        for (int h = 0; h < rep->n_heads; h++) {
+            const probe_ev_needle *e = probe_store_needle(st, id, -1, l, h);
+            if (!e) continue;
+            fprintf(f, "    layer %2d head %d  key err %6.3f |", l, h, e->key_err);
+            for (int i = 0; i < e->n_chunks && e->n_info; i++)
+                fprintf(f, "  c%d %-7s cos-min %6.3f", e->chunks[i], part_name(e->part[i]), e->cos_min[i]);
+            fprintf(f, "\n");
+        }
+    fprintf(f, "  decode steps (r: landmark rank among candidates, 0 = best, selected when < k = %d; x: rank by exact "
+               "attention; mass on the needle: exact / sparse / ideal = exact keys for what was kept)\n", rep->k);
+    for (int s = 0; s < rep->n_steps; s++)
+        for (int l = 0; l < rep->n_layers; l++)
+            for (int h = 0; h < rep->n_heads; h++) {
+                const probe_ev_needle *e = probe_store_needle(st, id, s, l, h);
+                if (!e) continue;
+                fprintf(f, "    step %2d layer %2d head %d |", s, l, h);
+                for (int i = 0; i < e->n_chunks; i++) {
+                    int p = e->n_info ? e->part[i] : 0;
+                    if (p) fprintf(f, "  c%d %-19s", e->chunks[i], part_name(p));
+                    else {
+                        char x[24] = "";
+                        if (e->n_info && e->rank_exact[i] >= 0) snprintf(x, sizeof x, " x%d", e->rank_exact[i]);
+                        char cell[48];
+                        snprintf(cell, sizeof cell, "r%d%s %s", e->rank[i], x, e->selected[i] ? "sel" : "DROP");
+                        fprintf(f, "  c%d %-19s", e->chunks[i], cell);
+                    }
+                }
+                if (e->mass_exact >= 0)
+                    fprintf(f, " | mass %.4f / %.4f / %.4f | out err %.3f\n", e->mass_exact, e->mass_sparse,
+                            e->mass_ideal, e->out_err);
+                else
+                    fprintf(f, " | sparse mass %.4f\n", e->mass_sparse);
+            }
+    fprintf(f, "  %s\n", rep->divergence);
+    fprintf(f, "  verdict:\n");
+    if (rep->n_causes == 0)
+        fprintf(f, "    no cause passed its threshold: %s kept the needle with accurate keys; look at the "
+                   "divergence above (other chunks' selection changed the hidden state)\n", rep->policy);
+    for (int i = 0; i < rep->n_causes; i++) {
+        const needle_cause *c = &rep->causes[i];
+        fprintf(f, "    %d. %s: %s", i + 1, needle_cause_name(c->kind), c->evidence);
+        fprintf(f, ": %s\n", c->fix);
+    }
+    fprintf(f, "  %s\n", rep->kept);
+}

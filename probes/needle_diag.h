@@ -1,0 +1,93 @@
+/* needle_diag.h: why a needle was missed, from recorded events alone.
+ *
+ * needle_diagnose reads a probe_store (live, or loaded from a trace on a
+ * machine without the model): the PROBE_NEEDLE events of the policy's needle
+ * watch, the prefill events, and the case's PROBE_NIAH events of dense and
+ * the sparse policy. It weighs every needle block at every judged step,
+ * layer and KV head by the exact attention mass on its needle tokens (the
+ * oracle's), so a block dropped where attention never looked costs little
+ * and one dropped in the heads that read the needle costs a lot; the shares
+ * it compares with the thresholds below are shares of that mass. Causes are
+ * named generically (model, budget, never selected, window, compressed) and
+ * the report says which policy they concern. docs/NEEDLE.md explains it. */
+#ifndef SKV_NEEDLE_DIAG_H
+#define SKV_NEEDLE_DIAG_H
+
+#include "store.h"
+
+#include <stdio.h>
+
+#define NEEDLE_VALUE_MAX 32
+
+typedef struct needle_report needle_report;
+
+
+/* Causes, named for any policy (needle_cause_name); the comment says what
+ * each means under a block-selection policy such as ShadowKV. */
+enum {
+    NEEDLE_CAUSE_DENSE,        /* "model": the model misses it with dense attention too */
+    NEEDLE_CAUSE_BUDGET,       /* "budget": needle blocks ranked below the budget */
+    NEEDLE_CAUSE_OUTLIER,      /* "never selected": the policy's score misranked a needle block that
+                                  exact attention ranks in, and nothing else kept it (not an outlier) */
+    NEEDLE_CAUSE_LOCAL,        /* "window": a dropped needle block lies just before the always-kept window */
+    NEEDLE_CAUSE_RANK,         /* "compressed": the compressed (low-rank, quantized) keys blurred the needle */
+    NEEDLE_N_CAUSES
+};
+
+/* Thresholds of the verdict (docs/NEEDLE.md). Shares are of the needle's
+ * exact attention mass summed over the judged steps, layers and KV heads. */
+#define NEEDLE_MIN_SHARE 0.05      /* budget, outlier, local: dropped share at least this */
+#define NEEDLE_RANK_ERR 0.20       /* rank: mass-weighted key error of the selected needle chunks */
+#define NEEDLE_RANK_TARGET 0.10    /* rank fix: key error the suggested rank reaches in every layer */
+#define NEEDLE_LOCAL_REACH 16      /* local: a window of max(4 x --local, this) chunks would cover it */
+
+const char *needle_cause_name(int kind);   /* "model", "budget", "never selected", "window", "compressed" */
+
+typedef struct {
+    int kind;                  /* NEEDLE_CAUSE_* */
+    double score;              /* decisiveness in [0, 1]; the dense cause always comes first */
+    int step, layer, head, chunk; /* where the evidence is strongest; -1 where it does not apply */
+    char evidence[480];
+    char fix[200];
+} needle_cause;
+
+struct needle_report {
+    int id;                    /* needle id in the store */
+    int tok_begin, tok_end;    /* the needle's token span */
+    int first_chunk, n_chunks; /* its chunks: first_chunk .. first_chunk + n_chunks - 1 */
+    int chunk, prompt_len, prompt_chunks, local_start; /* tokens per chunk, prompt, its full chunks, window */
+    int n_layers, n_heads;     /* KV heads */
+    int k, n_cand;             /* chunks selected per KV head, candidates per head (-1 unknown) */
+    int rank, budget, outliers, local; /* the run's settings */
+    int n_steps;               /* decode steps with needle data */
+    int last_step;             /* steps 0..last_step were judged (through the first divergence) */
+    int has_oracle;
+    char policy[32];           /* the sparse method the report concerns */
+    int dense_hit, sparse_hit; /* -1: unknown (no PROBE_NIAH events) */
+    char value[NEEDLE_VALUE_MAX];
+    char dense_answer[96], sparse_answer[96];
+    int diverge_step;          /* first decode step whose argmax differs from dense, -1 none */
+    float diverge_logit;       /* logit distance there, -1 unknown */
+    int n_div;                 /* layers listed below (largest output error first) */
+    int div_layer[4];
+    float div_err[4];
+    /* shares of the needle's exact attention mass over the judged steps */
+    double share_dropped, share_misranked, share_near_local, share_selected, share_outlier, share_local;
+    double key_err_selected;   /* mass-weighted key error of the selected needle chunks, -1 none */
+    char kept[480];            /* what ShadowKV did with the needle's chunks */
+    char divergence[400];
+    int n_causes;              /* causes that apply, most decisive first */
+    needle_cause causes[NEEDLE_N_CAUSES];
+};
+
+/* Diagnoses needle id from st (a ShadowKV run with the needle watch and
+ * oracle; its PROBE_NIAH events, when present, give the answers).
+ * SKV_EMISSING when st has no needle data. */
+int needle_diagnose(const probe_store *st, int id, needle_report *rep);
+
+/* The whole report: span and chunks, per-layer prefill figures, per step,
+ * layer and KV head the needle chunks' state and masses, the divergence,
+ * the verdict and what ShadowKV kept. */
+void needle_report_print(FILE *f, const probe_store *st, const needle_report *rep);
+
+#endif
