@@ -630,6 +630,22 @@ static void test_cli(void) {
     canvas_free(c);
     free(px);
     probe_store_free(st);
+
+    /* The diagnosis from the trace alone equals the live one of the traced case. */
+    int traced = cJSON_GetObjectItem(root, "traced_case") ? cJSON_GetObjectItem(root, "traced_case")->valueint : -1;
+    char head[64], *live = NULL;
+    snprintf(head, sizeof head, "case %d: ", traced);
+    for (char *p = out; (p = strstr(p, head)); p++)
+        if (p == out || p[-1] == '\n') { live = strchr(p, '\n'); break; }
+    char *live_end = live ? strstr(live + 1, "\n\n") : NULL;
+    static char diag[1 << 18];
+    snprintf(args, sizeof args, "needle --diagnose %s", trace);
+    rc = run_skv(args, diag, sizeof diag, err);
+    char *from_trace = strchr(diag, '\n');
+    size_t n_live = live && live_end ? (size_t)(live_end - live) : 0;
+    test_cond("skv needle --diagnose TRACE gives the traced case's report, verdict included, as --explain gave it live",
+              rc == 0 && traced >= 0 && n_live > 0 && from_trace && strstr(from_trace, "verdict:") &&
+                  strlen(from_trace) == n_live + 1 && !strncmp(from_trace, live, n_live));
     cJSON_Delete(root);
 
     /* outputs are kept without --force; bad lists are one line and exit 2 */

@@ -56,6 +56,7 @@ static void needle_help(FILE *o) {
             "      --oracle          run the oracle without printing the diagnoses (JSON gets them)\n"
             "      --json FILE       write every case (and the diagnoses) as JSON\n"
             "      --png FILE        write the NIAH heatmap, one panel per policy\n"
+            "      --diagnose FILE   explain the miss recorded in a trace (from --trace), without the model\n"
             "      --trace FILE      record the explained case's probes and all results (for skv inspect\n"
             "                        --trace and skv export --view needle|niah)\n"
             "      --force           replace existing output files\n"
@@ -419,6 +420,28 @@ static int write_file_atomic(const char *path, const char *text, int force) {
 
 /* ---- the command ---------------------------------------------------------------- */
 
+/* skv needle --diagnose FILE: the diagnosis of the case a trace holds in
+ * detail, from its events alone (no model needed). */
+static int diagnose_trace(const char *path) {
+    probe_store *st = NULL;
+    needle_report *rep = malloc(sizeof *rep);
+    int rc = rep ? probe_store_new(&st) : skv_error(SKV_ENOMEM, "out of memory");
+    if (!rc) rc = trace_load_store(path, st);
+    if (!rc && probe_store_n_needles(st) == 0)
+        rc = skv_error(SKV_EMISSING, "%s: the trace holds no needle events (record one with skv needle --explain "
+                       "--trace FILE)", path);
+    if (!rc) rc = needle_diagnose(st, 0, rep);
+    if (!rc) {
+        printf("%s: %s, value %s: dense %s, %s %s\n", path, rep->policy, rep->value,
+               rep->dense_hit < 0 ? "?" : rep->dense_hit ? "hit" : "missed",
+               rep->policy, rep->sparse_hit < 0 ? "?" : rep->sparse_hit ? "hit" : "missed");
+        needle_report_print(stdout, st, rep);
+    }
+    probe_store_free(st);
+    free(rep);
+    return rc ? cli_fail() : 0;
+}
+
 int cmd_needle(int argc, char **argv) {
     cli_gen g;
     cli_gen_default(&g);
@@ -439,6 +462,11 @@ int cmd_needle(int argc, char **argv) {
     for (int i = 1; i < argc; i++) {
         const char *a = argv[i], *v = i + 1 < argc ? argv[i + 1] : NULL;
         if (!strcmp(a, "-h") || !strcmp(a, "--help")) { needle_help(stdout); return 0; }
+        if (!strcmp(a, "--diagnose")) {
+            if (!v) return cli_usage_error("needle", "--diagnose needs a trace file");
+            if (argc != 3) return cli_usage_error("needle", "--diagnose FILE takes no other option");
+            return diagnose_trace(v);
+        }
         if (!strcmp(a, "--explain")) { explain = 1; continue; }
         if (!strcmp(a, "--force")) { force = 1; continue; }
         static const char *const valued[] = { "--lengths", "--depths", "--haystack", "--needle", "--question",
