@@ -11,6 +11,7 @@
 #include <stdlib.h>
 #include <string.h>
 #include <time.h>
+#include <unistd.h>
 
 static _Thread_local char last_error[1024];
 
@@ -57,6 +58,63 @@ void *skv_aligned_alloc(size_t n) {
     void *p = aligned_alloc(64, rounded ? rounded : 64);
     if (p) memset(p, 0, rounded ? rounded : 64);
     return p;
+}
+
+int skv_temp_beside(const char *path, const char *suffix, char **tmp) {
+    size_t n = strlen(path) + strlen(suffix) + 8;
+    if (!(*tmp = malloc(n))) return skv_error(SKV_ENOMEM, "%s: out of memory", path);
+    snprintf(*tmp, n, "%s%sXXXXXX", path, suffix);
+    int fd = mkstemp(*tmp);
+    if (fd < 0) {
+        int e = errno;
+        free(*tmp);
+        *tmp = NULL;
+        return skv_error(SKV_EIO, "%s: cannot create a temporary file beside it: %s", path, strerror(e));
+    }
+    return fd;
+}
+
+static int exists_error(const char *path) {
+    return skv_error(SKV_EIO, "%s: file exists; not overwriting it (force to replace)", path);
+}
+
+int skv_place(const char *tmp, const char *path, int force) {
+    struct stat st;
+    int rc = 0, renamed = 0;
+    if (force) {
+        if (rename(tmp, path) == 0) renamed = 1;
+        else rc = skv_error(SKV_EIO, "%s: cannot rename into place: %s", path, strerror(errno));
+    } else if (link(tmp, path) != 0) {
+        if (errno == EEXIST || lstat(path, &st) == 0) rc = exists_error(path);
+        else if (rename(tmp, path) == 0) renamed = 1;
+        else rc = skv_error(SKV_EIO, "%s: cannot rename into place: %s", path, strerror(errno));
+    }
+    if (!renamed) unlink(tmp); /* the spare name after a link, or the file after a failure */
+    return rc;
+}
+
+int skv_save_atomic(const char *path, int force, int (*write)(FILE *f, void *ctx, const char *path), void *ctx) {
+    struct stat st;
+    if (!force && lstat(path, &st) == 0) return exists_error(path);
+    char *tmp;
+    int fd = skv_temp_beside(path, ".tmp-", &tmp);
+    if (fd < 0) return fd;
+    fchmod(fd, 0644);
+    FILE *f = fdopen(fd, "wb");
+    if (!f) {
+        close(fd);
+        unlink(tmp);
+        free(tmp);
+        return skv_error(SKV_EIO, "%s: cannot open a temporary file beside it", path);
+    }
+    int rc = write(f, ctx, path);
+    if (rc == SKV_OK && (fflush(f) != 0 || fsync(fileno(f)) != 0))
+        rc = skv_error(SKV_EIO, "%s: cannot write: %s", path, strerror(errno));
+    if (fclose(f) != 0 && rc == SKV_OK) rc = skv_error(SKV_EIO, "%s: cannot write: %s", path, strerror(errno));
+    if (rc == SKV_OK) rc = skv_place(tmp, path, force);
+    else unlink(tmp);
+    free(tmp);
+    return rc;
 }
 
 double skv_now(void) {

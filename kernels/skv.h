@@ -9,6 +9,7 @@
 
 #include <stddef.h>
 #include <stdint.h>
+#include <stdio.h>
 
 enum {
     SKV_OK = 0,
@@ -40,6 +41,25 @@ void *skv_aligned_alloc(size_t n);   /* 64-byte aligned, zeroed; free with free(
 /* Reads a whole regular file of at most max bytes into a NUL-terminated
  * buffer the caller frees. SKV_EMISSING when it does not exist. */
 int skv_read_file(const char *path, size_t max, char **out, size_t *len);
+
+/* ---- files: never overwrite or lose a user's file ---------------------- */
+
+/* Creates a temporary file beside path, named path + suffix + 6 random
+ * characters; *tmp gets the malloc'd name. Returns the open descriptor, or a
+ * negative SKV_E* code with a message naming path. */
+int skv_temp_beside(const char *path, const char *suffix, char **tmp);
+
+/* Moves the finished temporary file tmp to path. With force it replaces
+ * what is there (rename); without, link() refuses to replace, which closes
+ * the race between an existence check and now (rename where links are
+ * unsupported). tmp is gone afterwards either way. 0 or SKV_EIO. */
+int skv_place(const char *tmp, const char *path, int force);
+
+/* Writes path atomically: refuses an existing path without force, runs
+ * write(f, ctx, path) into a temporary file beside it (mode 0644), flushes
+ * and fsyncs it, then skv_place. On any error nothing is left behind and an
+ * existing file is untouched. */
+int skv_save_atomic(const char *path, int force, int (*write)(FILE *f, void *ctx, const char *path), void *ctx);
 
 /* Monotonic clock in seconds. */
 double skv_now(void);

@@ -225,20 +225,6 @@ static int writer_fail(trace_writer *w, int rc) {
     return rc;
 }
 
-/* A file named template (ending in XXXXXX) created next to path. */
-static int make_temp(const char *path, const char *suffix, char **name) {
-    size_t n = strlen(path) + strlen(suffix) + 8;
-    *name = malloc(n);
-    if (!*name) return -1;
-    snprintf(*name, n, "%s%sXXXXXX", path, suffix);
-    int fd = mkstemp(*name);
-    if (fd < 0) {
-        free(*name);
-        *name = NULL;
-    }
-    return fd;
-}
-
 static void writer_callback(const probe_event *ev, void *user) { trace_writer_write(user, ev); }
 
 int trace_writer_open(const char *path, probe_bus *bus, trace_writer **out) {
@@ -248,13 +234,13 @@ int trace_writer_open(const char *path, probe_bus *bus, trace_writer **out) {
     w->path = strdup(path);
     w->body_buf = malloc(BODY_BUF);
     char *tmp = NULL;
-    int fd = w->path && w->body_buf ? make_temp(path, ".rec.", &tmp) : -1;
+    int fd = w->path && w->body_buf ? skv_temp_beside(path, ".rec.", &tmp)
+                                    : skv_error(SKV_ENOMEM, "%s: out of memory for the trace writer", path);
     if (fd < 0) {
-        int e = errno;
         free(w->path);
         free(w->body_buf);
         free(w);
-        return skv_error(SKV_EIO, "%s: cannot create a temporary file next to it: %s", path, strerror(e));
+        return fd;
     }
     unlink(tmp);   /* anonymous from now on: a crash leaves nothing behind */
     free(tmp);
@@ -409,6 +395,11 @@ static int writer_assemble(trace_writer *w, FILE *f) {
     return 0;
 }
 
+static int assemble_cb(FILE *f, void *ctx, const char *path) {
+    (void)path;
+    return writer_assemble(ctx, f);
+}
+
 int trace_writer_close(trace_writer *w) {
     if (!w) return 0;
     if (w->sub) {
@@ -416,23 +407,7 @@ int trace_writer_close(trace_writer *w) {
         w->sub = NULL;
     }
     int rc = w->err ? skv_error(w->err, "%s", w->msg) : 0;
-    char *tmp = NULL;
-    if (!rc) {
-        int fd = make_temp(w->path, ".tmp.", &tmp);
-        FILE *f = fd >= 0 ? fdopen(fd, "wb") : NULL;
-        if (!f) {
-            rc = skv_error(SKV_EIO, "%s: cannot create a temporary file next to it: %s", w->path, strerror(errno));
-            if (fd >= 0) close(fd);
-        } else {
-            fchmod(fd, 0644);
-            rc = writer_assemble(w, f);
-            if (fclose(f) && !rc) rc = skv_error(SKV_EIO, "%s: cannot write the trace: %s", w->path, strerror(errno));
-        }
-        if (!rc && rename(tmp, w->path))
-            rc = skv_error(SKV_EIO, "%s: cannot rename the finished trace into place: %s", w->path, strerror(errno));
-        if (rc && tmp) unlink(tmp);
-    }
-    free(tmp);
+    if (!rc) rc = skv_save_atomic(w->path, 1, assemble_cb, w);
     writer_free(w);
     return rc;
 }

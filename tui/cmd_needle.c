@@ -389,32 +389,8 @@ static char *json_text(const skv_model *m, const needle_opts *o, const needle_re
     return text;
 }
 
-/* Writes text to path atomically (a temporary file renamed into place). */
-static int write_file_atomic(const char *path, const char *text, int force) {
-    if (!force && file_exists(path)) return skv_error(SKV_EIO, "%s exists; use --force to replace it", path);
-    size_t n = strlen(path);
-    char *tmp = malloc(n + 16);
-    if (!tmp) return skv_error(SKV_ENOMEM, "out of memory");
-    snprintf(tmp, n + 16, "%s.tmp.XXXXXX", path);
-    int fd = mkstemp(tmp);
-    if (fd < 0) {
-        int rc = skv_error(SKV_EIO, "%s: cannot create a file next to it", path);
-        free(tmp);
-        return rc;
-    }
-    mode_t um = umask(0);
-    umask(um);
-    fchmod(fd, 0666 & ~um); /* as an ordinary new file would get */
-    FILE *f = fdopen(fd, "w");
-    int ok = f && fputs(text, f) >= 0 && fputc('\n', f) != EOF;
-    if (f) ok &= fclose(f) == 0;
-    else close(fd);
-    if (!ok || rename(tmp, path)) {
-        unlink(tmp);
-        free(tmp);
-        return skv_error(SKV_EIO, "%s: cannot write it", path);
-    }
-    free(tmp);
+static int put_text(FILE *f, void *ctx, const char *path) {
+    if (fputs(ctx, f) < 0 || fputc('\n', f) == EOF) return skv_error(SKV_EIO, "%s: cannot write it", path);
     return 0;
 }
 
@@ -592,7 +568,7 @@ int cmd_needle(int argc, char **argv) {
     if (json) {
         char *text = json_text(m, &o, &res, &rs, hay_path);
         if (!text) rc = skv_error(SKV_ENOMEM, "out of memory writing %s", json);
-        else rc = write_file_atomic(json, text, force);
+        else rc = skv_save_atomic(json, force, put_text, text);
         free(text);
         if (rc) { rc = cli_fail(); goto done; }
         fprintf(stderr, "skv needle: wrote %s\n", json);

@@ -126,53 +126,6 @@ int canvas_save(canvas *c, const char *path, int force) {
     return c->ops->save(c, path, force);
 }
 
-static int exists_error(const char *path) {
-    return skv_error(SKV_EIO, "%s: file exists; not overwriting it (force to replace)", path);
-}
-
-int canvas_save_atomic(const char *path, int force, int (*write)(FILE *f, void *ctx, const char *path), void *ctx) {
-    struct stat st;
-    if (!force && lstat(path, &st) == 0) return exists_error(path);
-    size_t n = strlen(path) + 16;
-    char *tmp = malloc(n);
-    if (!tmp) return skv_error(SKV_ENOMEM, "%s: out of memory", path);
-    snprintf(tmp, n, "%s.tmp-XXXXXX", path);
-    int fd = mkstemp(tmp);
-    if (fd < 0) {
-        int e = errno;
-        free(tmp);
-        return skv_error(SKV_EIO, "%s: cannot create a temporary file beside it: %s", path, strerror(e));
-    }
-    fchmod(fd, 0644);
-    FILE *f = fdopen(fd, "wb");
-    if (!f) {
-        close(fd);
-        unlink(tmp);
-        free(tmp);
-        return skv_error(SKV_EIO, "%s: cannot open a temporary file beside it", path);
-    }
-    int rc = write(f, ctx, path);
-    if (rc == SKV_OK && (fflush(f) != 0 || fsync(fileno(f)) != 0))
-        rc = skv_error(SKV_EIO, "%s: cannot write: %s", path, strerror(errno));
-    if (fclose(f) != 0 && rc == SKV_OK) rc = skv_error(SKV_EIO, "%s: cannot write: %s", path, strerror(errno));
-    int renamed = 0;
-    if (rc == SKV_OK) {
-        if (force) {
-            if (rename(tmp, path) == 0) renamed = 1;
-            else rc = skv_error(SKV_EIO, "%s: cannot rename into place: %s", path, strerror(errno));
-        } else if (link(tmp, path) != 0) {
-            /* link() refuses to replace, which closes the race between the
-             * check above and now; where links are unsupported, rename. */
-            if (errno == EEXIST || lstat(path, &st) == 0) rc = exists_error(path);
-            else if (rename(tmp, path) == 0) renamed = 1;
-            else rc = skv_error(SKV_EIO, "%s: cannot rename into place: %s", path, strerror(errno));
-        }
-    }
-    if (!renamed) unlink(tmp); /* the spare name after a link, or the partial file after a failure */
-    free(tmp);
-    return rc;
-}
-
 void canvas_free(canvas *c) {
     if (c) c->ops->free(c);
 }

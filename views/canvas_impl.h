@@ -53,7 +53,8 @@ const char *canvas_png_family(const canvas *c, int bold);
 /* Writes a file the safe way: refuses an existing path unless force, has
  * write() fill a temporary file beside it, syncs it, then renames (or, without
  * force, links) it into place, so a failure never leaves a partial file. */
-int canvas_save_atomic(const char *path, int force, int (*write)(FILE *f, void *ctx, const char *path), void *ctx);
+/* Back ends save with skv_save_atomic (kernels/skv.h): a temporary file
+ * beside the target, never overwriting unless forced. */
 
 /* Cuts the segment to the rectangle (Liang-Barsky); 0 when nothing is left. */
 int canvas_clip_segment(canvas_rect r, double *x0, double *y0, double *x1, double *y1);

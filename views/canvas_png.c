@@ -434,7 +434,7 @@ static int write_png(png_canvas *p, FILE *f, const char *path) {
 static int png_writer(FILE *f, void *ctx, const char *path) { return write_png(ctx, f, path); }
 
 static int pix_save(canvas *c, const char *path, int force) {
-    return canvas_save_atomic(path, force, png_writer, pc_of(c));
+    return skv_save_atomic(path, force, png_writer, pc_of(c));
 }
 
 int canvas_png_save(canvas *c, const char *path, int force) {

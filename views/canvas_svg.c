@@ -196,7 +196,7 @@ static int svg_writer(FILE *f, void *ctx, const char *path) {
 }
 
 static int svg_save(canvas *c, const char *path, int force) {
-    return canvas_save_atomic(path, force, svg_writer, sc_of(c));
+    return skv_save_atomic(path, force, svg_writer, sc_of(c));
 }
 
 static void svg_free(canvas *c) {

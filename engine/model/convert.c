@@ -327,35 +327,14 @@ static int write_meta(gguf_writer *w, const skv_model *m, const char *arch, enum
 
 /* ---- placing the file ---- */
 
-static int exists_error(const char *path) {
-    return skv_error(SKV_EIO, "%s: file exists; not overwriting it (force to replace)", path);
-}
-
-/* Moves tmp to path: rename with force, else link (which never replaces, so
- * a file that appeared meanwhile is kept; rename where links are
- * unsupported). tmp is gone afterwards either way. */
-static int place(const char *tmp, const char *path, int force) {
-    struct stat st;
-    int rc = 0, renamed = 0;
-    if (force) {
-        if (rename(tmp, path) == 0) renamed = 1;
-        else rc = skv_error(SKV_EIO, "%s: cannot rename into place: %s", path, strerror(errno));
-    } else if (link(tmp, path) != 0) {
-        if (errno == EEXIST || lstat(path, &st) == 0) rc = exists_error(path);
-        else if (rename(tmp, path) == 0) renamed = 1;
-        else rc = skv_error(SKV_EIO, "%s: cannot rename into place: %s", path, strerror(errno));
-    }
-    if (!renamed) unlink(tmp);
-    return rc;
-}
-
 int convert_write_gguf(const skv_model *m, const char *path, const convert_opts *o, convert_info *info) {
     if (info) memset(info, 0, sizeof *info);
     if (!m || !path || !*path || !o) return skv_error(SKV_EINVAL, "convert: no model or output path");
     if (!is_matrix_type_ok(o->type))
         return skv_error(SKV_EINVAL, "convert: output type %s is not offered (f32, f16)", ggml_type_name(o->type));
     struct stat st;
-    if (!o->force && lstat(path, &st) == 0) return exists_error(path);
+    if (!o->force && lstat(path, &st) == 0)
+        return skv_error(SKV_EIO, "%s: file exists; not overwriting it (force to replace)", path);
     const model_config *c = &m->cfg;
     const char *arch;
     if (!strcmp(c->arch, "llama") || !strcmp(c->arch, "mistral")) arch = "llama";
@@ -390,25 +369,15 @@ int convert_write_gguf(const skv_model *m, const char *path, const convert_opts 
 
     char *tmp = NULL;
     if (!rc) {
-        size_t n = strlen(path) + 24;
-        if (!(tmp = malloc(n))) rc = skv_error(SKV_ENOMEM, "out of memory");
-        else {
-            snprintf(tmp, n, "%s.convert-XXXXXX", path);
-            int fd = mkstemp(tmp);
-            if (fd < 0) {
-                rc = skv_error(SKV_EIO, "%s: cannot create a temporary file beside it: %s", path, strerror(errno));
-                free(tmp);
-                tmp = NULL;
-            } else {
-                close(fd);
-            }
-        }
+        int fd = skv_temp_beside(path, ".convert-", &tmp);
+        if (fd < 0) rc = fd;
+        else close(fd);
     }
     if (!rc) {
         rc = gguf_writer_write(w, tmp, fill, &cx); /* its own temp file, renamed over ours */
         if (rc && cx.fill_rc) rc = skv_error(cx.fill_rc, "%s", cx.fill_msg);
         if (rc) unlink(tmp);
-        else rc = place(tmp, path, o->force);
+        else rc = skv_place(tmp, path, o->force);
     }
     if (!rc && info) {
         snprintf(info->arch, sizeof info->arch, "%s", arch);

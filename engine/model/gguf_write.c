@@ -445,20 +445,17 @@ int gguf_writer_write(gguf_writer *w, const char *path, gguf_fill_fn fill, void 
     if (cap > SIZE_MAX / 2) return skv_error(SKV_ENOMEM, "%s: a row of %llu bytes is too big to buffer", path,
                                              (unsigned long long)cap);
 
-    size_t plen = strlen(path);
-    char *tmp = malloc(plen + 16);
+    char *tmp = NULL;
     out_file *o = malloc(sizeof *o);
     uint8_t *buf = cap ? malloc((size_t)cap) : NULL;
-    if (!tmp || !o || (cap && !buf)) {
-        free(tmp); free(o); free(buf);
+    if (!o || (cap && !buf)) {
+        free(o); free(buf);
         return skv_error(SKV_ENOMEM, "%s: out of memory preparing to write", path);
     }
-    snprintf(tmp, plen + 16, "%s.tmp-XXXXXX", path);
-    int fd = mkstemp(tmp);
+    int fd = skv_temp_beside(path, ".tmp-", &tmp);
     if (fd < 0) {
-        rc = skv_error(SKV_EIO, "%s: cannot create a temporary file next to it: %s", path, strerror(errno));
-        free(tmp); free(o); free(buf);
-        return rc;
+        free(o); free(buf);
+        return fd;
     }
     o->fd = fd;
     o->path = path;
