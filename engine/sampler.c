@@ -13,9 +13,8 @@ int sampler_init(sampler *s, const sampler_opts *o, int vocab) {
     z = (z ^ (z >> 30)) * 0xbf58476d1ce4e5b9ull;
     z = (z ^ (z >> 27)) * 0x94d049bb133111ebull;
     s->rng = (z ^ (z >> 31)) | 1;
-    s->idx = malloc(sizeof(int) * vocab);
-    s->p = malloc(sizeof(float) * vocab);
-    if (!s->idx || !s->p) {
+    s->cand = malloc(sizeof(sampler_cand) * vocab);
+    if (!s->cand) {
         sampler_free(s);
         return skv_error(SKV_ENOMEM, "out of memory");
     }
@@ -23,10 +22,8 @@ int sampler_init(sampler *s, const sampler_opts *o, int vocab) {
 }
 
 void sampler_free(sampler *s) {
-    free(s->idx);
-    free(s->p);
-    s->idx = NULL;
-    s->p = NULL;
+    free(s->cand);
+    s->cand = NULL;
 }
 
 int sampler_argmax(const float *l, int n) {
@@ -43,44 +40,42 @@ static double uniform(sampler *s) {
     return ((s->rng * 0x2545f4914f6cdd1dull) >> 11) * (1.0 / 9007199254740992.0);
 }
 
-static const float *cmp_base;
+/* Higher probability first; equal probabilities by lower token id. */
 static int by_prob_desc(const void *a, const void *b) {
-    float x = cmp_base[*(const int *)a], y = cmp_base[*(const int *)b];
-    return x < y ? 1 : x > y ? -1 : (*(const int *)a - *(const int *)b);
+    const sampler_cand *x = a, *y = b;
+    return x->p < y->p ? 1 : x->p > y->p ? -1 : (x->id > y->id) - (x->id < y->id);
 }
 
 int sampler_sample(sampler *s, const float *logits) {
     int n = s->vocab;
     if (s->o.temp <= 0) return sampler_argmax(logits, n);
+    sampler_cand *cd = s->cand;
     float mx = logits[sampler_argmax(logits, n)];
     double sum = 0;
     for (int i = 0; i < n; i++) {
-        s->p[i] = expf((logits[i] - mx) / s->o.temp);
-        sum += s->p[i];
+        cd[i].p = expf((logits[i] - mx) / s->o.temp);
+        cd[i].id = i;
+        sum += cd[i].p;
     }
-    for (int i = 0; i < n; i++) {
-        s->p[i] /= (float)sum;
-        s->idx[i] = i;
-    }
+    for (int i = 0; i < n; i++) cd[i].p /= (float)sum;
     int k = n;
     if (s->o.top_k > 0 && s->o.top_k < n) k = s->o.top_k;
     if (k < n || s->o.top_p < 1) {
-        cmp_base = s->p;  /* sampling is single-threaded per sampler */
-        qsort(s->idx, n, sizeof(int), by_prob_desc);
+        qsort(cd, n, sizeof *cd, by_prob_desc);
         if (s->o.top_p < 1) {
             double c = 0;
             for (int i = 0; i < k; i++) {
-                c += s->p[s->idx[i]];
+                c += cd[i].p;
                 if (c >= s->o.top_p) { k = i + 1; break; }
             }
         }
     }
     double tot = 0;
-    for (int i = 0; i < k; i++) tot += s->p[s->idx[i]];
+    for (int i = 0; i < k; i++) tot += cd[i].p;
     double r = uniform(s) * tot, c = 0;
     for (int i = 0; i < k; i++) {
-        c += s->p[s->idx[i]];
-        if (r < c) return s->idx[i];
+        c += cd[i].p;
+        if (r < c) return cd[i].id;
     }
-    return s->idx[k - 1];
+    return cd[k - 1].id;
 }

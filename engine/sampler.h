@@ -12,12 +12,19 @@ typedef struct {
     uint64_t seed;
 } sampler_opts;
 
+/* A token and its probability, sorted as a pair so that the comparator
+ * needs no state outside its arguments (any number of samplers may sort at
+ * once, on any threads). */
+typedef struct {
+    float p;
+    int id;
+} sampler_cand;
+
 typedef struct {
     sampler_opts o;
     uint64_t rng;
     int vocab;
-    int *idx;        /* (vocab) scratch */
-    float *p;        /* (vocab) scratch */
+    sampler_cand *cand; /* (vocab) scratch */
 } sampler;
 
 int sampler_init(sampler *s, const sampler_opts *o, int vocab);

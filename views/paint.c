@@ -707,15 +707,21 @@ static void data_range(const paint_axis *a, double lo, double hi, int nice, doub
     *out_hi = hi;
 }
 
+/* The prologue of every painter: the layout state L, the rect r snapped to
+ * the canvas grid, res (the caller's or a local one) reset to r, and the
+ * geometry g; a missing spec is an error, an empty rect draws nothing. */
+#define PAINT_BEGIN(spec, missing)                                        \
+    paint_result local, *res = res_out ? res_out : &local;                \
+    lay L;                                                                \
+    lay_init(&L, c);                                                      \
+    canvas_rect r = snap_rect(L.g, rr);                                   \
+    result_init(res, r);                                                  \
+    if (!(spec)) return skv_error(SKV_EINVAL, "%s", missing);             \
+    if (r.w <= 0 || r.h <= 0) return SKV_OK;                              \
+    const canvas_geom *g = L.g
+
 int paint_draw_plot(canvas *c, canvas_rect rr, const paint_plot *p, paint_result *res_out) {
-    paint_result local, *res = res_out ? res_out : &local;
-    lay L;
-    lay_init(&L, c);
-    canvas_rect r = snap_rect(L.g, rr);
-    result_init(res, r);
-    if (!p) return skv_error(SKV_EINVAL, "paint_draw_plot: no plot given");
-    if (r.w <= 0 || r.h <= 0) return SKV_OK;
-    const canvas_geom *g = L.g;
+    PAINT_BEGIN(p, "paint_draw_plot: no plot given");
 
     /* data ranges */
     double xlo = INFINITY, xhi = -INFINITY, ylo = INFINITY, yhi = -INFINITY;
@@ -887,14 +893,7 @@ static void grid_layout(lay *L, frame *f, ticks *xt, ticks *yt, const paint_axis
 }
 
 int paint_draw_heatmap(canvas *c, canvas_rect rr, const paint_heatmap *h, paint_result *res_out) {
-    paint_result local, *res = res_out ? res_out : &local;
-    lay L;
-    lay_init(&L, c);
-    canvas_rect r = snap_rect(L.g, rr);
-    result_init(res, r);
-    if (!h) return skv_error(SKV_EINVAL, "paint_draw_heatmap: no heatmap given");
-    if (r.w <= 0 || r.h <= 0) return SKV_OK;
-    const canvas_geom *g = L.g;
+    PAINT_BEGIN(h, "paint_draw_heatmap: no heatmap given");
     int nx = h->v ? h->nx : 0, ny = h->v ? h->ny : 0;
     if (nx < 0 || ny < 0) nx = ny = 0;
 
@@ -1042,14 +1041,7 @@ static void draw_highlight(lay *L, frame *f, int vertical, double a, double b) {
 }
 
 int paint_draw_raster(canvas *c, canvas_rect rr, const paint_raster *gr, paint_result *res_out) {
-    paint_result local, *res = res_out ? res_out : &local;
-    lay L;
-    lay_init(&L, c);
-    canvas_rect r = snap_rect(L.g, rr);
-    result_init(res, r);
-    if (!gr) return skv_error(SKV_EINVAL, "paint_draw_raster: no raster given");
-    if (r.w <= 0 || r.h <= 0) return SKV_OK;
-    const canvas_geom *g = L.g;
+    PAINT_BEGIN(gr, "paint_draw_raster: no raster given");
     int nx = gr->cat ? gr->nx : 0, ny = gr->cat ? gr->ny : 0;
     if (nx < 0 || ny < 0) nx = ny = 0;
     int ncat = gr->cats ? gr->n_cats : 0;
@@ -1123,14 +1115,7 @@ int paint_draw_raster(canvas *c, canvas_rect rr, const paint_raster *gr, paint_r
 /* ---------------------------------------------------------------- strip */
 
 int paint_draw_strip(canvas *c, canvas_rect rr, const paint_strip *s, paint_result *res_out) {
-    paint_result local, *res = res_out ? res_out : &local;
-    lay L;
-    lay_init(&L, c);
-    canvas_rect r = snap_rect(L.g, rr);
-    result_init(res, r);
-    if (!s) return skv_error(SKV_EINVAL, "paint_draw_strip: no strip given");
-    if (r.w <= 0 || r.h <= 0) return SKV_OK;
-    const canvas_geom *g = L.g;
+    PAINT_BEGIN(s, "paint_draw_strip: no strip given");
     int n = s->v ? s->n : 0, ncat = s->cats ? s->n_cats : 0;
     if (n < 0) n = 0;
 
@@ -1213,14 +1198,7 @@ int paint_draw_strip(canvas *c, canvas_rect rr, const paint_strip *s, paint_resu
 /* ---------------------------------------------------------------- gantt */
 
 int paint_draw_gantt(canvas *c, canvas_rect rr, const paint_gantt *gt, paint_result *res_out) {
-    paint_result local, *res = res_out ? res_out : &local;
-    lay L;
-    lay_init(&L, c);
-    canvas_rect r = snap_rect(L.g, rr);
-    result_init(res, r);
-    if (!gt) return skv_error(SKV_EINVAL, "paint_draw_gantt: no timeline given");
-    if (r.w <= 0 || r.h <= 0) return SKV_OK;
-    const canvas_geom *g = L.g;
+    PAINT_BEGIN(gt, "paint_draw_gantt: no timeline given");
     int nrows = gt->rows ? gt->n_rows : 0, nops = gt->ops ? gt->n_ops : 0;
     if (nrows < 0) nrows = 0;
 
@@ -1324,14 +1302,7 @@ int paint_draw_gantt(canvas *c, canvas_rect rr, const paint_gantt *gt, paint_res
 /* ---------------------------------------------------------------- table */
 
 int paint_draw_table(canvas *c, canvas_rect rr, const paint_table *t, paint_result *res_out) {
-    paint_result local, *res = res_out ? res_out : &local;
-    lay L;
-    lay_init(&L, c);
-    canvas_rect r = snap_rect(L.g, rr);
-    result_init(res, r);
-    if (!t) return skv_error(SKV_EINVAL, "paint_draw_table: no table given");
-    if (r.w <= 0 || r.h <= 0) return SKV_OK;
-    const canvas_geom *g = L.g;
+    PAINT_BEGIN(t, "paint_draw_table: no table given");
     int nc = t->cols ? t->n_cols : 0, nr = t->cells ? t->n_rows : 0;
     if (nc <= 0) return SKV_OK;
     if (nr < 0) nr = 0;

@@ -14,53 +14,12 @@
 #include <stdlib.h>
 #include <string.h>
 
-typedef struct { int32_t rank, left, right, lid, rid, res; } cand;
-
 typedef struct {
     int32_t *id, *prev, *next;   /* (n) symbols of the current piece */
     int cap;
-    cand *heap;
-    int n_heap, cap_heap;
+    tok_heap q;                   /* key: merge rank; a, b: the pair's ids; c: the merged id */
     char *enc;                    /* (4 * n) the piece in stand-in characters */
 } bpe_work;
-
-static int cand_less(const cand *a, const cand *b) {
-    return a->rank < b->rank || (a->rank == b->rank && a->left < b->left);
-}
-
-static int heap_push(bpe_work *w, cand c) {
-    if (w->n_heap == w->cap_heap) {
-        int cap = w->cap_heap ? w->cap_heap * 2 : 256;
-        cand *h = realloc(w->heap, (size_t)cap * sizeof *h);
-        if (!h) return skv_error(SKV_ENOMEM, "tokenizer: out of memory");
-        w->heap = h;
-        w->cap_heap = cap;
-    }
-    int i = w->n_heap++;
-    while (i > 0) {
-        int p = (i - 1) / 2;
-        if (!cand_less(&c, &w->heap[p])) break;
-        w->heap[i] = w->heap[p];
-        i = p;
-    }
-    w->heap[i] = c;
-    return 0;
-}
-
-static cand heap_pop(bpe_work *w) {
-    cand top = w->heap[0], last = w->heap[--w->n_heap];
-    int i = 0, n = w->n_heap;
-    for (;;) {
-        int c = 2 * i + 1;
-        if (c >= n) break;
-        if (c + 1 < n && cand_less(&w->heap[c + 1], &w->heap[c])) c++;
-        if (!cand_less(&w->heap[c], &last)) break;
-        w->heap[i] = w->heap[c];
-        i = c;
-    }
-    if (n) w->heap[i] = last;
-    return top;
-}
 
 /* Queues the pair (a, b) when the merge list has it. */
 static int add_pair(const tok_vocab *v, bpe_work *w, int a, int b) {
@@ -68,7 +27,7 @@ static int add_pair(const tok_vocab *v, bpe_work *w, int a, int b) {
     int32_t la = w->id[a], lb = w->id[b];
     if (la < 0 || lb < 0) return 0;
     int32_t res = -1, rank = tok_merge_find(v, la, lb, &res);
-    return rank < 0 ? 0 : heap_push(w, (cand){rank, a, b, la, lb, res});
+    return rank < 0 ? 0 : tok_heap_push(&w->q, (tok_cand){rank, a, b, la, lb, res});
 }
 
 static int reserve(bpe_work *w, int n) {
@@ -126,12 +85,12 @@ static int bpe_piece(const tok_vocab *v, bpe_work *w, const unsigned char *s, in
         w->prev[i] = i - 1;
         w->next[i] = i + 1 < n ? i + 1 : -1;
     }
-    w->n_heap = 0;
+    w->q.n = 0;
     for (int i = 1; i < n && !rc; i++) rc = add_pair(v, w, i - 1, i);
-    while (w->n_heap && !rc) {
-        cand c = heap_pop(w);
-        if (w->id[c.left] != c.lid || w->next[c.left] != c.right || w->id[c.right] != c.rid) continue;
-        w->id[c.left] = c.res;
+    while (w->q.n && !rc) {
+        tok_cand c = tok_heap_pop(&w->q);
+        if (w->id[c.left] != c.a || w->next[c.left] != c.right || w->id[c.right] != c.b) continue;
+        w->id[c.left] = c.c;
         w->id[c.right] = -2;
         int nx = w->next[c.right];
         w->next[c.left] = nx;
@@ -205,7 +164,7 @@ int tok_bpe_fragment(const tok_vocab *v, const char *text, size_t len, tok_out *
     free(w.prev);
     free(w.next);
     free(w.enc);
-    free(w.heap);
+    tok_heap_free(&w.q);
     free(sp);
     free(own);
     return rc;

@@ -143,4 +143,25 @@ int tok_bpe_fragment(const tok_vocab *v, const char *text, size_t len, tok_out *
  * prefix: prepend U+2581. */
 int tok_spm_fragment(const tok_vocab *v, const char *text, size_t len, int prefix, tok_out *out);
 
+/* ---- the merge queue both BPE flavours share ---------------------------- */
+
+/* A candidate merge of the adjacent symbols left and right. key orders the
+ * queue (lowest first; ties: the leftmost pair): the merge rank for
+ * byte-level BPE, the negated token score for SentencePiece. a, b, c carry
+ * what the tokenizer checks for staleness when the candidate is popped. */
+typedef struct {
+    double key;
+    int32_t left, right;
+    int32_t a, b, c;
+} tok_cand;
+
+typedef struct {
+    tok_cand *h;
+    int n, cap;
+} tok_heap;
+
+int tok_heap_push(tok_heap *q, tok_cand c);   /* 0 or SKV_ENOMEM */
+tok_cand tok_heap_pop(tok_heap *q);           /* q->n > 0 */
+void tok_heap_free(tok_heap *q);
+
 #endif

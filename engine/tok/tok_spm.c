@@ -13,57 +13,11 @@
 #include <stdlib.h>
 #include <string.h>
 
-typedef struct { float score; int32_t left, right; uint32_t size; } cand;
-
-typedef struct {
-    cand *h;
-    int n, cap;
-} heap;
-
-/* Higher score first, then the leftmost pair. */
-static int cand_before(const cand *a, const cand *b) {
-    return a->score > b->score || (a->score == b->score && a->left < b->left);
-}
-
-static int heap_push(heap *q, cand c) {
-    if (q->n == q->cap) {
-        int cap = q->cap ? q->cap * 2 : 256;
-        cand *h = realloc(q->h, (size_t)cap * sizeof *h);
-        if (!h) return skv_error(SKV_ENOMEM, "tokenizer: out of memory");
-        q->h = h;
-        q->cap = cap;
-    }
-    int i = q->n++;
-    while (i > 0) {
-        int p = (i - 1) / 2;
-        if (!cand_before(&c, &q->h[p])) break;
-        q->h[i] = q->h[p];
-        i = p;
-    }
-    q->h[i] = c;
-    return 0;
-}
-
-static cand heap_pop(heap *q) {
-    cand top = q->h[0], last = q->h[--q->n];
-    int i = 0, n = q->n;
-    for (;;) {
-        int c = 2 * i + 1;
-        if (c >= n) break;
-        if (c + 1 < n && cand_before(&q->h[c + 1], &q->h[c])) c++;
-        if (!cand_before(&q->h[c], &last)) break;
-        q->h[i] = q->h[c];
-        i = c;
-    }
-    if (n) q->h[i] = last;
-    return top;
-}
-
 typedef struct {
     const char *text;
     uint32_t *start, *n;     /* (symbols) byte range in text; n == 0 once merged away */
     int32_t *prev, *next;
-    heap q;
+    tok_heap q;              /* key: -score; a: the pair's byte size */
 } spm_work;
 
 /* Queues the pair (a, b) when their concatenation is a token. */
@@ -72,7 +26,7 @@ static int try_pair(const tok_vocab *v, spm_work *w, int a, int b) {
     uint32_t size = w->n[a] + w->n[b];
     int id = tok_find(v, w->text + w->start[a], size);
     if (id < 0 || id >= v->n_vocab) return 0;
-    return heap_push(&w->q, (cand){v->score[id], a, b, size});
+    return tok_heap_push(&w->q, (tok_cand){-(double)v->score[id], a, b, (int32_t)size, 0, 0});
 }
 
 /* Character length from the lead byte's high nibble, as SentencePiece and
@@ -117,8 +71,8 @@ int tok_spm_fragment(const tok_vocab *v, const char *text, size_t len, int prefi
     }
     for (int i = 1; i < ns && !rc; i++) rc = try_pair(v, &w, i - 1, i);
     while (w.q.n && !rc) {
-        cand c = heap_pop(&w.q);
-        if (w.n[c.left] == 0 || w.n[c.right] == 0 || w.n[c.left] + w.n[c.right] != c.size) continue;
+        tok_cand c = tok_heap_pop(&w.q);
+        if (w.n[c.left] == 0 || w.n[c.right] == 0 || w.n[c.left] + w.n[c.right] != (uint32_t)c.a) continue;
         w.n[c.left] += w.n[c.right];
         w.n[c.right] = 0;
         int nx = w.next[c.right];
@@ -147,6 +101,6 @@ done:
     free(w.n);
     free(w.prev);
     free(w.next);
-    free(w.q.h);
+    tok_heap_free(&w.q);
     return rc;
 }
