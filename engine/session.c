@@ -55,6 +55,11 @@ int session_new(skv_model *m, const session_opts *o, skv_session **out) {
         return rc;
     }
     s->kv->bus = o->bus;
+    if (o->kv.oracle && s->kv->policy != &kv_policy_dense) {
+        kv_cache *w;
+        if ((rc = kv_oracle_new(s->kv, &o->kv, &w))) { session_free(s); return rc; }
+        s->kv = s->oracle = w;
+    }
     if (o->tap_layer >= 0) {
         if (o->tap_layer >= m->cfg.n_layers) {
             session_free(s);

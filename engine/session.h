@@ -30,6 +30,7 @@ struct skv_session {
     char notice[256];        /* a message for the user (backend fallback), or "" */
     forward_state fwd;
     kv_cache *kv;
+    kv_cache *oracle;        /* --oracle with a sparse policy: the oracle wrapper (inside kv, owned by it) */
     sampler smp;
     int n_past;              /* positions filled */
     int n_prompt;

@@ -102,6 +102,10 @@ typedef struct skv_backend {
                     const float *cs, const float *sn, float *out);
     /* y (n) = V_r·(V_rᵀ·x) for Vt (r, n); coef (r) scratch; y may be x. */
     void (*project)(const float *Vt, int r, int n, const float *x, float *y, float *coef);
+    /* Page bounds (Quest, FreeKV): min/max of the keys t0..t0+n-1 into rows
+     * t/p of mn, mx (kernels/cpu/page_ops.h), and the bound of q·k per page. */
+    void (*page_bounds)(const float *K, int stride, int d, int p, int t0, int n, float *mn, float *mx, int bstride);
+    void (*page_score)(const float *q, int d, const float *mn, const float *mx, int bstride, int n_pages, float *U);
 } skv_backend;
 
 /* ---- registry ------------------------------------------------------------ */

@@ -109,6 +109,15 @@ static const probe_field schema_niah[] = {
     SA(niah, top1_agree, PROBE_F_I32S, 10), SA(niah, logit_dist, PROBE_F_F32S, 10),
 };
 
+static const probe_field schema_oracle[] = {
+    SC(oracle, step), SC(oracle, layer), SC(oracle, head), SC(oracle, n_q), SC(oracle, unit), SC(oracle, ctx),
+    SC(oracle, n_kept), SC(oracle, n_gen), SF(oracle, recall), SF(oracle, overlap), SF(oracle, out_err),
+    SF(oracle, mass_kept), SC(oracle, needle_len), SC(oracle, needle_kept), SC(oracle, needle_rank),
+    SF(oracle, needle_mass),
+    SA(oracle, q_kept, PROBE_F_I32S, 3), SA(oracle, q_recall, PROBE_F_F32S, 3),
+    SA(oracle, q_overlap, PROBE_F_F32S, 3), SA(oracle, q_out_err, PROBE_F_F32S, 3),
+};
+
 #define NF(a) ((int)(sizeof a / sizeof a[0]))
 static const struct { const char *name; const probe_field *f; int n; } schemas[PROBE_KIND_COUNT] = {
     [PROBE_NONE] = { "none", NULL, 0 },
@@ -121,6 +130,7 @@ static const struct { const char *name; const probe_field *f; int n; } schemas[P
     [PROBE_SPAN] = { "span", schema_span, NF(schema_span) },
     [PROBE_NEEDLE] = { "needle", schema_needle, NF(schema_needle) },
     [PROBE_NIAH] = { "niah", schema_niah, NF(schema_niah) },
+    [PROBE_ORACLE] = { "oracle", schema_oracle, NF(schema_oracle) },
 };
 
 const probe_field *probe_schema(probe_kind k, int *n_fields) {

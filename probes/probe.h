@@ -39,6 +39,7 @@ typedef enum {
     PROBE_SPAN = 7,          /* a timed operation on a stream */
     PROBE_NEEDLE = 8,        /* needle tracking, per step, layer and KV head */
     PROBE_NIAH = 9,          /* needle harness: one case's result under one method */
+    PROBE_ORACLE = 10,       /* the shared measures against exact attention: per step, layer and KV head */
     PROBE_KIND_COUNT         /* one past the last kind this build knows */
 } probe_kind;
 
@@ -175,6 +176,32 @@ typedef struct {
     const float *logit_dist;           /* (n_steps) ||sparse - dense logits|| / ||dense logits|| */
 } probe_ev_niah;
 
+/* The measures every policy gets with --oracle (engine/kv/kv_oracle.c), for
+ * one (decode step, layer, KV head): the policy's own output and the set of
+ * positions it attended in full precision, against exact attention over every
+ * key and value the layer received. Per query head g of the group, with
+ * B_g = the tokens it attended: mass recall = exact mass on those tokens /
+ * exact mass of the exact top-B_g tokens; overlap = the share of the exact
+ * top-B_g among them; output error = |o - o_exact| / |o_exact|. The scalars
+ * are means over the group. */
+typedef struct {
+    int step, layer, head;             /* head: KV head */
+    int n_q;                           /* query heads in the group (array lengths) */
+    int unit;                          /* the policy's block (page, chunk) in tokens, 1 for tokens */
+    int ctx;                           /* positions attended by exact attention (prompt + generated) */
+    int n_kept;                        /* distinct positions attended by some query head of the group */
+    int n_gen;                         /* of them generated tokens (counted apart) */
+    float recall, overlap, out_err;    /* group means */
+    float mass_kept;                   /* exact mass on the attended tokens, group mean */
+    int needle_len;                    /* tokens of the watched span (kv_opts watch_*), 0: none */
+    int needle_kept;                   /* of them attended by every query head of the group */
+    int needle_rank;                   /* best rank (0 = top) of a needle token under exact attention
+                                          (group-mean probability); -1 without a span */
+    float needle_mass;                 /* exact mass on the needle, group mean */
+    const int *q_kept;                 /* (n_q) tokens each query head attended */
+    const float *q_recall, *q_overlap, *q_out_err; /* (n_q) */
+} probe_ev_oracle;
+
 typedef struct probe_event {
     probe_kind kind;
     union {
@@ -187,6 +214,7 @@ typedef struct probe_event {
         probe_ev_span span;
         probe_ev_needle needle;
         probe_ev_niah niah;
+        probe_ev_oracle oracle;
     };
 } probe_event;
 

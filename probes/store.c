@@ -18,6 +18,7 @@
 #define STORE_MAX_HEADS 1024
 #define STORE_MAX_STEPS (1 << 20)
 #define STORE_MAX_NEEDLES 1024
+#define STORE_MAX_METHODS 64   /* methods of one needle sweep */
 
 /* Pointers to events by (row, layer, head); rows are allocated when first
  * used, so a far step costs one row pointer per step before it, not a row. */
@@ -46,6 +47,7 @@ struct probe_store {
     int cap_layer;
     grid pre_head;        /* one row: prefill per (layer, head) */
     grid dec;             /* rows: decode step */
+    grid orc;             /* rows: decode step; the oracle's measures */
     probe_event **step;   /* (cap_step) */
     int cap_step;
     span_list *spans;     /* (cap_spans) row = step + 1 */
@@ -146,6 +148,7 @@ static void store_clear(probe_store *st) {
     free(st->layer);
     grid_free(&st->pre_head);
     grid_free(&st->dec);
+    grid_free(&st->orc);
     for (int i = 0; i < st->cap_step; i++) free(st->step[i]);
     free(st->step);
     for (int i = 0; i < st->cap_spans; i++) free(st->spans[i].v);
@@ -183,6 +186,12 @@ static int lim_heads(const probe_store *st) {
 static int lim_chunks(const probe_store *st) {
     if (!st->run || st->run->run.max_ctx <= 0) return INT_MAX;
     return st->run->run.max_ctx;
+}
+
+/* One past the largest position count: max_ctx + 1 with a run event. */
+static int lim_ctx(const probe_store *st) {
+    if (!st->run || st->run->run.max_ctx <= 0) return INT_MAX;
+    return st->run->run.max_ctx < INT_MAX ? st->run->run.max_ctx + 1 : INT_MAX;
 }
 
 static int check_range(const probe_event *ev, const char *field, int v, int lo, int hi) {
@@ -244,12 +253,28 @@ static int check_event(const probe_store *st, const probe_event *ev) {
                              ev->needle.n_info, ev->needle.n_chunks);
         break;
     case PROBE_NIAH:
-        TRY(check_range(ev, "method", ev->niah.method, 0, 2));
+        TRY(check_range(ev, "method", ev->niah.method, 0, STORE_MAX_METHODS));
         TRY(check_range(ev, "index", ev->niah.index, 0, INT_MAX));
         TRY(check_range(ev, "length", ev->niah.length, 1, INT_MAX));
         if (!(ev->niah.depth >= 0 && ev->niah.depth <= 100))
             return skv_error(SKV_ERANGE, "store: niah event: depth = %g, expected 0..100", (double)ev->niah.depth);
         break;
+    case PROBE_ORACLE: {
+        const probe_ev_oracle *o = &ev->oracle;
+        TRY(check_range(ev, "step", o->step, 0, STORE_MAX_STEPS));
+        TRY(check_range(ev, "layer", o->layer, 0, L));
+        TRY(check_range(ev, "head", o->head, 0, H));
+        TRY(check_range(ev, "n_q", o->n_q, 1, 4097));
+        TRY(check_range(ev, "unit", o->unit, 1, INT_MAX));
+        TRY(check_range(ev, "ctx", o->ctx, 1, lim_ctx(st)));
+        TRY(check_range(ev, "n_kept", o->n_kept, 0, o->ctx + 1));
+        TRY(check_range(ev, "n_gen", o->n_gen, 0, o->n_kept + 1));
+        TRY(check_range(ev, "needle_len", o->needle_len, 0, o->ctx + 1));
+        TRY(check_range(ev, "needle_kept", o->needle_kept, 0, o->needle_len + 1));
+        TRY(check_range(ev, "needle_rank", o->needle_rank, -1, o->ctx));
+        for (int i = 0; i < o->n_q; i++) TRY(check_range(ev, "q_kept", o->q_kept[i], 0, o->ctx + 1));
+        break;
+    }
     default:
         return skv_error(SKV_EINVAL, "store: event kind %d is not known", (int)ev->kind);
     }
@@ -370,6 +395,13 @@ int probe_store_add(probe_store *st, const probe_event *ev) {
         see_step(st, ev->decode_head.step);
         see_lh(st, ev->decode_head.layer, ev->decode_head.head);
         break;
+    case PROBE_ORACLE:
+        slot = grid_slot(&st->orc, ev->oracle.step, ev->oracle.layer, ev->oracle.head);
+        if (!slot) return skv_error(SKV_ENOMEM, "store: out of memory");
+        TRY(keep(slot, ev));
+        see_step(st, ev->oracle.step);
+        see_lh(st, ev->oracle.layer, ev->oracle.head);
+        break;
     case PROBE_STEP:
         GROW(st->step, st->cap_step, ev->step.step + 1);
         TRY(keep(&st->step[ev->step.step], ev));
@@ -447,6 +479,11 @@ const probe_ev_prefill_head *probe_store_prefill_head(const probe_store *st, int
 const probe_ev_decode_head *probe_store_decode(const probe_store *st, int step, int layer, int head) {
     const probe_event *e = grid_get(&st->dec, step, layer, head);
     return e ? &e->decode_head : NULL;
+}
+
+const probe_ev_oracle *probe_store_oracle(const probe_store *st, int step, int layer, int head) {
+    const probe_event *e = grid_get(&st->orc, step, layer, head);
+    return e ? &e->oracle : NULL;
 }
 
 int probe_store_selected(const probe_store *st, int step, int layer, int head, int chunk, float *score) {

@@ -56,6 +56,9 @@ const probe_ev_prefill_layer *probe_store_prefill_layer(const probe_store *st, i
 const probe_ev_prefill_head *probe_store_prefill_head(const probe_store *st, int layer, int head);
 /* Decode selection of one step, layer and KV head, or NULL. */
 const probe_ev_decode_head *probe_store_decode(const probe_store *st, int step, int layer, int head);
+/* The oracle's measures (mass recall, overlap, output error, needle rank) of
+ * one step, layer and KV head, or NULL (a run without --oracle). */
+const probe_ev_oracle *probe_store_oracle(const probe_store *st, int step, int layer, int head);
 /* 1 if chunk was selected at (step, layer, head) (its score in *score when
  * score is not NULL), 0 if not, -1 when that step, layer and head has no data.
  * A linear scan of the selection: views drawing many cells should walk

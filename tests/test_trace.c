@@ -114,6 +114,20 @@ static void synth_run(probe_bus *bus, run_shape sh, int big) {
                                                                  .misses = k - hits, .has_oracle = oracle, .recall = rnd_float(),
                                                                  .n_chunks = nch, .sel = ia, .score = fa, .rank_exact = ib,
                                                                  .rank_landmark = ic } });
+                if (oracle) {
+                    int ctx = 8 * max_chunks - 40 + s + 1, kept = rnd_int(0, ctx), qk[2] = {rnd_int(0, ctx), kept};
+                    float qr[2] = {rnd_float(), rnd_float()}, qo[2] = {rnd_float(), rnd_float()};
+                    float qe[2] = {rnd_float(), rnd_float()};
+                    probe_emit(bus, &(probe_event){ .kind = PROBE_ORACLE,
+                                                    .oracle = { .step = s, .layer = l, .head = h, .n_q = 2, .unit = 8,
+                                                                .ctx = ctx, .n_kept = kept, .n_gen = rnd_int(0, kept),
+                                                                .recall = rnd_float(), .overlap = rnd_float(),
+                                                                .out_err = rnd_float(), .mass_kept = rnd_float(),
+                                                                .needle_len = 20, .needle_kept = rnd_int(0, 20),
+                                                                .needle_rank = rnd_int(-1, ctx - 1),
+                                                                .needle_mass = rnd_float(), .q_kept = qk,
+                                                                .q_recall = qr, .q_overlap = qo, .q_out_err = qe } });
+                }
                 if (s % 3 == 1 && l == 0) {
                     int nn = rnd_int(0, 5);
                     for (int i = 0; i < nn; i++) {
@@ -210,6 +224,13 @@ static int same_event(const probe_event *x, const probe_event *y) {
         EQ(index); EQ(length); EQ(depth); EQ(run); EQ(method); EQ(hit); EQ(prompt_len); EQ(tok_begin); EQ(tok_end);
         EQ(detail); EQ(n_steps); EQS(policy); EQS(value); EQS(answer);
         if (ok) { EQA(top1_agree, a->n_steps); EQA(logit_dist, a->n_steps); }
+        break;
+    }
+    case PROBE_ORACLE: {
+        const probe_ev_oracle *a = &x->oracle, *b = &y->oracle;
+        EQ(step); EQ(layer); EQ(head); EQ(n_q); EQ(unit); EQ(ctx); EQ(n_kept); EQ(n_gen); EQ(recall); EQ(overlap);
+        EQ(out_err); EQ(mass_kept); EQ(needle_len); EQ(needle_kept); EQ(needle_rank); EQ(needle_mass);
+        if (ok) { EQA(q_kept, a->n_q); EQA(q_recall, a->n_q); EQA(q_overlap, a->n_q); EQA(q_out_err, a->n_q); }
         break;
     }
     default:

@@ -79,6 +79,22 @@ static void print_kv_accounting(const skv_session *s) {
     fprintf(stderr, "%s\n", line);
     if (s->n_compared)
         fprintf(stderr, "skv: oracle: top-1 agrees with dense on %d of %d steps\n", s->n_agree, s->n_compared);
+    kv_oracle_summary os;
+    if (kv_oracle_get(s->oracle, -1, &os) && os.n) {
+        fprintf(stderr, "skv: oracle: mass recall %.2f%% (min %.2f%%), overlap with the exact top-B %.2f%%, "
+                        "output error %.3f%% (max %.3f%%), %.1f tokens attended per query head; over %llu "
+                        "(step, layer, query head)\n",
+                100 * os.recall, 100 * os.recall_min, 100 * os.overlap, 100 * os.out_err, 100 * os.out_err_max,
+                os.kept, (unsigned long long)os.n);
+        char rl[1024], el[1024];
+        int nr = 0, ne = 0;
+        for (int l = 0; kv_oracle_get(s->oracle, l, &os); l++) {
+            nr += snprintf(rl + nr, sizeof rl - (size_t)nr, "%s%.1f", l ? " " : "", 100 * os.recall);
+            ne += snprintf(el + ne, sizeof el - (size_t)ne, "%s%.2f", l ? " " : "", 100 * os.out_err);
+            if (nr >= (int)sizeof rl - 16 || ne >= (int)sizeof el - 16) break;
+        }
+        fprintf(stderr, "skv: oracle per layer: mass recall %% %s; output error %% %s\n", rl, el);
+    }
 }
 
 static void run_help(FILE *o) {

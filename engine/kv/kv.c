@@ -14,6 +14,7 @@
 static const kv_class *const registry[] = {
     &kv_policy_dense,
     &kv_policy_shadowkv,
+    &kv_policy_quest,
 };
 
 #define N_POLICIES ((int)(sizeof registry / sizeof registry[0]))

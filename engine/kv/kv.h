@@ -85,6 +85,12 @@ typedef struct kv_class {
     void (*bytes)(const kv_cache *c, size_t *resident, size_t *offloaded);
     /* val (n_stats) in the order of stat_defs; NaN for one not known yet. May be NULL with n_stats 0. */
     void (*stats)(const kv_cache *c, double *val);
+    /* What the last decode attend of layer read in full precision for query
+     * head hq: the distinct positions (any order) into pos (room for max_ctx),
+     * their count returned; *unit gets the policy's block in tokens (page,
+     * chunk; 1 for single tokens). The oracle (kv_oracle.c) scores this set
+     * against exact attention. NULL: the policy attends every position. */
+    int (*kept)(const kv_cache *c, int layer, int hq, int *pos, int *unit);
     void (*free)(kv_cache *c);
 } kv_class;
 
@@ -94,6 +100,7 @@ struct kv_cache {
                                  (cls itself, or the wrapped policy's for a wrapper such as the tap) */
     kv_shape shape;
     probe_bus *bus;           /* may be NULL */
+    struct kv_cache *wrapped; /* a wrapper (tap, oracle): the cache it wraps; NULL for a policy */
     int step;                 /* decode step (-1 during prefill), for probes */
     char notice[256];         /* a message for the user (budget shrunk, fallback), or "" */
 };
@@ -173,7 +180,7 @@ double kv_stat(const kv_cache *c, const char *key);
 /* The stats of c as "key=value ..." (values as %g), into buf. */
 void kv_stats_describe(const kv_cache *c, char *buf, size_t n);
 
-extern const kv_class kv_policy_dense, kv_policy_shadowkv;
+extern const kv_class kv_policy_dense, kv_policy_shadowkv, kv_policy_quest;
 
 /* A dense cache (the oracle's exact twin, tests). */
 int kv_dense_new(const kv_shape *shape, kv_cache **out);
@@ -188,6 +195,30 @@ typedef struct {
 int kv_tap_new(kv_cache *inner, int layer, kv_cache **out);
 const kv_tap_data *kv_tap_get(const kv_cache *c);   /* NULL if c is not a tap */
 kv_cache *kv_tap_inner(kv_cache *c);                /* the wrapped policy (c itself if not a tap) */
+
+/* The oracle: a wrapper that keeps a copy of every key and value inner is
+ * given and, after each decode attend, scores what inner attended (its
+ * kept() set and its output) against exact attention over that copy: mass
+ * recall, token overlap, output error and the needle's rank, per step, layer
+ * and KV head, as PROBE_ORACLE events and running means. It owns inner;
+ * the wrapped policy behaves exactly as it would alone. o gives the needle
+ * span (watch_begin/end). */
+int kv_oracle_new(kv_cache *inner, const kv_opts *o, kv_cache **out);
+typedef struct {
+    uint64_t n;               /* (step, layer, query head) triples scored */
+    double recall, overlap, out_err;       /* means */
+    double recall_min, out_err_max;
+    double kept;              /* mean tokens attended per query head */
+} kv_oracle_summary;
+/* The running means of an oracle cache over every layer (layer -1) or one
+ * layer; 0 when c is not an oracle cache or the layer is out of range. */
+int kv_oracle_get(const kv_cache *c, int layer, kv_oracle_summary *out);
+
+/* The policy's own cache under any wrappers (tap, oracle). */
+static inline kv_cache *kv_unwrap(kv_cache *c) {
+    while (c && c->wrapped) c = c->wrapped;
+    return c;
+}
 
 static inline void kv_free(kv_cache *c) { if (c) c->cls->free(c); }
 

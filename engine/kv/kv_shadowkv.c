@@ -897,6 +897,7 @@ static void sk_bytes(const kv_cache *base, size_t *resident, size_t *offloaded) 
 }
 
 int kv_shadowkv_stats_get(const kv_cache *base, kv_shadowkv_stats *st) {
+    while (base && base->wrapped) base = base->wrapped;
     if (!base || base->cls != &kv_policy_shadowkv)
         return skv_error(SKV_EINVAL, "KV stats: the cache is not a shadowkv cache");
     const kv_sk *c = (const kv_sk *)base;
@@ -942,6 +943,7 @@ int kv_shadowkv_stats_get(const kv_cache *base, kv_shadowkv_stats *st) {
 }
 
 float kv_shadowkv_rel_err(const kv_cache *base, int layer) {
+    while (base && base->wrapped) base = base->wrapped;
     if (!base || base->cls != &kv_policy_shadowkv) return -1;
     const kv_sk *c = (const kv_sk *)base;
     if (!c->prefilled || layer < 0 || layer >= base->shape.n_layers) return -1;
@@ -975,6 +977,27 @@ static void sk_free(kv_cache *base) {
     free(c->w_rexact); free(c->w_mass); free(c->w_rowbase); free(c->w_p); free(c->w_o);
     shadowkv_store_free(&c->store);
     free(c);
+}
+
+/* What the last decode attend of layer read for query head hq: outliers,
+ * the selected chunks, the local window and the generated tokens. Valid
+ * right after that attend (the selection scratch is shared by the layers). */
+static int sk_kept(const kv_cache *base, int layer, int hq, int *pos, int *unit) {
+    const kv_sk *c = (const kv_sk *)base;
+    const sk_layer *L = &c->L[layer];
+    int kh = hq / c->group, cc = c->c, n = 0;
+    *unit = cc;
+    if (!c->prefilled || c->n_cand == 0) {
+        for (int t = 0; t < c->s + L->n_gen; t++) pos[n++] = t;
+        return n;
+    }
+    const sk_head *H = &L->head[kh];
+    for (int i = 0; i < c->n_out; i++)
+        for (int t = H->outl[i] * cc; t < (H->outl[i] + 1) * cc; t++) pos[n++] = t;
+    for (int i = 0; i < c->k; i++)
+        for (int t = c->scr[kh].sel_id[i] * cc; t < (c->scr[kh].sel_id[i] + 1) * cc; t++) pos[n++] = t;
+    for (int t = c->local_start * cc; t < c->s + L->n_gen; t++) pos[n++] = t;
+    return n;
 }
 
 /* The policy's stats, in the order sk_stats fills them. */
@@ -1058,6 +1081,7 @@ const kv_class kv_policy_shadowkv = {
     .end_prefill = sk_end_prefill,
     .bytes = sk_bytes,
     .stats = sk_stats,
+    .kept = sk_kept,
     .free = sk_free,
 };
 

@@ -99,7 +99,7 @@ int kv_tap_new(kv_cache *inner, int layer, kv_cache **out) {
     t->layer = layer;
     t->d.q_last = calloc((size_t)inner->shape.n_heads * inner->shape.head_dim, sizeof(float));
     if (!t->d.q_last) { free(t); return skv_error(SKV_ENOMEM, "out of memory"); }
-    t->inner = inner;
+    t->inner = t->base.wrapped = inner;
     *out = &t->base;
     return 0;
 }

@@ -9,6 +9,7 @@
  * set is a vector loop. The sparse-policy stages are kernels/cpu/shadowkv_ops.c. */
 #include "backend.h"
 #include "quant.h"
+#include "page_ops.h"
 #include "shadowkv_ops.h"
 #include "skv.h"
 #include "vec.h"
@@ -202,4 +203,6 @@ const skv_backend skv_backend_cpu = {
     .gather = cpu_gather,
     .rebuild = shadowkv_rebuild,
     .project = shadowkv_project,
+    .page_bounds = page_bounds,
+    .page_score = page_score,
 };

@@ -1,0 +1,479 @@
+/* test_peers.c: the peer policies behind the registry, and the oracle that
+ * measures every policy the same way.
+ *  - page bounds (Quest, FreeKV): incremental min/max equal a brute force,
+ *    and the page score bounds q·k for every key of the page;
+ *  - Quest: the selection path equals a brute force (scores, top-k, the
+ *    forced last page, attention over the kept rows); at a budget that
+ *    covers the context it attends exactly as dense; bad options refused;
+ *  - the oracle: its recall, overlap and output error equal a brute force
+ *    over the same keys; around a policy that keeps everything they are 1,
+ *    1 and 0; the policy's output is unchanged by the wrapper;
+ *  - model level (../shared): Quest's logits equal dense's at a full budget. */
+#include "backend.h"
+#include "kv.h"
+#include "model.h"
+#include "page_ops.h"
+#include "probe.h"
+#include "sampler.h"
+#include "session.h"
+#include "skv.h"
+#include "testhelp.h"
+
+#include <math.h>
+#include <stdint.h>
+
+static uint64_t rng = 0x9e3779b97f4a7c15ull;
+
+static float frand(void) {
+    rng ^= rng << 13;
+    rng ^= rng >> 7;
+    rng ^= rng << 17;
+    return (float)((rng >> 11) * (1.0 / 9007199254740992.0)) * 2.0f - 1.0f;
+}
+
+static void fill(float *x, size_t n, float s) {
+    for (size_t i = 0; i < n; i++) x[i] = s * frand();
+}
+
+/* ---- page bounds --------------------------------------------------------- */
+
+static void test_page_ops(void) {
+    enum { T = 83, H = 2, D = 8, P = 16, NP = (T + P - 1) / P };
+    float K[T * H * D], mn[NP * H * D], mx[NP * H * D], q[D], U[NP];
+    fill(K, sizeof K / sizeof K[0], 1.5f);
+    /* appended in uneven pieces, as prefill batches then decode steps give them */
+    int cuts[] = {0, 5, 16, 40, 41, 70, 82, T};
+    for (int kh = 0; kh < H; kh++)
+        for (int i = 0; i + 1 < (int)(sizeof cuts / sizeof cuts[0]); i++)
+            page_bounds(K + kh * D, H * D, D, P, cuts[i], cuts[i + 1] - cuts[i], mn + kh * D, mx + kh * D, H * D);
+    int ok = 1;
+    for (int kh = 0; kh < H; kh++)
+        for (int j = 0; j < NP; j++)
+            for (int c = 0; c < D; c++) {
+                float lo = INFINITY, hi = -INFINITY;
+                for (int t = j * P; t < (j + 1) * P && t < T; t++) {
+                    float v = K[(t * H + kh) * D + c];
+                    lo = v < lo ? v : lo;
+                    hi = v > hi ? v : hi;
+                }
+                ok &= mn[(j * H + kh) * D + c] == lo && mx[(j * H + kh) * D + c] == hi;
+            }
+    test_cond("page bounds appended piecewise equal the min and max of each page", ok);
+    int bound = 1, formula = 1;
+    for (int trial = 0; trial < 20; trial++) {
+        fill(q, D, 2.0f);
+        for (int kh = 0; kh < H; kh++) {
+            page_score(q, D, mn + kh * D, mx + kh * D, H * D, NP, U);
+            for (int j = 0; j < NP; j++) {
+                double s = 0;
+                for (int c = 0; c < D; c++) {
+                    double a = (double)q[c] * mn[(j * H + kh) * D + c], b = (double)q[c] * mx[(j * H + kh) * D + c];
+                    s += a > b ? a : b;
+                }
+                formula &= fabs(s - U[j]) < 1e-5;
+                for (int t = j * P; t < (j + 1) * P && t < T; t++) {
+                    double dot = 0;
+                    for (int c = 0; c < D; c++) dot += (double)q[c] * K[(t * H + kh) * D + c];
+                    bound &= U[j] >= dot - 1e-5;
+                }
+            }
+        }
+    }
+    test_cond("the page score is the sum of max(q·min, q·max) over channels", formula);
+    test_cond("the page score bounds q·k for every key of the page", bound);
+    test_cond("the CPU backend's page ops are these", skv_backend_cpu.page_bounds == page_bounds &&
+                                                           skv_backend_cpu.page_score == page_score);
+}
+
+/* ---- a policy fed synthetic keys ------------------------------------------------ */
+
+enum { NL = 1, NH = 4, NKV = 2, HD = 8, KVD = NKV * HD, GROUP = NH / NKV, CTX = 256 };
+
+typedef struct {
+    int n;
+    float k[CTX * KVD], v[CTX * KVD];
+} kv_data;
+
+/* Feeds the prompt (n tokens in two batches) to c, attends it, ends the prefill. */
+static int feed_prompt(kv_cache *c, kv_data *kd, int n) {
+    float q[CTX * NH * HD], out[CTX * NH * HD];
+    fill(kd->k, (size_t)n * KVD, 1.0f);
+    fill(kd->v, (size_t)n * KVD, 1.0f);
+    fill(q, (size_t)n * NH * HD, 1.0f);
+    int half = n / 2, rc;
+    for (int b = 0; b < 2; b++) {
+        int p0 = b ? half : 0, m = b ? n - half : half;
+        if ((rc = c->cls->append(c, 0, p0, m, kd->k + p0 * KVD, kd->k + p0 * KVD, kd->v + p0 * KVD))) return rc;
+        if ((rc = c->cls->attend(c, 0, p0, m, q + p0 * NH * HD, out + p0 * NH * HD))) return rc;
+    }
+    kd->n = n;
+    return c->cls->end_prefill(c);
+}
+
+/* One decode step: a random token appended at kd->n, a random query attended. */
+static int decode_step(kv_cache *c, kv_data *kd, float *q, float *out) {
+    fill(kd->k + kd->n * KVD, KVD, 1.0f);
+    fill(kd->v + kd->n * KVD, KVD, 1.0f);
+    fill(q, NH * HD, 1.0f);
+    c->step = c->step < 0 ? 0 : c->step + 1;
+    int rc = c->cls->append(c, 0, kd->n, 1, kd->k + kd->n * KVD, kd->k + kd->n * KVD, kd->v + kd->n * KVD);
+    if (!rc) rc = c->cls->attend(c, 0, kd->n, 1, q, out);
+    kd->n++;
+    return rc;
+}
+
+/* Exact softmax attention of query head hq over the positions in pos (n). */
+static void attend_set(const kv_data *kd, int hq, const float *q, const int *pos, int n, double *o) {
+    int kh = hq / GROUP;
+    double w[CTX], mx = -INFINITY, z = 0;
+    for (int i = 0; i < n; i++) {
+        double s = 0;
+        for (int c = 0; c < HD; c++) s += (double)q[hq * HD + c] * kd->k[pos[i] * KVD + kh * HD + c];
+        w[i] = s / sqrt((double)HD);
+        mx = w[i] > mx ? w[i] : mx;
+    }
+    for (int i = 0; i < n; i++) z += w[i] = exp(w[i] - mx);
+    for (int c = 0; c < HD; c++) o[c] = 0;
+    for (int i = 0; i < n; i++)
+        for (int c = 0; c < HD; c++) o[c] += w[i] / z * kd->v[pos[i] * KVD + kh * HD + c];
+}
+
+static kv_cache *make(const char *policy, int budget, const char *opt, const char *val) {
+    kv_opts o;
+    kv_opts_default(&o);
+    snprintf(o.policy, sizeof o.policy, "%s", policy);
+    o.budget = budget;
+    if (opt && kv_opts_set(&o, opt, val, 1)) return NULL;
+    kv_shape sh = {.n_layers = NL, .n_heads = NH, .n_kv_heads = NKV, .head_dim = HD, .max_ctx = CTX};
+    kv_cache *c = NULL;
+    return kv_new(&o, &sh, &c) ? NULL : c;
+}
+
+/* ---- Quest ------------------------------------------------------------------ */
+
+/* Quest's choice for query head hq at context T, by brute force: pages
+ * 0..last-1 scored by Σ max(q·min, q·max), the best k (ties: lower page),
+ * then the last page; the kept positions into pos, their count returned. */
+static int quest_brute(const kv_data *kd, int hq, const float *q, int T, int page, int k, int *pos) {
+    int kh = hq / GROUP, last = (T + page - 1) / page - 1;
+    double U[CTX];
+    for (int j = 0; j < last; j++) {
+        U[j] = 0;
+        for (int c = 0; c < HD; c++) {
+            double lo = INFINITY, hi = -INFINITY;
+            for (int t = j * page; t < (j + 1) * page; t++) {
+                double v = kd->k[t * KVD + kh * HD + c];
+                lo = v < lo ? v : lo;
+                hi = v > hi ? v : hi;
+            }
+            double a = q[hq * HD + c] * lo, b = q[hq * HD + c] * hi;
+            U[j] += a > b ? a : b;
+        }
+    }
+    int taken[CTX] = {0}, n = 0;
+    for (int i = 0; i < k && i < last; i++) {
+        int best = -1;
+        for (int j = 0; j < last; j++)
+            if (!taken[j] && (best < 0 || U[j] > U[best] + 1e-9)) best = j;
+        taken[best] = 1;
+    }
+    taken[last] = 1;
+    for (int j = 0; j <= last; j++)
+        if (taken[j])
+            for (int t = j * page; t < (j + 1) * page && t < T; t++) pos[n++] = t;
+    return n;
+}
+
+static int cmp_int(const void *a, const void *b) { return *(const int *)a - *(const int *)b; }
+
+static void test_quest(void) {
+    const int page = 16, budget = 48, k = budget / page - 1;
+    kv_data kd;
+    kv_cache *c = make("quest", budget, "dense_layers", "0");
+    test_cond("quest is registered and made from its options", c && c->policy == &kv_policy_quest);
+    if (!c) return;
+    int rc = feed_prompt(c, &kd, 100);
+    float q[NH * HD], out[NH * HD];
+    int ok_out = 1, ok_kept = 1;
+    for (int s = 0; s < 6 && !rc; s++) {
+        if ((rc = decode_step(c, &kd, q, out))) break;
+        for (int hq = 0; hq < NH; hq++) {
+            int pos[CTX], got[CTX], unit = 0;
+            int n = quest_brute(&kd, hq, q, kd.n, page, k, pos);
+            double o[HD];
+            attend_set(&kd, hq, q, pos, n, o);
+            for (int d = 0; d < HD; d++) ok_out &= fabs(o[d] - out[hq * HD + d]) < 1e-5;
+            int m = c->cls->kept(c, 0, hq, got, &unit);
+            qsort(got, (size_t)m, sizeof(int), cmp_int);
+            ok_kept &= m == n && unit == page && !memcmp(got, pos, sizeof(int) * (size_t)n);
+        }
+    }
+    test_cond("quest decodes (selection path)", rc == 0);
+    test_cond("quest's output equals attention over a brute-force choice of pages (bounds, top-k, last page)", ok_out);
+    test_cond("quest reports the positions it attended, in pages", ok_kept);
+    test_cond("quest reads its bounds and rows, fetches nothing",
+              kv_stat(c, "step_read_bytes") > 0 && kv_stat(c, "step_fetch_bytes") == 0 && kv_stat(c, "k") == k);
+    size_t res, off;
+    c->cls->bytes(c, &res, &off);
+    test_cond("quest keeps everything resident", off == 0 && res >= (size_t)2 * kd.n * KVD * sizeof(float));
+    kv_free(c);
+
+    /* group_max: one set per KV head, the same for its query heads */
+    kv_opts oo;
+    kv_opts_default(&oo);
+    snprintf(oo.policy, sizeof oo.policy, "quest");
+    oo.budget = budget;
+    kv_opts_set(&oo, "group_max", "1", 1);
+    kv_opts_set(&oo, "dense_layers", "0", 1);
+    kv_shape sh = {.n_layers = NL, .n_heads = NH, .n_kv_heads = NKV, .head_dim = HD, .max_ctx = CTX};
+    kv_cache *gm = NULL;
+    rc = kv_new(&oo, &sh, &gm);
+    if (!rc) rc = feed_prompt(gm, &kd, 100);
+    if (!rc) rc = decode_step(gm, &kd, q, out);
+    int same = 1;
+    for (int kh = 0; kh < NKV && !rc; kh++) {
+        int a[CTX], b[CTX], u;
+        int na = gm->cls->kept(gm, 0, kh * GROUP, a, &u), nb = gm->cls->kept(gm, 0, kh * GROUP + 1, b, &u);
+        /* k full pages plus the current one (101 tokens: 5 of page 6) */
+        same &= na == nb && !memcmp(a, b, sizeof(int) * (size_t)na) && na == k * page + kd.n % page;
+    }
+    test_cond("group_max gives the query heads of a KV head one page set", rc == 0 && same);
+    kv_free(gm);
+
+    /* a budget that covers the context: exactly dense */
+    kv_data kd2;
+    kv_cache *qc = make("quest", 4096, "dense_layers", "0"), *dc = make("dense", 0, NULL, NULL);
+    rng = 7;
+    rc = qc && dc ? feed_prompt(qc, &kd, 90) : -1;
+    rng = 7;
+    if (!rc) rc = feed_prompt(dc, &kd2, 90);
+    int exact = 1;
+    for (int s = 0; s < 4 && !rc; s++) {
+        float q2[NH * HD], o2[NH * HD];
+        uint64_t save = rng;
+        rc = decode_step(qc, &kd, q, out);
+        rng = save;
+        if (!rc) rc = decode_step(dc, &kd2, q2, o2);
+        exact &= !memcmp(out, o2, sizeof out);
+    }
+    test_cond("quest at a budget covering the context attends bit for bit like dense", rc == 0 && exact);
+    kv_free(qc);
+    kv_free(dc);
+
+    kv_opts o;
+    kv_opts_default(&o);
+    test_cond("a page of 0 is refused with the range", kv_opts_set(&o, "page", "0", 1) == SKV_EINVAL &&
+                                                            strstr(skv_last_error(), "'page'"));
+    test_cond("group_max takes 0 or 1", kv_opts_set(&o, "group_max", "2", 1) == SKV_EINVAL);
+    test_cond("a quest option given to shadowkv is refused", !make("shadowkv", 64, "page", "16") &&
+                                                                 strstr(skv_last_error(), "not an option of policy shadowkv"));
+}
+
+/* ---- the oracle ------------------------------------------------------------------ */
+
+typedef struct {
+    int n;
+    probe_ev_oracle last[NKV];
+    float q_recall[NKV][GROUP], q_overlap[NKV][GROUP], q_err[NKV][GROUP];
+    int q_kept[NKV][GROUP];
+} oracle_log;
+
+static void on_oracle(const probe_event *ev, void *user) {
+    oracle_log *L = user;
+    if (ev->kind != PROBE_ORACLE || ev->oracle.head >= NKV || ev->oracle.n_q != GROUP) return;
+    int kh = ev->oracle.head;
+    L->last[kh] = ev->oracle;
+    for (int g = 0; g < GROUP; g++) {
+        L->q_recall[kh][g] = ev->oracle.q_recall[g];
+        L->q_overlap[kh][g] = ev->oracle.q_overlap[g];
+        L->q_err[kh][g] = ev->oracle.q_out_err[g];
+        L->q_kept[kh][g] = ev->oracle.q_kept[g];
+    }
+    L->n++;
+}
+
+/* The oracle's figures for query head hq by brute force. */
+static void oracle_brute(const kv_data *kd, int hq, const float *q, const float *out, const int *pos, int n,
+                         double *recall, double *overlap, double *err) {
+    int kh = hq / GROUP, T = kd->n;
+    double p[CTX], mx = -INFINITY, z = 0;
+    for (int t = 0; t < T; t++) {
+        double s = 0;
+        for (int c = 0; c < HD; c++) s += (double)q[hq * HD + c] * kd->k[t * KVD + kh * HD + c];
+        p[t] = s / sqrt((double)HD);
+        mx = p[t] > mx ? p[t] : mx;
+    }
+    for (int t = 0; t < T; t++) z += p[t] = exp(p[t] - mx);
+    for (int t = 0; t < T; t++) p[t] /= z;
+    double kept = 0, top = 0;
+    int in_top[CTX] = {0}, hit = 0;
+    for (int i = 0; i < n; i++) kept += p[pos[i]];
+    for (int i = 0; i < n; i++) { /* the exact top-n by repeated max */
+        int b = -1;
+        for (int t = 0; t < T; t++)
+            if (!in_top[t] && (b < 0 || p[t] > p[b])) b = t;
+        in_top[b] = 1;
+        top += p[b];
+    }
+    for (int i = 0; i < n; i++) hit += in_top[pos[i]];
+    *recall = kept / top;
+    *overlap = (double)hit / n;
+    double o[HD], num = 0, den = 0;
+    for (int c = 0; c < HD; c++) o[c] = 0;
+    for (int t = 0; t < T; t++)
+        for (int c = 0; c < HD; c++) o[c] += p[t] * kd->v[t * KVD + kh * HD + c];
+    for (int c = 0; c < HD; c++) {
+        num += (out[hq * HD + c] - o[c]) * (out[hq * HD + c] - o[c]);
+        den += o[c] * o[c];
+    }
+    *err = sqrt(num / den);
+}
+
+static void test_oracle(void) {
+    probe_bus *bus = NULL;
+    probe_sub *sub = NULL;
+    oracle_log log = {0};
+    if (probe_bus_new(&bus) || probe_subscribe_callback(bus, PROBE_MASK(PROBE_ORACLE), on_oracle, &log, &sub)) {
+        test_cond("a probe bus for the oracle", 0);
+        return;
+    }
+    kv_opts o;
+    kv_opts_default(&o);
+    o.watch_begin = 20;
+    o.watch_end = 24;
+    kv_cache *inner = make("quest", 32, "dense_layers", "0"), *c = NULL, *twin = make("quest", 32, "dense_layers", "0");
+    int rc = inner && twin ? kv_oracle_new(inner, &o, &c) : -1;
+    if (rc) {
+        kv_free(inner);
+        test_cond("the oracle wraps a policy", 0);
+        probe_bus_free(bus);
+        return;
+    }
+    c->bus = inner->bus = bus;
+    kv_data kd, kd2;
+    rng = 11;
+    rc = feed_prompt(c, &kd, 120);
+    rng = 11;
+    if (!rc) rc = feed_prompt(twin, &kd2, 120);
+    float q[NH * HD], out[NH * HD], q2[NH * HD], out2[NH * HD];
+    int ok = 1, unchanged = 1;
+    double worst = 0;
+    for (int s = 0; s < 3 && !rc; s++) {
+        uint64_t save = rng;
+        if ((rc = decode_step(c, &kd, q, out))) break;
+        rng = save;
+        if ((rc = decode_step(twin, &kd2, q2, out2))) break;
+        unchanged &= !memcmp(out, out2, sizeof out);
+        for (int hq = 0; hq < NH; hq++) {
+            int pos[CTX], unit;
+            int n = inner->cls->kept(inner, 0, hq, pos, &unit);
+            double r, ov, e;
+            oracle_brute(&kd, hq, q, out, pos, n, &r, &ov, &e);
+            int kh = hq / GROUP, g = hq % GROUP;
+            double d = fmax(fabs(r - log.q_recall[kh][g]), fmax(fabs(ov - log.q_overlap[kh][g]), fabs(e - log.q_err[kh][g])));
+            worst = d > worst ? d : worst;
+            ok &= log.q_kept[kh][g] == n;
+        }
+    }
+    test_cond("the oracle scores every decode step, one event per KV head", rc == 0 && log.n == 3 * NKV);
+    char msg[160];
+    snprintf(msg, sizeof msg, "the oracle's recall, overlap and output error equal a brute force (worst diff %.2g)", worst);
+    test_cond(msg, ok && worst < 2e-5);
+    test_cond("the wrapped policy's output is unchanged by the oracle", unchanged);
+    test_cond("the oracle's needle fields cover the watched span",
+              log.last[0].needle_len == 4 && log.last[0].needle_rank >= 0 && log.last[0].needle_rank < kd.n &&
+                  log.last[0].ctx == kd.n && log.last[0].unit == 16);
+    kv_oracle_summary sum;
+    test_cond("the oracle keeps running means", kv_oracle_get(c, -1, &sum) == 1 && sum.n == (uint64_t)3 * NH &&
+                                                    sum.recall > 0 && sum.recall <= 1 && sum.overlap <= 1);
+    test_cond("kv_oracle_get refuses a cache that is no oracle", kv_oracle_get(twin, -1, &sum) == 0 && sum.n == 0);
+    kv_free(c);
+    kv_free(twin);
+
+    /* around a policy that attends everything: recall 1, overlap 1, error 0 */
+    log.n = 0;
+    inner = make("dense", 0, NULL, NULL);
+    rc = inner ? kv_oracle_new(inner, &o, &c) : -1;
+    if (!rc) {
+        c->bus = inner->bus = bus;
+        rc = feed_prompt(c, &kd, 60);
+        if (!rc) rc = decode_step(c, &kd, q, out);
+    }
+    int full = rc == 0 && log.n == NKV;
+    for (int kh = 0; kh < NKV && full; kh++)
+        full &= log.last[kh].recall == 1 && log.last[kh].overlap == 1 && log.last[kh].out_err < 1e-5 &&
+                log.last[kh].n_kept == kd.n && log.last[kh].n_gen == 1;
+    test_cond("around dense the oracle reports recall 1, overlap 1, no error, every position kept", full);
+    if (!rc) kv_free(c);
+    probe_unsubscribe(sub);
+    probe_bus_free(bus);
+}
+
+/* ---- model level ---------------------------------------------------------------- */
+
+static double logits_vs_dense(skv_model *m, const kv_opts *kvo, int n, int n_dec, int *rc_out) {
+    session_opts so;
+    skv_session *a = NULL, *b = NULL;
+    session_opts_default(&so);
+    so.ctx = n + n_dec + 1;
+    int rc = session_new(m, &so, &a);
+    so.kv = *kvo;
+    if (!rc) rc = session_new(m, &so, &b);
+    int V = m->cfg.vocab;
+    int32_t *ids = malloc(sizeof(int32_t) * n);
+    for (int i = 0; i < n; i++) ids[i] = (int32_t)(3 + ((uint64_t)i * 7919u) % (uint64_t)(V - 3));
+    double worst = 0;
+    if (!rc) rc = session_prefill(a, ids, n, NULL, NULL);
+    if (!rc) rc = session_prefill(b, ids, n, NULL, NULL);
+    for (int t = 0; t < n_dec && !rc; t++) {
+        int tok = sampler_argmax(session_logits(a), V);
+        if (!(rc = session_decode(a, tok)) && !(rc = session_decode(b, tok))) {
+            double e = test_rel_l2(session_logits(b), session_logits(a), V);
+            worst = e > worst ? e : worst;
+        }
+    }
+    free(ids);
+    session_free(a);
+    session_free(b);
+    *rc_out = rc;
+    return worst;
+}
+
+static void test_model(const char *file) {
+    const char *path = test_shared(file);
+    char msg[300];
+    if (!path) {
+        snprintf(msg, sizeof msg, "%s: ../shared/models not found (set SKV_SHARED)", file);
+        test_skip(msg);
+        return;
+    }
+    skv_model *m = NULL;
+    if (model_load(path, &m)) {
+        snprintf(msg, sizeof msg, "%s loads (%s)", file, skv_last_error());
+        test_cond(msg, 0);
+        return;
+    }
+    kv_opts o;
+    kv_opts_default(&o);
+    snprintf(o.policy, sizeof o.policy, "quest");
+    kv_opts_set_num(&o, "dense_layers", 0);
+    o.budget = 4096;
+    int rc;
+    double e = logits_vs_dense(m, &o, 200, 12, &rc);
+    snprintf(msg, sizeof msg, "%s: quest at a full budget gives dense's logits (worst rel L2 %.2g)", file, e);
+    test_cond(msg, rc == 0 && e == 0);
+    o.budget = 64;
+    e = logits_vs_dense(m, &o, 200, 12, &rc);
+    snprintf(msg, sizeof msg, "%s: quest at a budget of 64 runs and stays near dense (worst rel L2 %.2g)", file, e);
+    test_cond(msg, rc == 0 && e > 0 && e < 1);
+    model_free(m);
+}
+
+int main(void) {
+    test_page_ops();
+    test_quest();
+    test_oracle();
+    test_model("models/stories260k.gguf");
+    test_model("models/mini-smollm-f32.gguf");
+    return test_report("test_peers");
+}
