@@ -227,10 +227,209 @@ static needle_cause *add_cause(needle_report *rep, int kind, double score) {
     return c;
 }
 
+/* ---- the generic diagnosis, from the oracle's events -------------------------- */
+
+/* The first oracle event with a needle span, or NULL. */
+static const probe_ev_oracle *oracle_needle(const probe_store *st) {
+    int L = probe_store_n_layers(st), H = probe_store_n_kv_heads(st);
+    for (int s = 0; s < probe_store_n_steps(st); s++)
+        for (int l = 0; l < L; l++)
+            for (int h = 0; h < H; h++) {
+                const probe_ev_oracle *e = probe_store_oracle(st, s, l, h);
+                if (e && e->needle_len > 0) return e;
+            }
+    return NULL;
+}
+
+/* Layers whose attention output differs most from exact at step s (oracle). */
+static void generic_layers(const probe_store *st, needle_report *rep, int s) {
+    rep->n_div = 0;
+    for (int l = 0; l < rep->n_layers; l++) {
+        float e = -1;
+        for (int h = 0; h < rep->n_heads; h++) {
+            const probe_ev_oracle *ev = probe_store_oracle(st, s, l, h);
+            if (ev && ev->out_err > e) e = ev->out_err;
+        }
+        if (e < 0) continue;
+        int at = rep->n_div < 4 ? rep->n_div++ : 3;
+        if (at == 3 && rep->n_div == 4 && e <= rep->div_err[3]) continue;
+        rep->div_layer[at] = l;
+        rep->div_err[at] = e;
+        for (int i = at; i > 0 && rep->div_err[i] > rep->div_err[i - 1]; i--) {
+            float te = rep->div_err[i]; rep->div_err[i] = rep->div_err[i - 1]; rep->div_err[i - 1] = te;
+            int tl = rep->div_layer[i]; rep->div_layer[i] = rep->div_layer[i - 1]; rep->div_layer[i - 1] = tl;
+        }
+    }
+}
+
+static void set_divergence(needle_report *rep) {
+    if (rep->diverge_step >= 0) {
+        snprintf(rep->divergence, sizeof rep->divergence, "first divergence at decode step %d (answer token %d): the sparse "
+                 "argmax differs from dense", rep->diverge_step, rep->diverge_step + 2);
+        if (rep->diverge_logit >= 0) cat(rep->divergence, sizeof rep->divergence, ", logit distance %.3f", rep->diverge_logit);
+        if (rep->n_div) {
+            cat(rep->divergence, sizeof rep->divergence, "; attention output error by layer:");
+            for (int i = 0; i < rep->n_div; i++)
+                cat(rep->divergence, sizeof rep->divergence, "%s layer %d %.3f", i ? "," : "", rep->div_layer[i],
+                    rep->div_err[i]);
+        }
+    } else if (rep->has_oracle) {
+        snprintf(rep->divergence, sizeof rep->divergence, "no divergence: the sparse argmax equals dense at all %d decode "
+                 "steps (the first answer token comes from the exact prefill)", rep->n_steps);
+    } else {
+        snprintf(rep->divergence, sizeof rep->divergence, "divergence unknown (run without the oracle)");
+    }
+}
+
+/* Token-level diagnosis of any policy from PROBE_ORACLE events. Each
+ * (step, layer, KV head) weighs by the needle's exact mass there; a needle
+ * not attended by every query head counts as dropped, in proportion. When
+ * exact attention ranks the needle inside the budget the policy attended
+ * (rank < tokens attended) the policy's own score missed it ("never
+ * selected"); otherwise the budget was too small for it ("budget"). */
+static int diagnose_generic(const probe_store *st, const probe_ev_oracle *first, needle_report *rep) {
+    const probe_ev_run *run = probe_store_run(st);
+    rep->generic = 1;
+    rep->unit = first->unit;
+    rep->chunk = first->unit;
+    rep->n_layers = probe_store_n_layers(st);
+    rep->n_heads = probe_store_n_kv_heads(st);
+    rep->prompt_len = run ? run->prompt_len : probe_store_n_prompt(st);
+    rep->budget = run ? run->budget : -1;
+    rep->rank = rep->outliers = rep->local = rep->k = rep->n_cand = rep->local_start = -1;
+    rep->key_err_selected = -1;
+    rep->n_steps = probe_store_n_steps(st);
+    rep->has_oracle = 1;
+    diagnose_answers(st, rep);
+    /* the span: the oracle clips it to the prompt; the NIAH event has it whole */
+    rep->tok_end = rep->prompt_len;
+    rep->tok_begin = rep->tok_end - first->needle_len;
+    for (int i = 0; i < probe_store_n_niah(st); i++) {
+        const probe_ev_niah *e = probe_store_niah(st, i);
+        if (e->tok_end - e->tok_begin == first->needle_len) {
+            rep->tok_begin = e->tok_begin;
+            rep->tok_end = e->tok_end;
+        }
+    }
+    rep->last_step = rep->diverge_step >= 0 ? rep->diverge_step : rep->n_steps - 1;
+    if (rep->diverge_step >= 0) generic_layers(st, rep, rep->diverge_step);
+    double W = 0, drop = 0, mis = 0;
+    int n_ev = 0, n_kept = 0, need = 0, lay_drop = 0, lh_drop = 0, lh_total = 0;
+    need_w *needs = NULL;
+    int n_needs = 0, cap = 0;
+    spot sd = {0, -1, -1, -1, -1, -1}, sm = sd;
+    int ws = -1;
+    double ws_w = -1;
+    for (int s = 0; s <= rep->last_step; s++) {
+        double step_drop = 0;
+        for (int l = 0; l < rep->n_layers; l++)
+            for (int h = 0; h < rep->n_heads; h++) {
+                const probe_ev_oracle *e = probe_store_oracle(st, s, l, h);
+                if (!e || e->needle_len <= 0) continue;
+                n_ev++;
+                double w = e->needle_mass > 0 ? e->needle_mass : 0;
+                W += w;
+                if (e->needle_kept >= e->needle_len) { n_kept++; continue; }
+                double d = w * (1.0 - (double)e->needle_kept / e->needle_len);
+                drop += d;
+                step_drop += d;
+                /* tokens attended per query head; the exact top-B of that size */
+                double B = 0;
+                for (int j = 0; j < e->n_q; j++) B += e->q_kept[j];
+                B = e->n_q ? B / e->n_q : 0;
+                int want = e->needle_rank + 1;
+                if (e->needle_rank >= 0 && e->needle_rank < B) {
+                    mis += d;
+                    spot_take(&sm, d + 1e-12, l, h, 0, e->needle_rank, e->needle_rank);
+                } else {
+                    spot_take(&sd, d + 1e-12, l, h, 0, e->needle_rank, (int)lround(B));
+                }
+                if (want > need) need = want;
+                if (n_needs == cap) {
+                    cap = cap ? 2 * cap : 256;
+                    need_w *nn = realloc(needs, sizeof *nn * (size_t)cap);
+                    if (!nn) { free(needs); return skv_error(SKV_ENOMEM, "out of memory"); }
+                    needs = nn;
+                }
+                needs[n_needs++] = (need_w){want, d};
+            }
+        if (step_drop > ws_w) { ws_w = step_drop; ws = s; }
+    }
+    for (int l = 0; ws >= 0 && l < rep->n_layers; l++) {
+        int any = 0;
+        for (int h = 0; h < rep->n_heads; h++) {
+            const probe_ev_oracle *e = probe_store_oracle(st, ws, l, h);
+            if (!e || e->needle_len <= 0) continue;
+            lh_total++;
+            if (e->needle_kept < e->needle_len) { lh_drop++; any = 1; }
+        }
+        lay_drop += any;
+    }
+    double Wn = W > 0 ? W : 1;
+    rep->share_dropped = drop / Wn;
+    rep->share_misranked = mis / Wn;
+    rep->share_selected = 1 - rep->share_dropped;
+    char steps[48];
+    if (rep->last_step > 0) snprintf(steps, sizeof steps, "steps 0-%d", rep->last_step);
+    else snprintf(steps, sizeof steps, "step 0");
+    if (!n_ev)
+        snprintf(rep->kept, sizeof rep->kept, "no decode step has needle data, so nothing can be said about what %s kept",
+                 rep->policy);
+    else
+        snprintf(rep->kept, sizeof rep->kept,
+                 "%s attended the whole needle in %d of %d (step, layer, KV head) at %s and kept %.0f%% of the needle's "
+                 "exact attention mass; it dropped %.0f%%", rep->policy, n_kept, n_ev, steps, 100 * (1 - rep->share_dropped),
+                 100 * rep->share_dropped);
+    set_divergence(rep);
+    if (rep->dense_hit == 0) {
+        needle_cause *c = add_cause(rep, NEEDLE_CAUSE_DENSE, 2.0);
+        c->step = rep->diverge_step >= 0 ? rep->diverge_step : 0;
+        snprintf(c->evidence, sizeof c->evidence,
+                 "the model misses it with dense attention too: dense answered \"%s\" for value %s; %s kept %.0f%% of "
+                 "the needle's attention mass at %s", rep->dense_answer, rep->value, rep->policy,
+                 100 * (1 - rep->share_dropped), steps);
+        snprintf(c->fix, sizeof c->fix, "use a model that retrieves at this length with dense attention; "
+                 "the %s settings cannot fix this", rep->policy);
+    }
+    int u = rep->unit > 0 ? rep->unit : 1;
+    if (rep->share_dropped - rep->share_misranked >= NEEDLE_MIN_SHARE && sd.l >= 0) {
+        needle_cause *c = add_cause(rep, NEEDLE_CAUSE_BUDGET, rep->share_dropped - rep->share_misranked);
+        c->step = ws; c->layer = sd.l; c->head = sd.h;
+        snprintf(c->evidence, sizeof c->evidence,
+                 "exact attention ranks the needle's best token %d (layer %d, head %d), past the %d tokens %s "
+                 "attended per query head there (budget %d); the needle was not fully attended in %d of %d layers "
+                 "(%d of %d layer-heads) at step %d; %.0f%% of its exact attention mass was dropped over %s, %.0f%% "
+                 "of it ranked past what was attended",
+                 sd.rank, sd.l, sd.h, sd.rank_exact, rep->policy, rep->budget, lay_drop, rep->n_layers, lh_drop,
+                 lh_total, ws, 100 * rep->share_dropped, steps, 100 * (rep->share_dropped - rep->share_misranked));
+        int t = (need + u - 1) / u * u, q90 = need_quantile(needs, n_needs, 0.9);
+        snprintf(c->fix, sizeof c->fix, "raise --budget to about %d tokens (the needle's exact rank + 1, in %d-token "
+                 "blocks)", t, u);
+        if (q90 < need) cat(c->fix, sizeof c->fix, "; %d would keep 90%% of what was dropped", (q90 + u - 1) / u * u);
+    }
+    if (rep->share_misranked >= NEEDLE_MIN_SHARE && sm.l >= 0) {
+        needle_cause *c = add_cause(rep, NEEDLE_CAUSE_OUTLIER, rep->share_misranked);
+        const probe_ev_oracle *e = probe_store_oracle(st, ws, sm.l, sm.h);
+        c->step = ws; c->layer = sm.l; c->head = sm.h;
+        snprintf(c->evidence, sizeof c->evidence,
+                 "exact attention ranks the needle %d, inside the %d tokens %s attended (layer %d, head %d), yet the "
+                 "policy's own score left %d of its %d tokens out; %.0f%% of the needle's mass was lost this way",
+                 sm.rank, e ? e->n_kept : -1, rep->policy, sm.l, sm.h, e ? e->needle_len - e->needle_kept : -1,
+                 e ? e->needle_len : -1, 100 * rep->share_misranked);
+        snprintf(c->fix, sizeof c->fix, "the policy's block score misses the needle: a smaller block (unit %d) or a "
+                 "larger budget helps", u);
+    }
+    qsort(rep->causes, (size_t)rep->n_causes, sizeof rep->causes[0], cause_cmp);
+    free(needs);
+    return 0;
+}
+
 int needle_diagnose(const probe_store *st, int id, needle_report *rep) {
     memset(rep, 0, sizeof *rep);
     rep->id = id;
     const probe_ev_needle *info = probe_store_needle_info(st, id);
+    const probe_ev_oracle *orc = id == 0 ? oracle_needle(st) : NULL;
+    if ((!info || info->n_chunks < 1) && orc) return diagnose_generic(st, orc, rep);
     if (!info || info->n_chunks < 1)
         return skv_error(SKV_EMISSING, "no needle data (record a needle run with skv needle --trace FILE)");
     const probe_ev_run *run = probe_store_run(st);
@@ -494,7 +693,47 @@ int needle_diagnose(const probe_store *st, int id, needle_report *rep) {
 
 static const char *part_name(int p) { return p == 1 ? "outlier" : p == 2 ? "local" : "cand"; }
 
+static void print_verdict(FILE *f, const needle_report *rep) {
+    fprintf(f, "  %s\n", rep->divergence);
+    fprintf(f, "  verdict:\n");
+    if (rep->n_causes == 0)
+        fprintf(f, "    no cause passed its threshold: %s kept the needle; look at the divergence above (what else it "
+                   "kept or dropped changed the hidden state)\n", rep->policy);
+    for (int i = 0; i < rep->n_causes; i++) {
+        const needle_cause *c = &rep->causes[i];
+        fprintf(f, "    %d. %s: %s", i + 1, needle_cause_name(c->kind), c->evidence);
+        fprintf(f, ": %s\n", c->fix);
+    }
+    fprintf(f, "  %s\n", rep->kept);
+}
+
+static void print_generic(FILE *f, const probe_store *st, const needle_report *rep) {
+    fprintf(f, "  needle: tokens %d..%d (%d tokens); prompt %d tokens; %s attends blocks of %d tokens, budget %d\n",
+            rep->tok_begin, rep->tok_end - 1, rep->tok_end - rep->tok_begin, rep->prompt_len, rep->policy, rep->unit,
+            rep->budget);
+    if (rep->sparse_hit >= 0)
+        fprintf(f, "  value %s; dense answered \"%s\" (%s); %s answered \"%s\" (%s)\n", rep->value, rep->dense_answer,
+                rep->dense_hit ? "hit" : "miss", rep->policy, rep->sparse_answer, rep->sparse_hit ? "hit" : "miss");
+    fprintf(f, "  decode steps (needle tokens attended by every query head / needle tokens; the needle's best rank under "
+               "exact attention; its exact mass; tokens attended; mass recall; output error)\n");
+    for (int s = 0; s < rep->n_steps; s++)
+        for (int l = 0; l < rep->n_layers; l++)
+            for (int h = 0; h < rep->n_heads; h++) {
+                const probe_ev_oracle *e = probe_store_oracle(st, s, l, h);
+                if (!e || e->needle_len <= 0) continue;
+                fprintf(f, "    step %2d layer %2d head %d | kept %2d/%-2d %-4s rank %5d | mass %.4f | attended %5d | "
+                           "recall %5.1f%% | out err %.3f\n",
+                        s, l, h, e->needle_kept, e->needle_len, e->needle_kept < e->needle_len ? "DROP" : "",
+                        e->needle_rank, e->needle_mass, e->n_kept, 100 * e->recall, e->out_err);
+            }
+    print_verdict(f, rep);
+}
+
 void needle_report_print(FILE *f, const probe_store *st, const needle_report *rep) {
+    if (rep->generic) {
+        print_generic(f, st, rep);
+        return;
+    }
     int id = rep->id;
     fprintf(f, "  needle: tokens %d..%d (%d tokens) in chunk%s %d", rep->tok_begin, rep->tok_end - 1,
             rep->tok_end - rep->tok_begin, rep->n_chunks > 1 ? "s" : "", rep->first_chunk);

@@ -52,6 +52,9 @@ typedef struct {
 } needle_cause;
 
 struct needle_report {
+    int generic;               /* 1: made from PROBE_ORACLE events alone (a policy without a needle
+                                  watch of its own): token-level, no chunk fields */
+    int unit;                  /* the policy's block in tokens (generic reports) */
     int id;                    /* needle id in the store */
     int tok_begin, tok_end;    /* the needle's token span */
     int first_chunk, n_chunks; /* its chunks: first_chunk .. first_chunk + n_chunks - 1 */
@@ -80,9 +83,12 @@ struct needle_report {
     needle_cause causes[NEEDLE_N_CAUSES];
 };
 
-/* Diagnoses needle id from st (a ShadowKV run with the needle watch and
- * oracle; its PROBE_NIAH events, when present, give the answers).
- * SKV_EMISSING when st has no needle data. */
+/* Diagnoses needle id from st: from the PROBE_NEEDLE events of a policy
+ * with a chunk-level needle watch (ShadowKV), else from the oracle's
+ * PROBE_ORACLE events, which every policy run with --oracle and a watched
+ * span has (token level: is the needle attended, where does exact attention
+ * rank it, what budget would have kept it). Its PROBE_NIAH events, when
+ * present, give the answers. SKV_EMISSING when st has no needle data. */
 int needle_diagnose(const probe_store *st, int id, needle_report *rep);
 
 /* The whole report: span and chunks, per-layer prefill figures, per step,

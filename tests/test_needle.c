@@ -222,6 +222,64 @@ static void test_planted(void) {
     probe_store_free(empty);
 }
 
+/* A run of any policy with only the oracle's events: the needle (16 tokens)
+ * has exact rank `rank` and is attended by no query head; each query head
+ * attended `attended` tokens. */
+static probe_store *planted_oracle(int rank, int attended, int dense_hit) {
+    probe_store *st;
+    if (probe_store_new(&st)) return NULL;
+    int bad = add(st, (probe_event){ .kind = PROBE_RUN, .run = { .model = "planted", .n_layers = SL, .n_heads = 4,
+                                                                 .n_kv_heads = SH, .head_dim = 16, .max_ctx = 1024,
+                                                                 .prompt_len = 640, .kv_policy = "quest", .budget = 48,
+                                                                 .kv_opts = "budget=48 page=16", .oracle = 1 } });
+    int qk[2] = { attended, attended };
+    float qr[2] = { 0.5f, 0.6f }, qo[2] = { 0.4f, 0.5f }, qe[2] = { 0.2f, 0.3f };
+    for (int s = 0; s < SSTEPS; s++)
+        for (int l = 0; l < SL; l++)
+            for (int h = 0; h < SH; h++)
+                bad |= add(st, (probe_event){ .kind = PROBE_ORACLE, .oracle = {
+                    .step = s, .layer = l, .head = h, .n_q = 2, .unit = 16, .ctx = 641 + s, .n_kept = attended,
+                    .n_gen = 1, .recall = 0.55f, .overlap = 0.45f, .out_err = 0.25f + 0.1f * l, .mass_kept = 0.5f,
+                    .needle_len = 16, .needle_kept = 0, .needle_rank = rank, .needle_mass = 0.1f, .q_kept = qk,
+                    .q_recall = qr, .q_overlap = qo, .q_out_err = qe } });
+    int agree[SSTEPS] = { 1, 0 };
+    float dist[SSTEPS] = { 0.01f, 0.4f };
+    for (int m = 0; m < 2; m++)
+        bad |= add(st, (probe_event){ .kind = PROBE_NIAH, .niah = {
+            .index = 0, .length = 640, .depth = 50, .method = m, .hit = m ? 0 : dense_hit, .prompt_len = 640,
+            .tok_begin = 300, .tok_end = 316, .detail = 1, .n_steps = m ? SSTEPS : 0, .policy = m ? "quest" : "dense",
+            .value = "4821735", .answer = m ? " 4821" : " 4821735.", .top1_agree = m ? agree : NULL,
+            .logit_dist = m ? dist : NULL } });
+    if (bad) { probe_store_free(st); return NULL; }
+    return st;
+}
+
+static void test_planted_oracle(void) {
+    needle_report rep;
+    probe_store *st = planted_oracle(3, 48, 1);
+    int rc = st ? needle_diagnose(st, 0, &rep) : -1;
+    test_cond("any policy, oracle events only: a needle ranked inside what was attended but left out is 'never selected'",
+              rc == 0 && rep.generic && rep.n_causes == 1 && rep.causes[0].kind == NEEDLE_CAUSE_OUTLIER &&
+                  strstr(rep.causes[0].evidence, "quest") && rep.tok_begin == 300 && rep.tok_end == 316 &&
+                  rep.diverge_step == 1 && rep.n_div == 2 && rep.div_layer[0] == 1);
+    int vrc;
+    char *t = st ? needle_cells(st, &vrc) : NULL;
+    test_cond("the needle view draws a policy's generic report", t && vrc == 0 && strstr(t, "never selected"));
+    free(t);
+    probe_store_free(st);
+    st = planted_oracle(500, 48, 1);
+    rc = st ? needle_diagnose(st, 0, &rep) : -1;
+    test_cond("a needle ranked past what was attended is 'budget', with the budget that would reach it (in pages)",
+              rc == 0 && rep.n_causes == 1 && rep.causes[0].kind == NEEDLE_CAUSE_BUDGET &&
+                  strstr(rep.causes[0].fix, "--budget to about 512") && strstr(rep.kept, "dropped 100%"));
+    probe_store_free(st);
+    st = planted_oracle(500, 48, 0);
+    rc = st ? needle_diagnose(st, 0, &rep) : -1;
+    test_cond("dense misses too: the model cause comes first", rc == 0 && rep.n_causes == 2 &&
+                                                                   rep.causes[0].kind == NEEDLE_CAUSE_DENSE);
+    probe_store_free(st);
+}
+
 /* ---- the niah view on planted results ------------------------------------- */
 
 static canvas_color pixel_at(const uint8_t *px, int w, int h, double x, double y) {
@@ -688,6 +746,7 @@ static void test_cli(void) {
 int main(void) {
     test_lists();
     test_planted();
+    test_planted_oracle();
     test_niah_view();
     test_watch_is_passive();
     test_model("models/mini-smollm-f32.gguf", 320);

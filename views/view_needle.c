@@ -73,6 +73,16 @@ static int wrap_text(canvas *c, const char *text, double x, double y, double w, 
 
 /* The cursor's (layer, head) at step s in one line. */
 static void describe(char *buf, size_t n, const probe_store *st, const needle_report *rep, int s, int l, int h) {
+    if (rep->generic) {
+        const probe_ev_oracle *o = probe_store_oracle(st, s, l, h);
+        if (!o) snprintf(buf, n, "layer %d head %d, step %d: no oracle data", l, h, s);
+        else
+            snprintf(buf, n, "layer %d head %d, step %d: %d of %d needle tokens attended by every query head; "
+                     "exact rank %d; needle mass %.4f; %d tokens attended (mass recall %.1f%%, overlap %.1f%%); "
+                     "output error %.3f", l, h, s, o->needle_kept, o->needle_len, o->needle_rank, o->needle_mass,
+                     o->n_kept, 100 * o->recall, 100 * o->overlap, o->out_err);
+        return;
+    }
     const probe_ev_needle *e = probe_store_needle(st, rep->id, s, l, h), *pre = probe_store_needle(st, rep->id, -1, l, h);
     size_t k = 0;
 #define ADD(...) do { if (k < n) k += (size_t)snprintf(buf + k, n - k, __VA_ARGS__); } while (0)
@@ -105,8 +115,9 @@ static void describe(char *buf, size_t n, const probe_store *st, const needle_re
 static int needle_draw(canvas *c, canvas_rect r, const probe_store *st, const view_cursor *cur, paint_result *res) {
     needle_report *rep = malloc(sizeof *rep);
     if (!rep) return skv_error(SKV_ENOMEM, "needle view: out of memory");
-    int rc = probe_store_n_needles(st) > 0 ? needle_diagnose(st, 0, rep) : SKV_EMISSING;
+    int rc = needle_diagnose(st, 0, rep);
     if (rc == SKV_EMISSING) {
+        skv_clear_error();
         free(rep);
         return view_message(c, r, "Needle report",
                             "no needle data: record a run with skv needle --trace FILE and open that trace", res);
@@ -115,7 +126,7 @@ static int needle_draw(canvas *c, canvas_rect r, const probe_store *st, const vi
     const canvas_geom *g = canvas_geometry(c);
     const canvas_theme *th = canvas_get_theme(c);
     const probe_ev_run *run = probe_store_run(st);
-    int nl = rep->n_layers, nh = rep->n_heads, nw = rep->n_chunks, nx = nh * nw;
+    int nl = rep->n_layers, nh = rep->n_heads, nw = rep->generic ? 1 : rep->n_chunks, nx = nh * nw;
     int step = view_step(st, cur), layer = clampi(cur->layer, 0, nl > 0 ? nl - 1 : 0);
     int head = clampi(cur->head, 0, nh > 0 ? nh - 1 : 0);
     int run_chunk = run ? (int)probe_pairs_get(run->kv_opts, "chunk", 0) : 0;
@@ -132,13 +143,20 @@ static int needle_draw(canvas *c, canvas_rect r, const probe_store *st, const vi
     }
     int n_marks = 0;
     for (int x = 0; x < nx; x++) {
-        snprintf(xl[x], sizeof xl[x], nw > 1 ? "h%d c%d" : "h%d", x / nw, rep->first_chunk + x % nw);
+        if (rep->generic) snprintf(xl[x], sizeof xl[x], "h%d", x);
+        else snprintf(xl[x], sizeof xl[x], nw > 1 ? "h%d c%d" : "h%d", x / nw, rep->first_chunk + x % nw);
         xt[x] = xl[x];
     }
     for (int l = 0; l < nl; l++) {
         snprintf(yl[l], sizeof yl[l], "%d", l);
         yt[l] = yl[l];
-        for (int x = 0; x < nx; x++) {
+        for (int x = 0; x < nx && rep->generic; x++) {
+            const probe_ev_oracle *o = probe_store_oracle(st, step, l, x);
+            v[(size_t)l * nx + x] = o && o->needle_len > 0 ? (float)o->needle_rank : NAN;
+            if (o && o->needle_len > 0 && o->needle_kept < o->needle_len && n_marks < nl * nx)
+                marks[n_marks++] = (paint_cellmark){x, l};
+        }
+        for (int x = 0; x < nx && !rep->generic; x++) {
             const probe_ev_needle *e = probe_store_needle(st, rep->id, step, l, x / nw);
             int i = x % nw;
             float val = NAN;
@@ -172,7 +190,14 @@ static int needle_draw(canvas *c, canvas_rect r, const probe_store *st, const vi
     if (text_lines < 0) text_lines = 0;
     canvas_rect hr = { r.x, r.y, r.w, r.h - text_lines * lh - (text_lines && !g->cells ? g->pad : 0) };
     char title[256];
-    if (g->cells)
+    if (rep->generic && g->cells)
+        snprintf(title, sizeof title, "Needle exact rank, step %d (outlined: not attended)", step);
+    else if (rep->generic)
+        snprintf(title, sizeof title, "Needle's exact-attention rank at step %d: tokens %d-%d, value %s; dense %s, %s %s",
+                 step, rep->tok_begin, rep->tok_end - 1, rep->value[0] ? rep->value : "?",
+                 rep->dense_hit < 0 ? "?" : rep->dense_hit ? "hit" : "miss", rep->policy,
+                 rep->sparse_hit < 0 ? "?" : rep->sparse_hit ? "hit" : "miss");
+    else if (g->cells)
         snprintf(title, sizeof title, "Needle ranks, step %d (k = %d; outlined: dropped)", step, k);
     else
         snprintf(title, sizeof title, "Needle ranks at step %d (k = %d): tokens %d-%d, value %s; dense %s, %s %s",
@@ -181,10 +206,13 @@ static int needle_draw(canvas *c, canvas_rect r, const probe_store *st, const vi
                  rep->sparse_hit < 0 ? "?" : rep->sparse_hit ? "hit" : "miss");
     paint_heatmap hm = {
         .title = title, .v = v, .nx = nx, .ny = nl,
-        .x = { .label = g->cells ? NULL : "KV head, needle chunk" }, .y = { .label = "layer" },
+        .x = { .label = g->cells ? NULL : rep->generic ? "KV head" : "KV head, needle chunk" }, .y = { .label = "layer" },
         .xticks = xt, .yticks = yt,
-        .value = { .label = "landmark rank", .min = 0, .max = k > 0 ? 2.0 * k : 0 },
-        .marks = marks, .n_marks = n_marks, .mark_label = g->cells ? "dropped" : "dropped (rank >= k); blank: kept dense",
+        .value = { .label = rep->generic ? "exact rank of the needle" : "landmark rank", .min = 0,
+                   .max = rep->generic ? 0 : k > 0 ? 2.0 * k : 0 },
+        .marks = marks, .n_marks = n_marks,
+        .mark_label = g->cells ? "dropped" : rep->generic ? "needle not fully attended"
+                                                          : "dropped (rank >= k); blank: kept dense",
         .annotate = "%.0f",
     };
     paint_result hres;
@@ -220,7 +248,7 @@ done:
 
 static int needle_click(view_cursor *cur, const probe_store *st, const paint_result *res, double x, double y) {
     const probe_ev_needle *info = probe_store_needle_info(st, 0);
-    if (!info || info->n_chunks < 1) return 0;
+    if (!info || info->n_chunks < 1) return 0; /* generic reports: keys move the cursor */
     const canvas_rect *a = &res->area, *vb = &res->legend;
     view_cursor old = *cur;
     if (a->w > 0 && a->h > 0 && x >= a->x && x < a->x + a->w && y >= a->y && y < a->y + a->h) {
