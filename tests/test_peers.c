@@ -269,6 +269,156 @@ static void test_quest(void) {
                                                                  strstr(skv_last_error(), "not an option of policy shadowkv"));
 }
 
+/* ---- FreeKV ------------------------------------------------------------------ */
+
+/* FreeKV's choice for KV head kh at context T by brute force: the window,
+ * the candidates, avgSM over the group of the query qs, the top k. */
+static int freekv_brute(const kv_data *kd, int kh, const float *qs, int T, int page, int sink, int window, int k,
+                        int *pos, int *pages, int *n_pages) {
+    int nfull = (T - sink) / page, tail = (T - sink) % page, wp = window / page;
+    int wf = tail > page / 2 ? wp - 1 : wp;
+    wf = wf < 0 ? 0 : wf > nfull ? nfull : wf;
+    int nc = nfull - wf, ws = sink + nc * page;
+    double acc[CTX] = {0};
+    for (int g = 0; g < GROUP; g++) {
+        const float *q = qs + (kh * GROUP + g) * HD;
+        double U[CTX], mx = -INFINITY, z = 0;
+        for (int j = 0; j < nc; j++) {
+            U[j] = 0;
+            for (int c = 0; c < HD; c++) {
+                double lo = INFINITY, hi = -INFINITY;
+                for (int t = sink + j * page; t < sink + (j + 1) * page; t++) {
+                    double v = kd->k[t * KVD + kh * HD + c];
+                    lo = v < lo ? v : lo;
+                    hi = v > hi ? v : hi;
+                }
+                U[j] += fmax(q[c] * lo, q[c] * hi);
+            }
+            mx = U[j] > mx ? U[j] : mx;
+        }
+        for (int j = 0; j < nc; j++) z += exp(U[j] - mx);
+        for (int j = 0; j < nc; j++) acc[j] += exp(U[j] - mx) / z / GROUP;
+    }
+    int taken[CTX] = {0}, n = 0;
+    for (int i = 0; i < k && i < nc; i++) {
+        int b = -1;
+        for (int j = 0; j < nc; j++)
+            if (!taken[j] && (b < 0 || acc[j] > acc[b] + 1e-9)) b = j;
+        taken[b] = 1;
+    }
+    *n_pages = 0;
+    for (int t = 0; t < sink; t++) pos[n++] = t;
+    for (int j = 0; j < nc; j++)
+        if (taken[j]) {
+            pages[(*n_pages)++] = (sink + j * page) / page;
+            for (int t = sink + j * page; t < sink + (j + 1) * page; t++) pos[n++] = t;
+        }
+    for (int t = ws; t < T; t++) pos[n++] = t;
+    return n;
+}
+
+static kv_cache *make_freekv(int budget, const char *tau) {
+    kv_opts o;
+    kv_opts_default(&o);
+    snprintf(o.policy, sizeof o.policy, "freekv");
+    o.budget = budget;
+    kv_opts_set(&o, "page", "8", 1);
+    kv_opts_set(&o, "sink", "16", 1);
+    kv_opts_set(&o, "window", "16", 1);
+    kv_opts_set(&o, "dense_layers", "0", 1);
+    kv_opts_set(&o, "tau", tau, 1);
+    kv_shape sh = {.n_layers = NL, .n_heads = NH, .n_kv_heads = NKV, .head_dim = HD, .max_ctx = CTX};
+    kv_cache *c = NULL;
+    return kv_new(&o, &sh, &c) ? NULL : c;
+}
+
+static void test_freekv(void) {
+    const int page = 8, sink = 16, window = 16, budget = 64, k = (budget - sink - window) / page;
+    /* tau = -1: never corrected, every pick but the first uses the previous
+     * query; tau = 1: always corrected, every pick uses the current one. */
+    const char *taus[2] = {"-1", "1"};
+    for (int m = 0; m < 2; m++) {
+        kv_cache *c = make_freekv(budget, taus[m]);
+        kv_data kd;
+        int rc = c ? feed_prompt(c, &kd, 100) : -1;
+        float q[NH * HD], out[NH * HD], qprev[NH * HD];
+        int ok_out = 1, ok_kept = 1, ok_fetch = 1, prev_sel[NKV][CTX], n_prev[NKV] = {0};
+        for (int s = 0; s < 5 && !rc; s++) {
+            if ((rc = decode_step(c, &kd, q, out))) break;
+            double fetched = 0;
+            for (int kh = 0; kh < NKV; kh++) {
+                int pos[CTX], got[CTX], unit;
+                const float *qs = s == 0 || m == 1 ? q : qprev;
+                int sel[CTX], ns = 0;
+                int n = freekv_brute(&kd, kh, qs, kd.n, page, sink, window, k, pos, sel, &ns);
+                for (int g = 0; g < GROUP; g++) {
+                    int hq = kh * GROUP + g;
+                    double o[HD];
+                    attend_set(&kd, hq, q, pos, n, o);
+                    for (int d = 0; d < HD; d++) ok_out &= fabs(o[d] - out[hq * HD + d]) < 1e-5;
+                    int got_n = c->cls->kept(c, 0, hq, got, &unit);
+                    qsort(got, (size_t)got_n, sizeof(int), cmp_int);
+                    ok_kept &= got_n == n && unit == page && !memcmp(got, pos, sizeof(int) * (size_t)n);
+                }
+                int miss = 0;
+                for (int i = 0; i < ns; i++) {
+                    int hit = 0;
+                    for (int j = 0; j < n_prev[kh]; j++) hit |= prev_sel[kh][j] == sel[i];
+                    miss += !hit;
+                }
+                fetched += (double)miss * page * HD * 2 * sizeof(float);
+                memcpy(prev_sel[kh], sel, sizeof(int) * (size_t)ns);
+                n_prev[kh] = ns;
+            }
+            ok_fetch &= fabs(kv_stat(c, "step_fetch_bytes") - fetched) < 0.5;
+            memcpy(qprev, q, sizeof q);
+        }
+        char msg[200];
+        snprintf(msg, sizeof msg, "freekv (tau %s) decodes", taus[m]);
+        test_cond(msg, rc == 0);
+        snprintf(msg, sizeof msg, "freekv (tau %s: %s) equals a brute force: window, candidates, avgSM over the group, "
+                 "top-k, sink + pages + window", taus[m], m ? "always corrected" : "the previous query picks");
+        test_cond(msg, ok_out && ok_kept);
+        snprintf(msg, sizeof msg, "freekv (tau %s) counts %s", taus[m], m ? "a correction per KV head and step"
+                                                                           : "no correction");
+        test_cond(msg, kv_stat(c, "corrections") == (m ? 4.0 * NKV : 0) && kv_stat(c, "k") == k);
+        test_cond("freekv fetches exactly the pages its page cache (the last step's pages) lacks",
+                  ok_fetch && kv_stat(c, "misses") > 0 && kv_stat(c, "hits") > 0);
+        kv_free(c);
+    }
+    /* a budget that covers the context: exactly dense */
+    kv_data kd, kd2;
+    kv_cache *fc = make_freekv(4096, "0.8"), *dc = make("dense", 0, NULL, NULL);
+    rng = 5;
+    int rc = fc && dc ? feed_prompt(fc, &kd, 90) : -1;
+    rng = 5;
+    if (!rc) rc = feed_prompt(dc, &kd2, 90);
+    int exact = 1;
+    for (int s = 0; s < 4 && !rc; s++) {
+        float q[NH * HD], out[NH * HD], q2[NH * HD], o2[NH * HD];
+        uint64_t save = rng;
+        rc = decode_step(fc, &kd, q, out);
+        rng = save;
+        if (!rc) rc = decode_step(dc, &kd2, q2, o2);
+        exact &= !memcmp(out, o2, sizeof out);
+    }
+    size_t res, off;
+    if (fc) fc->cls->bytes(fc, &res, &off);
+    test_cond("freekv at a budget covering the context attends bit for bit like dense, offloading nothing",
+              rc == 0 && exact && off == 0);
+    kv_free(fc);
+    kv_free(dc);
+    kv_opts o;
+    kv_opts_default(&o);
+    snprintf(o.policy, sizeof o.policy, "freekv");
+    kv_opts_set(&o, "sink", "20", 1);
+    kv_shape sh = {.n_layers = NL, .n_heads = NH, .n_kv_heads = NKV, .head_dim = HD, .max_ctx = CTX};
+    kv_cache *c = NULL;
+    test_cond("a sink that is not a multiple of the page is refused", kv_new(&o, &sh, &c) == SKV_EINVAL && !c &&
+                                                                          strstr(skv_last_error(), "multiples of the page"));
+    test_cond("tau outside [-1, 1] is refused", kv_opts_set(&o, "tau", "1.5", 1) == SKV_EINVAL);
+}
+
 /* ---- the oracle ------------------------------------------------------------------ */
 
 typedef struct {
@@ -453,25 +603,34 @@ static void test_model(const char *file) {
         test_cond(msg, 0);
         return;
     }
-    kv_opts o;
-    kv_opts_default(&o);
-    snprintf(o.policy, sizeof o.policy, "quest");
-    kv_opts_set_num(&o, "dense_layers", 0);
-    o.budget = 4096;
-    int rc;
-    double e = logits_vs_dense(m, &o, 200, 12, &rc);
-    snprintf(msg, sizeof msg, "%s: quest at a full budget gives dense's logits (worst rel L2 %.2g)", file, e);
-    test_cond(msg, rc == 0 && e == 0);
-    o.budget = 64;
-    e = logits_vs_dense(m, &o, 200, 12, &rc);
-    snprintf(msg, sizeof msg, "%s: quest at a budget of 64 runs and stays near dense (worst rel L2 %.2g)", file, e);
-    test_cond(msg, rc == 0 && e > 0 && e < 1);
+    static const struct { const char *policy, *opts[4][2]; } cases[] = {
+        {"quest", {{"dense_layers", "0"}}},
+        {"freekv", {{"dense_layers", "0"}, {"page", "16"}, {"sink", "16"}, {"window", "16"}}},
+    };
+    for (size_t i = 0; i < sizeof cases / sizeof cases[0]; i++) {
+        kv_opts o;
+        kv_opts_default(&o);
+        snprintf(o.policy, sizeof o.policy, "%s", cases[i].policy);
+        for (int j = 0; j < 4 && cases[i].opts[j][0]; j++) kv_opts_set(&o, cases[i].opts[j][0], cases[i].opts[j][1], 1);
+        o.budget = 4096;
+        int rc;
+        double e = logits_vs_dense(m, &o, 200, 12, &rc);
+        snprintf(msg, sizeof msg, "%s: %s at a full budget gives dense's logits (worst rel L2 %.2g)", file,
+                 cases[i].policy, e);
+        test_cond(msg, rc == 0 && e == 0);
+        o.budget = 64;
+        e = logits_vs_dense(m, &o, 200, 12, &rc);
+        snprintf(msg, sizeof msg, "%s: %s at a budget of 64 runs and differs from dense (worst rel L2 %.2g)", file,
+                 cases[i].policy, e);
+        test_cond(msg, rc == 0 && e > 0 && e < 1);
+    }
     model_free(m);
 }
 
 int main(void) {
     test_page_ops();
     test_quest();
+    test_freekv();
     test_oracle();
     test_model("models/stories260k.gguf");
     test_model("models/mini-smollm-f32.gguf");

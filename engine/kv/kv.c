@@ -15,6 +15,7 @@ static const kv_class *const registry[] = {
     &kv_policy_dense,
     &kv_policy_shadowkv,
     &kv_policy_quest,
+    &kv_policy_freekv,
 };
 
 #define N_POLICIES ((int)(sizeof registry / sizeof registry[0]))
