@@ -106,6 +106,10 @@ typedef struct skv_backend {
      * t/p of mn, mx (kernels/cpu/page_ops.h), and the bound of q·k per page. */
     void (*page_bounds)(const float *K, int stride, int d, int p, int t0, int n, float *mn, float *mx, int bstride);
     void (*page_score)(const float *q, int d, const float *mn, const float *mx, int bstride, int n_pages, float *U);
+    /* One KIVI group (SpeCache, TailorKV): n values x[i*stride] quantized to
+     * `bits` and decoded into y (kernels/cpu/kivi.h). */
+    void (*kivi)(const float *x, int n, int stride, int bits, int midpoint, float *y, uint8_t *codes, float *scale,
+                 float *zero);
 } skv_backend;
 
 /* ---- registry ------------------------------------------------------------ */

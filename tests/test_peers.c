@@ -12,6 +12,7 @@
 #include "backend.h"
 #include "kv.h"
 #include "model.h"
+#include "kivi.h"
 #include "page_ops.h"
 #include "probe.h"
 #include "sampler.h"
@@ -419,6 +420,150 @@ static void test_freekv(void) {
     test_cond("tau outside [-1, 1] is refused", kv_opts_set(&o, "tau", "1.5", 1) == SKV_EINVAL);
 }
 
+/* ---- the shared quantizer and SpeCache ------------------------------------------ */
+
+static void test_kivi(void) {
+    float x[64], y[64], s, z;
+    uint8_t codes[64];
+    int ok = 1;
+    for (int bits = 1; bits <= 4; bits++)
+        for (int trial = 0; trial < 50; trial++) {
+            fill(x, 64, 3.0f);
+            kivi_group(x, 64, 1, bits, 0, y, codes, &s, &z);
+            for (int i = 0; i < 64; i++)
+                ok &= codes[i] <= (1 << bits) - 1 && fabsf(y[i] - x[i]) <= s / 2 + 1e-5f && y[i] == z + codes[i] * s;
+        }
+    test_cond("KIVI round trip: codes in range, every value within half a step", ok);
+    float h[4] = {0, 0.5f, 1.5f, 3}, hy[4];
+    kivi_group(h, 4, 1, 2, 0, hy, codes, &s, &z);
+    test_cond("KIVI rounds half to even (0.5 -> 0, 1.5 -> 2)", codes[1] == 0 && codes[2] == 2 && s == 1 && z == 0);
+    float flat[3] = {2.5f, 2.5f, 2.5f}, fy[3];
+    kivi_group(flat, 3, 1, 1, 0, fy, codes, &s, &z);
+    test_cond("a flat group stores code 0 and decodes exactly", codes[0] == 0 && fy[0] == 2.5f && fy[2] == 2.5f);
+    float m[3] = {0, 4, 1}, my[3];
+    kivi_group(m, 3, 1, 1, 1, my, codes, &s, &z);
+    test_cond("SpeCache's 1-bit rule decodes to the quartile midpoints, codes clamped to 0..1",
+              my[0] == 1 && my[1] == 3 && my[2] == 1 && codes[1] == 1);
+    float st[8] = {1, 100, 2, 100, 3, 100, 4, 100}, sy[8];
+    memcpy(sy, st, sizeof st);
+    kivi_group(sy, 4, 2, 2, 0, sy, NULL, NULL, NULL);
+    test_cond("a strided group quantizes in place and leaves the other rows alone",
+              sy[0] == 1 && sy[6] == 4 && sy[1] == 100 && sy[7] == 100);
+}
+
+/* The low-bit copy the shared cache holds at length L, by brute force:
+ * keys per channel in groups of g tokens over blocks of R, values per token
+ * in groups of g channels, older than the newest R. */
+static void lowbit_brute(const kv_data *kd, int L, int bits, int g, int R, float *K, float *V) {
+    memcpy(K, kd->k, sizeof(float) * (size_t)L * KVD);
+    memcpy(V, kd->v, sizeof(float) * (size_t)L * KVD);
+    int gv = g < HD ? g : HD;
+    for (int t0 = 0; t0 + R <= L; t0 += R)
+        for (int c = 0; c < KVD; c++)
+            for (int t = t0; t < t0 + R; t += g) {
+                float col[CTX], out[CTX];
+                for (int i = 0; i < g; i++) col[i] = K[(t + i) * KVD + c];
+                kivi_group(col, g, 1, bits, 1, out, NULL, NULL, NULL);
+                for (int i = 0; i < g; i++) K[(t + i) * KVD + c] = out[i];
+            }
+    for (int t = 0; t < L - R; t++)
+        for (int kh = 0; kh < NKV; kh++)
+            for (int j = 0; j < HD; j += gv)
+                kivi_group(V + t * KVD + kh * HD + j, gv, 1, bits, 1, V + t * KVD + kh * HD + j, NULL, NULL, NULL);
+}
+
+static void test_specache(void) {
+    const int bits = 2, g = 4, R = 8, budget = 20, k = budget - R, n0 = 50;
+    kv_opts o;
+    kv_opts_default(&o);
+    snprintf(o.policy, sizeof o.policy, "specache");
+    o.budget = budget;
+    kv_opts_set(&o, "bits", "2", 1);
+    kv_opts_set(&o, "group", "4", 1);
+    kv_opts_set(&o, "residual", "8", 1);
+    kv_shape sh = {.n_layers = NL, .n_heads = NH, .n_kv_heads = NKV, .head_dim = HD, .max_ctx = CTX};
+    kv_cache *c = NULL;
+    int rc = kv_new(&o, &sh, &c);
+    test_cond("specache is registered and made from its options", rc == 0 && c && c->policy == &kv_policy_specache);
+    if (rc) return;
+    kv_data kd;
+    rc = feed_prompt(c, &kd, n0);
+    float q[NH * HD], out[NH * HD], Kq[CTX * KVD], Vq[CTX * KVD];
+    int ok_out = 1, ok_kept = 1;
+    for (int s = 0; s < 5 && !rc; s++) {
+        int L = kd.n; /* the cache was flushed at this length before the new token */
+        if ((rc = decode_step(c, &kd, q, out))) break;
+        int T = kd.n;
+        lowbit_brute(&kd, L, bits, g, R, Kq, Vq);
+        memcpy(Kq + L * KVD, kd.k + L * KVD, sizeof(float) * KVD); /* the current token is exact */
+        memcpy(Vq + L * KVD, kd.v + L * KVD, sizeof(float) * KVD);
+        int fp_from = L - L % R > L - R ? L - L % R : L - R;
+        for (int kh = 0; kh < NKV; kh++) {
+            double pm[CTX] = {0};
+            for (int gq = 0; gq < GROUP; gq++) {
+                int hq = kh * GROUP + gq;
+                double w[CTX], mx = -INFINITY, z = 0;
+                for (int t = 0; t < T; t++) {
+                    double dot = 0;
+                    for (int i = 0; i < HD; i++) dot += (double)q[hq * HD + i] * Kq[t * KVD + kh * HD + i];
+                    w[t] = dot / sqrt((double)HD);
+                    mx = w[t] > mx ? w[t] : mx;
+                }
+                for (int t = 0; t < T; t++) z += w[t] = exp(w[t] - mx);
+                for (int t = 0; t < T; t++) pm[t] += w[t] / z / GROUP;
+            }
+            int chosen[CTX] = {0};
+            for (int i = 0; i < k && i < T - 1; i++) {
+                int b = -1;
+                for (int t = 0; t < T - 1; t++)
+                    if (!chosen[t] && (b < 0 || pm[t] > pm[b] + 1e-9)) b = t;
+                chosen[b] = 1;
+            }
+            int want[CTX], nw = 0;
+            for (int t = 0; t < T; t++)
+                if ((chosen[t] && t < fp_from) || t >= fp_from) want[nw++] = t;
+            for (int gq = 0; gq < GROUP; gq++) {
+                int hq = kh * GROUP + gq;
+                double w[CTX], mx = -INFINITY, z = 0, o2[HD] = {0};
+                for (int t = 0; t < T; t++) {
+                    const float *kr = chosen[t] ? kd.k : Kq;
+                    double dot = 0;
+                    for (int i = 0; i < HD; i++) dot += (double)q[hq * HD + i] * kr[t * KVD + kh * HD + i];
+                    w[t] = dot / sqrt((double)HD);
+                    mx = w[t] > mx ? w[t] : mx;
+                }
+                for (int t = 0; t < T; t++) z += w[t] = exp(w[t] - mx);
+                for (int t = 0; t < T; t++) {
+                    const float *vr = chosen[t] ? kd.v : Vq;
+                    for (int i = 0; i < HD; i++) o2[i] += w[t] / z * vr[t * KVD + kh * HD + i];
+                }
+                for (int i = 0; i < HD; i++) ok_out &= fabs(o2[i] - out[hq * HD + i]) < 2e-5;
+                int got[CTX], unit;
+                int ng = c->cls->kept(c, 0, hq, got, &unit);
+                qsort(got, (size_t)ng, sizeof(int), cmp_int);
+                ok_kept &= ng == nw && unit == 1 && !memcmp(got, want, sizeof(int) * (size_t)nw);
+            }
+        }
+    }
+    test_cond("specache decodes", rc == 0);
+    test_cond("specache equals a brute force: low-bit cache, group-mean top-k, exact rows swapped in, re-attended",
+              ok_out);
+    test_cond("specache reports the chosen rows and its exact residual as attended in full precision", ok_kept);
+    size_t res, off;
+    c->cls->bytes(c, &res, &off);
+    test_cond("specache holds less than dense resident and offloads the exact copy",
+              res < (size_t)2 * kd.n * KVD * sizeof(float) && off == (size_t)2 * kd.n * KVD * sizeof(float) &&
+                  kv_stat(c, "fetch_bytes") > 0);
+    kv_free(c);
+    kv_opts_default(&o);
+    snprintf(o.policy, sizeof o.policy, "specache");
+    kv_opts_set(&o, "residual", "10", 1);
+    c = NULL;
+    test_cond("a residual that is not a multiple of the group is refused",
+              kv_new(&o, &sh, &c) == SKV_EINVAL && !c && strstr(skv_last_error(), "multiple of the group"));
+    test_cond("bits outside 1..8 are refused", kv_opts_set(&o, "bits", "9", 1) == SKV_EINVAL);
+}
+
 /* ---- the oracle ------------------------------------------------------------------ */
 
 typedef struct {
@@ -603,9 +748,12 @@ static void test_model(const char *file) {
         test_cond(msg, 0);
         return;
     }
-    static const struct { const char *policy, *opts[4][2]; } cases[] = {
-        {"quest", {{"dense_layers", "0"}}},
-        {"freekv", {{"dense_layers", "0"}, {"page", "16"}, {"sink", "16"}, {"window", "16"}}},
+    /* tol: 0 where a full budget takes the dense path itself, fp32 noise
+     * where every row is attended exact through the policy's own path */
+    static const struct { const char *policy, *opts[4][2]; double tol; } cases[] = {
+        {"quest", {{"dense_layers", "0"}}, 0},
+        {"freekv", {{"dense_layers", "0"}, {"page", "16"}, {"sink", "16"}, {"window", "16"}}, 0},
+        {"specache", {{"residual", "64"}}, 1e-5},
     };
     for (size_t i = 0; i < sizeof cases / sizeof cases[0]; i++) {
         kv_opts o;
@@ -617,7 +765,7 @@ static void test_model(const char *file) {
         double e = logits_vs_dense(m, &o, 200, 12, &rc);
         snprintf(msg, sizeof msg, "%s: %s at a full budget gives dense's logits (worst rel L2 %.2g)", file,
                  cases[i].policy, e);
-        test_cond(msg, rc == 0 && e == 0);
+        test_cond(msg, rc == 0 && e <= cases[i].tol);
         o.budget = 64;
         e = logits_vs_dense(m, &o, 200, 12, &rc);
         snprintf(msg, sizeof msg, "%s: %s at a budget of 64 runs and differs from dense (worst rel L2 %.2g)", file,
@@ -631,6 +779,8 @@ int main(void) {
     test_page_ops();
     test_quest();
     test_freekv();
+    test_kivi();
+    test_specache();
     test_oracle();
     test_model("models/stories260k.gguf");
     test_model("models/mini-smollm-f32.gguf");

@@ -16,6 +16,7 @@ static const kv_class *const registry[] = {
     &kv_policy_shadowkv,
     &kv_policy_quest,
     &kv_policy_freekv,
+    &kv_policy_specache,
 };
 
 #define N_POLICIES ((int)(sizeof registry / sizeof registry[0]))

@@ -9,6 +9,7 @@
  * set is a vector loop. The sparse-policy stages are kernels/cpu/shadowkv_ops.c. */
 #include "backend.h"
 #include "quant.h"
+#include "kivi.h"
 #include "page_ops.h"
 #include "shadowkv_ops.h"
 #include "skv.h"
@@ -205,4 +206,5 @@ const skv_backend skv_backend_cpu = {
     .project = shadowkv_project,
     .page_bounds = page_bounds,
     .page_score = page_score,
+    .kivi = kivi_group,
 };

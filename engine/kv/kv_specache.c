@@ -1,0 +1,359 @@
+/* kv_specache.c: the SpeCache KV policy (Jie et al., ICML 2025) on the CPU,
+ * in the synchronous variant of the paper's Table 4.
+ *
+ * After the prompt every layer's keys and values are quantized with the
+ * shared KIVI quantizer (kv_lowbit.h; SpeCache's quartile-midpoint rule at
+ * 1 bit); the exact fp copies go to the offload store (here the policy's
+ * own arrays, every read a counted fetch). Resident: the codes, their
+ * scales, the full-precision residual (the newest keys and values) and a
+ * buffer of fetched rows. Each decode step, per layer and KV head: attention
+ * probabilities over the low-bit cache (the current token exact), averaged
+ * over the group, pick the top-k positions (all but the current one); rows
+ * not already in the buffer or the residual are fetched, and attention runs
+ * again over every position with those rows in full precision. New tokens
+ * are quantized after attention, as the cache grows.
+ *
+ * Not built: the speculative variant, which runs a second, speculative next
+ * token through the whole forward pass to pick the rows one step ahead.
+ * It needs an extra row in the forward pass and the session, not only here. */
+#include "kv.h"
+#include "kv_lowbit.h"
+#include "probe.h"
+#include "skv.h"
+#include "vec.h"
+
+#include <math.h>
+#include <stdlib.h>
+#include <string.h>
+
+typedef struct {
+    float *kx, *vx;    /* (cap, kvd) exact keys and values: the offload store */
+    float *kd, *vd;    /* (cap, kvd) what the low-bit cache decodes to (exact where not yet quantized) */
+    int nq_k, nq_v;    /* positions quantized */
+    int **buf;         /* (n_kv_heads) -> (k) positions fetched at the previous step, in the buffer */
+    int *n_buf;
+} sc_layer;
+
+typedef struct {
+    float *p, *pm;     /* (max_ctx) probabilities of one query head, group mean */
+    float *K, *V;      /* (max_ctx, d) the rows attention reads */
+    int *sel;          /* (k) */
+    float *sel_score;
+    int n_sel, misses;
+    char *in_sel;      /* (max_ctx) */
+} sc_head;
+
+typedef struct {
+    kv_cache base;
+    kv_opts o;
+    lowbit_cfg q;
+    int h, d, kvd, group, nh;
+    int cap, n, prompt, budget, k;
+    sc_layer *L;
+    sc_head *hd;
+    uint64_t steps, hits, misses, fetch_bytes, step_hits, step_misses, step_fetch_bytes;
+} kv_sc;
+
+static int sc_grow(kv_sc *c, int need) {
+    if (need <= c->cap) return 0;
+    if (need > c->base.shape.max_ctx)
+        return skv_error(SKV_ERANGE, "specache: position %d is past the context of %d", need - 1, c->base.shape.max_ctx);
+    int cap = c->cap ? c->cap : 256;
+    while (cap < need) cap *= 2;
+    if (cap > c->base.shape.max_ctx) cap = c->base.shape.max_ctx;
+    size_t row = (size_t)c->kvd * sizeof(float);
+    for (int l = 0; l < c->base.shape.n_layers; l++) {
+        sc_layer *L = &c->L[l];
+        float *p;
+        if (!(p = realloc(L->kx, row * cap))) goto oom;
+        L->kx = p;
+        if (!(p = realloc(L->vx, row * cap))) goto oom;
+        L->vx = p;
+        if (!(p = realloc(L->kd, row * cap))) goto oom;
+        L->kd = p;
+        if (!(p = realloc(L->vd, row * cap))) goto oom;
+        L->vd = p;
+    }
+    c->cap = cap;
+    return 0;
+oom:
+    return skv_error(SKV_ENOMEM, "specache: out of memory for %d positions", cap);
+}
+
+static int sc_append(kv_cache *base, int layer, int pos, int n, const float *k_pre, const float *k, const float *v) {
+    (void)k_pre;
+    kv_sc *c = (kv_sc *)base;
+    int rc = sc_grow(c, pos + n);
+    if (rc) return rc;
+    sc_layer *L = &c->L[layer];
+    size_t off = (size_t)pos * c->kvd, len = sizeof(float) * (size_t)n * c->kvd;
+    memcpy(L->kx + off, k, len);
+    memcpy(L->vx + off, v, len);
+    memcpy(L->kd + off, k, len);
+    memcpy(L->vd + off, v, len);
+    if (layer == 0 && pos + n > c->n) c->n = pos + n;
+    return 0;
+}
+
+/* KV head kh at context T: low-bit probabilities, the top-k, the buffer,
+ * then attention with the chosen rows exact. */
+static void decode_head(kv_sc *c, sc_layer *L, int kh, int T, const float *q, float *out) {
+    sc_head *H = &c->hd[kh];
+    const skv_backend *be = c->base.shape.be;
+    int d = c->d, kvd = c->kvd;
+    float scale = 1.0f / sqrtf((float)d);
+    for (int t = 0; t < T; t++) H->pm[t] = 0;
+    for (int g = 0; g < c->group; g++) {
+        const float *qh = q + (size_t)(kh * c->group + g) * d;
+        float mx = -INFINITY;
+        for (int t = 0; t < T; t++) {
+            H->p[t] = vec_dot(qh, L->kd + (size_t)t * kvd + (size_t)kh * d, d) * scale;
+            mx = H->p[t] > mx ? H->p[t] : mx;
+        }
+        double z = 0;
+        for (int t = 0; t < T; t++) z += H->p[t] = expf(H->p[t] - mx);
+        for (int t = 0; t < T; t++) H->pm[t] += (float)(H->p[t] / z / c->group);
+    }
+    H->n_sel = be->topk(H->pm, T - 1, c->k, H->sel); /* every position but the current one */
+    int fp_from = L->nq_k > L->nq_v ? L->nq_k : L->nq_v; /* rows at and past this are exact already */
+    H->misses = 0;
+    for (int i = 0; i < H->n_sel; i++) {
+        int t = H->sel[i], hit = t >= fp_from;
+        for (int j = 0; j < L->n_buf[kh] && !hit; j++) hit = L->buf[kh][j] == t;
+        H->misses += !hit;
+        H->in_sel[t] = 1;
+        H->sel_score[i] = H->pm[t];
+    }
+    memcpy(L->buf[kh], H->sel, sizeof(int) * (size_t)H->n_sel);
+    L->n_buf[kh] = H->n_sel;
+    for (int t = 0; t < T; t++) {
+        const float *ks = (H->in_sel[t] ? L->kx : L->kd) + (size_t)t * kvd + (size_t)kh * d;
+        const float *vs = (H->in_sel[t] ? L->vx : L->vd) + (size_t)t * kvd + (size_t)kh * d;
+        memcpy(H->K + (size_t)t * d, ks, sizeof(float) * d);
+        memcpy(H->V + (size_t)t * d, vs, sizeof(float) * d);
+    }
+    for (int i = 0; i < H->n_sel; i++) H->in_sel[H->sel[i]] = 0;
+    for (int g = 0; g < c->group; g++) {
+        int hq = kh * c->group + g;
+        be->attend_rows(q + (size_t)hq * d, H->K, H->V, T, d, d, scale, out + (size_t)hq * d);
+    }
+}
+
+static int sc_attend(kv_cache *base, int layer, int pos, int n, const float *q, float *out) {
+    kv_sc *c = (kv_sc *)base;
+    const kv_shape *sh = &base->shape;
+    sc_layer *L = &c->L[layer];
+    if (pos + n > c->n || pos < 0)
+        return skv_error(SKV_EINVAL, "specache: layer %d attends up to position %d, only %d stored", layer,
+                         pos + n - 1, c->n);
+    if (!c->prompt || n > 1) {
+        sh->be->attend_causal(q, n, pos, sh->n_heads, sh->n_kv_heads, sh->head_dim, L->kx, L->vx, c->kvd, out);
+        return 0;
+    }
+    int T = pos + 1;
+    if (layer == 0) {
+        c->steps++;
+        c->step_hits = c->step_misses = c->step_fetch_bytes = 0;
+    }
+    #pragma omp parallel for schedule(dynamic, 1) if (c->h > 1)
+    for (int kh = 0; kh < c->h; kh++) decode_head(c, L, kh, T, q, out);
+    for (int kh = 0; kh < c->h; kh++) {
+        const sc_head *H = &c->hd[kh];
+        uint64_t b = (uint64_t)H->misses * 2 * c->d * sizeof(float);
+        c->step_hits += (uint64_t)(H->n_sel - H->misses);
+        c->step_misses += (uint64_t)H->misses;
+        c->step_fetch_bytes += b;
+        c->hits += (uint64_t)(H->n_sel - H->misses);
+        c->misses += (uint64_t)H->misses;
+        c->fetch_bytes += b;
+    }
+    if (probe_wants(base->bus, PROBE_DECODE_HEAD))
+        for (int kh = 0; kh < c->h; kh++) {
+            const sc_head *H = &c->hd[kh];
+            probe_event ev = {.kind = PROBE_DECODE_HEAD, .decode_head = {
+                .step = base->step, .layer = layer, .head = kh, .block = 1,
+                .fetch_bytes = (uint64_t)H->misses * 2 * c->d * sizeof(float), .n_sel = H->n_sel,
+                .hits = H->n_sel - H->misses, .misses = H->misses, .sel = H->sel, .score = H->sel_score}};
+            probe_emit(base->bus, &ev);
+        }
+    /* flushes happen after attention */
+    lowbit_flush(sh->be, &c->q, c->h, c->d, L->kd, L->vd, T, &L->nq_k, &L->nq_v);
+    return 0;
+}
+
+static int sc_end_prefill(kv_cache *base) {
+    kv_sc *c = (kv_sc *)base;
+    const kv_shape *sh = &base->shape;
+    c->prompt = c->n;
+    c->budget = kv_budget_tokens(&c->o, c->prompt);
+    c->k = c->budget - c->q.residual > 0 ? c->budget - c->q.residual : 0;
+    int mc = sh->max_ctx, kk = c->k > 0 ? c->k : 1;
+    for (int l = 0; l < sh->n_layers; l++) {
+        sc_layer *L = &c->L[l];
+        lowbit_flush(sh->be, &c->q, c->h, c->d, L->kd, L->vd, c->prompt, &L->nq_k, &L->nq_v);
+        L->buf = skv_calloc((size_t)c->h, sizeof(int *));
+        L->n_buf = skv_calloc((size_t)c->h, sizeof(int));
+        if (!L->buf || !L->n_buf) return skv_error(SKV_ENOMEM, "out of memory");
+        for (int kh = 0; kh < c->h; kh++)
+            if (!(L->buf[kh] = skv_malloc(sizeof(int) * (size_t)kk))) return skv_error(SKV_ENOMEM, "out of memory");
+    }
+    if (!(c->hd = skv_calloc((size_t)c->h, sizeof *c->hd))) return skv_error(SKV_ENOMEM, "out of memory");
+    for (int kh = 0; kh < c->h; kh++) {
+        sc_head *H = &c->hd[kh];
+        H->p = skv_malloc(sizeof(float) * (size_t)mc);
+        H->pm = skv_malloc(sizeof(float) * (size_t)mc);
+        H->K = skv_malloc(sizeof(float) * (size_t)mc * c->d);
+        H->V = skv_malloc(sizeof(float) * (size_t)mc * c->d);
+        H->sel = skv_malloc(sizeof(int) * (size_t)kk);
+        H->sel_score = skv_malloc(sizeof(float) * (size_t)kk);
+        H->in_sel = skv_calloc((size_t)mc, 1);
+        if (!H->p || !H->pm || !H->K || !H->V || !H->sel || !H->sel_score || !H->in_sel)
+            return skv_error(SKV_ENOMEM, "specache: out of memory for a context of %d", mc);
+    }
+    return 0;
+}
+
+static void sc_bytes(const kv_cache *base, size_t *resident, size_t *offloaded) {
+    const kv_sc *c = (const kv_sc *)base;
+    size_t f = sizeof(float), nl = (size_t)base->shape.n_layers, kvd = (size_t)c->kvd;
+    if (!c->prompt) {
+        *resident = nl * 2 * (size_t)c->n * kvd * f;
+        *offloaded = 0;
+        return;
+    }
+    size_t r = 0;
+    for (int l = 0; l < base->shape.n_layers; l++)
+        r += lowbit_bytes(&c->q, c->h, c->d, c->n, c->L[l].nq_k, c->L[l].nq_v) + 2 * (size_t)c->k * kvd * f;
+    *resident = r;
+    *offloaded = nl * 2 * (size_t)c->n * kvd * f;
+}
+
+static int sc_kept(const kv_cache *base, int layer, int hq, int *pos, int *unit) {
+    const kv_sc *c = (const kv_sc *)base;
+    (void)layer;
+    int T = c->n, n = 0;
+    *unit = 1;
+    if (!c->hd) {
+        for (int t = 0; t < T; t++) pos[n++] = t;
+        return n;
+    }
+    /* At the attend the cache was flushed for T - 1 positions: rows from
+     * there on were exact; L's counters have moved on since. */
+    int R = c->q.residual, L1 = T - 1;
+    int nk = L1 - L1 % R, nv = L1 > R ? L1 - R : 0, fp_from = nk > nv ? nk : nv;
+    const sc_head *H = &c->hd[hq / c->group];
+    for (int i = 0; i < H->n_sel; i++)
+        if (H->sel[i] < fp_from) pos[n++] = H->sel[i];
+    for (int t = fp_from; t < T; t++) pos[n++] = t;
+    return n;
+}
+
+static const kv_stat_def sc_stat_defs[] = {
+    {"prompt_len", "tokens", "tokens in the prompt"},
+    {"bits", "", "bits per quantized key and value element"},
+    {"k", "rows", "rows fetched in full precision per KV head and step (budget - residual)"},
+    {"steps", "", "decode steps attended"},
+    {"hits", "rows", "chosen rows already exact (buffer or residual)"},
+    {"misses", "rows", "chosen rows fetched"},
+    {"hit_rate", "%", "hits / (hits + misses)"},
+    {"fetch_bytes", "B", "key and value bytes fetched from the offload store"},
+    {"step_hits", "rows", "hits of the last decode step"},
+    {"step_misses", "rows", "misses of the last decode step"},
+    {"step_fetches", "rows", "rows fetched in the last decode step"},
+    {"step_fetch_bytes", "B", "bytes fetched in the last decode step"},
+    {"resident", "B", "bytes resident: codes (packed), scales, the exact residual and the row buffer"},
+    {"offloaded", "B", "bytes in the offload store (exact keys and values)"},
+};
+
+static void sc_stats(const kv_cache *base, double *v) {
+    const kv_sc *c = (const kv_sc *)base;
+    size_t res, off;
+    sc_bytes(base, &res, &off);
+    double hm = (double)c->hits + c->misses;
+    double out[] = {
+        c->prompt ? c->prompt : c->n, c->q.bits, c->prompt ? c->k : NAN, (double)c->steps, (double)c->hits,
+        (double)c->misses, hm > 0 ? 100 * c->hits / hm : NAN, (double)c->fetch_bytes, (double)c->step_hits,
+        (double)c->step_misses, (double)c->step_misses, (double)c->step_fetch_bytes, (double)res, (double)off,
+    };
+    _Static_assert(sizeof out / sizeof out[0] == sizeof sc_stat_defs / sizeof sc_stat_defs[0], "one value per stat");
+    memcpy(v, out, sizeof out);
+}
+
+static void sc_free(kv_cache *base) {
+    kv_sc *c = (kv_sc *)base;
+    for (int l = 0; c->L && l < base->shape.n_layers; l++) {
+        sc_layer *L = &c->L[l];
+        free(L->kx); free(L->vx); free(L->kd); free(L->vd);
+        for (int kh = 0; L->buf && kh < c->h; kh++) free(L->buf[kh]);
+        free(L->buf); free(L->n_buf);
+    }
+    free(c->L);
+    for (int kh = 0; c->hd && kh < c->h; kh++) {
+        sc_head *H = &c->hd[kh];
+        free(H->p); free(H->pm); free(H->K); free(H->V); free(H->sel); free(H->sel_score); free(H->in_sel);
+    }
+    free(c->hd);
+    free(c);
+}
+
+/* Options and defaults of the paper (PEERS.md). */
+static const kv_opt_def sc_opt_defs[] = {
+    {"bits", "--bits", KV_OPT_INT, 2, 1, 8, "bits per quantized element (the paper: 1 or 2)"},
+    {"group", NULL, KV_OPT_INT, 64, 1, 4096, "quantization group g (tokens for keys, channels for values)"},
+    {"residual", NULL, KV_OPT_INT, 64, 1, 1 << 16, "R: newest tokens kept exact; a multiple of the group"},
+    {"midpoint", NULL, KV_OPT_FLAG, 1, 0, 1, "at 1 bit, decode to the quartile midpoints (SpeCache's rule)"},
+};
+
+static int sc_create(const kv_opts *o, const kv_shape *shape, kv_cache **out);
+
+const kv_class kv_policy_specache = {
+    .name = "specache",
+    .summary = "low-bit KIVI cache resident, exact rows offloaded; the top-k rows by low-bit attention fetched "
+               "and attended exact (synchronous variant; Jie et al., ICML 2025)",
+    .opts = sc_opt_defs,
+    .n_opts = sizeof sc_opt_defs / sizeof sc_opt_defs[0],
+    .budgeted = 1,
+    .stat_defs = sc_stat_defs,
+    .n_stats = sizeof sc_stat_defs / sizeof sc_stat_defs[0],
+    .create = sc_create,
+    .append = sc_append,
+    .attend = sc_attend,
+    .end_prefill = sc_end_prefill,
+    .bytes = sc_bytes,
+    .stats = sc_stats,
+    .kept = sc_kept,
+    .free = sc_free,
+};
+
+static int sc_create(const kv_opts *o, const kv_shape *shape, kv_cache **out) {
+    *out = NULL;
+    const kv_class *p = &kv_policy_specache;
+    if (shape->n_kv_heads < 1 || shape->n_heads % shape->n_kv_heads || shape->head_dim < 1)
+        return skv_error(SKV_EINVAL, "specache: %d query heads do not split into %d KV heads", shape->n_heads,
+                         shape->n_kv_heads);
+    lowbit_cfg q = {.bits = kv_opt_int(o, p, "bits"), .group = kv_opt_int(o, p, "group"),
+                    .residual = kv_opt_int(o, p, "residual"), .midpoint = kv_opt_int(o, p, "midpoint")};
+    if (q.residual % q.group)
+        return skv_error(SKV_EINVAL, "specache: the residual (%d) must be a multiple of the group (%d)", q.residual,
+                         q.group);
+    if (o->budget < 0) return skv_error(SKV_EINVAL, "specache: the budget must be >= 0 (got %d)", o->budget);
+    kv_sc *c = skv_calloc(1, sizeof *c);
+    if (!c) return skv_error(SKV_ENOMEM, "out of memory");
+    c->base.cls = c->base.policy = p;
+    c->base.shape = *shape;
+    if (!c->base.shape.be) c->base.shape.be = &skv_backend_cpu;
+    c->base.step = -1;
+    c->o = *o;
+    c->q = q;
+    c->h = shape->n_kv_heads;
+    c->d = shape->head_dim;
+    c->kvd = c->h * c->d;
+    c->nh = shape->n_heads;
+    c->group = c->nh / c->h;
+    if (!(c->L = skv_calloc((size_t)shape->n_layers, sizeof *c->L))) {
+        free(c);
+        return skv_error(SKV_ENOMEM, "out of memory");
+    }
+    *out = &c->base;
+    return 0;
+}
