@@ -323,11 +323,9 @@ static kv_cache *make_freekv(int budget, const char *tau) {
     kv_opts_default(&o);
     snprintf(o.policy, sizeof o.policy, "freekv");
     o.budget = budget;
-    kv_opts_set(&o, "page", "8", 1);
-    kv_opts_set(&o, "sink", "16", 1);
-    kv_opts_set(&o, "window", "16", 1);
-    kv_opts_set(&o, "dense_layers", "0", 1);
-    kv_opts_set(&o, "tau", tau, 1);
+    if (kv_opts_set(&o, "page", "8", 1) || kv_opts_set(&o, "sink", "16", 1) || kv_opts_set(&o, "window", "16", 1) ||
+        kv_opts_set(&o, "dense_layers", "0", 1) || kv_opts_set(&o, "tau", tau, 1))
+        return NULL;
     kv_shape sh = {.n_layers = NL, .n_heads = NH, .n_kv_heads = NKV, .head_dim = HD, .max_ctx = CTX};
     kv_cache *c = NULL;
     return kv_new(&o, &sh, &c) ? NULL : c;
@@ -564,6 +562,154 @@ static void test_specache(void) {
     test_cond("bits outside 1..8 are refused", kv_opts_set(&o, "bits", "9", 1) == SKV_EINVAL);
 }
 
+/* ---- TailorKV ------------------------------------------------------------------ */
+
+static kv_cache *make_tailor(int budget, const char *qlayers, const char *tau) {
+    kv_opts o;
+    kv_opts_default(&o);
+    snprintf(o.policy, sizeof o.policy, "tailorkv");
+    o.budget = budget;
+    const char *set[][2] = {{"qlayers", qlayers}, {"qtau", tau}, {"start", "4"}, {"recent", "4"}, {"channels", "3"},
+                            {"group", "4"}, {"residual", "8"}, {"bits", "2"}};
+    for (size_t i = 0; i < sizeof set / sizeof set[0]; i++)
+        if (kv_opts_set(&o, set[i][0], set[i][1], 1)) return NULL;
+    kv_shape sh = {.n_layers = NL, .n_heads = NH, .n_kv_heads = NKV, .head_dim = HD, .max_ctx = CTX};
+    kv_cache *c = NULL;
+    return kv_new(&o, &sh, &c) ? NULL : c;
+}
+
+static void test_tailorkv(void) {
+    const int start = 4, recent = 4, channels = 3, budget = 20, topk = budget - start - recent, n0 = 60;
+    /* a sparse layer */
+    kv_cache *c = make_tailor(budget, "0", "0.2");
+    kv_data kd;
+    int rc = c ? feed_prompt(c, &kd, n0) : -1;
+    float q[NH * HD], out[NH * HD];
+    int ok_out = 1, ok_kept = 1;
+    for (int s = 0; s < 3 && !rc; s++) {
+        if ((rc = decode_step(c, &kd, q, out))) break;
+        int T = kd.n;
+        for (int kh = 0; kh < NKV; kh++) {
+            double qm[HD], cs[HD];
+            for (int i = 0; i < HD; i++) {
+                double mx = 0, m = 0;
+                for (int g = 0; g < GROUP; g++) m += q[(kh * GROUP + g) * HD + i] / GROUP;
+                for (int t = 0; t < n0; t++) mx = fmax(mx, fabs(kd.k[t * KVD + kh * HD + i]));
+                qm[i] = m;
+                cs[i] = fabs((float)m) * mx;
+            }
+            int ch[HD], used[HD] = {0};
+            for (int j = 0; j < channels; j++) {
+                int b = -1;
+                for (int i = 0; i < HD; i++)
+                    if (!used[i] && (b < 0 || cs[i] > cs[b] + 1e-9)) b = i;
+                used[b] = 1;
+                ch[j] = b;
+            }
+            double ap[CTX];
+            int taken[CTX] = {0}, pos[CTX], n = 0;
+            for (int t = start; t < n0 - recent; t++) {
+                ap[t] = 0;
+                for (int j = 0; j < channels; j++) ap[t] += qm[ch[j]] * kd.k[t * KVD + kh * HD + ch[j]];
+            }
+            for (int i = 0; i < topk; i++) {
+                int b = -1;
+                for (int t = start; t < n0 - recent; t++)
+                    if (!taken[t] && (b < 0 || ap[t] > ap[b] + 1e-6)) b = t;
+                taken[b] = 1;
+            }
+            for (int t = 0; t < T; t++)
+                if (t < start || taken[t] || t >= n0 - recent) pos[n++] = t;
+            for (int g = 0; g < GROUP; g++) {
+                int hq = kh * GROUP + g, got[CTX], unit;
+                double o[HD];
+                attend_set(&kd, hq, q, pos, n, o);
+                for (int d = 0; d < HD; d++) ok_out &= fabs(o[d] - out[hq * HD + d]) < 1e-5;
+                int ng = c->cls->kept(c, 0, hq, got, &unit);
+                qsort(got, (size_t)ng, sizeof(int), cmp_int);
+                ok_kept &= ng == n && !memcmp(got, pos, sizeof(int) * (size_t)n);
+            }
+        }
+    }
+    test_cond("tailorkv sparse layer decodes", rc == 0 && c && kv_stat(c, "q_layers") == 0);
+    test_cond("tailorkv sparse layer equals a brute force: channel scores |mean q| x max|K|, top channels, "
+              "approximate scores, top tokens, start + top + recent + generated", ok_out && ok_kept);
+    test_cond("tailorkv counts channel and row fetches", c && kv_stat(c, "channel_bytes") > 0 &&
+                                                             kv_stat(c, "row_bytes") > 0);
+    kv_free(c);
+
+    /* a quantized layer: attention over the low-bit cache */
+    c = make_tailor(budget, "1", "0.2");
+    rc = c ? feed_prompt(c, &kd, n0) : -1;
+    int ok_q = 1;
+    float Kq[CTX * KVD], Vq[CTX * KVD];
+    for (int s = 0; s < 3 && !rc; s++) {
+        int L = kd.n;
+        if ((rc = decode_step(c, &kd, q, out))) break;
+        lowbit_brute(&kd, L, 2, 4, 8, Kq, Vq);
+        for (int hq = 0; hq < NH; hq++) {
+            int kh = hq / GROUP;
+            double w[CTX], mx = -INFINITY, z = 0, o[HD] = {0};
+            for (int t = 0; t < kd.n; t++) {
+                const float *kr = t < L ? Kq : kd.k;
+                double dot = 0;
+                for (int i = 0; i < HD; i++) dot += (double)q[hq * HD + i] * kr[t * KVD + kh * HD + i];
+                w[t] = dot / sqrt((double)HD);
+                mx = w[t] > mx ? w[t] : mx;
+            }
+            for (int t = 0; t < kd.n; t++) z += w[t] = exp(w[t] - mx);
+            for (int t = 0; t < kd.n; t++)
+                for (int i = 0; i < HD; i++) o[i] += w[t] / z * (t < L ? Vq : kd.v)[t * KVD + kh * HD + i];
+            for (int i = 0; i < HD; i++) ok_q &= fabs(o[i] - out[hq * HD + i]) < 2e-5;
+        }
+    }
+    test_cond("tailorkv quantized layer attends over the low-bit cache (brute force)",
+              rc == 0 && ok_q && c && kv_stat(c, "q_layers") == 1);
+    kv_free(c);
+
+    /* auto: P is in [0, 1], so tau 0 quantizes every layer and tau 1 none */
+    const char *taus[2] = {"0", "1"};
+    for (int i = 0; i < 2; i++) {
+        c = make_tailor(budget, "-1", taus[i]);
+        rc = c ? feed_prompt(c, &kd, n0) : -1;
+        char msg[120];
+        snprintf(msg, sizeof msg, "tailorkv auto with qtau %s quantizes %s", taus[i], i ? "no layer" : "every layer");
+        test_cond(msg, rc == 0 && kv_stat(c, "q_layers") == (i ? 0 : NL) && strstr(c->notice, "calibrated"));
+        kv_free(c);
+    }
+
+    /* full budget, no quantized layer: dense */
+    kv_data kd2;
+    kv_cache *tc = make_tailor(4096, "0", "0.2"), *dc = make("dense", 0, NULL, NULL);
+    rng = 9;
+    rc = tc && dc ? feed_prompt(tc, &kd, 70) : -1;
+    rng = 9;
+    if (!rc) rc = feed_prompt(dc, &kd2, 70);
+    int exact = 1;
+    for (int s = 0; s < 3 && !rc; s++) {
+        float q2[NH * HD], o2[NH * HD];
+        uint64_t save = rng;
+        rc = decode_step(tc, &kd, q, out);
+        rng = save;
+        if (!rc) rc = decode_step(dc, &kd2, q2, o2);
+        exact &= !memcmp(out, o2, sizeof out);
+    }
+    test_cond("tailorkv at a budget covering the prompt, no quantized layer, attends bit for bit like dense",
+              rc == 0 && exact && strstr(tc->notice, "covers the prompt"));
+    kv_free(tc);
+    kv_free(dc);
+    kv_opts o;
+    kv_opts_default(&o);
+    snprintf(o.policy, sizeof o.policy, "tailorkv");
+    kv_opts_set(&o, "residual", "100", 1);
+    kv_shape sh = {.n_layers = NL, .n_heads = NH, .n_kv_heads = NKV, .head_dim = HD, .max_ctx = CTX};
+    kv_cache *bad = NULL;
+    test_cond("a tailorkv residual that is not a multiple of the group is refused",
+              kv_new(&o, &sh, &bad) == SKV_EINVAL && !bad && strstr(skv_last_error(), "multiple of the group"));
+    test_cond("channels of 0 are refused", kv_opts_set(&o, "channels", "0", 1) == SKV_EINVAL);
+    test_cond("qtau above 1 is refused", kv_opts_set(&o, "qtau", "2", 1) == SKV_EINVAL);
+}
+
 /* ---- the oracle ------------------------------------------------------------------ */
 
 typedef struct {
@@ -754,6 +900,7 @@ static void test_model(const char *file) {
         {"quest", {{"dense_layers", "0"}}, 0},
         {"freekv", {{"dense_layers", "0"}, {"page", "16"}, {"sink", "16"}, {"window", "16"}}, 0},
         {"specache", {{"residual", "64"}}, 1e-5},
+        {"tailorkv", {{"qlayers", "0"}, {"start", "16"}, {"recent", "16"}}, 0},
     };
     for (size_t i = 0; i < sizeof cases / sizeof cases[0]; i++) {
         kv_opts o;
@@ -781,6 +928,7 @@ int main(void) {
     test_freekv();
     test_kivi();
     test_specache();
+    test_tailorkv();
     test_oracle();
     test_model("models/stories260k.gguf");
     test_model("models/mini-smollm-f32.gguf");

@@ -23,6 +23,24 @@ int main(void) {
         }
     }
     test_cond("every policy has a summary, its calls, and options whose defaults lie in their ranges", ok);
+    /* A key is parsed once for every policy that has it (kv_opts_set), so a
+     * shared key must mean the same range everywhere. */
+    int same = 1;
+    for (int i = 0; i < kv_policy_count(); i++)
+        for (int j = 0; j < kv_policy_at(i)->n_opts; j++) {
+            const kv_opt_def *a = &kv_policy_at(i)->opts[j];
+            for (int m = i + 1; m < kv_policy_count(); m++) {
+                const kv_opt_def *b = kv_policy_opt(kv_policy_at(m), a->key);
+                if (b && (b->type != a->type || b->lo != a->lo || b->hi != a->hi)) {
+                    printf("  %s: %s and %s differ\n", a->key, kv_policy_at(i)->name, kv_policy_at(m)->name);
+                    same = 0;
+                }
+            }
+        }
+    test_cond("an option key shared by several policies has one type and range", same);
+    test_cond("the registry has the six policies", kv_policy_find("quest") && kv_policy_find("freekv") &&
+                                                       kv_policy_find("specache") && kv_policy_find("tailorkv") &&
+                                                       kv_policy_count() == 6);
     test_cond("an unknown policy is refused, listing the known ones",
               !kv_policy_find("quux") && strstr(skv_last_error(), "'quux'") && strstr(skv_last_error(), "shadowkv"));
 

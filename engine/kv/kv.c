@@ -17,6 +17,7 @@ static const kv_class *const registry[] = {
     &kv_policy_quest,
     &kv_policy_freekv,
     &kv_policy_specache,
+    &kv_policy_tailorkv,
 };
 
 #define N_POLICIES ((int)(sizeof registry / sizeof registry[0]))

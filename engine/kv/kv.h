@@ -180,7 +180,8 @@ double kv_stat(const kv_cache *c, const char *key);
 /* The stats of c as "key=value ..." (values as %g), into buf. */
 void kv_stats_describe(const kv_cache *c, char *buf, size_t n);
 
-extern const kv_class kv_policy_dense, kv_policy_shadowkv, kv_policy_quest, kv_policy_freekv, kv_policy_specache;
+extern const kv_class kv_policy_dense, kv_policy_shadowkv, kv_policy_quest, kv_policy_freekv, kv_policy_specache,
+    kv_policy_tailorkv;
 
 /* A dense cache (the oracle's exact twin, tests). */
 int kv_dense_new(const kv_shape *shape, kv_cache **out);
