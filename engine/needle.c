@@ -452,6 +452,9 @@ static int run_method(sweep *w, needle_case *c, const ids_buf *p, int m, int n_a
     int probes = w->o->probes && m != NEEDLE_DENSE;
     so.kv = w->o->kv;
     snprintf(so.kv.policy, sizeof so.kv.policy, "%s", w->o->methods[m]);
+    /* a --kv-opt was checked against the sweep's methods (needle_run);
+     * each method takes the options it has */
+    for (int i = 0; i < so.kv.n_set; i++) so.kv.set[i].strict = 0;
     so.kv.oracle = probes;
     so.kv.watch_begin = probes ? c->tok_begin : 0;
     so.kv.watch_end = probes ? c->tok_end : 0;
@@ -573,6 +576,21 @@ static void case_probes_free(needle_case *c) {
     }
 }
 
+int needle_check_kv_opts(const needle_opts *o) {
+    for (int i = 0; i < o->kv.n_set; i++) {
+        if (!o->kv.set[i].strict) continue;
+        int has = 0;
+        for (int mi = 0; mi < o->n_methods && !has; mi++) {
+            const kv_class *p = kv_policy_find(o->methods[mi]);
+            has = p && kv_policy_opt(p, o->kv.set[i].key);
+        }
+        if (!has)
+            return skv_error(SKV_EINVAL, "KV option '%s' is not an option of any method of the sweep (skv run --kv help)",
+                             o->kv.set[i].key);
+    }
+    return 0;
+}
+
 int needle_run(skv_model *m, const needle_opts *o, needle_case_fn fn, void *user, needle_result *res) {
     memset(res, 0, sizeof *res);
     res->detail = -1;
@@ -582,6 +600,8 @@ int needle_run(skv_model *m, const needle_opts *o, needle_case_fn fn, void *user
         return skv_error(SKV_EINVAL, "needle: the methods must start with dense (needle_set_methods)");
     if (!strstr(o->needle, "{value}"))
         return skv_error(SKV_EINVAL, "needle: the needle '%s' has no {value} to fill in", o->needle);
+    int rc_opts = needle_check_kv_opts(o);
+    if (rc_opts) return rc_opts;
     sweep w = { .m = m, .o = o };
     int rc = 0;
     w.bos = !o->no_bos && tok_add_bos(m->tok) && tok_bos(m->tok) >= 0;

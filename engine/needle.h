@@ -68,6 +68,11 @@ void needle_opts_default(needle_opts *o);
  * message naming a bad item. */
 int needle_set_methods(needle_opts *o, const char *list);
 
+/* Checks that every --kv-opt (a strict option in o->kv) belongs to some
+ * method of the sweep; each method then takes the options it has. 0 or
+ * SKV_EINVAL with a message. needle_run checks it too. */
+int needle_check_kv_opts(const needle_opts *o);
+
 
 typedef struct {
     int index, length, run;    /* case number; requested length; repetition */

@@ -70,6 +70,36 @@ if [ -f "$SHARED/configs/smollm2-135m.config.json" ]; then
     done
 fi
 
+# The six policies side by side at one budget (256 tokens attended per KV
+# head), each with its defaults scaled to it: ShadowKV rank 48 and outliers
+# 0.3% of chunks as above, FreeKV sink = window = 32, TailorKV start =
+# recent = 32 with layer 0 quantized (its published map), SpeCache 2 bits.
+# Bytes per step: fetched from slow memory, and read from resident memory
+# (Quest's whole cost). BENCH_PEER_CTX overrides the contexts.
+if [ -f "$SHARED/configs/smollm2-135m.config.json" ]; then
+    F32=$(synth f32)
+    echo
+    echo "== KV policies, SmolLM2-135M shape f32, budget 256 tokens: decode ms/step (speedup vs dense) and KV bytes per step =="
+    printf '%-8s %-9s %12s %8s %16s %16s\n' "context" "policy" "ms/step" "vs dense" "fetched B/step" "read B/step"
+    for ctx in ${BENCH_PEER_CTX:-4096 8192 16384}; do
+        outl=$(( ctx / 8 * 3 / 1000 )); [ "$outl" -ge 1 ] || outl=1
+        d=""
+        for pol in dense shadowkv quest freekv specache tailorkv; do
+            case $pol in
+                shadowkv) extra="--rank 48 --chunk 8 --outliers $outl" ;;
+                freekv) extra="--kv-opt sink=32 --kv-opt window=32" ;;
+                tailorkv) extra="--kv-opt start=32 --kv-opt recent=32 --kv-opt qlayers=1" ;;
+                *) extra="" ;;
+            esac
+            line=$(bench_line "$F32" $ctx 16 --kv $pol --budget 256 $extra)
+            ms=$(echo "$line" | field decode_ms)
+            [ -n "$d" ] || d=$ms
+            printf '%-8s %-9s %12s %8s %16s %16s\n' "$ctx" "$pol" "$ms" "$(ratio "$d" "$ms")" \
+                "$(echo "$line" | field fetch_bytes_step)" "$(echo "$line" | field read_bytes_step)"
+        done
+    done
+fi
+
 if [ -x build-noprobes/skv ] && [ -f "$SHARED/models/mini-smollm-f32.gguf" ]; then
     echo
     echo "== probe overhead with probes off: ./skv (probe points compiled in, nobody listening) vs probes compiled out =="

@@ -104,6 +104,17 @@ int main(void) {
     expect_error("--kv-opt that the policy in force lacks",
                  "run -m samples/model/skv-demo.gguf -p hi -n 1 --kv dense --kv-opt rank=16",
                  "not an option of policy dense");
+    expect_error("a needle --kv-opt that no method of the sweep has",
+                 "needle -m samples/model/skv-demo.gguf --lengths 1k --depths 50 --kv dense,quest --kv-opt sink=8",
+                 "not an option of any method of the sweep");
+    {
+        char out[16384];
+        int rc = run("run --kv help", out, sizeof out);
+        test_cond("--kv help lists the six policies, each with its options",
+                  rc == 0 && strstr(out, "quest:") && strstr(out, "freekv:") && strstr(out, "specache:") &&
+                      strstr(out, "tailorkv:") && strstr(out, "tau=N") && strstr(out, "qlayers=N") &&
+                      strstr(out, "group_max=0|1"));
+    }
     {
         char out[16384];
         int rc = run("run --kv help", out, sizeof out);

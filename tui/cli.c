@@ -149,16 +149,35 @@ void cli_gen_help(FILE *o, int with_sampling) {
             "      --kv-opt KEY=VAL  set an option of the policy (checked: the policy must have it)\n"
             "      --budget B        tokens attended per KV head, or B%% of the prompt (default 2048)\n"
             "      --oracle          exact attention beside the policy (recall, error; diagnostics)\n");
-    /* The policies' own flags, from their option tables. */
+    /* The policies' own flags, from their option tables; a flag several
+     * policies share is listed once with each one's default. */
     for (int p = 0; p < kv_policy_count(); p++) {
         const kv_class *pc = kv_policy_at(p);
         for (int j = 0; j < pc->n_opts; j++) {
             const kv_opt_def *d = &pc->opts[j];
             if (!d->flag) continue;
-            char left[48];
+            int seen = 0;
+            for (int q = 0; q < p && !seen; q++)
+                for (int i = 0; i < kv_policy_at(q)->n_opts && !seen; i++)
+                    seen = kv_policy_at(q)->opts[i].flag && !strcmp(kv_policy_at(q)->opts[i].flag, d->flag);
+            if (seen) continue;
+            char left[48], who[256] = "";
+            size_t wl = 0;
+            int shared = 0;
+            for (int q = p; q < kv_policy_count(); q++) {
+                const kv_opt_def *e = kv_policy_opt(kv_policy_at(q), d->key);
+                if (!e || !e->flag || strcmp(e->flag, d->flag)) continue;
+                shared += q > p;
+                if (d->type == KV_OPT_FLAG) wl += (size_t)snprintf(who + wl, sizeof who - wl, "%s%s", wl ? ", " : "",
+                                                                   kv_policy_at(q)->name);
+                else wl += (size_t)snprintf(who + wl, sizeof who - wl, "%s%s %g", wl ? ", " : "", kv_policy_at(q)->name,
+                                            e->def);
+                if (wl >= sizeof who) break;
+            }
             snprintf(left, sizeof left, "%s%s", d->flag, d->type == KV_OPT_FLAG ? "" : " N");
             if (d->type == KV_OPT_FLAG) fprintf(o, "      %-18s%s: %s\n", left, pc->name, d->help);
-            else fprintf(o, "      %-18s%s: %s (default %g)\n", left, pc->name, d->help, d->def);
+            else if (!shared) fprintf(o, "      %-18s%s: %s (default %g)\n", left, pc->name, d->help, d->def);
+            else fprintf(o, "      %-18s%s (default %s)\n", left, d->help, who);
         }
     }
     if (with_sampling)

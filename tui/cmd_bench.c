@@ -7,13 +7,16 @@
 #include "probe.h"
 #include "skv.h"
 
+#include <math.h>
 #include <stdlib.h>
 #include <string.h>
 
 static void help(FILE *o) {
     fprintf(o, "usage: skv bench -m MODEL [--prompt-tokens N] [-n N] [--repeat R] [options]\n\n"
                "Times a prefill of N random tokens (default 512) and N decode steps after it\n"
-               "(default 64); prints one line: prefill tok/s, decode tok/s, decode ms/step.\n"
+               "(default 64); prints one line: prefill tok/s, decode tok/s, decode ms/step, and\n"
+               "the KV bytes moved per decode step (fetched from slow memory; read from resident\n"
+               "memory where the policy counts it).\n"
                "The best of R repeats (default 1) is reported.\n\n");
     cli_gen_help(o, 0);
     fprintf(o, "  -n N                  decode steps (default 64)\n"
@@ -61,7 +64,7 @@ int cmd_bench(int argc, char **argv) {
         x ^= x << 13; x ^= x >> 7; x ^= x << 17;
         ids[i] = (int32_t)(x % (uint64_t)m->cfg.vocab);
     }
-    double best_pp = 0, best_tg = 0, compress = 0, compress_pct = 0;
+    double best_pp = 0, best_tg = 0, compress = 0, compress_pct = 0, fetch_step = NAN, read_step = NAN;
     int rc = 0;
     /* A policy's prefill work (SVD, landmarks, cos-min, outliers, offload) is
      * timed by its prefill-layer probe, if it emits one; only that kind is
@@ -83,13 +86,20 @@ int cmd_bench(int argc, char **argv) {
         double pp = np / s->t_prefill, tg = s->step ? s->step / s->t_decode : 0;
         if (pp > best_pp) best_pp = pp, compress_pct = 100 * compress / s->t_prefill;
         if (tg > best_tg) best_tg = tg;
+        /* bytes moved per decode step: fetched from slow memory, and read
+         * from resident memory where the policy counts that (Quest) */
+        if (s->step) {
+            fetch_step = kv_stat(s->kv, "fetch_bytes") / s->step;
+            read_step = kv_stat(s->kv, "read_bytes") / s->step;
+        }
         session_free(s);
     }
     if (!rc)
         printf("model=%s kv=%s threads=%d prompt=%d decode=%d prefill_tok_s=%.1f decode_tok_s=%.2f decode_ms=%.3f "
-               "compress_pct=%.2f\n",
+               "compress_pct=%.2f fetch_bytes_step=%.0f read_bytes_step=%.0f\n",
                m->cfg.name[0] ? m->cfg.name : g.model, g.s.kv.policy, skv_threads(), np, g.n_predict, best_pp, best_tg,
-               best_tg > 0 ? 1000.0 / best_tg : 0.0, compress_pct);
+               best_tg > 0 ? 1000.0 / best_tg : 0.0, compress_pct, isnan(fetch_step) ? 0 : fetch_step,
+               isnan(read_step) ? 0 : read_step);
     if (sub) probe_unsubscribe(sub);
     probe_bus_free(bus);
     free(ids);

@@ -502,6 +502,12 @@ int cmd_needle(int argc, char **argv) {
         free(lengths);
         return cli_usage_error("needle", "%s", skv_last_error());
     }
+    o.kv = g.s.kv;
+    if (needle_check_kv_opts(&o)) {
+        free(lengths);
+        free(depths);
+        return cli_usage_error("needle", "%s", skv_last_error());
+    }
     const char *outs[3] = { json, png, trace };
     for (int i = 0; i < 3; i++)
         if (outs[i] && !force && file_exists(outs[i])) {

@@ -82,10 +82,14 @@ static void print_kv_accounting(const skv_session *s) {
     kv_oracle_summary os;
     if (kv_oracle_get(s->oracle, -1, &os) && os.n) {
         fprintf(stderr, "skv: oracle: mass recall %.2f%% (min %.2f%%), overlap with the exact top-B %.2f%%, "
-                        "output error %.3f%% (max %.3f%%), %.1f tokens attended per query head; over %llu "
-                        "(step, layer, query head)\n",
+                        "output error %.3f%% (max %.3f%%); over %llu (step, layer, query head)\n",
                 100 * os.recall, 100 * os.recall_min, 100 * os.overlap, 100 * os.out_err, 100 * os.out_err_max,
-                os.kept, (unsigned long long)os.n);
+                (unsigned long long)os.n);
+        size_t res, off;
+        s->kv->cls->bytes(s->kv, &res, &off);
+        fprintf(stderr, "skv: budget in three units: %.1f tokens attended in full precision per query head "
+                        "(%.1f prompt + %.1f generated), %.2f%% of the context; %.2f MiB resident\n",
+                os.kept, os.kept - os.gen, os.gen, os.ctx > 0 ? 100 * os.kept / os.ctx : 0.0, res / 1048576.0);
         char rl[1024], el[1024];
         int nr = 0, ne = 0;
         for (int l = 0; kv_oracle_get(s->oracle, l, &os); l++) {

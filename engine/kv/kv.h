@@ -209,7 +209,9 @@ typedef struct {
     uint64_t n;               /* (step, layer, query head) triples scored */
     double recall, overlap, out_err;       /* means */
     double recall_min, out_err_max;
-    double kept;              /* mean tokens attended per query head */
+    double kept;              /* mean tokens attended per query head (in full precision) */
+    double gen;               /* of them generated tokens (counted apart) */
+    double ctx;               /* mean context (positions) at those attends */
 } kv_oracle_summary;
 /* The running means of an oracle cache over every layer (layer -1) or one
  * layer; 0 when c is not an oracle cache or the layer is out of range. */

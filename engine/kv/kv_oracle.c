@@ -31,7 +31,7 @@ typedef struct {
     int *mark;         /* (max_ctx) query heads of the group that attended each position */
     float *o;          /* (head_dim) exact output */
     /* per query head of the group, for the event */
-    int *q_kept;
+    int *q_kept, *q_gen;     /* tokens attended by each query head, of them generated */
     float *q_recall, *q_overlap, *q_err;
     /* the event's scalars */
     int n_kept, n_gen, needle_kept, needle_rank;
@@ -119,10 +119,11 @@ static int alloc_heads(kv_or *c) {
         H->mark = skv_calloc((size_t)T, sizeof(int));
         H->o = skv_malloc(sizeof(float) * c->base.shape.head_dim);
         H->q_kept = skv_malloc(sizeof(int) * g);
+        H->q_gen = skv_malloc(sizeof(int) * g);
         H->q_recall = skv_malloc(sizeof(float) * g);
         H->q_overlap = skv_malloc(sizeof(float) * g);
         H->q_err = skv_malloc(sizeof(float) * g);
-        if (!H->p || !H->tmp || !H->pm || !H->pos || !H->mark || !H->o || !H->q_kept || !H->q_recall ||
+        if (!H->p || !H->tmp || !H->pm || !H->pos || !H->mark || !H->o || !H->q_kept || !H->q_gen || !H->q_recall ||
             !H->q_overlap || !H->q_err)
             return skv_error(SKV_ENOMEM, "oracle: out of memory for a context of %d", T);
     }
@@ -162,13 +163,16 @@ static void score_head(kv_or *c, int layer, int kh, int T, const float *q, const
         else
             for (int t = 0; t < T; t++) H->pos[t] = t;
         double kept = 0;
+        int gen = 0;
         for (int i = 0; i < n; i++) {
             int t = H->pos[i];
             SKV_ASSERT(t >= 0 && t < T);
             kept += H->p[t];
             H->mark[t]++;
+            gen += t >= c->prompt;
         }
         H->q_kept[j] = n;
+        H->q_gen[j] = gen;
         H->mass_kept += (float)(kept / g);
         if (n <= 0) {
             H->q_recall[j] = H->q_overlap[j] = 0;
@@ -218,7 +222,7 @@ static float mean(const float *x, int n) {
 }
 
 /* Adds one (step, layer, query head) to the running means of s. */
-static void add(kv_oracle_summary *s, float recall, float overlap, float err, int kept) {
+static void add(kv_oracle_summary *s, float recall, float overlap, float err, int kept, int gen, int ctx) {
     if (!s->n || recall < s->recall_min) s->recall_min = recall;
     if (!s->n || err > s->out_err_max) s->out_err_max = err;
     s->n++;
@@ -227,6 +231,8 @@ static void add(kv_oracle_summary *s, float recall, float overlap, float err, in
     s->overlap += (overlap - s->overlap) * w;
     s->out_err += (err - s->out_err) * w;
     s->kept += (kept - s->kept) * w;
+    s->gen += (gen - s->gen) * w;
+    s->ctx += (ctx - s->ctx) * w;
 }
 
 static int or_attend(kv_cache *b, int layer, int pos, int n, const float *q, float *out) {
@@ -245,8 +251,8 @@ static int or_attend(kv_cache *b, int layer, int pos, int n, const float *q, flo
     for (int kh = 0; kh < h; kh++) {
         or_head *H = &c->hd[kh];
         for (int j = 0; j < c->group; j++) {
-            add(&c->sum, H->q_recall[j], H->q_overlap[j], H->q_err[j], H->q_kept[j]);
-            add(&c->lsum[layer], H->q_recall[j], H->q_overlap[j], H->q_err[j], H->q_kept[j]);
+            add(&c->sum, H->q_recall[j], H->q_overlap[j], H->q_err[j], H->q_kept[j], H->q_gen[j], T);
+            add(&c->lsum[layer], H->q_recall[j], H->q_overlap[j], H->q_err[j], H->q_kept[j], H->q_gen[j], T);
         }
     }
     if (!probe_wants(b->bus, PROBE_ORACLE)) return 0;
@@ -298,7 +304,7 @@ static void or_free(kv_cache *b) {
     for (int kh = 0; c->hd && kh < b->shape.n_kv_heads; kh++) {
         or_head *H = &c->hd[kh];
         free(H->p); free(H->tmp); free(H->pm); free(H->pos); free(H->mark); free(H->o);
-        free(H->q_kept); free(H->q_recall); free(H->q_overlap); free(H->q_err);
+        free(H->q_kept); free(H->q_gen); free(H->q_recall); free(H->q_overlap); free(H->q_err);
     }
     free(c->hd);
     free(c->lsum);
