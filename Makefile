@@ -43,7 +43,7 @@ LIB_OBJ  = $(LIB_SRC:%.c=$(BUILD)/%.o) $(CU_SRC:%.cu=$(BUILD)/%.cu.o)
 TUI_OBJ  = $(TUI_SRC:%.c=$(BUILD)/%.o)
 TEST_BIN = $(TEST_SRC:tests/%.c=$(BUILD)/tests/%)
 
-.PHONY: all deps test bench asan clean check-deps
+.PHONY: peers-table all deps test bench asan clean check-deps
 all: skv $(BUILD)/default-model.gguf
 
 skv: $(BUILD)/skv
@@ -82,6 +82,15 @@ test: $(TEST_BIN) $(BUILD)/skv $(BUILD)/default-model.gguf
 bench: skv
 	@$(MAKE) --no-print-directory BUILD=build-noprobes EXTRA_CFLAGS=-DSKV_NO_PROBES build-noprobes/skv >/dev/null
 	@sh tests/bench.sh
+
+# The table of docs/PEERS.md, measured on the demo model (tests/peers_table.sh;
+# several minutes). Written between the file's markers, through a temp file.
+peers-table: skv
+	@sh tests/peers_table.sh > build/peers-table.md
+	@awk 'FNR == NR { t = t $$0 "\n"; next } /<!-- peers-table begin -->/ { print; printf "%s", t; skip = 1; next } \
+	     /<!-- peers-table end -->/ { skip = 0 } !skip' build/peers-table.md docs/PEERS.md > docs/PEERS.md.tmp
+	@mv docs/PEERS.md.tmp docs/PEERS.md
+	@echo "docs/PEERS.md: table updated"
 
 asan:
 	$(MAKE) SANITIZE=1 test
