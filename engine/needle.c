@@ -65,8 +65,9 @@ int needle_parse_depths(const char *s, float **out, int *n) {
         char tail;
         if (sscanf(s, "%lf:%lf:%lf%c", &a, &b, &st, &tail) != 3 || !(st > 0) || !(a >= 0) || !(b <= 100) || b < a)
             return skv_error(SKV_EINVAL, "--depths: '%s' is not START:STOP:STEP with 0 <= START <= STOP <= 100 and STEP > 0", s);
-        int cnt = (int)floor((b - a) / st + 1e-6) + 1;
-        if (cnt > 1000) return skv_error(SKV_EINVAL, "--depths: '%s' gives %d depths (at most 1000)", s, cnt);
+        double span = floor((b - a) / st + 1e-6) + 1; /* counted in double: a tiny STEP overflows an int */
+        if (!(span <= 1000)) return skv_error(SKV_EINVAL, "--depths: '%s' gives %.0f depths (at most 1000)", s, span);
+        int cnt = (int)span;
         float *v = malloc(sizeof(float) * cnt);
         if (!v) return skv_error(SKV_ENOMEM, "out of memory");
         for (int i = 0; i < cnt; i++) v[i] = (float)fmin(100.0, a + i * st);

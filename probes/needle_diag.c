@@ -440,8 +440,9 @@ int needle_diagnose(const probe_store *st, int id, needle_report *rep) {
     rep->n_chunks = info->n_chunks;
     rep->n_layers = probe_store_n_layers(st);
     rep->n_heads = probe_store_n_kv_heads(st);
-    int run_chunk = run ? (int)probe_pairs_get(run->kv_opts, "chunk", 0) : 0;
-    rep->chunk = run_chunk > 0 ? run_chunk : ph0 ? ph0->chunk : 1;
+    double run_chunk = run ? probe_pairs_get(run->kv_opts, "chunk", 0) : 0; /* input: range-checked */
+    rep->chunk = run_chunk >= 1 && run_chunk <= 1 << 20 ? (int)run_chunk
+                 : ph0 && ph0->chunk >= 1 && ph0->chunk <= 1 << 20 ? ph0->chunk : 1;
     rep->prompt_len = run ? run->prompt_len : probe_store_n_prompt(st);
     const probe_ev_prefill_layer *pl0 = probe_store_prefill_layer(st, 0);
     /* the rank used (clamped to the key width) */
@@ -620,14 +621,16 @@ int needle_diagnose(const probe_store *st, int id, needle_report *rep) {
                  "over %s",
                  c->chunk, sd.rank, e->k, sd.l, sd.h, lay_drop, rep->n_layers, lh_drop, lh_total, ws,
                  100 * rep->share_dropped, rep->has_oracle ? "exact attention mass" : "tokens", steps);
-        int kt = a.k_need * rep->chunk, k90 = need_quantile(a.needs, a.n_needs, 0.9);
+        long long kt = (long long)a.k_need * rep->chunk;
+        int k90 = need_quantile(a.needs, a.n_needs, 0.9);
         if (rep->n_cand > 0 && a.k_need >= rep->n_cand)
-            snprintf(c->fix, sizeof c->fix, "raise --budget to %d (k = %d chunks: every candidate, no sparsity left)", kt,
-                     a.k_need);
+            snprintf(c->fix, sizeof c->fix, "raise --budget to %lld (k = %d chunks: every candidate, no sparsity left)",
+                     kt, a.k_need);
         else
-            snprintf(c->fix, sizeof c->fix, "raise --budget to %d (k = %d chunks)", kt, a.k_need);
+            snprintf(c->fix, sizeof c->fix, "raise --budget to %lld (k = %d chunks)", kt, a.k_need);
         if (k90 < a.k_need)
-            cat(c->fix, sizeof c->fix, "; %d (k = %d) would keep 90%% of what was dropped", k90 * rep->chunk, k90);
+            cat(c->fix, sizeof c->fix, "; %lld (k = %d) would keep 90%% of what was dropped",
+                (long long)k90 * rep->chunk, k90);
     }
     if (rep->share_misranked >= NEEDLE_MIN_SHARE && sm.i >= 0) {
         needle_cause *c = add_cause(rep, NEEDLE_CAUSE_OUTLIER, rep->share_misranked);
@@ -648,10 +651,10 @@ int needle_diagnose(const probe_store *st, int id, needle_report *rep) {
                  sm.l, sm.h, ws, lh_mis, lh_nonout, 100 * rep->share_misranked);
         if (a.out_need <= nb / 2)
             snprintf(c->fix, sizeof c->fix, "raise --outliers to %d (keeps the misranked needle chunks dense), or --budget "
-                     "to %d", a.out_need, a.k_need * rep->chunk);
+                     "to %lld", a.out_need, (long long)a.k_need * rep->chunk);
         else
-            snprintf(c->fix, sizeof c->fix, "raise --budget to %d (their cos-minima are not low: outliers would need "
-                     "--outliers %d of %d chunks)", a.k_need * rep->chunk, a.out_need, nb);
+            snprintf(c->fix, sizeof c->fix, "raise --budget to %lld (their cos-minima are not low: outliers would need "
+                     "--outliers %d of %d chunks)", (long long)a.k_need * rep->chunk, a.out_need, nb);
     }
     if (rep->share_near_local >= NEEDLE_MIN_SHARE && sn.i >= 0 && a.near_min >= 0) {
         needle_cause *c = add_cause(rep, NEEDLE_CAUSE_LOCAL, rep->share_near_local);

@@ -200,6 +200,15 @@ static int check_range(const probe_event *ev, const char *field, int v, int lo, 
                      lo, hi - 1);
 }
 
+/* Ranks among at most hi blocks: -1 (not ranked) .. hi - 1. */
+static int check_ranks(const probe_event *ev, const char *field, const int *r, int n, int hi) {
+    for (int i = 0; r && i < n; i++)
+        if (r[i] < -1 || r[i] >= hi)
+            return skv_error(SKV_ERANGE, "store: %s event: %s[%d] = %d, expected -1..%d", probe_kind_name(ev->kind),
+                             field, i, r[i], hi - 1);
+    return 0;
+}
+
 static int check_ids(const probe_event *ev, const char *field, const int *ids, int n, int hi) {
     for (int i = 0; i < n; i++)
         if (ids[i] < 0 || ids[i] >= hi)
@@ -234,6 +243,10 @@ static int check_event(const probe_store *st, const probe_event *ev) {
         TRY(check_range(ev, "layer", ev->decode_head.layer, 0, L));
         TRY(check_range(ev, "head", ev->decode_head.head, 0, H));
         TRY(check_ids(ev, "sel", ev->decode_head.sel, ev->decode_head.n_sel, C));
+        TRY(check_range(ev, "block", ev->decode_head.block, 0, lim_ctx(st)));
+        TRY(check_range(ev, "n_sel", ev->decode_head.n_sel, 0, C == INT_MAX ? INT_MAX : C + 1));
+        TRY(check_ranks(ev, "rank_exact", ev->decode_head.rank_exact, ev->decode_head.n_chunks, C));
+        TRY(check_ranks(ev, "rank_landmark", ev->decode_head.rank_landmark, ev->decode_head.n_chunks, C));
         break;
     case PROBE_STEP:
         TRY(check_range(ev, "step", ev->step.step, 0, STORE_MAX_STEPS));
@@ -251,6 +264,15 @@ static int check_event(const probe_store *st, const probe_event *ev) {
         if (ev->needle.n_info != 0 && ev->needle.n_info != ev->needle.n_chunks)
             return skv_error(SKV_EINVAL, "store: needle event: n_info = %d, expected 0 or n_chunks = %d",
                              ev->needle.n_info, ev->needle.n_chunks);
+        /* values the diagnosis computes with (budgets = ranks x chunk) */
+        TRY(check_ranks(ev, "rank", ev->needle.rank, ev->needle.n_chunks, C));
+        TRY(check_range(ev, "k", ev->needle.k, 0, C == INT_MAX ? INT_MAX : C + 1));
+        TRY(check_range(ev, "tok_begin", ev->needle.tok_begin, 0, lim_ctx(st)));
+        TRY(check_range(ev, "tok_end", ev->needle.tok_end, ev->needle.tok_begin, lim_ctx(st)));
+        if (ev->needle.n_info) {
+            TRY(check_ranks(ev, "rank_exact", ev->needle.rank_exact, ev->needle.n_info, C));
+            for (int i = 0; i < ev->needle.n_info; i++) TRY(check_range(ev, "part", ev->needle.part[i], 0, 3));
+        }
         break;
     case PROBE_NIAH:
         TRY(check_range(ev, "method", ev->niah.method, 0, STORE_MAX_METHODS));

@@ -104,6 +104,8 @@ int main(void) {
     expect_error("--kv-opt that the policy in force lacks",
                  "run -m samples/model/skv-demo.gguf -p hi -n 1 --kv dense --kv-opt rank=16",
                  "not an option of policy dense");
+    expect_error("a depth step so small its count overflows an int",
+                 "needle --lengths 128 --depths 0:90:.00000001", "at most 1000");
     expect_error("a needle --kv-opt that no method of the sweep has",
                  "needle -m samples/model/skv-demo.gguf --lengths 1k --depths 50 --kv dense,quest --kv-opt sink=8",
                  "not an option of any method of the sweep");

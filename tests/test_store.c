@@ -141,10 +141,14 @@ static void test_synthetic(void) {
     test_cond("step stats", probe_store_step(st, 5) && probe_store_step(st, 5)->kv_offloaded == 5000 && !probe_store_step(st, 6));
 
     /* Needles. */
-    int chunks[2] = { 3, 4 }, rank[2] = { 1, 300 }, selv[2] = { 1, 0 };
+    int chunks[2] = { 3, 4 }, rank[2] = { 1, 150 }, selv[2] = { 1, 0 };
     probe_event nd = { .kind = PROBE_NEEDLE, .needle = { .id = 1, .tok_begin = 24, .tok_end = 40, .n_chunks = 2, .step = 2, .layer = 1,
                                                          .head = 0, .mass_exact = 0.7f, .mass_sparse = 0.4f,
                                                          .chunks = chunks, .rank = rank, .selected = selv } };
+    rank[1] = 2130706432;   /* a corrupt trace: the diagnosis would compute budgets from it */
+    test_cond("a needle rank past the context is refused", probe_store_add(st, &nd) == SKV_ERANGE &&
+                                                                strstr(skv_last_error(), "rank[1]"));
+    rank[1] = 150;
     test_cond("needle accepted", probe_store_add(st, &nd) == 0);
     nd.needle.step = -1;
     nd.needle.mass_exact = 0.9f;
@@ -152,7 +156,7 @@ static void test_synthetic(void) {
     test_cond("needle ids", probe_store_n_needles(st) == 2 && !probe_store_needle_info(st, 0) && probe_store_needle_info(st, 1) &&
                                 probe_store_needle_info(st, 1)->tok_begin == 24);
     const probe_ev_needle *ne = probe_store_needle(st, 1, 2, 1, 0);
-    test_cond("needle lookup by step, layer, head", ne && ne->rank[1] == 300 && ne->selected[0] == 1 && ne->mass_sparse == 0.4f);
+    test_cond("needle lookup by step, layer, head", ne && ne->rank[1] == 150 && ne->selected[0] == 1 && ne->mass_sparse == 0.4f);
     ne = probe_store_needle(st, 1, -1, 1, 0);
     test_cond("needle at prefill (step -1)", ne && ne->mass_exact == 0.9f);
     test_cond("needle misses: NULL", !probe_store_needle(st, 1, 3, 1, 0) && !probe_store_needle(st, 5, 2, 1, 0));

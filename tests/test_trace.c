@@ -104,8 +104,8 @@ static void synth_run(probe_bus *bus, run_shape sh, int big) {
                     fa[i] = rnd_float();
                 }
                 for (int i = 0; i < nch; i++) {
-                    ib[i] = rnd_int(0, 1000);
-                    ic[i] = rnd_int(-1, 1000);
+                    ib[i] = rnd_int(0, max_chunks - 1);
+                    ic[i] = rnd_int(-1, max_chunks - 1);
                 }
                 int hits = k ? rnd_int(0, k) : 0;
                 probe_emit(bus, &(probe_event){ .kind = PROBE_DECODE_HEAD,
@@ -132,7 +132,7 @@ static void synth_run(probe_bus *bus, run_shape sh, int big) {
                     int nn = rnd_int(0, 5);
                     for (int i = 0; i < nn; i++) {
                         ia[i] = rnd_int(0, max_chunks - 1);
-                        ib[i] = rnd_int(-1, 99);
+                        ib[i] = rnd_int(-1, max_chunks - 1);
                         ic[i] = rnd() % 2;
                     }
                     probe_emit(bus, &(probe_event){ .kind = PROBE_NEEDLE,
