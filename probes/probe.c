@@ -118,6 +118,10 @@ static const probe_field schema_oracle[] = {
     SA(oracle, q_overlap, PROBE_F_F32S, 3), SA(oracle, q_out_err, PROBE_F_F32S, 3),
 };
 
+static const probe_field schema_lane[] = {
+    SC(lane, lane), SC(lane, n_lanes), SS(lane, policy), SS(lane, teacher),
+};
+
 #define NF(a) ((int)(sizeof a / sizeof a[0]))
 static const struct { const char *name; const probe_field *f; int n; } schemas[PROBE_KIND_COUNT] = {
     [PROBE_NONE] = { "none", NULL, 0 },
@@ -131,6 +135,7 @@ static const struct { const char *name; const probe_field *f; int n; } schemas[P
     [PROBE_NEEDLE] = { "needle", schema_needle, NF(schema_needle) },
     [PROBE_NIAH] = { "niah", schema_niah, NF(schema_niah) },
     [PROBE_ORACLE] = { "oracle", schema_oracle, NF(schema_oracle) },
+    [PROBE_LANE] = { "lane", schema_lane, NF(schema_lane) },
 };
 
 const probe_field *probe_schema(probe_kind k, int *n_fields) {

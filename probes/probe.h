@@ -40,6 +40,7 @@ typedef enum {
     PROBE_NEEDLE = 8,        /* needle tracking, per step, layer and KV head */
     PROBE_NIAH = 9,          /* needle harness: one case's result under one method */
     PROBE_ORACLE = 10,       /* the shared measures against exact attention: per step, layer and KV head */
+    PROBE_LANE = 11,         /* compare mode: the events that follow belong to lane `lane` (one policy) */
     PROBE_KIND_COUNT         /* one past the last kind this build knows */
 } probe_kind;
 
@@ -202,6 +203,15 @@ typedef struct {
     const float *q_recall, *q_overlap, *q_out_err; /* (n_q) */
 } probe_ev_oracle;
 
+/* Compare mode runs several policies in lockstep on one bus; before each
+ * lane's events the runner emits this, and a reader routes what follows to
+ * that lane's store (probes/lanes.h). A stream without it is one lane. */
+typedef struct {
+    int lane, n_lanes;                 /* 0.. of n_lanes */
+    const char *policy;                /* the lane's policy */
+    const char *teacher;               /* the policy whose tokens every lane is fed */
+} probe_ev_lane;
+
 typedef struct probe_event {
     probe_kind kind;
     union {
@@ -215,6 +225,7 @@ typedef struct probe_event {
         probe_ev_needle needle;
         probe_ev_niah niah;
         probe_ev_oracle oracle;
+        probe_ev_lane lane;
     };
 } probe_event;
 

@@ -281,6 +281,10 @@ static int check_event(const probe_store *st, const probe_event *ev) {
         if (!(ev->niah.depth >= 0 && ev->niah.depth <= 100))
             return skv_error(SKV_ERANGE, "store: niah event: depth = %g, expected 0..100", (double)ev->niah.depth);
         break;
+    case PROBE_LANE: /* routing is probe_lanes' job; a plain store notes it and moves on */
+        TRY(check_range(ev, "n_lanes", ev->lane.n_lanes, 1, 65));
+        TRY(check_range(ev, "lane", ev->lane.lane, 0, ev->lane.n_lanes));
+        break;
     case PROBE_ORACLE: {
         const probe_ev_oracle *o = &ev->oracle;
         TRY(check_range(ev, "step", o->step, 0, STORE_MAX_STEPS));

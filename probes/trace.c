@@ -675,13 +675,23 @@ int trace_next(trace_reader *r, const probe_event **ev) {
 const char *trace_meta_json(const trace_reader *r) { return r->json; }
 uint64_t trace_n_records(const trace_reader *r) { return r->n_records; }
 
-int trace_load_store(const char *path, probe_store *st) {
+/* Replays into lanes when L is set, else into st (lane 0 of a compare trace). */
+static int load(const char *path, probe_store *st, probe_lanes *L) {
     trace_reader *r;
     int rc = trace_open(path, &r);
     if (rc) return rc;
     const probe_event *ev;
+    int lane = 0;
     while ((rc = trace_next(r, &ev)) > 0) {
-        rc = probe_store_add(st, ev);
+        if (L) rc = probe_lanes_add(L, ev);
+        else if (ev->kind == PROBE_LANE) {
+            lane = ev->lane.lane;
+            continue;
+        } else if (lane != 0) {
+            continue;
+        } else {
+            rc = probe_store_add(st, ev);
+        }
         if (rc) {
             char msg[512];
             snprintf(msg, sizeof msg, "%s", skv_last_error());
@@ -692,6 +702,10 @@ int trace_load_store(const char *path, probe_store *st) {
     trace_close(r);
     return rc < 0 ? rc : 0;
 }
+
+int trace_load_store(const char *path, probe_store *st) { return load(path, st, NULL); }
+
+int trace_load_lanes(const char *path, probe_lanes *L) { return load(path, NULL, L); }
 
 /* ---- info ------------------------------------------------------------------- */
 

@@ -12,6 +12,7 @@
 #define SKV_TRACE_H
 
 #include "probe.h"
+#include "lanes.h"
 #include "store.h"
 
 #include <stdint.h>
@@ -47,8 +48,11 @@ const char *trace_meta_json(const trace_reader *r);
 uint64_t trace_n_records(const trace_reader *r);
 void trace_close(trace_reader *r);
 
-/* Replays every event of the trace at path into st. */
+/* Replays every event of the trace at path into st; of a compare trace
+ * (several lanes), lane 0's. */
 int trace_load_store(const char *path, probe_store *st);
+/* Replays a trace into one store per lane (a single run is lane 0). */
+int trace_load_lanes(const char *path, probe_lanes *L);
 
 /* Prints a human summary (format version, model, KV policy, counts per kind,
  * steps, layers, file size) for `skv trace info FILE`. */

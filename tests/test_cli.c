@@ -106,6 +106,16 @@ int main(void) {
                  "not an option of policy dense");
     expect_error("a depth step so small its count overflows an int",
                  "needle --lengths 128 --depths 0:90:.00000001", "at most 1000");
+    expect_error("bench with a list of policies", "bench -m x.gguf --kv dense,quest", "takes one policy here");
+    expect_error("a compare list with a repeat", "run -m x.gguf -p hi --kv quest,quest", "twice");
+    {
+        char out[16384];
+        int rc = run("run -m samples/model/skv-demo.gguf -p 'The special magic number is 42. What is it?' -n 4 "
+                     "--kv dense,quest,freekv --budget 16", out, sizeof out);
+        test_cond("skv run --kv dense,quest,freekv runs them in lockstep and prints one line per policy",
+                  rc == 0 && strstr(out, "3 policies in lockstep, each fed dense's tokens") && strstr(out, "quest ") &&
+                      strstr(out, "freekv ") && strstr(out, "(teacher)"));
+    }
     expect_error("a needle --kv-opt that no method of the sweep has",
                  "needle -m samples/model/skv-demo.gguf --lengths 1k --depths 50 --kv dense,quest --kv-opt sink=8",
                  "not an option of any method of the sweep");

@@ -60,6 +60,8 @@ static void synth_run(probe_bus *bus, run_shape sh, int big) {
                                  .head_dim = 64, .max_ctx = 8 * max_chunks, .prompt_len = 8 * max_chunks - 40,
                                  .kv_policy = "shadowkv", .budget = 2048, .oracle = 1, .backend = "cpu",
                                  .kv_opts = "budget=2048 rank=160 chunk=8 outliers=48 local=4 plus=0" } };
+    probe_emit(bus, &(probe_event){ .kind = PROBE_LANE, .lane = { .lane = 0, .n_lanes = 1, .policy = "shadowkv",
+                                                                 .teacher = "shadowkv" } });
     probe_emit(bus, &run);
     int ag[2] = {1, 0};
     float ld[2] = {0.01f, 0.5f};
@@ -224,6 +226,11 @@ static int same_event(const probe_event *x, const probe_event *y) {
         EQ(index); EQ(length); EQ(depth); EQ(run); EQ(method); EQ(hit); EQ(prompt_len); EQ(tok_begin); EQ(tok_end);
         EQ(detail); EQ(n_steps); EQS(policy); EQS(value); EQS(answer);
         if (ok) { EQA(top1_agree, a->n_steps); EQA(logit_dist, a->n_steps); }
+        break;
+    }
+    case PROBE_LANE: {
+        const probe_ev_lane *a = &x->lane, *b = &y->lane;
+        EQ(lane); EQ(n_lanes); EQS(policy); EQS(teacher);
         break;
     }
     case PROBE_ORACLE: {

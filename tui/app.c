@@ -150,6 +150,27 @@ static void fmt_bytes(char *buf, size_t cap, double n) {
 
 static const view_class *cur_view(const app *a) { return view_classes[a->view]; }
 
+/* The store the status line and the cursor follow: the first lane whose
+ * policy is not dense (the one a single run or a dense,X compare is about),
+ * else lane 0. */
+static probe_store *primary(const probe_lanes *L) {
+    for (int i = 0; i < probe_lanes_count(L); i++) {
+        const char *p = probe_lanes_policy(L, i);
+        if (p[0] && strcmp(p, "dense")) return probe_lanes_store(L, i);
+    }
+    return probe_lanes_store(L, 0);
+}
+
+/* Every lane's store and policy, for drawing; returns the count. */
+static int lanes_of(const app *a, const probe_store **sts, const char **names) {
+    int n = probe_lanes_count(a->o->lanes);
+    for (int i = 0; i < n; i++) {
+        sts[i] = probe_lanes_store(a->o->lanes, i);
+        names[i] = probe_lanes_policy(a->o->lanes, i);
+    }
+    return n;
+}
+
 static int n_view_classes(void) {
     int n = 0;
     while (view_classes[n]) n++;
@@ -303,7 +324,10 @@ static int key_export(app *a, int ch) {
         return APP_HANDLED | APP_REDRAW;
     }
     canvas_clear(pc);
-    int rc = vc->draw(pc, (canvas_rect){0, 0, EXPORT_W, EXPORT_H}, a->st, &a->cur, NULL);
+    const probe_store *sts[PROBE_MAX_LANES];
+    const char *names[PROBE_MAX_LANES];
+    int nl = lanes_of(a, sts, names);
+    int rc = view_draw_lanes(vc, pc, (canvas_rect){0, 0, EXPORT_W, EXPORT_H}, sts, names, nl, &a->cur, NULL);
     char name[256];
     if (rc == SKV_EMISSING) set_msg(a, "nothing to export: the %s view has no data yet", vc->name);
     else if (rc < 0) set_msg(a, "export failed: %s", skv_last_error());
@@ -373,7 +397,8 @@ static int handle_mouse(app *a) {
     }
     const view_class *vc = cur_view(a);
     if (me.y >= a->view_top && me.y < a->view_top + a->view_h && vc->click && a->res_ok) {
-        int bits = vc->click(&a->cur, a->st, &a->res, me.x + 0.5, me.y - a->view_top + 0.5);
+        /* the layout is the first band's: lane 0's store */
+        int bits = vc->click(&a->cur, probe_lanes_store(a->o->lanes, 0), &a->res, me.x + 0.5, me.y - a->view_top + 0.5);
         clamp_cursor(a);
         return APP_HANDLED | ((bits & VIEW_REDRAW) ? APP_REDRAW : 0);
     }
@@ -495,7 +520,10 @@ static void draw_view(app *a, int y, int h) {
     }
     canvas_clear(a->cv);
     memset(&a->res, 0, sizeof a->res);
-    int rc = vc->draw(a->cv, (canvas_rect){0, 0, a->cols, a->view_h}, a->st, &a->cur, &a->res);
+    const probe_store *sts[PROBE_MAX_LANES];
+    const char *names[PROBE_MAX_LANES];
+    int nl = lanes_of(a, sts, names);
+    int rc = view_draw_lanes(vc, a->cv, (canvas_rect){0, 0, a->cols, a->view_h}, sts, names, nl, &a->cur, &a->res);
     a->res_ok = rc == 0;
     if (rc < 0 && rc != SKV_EMISSING) snprintf(a->draw_err, sizeof a->draw_err, "%s: %s", vc->name, skv_last_error());
     else a->draw_err[0] = 0;
@@ -717,13 +745,16 @@ static int drain(app *a, double budget, int *more) {
     double t0 = skv_now();
     int total = 0;
     for (int errors = 0; errors < 64;) {
-        int r = probe_store_drain(a->st, a->o->ring, 512);
+        int r = probe_lanes_drain(a->o->lanes, a->o->ring, 512);
         if (r < 0) { errors++; set_msg(a, "probe event dropped: %s", skv_last_error()); continue; }
         if (r == 0) break;
         total += r;
         if (skv_now() - t0 > budget) { *more = probe_ring_pending(a->o->ring) > 0; break; }
     }
-    if (total) clamp_cursor(a);
+    if (total) {
+        a->st = primary(a->o->lanes);
+        clamp_cursor(a);
+    }
     return total;
 }
 
@@ -735,11 +766,11 @@ static void empty_pipe(int fd) {
 static void init_app(app *a, const app_opts *o) {
     memset(a, 0, sizeof *a);
     a->o = o;
-    a->st = o->store;
+    a->st = primary(o->lanes);
     view_cursor_init(&a->cur);
     a->view = view_available(view_classes[0]) ? 0 : next_view(0, 1);
     a->t_start = skv_now();
-    if (!o->worker && probe_store_n_steps(o->store) > 0) a->cur.step = 0;
+    if (!o->worker && probe_store_n_steps(a->st) > 0) a->cur.step = 0;
     if (o->worker) tui_worker_status_get(o->worker, &a->ws);
     clamp_cursor(a);
 }

@@ -16,6 +16,8 @@
 #ifndef SKV_APP_H
 #define SKV_APP_H
 
+#include "compare.h"
+#include "lanes.h"
 #include "probe.h"
 #include "session.h"
 #include "store.h"
@@ -56,11 +58,12 @@ typedef struct tui_worker tui_worker;
 /* Starts the engine thread. It prefills ids (n_ids tokens), then waits for
  * commands; a run stops after n_predict tokens (then another n_predict on the
  * next run), at an end-of-generation token or when the context is full.
- * Takes ownership of s and ids: tui_worker_free frees them. wake_fd (or -1)
+ * Takes ownership of the lanes c (one session, or several policies in
+ * lockstep) and ids: tui_worker_free frees them. wake_fd (or -1)
  * gets one byte written, without blocking, whenever the status changes.
  * Blocks SIGINT/TERM/HUP/QUIT/WINCH in the new thread so that signals reach
  * the UI thread. */
-int tui_worker_start(skv_session *s, int32_t *ids, int n_ids, int n_predict, int wake_fd, tui_worker **out);
+int tui_worker_start(compare_run *c, int32_t *ids, int n_ids, int n_predict, int wake_fd, tui_worker **out);
 
 /* Queues a command; never blocks on the engine. */
 void tui_worker_send(tui_worker *w, tui_wcmd cmd);
@@ -89,8 +92,9 @@ void tui_blit_text(int y, int x, int w, const char *utf8, int attr, int pair, in
 /* ---- the application (app.c) ---- */
 
 typedef struct app_opts {
-    probe_store *store;         /* borrowed; the UI thread owns it while app_run runs */
-    probe_sub *ring;            /* live: drained into store; NULL when replaying */
+    probe_lanes *lanes;         /* borrowed; one store per policy (one for a single run); the UI thread owns
+                                   them while app_run runs */
+    probe_sub *ring;            /* live: drained into the lanes; NULL when replaying */
     tui_worker *worker;         /* live; NULL when replaying */
     int wake_fd;                /* read end of the worker's wake pipe, or -1 */
     const char *model_label;    /* model name for the status line (live) */

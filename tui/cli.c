@@ -1,6 +1,7 @@
 /* cli.c: the generation options every generating command takes (model,
  * prompt, context, sampling, KV policy), parsed the same way everywhere. */
 #include "cli.h"
+#include "compare.h"
 #include "backend.h"
 #include "skv.h"
 
@@ -56,6 +57,11 @@ static int parse_float(const char *flag, const char *v, double lo, double hi, fl
     return 0;
 }
 
+int cli_single_policy(const cli_gen *g, const char *cmd) {
+    if (g->n_kv <= 1) return 0;
+    return cli_usage_error(cmd, "--kv takes one policy here (a list of policies is compared by skv run and skv inspect)");
+}
+
 int cli_gen_option(cli_gen *g, int argc, char **argv, int *i) {
     const char *a = argv[*i];
     const char *v = *i + 1 < argc ? argv[*i + 1] : NULL;
@@ -89,8 +95,10 @@ int cli_gen_option(cli_gen *g, int argc, char **argv, int *i) {
     if (!strcmp(a, "--kv")) {
         TAKES_VALUE();
         if (!strcmp(v, "help")) { kv_policies_help(stdout); return CLI_DONE; }
-        if (!kv_policy_find(v)) { fprintf(stderr, "skv: %s\n", skv_last_error()); return -1; }
-        snprintf(g->s.kv.policy, sizeof g->s.kv.policy, "%s", v);
+        int n = compare_parse(v, g->kv_list, 8);
+        if (n < 0) { fprintf(stderr, "skv: %s\n", skv_last_error()); return -1; }
+        g->n_kv = n;
+        snprintf(g->s.kv.policy, sizeof g->s.kv.policy, "%s", g->kv_list[0]);
         return 1;
     }
     if (!strcmp(a, "--kv-opt")) {
@@ -145,7 +153,8 @@ void cli_gen_help(FILE *o, int with_sampling) {
             "      --no-bos          do not add the BOS token\n"
             "      --backend NAME    where the math runs (default cpu; skv info --backends lists them)\n"
             "      --trace FILE      record every probe event of the run to FILE (skv trace info FILE)\n"
-            "      --kv POLICY       KV cache policy (default dense); --kv help lists the policies and options\n"
+            "      --kv POLICY       KV cache policy (default dense); --kv help lists the policies and options;\n"
+            "                        a list A,B,... runs them in lockstep on the same tokens (run, inspect)\n"
             "      --kv-opt KEY=VAL  set an option of the policy (checked: the policy must have it)\n"
             "      --budget B        tokens attended per KV head, or B%% of the prompt (default 2048)\n"
             "      --oracle          exact attention beside the policy (recall, error; diagnostics)\n");

@@ -19,6 +19,9 @@ typedef struct {
     struct probe_bus *bus;   /* owned, when tracing */
     struct trace_writer *tw; /* owned, when tracing */
     session_opts s;
+    /* --kv a,b,...: the policies to compare (n_kv > 1); s.kv.policy is the first */
+    int n_kv;
+    char kv_list[8][32];
 } cli_gen;
 
 void cli_gen_default(cli_gen *g);
@@ -29,6 +32,10 @@ void cli_gen_default(cli_gen *g);
  * command should exit 0. */
 #define CLI_DONE 2
 int cli_gen_option(cli_gen *g, int argc, char **argv, int *i);
+
+/* 0 when --kv named one policy; else prints that cmd takes one (a list
+ * compares policies in skv run and skv inspect) and returns 2. */
+int cli_single_policy(const cli_gen *g, const char *cmd);
 
 /* Prints the generation options' help lines. */
 void cli_gen_help(FILE *o, int with_sampling);

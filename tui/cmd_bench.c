@@ -48,6 +48,7 @@ int cmd_bench(int argc, char **argv) {
         if (r == CLI_DONE) return 0;
         if (r == 0) return cli_usage_error("bench", "unknown option '%s'", argv[i]);
     }
+    if (cli_single_policy(&g, "bench")) return 2;
     if (!g.model) return cli_usage_error("bench", "no model: give -m MODEL");
     if (g.threads) skv_set_threads(g.threads);
     skv_model *m;

@@ -142,10 +142,19 @@ int cmd_export(int argc, char **argv) {
         return 1;
     }
 
-    probe_store *st = NULL;
+    probe_lanes *lanes = NULL;
     canvas *c = NULL;
     int rc = 1;
-    if (probe_store_new(&st) || trace_load_store(trace, st)) { rc = cli_fail(); goto done; }
+    if (probe_lanes_new(&lanes) || trace_load_lanes(trace, lanes)) { rc = cli_fail(); goto done; }
+    /* a compare trace has one store per policy; the figure stacks them */
+    int n_lanes = probe_lanes_count(lanes);
+    const probe_store *sts[PROBE_MAX_LANES];
+    const char *names[PROBE_MAX_LANES];
+    for (int i = 0; i < n_lanes; i++) {
+        sts[i] = probe_lanes_store(lanes, i);
+        names[i] = probe_lanes_policy(lanes, i);
+    }
+    probe_store *st = probe_lanes_store(lanes, 0);
     view_cursor cur;
     view_cursor_init(&cur);
     cur.layer = layer;
@@ -159,7 +168,7 @@ int cmd_export(int argc, char **argv) {
         goto done;
     }
     canvas_clear(c);
-    int drc = vc->draw(c, (canvas_rect){ 0, 0, width, height }, st, &cur, NULL);
+    int drc = view_draw_lanes(vc, c, (canvas_rect){ 0, 0, width, height }, sts, names, n_lanes, &cur, NULL);
     if (drc == SKV_EMISSING) {
         fprintf(stderr, "skv export: %s has no data for view '%s': %s\n", trace, view_name, skv_last_error());
         goto done;
@@ -170,6 +179,6 @@ int cmd_export(int argc, char **argv) {
     rc = 0;
 done:
     canvas_free(c);
-    probe_store_free(st);
+    probe_lanes_free(lanes);
     return rc;
 }

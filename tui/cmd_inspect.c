@@ -156,16 +156,16 @@ static int need_tty(void) {
 }
 
 static int replay(const char *path) {
-    probe_store *st = NULL;
-    if (probe_store_new(&st)) return cli_fail();
-    if (trace_load_store(path, st)) {
-        probe_store_free(st);
+    probe_lanes *lanes = NULL;
+    if (probe_lanes_new(&lanes)) return cli_fail();
+    if (trace_load_lanes(path, lanes)) {
+        probe_lanes_free(lanes);
         return cli_fail();
     }
-    if (need_tty() || app_open()) { probe_store_free(st); return 1; }
-    app_opts o = {.store = st, .wake_fd = -1, .replay_path = path};
+    if (need_tty() || app_open()) { probe_lanes_free(lanes); return 1; }
+    app_opts o = {.lanes = lanes, .wake_fd = -1, .replay_path = path};
     int rc = app_run(&o);
-    probe_store_free(st);
+    probe_lanes_free(lanes);
     return rc;
 }
 
@@ -180,23 +180,27 @@ static int live(cli_gen *g) {
     int n = 0, rc = 0;
     int add_bos = tok_add_bos(m->tok) && !g->no_bos;
     probe_bus *bus = NULL;
-    probe_store *st = NULL;
+    probe_lanes *lanes = NULL;
     probe_sub *ring = NULL;
     trace_writer *tw = NULL;
-    skv_session *s = NULL;
+    compare_run *c = NULL;
     tui_worker *w = NULL;
     int wake[2] = {-1, -1};
     if (tok_encode(m->tok, text, strlen(text), add_bos, 1, &ids, &n)) { rc = cli_fail(); goto out; }
     if (n == 0) { fprintf(stderr, "skv: the prompt is empty after tokenization\n"); rc = 1; goto out; }
-    if (probe_bus_new(&bus) || probe_store_new(&st) || probe_subscribe_ring(bus, PROBE_ALL, RING_EVENTS, &ring)) {
+    if (probe_bus_new(&bus) || probe_lanes_new(&lanes) || probe_subscribe_ring(bus, PROBE_ALL, RING_EVENTS, &ring)) {
         rc = cli_fail();
         goto out;
     }
     g->s.bus = bus;
-    if (session_new(m, &g->s, &s)) { rc = cli_fail(); goto out; }
-    if (n > s->o.ctx) {
+    if (g->n_kv <= 1) {
+        g->n_kv = 1;
+        snprintf(g->kv_list[0], sizeof g->kv_list[0], "%.31s", g->s.kv.policy);
+    }
+    if (compare_new(m, &g->s, g->kv_list, g->n_kv, &c)) { rc = cli_fail(); goto out; }
+    if (n > c->s[0]->o.ctx) {
         fprintf(stderr, "skv: the prompt has %d tokens, more than the context of %d (raise it with -c)\n", n,
-                s->o.ctx);
+                c->s[0]->o.ctx);
         rc = 1;
         goto out;
     }
@@ -212,16 +216,16 @@ static int live(cli_gen *g) {
         fcntl(wake[i], F_SETFD, FD_CLOEXEC);
     }
     if ((rc = app_open())) goto out;
-    if (tui_worker_start(s, ids, n, g->n_predict, wake[1], &w)) {
+    if (tui_worker_start(c, ids, n, g->n_predict, wake[1], &w)) {
         app_close();
         rc = cli_fail();
         goto out;
     }
-    s = NULL; /* the worker owns them now */
+    c = NULL; /* the worker owns them now */
     ids = NULL;
     char label[160];
     snprintf(label, sizeof label, "%s", m->cfg.name[0] ? m->cfg.name : m->path);
-    app_opts o = {.store = st, .ring = ring, .worker = w, .wake_fd = wake[0], .model_label = label,
+    app_opts o = {.lanes = lanes, .ring = ring, .worker = w, .wake_fd = wake[0], .model_label = label,
                   .random_weights = m->random_weights, .trace_path = g->trace};
     rc = app_run(&o);
     /* Stop listening first: the worker may be blocked on a full ring. */
@@ -243,9 +247,9 @@ out:
         else if (trace_writer_close(tw)) rc = cli_fail();
         else fprintf(stderr, "skv: trace written to %s\n", g->trace);
     }
-    session_free(s);
+    compare_free(c);
     probe_bus_free(bus);
-    probe_store_free(st);
+    probe_lanes_free(lanes);
     for (int i = 0; i < 2; i++)
         if (wake[i] >= 0) close(wake[i]);
     free(ids);

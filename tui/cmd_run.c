@@ -1,6 +1,7 @@
 /* cmd_run.c: `skv run` streams generated text; `skv logits` prints tokens,
  * last-position logits and greedy continuation as JSON for machine checks. */
 #include "cli.h"
+#include "compare.h"
 #include "model.h"
 #include "probe.h"
 #include "skv.h"
@@ -101,6 +102,84 @@ static void print_kv_accounting(const skv_session *s) {
     }
 }
 
+/* skv run --kv a,b,...: the policies in lockstep on the teacher's tokens;
+ * the teacher's text on stdout, one line per policy on stderr. */
+static int run_compare(cli_gen *g) {
+    if (g->trace) {
+        if (probe_bus_new(&g->bus) || trace_writer_open(g->trace, g->bus, &g->tw)) return cli_fail();
+        g->s.bus = g->bus;
+    }
+    skv_model *m = NULL;
+    compare_run *c = NULL;
+    int32_t *ids = NULL;
+    int n = 0, rc = 0;
+    const char *text = cli_prompt_text(g);
+    if (!g->model) rc = cli_usage_error("run", "no model: give -m MODEL");
+    else if (!text) rc = 2;
+    if (!rc && g->threads) skv_set_threads(g->threads);
+    if (!rc && model_load(g->model, &m)) rc = cli_fail();
+    if (!rc && tok_encode(m->tok, text, strlen(text), tok_add_bos(m->tok) && !g->no_bos, 1, &ids, &n)) rc = cli_fail();
+    if (!rc && n == 0) { fprintf(stderr, "skv: the prompt is empty after tokenization\n"); rc = 1; }
+    if (!rc && compare_new(m, &g->s, g->kv_list, g->n_kv, &c)) rc = cli_fail();
+    if (!rc && compare_prefill(c, ids, n, NULL, NULL)) rc = cli_fail();
+    if (!rc) {
+        for (int i = 0; i < c->n; i++)
+            if (c->s[i]->kv->notice[0]) fprintf(stderr, "skv: %s\n", c->s[i]->kv->notice);
+        fprintf(stderr, "skv: compare: %d policies in lockstep, each fed %s's tokens (the text below)\n", c->n,
+                c->policy[c->teacher]);
+        int prev = ids[n - 1];
+        char buf[256];
+        for (int i = 0; i < g->n_predict; i++) {
+            int tok = compare_next(c);
+            if (tok_is_eog(m->tok, tok)) break;
+            int len = tok_piece(m->tok, prev, tok, 0, buf, sizeof buf);
+            if (len > 0) fwrite(buf, 1, len < (int)sizeof buf ? len : (int)sizeof buf, stdout);
+            fflush(stdout);
+            prev = tok;
+            if (i + 1 < g->n_predict && compare_decode(c, tok)) { printf("\n"); rc = cli_fail(); break; }
+        }
+        printf("\n");
+        fprintf(stderr, "skv: %-9s %7s %9s %11s %13s %8s %8s %9s\n", "policy", "top-1", "decode", "resident",
+                "fetched/step", "recall", "overlap", "out err");
+        for (int i = 0; i < c->n && !rc; i++) {
+            skv_session *s = c->s[i];
+            size_t res, off;
+            s->kv->cls->bytes(s->kv, &res, &off);
+            double fb = kv_stat(s->kv, "fetch_bytes");
+            kv_oracle_summary os;
+            int has = kv_oracle_get(s->oracle, -1, &os) && os.n;
+            char agree[16], tps[24], fetch[24], rec[16], ov[16], err[16];
+            snprintf(agree, sizeof agree, "%d/%d", c->agree[i], c->steps);
+            snprintf(tps, sizeof tps, "%.1f t/s", s->step ? s->step / (s->t_decode > 0 ? s->t_decode : 1e-9) : 0.0);
+            if (isnan(fb) || !s->step) snprintf(fetch, sizeof fetch, "-");
+            else snprintf(fetch, sizeof fetch, "%.1f KiB", fb / s->step / 1024.0);
+            if (has) {
+                snprintf(rec, sizeof rec, "%.2f%%", 100 * os.recall);
+                snprintf(ov, sizeof ov, "%.2f%%", 100 * os.overlap);
+                snprintf(err, sizeof err, "%.3f%%", 100 * os.out_err);
+            } else {
+                snprintf(rec, sizeof rec, "-");
+                snprintf(ov, sizeof ov, "-");
+                snprintf(err, sizeof err, "-");
+            }
+            fprintf(stderr, "skv: %-9s %7s %9s %7.2f MiB %13s %8s %8s %9s%s\n", c->policy[i], agree, tps,
+                    res / 1048576.0, fetch, rec, ov, err, i == c->teacher ? "  (teacher)" : "");
+        }
+        if (!g->s.kv.oracle) fprintf(stderr, "skv: (--oracle adds each policy's recall, overlap and output error)\n");
+    }
+    if (g->tw) {
+        if (rc) trace_writer_abort(g->tw);
+        else if (trace_writer_close(g->tw)) rc = cli_fail();
+        else fprintf(stderr, "skv: trace written to %s (skv inspect --trace shows every policy)\n", g->trace);
+    }
+    probe_bus_free(g->bus);
+    compare_free(c);
+    model_free(m);
+    free(ids);
+    cli_gen_free(g);
+    return rc;
+}
+
 static void run_help(FILE *o) {
     fprintf(o, "usage: skv run -m MODEL (-p TEXT | -f FILE) [options]\n\n"
                "Generates text after the prompt, streaming it to stdout; speed goes to stderr.\n\n");
@@ -117,6 +196,7 @@ int cmd_run(int argc, char **argv) {
         if (r == CLI_DONE) return 0;
         if (r == 0) return cli_usage_error("run", "unknown option '%s'", argv[i]);
     }
+    if (g.n_kv > 1) return run_compare(&g);
     skv_model *m; skv_session *s; int32_t *ids; int n;
     int rc = setup(&g, "run", &m, &s, &ids, &n);
     if (rc) return teardown(m, s, ids, &g, rc);
@@ -163,6 +243,7 @@ int cmd_logits(int argc, char **argv) {
         if (r == 0) return cli_usage_error("logits", "unknown option '%s'", argv[i]);
     }
     g.s.sample.temp = 0;
+    if (cli_single_policy(&g, "logits")) return 2;
     skv_model *m; skv_session *s; int32_t *ids; int n;
     int rc = setup(&g, "logits", &m, &s, &ids, &n);
     if (rc) return teardown(m, s, ids, &g, rc);

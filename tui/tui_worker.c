@@ -30,7 +30,8 @@ struct tui_worker {
     int running;                /* guarded by mu: keep stepping */
     tui_worker_status st;       /* guarded by mu */
     /* Owned by the thread while it runs. */
-    skv_session *s;
+    compare_run *c;             /* the lanes (one policy, or several in lockstep) */
+    skv_session *s;             /* the lane the status line shows: the first sparse one, else lane 0 */
     int32_t *ids;
     int n_ids, n_predict;
     int wake_fd;
@@ -92,7 +93,7 @@ static void fail(tui_worker *w, const char *what) {
  * Returns 0, 1 when a run should stop (end of generation), -1 on error. */
 static int step_once(tui_worker *w, int auto_run) {
     skv_session *s = w->s;
-    int tok = session_sample(s);
+    int tok = compare_next(w->c);
     int eog = tok_is_eog(s->m->tok, tok);
     if (eog && auto_run) {
         pthread_mutex_lock(&w->mu);
@@ -106,7 +107,7 @@ static int step_once(tui_worker *w, int auto_run) {
         skv_error(SKV_ERANGE, "the context of %d positions is full", s->o.ctx);
         return -1;
     }
-    if (session_decode(s, tok)) return -1;
+    if (compare_decode(w->c, tok)) return -1;
     pthread_mutex_lock(&w->mu);
     w->st.eog = eog;
     w->st.error[0] = 0;
@@ -151,7 +152,7 @@ static void *worker_main(void *arg) {
     tui_worker *w = arg;
     /* OpenMP's thread count is per thread: apply -t (or the default) here too. */
     skv_set_threads(skv_threads());
-    if (session_prefill(w->s, w->ids, w->n_ids, progress, w)) {
+    if (compare_prefill(w->c, w->ids, w->n_ids, progress, w)) {
         fail(w, "prefill");
     } else {
         pthread_mutex_lock(&w->mu);
@@ -191,17 +192,21 @@ static void *worker_main(void *arg) {
     return NULL;
 }
 
-int tui_worker_start(skv_session *s, int32_t *ids, int n_ids, int n_predict, int wake_fd, tui_worker **out) {
+int tui_worker_start(compare_run *c, int32_t *ids, int n_ids, int n_predict, int wake_fd, tui_worker **out) {
     *out = NULL;
     tui_worker *w = calloc(1, sizeof *w);
     if (!w) return skv_error(SKV_ENOMEM, "inspect: out of memory for the worker");
-    w->s = s;
+    w->c = c;
+    w->s = c->s[0];
+    for (int i = 0; i < c->n; i++)
+        if (strcmp(c->policy[i], "dense")) { w->s = c->s[i]; break; }
+    skv_session *s = w->s;
     w->ids = ids;
     w->n_ids = n_ids;
     w->n_predict = n_predict;
     w->wake_fd = wake_fd;
     w->st.state = TUI_W_PREFILL;
-    w->st.prefill_total = n_ids;
+    w->st.prefill_total = n_ids * c->n;
     w->st.n_ctx = s->o.ctx;
     w->st.generated_target = n_predict;
     pthread_mutex_init(&w->mu, NULL);
@@ -256,7 +261,7 @@ void tui_worker_free(tui_worker *w) {
     pthread_join(w->thread, NULL);
     pthread_cond_destroy(&w->cv);
     pthread_mutex_destroy(&w->mu);
-    session_free(w->s);
+    compare_free(w->c);
     free(w->ids);
     free(w);
 }

@@ -4,17 +4,16 @@
 
 #include "skv.h"
 
-#include <stdio.h>
-
 #include <math.h>
+#include <stdio.h>
 #include <string.h>
 
 extern const view_class view_spectrum, view_chunkmap, view_selection, view_cache, view_timeline, view_tokens;
-extern const view_class view_needle, view_niah;
+extern const view_class view_needle, view_niah, view_compare;
 
 const view_class *const view_classes[] = {
     &view_spectrum, &view_chunkmap, &view_selection, &view_cache, &view_timeline, &view_tokens,
-    &view_needle, &view_niah, NULL,
+    &view_needle, &view_niah, &view_compare, NULL,
 };
 
 const view_class *view_find(const char *name) {
@@ -113,4 +112,34 @@ int view_move_layer_step(view_cursor *cur, const probe_store *st, int dx, int dy
         return VIEW_HANDLED | VIEW_REDRAW;
     }
     return dx ? view_move_step(cur, st, dx) : 0;
+}
+
+int view_draw_lanes(const view_class *vc, canvas *c, canvas_rect r, const probe_store *const *st,
+                    const char *const *names, int n, const view_cursor *cur, paint_result *res) {
+    if (vc->draw_lanes) return vc->draw_lanes(c, r, st, names, n, cur, res);
+    if (n <= 1) return vc->draw(c, r, st[0], cur, res);
+    const canvas_geom *g = canvas_geometry(c);
+    const canvas_theme *th = canvas_get_theme(c);
+    double lh = g->cells ? 1 : canvas_line_height(c, CANVAS_FONT_BOLD);
+    double band = r.h / n;
+    int rc_all = SKV_EMISSING;
+    for (int i = 0; i < n; i++) {
+        double y = r.y + i * band, h = (i + 1 == n ? r.y + r.h : r.y + (i + 1) * band) - y;
+        if (g->cells) {
+            y = floor(y);
+            h = floor(r.y + (i + 1 == n ? r.h : (i + 1) * band)) - y;
+        }
+        char label[64];
+        snprintf(label, sizeof label, "%s", names && names[i] && names[i][0] ? names[i] : "?");
+        canvas_text(c, r.x + (g->cells ? 0 : g->pad), y, label, CANVAS_FONT_BOLD, CANVAS_LEFT | CANVAS_TOP, th->fg);
+        canvas_rect br = {r.x, y + lh, r.w, h - lh};
+        if (br.h < 1) continue;
+        canvas_rect old = canvas_clip(c, br);
+        paint_result pr;
+        int rc = vc->draw(c, br, st[i], cur, i == 0 ? res : &pr);
+        canvas_clip(c, old);
+        if (rc == 0 || (rc < 0 && rc != SKV_EMISSING && rc_all == SKV_EMISSING)) rc_all = rc;
+    }
+    if (rc_all == SKV_EMISSING) skv_error(SKV_EMISSING, "no policy has data for the %s view yet", vc->name);
+    return rc_all;
 }

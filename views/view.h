@@ -39,7 +39,20 @@ typedef struct view_class {
     /* A mouse click at (x, y) in canvas units, with the layout of the last
      * draw. May be NULL. */
     int (*click)(view_cursor *cur, const probe_store *st, const paint_result *res, double x, double y);
+    /* Compare mode: draws from every lane's store at once (names: each
+     * lane's policy). May be NULL: view_draw_lanes then stacks one draw per
+     * lane. A view with draw_lanes may leave draw NULL-safe by drawing lane
+     * 0 alone. */
+    int (*draw_lanes)(canvas *c, canvas_rect r, const probe_store *const *st, const char *const *names, int n,
+                      const view_cursor *cur, paint_result *res);
 } view_class;
+
+/* Draws vc for n lanes (compare mode): its draw_lanes when it has one, else
+ * one band per lane, one above the other, each under a line naming its
+ * policy; a single lane draws as vc->draw does. res gets the first band's
+ * layout. Returns the first error (SKV_EMISSING when no lane had data). */
+int view_draw_lanes(const view_class *vc, canvas *c, canvas_rect r, const probe_store *const *st,
+                    const char *const *names, int n, const view_cursor *cur, paint_result *res);
 
 /* Every view in tab order, NULL-terminated. A view whose draw is NULL has its
  * place reserved but is not built yet: it is listed, skipped
