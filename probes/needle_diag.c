@@ -797,3 +797,64 @@ void needle_report_print(FILE *f, const probe_store *st, const needle_report *re
     }
     fprintf(f, "  %s\n", rep->kept);
 }
+
+/* ---- two policies on the same needle ---------------------------------------- */
+
+int needle_diverge(const probe_store *a, const char *name_a, const probe_store *b, const char *name_b,
+                   needle_split *out) {
+    memset(out, 0, sizeof *out);
+    out->step = out->layer = out->head = out->rank = -1;
+    int ns = probe_store_n_steps(a) < probe_store_n_steps(b) ? probe_store_n_steps(a) : probe_store_n_steps(b);
+    int nl = probe_store_n_layers(a), nh = probe_store_n_kv_heads(a);
+    if (probe_store_n_layers(b) != nl || probe_store_n_kv_heads(b) != nh) {
+        snprintf(out->text, sizeof out->text, "%s and %s ran on different model shapes", name_a, name_b);
+        return SKV_EMISSING;
+    }
+    int seen = 0;
+    for (int s = 0; s < ns; s++) {
+        int best_d = 0;
+        float best_m = -1;
+        for (int l = 0; l < nl; l++)
+            for (int h = 0; h < nh; h++) {
+                const probe_ev_oracle *ea = probe_store_oracle(a, s, l, h), *eb = probe_store_oracle(b, s, l, h);
+                if (!ea || !eb || ea->needle_len <= 0 || ea->needle_len != eb->needle_len) continue;
+                seen = 1;
+                out->steps_compared = s + 1;
+                int d = abs(ea->needle_kept - eb->needle_kept);
+                float m = ea->needle_mass > 0 ? ea->needle_mass : 0;
+                if (d > best_d || (d == best_d && d > 0 && m > best_m)) {
+                    best_d = d;
+                    best_m = m;
+                    out->step = s;
+                    out->layer = l;
+                    out->head = h;
+                    out->needle_len = ea->needle_len;
+                    out->kept_a = ea->needle_kept;
+                    out->kept_b = eb->needle_kept;
+                    out->rank = ea->needle_rank;
+                    out->mass = ea->needle_mass;
+                }
+            }
+        if (best_d > 0) break;
+    }
+    if (!seen) {
+        snprintf(out->text, sizeof out->text, "%s and %s: no needle measures to compare (run both with the oracle "
+                 "watching the needle: skv needle --explain)", name_a, name_b);
+        return SKV_EMISSING;
+    }
+    if (out->step < 0) {
+        snprintf(out->text, sizeof out->text, "%s and %s kept the same share of the needle's tokens in every layer "
+                 "and KV head over %d step%s: they parted after the attention, not in what they kept", name_a, name_b,
+                 out->steps_compared, out->steps_compared == 1 ? "" : "s");
+        return SKV_EMISSING;
+    }
+    const char *more = out->kept_a > out->kept_b ? name_a : name_b, *less = out->kept_a > out->kept_b ? name_b : name_a;
+    int km = out->kept_a > out->kept_b ? out->kept_a : out->kept_b, kl = out->kept_a > out->kept_b ? out->kept_b : out->kept_a;
+    char rk[64] = "";
+    if (out->rank >= 0) snprintf(rk, sizeof rk, "; exact attention ranks the needle %d there", out->rank);
+    snprintf(out->text, sizeof out->text,
+             "%s and %s diverged on the needle at step %d, layer %d, KV head %d: %s attended %d of its %d tokens, "
+             "%s %d (exact mass on the needle %.1f%%%s)", name_a, name_b, out->step, out->layer, out->head, more, km,
+             out->needle_len, less, kl, 100.0 * (out->mass > 0 ? out->mass : 0), rk);
+    return 0;
+}

@@ -91,6 +91,30 @@ struct needle_report {
  * present, give the answers. SKV_EMISSING when st has no needle data. */
 int needle_diagnose(const probe_store *st, int id, needle_report *rep);
 
+/* Where two policies' kept sets parted on the needle, from their oracle
+ * events (both run with --oracle watching the same span, on the same
+ * prompt): the first decode step at which, in some layer and KV head, one
+ * attended more of the needle's tokens than the other; within that step the
+ * (layer, head) with the largest difference, ties going to the larger exact
+ * needle mass. Step 0's query is the same for both (same prompt), so a split
+ * there is the policies' own doing; later steps may also differ by the
+ * tokens each generated. */
+typedef struct {
+    int step, layer, head;
+    int needle_len;            /* tokens of the watched span */
+    int kept_a, kept_b;        /* of them attended by every query head of the group, per policy */
+    int rank;                  /* the needle's best exact rank there (policy a's event), -1 */
+    float mass;                /* exact attention mass on the needle there (policy a's event) */
+    int steps_compared;        /* steps both stores have */
+    char text[400];            /* one sentence naming both policies */
+} needle_split;
+
+/* Fills out from a (policy name_a) and b. Returns 0 when a split was found,
+ * SKV_EMISSING when either store lacks needle oracle events or their kept
+ * sets never differ (out->text says which). */
+int needle_diverge(const probe_store *a, const char *name_a, const probe_store *b, const char *name_b,
+                   needle_split *out);
+
 /* The whole report: span and chunks, per-layer prefill figures, per step,
  * layer and KV head the needle chunks' state and masses, the divergence,
  * the verdict and what ShadowKV kept. */

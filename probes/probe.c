@@ -122,6 +122,11 @@ static const probe_field schema_lane[] = {
     SC(lane, lane), SC(lane, n_lanes), SS(lane, policy), SS(lane, teacher),
 };
 
+static const probe_field schema_metric[] = {
+    SC(metric, step), SC(metric, layer), SC(metric, head), SF(metric, value), SC(metric, n),
+    SS(metric, name), SA(metric, vals, PROBE_F_F32S, 4),
+};
+
 #define NF(a) ((int)(sizeof a / sizeof a[0]))
 static const struct { const char *name; const probe_field *f; int n; } schemas[PROBE_KIND_COUNT] = {
     [PROBE_NONE] = { "none", NULL, 0 },
@@ -136,6 +141,7 @@ static const struct { const char *name; const probe_field *f; int n; } schemas[P
     [PROBE_NIAH] = { "niah", schema_niah, NF(schema_niah) },
     [PROBE_ORACLE] = { "oracle", schema_oracle, NF(schema_oracle) },
     [PROBE_LANE] = { "lane", schema_lane, NF(schema_lane) },
+    [PROBE_METRIC] = { "metric", schema_metric, NF(schema_metric) },
 };
 
 const probe_field *probe_schema(probe_kind k, int *n_fields) {
@@ -525,6 +531,14 @@ int probe_emit_span(probe_bus *b, int stream, const char *op, int layer, int ste
     if (!probe_wants(b, PROBE_SPAN)) return 0;
     probe_event ev = { .kind = PROBE_SPAN,
                        .span = { .stream = stream, .layer = layer, .step = step, .t0 = t0, .t1 = t1, .op = op } };
+    return probe_emit(b, &ev);
+}
+
+int probe_emit_metric(probe_bus *b, const char *name, int step, int layer, int head, float value, int n,
+                      const float *vals) {
+    if (!probe_wants(b, PROBE_METRIC)) return 0;
+    probe_event ev = { .kind = PROBE_METRIC, .metric = { .step = step, .layer = layer, .head = head, .name = name,
+                                                        .value = value, .n = n, .vals = vals } };
     return probe_emit(b, &ev);
 }
 

@@ -41,6 +41,7 @@ typedef enum {
     PROBE_NIAH = 9,          /* needle harness: one case's result under one method */
     PROBE_ORACLE = 10,       /* the shared measures against exact attention: per step, layer and KV head */
     PROBE_LANE = 11,         /* compare mode: the events that follow belong to lane `lane` (one policy) */
+    PROBE_METRIC = 12,       /* a policy's own named measure, per step, layer and KV head (peer views) */
     PROBE_KIND_COUNT         /* one past the last kind this build knows */
 } probe_kind;
 
@@ -212,6 +213,20 @@ typedef struct {
     const char *teacher;               /* the policy whose tokens every lane is fed */
 } probe_ev_lane;
 
+/* A policy's own measure, for the views made for it (docs/PEERS.md lists
+ * which policy emits which name): one named number per (step, layer, KV
+ * head), with an optional array. step -1: prefill (or a fixed property);
+ * head -1: the whole layer. Names in use: query_cos, corrected (FreeKV);
+ * page_gap_rank, page_bound, page_max (Quest); attn_spread, quantized,
+ * channels (TailorKV); lowbit_overlap, lowbit_recall (SpeCache). */
+typedef struct {
+    int step, layer, head;
+    const char *name;
+    float value;
+    int n;                             /* length of vals */
+    const float *vals;                 /* (n) or NULL */
+} probe_ev_metric;
+
 typedef struct probe_event {
     probe_kind kind;
     union {
@@ -226,6 +241,7 @@ typedef struct probe_event {
         probe_ev_niah niah;
         probe_ev_oracle oracle;
         probe_ev_lane lane;
+        probe_ev_metric metric;
     };
 } probe_event;
 
@@ -307,6 +323,11 @@ double probe_time(const probe_bus *b);
 
 /* Emits one PROBE_SPAN if anyone wants it; returns as probe_emit. */
 int probe_emit_span(probe_bus *b, int stream, const char *op, int layer, int step, double t0, double t1);
+
+/* Emits one PROBE_METRIC (a policy's named measure) if anyone wants it;
+ * vals may be NULL when n is 0. Returns as probe_emit. */
+int probe_emit_metric(probe_bus *b, const char *name, int step, int layer, int head, float value, int n,
+                      const float *vals);
 
 /* A ring of `capacity` events for kinds in mask (PROBE_MASK bits). */
 int probe_subscribe_ring(probe_bus *b, unsigned mask, int capacity, probe_sub **out);

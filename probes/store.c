@@ -19,6 +19,8 @@
 #define STORE_MAX_STEPS (1 << 20)
 #define STORE_MAX_NEEDLES 1024
 #define STORE_MAX_METHODS 64   /* methods of one needle sweep */
+#define STORE_MAX_METRICS 64   /* distinct metric names */
+#define STORE_MAX_METRIC_VALS (1 << 24)
 
 /* Pointers to events by (row, layer, head); rows are allocated when first
  * used, so a far step costs one row pointer per step before it, not a row. */
@@ -36,6 +38,11 @@ typedef struct {
     probe_event *info;    /* first event seen for this needle, or NULL */
     grid g;               /* rows: step + 1 */
 } needle_data;
+
+typedef struct {
+    char *name;
+    grid g;               /* rows: step + 1; columns: layer, head + 1 */
+} metric_data;
 
 struct probe_store {
     probe_event *run;
@@ -58,6 +65,8 @@ struct probe_store {
     int n_needles;
     probe_event **niah;   /* (n_niah) harness cases in arrival order */
     int n_niah, cap_niah;
+    metric_data *metrics; /* (n_metrics) by name */
+    int n_metrics;
     int n_steps, max_layer, max_head;   /* largest indexes seen + 1 */
     uint64_t count[PROBE_KIND_COUNT];
 };
@@ -162,6 +171,11 @@ static void store_clear(probe_store *st) {
     free(st->needles);
     for (int i = 0; i < st->n_niah; i++) free(st->niah[i]);
     free(st->niah);
+    for (int i = 0; i < st->n_metrics; i++) {
+        free(st->metrics[i].name);
+        grid_free(&st->metrics[i].g);
+    }
+    free(st->metrics);
     memset(st, 0, sizeof *st);
 }
 
@@ -301,6 +315,16 @@ static int check_event(const probe_store *st, const probe_event *ev) {
         for (int i = 0; i < o->n_q; i++) TRY(check_range(ev, "q_kept", o->q_kept[i], 0, o->ctx + 1));
         break;
     }
+    case PROBE_METRIC: {
+        const probe_ev_metric *m = &ev->metric;
+        TRY(check_range(ev, "step", m->step, -1, STORE_MAX_STEPS));
+        TRY(check_range(ev, "layer", m->layer, 0, L));
+        TRY(check_range(ev, "head", m->head, -1, H));
+        TRY(check_range(ev, "n", m->n, 0, STORE_MAX_METRIC_VALS + 1));
+        if (!m->name || !m->name[0] || strlen(m->name) > 63)
+            return skv_error(SKV_EINVAL, "store: metric event: the name is empty or longer than 63 bytes");
+        break;
+    }
     default:
         return skv_error(SKV_EINVAL, "store: event kind %d is not known", (int)ev->kind);
     }
@@ -386,6 +410,36 @@ static int add_needle(probe_store *st, const probe_event *ev) {
     return 0;
 }
 
+static metric_data *find_metric(const probe_store *st, const char *name) {
+    for (int i = 0; i < st->n_metrics; i++)
+        if (!strcmp(st->metrics[i].name, name)) return &st->metrics[i];
+    return NULL;
+}
+
+static int add_metric(probe_store *st, const probe_event *ev) {
+    const probe_ev_metric *m = &ev->metric;
+    metric_data *md = find_metric(st, m->name);
+    if (!md) {
+        if (st->n_metrics == STORE_MAX_METRICS)
+            return skv_error(SKV_ERANGE, "store: more than %d metric names (at '%s')", STORE_MAX_METRICS, m->name);
+        metric_data *nm = realloc(st->metrics, (size_t)(st->n_metrics + 1) * sizeof *nm);
+        if (!nm) return skv_error(SKV_ENOMEM, "store: out of memory");
+        st->metrics = nm;
+        md = &nm[st->n_metrics];
+        memset(md, 0, sizeof *md);
+        size_t len = strlen(m->name) + 1;
+        if (!(md->name = malloc(len))) return skv_error(SKV_ENOMEM, "store: out of memory");
+        memcpy(md->name, m->name, len);
+        st->n_metrics++;
+    }
+    probe_event **slot = grid_slot(&md->g, m->step + 1, m->layer, m->head + 1);
+    if (!slot) return skv_error(SKV_ENOMEM, "store: out of memory");
+    TRY(keep(slot, ev));
+    if (m->step >= 0) see_step(st, m->step);
+    see_lh(st, m->layer, m->head < 0 ? 0 : m->head);
+    return 0;
+}
+
 int probe_store_add(probe_store *st, const probe_event *ev) {
     TRY(check_event(st, ev));
     if (ev->kind == PROBE_RUN) {
@@ -438,6 +492,9 @@ int probe_store_add(probe_store *st, const probe_event *ev) {
         break;
     case PROBE_NEEDLE:
         TRY(add_needle(st, ev));
+        break;
+    case PROBE_METRIC:
+        TRY(add_metric(st, ev));
         break;
     case PROBE_NIAH:
         GROW(st->niah, st->cap_niah, st->n_niah + 1);
@@ -571,3 +628,12 @@ int probe_store_n_niah(const probe_store *st) { return st->n_niah; }
 const probe_ev_niah *probe_store_niah(const probe_store *st, int i) {
     return i >= 0 && i < st->n_niah ? &st->niah[i]->niah : NULL;
 }
+
+const probe_ev_metric *probe_store_metric(const probe_store *st, const char *name, int step, int layer, int head) {
+    const metric_data *md = find_metric(st, name);
+    if (!md) return NULL;
+    const probe_event *e = grid_get(&md->g, step + 1, layer, head + 1);
+    return e ? &e->metric : NULL;
+}
+
+int probe_store_has_metric(const probe_store *st, const char *name) { return find_metric(st, name) != NULL; }

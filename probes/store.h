@@ -86,6 +86,12 @@ const probe_ev_needle *probe_store_needle(const probe_store *st, int id, int ste
 /* Needle-in-a-haystack cases (PROBE_NIAH, from skv needle), i = 0.. in
  * arrival order; NULL out of range. A later PROBE_RUN empties them with the
  * rest of the store, so a trace puts them after the run they belong with. */
+/* A policy's own measure `name` at (step, layer, head) (step -1: prefill;
+ * head -1: the whole layer), or NULL; probe_store_has_metric: 1 when any
+ * event of that name was stored. */
+const probe_ev_metric *probe_store_metric(const probe_store *st, const char *name, int step, int layer, int head);
+int probe_store_has_metric(const probe_store *st, const char *name);
+
 int probe_store_n_niah(const probe_store *st);
 const probe_ev_niah *probe_store_niah(const probe_store *st, int i);
 

@@ -130,6 +130,14 @@ static void synth_run(probe_bus *bus, run_shape sh, int big) {
                                                                 .needle_mass = rnd_float(), .q_kept = qk,
                                                                 .q_recall = qr, .q_overlap = qo, .q_out_err = qe } });
                 }
+                if (oracle && h == 0) { /* a policy's own measure, with and without an array */
+                    float mv[3] = {rnd_float(), rnd_float(), rnd_float()};
+                    probe_emit(bus, &(probe_event){ .kind = PROBE_METRIC,
+                                                    .metric = { .step = s, .layer = l, .head = s % 2 ? -1 : h,
+                                                                .name = s % 2 ? "corrected" : "page_bound",
+                                                                .value = rnd_float(), .n = s % 2 ? 0 : 3,
+                                                                .vals = s % 2 ? NULL : mv } });
+                }
                 if (s % 3 == 1 && l == 0) {
                     int nn = rnd_int(0, 5);
                     for (int i = 0; i < nn; i++) {
@@ -238,6 +246,12 @@ static int same_event(const probe_event *x, const probe_event *y) {
         EQ(step); EQ(layer); EQ(head); EQ(n_q); EQ(unit); EQ(ctx); EQ(n_kept); EQ(n_gen); EQ(recall); EQ(overlap);
         EQ(out_err); EQ(mass_kept); EQ(needle_len); EQ(needle_kept); EQ(needle_rank); EQ(needle_mass);
         if (ok) { EQA(q_kept, a->n_q); EQA(q_recall, a->n_q); EQA(q_overlap, a->n_q); EQA(q_out_err, a->n_q); }
+        break;
+    }
+    case PROBE_METRIC: {
+        const probe_ev_metric *a = &x->metric, *b = &y->metric;
+        EQ(step); EQ(layer); EQ(head); EQ(value); EQ(n); EQS(name);
+        if (ok) EQA(vals, a->n);
         break;
     }
     default:

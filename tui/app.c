@@ -443,11 +443,29 @@ static const char *base_name(const char *p) {
 }
 
 /* The tab bar: available views in order, the current one in brackets and
- * reverse video; scrolled so that the current tab is visible. */
+ * reverse video. The right end keeps the run's state ("live: idle") and,
+ * when they fit, the cursor's place and the help key; the tabs share what is
+ * left, scrolled so that the current tab is visible and cut at the edge. */
 static void draw_tabs(app *a, int y, int h) {
     (void)h;
     a->tab_y = y;
-    char label[96];
+    char where[64], src[96], right[200], label[96];
+    snprintf(where, sizeof where, "L%d/%d H%d/%d", a->cur.layer, probe_store_n_layers(a->st), a->cur.head,
+             probe_store_n_kv_heads(a->st));
+    static const char *const state_name[] = {"prefill", "idle", "running", "stopped"};
+    if (a->o->replay_path)
+        snprintf(src, sizeof src, "replay %s%s", base_name(a->o->replay_path), a->playing ? ": playing" : "");
+    else snprintf(src, sizeof src, "live: %s", state_name[a->ws.state]);
+    /* the widest right end that leaves the tabs at least half the row */
+    const char *sets[3][3] = {{where, src, "? help"}, {where, src, NULL}, {src, NULL, NULL}};
+    for (int k = 0; k < 3; k++) {
+        right[0] = 0;
+        for (int i = 0; i < 3 && sets[k][i]; i++)
+            snprintf(right + strlen(right), sizeof right - strlen(right), "%s%s", i ? "  " : " ", sets[k][i]);
+        snprintf(right + strlen(right), sizeof right - strlen(right), " ");
+        if ((int)strlen(right) <= a->cols / 2) break;
+    }
+    int rw = (int)strlen(right) <= a->cols / 2 ? (int)strlen(right) : 0, avail = a->cols - rw;
     int x = 0, cur_x1 = 0;
     a->n_tabs = 0;
     for (int i = 0; view_classes[i] && a->n_tabs < MAX_TABS; i++) {
@@ -460,38 +478,19 @@ static void draw_tabs(app *a, int y, int h) {
         a->n_tabs++;
         x += w + 1;
     }
-    int shift = cur_x1 > a->cols ? cur_x1 - a->cols : 0;
+    int shift = cur_x1 > avail ? cur_x1 - avail : 0;
     for (int t = 0; t < a->n_tabs; t++) {
         a->tab_x0[t] -= shift;
         a->tab_x1[t] -= shift;
+        if (a->tab_x1[t] > avail) a->tab_x1[t] = avail; /* clicks past the edge miss */
         int i = a->tab_view[t], on = i == a->view;
         snprintf(label, sizeof label, on ? "[%s]" : " %s ", view_classes[i]->title);
         int x0 = a->tab_x0[t], skip = x0 < 0 ? -x0 : 0;
-        if (skip >= (int)strlen(label)) continue;
-        tui_blit_text(y, x0 + skip, a->cols - x0 - skip, label + skip, on ? (A_REVERSE | A_BOLD) : 0,
+        if (skip >= (int)strlen(label) || x0 + skip >= avail) continue;
+        tui_blit_text(y, x0 + skip, avail - x0 - skip, label + skip, on ? (A_REVERSE | A_BOLD) : 0,
                       on ? 0 : tui_blit_pair(CANVAS_RGB(0xb0, 0xb0, 0xb0), CANVAS_DEFAULT), a->utf8);
     }
-    /* Right side: where the cursor is, the source, the help key; the parts
-     * that do not fit beside the tabs are left out from the right. */
-    char where[64], src[96], right[200];
-    snprintf(where, sizeof where, "L%d/%d H%d/%d", a->cur.layer, probe_store_n_layers(a->st), a->cur.head,
-             probe_store_n_kv_heads(a->st));
-    static const char *const state_name[] = {"prefill", "idle", "running", "stopped"};
-    if (a->o->replay_path)
-        snprintf(src, sizeof src, "replay %s%s", base_name(a->o->replay_path), a->playing ? ": playing" : "");
-    else snprintf(src, sizeof src, "live: %s", state_name[a->ws.state]);
-    const char *parts[3] = {where, src, "? help"};
-    for (int k = 3; k >= 1; k--) {
-        right[0] = 0;
-        for (int i = 0; i < k; i++)
-            snprintf(right + strlen(right), sizeof right - strlen(right), "%s%s", i ? "  " : " ", parts[i]);
-        strcat(right, " ");
-        int mx = a->cols - (int)strlen(right);
-        if (x - shift + 1 < mx) {
-            tui_blit_text(y, mx, (int)strlen(right), right, A_BOLD, 0, a->utf8);
-            break;
-        }
-    }
+    if (rw) tui_blit_text(y, avail, rw, right, A_BOLD, 0, a->utf8);
 }
 
 /* Whether a cells canvas shows nothing but blanks. */

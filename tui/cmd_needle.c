@@ -143,6 +143,42 @@ static cJSON *report_json(const needle_report *rep) {
     return d;
 }
 
+/* A sparse method that missed beside one that found the needle: where
+ * their kept sets parted on the needle's tokens (needle_diverge), printed
+ * with --explain and added to the missed method's JSON diagnosis. */
+static int compare_misses(run_state *rs, const needle_case *c) {
+    const needle_opts *o = rs->o;
+    for (int b = 1; b < o->n_methods; b++) {
+        if (c->hit[b] || !c->store[b]) continue;
+        for (int a = 1; a < o->n_methods; a++) {
+            if (!c->hit[a] || !c->store[a]) continue;
+            needle_split sp;
+            int rc = needle_diverge(c->store[a], o->methods[a], c->store[b], o->methods[b], &sp);
+            if (rs->explain) printf("case %d: %s found the needle, %s missed it. %s\n\n", c->index, o->methods[a],
+                                    o->methods[b], sp.text);
+            size_t slot = (size_t)c->index * NEEDLE_MAX_METHODS + b;
+            cJSON *d = rs->diag && c->index < rs->n_total ? rs->diag[slot] : NULL;
+            if (!d) continue;
+            cJSON *arr = cJSON_GetObjectItem(d, "diverged_from");
+            if (!arr && !(arr = cJSON_AddArrayToObject(d, "diverged_from"))) return skv_error(SKV_ENOMEM, "out of memory");
+            cJSON *e = cJSON_CreateObject();
+            if (!e) return skv_error(SKV_ENOMEM, "out of memory");
+            cJSON_AddStringToObject(e, "policy", o->methods[a]);
+            cJSON_AddBoolToObject(e, "found", rc == 0);
+            cJSON_AddNumberToObject(e, "step", sp.step);
+            cJSON_AddNumberToObject(e, "layer", sp.layer);
+            cJSON_AddNumberToObject(e, "head", sp.head);
+            cJSON_AddNumberToObject(e, "needle_tokens", sp.needle_len);
+            cJSON_AddNumberToObject(e, "kept_by_finder", sp.kept_a);
+            cJSON_AddNumberToObject(e, "kept_by_misser", sp.kept_b);
+            cJSON_AddStringToObject(e, "text", sp.text);
+            cJSON_AddItemToArray(arr, e);
+        }
+    }
+    if (rs->explain) fflush(stdout);
+    return 0;
+}
+
 /* After each case: a progress line, and with --explain the diagnosis of
  * every method that missed. */
 static int on_case(const needle_case *c, void *user) {
@@ -167,7 +203,7 @@ static int on_case(const needle_case *c, void *user) {
         if (rs->diag && c->index < rs->n_total && !(rs->diag[slot] = report_json(c->report[m])))
             return skv_error(SKV_ENOMEM, "out of memory");
     }
-    return 0;
+    return compare_misses(rs, c);
 }
 
 /* "4k" for multiples of 1024, else the number. */
@@ -186,6 +222,44 @@ static double cell_rate(const needle_result *r, int length, float depth, int m) 
         h += c->hit[m];
     }
     return n ? 100.0 * h / n : -1;
+}
+
+/* Method m's retrieval in percent over the cases of each run (runs[i] for
+ * run i, NaN when none), and their mean, min and max over runs. */
+static void run_rates(const needle_result *r, const needle_opts *o, int m, double *runs, double *mean, double *lo,
+                      double *hi) {
+    double sum = 0;
+    int n = 0;
+    *lo = INFINITY;
+    *hi = -INFINITY;
+    for (int k = 0; k < o->runs; k++) {
+        int c = 0, h = 0;
+        for (int i = 0; i < r->n_cases; i++)
+            if (r->cases[i].run == k) { c++; h += r->cases[i].hit[m]; }
+        runs[k] = c ? 100.0 * h / c : NAN;
+        if (!c) continue;
+        sum += runs[k];
+        n++;
+        *lo = runs[k] < *lo ? runs[k] : *lo;
+        *hi = runs[k] > *hi ? runs[k] : *hi;
+    }
+    *mean = n ? sum / n : NAN;
+    if (!n) *lo = *hi = NAN;
+}
+
+/* One line per method: retrieval over every case, each run's, and the spread. */
+static void print_accuracy(const needle_result *r, const needle_opts *o) {
+    double *runs = malloc(sizeof(double) * (size_t)(o->runs > 0 ? o->runs : 1));
+    if (!runs) return;
+    printf("accuracy per method (mean of the runs; each run's; spread = max - min over runs):\n");
+    for (int m = 0; m < o->n_methods; m++) {
+        double mean, lo, hi;
+        run_rates(r, o, m, runs, &mean, &lo, &hi);
+        printf("  %-9s %5.1f%%  runs", o->methods[m], mean);
+        for (int k = 0; k < o->runs; k++) printf("%s %.0f", k ? "," : "", runs[k]);
+        printf("  spread %.0f\n", hi - lo);
+    }
+    free(runs);
 }
 
 static void print_table(const needle_result *r, const needle_opts *o) {
@@ -272,13 +346,14 @@ static int write_png(const char *path, int force, const skv_model *m, const need
     canvas_png_opts po = { .scale = 1 };
     int rc = probe_store_new(&st);
     if (!rc) rc = emit_all(m, o, r, st, NULL);
-    if (!rc) rc = canvas_png_new(&c, NEEDLE_PNG_W, NEEDLE_PNG_H, &po);
+    int h = o->n_methods > 3 ? 2 * NEEDLE_PNG_H : NEEDLE_PNG_H; /* the niah view puts 4+ panels on two rows */
+    if (!rc) rc = canvas_png_new(&c, NEEDLE_PNG_W, h, &po);
     if (!rc) {
         canvas_clear(c);
         view_cursor cur;
         view_cursor_init(&cur);
         const view_class *v = view_find("niah");
-        rc = v && view_available(v) ? v->draw(c, (canvas_rect){ 0, 0, NEEDLE_PNG_W, NEEDLE_PNG_H }, st, &cur, NULL)
+        rc = v && view_available(v) ? v->draw(c, (canvas_rect){ 0, 0, NEEDLE_PNG_W, h }, st, &cur, NULL)
                                     : skv_error(SKV_EUNSUPPORTED, "the niah view is not built into this skv");
     }
     if (!rc) rc = canvas_save(c, path, force);
@@ -347,6 +422,21 @@ static char *json_text(const skv_model *m, const needle_opts *o, const needle_re
         for (int i = 0; i < r->n_cases; i++) h += r->cases[i].hit[k];
         cJSON_AddNumberToObject(su, o->methods[k], 100.0 * h / r->n_cases);
     }
+    cJSON *pr = cJSON_AddObjectToObject(root, "retrieved_percent_per_run");
+    double *runs = malloc(sizeof(double) * (size_t)(o->runs > 0 ? o->runs : 1));
+    for (int k = 0; pr && runs && r->n_cases && k < o->n_methods; k++) {
+        double mean, lo, hi;
+        run_rates(r, o, k, runs, &mean, &lo, &hi);
+        cJSON *mo = cJSON_AddObjectToObject(pr, o->methods[k]);
+        cJSON *arr = mo ? cJSON_AddArrayToObject(mo, "runs") : NULL;
+        for (int j = 0; arr && j < o->runs; j++)
+            cJSON_AddItemToArray(arr, isfinite(runs[j]) ? cJSON_CreateNumber(runs[j]) : cJSON_CreateNull());
+        if (mo && isfinite(mean)) {
+            cJSON_AddNumberToObject(mo, "mean", mean);
+            cJSON_AddNumberToObject(mo, "spread", hi - lo);
+        }
+    }
+    free(runs);
     cJSON_AddNumberToObject(root, "traced_case", r->detail);
     if (r->detail >= 0) cJSON_AddStringToObject(root, "traced_method", o->methods[r->detail_method]);
     cJSON *cases = cJSON_AddArrayToObject(root, "cases");
@@ -571,6 +661,7 @@ int cmd_needle(int argc, char **argv) {
     if (res.notice[0]) fprintf(stderr, "skv needle: %s\n", res.notice);
     if (rc) { rc = cli_fail(); goto done; }
     print_table(&res, &o);
+    print_accuracy(&res, &o);
     if (json) {
         char *text = json_text(m, &o, &res, &rs, hay_path);
         if (!text) rc = skv_error(SKV_ENOMEM, "out of memory writing %s", json);

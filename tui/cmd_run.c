@@ -139,6 +139,7 @@ static int run_compare(cli_gen *g) {
             if (i + 1 < g->n_predict && compare_decode(c, tok)) { printf("\n"); rc = cli_fail(); break; }
         }
         printf("\n");
+        fflush(stdout);
         fprintf(stderr, "skv: %-9s %7s %9s %11s %13s %8s %8s %9s\n", "policy", "top-1", "decode", "resident",
                 "fetched/step", "recall", "overlap", "out err");
         for (int i = 0; i < c->n && !rc; i++) {

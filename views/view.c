@@ -2,6 +2,7 @@
  * helpers shared by the views. */
 #include "view.h"
 
+#include "lanes.h"
 #include "skv.h"
 
 #include <math.h>
@@ -10,10 +11,13 @@
 
 extern const view_class view_spectrum, view_chunkmap, view_selection, view_cache, view_timeline, view_tokens;
 extern const view_class view_needle, view_niah, view_compare;
+extern const view_class view_bounds, view_corrections, view_speculation, view_tailor;
 
+/* The peer views (bounds: Quest, corrections: FreeKV, speculation: SpeCache,
+ * tailor: TailorKV) come last: they read policy-specific PROBE_METRIC events. */
 const view_class *const view_classes[] = {
     &view_spectrum, &view_chunkmap, &view_selection, &view_cache, &view_timeline, &view_tokens,
-    &view_needle, &view_niah, &view_compare, NULL,
+    &view_needle, &view_niah, &view_compare, &view_bounds, &view_corrections, &view_speculation, &view_tailor, NULL,
 };
 
 const view_class *view_find(const char *name) {
@@ -60,6 +64,21 @@ const char *view_no_data(const probe_store *st, probe_kind kind, const char *wha
         snprintf(buf, n, "no %s yet: generate tokens (-n N) and step (n or r)", what);
     else if (probe_store_count(st, kind) == 0)
         snprintf(buf, n, "no %s: policy %s records none (skv run --kv help lists the policies)", what,
+                 run && run->kv_policy && run->kv_policy[0] ? run->kv_policy : "?");
+    else
+        snprintf(buf, n, "no %s here: move to another layer, head or step", what);
+    return buf;
+}
+
+const char *view_no_metric(const probe_store *st, const char *metric, int per_step, const char *what,
+                           const char *owner, char *buf, size_t n) {
+    const probe_ev_run *run = probe_store_run(st);
+    if (!run && !probe_store_has_metric(st, metric))
+        snprintf(buf, n, "no %s: no run recorded yet", what);
+    else if (per_step && probe_store_n_steps(st) == 0)
+        snprintf(buf, n, "no %s yet: generate tokens (-n N) and step (n or r)", what);
+    else if (!probe_store_has_metric(st, metric))
+        snprintf(buf, n, "no %s: %s records them; this run's policy is %s", what, owner,
                  run && run->kv_policy && run->kv_policy[0] ? run->kv_policy : "?");
     else
         snprintf(buf, n, "no %s here: move to another layer, head or step", what);
@@ -117,6 +136,20 @@ int view_move_layer_step(view_cursor *cur, const probe_store *st, int dx, int dy
 int view_draw_lanes(const view_class *vc, canvas *c, canvas_rect r, const probe_store *const *st,
                     const char *const *names, int n, const view_cursor *cur, paint_result *res) {
     if (vc->draw_lanes) return vc->draw_lanes(c, r, st, names, n, cur, res);
+    const probe_store *keep_st[PROBE_MAX_LANES];
+    const char *keep_nm[PROBE_MAX_LANES];
+    if (vc->metric && n > 1) {
+        int k = 0;
+        for (int i = 0; i < n && k < PROBE_MAX_LANES; i++)
+            if (probe_store_has_metric(st[i], vc->metric)) {
+                keep_st[k] = st[i];
+                keep_nm[k++] = names ? names[i] : NULL;
+            }
+        if (k == 0) return vc->draw(c, r, st[0], cur, res);
+        st = keep_st;
+        names = names ? keep_nm : NULL;
+        n = k;
+    }
     if (n <= 1) return vc->draw(c, r, st[0], cur, res);
     const canvas_geom *g = canvas_geometry(c);
     const canvas_theme *th = canvas_get_theme(c);

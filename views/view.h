@@ -45,11 +45,15 @@ typedef struct view_class {
      * 0 alone. */
     int (*draw_lanes)(canvas *c, canvas_rect r, const probe_store *const *st, const char *const *names, int n,
                       const view_cursor *cur, paint_result *res);
+    /* A view of one policy's own measures names the PROBE_METRIC it reads:
+     * in compare mode only the lanes that have it are drawn. May be NULL. */
+    const char *metric;
 } view_class;
 
 /* Draws vc for n lanes (compare mode): its draw_lanes when it has one, else
  * one band per lane, one above the other, each under a line naming its
- * policy; a single lane draws as vc->draw does. res gets the first band's
+ * policy (for a view with a metric, only the lanes that have it; the first
+ * lane alone when none has); a single lane draws as vc->draw does. res gets the first band's
  * layout. Returns the first error (SKV_EMISSING when no lane had data). */
 int view_draw_lanes(const view_class *vc, canvas *c, canvas_rect r, const probe_store *const *st,
                     const char *const *names, int n, const view_cursor *cur, paint_result *res);
@@ -79,6 +83,12 @@ int view_message(canvas *c, canvas_rect r, const char *title, const char *msg, p
  * yet (for per-step kinds), or the run's policy records no events of kind
  * (what names them: "key spectra"). Writes the sentence into buf. */
 const char *view_no_data(const probe_store *st, probe_kind kind, const char *what, char *buf, size_t n);
+
+/* As view_no_data, for a policy's own measure (PROBE_METRIC `metric`,
+ * per decode step when per_step): owner names who records it ("FreeKV
+ * (--kv freekv)"). */
+const char *view_no_metric(const probe_store *st, const char *metric, int per_step, const char *what,
+                           const char *owner, char *buf, size_t n);
 
 /* The step a move of d (< 0 back, > 0 forward) goes to, into *ns: forward
  * past the last step (or from "latest") gives -1, follow the latest.

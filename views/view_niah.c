@@ -13,7 +13,8 @@
  *
  * Keys: ←/→ and ↑/↓ move a cell cursor over the grid (lengths and depths);
  * the line under the panels reports that cell for every method. A click on a
- * cell of any panel moves the cursor there. The cell cursor lives in the
+ * cell of any panel moves the cursor there. A figure with more than three
+ * methods puts its panels on two rows. The cell cursor lives in the
  * view cursor's scroll field (length index * 1000 + depth index). */
 #include "skv.h"
 #include "view.h"
@@ -142,7 +143,10 @@ static int niah_draw(canvas *c, canvas_rect r, const probe_store *st, const view
     /* One text line under the panels for the cursor's cell. */
     double line_h = geo->cells ? 1 : canvas_line_height(c, CANVAS_FONT_BODY) + geo->pad;
     double ph = r.h - (r.h > 4 * line_h ? line_h : 0);
-    double pw = geo->cells ? floor(r.w / g.nm) : r.w / g.nm;
+    /* A figure (PNG, SVG) with more than three panels puts them on two rows;
+     * the terminal keeps one row (clicks map along it). */
+    int cols = geo->cells || g.nm <= 3 ? g.nm : (g.nm + 1) / 2, rows = (g.nm + cols - 1) / cols;
+    double pw = geo->cells ? floor(r.w / cols) : r.w / cols, rh = ph / rows;
     int cx, cy;
     cell_of(cur, &g, &cx, &cy);
     paint_cellmark mk = { g.mark_x, g.mark_y };
@@ -156,7 +160,8 @@ static int niah_draw(canvas *c, canvas_rect r, const probe_store *st, const view
             .marks = g.mark_x >= 0 ? &mk : NULL, .n_marks = g.mark_x >= 0 ? 1 : 0,
             .mark_label = geo->cells ? "traced" : "case recorded in detail", .annotate = "%.0f",
         };
-        canvas_rect pr = { r.x + m * pw, r.y, m == g.nm - 1 && geo->cells ? r.w - m * pw : pw, ph };
+        int col = m % cols, row = m / cols;
+        canvas_rect pr = { r.x + col * pw, r.y + row * rh, col == cols - 1 && geo->cells ? r.w - col * pw : pw, rh };
         paint_result tmp;
         rc = paint_draw_heatmap(c, pr, &h, m == 0 ? &lres : m == 1 ? &rres : &tmp);
     }

@@ -246,6 +246,14 @@ static int decode(kv_fk *c, int layer, int pos, const float *q, float *out) {
                     .hits = H->n_sel - H->misses, .misses = H->misses, .sel = H->sel, .score = H->sel_score}};
                 probe_emit(c->base.bus, &ev);
             }
+        /* The corrections map: the group's query cosine with the previous
+         * step and whether it fell below tau (the correction ran). */
+        if (L->has_prev && probe_wants(c->base.bus, PROBE_METRIC))
+            for (int kh = 0; kh < c->h; kh++) {
+                const fk_head *H = &c->hd[kh];
+                probe_emit_metric(c->base.bus, "query_cos", c->base.step, layer, kh, H->cos, 0, NULL);
+                probe_emit_metric(c->base.bus, "corrected", c->base.step, layer, kh, (float)H->corrected, 0, NULL);
+            }
     }
     memcpy(L->q_prev, q, sizeof(float) * (size_t)c->nh * d);
     L->has_prev = 1;

@@ -48,6 +48,7 @@ typedef struct {
     int *mark;                 /* (max_pages) union scratch for the selection event */
     int *ev_sel;               /* (max_pages) */
     float *ev_score;           /* (max_pages) */
+    float *ev_max;             /* (max_pages) true max q·k per page, for the bound-gap metric */
     int k;                     /* pages selected per query head (besides the last) */
     uint64_t steps, read_bytes, step_read_bytes;
     int last_pages;            /* pages at the last decode step */
@@ -102,7 +103,9 @@ static int alloc_scratch(kv_qu *c) {
     c->mark = skv_calloc((size_t)mp, sizeof(int));
     c->ev_sel = skv_malloc(sizeof(int) * (size_t)mp);
     c->ev_score = skv_malloc(sizeof(float) * (size_t)mp);
-    if (!c->qh || !c->gmax || !c->mark || !c->ev_sel || !c->ev_score) return skv_error(SKV_ENOMEM, "out of memory");
+    c->ev_max = skv_malloc(sizeof(float) * (size_t)mp);
+    if (!c->qh || !c->gmax || !c->mark || !c->ev_sel || !c->ev_score || !c->ev_max)
+        return skv_error(SKV_ENOMEM, "out of memory");
     size_t rows = (size_t)(c->k + 1) * c->page;
     for (int i = 0; i < c->nh; i++) {
         qu_qhead *Q = &c->qh[i];
@@ -153,6 +156,35 @@ static void emit_selection(kv_qu *c, int layer) {
             .step = c->base.step, .layer = layer, .head = kh, .block = c->page, .n_sel = n,
             .sel = c->ev_sel, .score = c->ev_score}};
         probe_emit(c->base.bus, &ev);
+    }
+}
+
+/* The bound gap, for the first query head of each KV head's group: the
+ * page bounds U it scored (page_bound) and the true max q·k of each page
+ * (page_max); page_bound's value is the rank under U of the page whose true
+ * max is highest (0: Quest ranks the best page first), page_max's value is
+ * that page. The current (last) page is never scored and is left out. */
+static void emit_bounds(kv_qu *c, const qu_layer *L, int layer, const float *q, int last) {
+    int d = c->d;
+    for (int kh = 0; kh < c->h && last > 0; kh++) {
+        int hq = kh * c->group;
+        const float *qh = q + (size_t)hq * d, *U = c->qh[hq].U;
+        int best = 0;
+        for (int j = 0; j < last; j++) {
+            float m = -INFINITY;
+            for (int t = j * c->page; t < (j + 1) * c->page; t++) {
+                const float *k = L->k + (size_t)t * c->kvd + (size_t)kh * d;
+                float a = 0;
+                for (int i = 0; i < d; i++) a += qh[i] * k[i];
+                m = a > m ? a : m;
+            }
+            c->ev_max[j] = m;
+            if (m > c->ev_max[best]) best = j;
+        }
+        int rank = 0;
+        for (int j = 0; j < last; j++) rank += U[j] > U[best];
+        probe_emit_metric(c->base.bus, "page_bound", c->base.step, layer, kh, (float)rank, last, U);
+        probe_emit_metric(c->base.bus, "page_max", c->base.step, layer, kh, (float)best, last, c->ev_max);
     }
 }
 
@@ -225,6 +257,7 @@ static int decode(kv_qu *c, int layer, int pos, const float *q, float *out) {
             bytes += (uint64_t)2 * last * d * sizeof(float) + (uint64_t)2 * rows * d * sizeof(float);
         }
         if (probe_wants(c->base.bus, PROBE_DECODE_HEAD)) emit_selection(c, layer);
+        if (probe_wants(c->base.bus, PROBE_METRIC)) emit_bounds(c, L, layer, q, last);
     }
     c->step_read_bytes += bytes;
     c->read_bytes += bytes;
@@ -324,7 +357,7 @@ static void qu_free(kv_cache *base) {
         free(c->qh[i].U); free(c->qh[i].sel); free(c->qh[i].K); free(c->qh[i].V);
     }
     free(c->qh);
-    free(c->gmax); free(c->mark); free(c->ev_sel); free(c->ev_score);
+    free(c->gmax); free(c->mark); free(c->ev_sel); free(c->ev_score); free(c->ev_max);
     free(c);
 }
 

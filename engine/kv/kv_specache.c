@@ -38,6 +38,7 @@ typedef struct {
     float *p, *pm;     /* (max_ctx) probabilities of one query head, group mean */
     float *K, *V;      /* (max_ctx, d) the rows attention reads */
     int *sel;          /* (k) */
+    int *esel;         /* (k) the exact top-k, for the metrics */
     float *sel_score;
     int n_sel, misses;
     char *in_sel;      /* (max_ctx) */
@@ -95,6 +96,46 @@ static int sc_append(kv_cache *base, int layer, int pos, int n, const float *k_p
     return 0;
 }
 
+/* The selection against exact attention, for the views: the group-mean
+ * probabilities over the exact keys, their top-k (as many as selected), and
+ * lowbit_overlap = the share of those the low-bit top-k found, lowbit_recall
+ * = exact mass on the low-bit top-k / exact mass of the exact top-k. Runs
+ * after attention, so H->p and H->K are free scratch. */
+static void exact_vs_lowbit(kv_sc *c, sc_layer *L, int kh, int T, const float *q) {
+    sc_head *H = &c->hd[kh];
+    int layer = (int)(L - c->L);
+    int d = c->d, n = T - 1, k = H->n_sel;
+    if (k <= 0 || n <= 0) return;
+    float scale = 1.0f / sqrtf((float)d), *pe = H->p, *pg = H->K;
+    for (int t = 0; t < T; t++) pe[t] = 0;
+    for (int g = 0; g < c->group; g++) {
+        const float *qh = q + (size_t)(kh * c->group + g) * d;
+        float mx = -INFINITY;
+        for (int t = 0; t < T; t++) {
+            pg[t] = vec_dot(qh, L->kx + (size_t)t * c->kvd + (size_t)kh * d, d) * scale;
+            mx = pg[t] > mx ? pg[t] : mx;
+        }
+        double z = 0;
+        for (int t = 0; t < T; t++) z += pg[t] = expf(pg[t] - mx);
+        for (int t = 0; t < T; t++) pe[t] += (float)(pg[t] / z / c->group);
+    }
+    int ne = c->base.shape.be->topk(pe, n, k, H->esel);
+    double m_low = 0, m_ex = 0;
+    int common = 0;
+    for (int i = 0; i < k; i++) {
+        m_low += pe[H->sel[i]];
+        H->in_sel[H->sel[i]] = 1;
+    }
+    for (int i = 0; i < ne; i++) {
+        m_ex += pe[H->esel[i]];
+        common += H->in_sel[H->esel[i]];
+    }
+    for (int i = 0; i < k; i++) H->in_sel[H->sel[i]] = 0;
+    probe_emit_metric(c->base.bus, "lowbit_overlap", c->base.step, layer, kh, ne ? (float)common / ne : 1.0f, 0, NULL);
+    probe_emit_metric(c->base.bus, "lowbit_recall", c->base.step, layer, kh, m_ex > 0 ? (float)(m_low / m_ex) : 1.0f,
+                      0, NULL);
+}
+
 /* KV head kh at context T: low-bit probabilities, the top-k, the buffer,
  * then attention with the chosen rows exact. */
 static void decode_head(kv_sc *c, sc_layer *L, int kh, int T, const float *q, float *out) {
@@ -137,6 +178,7 @@ static void decode_head(kv_sc *c, sc_layer *L, int kh, int T, const float *q, fl
         int hq = kh * c->group + g;
         be->attend_rows(q + (size_t)hq * d, H->K, H->V, T, d, d, scale, out + (size_t)hq * d);
     }
+    if (probe_wants(c->base.bus, PROBE_METRIC)) exact_vs_lowbit(c, L, kh, T, q);
 }
 
 static int sc_attend(kv_cache *base, int layer, int pos, int n, const float *q, float *out) {
@@ -207,7 +249,8 @@ static int sc_end_prefill(kv_cache *base) {
         H->sel = skv_malloc(sizeof(int) * (size_t)kk);
         H->sel_score = skv_malloc(sizeof(float) * (size_t)kk);
         H->in_sel = skv_calloc((size_t)mc, 1);
-        if (!H->p || !H->pm || !H->K || !H->V || !H->sel || !H->sel_score || !H->in_sel)
+        H->esel = skv_malloc(sizeof(int) * (size_t)kk);
+        if (!H->p || !H->pm || !H->K || !H->V || !H->sel || !H->sel_score || !H->in_sel || !H->esel)
             return skv_error(SKV_ENOMEM, "specache: out of memory for a context of %d", mc);
     }
     return 0;
@@ -290,7 +333,7 @@ static void sc_free(kv_cache *base) {
     free(c->L);
     for (int kh = 0; c->hd && kh < c->h; kh++) {
         sc_head *H = &c->hd[kh];
-        free(H->p); free(H->pm); free(H->K); free(H->V); free(H->sel); free(H->sel_score); free(H->in_sel);
+        free(H->p); free(H->pm); free(H->K); free(H->V); free(H->sel); free(H->sel_score); free(H->in_sel); free(H->esel);
     }
     free(c->hd);
     free(c);

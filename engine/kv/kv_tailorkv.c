@@ -219,6 +219,12 @@ static int tk_attend(kv_cache *base, int layer, int pos, int n, const float *q, 
         c->fetch_bytes += chb + rb;
         c->step_fetch_bytes += chb + rb;
     }
+    if (probe_wants(base->bus, PROBE_METRIC)) /* the channel raster: which channels scored the prompt */
+        for (int kh = 0; kh < c->h; kh++) {
+            tk_head *H = &c->hd[kh];
+            for (int i = 0; i < H->n_ch; i++) H->ch_score[i] = (float)H->ch[i]; /* scratch: its scores are used */
+            probe_emit_metric(base->bus, "channels", base->step, layer, kh, (float)H->n_ch, H->n_ch, H->ch_score);
+        }
     if (probe_wants(base->bus, PROBE_DECODE_HEAD))
         for (int kh = 0; kh < c->h; kh++) {
             const tk_head *H = &c->hd[kh];
@@ -278,6 +284,12 @@ static int tk_end_prefill(kv_tk *c) {
     }
     free(p);
     free(tmp);
+    /* The layer-mode map: P of each layer (calibrated maps only) and its mode. */
+    if (probe_wants(c->base.bus, PROBE_METRIC))
+        for (int l = 0; l < sh->n_layers; l++) {
+            if (c->qlayers < 0) probe_emit_metric(c->base.bus, "attn_spread", -1, l, -1, c->L[l].P, 0, NULL);
+            probe_emit_metric(c->base.bus, "quantized", -1, l, -1, (float)c->L[l].quant, 0, NULL);
+        }
     if (!c->dense) {
         size_t len = strlen(c->base.notice);
         snprintf(c->base.notice + len, sizeof c->base.notice - len, "%stailorkv: quantized layers {%s} (%s)",
