@@ -104,6 +104,7 @@ void needle_opts_default(needle_opts *o) {
     o->needle = NEEDLE_DEFAULT_NEEDLE;
     o->question = NEEDLE_DEFAULT_QUESTION;
     o->runs = 1;
+    o->detail_case = -1;
     kv_opts_default(&o->kv);
     needle_set_methods(o, "dense,shadowkv");
 }
@@ -553,7 +554,12 @@ static int method_probes(sweep *w, needle_case *c, int m, needle_result *res, in
     c->store[m] = st;
     c->report[m] = rep;
     int miss = !c->hit[m];
-    if (res->detail < 0 || (miss && !*chose_miss)) {
+    int want = w->o->detail_case, take;
+    if (want >= 0) /* the asked case: its first method, replaced by its first miss */
+        take = c->index == want && (res->detail != want || (miss && !*chose_miss));
+    else
+        take = res->detail < 0 || (miss && !*chose_miss);
+    if (take) {
         events_free(res->ev, res->n_ev);
         res->ev = w->col.ev;
         res->n_ev = w->col.n;

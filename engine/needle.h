@@ -56,6 +56,8 @@ typedef struct {
     char backend[16];          /* where the math runs; "" = the default */
     kv_opts kv;                /* budget and policy options; policy, oracle and watch are set per run */
     int probes;                /* 1: oracle + needle watch on the sparse runs, misses diagnosed */
+    int detail_case;           /* with probes: the case whose events are kept (its first sparse miss,
+                                  else its first sparse method); -1: the sweep's first sparse miss */
     int n_methods;             /* methods[0] is "dense" */
     char methods[NEEDLE_MAX_METHODS][32]; /* registered policy names, in the order they run */
 } needle_opts;

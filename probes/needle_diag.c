@@ -810,33 +810,33 @@ int needle_diverge(const probe_store *a, const char *name_a, const probe_store *
         snprintf(out->text, sizeof out->text, "%s and %s ran on different model shapes", name_a, name_b);
         return SKV_EMISSING;
     }
+    /* Pass 0: where a kept more of the needle than b, weighed by the exact
+     * mass at stake; pass 1 (none such): any difference. */
     int seen = 0;
-    for (int s = 0; s < ns; s++) {
-        int best_d = 0;
-        float best_m = -1;
-        for (int l = 0; l < nl; l++)
-            for (int h = 0; h < nh; h++) {
-                const probe_ev_oracle *ea = probe_store_oracle(a, s, l, h), *eb = probe_store_oracle(b, s, l, h);
-                if (!ea || !eb || ea->needle_len <= 0 || ea->needle_len != eb->needle_len) continue;
-                seen = 1;
-                out->steps_compared = s + 1;
-                int d = abs(ea->needle_kept - eb->needle_kept);
-                float m = ea->needle_mass > 0 ? ea->needle_mass : 0;
-                if (d > best_d || (d == best_d && d > 0 && m > best_m)) {
-                    best_d = d;
-                    best_m = m;
-                    out->step = s;
-                    out->layer = l;
-                    out->head = h;
-                    out->needle_len = ea->needle_len;
-                    out->kept_a = ea->needle_kept;
-                    out->kept_b = eb->needle_kept;
-                    out->rank = ea->needle_rank;
-                    out->mass = ea->needle_mass;
+    for (int pass = 0; pass < 2 && out->step < 0; pass++)
+        for (int s = 0; s < ns && out->step < 0; s++) {
+            double best = 0;
+            for (int l = 0; l < nl; l++)
+                for (int h = 0; h < nh; h++) {
+                    const probe_ev_oracle *ea = probe_store_oracle(a, s, l, h), *eb = probe_store_oracle(b, s, l, h);
+                    if (!ea || !eb || ea->needle_len <= 0 || ea->needle_len != eb->needle_len) continue;
+                    seen = 1;
+                    if (s + 1 > out->steps_compared) out->steps_compared = s + 1;
+                    double m = ea->needle_mass > 0 ? ea->needle_mass : 0, d = ea->needle_kept - eb->needle_kept;
+                    double v = pass == 0 ? d / ea->needle_len * m : fabs(d) * (m + 1e-6);
+                    if (v > best && d != 0 && (pass == 1 || v >= 1e-3)) {
+                        best = v;
+                        out->step = s;
+                        out->layer = l;
+                        out->head = h;
+                        out->needle_len = ea->needle_len;
+                        out->kept_a = ea->needle_kept;
+                        out->kept_b = eb->needle_kept;
+                        out->rank = ea->needle_rank;
+                        out->mass = ea->needle_mass;
+                    }
                 }
-            }
-        if (best_d > 0) break;
-    }
+        }
     if (!seen) {
         snprintf(out->text, sizeof out->text, "%s and %s: no needle measures to compare (run both with the oracle "
                  "watching the needle: skv needle --explain)", name_a, name_b);
@@ -848,13 +848,33 @@ int needle_diverge(const probe_store *a, const char *name_a, const probe_store *
                  out->steps_compared, out->steps_compared == 1 ? "" : "s");
         return SKV_EMISSING;
     }
-    const char *more = out->kept_a > out->kept_b ? name_a : name_b, *less = out->kept_a > out->kept_b ? name_b : name_a;
-    int km = out->kept_a > out->kept_b ? out->kept_a : out->kept_b, kl = out->kept_a > out->kept_b ? out->kept_b : out->kept_a;
-    char rk[64] = "";
+    char rk[64] = "", q[160] = "";
     if (out->rank >= 0) snprintf(rk, sizeof rk, "; exact attention ranks the needle %d there", out->rank);
-    snprintf(out->text, sizeof out->text,
-             "%s and %s diverged on the needle at step %d, layer %d, KV head %d: %s attended %d of its %d tokens, "
-             "%s %d (exact mass on the needle %.1f%%%s)", name_a, name_b, out->step, out->layer, out->head, more, km,
-             out->needle_len, less, kl, 100.0 * (out->mass > 0 ? out->mass : 0), rk);
+    /* a layer kept at low precision: its needle tokens were read, not dropped */
+    const char *qn = NULL;
+    const probe_ev_metric *qa = probe_store_metric(a, "quantized", -1, out->layer, -1);
+    const probe_ev_metric *qb = probe_store_metric(b, "quantized", -1, out->layer, -1);
+    if (qb && qb->value > 0.5f) qn = name_b;
+    else if (qa && qa->value > 0.5f) qn = name_a;
+    if (qn) snprintf(q, sizeof q, "; %s quantizes layer %d, so it read those tokens at low precision rather than "
+                     "dropping them", qn, out->layer);
+    if (out->kept_a < out->kept_b && qn == name_a && out->kept_b < out->needle_len)
+        snprintf(out->text, sizeof out->text,
+                 "%s and %s diverged on the needle at step %d, layer %d, KV head %d: %s quantizes that layer and read "
+                 "all %d of its tokens at low precision, while %s attended %d of them exactly and dropped the rest "
+                 "(exact mass on the needle %.1f%%%s)", name_a, name_b, out->step, out->layer, out->head, name_a,
+                 out->needle_len, name_b, out->kept_b, 100.0 * (out->mass > 0 ? out->mass : 0), rk);
+    else if (out->kept_a > out->kept_b)
+        snprintf(out->text, sizeof out->text,
+                 "%s and %s diverged on the needle at step %d, layer %d, KV head %d: %s attended %d of its %d tokens, "
+                 "%s %d (exact mass on the needle %.1f%%%s)%s", name_a, name_b, out->step, out->layer, out->head, name_a,
+                 out->kept_a, out->needle_len, name_b, out->kept_b, 100.0 * (out->mass > 0 ? out->mass : 0), rk, q);
+    else
+        snprintf(out->text, sizeof out->text,
+                 "%s attended as much of the needle as %s or more in every layer and KV head; they differ most at "
+                 "step %d, layer %d, KV head %d (%s %d of %d tokens, %s %d; exact mass %.1f%%%s), so %s's miss "
+                 "came from the rest of what it kept or its precision, not from dropping the needle%s",
+                 name_b, name_a, out->step, out->layer, out->head, name_b, out->kept_b, out->needle_len, name_a,
+                 out->kept_a, 100.0 * (out->mass > 0 ? out->mass : 0), rk, name_b, q);
     return 0;
 }

@@ -93,12 +93,17 @@ int needle_diagnose(const probe_store *st, int id, needle_report *rep);
 
 /* Where two policies' kept sets parted on the needle, from their oracle
  * events (both run with --oracle watching the same span, on the same
- * prompt): the first decode step at which, in some layer and KV head, one
- * attended more of the needle's tokens than the other; within that step the
- * (layer, head) with the largest difference, ties going to the larger exact
- * needle mass. Step 0's query is the same for both (same prompt), so a split
- * there is the policies' own doing; later steps may also differ by the
- * tokens each generated. */
+ * prompt); a is the policy that found the needle, b the one that missed it.
+ * The first decode step at which, in some layer and KV head, a attended more
+ * of the needle's tokens than b, by at least 0.1% of attention mass (share
+ * of the needle's tokens times the exact attention mass on the needle
+ * there); within that step the (layer, head) where it weighs most. When b never kept less than a, the
+ * largest difference either way, and the text says the miss did not come
+ * from dropping the needle. A layer that one of them quantizes (the
+ * "quantized" metric) is named: its tokens were read at low precision.
+ * Step 0's query is the same for both (same prompt), so a split there is the
+ * policies' own doing; later steps may also differ by the tokens each
+ * generated. */
 typedef struct {
     int step, layer, head;
     int needle_len;            /* tokens of the watched span */
@@ -106,7 +111,7 @@ typedef struct {
     int rank;                  /* the needle's best exact rank there (policy a's event), -1 */
     float mass;                /* exact attention mass on the needle there (policy a's event) */
     int steps_compared;        /* steps both stores have */
-    char text[400];            /* one sentence naming both policies */
+    char text[640];            /* one sentence naming both policies */
 } needle_split;
 
 /* Fills out from a (policy name_a) and b. Returns 0 when a split was found,

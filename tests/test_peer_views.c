@@ -280,6 +280,35 @@ static void test_diverge(void) {
     test_cond("the verdict names both policies, the step, layer and head", drc == 0 && strstr(sp.text, "quest") &&
                                                                              strstr(sp.text, "shadowkv") &&
                                                                              strstr(sp.text, "step 1, layer 2, KV head 1"));
+    probe_event qm = {.kind = PROBE_METRIC, .metric = {.step = -1, .layer = 2, .head = -1, .name = "quantized",
+                                                       .value = 1}};
+    if (!probe_store_add(b, &qm)) {
+        drc = needle_diverge(a, "quest", b, "tailorkv", &sp);
+        test_cond("a layer the missing policy quantizes is named as read at low precision",
+                  drc == 0 && strstr(sp.text, "tailorkv quantizes layer 2"));
+    }
+    drc = needle_diverge(b, "tailorkv", a, "quest", &sp);
+    test_cond("when the missing policy kept as much of the needle everywhere, the verdict says the miss came "
+              "from elsewhere", drc == 0 && strstr(sp.text, "quest attended as much of the needle as tailorkv") &&
+                                   strstr(sp.text, "not from dropping the needle"));
+    probe_store *c2 = NULL;
+    if (!probe_store_new(&c2)) { /* the finder quantizes the layer where the misser dropped part of the needle */
+        int rc2 = probe_store_add(c2, &run) || probe_store_add(c2, &qm);
+        for (int l = 0; l < 3 && !rc2; l++)
+            for (int h = 0; h < 2 && !rc2; h++) rc2 = add_orc(c2, 0, l, h, l == 2 ? 0 : 4, l == 2 ? 0.4f : 0.1f);
+        probe_store *d2 = NULL;
+        if (!rc2 && !probe_store_new(&d2)) {
+            rc2 = probe_store_add(d2, &run);
+            for (int l = 0; l < 3 && !rc2; l++)
+                for (int h = 0; h < 2 && !rc2; h++) rc2 = add_orc(d2, 0, l, h, l == 2 ? 2 : 4, l == 2 ? 0.4f : 0.1f);
+            drc = rc2 ? -1 : needle_diverge(c2, "tailorkv", d2, "shadowkv", &sp);
+            test_cond("a finder that quantizes the layer is said to have read the needle at low precision there",
+                      drc == 0 && sp.layer == 2 && strstr(sp.text, "tailorkv quantizes that layer and read all 4") &&
+                          strstr(sp.text, "shadowkv attended 2 of them exactly"));
+            probe_store_free(d2);
+        }
+        probe_store_free(c2);
+    }
     drc = needle_diverge(a, "quest", a, "quest", &sp);
     test_cond("identical kept sets have no split, and say so", drc == SKV_EMISSING && strstr(sp.text, "same share"));
     probe_store *e = NULL;

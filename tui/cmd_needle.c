@@ -59,6 +59,8 @@ static void needle_help(FILE *o) {
             "      --diagnose FILE   explain the miss recorded in a trace (from --trace), without the model\n"
             "      --trace FILE      record the explained case's probes and all results (for skv inspect\n"
             "                        --trace and skv export --view needle|niah)\n"
+            "      --trace-case N    the case whose probes --trace keeps (the case numbers of --explain;\n"
+            "                        default: the first miss of a sparse policy)\n"
             "      --force           replace existing output files\n"
             "Policy settings, as for skv run: --budget B (tokens per KV head, or B%% of the prompt),\n"
             "--kv-opt KEY=VALUE, and each policy's own flags (skv run --kv help)\n"
@@ -537,7 +539,7 @@ int cmd_needle(int argc, char **argv) {
         if (!strcmp(a, "--force")) { force = 1; continue; }
         static const char *const valued[] = { "--lengths", "--depths", "--haystack", "--needle", "--question",
                                               "--answer-prefix", "--answer-tokens", "--runs", "--json", "--png",
-                                              "--trace" };
+                                              "--trace", "--trace-case" };
         int k = -1;
         for (int j = 0; j < (int)(sizeof valued / sizeof valued[0]); j++) if (!strcmp(a, valued[j])) k = j;
         if (k >= 0) {
@@ -561,7 +563,13 @@ int cmd_needle(int argc, char **argv) {
                 break;
             case 8: json = v; break;
             case 9: png = v; break;
-            default: trace = v; break;
+            case 10: trace = v; break;
+            default:
+                x = strtol(v, &end, 10);
+                if (!*v || *end || x < 0 || x > 1000000)
+                    return cli_usage_error("needle", "--trace-case expects a case number >= 0, got '%s'", v);
+                o.detail_case = (int)x;
+                break;
             }
             continue;
         }
@@ -597,6 +605,12 @@ int cmd_needle(int argc, char **argv) {
         free(lengths);
         free(depths);
         return cli_usage_error("needle", "%s", skv_last_error());
+    }
+    if (o.detail_case >= 0 && (long)o.detail_case >= (long)n_len * n_dep * o.runs) {
+        free(lengths);
+        free(depths);
+        return cli_usage_error("needle", "--trace-case %d: the sweep has cases 0..%ld", o.detail_case,
+                               (long)n_len * n_dep * o.runs - 1);
     }
     const char *outs[3] = { json, png, trace };
     for (int i = 0; i < 3; i++)

@@ -97,8 +97,33 @@ int view_message(canvas *c, canvas_rect r, const char *title, const char *msg, p
     canvas_rect old = canvas_clip(c, r);
     double cx = g->cells ? r.x + floor(r.w / 2) : r.x + r.w / 2;
     canvas_text(c, cx, r.y + g->pad, title, CANVAS_FONT_TITLE, CANVAS_CENTER | CANVAS_TOP, th->fg);
-    canvas_text(c, cx, g->cells ? r.y + floor(r.h / 2) : r.y + r.h / 2, msg, CANVAS_FONT_BODY,
-                CANVAS_CENTER | (g->cells ? CANVAS_TOP : CANVAS_MIDDLE), th->fg);
+    /* the message, wrapped at spaces to the width, centred */
+    char lines[8][512];
+    int nl = 0;
+    double maxw = r.w - 2 * (g->cells ? 1 : g->pad);
+    const char *p = msg;
+    while (*p && nl < 8) {
+        size_t len = strlen(p), cut = len;
+        if (len >= sizeof lines[0]) cut = len = sizeof lines[0] - 1;
+        memcpy(lines[nl], p, cut);
+        lines[nl][cut] = 0;
+        while (canvas_text_width(c, lines[nl], CANVAS_FONT_BODY) > maxw) {
+            char *sp = strrchr(lines[nl], ' ');
+            if (!sp || sp == lines[nl]) break;
+            *sp = 0;
+        }
+        cut = strlen(lines[nl]);
+        if (nl == 7 && p[cut]) view_fit_text(c, CANVAS_FONT_BODY, maxw, lines[nl]);
+        else if (canvas_text_width(c, lines[nl], CANVAS_FONT_BODY) > maxw) view_fit_text(c, CANVAS_FONT_BODY, maxw, lines[nl]);
+        p += cut;
+        while (*p == ' ') p++;
+        nl++;
+    }
+    double lh = g->cells ? 1 : canvas_line_height(c, CANVAS_FONT_BODY);
+    double y0 = (g->cells ? r.y + floor(r.h / 2) : r.y + r.h / 2) - floor(nl / 2) * lh;
+    for (int i = 0; i < nl; i++)
+        canvas_text(c, cx, y0 + i * lh, lines[i], CANVAS_FONT_BODY, CANVAS_CENTER | (g->cells ? CANVAS_TOP : CANVAS_MIDDLE),
+                    th->fg);
     canvas_clip(c, old);
     return skv_error(SKV_EMISSING, "%s", msg);
 }

@@ -114,6 +114,7 @@ static int compare_lanes(canvas *c, canvas_rect r, const probe_store *const *st,
     snprintf(title, sizeof title, "Compare: %d polic%s%s", n, n == 1 ? "y" : "ies",
              any_oracle ? " (mass recall, overlap, output error: oracle means; top-1: agreement with dense)"
                         : " (run with --oracle for recall and error)");
+    view_fit_text(c, CANVAS_FONT_TITLE, r.w, title);
     paint_table t1 = {.title = title, .cols = pcols, .n_cols = PC, .cells = cells, .n_rows = n};
     /* per layer: the policy keeping the most exact mass, and the one with the least error */
     static const paint_column lcols[] = {
@@ -152,7 +153,9 @@ static int compare_lanes(canvas *c, canvas_rect r, const probe_store *const *st,
     if (!rows || top_h > r.h) top_h = r.h;
     int rc = paint_draw_table(c, (canvas_rect){r.x, r.y, r.w, top_h}, &t1, res);
     if (!rc && rows && r.h - top_h >= 3 * lh) {
-        paint_table t2 = {.title = "Per layer (exact attention mass on the tokens each policy attended)",
+        char t2title[96] = "Per layer (exact attention mass on the tokens each policy attended)";
+        view_fit_text(c, CANVAS_FONT_TITLE, r.w, t2title);
+        paint_table t2 = {.title = t2title,
                           .cols = lcols, .n_cols = LC, .cells = lcells, .n_rows = rows};
         rc = paint_draw_table(c, (canvas_rect){r.x, r.y + top_h, r.w, r.h - top_h}, &t2, NULL);
     }

@@ -137,8 +137,8 @@ static int niah_draw(canvas *c, canvas_rect r, const probe_store *st, const view
     for (int m = 0; m < g.nm; m++) {
         double pct = g.total[m] ? 100.0 * g.hits[m] / g.total[m] : 0;
         /* The budget may differ per length (--budget P%), so titles name the policy alone. */
-        if (m == 0) snprintf(title[m], sizeof title[m], "Dense attention: %.0f%% retrieved", pct);
-        else snprintf(title[m], sizeof title[m], "%s: %.0f%% retrieved", g.name[m], pct);
+        snprintf(title[m], sizeof title[m], "%s: %.0f%% retrieved", m == 0 && !g.name[0][0] ? "dense" : g.name[m],
+                 pct);
     }
     /* One text line under the panels for the cursor's cell. */
     double line_h = geo->cells ? 1 : canvas_line_height(c, CANVAS_FONT_BODY) + geo->pad;
@@ -163,6 +163,7 @@ static int niah_draw(canvas *c, canvas_rect r, const probe_store *st, const view
         int col = m % cols, row = m / cols;
         canvas_rect pr = { r.x + col * pw, r.y + row * rh, col == cols - 1 && geo->cells ? r.w - col * pw : pw, rh };
         paint_result tmp;
+        view_fit_text(c, CANVAS_FONT_TITLE, pr.w, title[m]);
         rc = paint_draw_heatmap(c, pr, &h, m == 0 ? &lres : m == 1 ? &rres : &tmp);
     }
     if (!rc && ph < r.h) {
@@ -174,6 +175,7 @@ static int niah_draw(canvas *c, canvas_rect r, const probe_store *st, const view
             len += snprintf(line + len, sizeof line - len, "%s %s %.0f%%", m ? "," : "", g.name[m], g.v[m][at]);
         if (len < (int)sizeof line)
             snprintf(line + len, sizeof line - len, " of %d run%s", g.runs[0][at], g.runs[0][at] == 1 ? "" : "s");
+        view_fit_text(c, CANVAS_FONT_BODY, r.w - (geo->cells ? 0 : 2 * geo->pad), line);
         canvas_rect old = canvas_clip(c, r);
         canvas_text(c, r.x + (geo->cells ? 0 : geo->pad), r.y + r.h - line_h / 2, line, CANVAS_FONT_BODY,
                     CANVAS_LEFT | CANVAS_MIDDLE, th->fg);
