@@ -367,6 +367,41 @@ static void test_live(const char *model_args) {
     stop("live");
 }
 
+/* Compare mode, live: three policies in lockstep at w x h; every view
+ * stacks them, and the Compare view tabulates them. */
+static void test_compare_live(const char *model_args, int w, int h) {
+    char cmd[PATH_MAX * 3 + 1024], name[32], what[160];
+    snprintf(name, sizeof name, "cmp%dx%d", w, h);
+    snprintf(cmd, sizeof cmd, "TERM=xterm-256color %s inspect %s --kv dense,shadowkv,quest --oracle -n 3", bin,
+             model_args);
+    if (!start(name, w, h, cmd)) { test_cond("tmux starts a compare session", 0); return; }
+    snprintf(what, sizeof what, "compare %dx%d: the prefill of every policy finishes", w, h);
+    check_screen(what, name, "live: idle", PREFILL_TIMEOUT);
+    keys(name, "r");
+    snprintf(what, sizeof what, "compare %dx%d: r steps every policy in lockstep to -n", w, h);
+    int ok = wait_any(name, "steps 3 |", "end of generation", UI_TIMEOUT);
+    test_cond(what, ok);
+    if (!ok) show_screen();
+    int found = 0;
+    for (int i = 0; i < 32 && !found; i++) {
+        found = strstr(capture(name), "[Compare]") != NULL;
+        if (!found) { keys(name, "Tab"); nap(0.2); }
+    }
+    snprintf(what, sizeof what, "compare %dx%d: the Compare view lists recall and every policy", w, h);
+    ok = found && wait_for(name, "recall", UI_TIMEOUT) && strstr(capture(name), "shadowkv") &&
+         strstr(screen, "quest") && strstr(screen, "dense");
+    test_cond(what, ok);
+    if (!ok) show_screen();
+    keys(name, "BTab");
+    snprintf(what, sizeof what, "compare %dx%d: the view before it stacks one band per policy", w, h);
+    ok = wait_for(name, "quest", UI_TIMEOUT) && strstr(capture(name), "shadowkv") && !strstr(screen, "[Compare]");
+    test_cond(what, ok);
+    if (!ok) show_screen();
+    snprintf(what, sizeof what, "compare %dx%d", w, h);
+    quit_and_check(what, name);
+    stop(name);
+}
+
 /* Too small, then resized: the message, the recovery, and SIGTERM. */
 static void test_small_and_signal(void) {
     const char *titles[32];
@@ -483,6 +518,14 @@ int main(void) {
         test_fallbacks();
     }
     if (rec_args[0]) test_live(live_args);
+    if (have_default) {
+        char cmp_args[PATH_MAX + 600];
+        snprintf(cmp_args, sizeof cmp_args, "-m %s -p \"%s\" --rank 8 --budget 32 --outliers 2 --local 2", model,
+                 "The quick brown fox jumps over the lazy dog. A needle hides in a haystack of words; "
+                 "the inspector shows which chunks each head selects at every step.");
+        test_compare_live(cmp_args, 120, 40);
+        test_compare_live(cmp_args, 80, 24);
+    }
     kill_server();
     remove_scratch();
     return test_report("test_tui");
