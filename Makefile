@@ -74,6 +74,43 @@ $(BUILD)/tests/%: tests/%.c tests/testhelp.h $(BUILD)/libskv.a $(TUI_OBJ)
 	@mkdir -p $(dir $@)
 	$(CC) $(CFLAGS) -o $@ $< $(BUILD)/libskv.a $(LDLIBS)
 
+# The fuzz harnesses' regression corpus, replayed by make test: the harnesses
+# are included whole, and fuzz_cli needs the command line's parsers (tui/).
+TUI_LIB_OBJ = $(filter-out $(BUILD)/tui/main.o,$(TUI_OBJ))
+$(BUILD)/tests/test_fuzz_regress: tests/test_fuzz_regress.c tests/testhelp.h $(wildcard tests/fuzz/*) \
+                                  $(BUILD)/libskv.a $(TUI_OBJ)
+	@mkdir -p $(dir $@)
+	$(CC) $(CFLAGS) -Itests -Itests/fuzz -o $@ $< $(TUI_LIB_OBJ) $(BUILD)/libskv.a $(LDLIBS)
+
+# libFuzzer harnesses (tests/fuzz/), built with clang into build-fuzz/:
+# make fuzz FUZZ_SECONDS=N runs each for N seconds on a corpus made from the
+# sample model and small synthetic files (tests/fuzz/seeds.sh) plus the
+# regression corpus; a crash stops the run and leaves build-fuzz/crash-*.
+FUZZ_SECONDS ?= 60
+FUZZ_SRC = $(wildcard tests/fuzz/fuzz_*.c)
+FUZZ_BIN = $(FUZZ_SRC:tests/fuzz/%.c=build-fuzz/%)
+FUZZ_FLAGS = BUILD=build-fuzz CC=clang OPT="-O1 -g -fno-omit-frame-pointer -march=native" \
+             SAN="-fsanitize=fuzzer-no-link,address,undefined -fno-sanitize-recover=undefined"
+# The inspector's threads (worker, UI, probe ring, store) under
+# ThreadSanitizer: a live session run to the end while the UI switches views.
+.PHONY: tsan
+tsan:
+	@$(MAKE) --no-print-directory BUILD=build-tsan OPT="-O1 -g -fno-omit-frame-pointer -march=native" \
+	  SAN="-fsanitize=thread" build-tsan/skv
+	@$(MAKE) --no-print-directory build/default-model.gguf
+	@sh tests/tsan.sh
+
+.PHONY: fuzz fuzz-build
+fuzz-build:
+	@$(MAKE) --no-print-directory $(FUZZ_FLAGS) build-fuzz/libskv.a build-fuzz/skv $(FUZZ_BIN)
+
+build-fuzz/fuzz_%: tests/fuzz/fuzz_%.c tests/fuzz/fuzz.h build-fuzz/libskv.a $(TUI_OBJ)
+	clang $(filter-out -fsanitize=fuzzer-no-link%,$(CFLAGS)) -fsanitize=fuzzer,address,undefined \
+	  -fno-sanitize-recover=undefined -Itests/fuzz -o $@ $< $(TUI_LIB_OBJ) build-fuzz/libskv.a $(LDLIBS)
+
+fuzz: fuzz-build
+	@sh tests/fuzz/run.sh $(FUZZ_SECONDS)
+
 # Tests run from the project root so that ../shared and samples/ resolve.
 test: $(TEST_BIN) $(BUILD)/skv $(BUILD)/default-model.gguf
 	@SKV_BIN=$(abspath $(BUILD))/skv sh tests/run.sh $(TEST_BIN)
@@ -100,9 +137,9 @@ deps:
 	$$SUDO apt-get update -qq && \
 	$$SUDO env DEBIAN_FRONTEND=noninteractive apt-get install -y -qq --no-install-recommends \
 	  build-essential pkg-config libncurses-dev libcjson-dev libpng-dev libopenblas-dev \
-	  liblapacke-dev libpcre2-dev libfreetype-dev fonts-dejavu-core tmux
+	  liblapacke-dev libpcre2-dev libfreetype-dev fonts-dejavu-core tmux clang libclang-rt-14-dev libomp-dev
 
 clean:
-	rm -rf build build-asan build-noprobes skv
+	rm -rf build build-asan build-noprobes build-fuzz build-tsan skv
 
 -include $(shell find $(BUILD) -name '*.d' 2>/dev/null)

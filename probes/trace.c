@@ -31,9 +31,20 @@
 
 static const char magic_head[8] = { 'S', 'K', 'V', 'T', 'R', 'A', 'C', 'E' };
 static const char magic_end[8] = { 'S', 'K', 'V', 'T', 'E', 'N', 'D', 0 };
+/* Version 2 (read only): header with the metadata first, records, footer. */
 #define HEADER_BYTES 24u   /* magic, u32 version, u32 flags, u64 json length */
 #define FOOTER_BYTES 20u   /* magic, u64 record count, u32 crc */
 #define RECORD_HEAD 8u     /* u32 kind, u32 payload length */
+/* Version 3 (written): header, records each followed by its CRC, a metadata
+ * record and a footer, appended in that order as the run goes. */
+#define V3_HEADER 16u      /* magic, u32 version, u32 flags */
+#define V3_FOOTER 28u      /* magic, u64 record count, u64 offset of the metadata record, u32 crc */
+#define RECORD_CRC 4u      /* u32 crc of the record's head and payload (version 3) */
+#define META_KIND 0x7FFFFFFFu
+#define SYNC_SECONDS 2.0   /* fdatasync at a step boundary at most this often */
+
+static __thread char trace_notice_buf[640];
+const char *trace_last_notice(void) { return trace_notice_buf; }
 
 /* ---- CRC-32, slice by 8 ------------------------------------------------- */
 
@@ -202,12 +213,15 @@ static int encode_event(wbuf *b, const probe_event *ev) {
 /* ---- writer -------------------------------------------------------------- */
 
 struct trace_writer {
-    char *path;
-    FILE *body;                 /* unlinked temporary file with the records */
-    char *body_buf;             /* its stdio buffer */
+    char *path;                 /* the target */
+    char *tmp;                  /* the file written when the target existed (renamed at close), or NULL */
+    FILE *f;                    /* the file the records go to: path itself, or tmp */
+    char *fbuf;                 /* its stdio buffer */
     probe_sub *sub;
     wbuf enc;
-    uint64_t n_records, count[PROBE_KIND_COUNT];
+    uint64_t n_records, count[PROBE_KIND_COUNT], offset;
+    uint32_t crc;               /* of every byte written so far */
+    double last_sync;
     probe_event *run;           /* the first PROBE_RUN, for the metadata */
     int n_steps, n_layers, n_heads;
     int err;                    /* first error met while recording */
@@ -227,33 +241,77 @@ static int writer_fail(trace_writer *w, int rc) {
 
 static void writer_callback(const probe_event *ev, void *user) { trace_writer_write(user, ev); }
 
+/* Writes n bytes and folds them into the running CRC. */
+static int writer_put(trace_writer *w, const void *p, size_t n) {
+    if (fwrite(p, 1, n, w->f) != n)
+        return writer_fail(w, skv_error(SKV_EIO, "%s: cannot write the trace: %s", w->path, strerror(errno)));
+    w->crc = trace_crc32(w->crc, p, n);
+    w->offset += n;
+    return 0;
+}
+
+static double now_s(void) {
+    struct timespec ts;
+    clock_gettime(CLOCK_MONOTONIC, &ts);
+    return (double)ts.tv_sec + ts.tv_nsec * 1e-9;
+}
+
+static void writer_free(trace_writer *w) {
+    if (w->sub) probe_unsubscribe(w->sub);
+    if (w->f) fclose(w->f);
+    free(w->fbuf);
+    free(w->enc.p);
+    free(w->run);
+    free(w->tmp);
+    free(w->path);
+    free(w);
+}
+
 int trace_writer_open(const char *path, probe_bus *bus, trace_writer **out) {
     *out = NULL;
     trace_writer *w = skv_calloc(1, sizeof *w);
     if (!w) return skv_error(SKV_ENOMEM, "%s: out of memory for the trace writer", path);
     w->path = strdup(path);
-    w->body_buf = malloc(BODY_BUF);
-    char *tmp = NULL;
-    int fd = w->path && w->body_buf ? skv_temp_beside(path, ".rec.", &tmp)
-                                    : skv_error(SKV_ENOMEM, "%s: out of memory for the trace writer", path);
-    if (fd < 0) {
-        free(w->path);
-        free(w->body_buf);
-        free(w);
-        return fd;
+    w->fbuf = malloc(BODY_BUF);
+    if (!w->path || !w->fbuf) {
+        writer_free(w);
+        return skv_error(SKV_ENOMEM, "%s: out of memory for the trace writer", path);
     }
-    unlink(tmp);   /* anonymous from now on: a crash leaves nothing behind */
-    free(tmp);
-    w->body = fdopen(fd, "w+b");
-    if (!w->body) {
+    /* A new file is written in place, so a run that dies leaves a trace
+     * readable up to its last complete step; an existing one is replaced
+     * only at close, from a file beside it. */
+    int fd = open(path, O_WRONLY | O_CREAT | O_EXCL | O_CLOEXEC, 0644);
+    if (fd < 0 && errno == EEXIST) {
+        fd = skv_temp_beside(path, ".rec.", &w->tmp);
+        if (fd < 0) {
+            writer_free(w);
+            return fd;
+        }
+    } else if (fd < 0) {
+        int e = errno;
+        writer_free(w);
+        return skv_error(SKV_EIO, "%s: cannot create the trace: %s", path, strerror(e));
+    }
+    w->f = fdopen(fd, "wb");
+    if (!w->f) {
         int e = errno;
         close(fd);
-        free(w->path);
-        free(w->body_buf);
-        free(w);
-        return skv_error(SKV_EIO, "%s: cannot open the temporary file: %s", path, strerror(e));
+        if (!w->tmp) unlink(path);
+        else unlink(w->tmp);
+        writer_free(w);
+        return skv_error(SKV_EIO, "%s: cannot open the trace: %s", path, strerror(e));
     }
-    setvbuf(w->body, w->body_buf, _IOFBF, BODY_BUF);
+    setvbuf(w->f, w->fbuf, _IOFBF, BODY_BUF);
+    unsigned char head[V3_HEADER];
+    memcpy(head, magic_head, 8);
+    put_u32(head + 8, TRACE_VERSION);
+    put_u32(head + 12, 0);
+    w->last_sync = now_s();
+    if (writer_put(w, head, sizeof head) || fflush(w->f)) {
+        int rc = skv_error(SKV_EIO, "%s: cannot write the trace: %s", path, strerror(errno));
+        trace_writer_abort(w);
+        return rc;
+    }
     if (bus) {
         int rc = probe_subscribe_callback(bus, ~0u, writer_callback, w, &w->sub);
         if (rc) {
@@ -283,30 +341,40 @@ int trace_writer_write(trace_writer *w, const probe_event *ev) {
     int rc = probe_event_check(ev);
     if (rc) return writer_fail(w, skv_error(rc, "%s: %s", w->path, skv_last_error()));
     rc = encode_event(&w->enc, ev);
-    if (rc) return writer_fail(w, skv_error(rc, "%s: cannot encode a %s event (out of memory or over 4 GiB)",
-                                            w->path, probe_kind_name(ev->kind)));
-    if (fwrite(w->enc.p, 1, w->enc.n, w->body) != w->enc.n)
-        return writer_fail(w, skv_error(SKV_EIO, "%s: cannot write the trace: %s", w->path, strerror(errno)));
+    if (rc || wb_reserve(&w->enc, RECORD_CRC))
+        return writer_fail(w, skv_error(rc ? rc : SKV_ENOMEM, "%s: cannot encode a %s event (out of memory or over 4 GiB)",
+                                        w->path, probe_kind_name(ev->kind)));
+    put_u32(w->enc.p + w->enc.n, trace_crc32(0, w->enc.p, w->enc.n));
+    if ((rc = writer_put(w, w->enc.p, w->enc.n + RECORD_CRC))) return rc;
     if (ev->kind == PROBE_RUN && !w->run && !(w->run = probe_event_dup(ev)))
         return writer_fail(w, skv_error(SKV_ENOMEM, "%s: out of memory", w->path));
     w->n_records++;
     w->count[ev->kind]++;
     writer_see(w, ev);
+    /* A finished step reaches the file (a kill loses nothing before it) and,
+     * every few seconds, the disk (a power loss loses at most those). */
+    if (ev->kind == PROBE_STEP) {
+        if (fflush(w->f))
+            return writer_fail(w, skv_error(SKV_EIO, "%s: cannot write the trace: %s", w->path, strerror(errno)));
+        double t = now_s();
+        if (t - w->last_sync >= SYNC_SECONDS) {
+            w->last_sync = t;
+            fdatasync(fileno(w->f));
+        }
+    }
     return 0;
 }
 
-static void writer_free(trace_writer *w) {
-    if (w->sub) probe_unsubscribe(w->sub);
-    if (w->body) fclose(w->body);
-    free(w->body_buf);
-    free(w->enc.p);
-    free(w->run);
-    free(w->path);
-    free(w);
-}
-
 void trace_writer_abort(trace_writer *w) {
-    if (w) writer_free(w);
+    if (!w) return;
+    if (w->sub) {
+        probe_unsubscribe(w->sub);
+        w->sub = NULL;
+    }
+    if (w->f) fclose(w->f);
+    w->f = NULL;
+    unlink(w->tmp ? w->tmp : w->path);
+    writer_free(w);
 }
 
 /* The metadata block as a cJSON object (caller deletes), or NULL. */
@@ -356,50 +424,6 @@ static cJSON *writer_meta(const trace_writer *w) {
     return m;
 }
 
-/* Writes n bytes to f and folds them into *crc; 0 or -1. */
-static int put_crc(FILE *f, const void *p, size_t n, uint32_t *crc) {
-    *crc = trace_crc32(*crc, p, n);
-    return fwrite(p, 1, n, f) == n ? 0 : -1;
-}
-
-/* Header, metadata, the recorded body and the footer into f. */
-static int writer_assemble(trace_writer *w, FILE *f) {
-    cJSON *m = writer_meta(w);
-    char *json = m ? cJSON_Print(m) : NULL;
-    cJSON_Delete(m);
-    if (!json) return skv_error(SKV_ENOMEM, "%s: out of memory for the metadata", w->path);
-    size_t jn = strlen(json);
-    unsigned char head[HEADER_BYTES];
-    memcpy(head, magic_head, 8);
-    put_u32(head + 8, TRACE_VERSION);
-    put_u32(head + 12, 0);
-    put_u64(head + 16, jn);
-    uint32_t crc = 0;
-    int bad = put_crc(f, head, sizeof head, &crc) || put_crc(f, json, jn, &crc);
-    free(json);
-    if (!bad && (fflush(w->body) || fseek(w->body, 0, SEEK_SET))) bad = 1;
-    unsigned char *chunk = bad ? NULL : malloc(BODY_BUF);
-    if (!bad && !chunk) return skv_error(SKV_ENOMEM, "%s: out of memory", w->path);
-    size_t got;
-    while (!bad && (got = fread(chunk, 1, BODY_BUF, w->body)) > 0) bad = put_crc(f, chunk, got, &crc);
-    if (!bad && ferror(w->body)) bad = 1;
-    free(chunk);
-    unsigned char foot[FOOTER_BYTES];
-    memcpy(foot, magic_end, 8);
-    put_u64(foot + 8, w->n_records);
-    crc = trace_crc32(crc, foot, 16);
-    put_u32(foot + 16, crc);
-    if (!bad && fwrite(foot, 1, sizeof foot, f) != sizeof foot) bad = 1;
-    if (!bad && (fflush(f) || fsync(fileno(f)))) bad = 1;
-    if (bad) return skv_error(SKV_EIO, "%s: cannot write the trace: %s", w->path, strerror(errno));
-    return 0;
-}
-
-static int assemble_cb(FILE *f, void *ctx, const char *path) {
-    (void)path;
-    return writer_assemble(ctx, f);
-}
-
 int trace_writer_close(trace_writer *w) {
     if (!w) return 0;
     if (w->sub) {
@@ -407,7 +431,44 @@ int trace_writer_close(trace_writer *w) {
         w->sub = NULL;
     }
     int rc = w->err ? skv_error(w->err, "%s", w->msg) : 0;
-    if (!rc) rc = skv_save_atomic(w->path, 1, assemble_cb, w);
+    if (!rc) {
+        /* the metadata record, then the footer */
+        cJSON *m = writer_meta(w);
+        char *json = m ? cJSON_PrintUnformatted(m) : NULL;
+        cJSON_Delete(m);
+        size_t jn = json ? strlen(json) : 0;
+        if (!json || jn > UINT32_MAX - 16) rc = skv_error(SKV_ENOMEM, "%s: out of memory for the metadata", w->path);
+        uint64_t meta_off = w->offset;
+        if (!rc) {
+            unsigned char head[RECORD_HEAD], tail[RECORD_CRC];
+            put_u32(head, META_KIND);
+            put_u32(head + 4, (uint32_t)jn);
+            uint32_t c = trace_crc32(trace_crc32(0, head, sizeof head), json, jn);
+            put_u32(tail, c);
+            rc = writer_put(w, head, sizeof head) || writer_put(w, json, jn) || writer_put(w, tail, sizeof tail);
+        }
+        free(json);
+        if (!rc) {
+            unsigned char foot[V3_FOOTER];
+            memcpy(foot, magic_end, 8);
+            put_u64(foot + 8, w->n_records);
+            put_u64(foot + 16, meta_off);
+            put_u32(foot + 24, trace_crc32(w->crc, foot, 24));
+            if (fwrite(foot, 1, sizeof foot, w->f) != sizeof foot || fflush(w->f) || fsync(fileno(w->f)))
+                rc = skv_error(SKV_EIO, "%s: cannot write the trace: %s", w->path, strerror(errno));
+        }
+        if (rc) rc = w->err ? skv_error(w->err, "%s", w->msg) : rc;
+    }
+    if (fclose(w->f) && !rc) rc = skv_error(SKV_EIO, "%s: cannot write the trace: %s", w->path, strerror(errno));
+    w->f = NULL;
+    if (!rc && w->tmp) {
+        rc = skv_place(w->tmp, w->path, 1);
+        if (!rc) {
+            free(w->tmp);
+            w->tmp = NULL;
+        }
+    }
+    if (rc) unlink(w->tmp ? w->tmp : w->path);
     writer_free(w);
     return rc;
 }
@@ -420,6 +481,8 @@ struct trace_reader {
     size_t size;
     size_t rec_begin, rec_end;  /* the records lie in [rec_begin, rec_end) */
     size_t pos;                 /* next record */
+    int version;
+    size_t rec_tail;            /* bytes after each payload: its CRC in version 3, none in 2 */
     uint64_t n_records, index;  /* records in the file, next record's index */
     uint64_t count[PROBE_KIND_COUNT], n_unknown;
     char *json;                 /* metadata text, NUL-terminated */
@@ -456,6 +519,118 @@ static const char *kind_label(uint32_t kind) {
     return kind > 0 && kind < PROBE_KIND_COUNT ? probe_kind_name((probe_kind)kind) : "unknown kind";
 }
 
+/* The step of a PROBE_STEP payload (its first field), or -1. */
+static int payload_step(const unsigned char *p, uint32_t len) { return len >= 4 ? (int)get_u32(p) : -1; }
+
+/* Version 3: the records are walked and each one's CRC checked. A file whose
+ * footer and metadata record are intact holds a complete run. Otherwise the
+ * recording was interrupted (or its end is damaged): the reader keeps the
+ * records up to the last complete step (everything before the last intact
+ * step record), or, when no step was recorded, every intact record, and
+ * says so in trace_last_notice(). A record damaged in the middle ends the
+ * intact part the same way. */
+static int reader_check_v3(trace_reader *r) {
+    const char *path = r->path;
+    const unsigned char *m = r->map;
+    size_t size = r->size, pos = V3_HEADER, end_ok = V3_HEADER, step_end = 0;
+    uint64_t n = 0, n_at_step = 0, n_ok = 0;
+    int last_step = -1, complete = 0;
+    const char *why = "the recording was interrupted before it closed";
+    char whybuf[200];
+    size_t meta_off = 0;
+    uint32_t meta_len = 0;
+    /* the footer, when there is one */
+    if (size >= V3_HEADER + V3_FOOTER && !memcmp(m + size - V3_FOOTER, magic_end, 8) &&
+        get_u32(m + size - 4) == trace_crc32(0, m, size - 4)) {
+        uint64_t mo = get_u64(m + size - V3_FOOTER + 16);
+        if (mo >= V3_HEADER && mo <= size - V3_FOOTER - RECORD_HEAD - RECORD_CRC &&
+            get_u32(m + mo) == META_KIND && get_u32(m + mo + 4) == size - V3_FOOTER - mo - RECORD_HEAD - RECORD_CRC) {
+            complete = 1;
+            meta_off = (size_t)mo;
+            meta_len = get_u32(m + mo + 4);
+        } else {
+            why = "its footer points at no metadata record";
+        }
+    } else if (size >= V3_HEADER + V3_FOOTER && !memcmp(m + size - V3_FOOTER, magic_end, 8)) {
+        why = "its checksum does not match (the file is damaged)";
+    }
+    size_t stop = complete ? meta_off : size;
+    while (pos < stop) {
+        if (stop - pos < RECORD_HEAD + RECORD_CRC) {
+            snprintf(whybuf, sizeof whybuf, "record %" PRIu64 " at byte %zu is cut off", n, pos);
+            why = whybuf;
+            break;
+        }
+        uint32_t kind = get_u32(m + pos), len = get_u32(m + pos + 4);
+        if (kind == META_KIND && !complete) {
+            if (!strcmp(why, "the recording was interrupted before it closed")) why = "its footer is missing or damaged";
+            break;
+        }
+        if (len > stop - pos - RECORD_HEAD - RECORD_CRC) {
+            snprintf(whybuf, sizeof whybuf, "record %" PRIu64 " at byte %zu runs past the %s", n, pos,
+                     complete ? "records" : "end of the file");
+            why = whybuf;
+            complete = 0;
+            break;
+        }
+        if (get_u32(m + pos + RECORD_HEAD + len) != trace_crc32(0, m + pos, RECORD_HEAD + (size_t)len)) {
+            snprintf(whybuf, sizeof whybuf, "record %" PRIu64 " (%s) at byte %zu is damaged (checksum mismatch)", n,
+                     kind_label(kind), pos);
+            why = whybuf;
+            complete = 0;
+            break;
+        }
+        pos += RECORD_HEAD + (size_t)len + RECORD_CRC;
+        n++;
+        if (kind == PROBE_STEP) {
+            step_end = pos;
+            n_at_step = n;
+            last_step = payload_step(m + pos - RECORD_CRC - len, len);
+        }
+        end_ok = pos;
+        n_ok = n;
+    }
+    r->rec_begin = V3_HEADER;
+    r->rec_tail = RECORD_CRC;
+    if (complete) {
+        if (n != get_u64(m + size - V3_FOOTER + 8))
+            return file_error(SKV_EFORMAT, path, "footer says %" PRIu64 " records, the file holds %" PRIu64,
+                              get_u64(m + size - V3_FOOTER + 8), n);
+        if (get_u32(m + meta_off + RECORD_HEAD + meta_len) != trace_crc32(0, m + meta_off, RECORD_HEAD + (size_t)meta_len))
+            return file_error(SKV_EFORMAT, path, "the metadata record is damaged (checksum mismatch)");
+        r->rec_end = meta_off;
+        r->n_records = n;
+        r->json = malloc((size_t)meta_len + 1);
+        if (!r->json) return file_error(SKV_ENOMEM, path, "out of memory for the metadata");
+        memcpy(r->json, m + meta_off + RECORD_HEAD, meta_len);
+        r->json[meta_len] = 0;
+        r->meta = cJSON_ParseWithLength(r->json, meta_len);
+        if (!r->meta || !cJSON_IsObject(r->meta))
+            return file_error(SKV_EFORMAT, path, "metadata is not a valid JSON object");
+        return 0;
+    }
+    /* cut short: keep what is intact, up to the last complete step */
+    if (step_end) {
+        r->rec_end = step_end;
+        r->n_records = n_at_step;
+    } else {
+        r->rec_end = end_ok;
+        r->n_records = n_ok;
+    }
+    if (last_step >= 0)
+        snprintf(trace_notice_buf, sizeof trace_notice_buf,
+                 "%s: cut short: %s; loaded what is intact up to the end of decode step %d (%" PRIu64 " records)", path,
+                 why, last_step, r->n_records);
+    else
+        snprintf(trace_notice_buf, sizeof trace_notice_buf,
+                 "%s: cut short: %s before any decode step finished; loaded the %" PRIu64 " intact records", path, why,
+                 r->n_records);
+    r->json = strdup("{\"format\": \"skv-trace\", \"format_version\": 3, \"cut_short\": true}");
+    r->meta = r->json ? cJSON_Parse(r->json) : NULL;
+    if (!r->meta) return file_error(SKV_ENOMEM, path, "out of memory");
+    return 0;
+}
+
 /* Checks header, footer, checksum and metadata of r's mapped file. */
 static int reader_check_file(trace_reader *r) {
     const char *path = r->path;
@@ -464,17 +639,21 @@ static int reader_check_file(trace_reader *r) {
     size_t lead = size < 8 ? size : 8;
     if (memcmp(m, magic_head, lead))
         return file_error(SKV_EFORMAT, path, "not an skv trace (the file does not start with \"SKVTRACE\")");
-    if (size < HEADER_BYTES + FOOTER_BYTES)
-        return file_error(SKV_EFORMAT, path, "truncated: %zu bytes, a trace has at least %u", size,
-                          HEADER_BYTES + FOOTER_BYTES);
+    if (size < V3_HEADER)
+        return file_error(SKV_EFORMAT, path, "truncated: %zu bytes, a trace has at least %u", size, V3_HEADER);
     uint32_t version = get_u32(m + 8);
     if (version == 1)
         return file_error(SKV_EUNSUPPORTED, path, "trace format version 1 was written before the KV policy registry "
-                          "(run and selection records changed); this skv reads version %d: record the run again",
+                          "(run and selection records changed); this skv reads versions 2 and %d: record the run again",
                           TRACE_VERSION);
-    if (version != TRACE_VERSION)
-        return file_error(SKV_EUNSUPPORTED, path, "trace format version %u is not supported (this skv reads version %d)",
-                          version, TRACE_VERSION);
+    if (version != 2 && version != TRACE_VERSION)
+        return file_error(SKV_EUNSUPPORTED, path, "trace format version %u is not supported (this skv reads versions 2 "
+                          "and %d)", version, TRACE_VERSION);
+    r->version = (int)version;
+    if (version == TRACE_VERSION) return reader_check_v3(r);
+    if (size < HEADER_BYTES + FOOTER_BYTES)
+        return file_error(SKV_EFORMAT, path, "truncated: %zu bytes, a version 2 trace has at least %u", size,
+                          HEADER_BYTES + FOOTER_BYTES);
     if (memcmp(m + size - FOOTER_BYTES, magic_end, 8))
         return file_error(SKV_EFORMAT, path, "truncated or unfinished: no end marker in the last %u bytes",
                           FOOTER_BYTES);
@@ -510,17 +689,17 @@ static int reader_scan(trace_reader *r) {
     size_t pos = r->rec_begin;
     uint64_t n = 0;
     while (pos < r->rec_end) {
-        if (r->rec_end - pos < RECORD_HEAD)
+        if (r->rec_end - pos < RECORD_HEAD + r->rec_tail)
             return file_error(SKV_EFORMAT, r->path, "record %" PRIu64 " at byte %zu: header cut off (%zu bytes before the footer)",
                               n, pos, r->rec_end - pos);
         uint32_t kind = get_u32(r->map + pos), len = get_u32(r->map + pos + 4);
-        if (len > r->rec_end - pos - RECORD_HEAD)
+        if (len > r->rec_end - pos - RECORD_HEAD - r->rec_tail)
             return file_error(SKV_EFORMAT, r->path,
                               "record %" PRIu64 " (%s) at byte %zu: length %u runs past the end of the records (%zu bytes left)",
                               n, kind_label(kind), pos, len, r->rec_end - pos - RECORD_HEAD);
         if (kind > 0 && kind < PROBE_KIND_COUNT) r->count[kind]++;
         else r->n_unknown++;
-        pos += RECORD_HEAD + len;
+        pos += RECORD_HEAD + len + r->rec_tail;
         n++;
     }
     if (n != r->n_records)
@@ -530,6 +709,7 @@ static int reader_scan(trace_reader *r) {
 
 int trace_open(const char *path, trace_reader **out) {
     *out = NULL;
+    trace_notice_buf[0] = 0;
     trace_reader *r = skv_calloc(1, sizeof *r);
     if (!r || !(r->path = strdup(path))) {
         free(r);
@@ -658,7 +838,7 @@ int trace_next(trace_reader *r, const probe_event **ev) {
     while (r->pos < r->rec_end) {
         size_t off = r->pos;
         uint32_t kind = get_u32(r->map + off), len = get_u32(r->map + off + 4);
-        r->pos += RECORD_HEAD + (size_t)len;   /* framing was checked at open */
+        r->pos += RECORD_HEAD + (size_t)len + r->rec_tail;   /* framing was checked at open */
         if (kind == 0 || kind >= PROBE_KIND_COUNT) {
             r->index++;
             continue;
@@ -724,7 +904,7 @@ int trace_info(const char *path, FILE *out) {
     int rc = trace_open(path, &r);
     if (rc) return rc;
     const cJSON *m = r->meta, *created = cJSON_GetObjectItemCaseSensitive(m, "created");
-    fprintf(out, "%s: skv trace format %d, written by skv %s", path, TRACE_VERSION, meta_str(m, "skv_version"));
+    fprintf(out, "%s: skv trace format %d, written by skv %s", path, r->version, meta_str(m, "skv_version"));
     if (cJSON_IsObject(created)) fprintf(out, " on %s (%s)", meta_str(created, "utc"), meta_str(created, "host"));
     fprintf(out, "\n");
     const cJSON *run = cJSON_GetObjectItemCaseSensitive(m, "run");
@@ -739,15 +919,26 @@ int trace_info(const char *path, FILE *out) {
         fprintf(out, "  kv policy  %s%s%s%s\n", meta_str(run, "kv_policy"), *opts && strcmp(opts, "?") ? ": " : "",
                 strcmp(opts, "?") ? opts : "", meta_num(run, "oracle") > 0 ? ", oracle" : "");
     } else {
-        fprintf(out, "  model      (no run event recorded)\n");
+        /* a trace cut short has no metadata: the run event itself */
+        const probe_event *ev = NULL;
+        while (trace_next(r, &ev) > 0 && ev->kind != PROBE_RUN) {}
+        if (ev && ev->kind == PROBE_RUN)
+            fprintf(out, "  model      %s (%s, %s), backend %s\n  kv policy  %s%s%s\n", ev->run.model ? ev->run.model : "?",
+                    ev->run.arch ? ev->run.arch : "?", ev->run.format ? ev->run.format : "?",
+                    ev->run.backend ? ev->run.backend : "?", ev->run.kv_policy ? ev->run.kv_policy : "?",
+                    ev->run.kv_opts && *ev->run.kv_opts ? ": " : "", ev->run.kv_opts ? ev->run.kv_opts : "");
+        else
+            fprintf(out, "  model      (no run event recorded)\n");
     }
+    if (trace_notice_buf[0]) fprintf(out, "  %s\n", trace_notice_buf);
     fprintf(out, "  steps      %.0f\n  layers     %.0f\n", meta_num(m, "steps"), meta_num(m, "layers"));
     fprintf(out, "  records    %" PRIu64 "\n", r->n_records);
     for (int k = 1; k < PROBE_KIND_COUNT; k++)
         if (r->count[k]) fprintf(out, "    %-14s %" PRIu64 "\n", probe_kind_name((probe_kind)k), r->count[k]);
     if (r->n_unknown) fprintf(out, "    %-14s %" PRIu64 " (from a newer skv, skipped)\n", "unknown kinds", r->n_unknown);
-    if (r->size >= 1u << 20) fprintf(out, "  file size  %zu bytes (%.1f MiB), checksum ok\n", r->size, r->size / 1048576.0);
-    else fprintf(out, "  file size  %zu bytes (%.1f KiB), checksum ok\n", r->size, r->size / 1024.0);
+    const char *ck = trace_notice_buf[0] ? "cut short" : "checksum ok";
+    if (r->size >= 1u << 20) fprintf(out, "  file size  %zu bytes (%.1f MiB), %s\n", r->size, r->size / 1048576.0, ck);
+    else fprintf(out, "  file size  %zu bytes (%.1f KiB), %s\n", r->size, r->size / 1024.0, ck);
     trace_close(r);
     return 0;
 }

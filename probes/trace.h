@@ -1,13 +1,16 @@
 /* trace.h: recording a run's probe events to a file and replaying them.
  *
- * A trace is a JSON metadata block (run, creation, counts) followed by packed
- * little-endian binary records, one per event, and a footer with the record
- * count and a CRC-32; docs/TRACE.md has the byte layout. The writer records
- * into a temporary file and renames it over the target only at
- * trace_writer_close, so an aborted or crashed run leaves nothing at the
- * target path. The reader checks everything (magic, version, checksum, JSON,
- * every record's length and array sizes) and reports damage as one line
- * naming the file; kinds it does not know are skipped. */
+ * A trace is a header, then packed little-endian binary records, one per
+ * event, each with its own CRC-32, appended as the run goes, and at close a
+ * JSON metadata record (run, creation, counts) and a footer with the record
+ * count and a CRC-32 of the whole file; docs/TRACE.md has the byte layout.
+ * A new file is written in place and flushed at every decode step, so a run
+ * that is killed (or a full disk) leaves a trace that loads up to its last
+ * complete step; an existing file is replaced only when the new one closes.
+ * The reader checks everything (magic, version, checksums, JSON, every
+ * record's length and array sizes); damage is one line naming the file, or,
+ * for a trace cut short, a notice (trace_last_notice) saying what loaded.
+ * Kinds it does not know are skipped. Version 2 traces still load. */
 #ifndef SKV_TRACE_H
 #define SKV_TRACE_H
 
@@ -18,26 +21,33 @@
 #include <stdint.h>
 #include <stdio.h>
 
-#define TRACE_VERSION 2
+#define TRACE_VERSION 3
 
 typedef struct trace_writer trace_writer;
 typedef struct trace_reader trace_reader;
 
 /* Starts a trace at path. With a bus, subscribes a callback for every kind
  * and records what is emitted; with bus NULL, events come only through
- * trace_writer_write. Nothing appears at path until trace_writer_close. */
+ * trace_writer_write. A new path is written as the run goes; an existing
+ * file stays as it is until trace_writer_close replaces it. */
 int trace_writer_open(const char *path, probe_bus *bus, trace_writer **out);
 /* Records one event (not to be mixed with a bus subscription on another thread). */
 int trace_writer_write(trace_writer *w, const probe_event *ev);
-/* Unsubscribes, writes the metadata, records and footer, and renames the file
- * into place. Frees w. On any error (including one met while recording)
- * returns it, with a message naming the file, and leaves no file at path. */
+/* Unsubscribes, writes the metadata record and the footer (and renames the
+ * file into place when it replaces one). Frees w. On any error (including
+ * one met while recording) returns it, with a message naming the file, and
+ * removes what it wrote (an existing file at path is kept). */
 int trace_writer_close(trace_writer *w);
-/* Unsubscribes, discards everything and frees w; no file is left at path. */
+/* Unsubscribes, removes what was written and frees w. */
 void trace_writer_abort(trace_writer *w);
 
-/* Opens and validates a trace (header, checksum, metadata, record framing). */
+/* Opens and validates a trace (header, checksums, metadata, record framing).
+ * A trace cut short opens with what is intact up to its last complete step,
+ * and trace_last_notice() says so. */
 int trace_open(const char *path, trace_reader **out);
+/* After trace_open or a load on this thread: "" for a complete trace, else
+ * one line naming the file, why it was cut short and what was loaded. */
+const char *trace_last_notice(void);
 /* The next event: 1 and *ev set (valid until the next call or trace_close),
  * 0 at the end, or a negative SKV_E* for a damaged record. Skips kinds this
  * build does not know. */

@@ -772,6 +772,10 @@ static void init_app(app *a, const app_opts *o) {
     if (!o->worker && probe_store_n_steps(a->st) > 0) a->cur.step = 0;
     if (o->worker) tui_worker_status_get(o->worker, &a->ws);
     clamp_cursor(a);
+    if (o->notice && *o->notice) {
+        set_msg(a, "%s", o->notice);
+        a->msg_until = skv_now() + 15;
+    }
 }
 
 static int colors_in_use, utf8_in_use;

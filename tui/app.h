@@ -100,6 +100,7 @@ typedef struct app_opts {
     const char *model_label;    /* model name for the status line (live) */
     int random_weights;         /* live: the model was made by skv synth */
     const char *replay_path;    /* the trace being replayed, or NULL */
+    const char *notice;         /* shown at start (a trace cut short), or NULL */
     const char *trace_path;     /* live: the trace being recorded, or NULL */
 } app_opts;
 

@@ -146,6 +146,7 @@ int cmd_export(int argc, char **argv) {
     canvas *c = NULL;
     int rc = 1;
     if (probe_lanes_new(&lanes) || trace_load_lanes(trace, lanes)) { rc = cli_fail(); goto done; }
+    if (*trace_last_notice()) fprintf(stderr, "skv: warning: %s\n", trace_last_notice());
     /* a compare trace has one store per policy; the figure stacks them */
     int n_lanes = probe_lanes_count(lanes);
     const probe_store *sts[PROBE_MAX_LANES];

@@ -163,7 +163,12 @@ static int replay(const char *path) {
         return cli_fail();
     }
     if (need_tty() || app_open()) { probe_lanes_free(lanes); return 1; }
-    app_opts o = {.lanes = lanes, .wake_fd = -1, .replay_path = path};
+    char notice[700] = "";
+    if (*trace_last_notice()) {
+        snprintf(notice, sizeof notice, "%s", trace_last_notice());
+        fprintf(stderr, "skv: warning: %s\n", notice);
+    }
+    app_opts o = {.lanes = lanes, .wake_fd = -1, .replay_path = path, .notice = notice};
     int rc = app_run(&o);
     probe_lanes_free(lanes);
     return rc;

@@ -495,6 +495,7 @@ static int diagnose_trace(const char *path) {
     needle_report *rep = malloc(sizeof *rep);
     int rc = rep ? probe_store_new(&st) : skv_error(SKV_ENOMEM, "out of memory");
     if (!rc) rc = trace_load_store(path, st);
+    if (!rc && *trace_last_notice()) fprintf(stderr, "skv: warning: %s\n", trace_last_notice());
     if (!rc && probe_store_n_needles(st) == 0)
         rc = skv_error(SKV_EMISSING, "%s: the trace holds no needle events (record one with skv needle --explain "
                        "--trace FILE)", path);

@@ -1,0 +1,76 @@
+#!/bin/sh
+# Seeds for the fuzz harnesses, made fresh under build-fuzz/corpus/NAME/ from
+# the sample model and small synthetic files (nothing large is committed):
+# a small synthetic GGUF and the demo model's header, HF files from
+# ../shared when present, traces of short runs under every policy, and the
+# command lines of the README.
+set -eu
+SKV=build-fuzz/skv
+C=build-fuzz/corpus
+SHARED=${SKV_SHARED:-../shared}
+for h in cli encode gguf hf_config hf_dir safetensors tokenizer trace; do mkdir -p "$C/$h"; done
+
+# gguf: a tiny synthetic model, and the first 64 KiB of the demo model
+cat > "$C/tiny.json" <<'J'
+{"architectures": ["LlamaForCausalLM"], "hidden_size": 32, "intermediate_size": 64, "num_attention_heads": 4,
+ "num_key_value_heads": 2, "num_hidden_layers": 2, "vocab_size": 300, "max_position_embeddings": 256,
+ "rms_norm_eps": 1e-5, "rope_theta": 10000.0}
+J
+$SKV synth --config "$C/tiny.json" --dtype q8_0 --seed 3 -o "$C/gguf/tiny-q8.gguf" --force >/dev/null 2>&1 || true
+$SKV synth --config "$C/tiny.json" --dtype f16 --seed 4 -o "$C/gguf/tiny-f16.gguf" --force >/dev/null 2>&1 || true
+head -c 65536 samples/model/skv-demo.gguf > "$C/gguf/demo-head.gguf"
+cp "$C/tiny.json" "$C/hf_config/tiny.json"
+
+# HF files from ../shared (the config, the tokenizer, a small safetensors)
+if [ -d "$SHARED/models/mini-smollm-hf" ]; then
+    H="$SHARED/models/mini-smollm-hf"
+    cp "$H/config.json" "$C/hf_config/mini-smollm.json"
+    # a small tokenizer.json of the same shape: the first 400 tokens and the merges among them
+    python3 - "$H/tokenizer.json" "$C/tokenizer/mini-smollm.json" <<'P' 2>/dev/null || true
+import json, sys
+t = json.load(open(sys.argv[1]))
+m = t.get('model', {})
+v = {k: i for k, i in m.get('vocab', {}).items() if i < 400}
+keep = []
+for x in m.get('merges', []):
+    a, b = x.split(' ', 1) if isinstance(x, str) else x
+    if a in v and b in v and a + b in v:
+        keep.append(x)
+m['vocab'], m['merges'] = v, keep
+t['added_tokens'] = [a for a in t.get('added_tokens', []) if a.get('id', 0) < 400]
+json.dump(t, open(sys.argv[2], 'w'), separators=(',', ':'))
+P
+    printf '\000' > "$C/safetensors/mini-smollm"; head -c 32768 "$H/model.safetensors" >> "$C/safetensors/mini-smollm"
+    python3 - "$H" "$C/hf_dir/mini-smollm" "$C/tokenizer/mini-smollm.json" <<'P' 2>/dev/null || true
+import struct, sys
+d, out = sys.argv[1], sys.argv[2]
+parts = [open(d + '/config.json', 'rb').read(), open(sys.argv[3], 'rb').read(),
+         open(d + '/model.safetensors', 'rb').read()[:20000]]
+open(out, 'wb').write(struct.pack('<I', len(parts[0])) + parts[0] + struct.pack('<I', len(parts[1])) + parts[1] + parts[2])
+P
+fi
+printf '\001{"weight_map": {"a.weight": "model-00001-of-00002.safetensors", "b.weight": "model-00002-of-00002.safetensors"}}' \
+    > "$C/safetensors/index"
+
+# encode: text of several scripts, with and without special tokens
+printf '\000Hello world, 1234.' > "$C/encode/ascii"
+printf '\003caf\303\251 na\303\257ve \346\227\245\346\234\254\350\252\236 \360\237\230\200 <|im_start|>user' > "$C/encode/utf8"
+printf '\005\377\376 broken \300 utf8 \t\n  spaces   ' > "$C/encode/bad"
+
+# traces: short runs under each policy, and a compare run
+M=build/default-model.gguf
+[ -f "$M" ] || M=build-fuzz/default-model.gguf
+[ -f "$M" ] || $SKV synth --config samples/default-model.config.json --dtype f32 --seed 7 -o "$M" --force >/dev/null 2>&1
+P="The quick brown fox jumps over the lazy dog and a needle hides in a haystack of words."
+for pol in dense shadowkv quest freekv specache tailorkv; do
+    $SKV run -m "$M" -p "$P" -n 3 --kv $pol --budget 8 --rank 4 --outliers 1 --local 1 --oracle \
+        --trace "$C/trace/$pol.skvt" >/dev/null 2>&1 || true
+done
+$SKV run -m "$M" -p "$P" -n 3 --kv dense,quest,freekv --budget 8 --oracle --trace "$C/trace/compare.skvt" >/dev/null 2>&1 || true
+
+# cli: the README's lists and numbers
+printf '\0001k,2k,4000' > "$C/cli/lengths"
+printf '\0010:100:10' > "$C/cli/depths"
+printf '\002dense,shadowkv,quest,freekv,specache,tailorkv' > "$C/cli/kvlist"
+printf '\003rank=16' > "$C/cli/kvopt"
+printf '\004--kv shadowkv --budget 3%% --rank 16 --outliers 4 --local 4 -n 8 --temp 0.7 --top-k 40 --top-p 0.9 -c 4096' > "$C/cli/argv"
