@@ -9,6 +9,7 @@
 #include <stdarg.h>
 #include <stdlib.h>
 #include <string.h>
+#include <unistd.h>
 
 void cli_gen_default(cli_gen *g) {
     memset(g, 0, sizeof *g);
@@ -121,6 +122,7 @@ int cli_gen_option(cli_gen *g, int argc, char **argv, int *i) {
         return parse_int(a, v, 1, 1 << 24, &g->s.kv.budget) ? -1 : 1;
     }
     if (!strcmp(a, "--trace")) { TAKES_VALUE(); g->trace = v; return 1; }
+    if (!strcmp(a, "--force")) { g->force = 1; return 1; }
     if (!strcmp(a, "--oracle")) { g->s.kv.oracle = 1; return 1; }
     /* A policy's own flag (--rank 16 is rank=16): applies to the policies
      * that have the option; the others ignore it. */
@@ -146,13 +148,14 @@ void cli_gen_help(FILE *o, int with_sampling) {
     fprintf(o,
             "  -m, --model PATH      GGUF file or HF directory (config.json, *.safetensors, tokenizer.json)\n"
             "  -p, --prompt TEXT     prompt text (special tokens such as <|im_start|> are parsed)\n"
-            "  -f, --file FILE       read the prompt from FILE\n"
+            "  -f, --file FILE       read the prompt from FILE (- : standard input, also read when piped)\n"
             "  -c, --ctx N           context positions (default: the model's trained context)\n"
             "  -b, --batch N         prefill batch size (default 512)\n"
             "  -t, --threads N       worker threads (default: all cores)\n"
             "      --no-bos          do not add the BOS token\n"
             "      --backend NAME    where the math runs (default cpu; skv info --backends lists them)\n"
             "      --trace FILE      record every probe event of the run to FILE (skv trace info FILE)\n"
+            "      --force           replace an existing --trace file (without it, an existing file is refused)\n"
             "      --kv POLICY       KV cache policy (default dense); --kv help lists the policies and options;\n"
             "                        a list A,B,... runs them in lockstep on the same tokens (run, inspect)\n"
             "      --kv-opt KEY=VAL  set an option of the policy (checked: the policy must have it)\n"
@@ -198,22 +201,74 @@ void cli_gen_help(FILE *o, int with_sampling) {
                 "      --seed S          random seed (default 0)\n");
 }
 
+/* Standard input to its end (at most max bytes) as a NUL-terminated string. */
+static int read_stdin(size_t max, char **out) {
+    size_t n = 0, cap = 1 << 16;
+    char *b = malloc(cap + 1);
+    if (!b) return skv_error(SKV_ENOMEM, "stdin: out of memory");
+    size_t got;
+    while ((got = fread(b + n, 1, cap - n, stdin)) > 0) {
+        n += got;
+        if (n == cap) {
+            if (cap >= max) {
+                free(b);
+                return skv_error(SKV_EFORMAT, "stdin: more than the %zu bytes a prompt may have", max);
+            }
+            cap *= 2;
+            char *nb = realloc(b, cap + 1);
+            if (!nb) {
+                free(b);
+                return skv_error(SKV_ENOMEM, "stdin: out of memory");
+            }
+            b = nb;
+        }
+    }
+    if (ferror(stdin)) {
+        free(b);
+        return skv_error(SKV_EIO, "stdin: cannot read: %s", strerror(errno));
+    }
+    b[n] = 0;
+    *out = b;
+    return 0;
+}
+
 const char *cli_prompt_text(cli_gen *g) {
     if (g->prompt && g->prompt_file) {
         fprintf(stderr, "skv: give either -p or -f, not both\n");
         return NULL;
     }
     if (g->prompt) return g->prompt;
-    if (!g->prompt_file) {
-        fprintf(stderr, "skv: no prompt: give -p TEXT or -f FILE\n");
+    int from_stdin = g->prompt_file && (!strcmp(g->prompt_file, "-") || !strcmp(g->prompt_file, "/dev/stdin"));
+    int implicit = !g->prompt_file && !isatty(STDIN_FILENO); /* a prompt piped in */
+    from_stdin |= implicit;
+    if (!g->prompt_file && !from_stdin) {
+        fprintf(stderr, "skv: no prompt: give -p TEXT, -f FILE, or pipe it in (-f - reads standard input)\n");
         return NULL;
     }
     char *b;
     size_t n;
+    if (from_stdin) {
+        if (read_stdin((size_t)1 << 30, &b)) {
+            fprintf(stderr, "skv: %s\n", skv_last_error());
+            return NULL;
+        }
+        if (implicit && !*b) {
+            free(b);
+            fprintf(stderr, "skv: no prompt: give -p TEXT or -f FILE (standard input was empty)\n");
+            return NULL;
+        }
+        g->prompt_buf = b;
+        return b;
+    }
     if (skv_read_file(g->prompt_file, (size_t)1 << 30, &b, &n)) {
         fprintf(stderr, "skv: %s\n", skv_last_error());
         return NULL;
     }
     g->prompt_buf = b;
     return b;
+}
+
+int cli_check_output(const char *cmd, const char *path, int force) {
+    if (!path || force || access(path, F_OK) != 0) return 0;
+    return cli_usage_error(cmd, "%s exists; add --force to replace it", path);
 }

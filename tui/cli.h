@@ -16,6 +16,7 @@ typedef struct {
     int threads;
     int json;
     const char *trace;       /* --trace FILE */
+    int force;               /* --force: replace an existing output file */
     struct probe_bus *bus;   /* owned, when tracing */
     struct trace_writer *tw; /* owned, when tracing */
     session_opts s;
@@ -44,6 +45,11 @@ void cli_gen_help(FILE *o, int with_sampling);
 const char *cli_prompt_text(cli_gen *g);
 
 void cli_gen_free(cli_gen *g);
+
+/* 0 when path may be written: it does not exist, or force. Else prints that
+ * it exists (add --force to replace it) and returns 2. The one rule for
+ * every output a command writes. */
+int cli_check_output(const char *cmd, const char *path, int force);
 
 /* Prints "skv: <last error>" to stderr and returns 1. */
 int cli_fail(void);

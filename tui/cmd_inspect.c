@@ -210,6 +210,7 @@ static int live(cli_gen *g) {
         goto out;
     }
     if ((rc = need_tty())) goto out;
+    if (g->trace && (rc = cli_check_output("inspect", g->trace, g->force))) goto out;
     if (g->trace && trace_writer_open(g->trace, bus, &tw)) { rc = cli_fail(); goto out; }
     if (pipe(wake)) {
         fprintf(stderr, "skv inspect: cannot create a pipe: %s\n", strerror(errno));

@@ -17,6 +17,7 @@
 static int setup(cli_gen *g, const char *cmd, skv_model **m, skv_session **s, int32_t **ids, int *n) {
     *m = NULL; *s = NULL; *ids = NULL;
     if (g->trace) {
+        if (cli_check_output(cmd, g->trace, g->force)) return 2;
         if (probe_bus_new(&g->bus) || trace_writer_open(g->trace, g->bus, &g->tw)) return cli_fail();
         g->s.bus = g->bus;
     }
@@ -106,6 +107,7 @@ static void print_kv_accounting(const skv_session *s) {
  * the teacher's text on stdout, one line per policy on stderr. */
 static int run_compare(cli_gen *g) {
     if (g->trace) {
+        if (cli_check_output("run", g->trace, g->force)) return 2;
         if (probe_bus_new(&g->bus) || trace_writer_open(g->trace, g->bus, &g->tw)) return cli_fail();
         g->s.bus = g->bus;
     }

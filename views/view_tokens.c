@@ -106,14 +106,42 @@ typedef struct seg {
  * dot, invalid UTF-8 U+FFFD). A break is allowed before a segment that
  * starts with a space or follows one ending in a space or a newline, so
  * words made of several tokens stay on one line. */
+/* Bytes a UTF-8 sequence starting with b has in all (1 for anything else). */
+static int utf8_len(unsigned char b) { return (b & 0xE0) == 0xC0 ? 2 : (b & 0xF0) == 0xE0 ? 3 : (b & 0xF8) == 0xF0 ? 4 : 1; }
+
 static int make_segments(layout *L, canvas *c, const probe_store *st, int ascii, seg **out, int *n_out) {
     seg *sg = NULL;
-    int n = 0, cap = 0;
+    int n = 0, cap = 0, nt = probe_store_n_tokens(st);
     char buf[1024];
-    for (int i = 0; i < probe_store_n_tokens(st); i++) {
+    /* Byte-level tokens may split a character: the bytes of a sequence cut
+     * by a token's end are carried into the next token, and the character
+     * is shown with the token that completes it. */
+    char carry[4];
+    int nc = 0;
+    char *mb = NULL;
+    for (int i = 0; i < nt; i++) {
         const probe_ev_token *t = probe_store_token(st, i);
         if (!t || !t->text) continue;
-        const char *s = t->text, *end = t->text + t->n_text;
+        char *nb = realloc(mb, (size_t)nc + (size_t)t->n_text + 8);
+        if (!nb) { free(mb); free(sg); return -1; }
+        mb = nb;
+        memcpy(mb, carry, (size_t)nc);
+        memcpy(mb + nc, t->text, (size_t)t->n_text);
+        int len = nc + t->n_text;
+        memset(mb + len, 0, 8);
+        nc = 0;
+        if (i + 1 < nt)
+            for (int k = len - 1; k >= 0 && k >= len - 3; k--) {
+                unsigned char b = (unsigned char)mb[k];
+                if ((b & 0xC0) == 0x80) continue;       /* a continuation byte: look further back */
+                if (utf8_len(b) > len - k) {            /* a sequence the next token completes */
+                    nc = len - k;
+                    memcpy(carry, mb + k, (size_t)nc);
+                    len = k;
+                }
+                break;
+            }
+        const char *s = mb, *end = mb + len;
         while (s < end) {
             int bl = 0, nl = 0;
             while (s < end && bl < (int)sizeof buf - 8) {
@@ -135,15 +163,16 @@ static int make_segments(layout *L, canvas *c, const probe_store *st, int ascii,
             if (n == cap) {
                 cap = cap ? 2 * cap : 256;
                 seg *ns = realloc(sg, (size_t)cap * sizeof *ns);
-                if (!ns) { free(sg); return -1; }
+                if (!ns) { free(sg); free(mb); return -1; }
                 sg = ns;
             }
             int off = add_text(L, buf, bl);
-            if (off < 0) { free(sg); return -1; }
+            if (off < 0) { free(sg); free(mb); return -1; }
             int brk = n == 0 || buf[0] == ' ' || sg[n - 1].nl || L->text[sg[n - 1].off + sg[n - 1].len - 1] == ' ';
             sg[n++] = (seg){ i, off, bl, measure(c, L->text + off), brk, nl };
         }
     }
+    free(mb);
     *out = sg;
     *n_out = n;
     return 0;

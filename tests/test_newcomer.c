@@ -1,0 +1,115 @@
+/* test_newcomer.c: what a first-time user meets on the command line.
+ *  - a prompt piped in: -f -, -f /dev/stdin, and stdin with no -p or -f; an
+ *    empty pipe is "no prompt", one line;
+ *  - one rule for outputs: skv run --trace refuses an existing file unless
+ *    --force, and then replaces it;
+ *  - the Tokens view decodes across token boundaries: a character split
+ *    over byte-level tokens shows whole ("café", not "caf" and two U+FFFD). */
+#include "canvas.h"
+#include "skv.h"
+#include "store.h"
+#include "testhelp.h"
+#include "view.h"
+
+#include <sys/wait.h>
+
+static const char *skv_bin(void) {
+    const char *b = getenv("SKV_BIN");
+    return b && *b ? b : "./build/skv";
+}
+
+/* Runs sh -c cmd; its stdout (and stderr) into out; returns the exit status. */
+static int sh_out(char *out, size_t cap, const char *cmd) {
+    FILE *p = popen(cmd, "r");
+    if (!p) return -1;
+    size_t n = fread(out, 1, cap - 1, p);
+    out[n] = 0;
+    int st = pclose(p);
+    return WIFEXITED(st) ? WEXITSTATUS(st) : -1;
+}
+
+static void test_piped(const char *model) {
+    char cmd[2048], out[8192];
+    snprintf(cmd, sizeof cmd, "printf 'Once upon a time' | %s run -m %s -n 3 2>/dev/null", skv_bin(), model);
+    int a = sh_out(out, sizeof out, cmd);
+    test_cond("a prompt piped in with no -p or -f is read", a == 0 && strlen(out) > 0);
+    snprintf(cmd, sizeof cmd, "printf 'Once upon a time' | %s run -m %s -n 3 -f - 2>/dev/null", skv_bin(), model);
+    char out2[8192];
+    int b = sh_out(out2, sizeof out2, cmd);
+    test_cond("-f - reads the same prompt from standard input", b == 0 && !strcmp(out, out2));
+    snprintf(cmd, sizeof cmd, "printf 'Once upon a time' | %s run -m %s -n 3 -f /dev/stdin 2>/dev/null", skv_bin(), model);
+    int c = sh_out(out2, sizeof out2, cmd);
+    test_cond("-f /dev/stdin too", c == 0 && !strcmp(out, out2));
+    snprintf(cmd, sizeof cmd, "%s run -m %s -n 3 </dev/null 2>&1", skv_bin(), model);
+    int d = sh_out(out2, sizeof out2, cmd);
+    test_cond("an empty pipe is 'no prompt', one line and a non-zero exit",
+              d != 0 && strstr(out2, "no prompt") && strchr(out2, '\n') == out2 + strlen(out2) - 1);
+}
+
+static void test_force(const char *model, const char *dir) {
+    char path[600], cmd[2048], out[8192];
+    snprintf(path, sizeof path, "%s/t.skvt", dir);
+    FILE *f = fopen(path, "w");
+    if (f) {
+        fputs("precious", f);
+        fclose(f);
+    }
+    snprintf(cmd, sizeof cmd, "%s run -m %s -p hi -n 2 --trace %s 2>&1", skv_bin(), model, path);
+    int rc = sh_out(out, sizeof out, cmd);
+    size_t n = 0;
+    char *b = NULL;
+    skv_read_file(path, 1 << 20, &b, &n);
+    test_cond("skv run --trace EXISTING refuses without --force, and keeps the file",
+              rc == 2 && strstr(out, "--force") && b && !strcmp(b, "precious"));
+    free(b);
+    snprintf(cmd, sizeof cmd, "%s run -m %s -p hi -n 2 --trace %s --force 2>&1", skv_bin(), model, path);
+    rc = sh_out(out, sizeof out, cmd);
+    b = NULL;
+    skv_read_file(path, 1 << 20, &b, &n);
+    test_cond("with --force it replaces the file by a trace", rc == 0 && b && !memcmp(b, "SKVTRACE", 8));
+    free(b);
+    unlink(path);
+}
+
+static void test_tokens_utf8(void) {
+    probe_store *st = NULL;
+    if (probe_store_new(&st)) return;
+    probe_event run = {.kind = PROBE_RUN, .run = {.model = "m", .n_layers = 1, .n_kv_heads = 1, .max_ctx = 64,
+                                                  .kv_policy = "dense"}};
+    const char *pieces[] = {"Le", " caf", "\xc3", "\xa9", " na", "\xc3\xaf", "ve \xe6\x97", "\xa5"};
+    int rc = probe_store_add(st, &run);
+    for (int i = 0; i < 8 && !rc; i++) {
+        probe_event t = {.kind = PROBE_TOKEN, .token = {.pos = i, .id = 100 + i, .step = -1,
+                                                        .n_text = (int)strlen(pieces[i]), .text = pieces[i]}};
+        rc = probe_store_add(st, &t);
+    }
+    canvas *cv = NULL;
+    char *text = NULL;
+    view_cursor cur;
+    view_cursor_init(&cur);
+    if (!rc && !canvas_cells_new(&cv, 80, 10, 0)) {
+        rc = view_find("tokens")->draw(cv, (canvas_rect){0, 0, 80, 10}, st, &cur, NULL);
+        text = canvas_cells_text(cv);
+    }
+    test_cond("the Tokens view shows a character split over byte-level tokens whole",
+              rc == 0 && text && strstr(text, "caf\xc3\xa9") && strstr(text, "na\xc3\xafve") &&
+                  strstr(text, "\xe6\x97\xa5") && !strstr(text, "\xef\xbf\xbd"));
+    free(text);
+    canvas_free(cv);
+    probe_store_free(st);
+}
+
+int main(void) {
+    test_tokens_utf8();
+    const char *model = test_shared("models/stories260k.gguf");
+    struct stat sb;
+    if (stat(skv_bin(), &sb) != 0) test_skip("no skv binary (set SKV_BIN or run make)");
+    else if (!model) test_skip("../shared/models/stories260k.gguf is missing: the command-line parts");
+    else {
+        const char *dir = test_tmpdir("newcomer");
+        test_piped(model);
+        test_force(model, dir);
+        rmdir(dir);
+    }
+    return test_report("test_newcomer");
+}
