@@ -272,3 +272,9 @@ int cli_check_output(const char *cmd, const char *path, int force) {
     if (!path || force || access(path, F_OK) != 0) return 0;
     return cli_usage_error(cmd, "%s exists; add --force to replace it", path);
 }
+
+void cli_ctx_warning(const cli_gen *g, const skv_model *m) {
+    if (g->s.ctx > 0 && m->cfg.ctx_train > 0 && g->s.ctx > m->cfg.ctx_train)
+        fprintf(stderr, "skv: warning: -c %d is past the %d positions the model was trained on; positions beyond "
+                "them are untrained and its output there is not to be trusted\n", g->s.ctx, m->cfg.ctx_train);
+}

@@ -51,6 +51,11 @@ void cli_gen_free(cli_gen *g);
  * every output a command writes. */
 int cli_check_output(const char *cmd, const char *path, int force);
 
+/* Warns (stderr, one line) when -c asks for more positions than the model
+ * was trained on. */
+struct skv_model;
+void cli_ctx_warning(const cli_gen *g, const struct skv_model *m);
+
 /* Prints "skv: <last error>" to stderr and returns 1. */
 int cli_fail(void);
 int cli_usage_error(const char *cmd, const char *fmt, ...) __attribute__((format(printf, 2, 3)));

@@ -32,7 +32,7 @@ int cmd_info(int argc, char **argv) {
     int all = 0, backends = 0;
     for (int i = 1; i < argc; i++) {
         if (!strcmp(argv[i], "-h") || !strcmp(argv[i], "--help")) {
-            printf("usage: skv info -m MODEL [--all]\n       skv info --backends\n\nPrints the config, tokenizer, tensors "
+            printf("usage: skv info [-m] MODEL [--all]\n       skv info --backends\n\nPrints the config, tokenizer, tensors "
                    "(layer 0 only unless --all) with types and shapes, and memory.\n--backends lists the backends built "
                    "into this binary and whether each can run on this machine.\n");
             return 0;
@@ -40,6 +40,7 @@ int cmd_info(int argc, char **argv) {
         if ((!strcmp(argv[i], "-m") || !strcmp(argv[i], "--model")) && i + 1 < argc) path = argv[++i];
         else if (!strcmp(argv[i], "--all")) all = 1;
         else if (!strcmp(argv[i], "--backends")) backends = 1;
+        else if (argv[i][0] != '-' && !path) path = argv[i];   /* skv info MODEL */
         else return cli_usage_error("info", "unknown option '%s'", argv[i]);
     }
     if (backends && !path) return list_backends();

@@ -181,6 +181,7 @@ static int live(cli_gen *g) {
     if (g->threads) skv_set_threads(g->threads);
     skv_model *m = NULL;
     if (model_load(g->model, &m)) return cli_fail();
+    cli_ctx_warning(g, m);
     int32_t *ids = NULL;
     int n = 0, rc = 0;
     int add_bos = tok_add_bos(m->tok) && !g->no_bos;

@@ -26,6 +26,7 @@ static int setup(cli_gen *g, const char *cmd, skv_model **m, skv_session **s, in
     if (!text) return 2;
     if (g->threads) skv_set_threads(g->threads);
     if (model_load(g->model, m)) return cli_fail();
+    cli_ctx_warning(g, *m);
     int add_bos = tok_add_bos((*m)->tok) && !g->no_bos;
     if (tok_encode((*m)->tok, text, strlen(text), add_bos, 1, ids, n)) return cli_fail();
     if (*n == 0) { fprintf(stderr, "skv: the prompt is empty after tokenization\n"); return 1; }
@@ -120,6 +121,7 @@ static int run_compare(cli_gen *g) {
     else if (!text) rc = 2;
     if (!rc && g->threads) skv_set_threads(g->threads);
     if (!rc && model_load(g->model, &m)) rc = cli_fail();
+    if (!rc) cli_ctx_warning(g, m);
     if (!rc && tok_encode(m->tok, text, strlen(text), tok_add_bos(m->tok) && !g->no_bos, 1, &ids, &n)) rc = cli_fail();
     if (!rc && n == 0) { fprintf(stderr, "skv: the prompt is empty after tokenization\n"); rc = 1; }
     if (!rc && compare_new(m, &g->s, g->kv_list, g->n_kv, &c)) rc = cli_fail();

@@ -12,7 +12,7 @@
 
 static void help(FILE *o) {
     fprintf(o, "usage: skv synth --config CONFIG.json [--dtype f32|f16|bf16|q8_0|q4_0] [--layers N] [--ctx N]\n"
-               "                 [--key-rank R] --seed S -o OUT.gguf [--force]\n\n"
+               "                 [--key-rank R] [--seed S] -o OUT.gguf [--force]\n\n"
                "Writes a model of the config's shape (llama, mistral, qwen2; llama3 rope scaling)\n"
                "with seeded random weights, key projections of planted rank R (default\n"
                "n_kv_heads*head_dim/4) and a byte-level vocabulary. The file is marked as random\n"
@@ -52,7 +52,7 @@ int cmd_synth(int argc, char **argv) {
     }
     if (!config) return cli_usage_error("synth", "no --config CONFIG.json");
     if (!out) return cli_usage_error("synth", "no -o OUT.gguf");
-    if (seed < 0) return cli_usage_error("synth", "no --seed S");
+    if (seed < 0) seed = 1;   /* the same weights every time unless asked otherwise */
     synth_opts o = {.seed = (uint64_t)seed, .key_rank = (int)key_rank};
     if (!strcmp(dtype, "f32")) o.dtype = GGML_F32;
     else if (!strcmp(dtype, "f16")) o.dtype = GGML_F16;

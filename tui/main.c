@@ -1,8 +1,13 @@
 /* main.c: the skv command line: dispatches subcommands. */
 #include "cli.h"
+#include "trace.h"
 
 #include <stdio.h>
 #include <string.h>
+
+#ifndef SKV_VERSION_STRING
+#define SKV_VERSION_STRING "0.1.0-dev"
+#endif
 
 static const struct {
     const char *name;
@@ -24,7 +29,8 @@ static const struct {
 
 static void usage(FILE *o) {
     fprintf(o, "usage: skv COMMAND [options]   (skv COMMAND --help for each)\n\n"
-               "skv: a ShadowKV inference engine for Llama-family models.\n\ncommands:\n");
+               "skv: a ShadowKV inference engine for Llama-family models.\n"
+               "skv --version prints the version. Exit status: 0 success, 2 a bad command line, 1 anything else.\n\ncommands:\n");
     for (size_t i = 0; i < sizeof commands / sizeof commands[0]; i++)
         fprintf(o, "  %-8s %s\n", commands[i].name, commands[i].help);
 }
@@ -32,6 +38,10 @@ static void usage(FILE *o) {
 int main(int argc, char **argv) {
     if (argc < 2) { fprintf(stderr, "skv: no command given; usage: skv COMMAND [options] (see skv --help)\n"); return 2; }
     if (!strcmp(argv[1], "--help") || !strcmp(argv[1], "-h") || !strcmp(argv[1], "help")) { usage(stdout); return 0; }
+    if (!strcmp(argv[1], "--version") || !strcmp(argv[1], "-V")) {
+        printf("skv %s (trace format %d)\n", SKV_VERSION_STRING, TRACE_VERSION);
+        return 0;
+    }
     for (size_t i = 0; i < sizeof commands / sizeof commands[0]; i++)
         if (!strcmp(argv[1], commands[i].name)) return commands[i].fn(argc - 1, argv + 1);
     fprintf(stderr, "skv: unknown command '%s' (see skv --help)\n", argv[1]);
