@@ -3,14 +3,18 @@
  *    empty pipe is "no prompt", one line;
  *  - one rule for outputs: skv run --trace refuses an existing file unless
  *    --force, and then replaces it;
+ *  - Ctrl-C keeps the work: skv run closes its trace with the steps so far,
+ *    skv needle writes the finished cases marked partial (status 130);
  *  - the Tokens view decodes across token boundaries: a character split
  *    over byte-level tokens shows whole ("café", not "caf" and two U+FFFD). */
 #include "canvas.h"
 #include "skv.h"
 #include "store.h"
 #include "testhelp.h"
+#include "trace.h"
 #include "view.h"
 
+#include <signal.h>
 #include <sys/wait.h>
 
 static const char *skv_bin(void) {
@@ -99,6 +103,56 @@ static void test_tokens_utf8(void) {
     probe_store_free(st);
 }
 
+/* Starts sh -c cmd, sends SIGINT after secs, and returns its exit status. */
+static int interrupt_after(const char *cmd, double secs) {
+    pid_t pid = fork();
+    if (pid == 0) {
+        setpgid(0, 0);
+        execl("/bin/sh", "sh", "-c", cmd, (char *)NULL);
+        _exit(127);
+    }
+    usleep((useconds_t)(secs * 1e6));
+    kill(-pid, SIGINT);
+    int st = 0;
+    waitpid(pid, &st, 0);
+    return WIFEXITED(st) ? WEXITSTATUS(st) : -1;
+}
+
+static void test_ctrl_c(const char *dir) {
+    char trace[600], json[600], cmd[2048];
+    snprintf(trace, sizeof trace, "%s/int.skvt", dir);
+    snprintf(json, sizeof json, "%s/int.json", dir);
+    struct stat sb;
+    if (stat("build/default-model.gguf", &sb) == 0) {
+        snprintf(cmd, sizeof cmd, "exec %s run -m build/default-model.gguf -p 'hello there' -n 1000000 -c 8000 "
+                 "--trace %s >/dev/null 2>&1", skv_bin(), trace);
+        int rc = interrupt_after(cmd, 2.0);
+        probe_store *st = NULL;
+        probe_store_new(&st);
+        int lr = trace_load_store(trace, st);
+        test_cond("Ctrl-C in skv run: status 130, and the trace is closed whole with the steps so far",
+                  rc == 130 && lr == 0 && !*trace_last_notice() && probe_store_n_steps(st) > 0);
+        probe_store_free(st);
+        unlink(trace);
+    } else {
+        test_skip("build/default-model.gguf is missing: the Ctrl-C run test");
+    }
+    if (stat("samples/model/skv-demo.gguf", &sb) == 0) {
+        snprintf(cmd, sizeof cmd, "exec %s needle -m samples/model/skv-demo.gguf --lengths 300 --depths 0:100:2 "
+                 "--json %s >/dev/null 2>&1", skv_bin(), json);
+        int rc = interrupt_after(cmd, 3.0);
+        char *b = NULL;
+        size_t n = 0;
+        int ok = skv_read_file(json, 1 << 24, &b, &n) == 0;
+        test_cond("Ctrl-C in skv needle: status 130, and the JSON holds the finished cases, marked partial",
+                  rc == 130 && ok && strstr(b, "\"partial\":\ttrue") && strstr(b, "\"cases_done\""));
+        free(b);
+        unlink(json);
+    } else {
+        test_skip("samples/model/skv-demo.gguf is missing: the Ctrl-C needle test");
+    }
+}
+
 int main(void) {
     test_tokens_utf8();
     const char *model = test_shared("models/stories260k.gguf");
@@ -109,6 +163,7 @@ int main(void) {
         const char *dir = test_tmpdir("newcomer");
         test_piped(model);
         test_force(model, dir);
+        test_ctrl_c(dir);
         rmdir(dir);
     }
     return test_report("test_newcomer");

@@ -19,6 +19,7 @@
 #include <cjson/cJSON.h>
 #include <limits.h>
 #include <math.h>
+#include <signal.h>
 #include <stdlib.h>
 #include <string.h>
 #include <strings.h>
@@ -105,6 +106,7 @@ static int find_near_exe(const char *const *rels, int n, char *out, size_t cap) 
 
 typedef struct {
     int explain;
+    int partial;            /* the sweep was interrupted: outputs hold the finished cases */
     int n_total;            /* cases in the sweep */
     const needle_opts *o;
     cJSON **diag;           /* (n_total, NEEDLE_MAX_METHODS) diagnosis per case and method, or NULL */
@@ -181,6 +183,16 @@ static int compare_misses(run_state *rs, const needle_case *c) {
     return 0;
 }
 
+/* Ctrl-C (or SIGTERM): the sweep stops after the case in flight and every
+ * output is written with the finished cases, marked partial. */
+#define NEEDLE_STOPPED 130
+static volatile sig_atomic_t needle_stop;
+static void on_needle_stop(int sig) {
+    (void)sig;
+    if (needle_stop) _exit(130);
+    needle_stop = 1;
+}
+
 /* After each case: a progress line, and with --explain the diagnosis of
  * every method that missed. */
 static int on_case(const needle_case *c, void *user) {
@@ -205,7 +217,8 @@ static int on_case(const needle_case *c, void *user) {
         if (rs->diag && c->index < rs->n_total && !(rs->diag[slot] = report_json(c->report[m])))
             return skv_error(SKV_ENOMEM, "out of memory");
     }
-    return compare_misses(rs, c);
+    int rc = compare_misses(rs, c);
+    return rc ? rc : needle_stop ? NEEDLE_STOPPED : 0;
 }
 
 /* "4k" for multiples of 1024, else the number. */
@@ -439,6 +452,9 @@ static char *json_text(const skv_model *m, const needle_opts *o, const needle_re
         }
     }
     free(runs);
+    cJSON_AddBoolToObject(root, "partial", rs->partial);
+    cJSON_AddNumberToObject(root, "cases_done", r->n_cases);
+    cJSON_AddNumberToObject(root, "cases_planned", rs->n_total);
     cJSON_AddNumberToObject(root, "traced_case", r->detail);
     if (r->detail >= 0) cJSON_AddStringToObject(root, "traced_method", o->methods[r->detail_method]);
     cJSON *cases = cJSON_AddArrayToObject(root, "cases");
@@ -672,8 +688,23 @@ int cmd_needle(int argc, char **argv) {
             m->random_weights ? " (random weights: retrieval is not expected)" : "", n_len, n_len == 1 ? "" : "s", n_dep,
             n_dep == 1 ? "" : "s", o.runs, o.runs == 1 ? "" : "s", hay_path);
     needle_result res;
+    struct sigaction sa, old_int, old_term;
+    memset(&sa, 0, sizeof sa);
+    sa.sa_handler = on_needle_stop;
+    sigemptyset(&sa.sa_mask);
+    sigaction(SIGINT, &sa, &old_int);
+    sigaction(SIGTERM, &sa, &old_term);
     rc = needle_run(m, &o, on_case, &rs, &res);
+    sigaction(SIGINT, &old_int, NULL);
+    sigaction(SIGTERM, &old_term, NULL);
     if (res.notice[0]) fprintf(stderr, "skv needle: %s\n", res.notice);
+    int partial = rc == NEEDLE_STOPPED;
+    if (partial) {
+        fprintf(stderr, "skv needle: interrupted after %d of %d cases; the results below and the files written "
+                "hold those cases and are marked partial\n", res.n_cases, rs.n_total);
+        rs.partial = 1;
+        rc = 0;
+    }
     if (rc) { rc = cli_fail(); goto done; }
     print_table(&res, &o);
     print_accuracy(&res, &o);
@@ -694,7 +725,7 @@ int cmd_needle(int argc, char **argv) {
         fprintf(stderr, "skv needle: wrote %s (case %d under %s in detail)\n", trace, res.detail,
                 res.detail >= 0 ? o.methods[res.detail_method] : "-");
     }
-    rc = 0;
+    rc = partial ? NEEDLE_STOPPED : 0;
 done:
     needle_result_free(&res);
 fail:

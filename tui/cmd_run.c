@@ -9,8 +9,10 @@
 #include "trace.h"
 
 #include <math.h>
+#include <signal.h>
 #include <stdlib.h>
 #include <string.h>
+#include <unistd.h>
 
 /* Loads the model, tokenizes the prompt and prefills a session (recording a
  * trace when --trace was given). */
@@ -40,7 +42,8 @@ static int setup(cli_gen *g, const char *cmd, skv_model **m, skv_session **s, in
 /* Closes the trace (atomically: all or nothing), then frees everything. */
 static int teardown(skv_model *m, skv_session *s, int32_t *ids, cli_gen *g, int rc) {
     if (g->tw) {
-        if (rc) trace_writer_abort(g->tw);
+        /* an interrupted run (130) keeps its trace: every step so far */
+        if (rc && rc != 130) trace_writer_abort(g->tw);
         else if (trace_writer_close(g->tw)) rc = cli_fail();
         else fprintf(stderr, "skv: trace written to %s\n", g->trace);
     }
@@ -191,6 +194,15 @@ static void run_help(FILE *o) {
     cli_gen_help(o, 1);
 }
 
+/* Ctrl-C (or SIGTERM) during generation: stop after the step in flight, then
+ * print the summary and close the trace as a normal end does. */
+static volatile sig_atomic_t run_stop;
+static void on_stop(int sig) {
+    (void)sig;
+    if (run_stop) _exit(130); /* a second Ctrl-C: leave now (the trace is still readable, cut short) */
+    run_stop = 1;
+}
+
 int cmd_run(int argc, char **argv) {
     cli_gen g;
     cli_gen_default(&g);
@@ -208,7 +220,13 @@ int cmd_run(int argc, char **argv) {
     int prev = ids[n - 1];
     char buf[256];
     int generated = 0;
-    for (int i = 0; i < g.n_predict; i++) {
+    struct sigaction sa, old_int, old_term;
+    memset(&sa, 0, sizeof sa);
+    sa.sa_handler = on_stop;
+    sigemptyset(&sa.sa_mask);
+    sigaction(SIGINT, &sa, &old_int);
+    sigaction(SIGTERM, &sa, &old_term);
+    for (int i = 0; i < g.n_predict && !run_stop; i++) {
         int tok = session_sample(s);
         if (tok_is_eog(m->tok, tok)) break;
         int len = tok_piece(m->tok, prev, tok, 0, buf, sizeof buf);
@@ -219,10 +237,16 @@ int cmd_run(int argc, char **argv) {
         if (i + 1 < g.n_predict && session_decode(s, tok)) { printf("\n"); rc = cli_fail(); break; }
     }
     printf("\n");
+    fflush(stdout);
+    sigaction(SIGINT, &old_int, NULL);
+    sigaction(SIGTERM, &old_term, NULL);
+    if (run_stop) fprintf(stderr, "skv: stopped after %d generated tokens (interrupted)%s\n", generated,
+                          g.trace ? "; the trace holds every step so far" : "");
     fprintf(stderr, "skv: prompt %d tokens, %.1f tok/s prefill; generated %d tokens, %.1f tok/s decode\n", n,
             n / (s->t_prefill > 0 ? s->t_prefill : 1e-9), generated,
             s->step ? s->step / (s->t_decode > 0 ? s->t_decode : 1e-9) : 0.0);
     print_kv_accounting(s);
+    if (!rc && run_stop) rc = 130; /* interrupted: the usual status, after the summary and the trace */
     return teardown(m, s, ids, &g, rc);
 }
 
