@@ -258,7 +258,7 @@ static void test_bad_input(const char *trace) {
     char out[8192];
     int rc = sh_out(out, sizeof out, "%s inspect --no-such-flag 2>&1 </dev/null", bin);
     test_cond("a bad flag: one line and a non-zero exit", rc > 0 && lines(out) == 1 && strstr(out, "--no-such-flag"));
-    rc = sh_out(out, sizeof out, "%s inspect --trace %s/missing.trace 2>&1 </dev/null", bin, dir);
+    rc = sh_out(out, sizeof out, "%s inspect --replay %s/missing.trace 2>&1 </dev/null", bin, dir);
     test_cond("a missing trace: one line naming it and a non-zero exit",
               rc > 0 && lines(out) == 1 && strstr(out, "missing.trace"));
     rc = sh_out(out, sizeof out, "%s inspect --trace %s/t.trace --kv dense 2>&1 </dev/null", bin, dir);
@@ -336,7 +336,7 @@ static void test_live(const char *model_args) {
     const char *titles[32];
     int nt = view_titles(titles, 32);
     char cmd[PATH_MAX * 3 + 1024], want[128];
-    snprintf(cmd, sizeof cmd, "TERM=xterm-256color %s inspect %s --trace %s/live.trace", bin, model_args, dir);
+    snprintf(cmd, sizeof cmd, "TERM=xterm-256color %s inspect %s --record %s/live.trace", bin, model_args, dir);
     if (!start("live", 120, 40, cmd)) { test_cond("tmux starts a live session", 0); return; }
     check_screen("live: the status line shows the model", "live", "| ctx ", UI_TIMEOUT);
     check_screen("live: the prefill finishes and the worker is idle", "live", "live: idle", PREFILL_TIMEOUT);

@@ -41,16 +41,17 @@ static const char *const default_flags[] = {
 
 static void inspect_help(FILE *o) {
     fprintf(o,
-            "usage: skv inspect [-m MODEL (-p TEXT | -f FILE)] [options]\n"
-            "       skv inspect --trace FILE          replay a recorded trace (no model needed)\n\n"
+            "usage: skv inspect [-m MODEL (-p TEXT | -f FILE)] [--record FILE] [options]\n"
+            "       skv inspect --replay FILE         replay a recorded trace (no model needed)\n\n"
             "Steps through decoding one token at a time and shows what ShadowKV does in\n"
             "the terminal: spectra, chunk maps, selections, cache hits, timelines, tokens.\n"
             "Without -m it runs the built-in default: the trained demo model\n"
             "samples/model/skv-demo.gguf on samples/prompts/needle.txt (a value planted in\n"
             "a 2000-token haystack, asked for at the end) with --kv shadowkv --rank 16\n"
             "--budget 64 --outliers 4 --local 4 --oracle (flags given override).\n"
-            "--trace FILE alone replays FILE; with -m, -p, -f or any run option it records the\n"
-            "run into FILE while you inspect it (without -m/-p/-f, only into a new file).\n\n"
+            "--record FILE records the run into FILE while you inspect it (an existing FILE needs\n"
+            "--force); --replay FILE shows a recorded run. --trace FILE guesses: it replays FILE\n"
+            "when it exists and no -m, -p or -f is given, and records into it otherwise.\n\n"
             "keys:\n"
             "  space, n      step one token (replay: the next recorded step)\n"
             "  r             run / pause: keep stepping up to -n tokens or end of generation\n"
@@ -70,11 +71,26 @@ static void inspect_help(FILE *o) {
 
 /* Parses argv into g; returns 0, or the exit status after a message. *n_gen
  * counts options other than --trace. */
+/* --record FILE and --replay FILE say which one is meant; --trace FILE
+ * guesses (replay an existing file, else record into it). */
+static int record_flag, replay_flag;
+
 static int parse(cli_gen *g, int argc, char **argv, int *n_gen, int *help) {
     *n_gen = 0;
     *help = 0;
+    record_flag = replay_flag = 0;
     for (int i = 1; i < argc; i++) {
         if (!strcmp(argv[i], "-h") || !strcmp(argv[i], "--help")) { *help = 1; return 0; }
+        if (!strcmp(argv[i], "--record") || !strcmp(argv[i], "--replay")) {
+            if (i + 1 >= argc) return cli_usage_error("inspect", "%s needs a trace file", argv[i]);
+            if (record_flag || replay_flag || g->trace)
+                return cli_usage_error("inspect", "give one of --record, --replay and --trace");
+            *(argv[i][4] == 'c' ? &record_flag : &replay_flag) = 1;
+            g->trace = argv[++i];
+            continue;
+        }
+        if (!strcmp(argv[i], "--trace") && (record_flag || replay_flag))
+            return cli_usage_error("inspect", "give one of --record, --replay and --trace");
         int is_trace = !strcmp(argv[i], "--trace");
         int r = cli_gen_option(g, argc, argv, &i);
         if (r < 0) return 2;
@@ -277,7 +293,12 @@ int cmd_inspect(int argc, char **argv) {
      * prompt it records the default run into FILE, but never over an
      * existing file: that one was more likely meant to be replayed. */
     struct stat sb;
-    int replaying = g.trace && !g.model && !g.prompt && !g.prompt_file && (!n_gen || stat(g.trace, &sb) == 0);
+    int replaying = replay_flag || (!record_flag && g.trace && !g.model && !g.prompt && !g.prompt_file &&
+                                    stat(g.trace, &sb) == 0);
+    if (replay_flag && (n_gen || g.model)) {
+        cli_gen_free(&g);
+        return cli_usage_error("inspect", "--replay FILE shows a recorded run: it takes no model or run options");
+    }
     if (replaying) {
         if (n_gen) {
             cli_gen_free(&g);
