@@ -49,8 +49,9 @@ all: skv $(BUILD)/default-model.gguf
 skv: $(BUILD)/skv
 	cp $< $@
 
-# The inspector's built-in default: a random-weight model made by skv synth
-# (not committed; labelled as random weights in the status line).
+# A random-weight model made by skv synth (not committed): a fixture for the
+# tests and the fuzz seeds. The inspector's default is the trained demo model
+# in samples/model/.
 $(BUILD)/default-model.gguf: $(BUILD)/skv samples/default-model.config.json
 	$(BUILD)/skv synth --config samples/default-model.config.json --dtype f32 --seed 7 -o $@ --force
 

@@ -142,10 +142,10 @@ static void set_msg(app *a, const char *fmt, ...) {
 
 /* Bytes in binary units, short: "512B", "3.1K", "1.64M", "2.00G". */
 static void fmt_bytes(char *buf, size_t cap, double n) {
-    if (n < 1024) snprintf(buf, cap, "%.0fB", n);
-    else if (n < 1048576) snprintf(buf, cap, "%.1fK", n / 1024);
-    else if (n < 1073741824.0) snprintf(buf, cap, "%.2fM", n / 1048576);
-    else snprintf(buf, cap, "%.2fG", n / 1073741824.0);
+    if (n < 1024) snprintf(buf, cap, "%.0f B", n);
+    else if (n < 1048576) snprintf(buf, cap, "%.1f KiB", n / 1024);
+    else if (n < 1073741824.0) snprintf(buf, cap, "%.2f MiB", n / 1048576);
+    else snprintf(buf, cap, "%.2f GiB", n / 1073741824.0);
 }
 
 static const view_class *cur_view(const app *a) { return view_classes[a->view]; }
@@ -457,7 +457,7 @@ static void draw_tabs(app *a, int y, int h) {
         snprintf(src, sizeof src, "replay %s%s", base_name(a->o->replay_path), a->playing ? ": playing" : "");
     else snprintf(src, sizeof src, "live: %s", state_name[a->ws.state]);
     /* the widest right end that leaves the tabs at least half the row */
-    const char *sets[3][3] = {{where, src, "? help"}, {where, src, NULL}, {src, NULL, NULL}};
+    const char *sets[3][3] = {{where, src, "? help"}, {src, "? help", NULL}, {src, NULL, NULL}};
     for (int k = 0; k < 3; k++) {
         right[0] = 0;
         for (int i = 0; i < 3 && sets[k][i]; i++)

@@ -206,12 +206,14 @@ static void ticks_measure(lay *L, ticks *t) {
 }
 
 /* Linear ticks at 1-2-5 steps: the most that fit without their labels colliding. */
-static void ticks_linear(lay *L, ticks *t, double lo, double hi, double length, int horizontal, int lg) {
+static void ticks_linear(lay *L, ticks *t, double lo, double hi, double length, int horizontal, int lg,
+                         int integer) {
     double big = fmax(fabs(lo), fabs(hi));
     double unit = horizontal ? (L->g->cells ? 6 : L->g->em * 3.5) : (L->g->cells ? 2 : L->lh_s * 1.6);
     int kmax = (int)fmin(10, fmax(1, floor(length / unit)));
     for (int k = kmax; k >= 1; k--) {
         double step = nice_step((hi - lo) / k);
+        if (integer && step < 1) step = 1;   /* whole numbers only */
         if (!(step > 0) || !isfinite(step)) break;
         t->n = 0;
         for (double v = ceil(lo / step - 1e-9) * step; v <= hi + step * 1e-9 && t->n < MAX_TICKS; v += step) {
@@ -264,15 +266,18 @@ static void ticks_log(lay *L, ticks *t, double lo, double hi, double length, int
             t->n++;
         }
     if (t->n >= 2 && ticks_fit(L, t, lo, hi, 1, length, horizontal)) return;
-    ticks_linear(L, t, lo, hi, length, horizontal, 1);
+    ticks_linear(L, t, lo, hi, length, horizontal, 1, 0);
 }
 
 /* Ticks and their labels for an axis of the given length (canvas units). */
+/* lg: bit 0 a log axis, bit 1 whole-number ticks (paint_axis.integer). */
 static void make_ticks(lay *L, ticks *t, double lo, double hi, int lg, double length, int horizontal) {
+    int integer = lg >> 1;
+    lg &= 1;
     memset(t, 0, sizeof *t);
     if (!(length > 0) || !(hi > lo)) return;
     if (lg) ticks_log(L, t, lo, hi, length, horizontal);
-    else ticks_linear(L, t, lo, hi, length, horizontal, 0);
+    else ticks_linear(L, t, lo, hi, length, horizontal, 0, integer);
     ticks_measure(L, t);
 }
 
@@ -631,7 +636,7 @@ static void cbar_setup(lay *L, cbar *cb, const paint_axis *a, const float *v, lo
     cb->lo = lo;
     cb->hi = hi;
     cb->lg = a->log;
-    make_ticks(L, &cb->t, lo, hi, a->log, length, 0);
+    make_ticks(L, &cb->t, lo, hi, a->log | a->integer << 1, length, 0);
     if (cb->t.n < 2 && length >= 2 * (L->g->cells ? 1 : L->lh_s)) { /* too short for nice ticks: label the ends */
         cb->t.n = 2;
         cb->t.v[0] = lo;
@@ -757,7 +762,7 @@ int paint_draw_plot(canvas *c, canvas_rect rr, const paint_plot *p, paint_result
                 .ylabel = axis_text(&p->y, yl, sizeof yl), .xticks = 1, .axis = 1, .r = r };
     frame_vertical(&L, &f);
     ticks yt, xt;
-    make_ticks(&L, &yt, res->y0, res->y1, p->y.log, f.area.h, 0);
+    make_ticks(&L, &yt, res->y0, res->y1, p->y.log | p->y.integer << 1, f.area.h, 0);
     {
         char s1[40], s2[40];
         double big = fmax(fabs(res->x0), fabs(res->x1));
@@ -767,7 +772,7 @@ int paint_draw_plot(canvas *c, canvas_rect rr, const paint_plot *p, paint_result
                                : round(fmax(g->em, canvas_text_width(c, s1, CANVAS_FONT_SMALL) / 2 + g->pad));
     }
     frame_horizontal(&L, &f, yt.maxw);
-    make_ticks(&L, &xt, res->x0, res->x1, p->x.log, f.area.w, 1);
+    make_ticks(&L, &xt, res->x0, res->x1, p->x.log | p->x.integer << 1, f.area.w, 1);
     res->area = f.area;
     res->complete = f.complete;
     canvas_rect old = canvas_clip(c, r);
@@ -876,7 +881,7 @@ static void cell_axis_ticks(lay *L, ticks *t, const paint_axis *a, const char *c
         make_label_ticks(L, t, labels, n, length, horizontal);
         for (int i = 0; i < t->n; i++) t->v[i] = *lo + (*hi - *lo) * t->v[i] / n;
     } else {
-        make_ticks(L, t, *lo, *hi, 0, length, horizontal);
+        make_ticks(L, t, *lo, *hi, a->integer << 1, length, horizontal);
     }
 }
 
@@ -1136,7 +1141,7 @@ int paint_draw_strip(canvas *c, canvas_rect rr, const paint_strip *s, paint_resu
     frame_horizontal(&L, &f, lab_w);
     double xlo = s->x.min < s->x.max ? s->x.min : 0, xhi = s->x.min < s->x.max ? s->x.max : n;
     ticks xt;
-    make_ticks(&L, &xt, xlo, xhi, 0, f.area.w, 1);
+    make_ticks(&L, &xt, xlo, xhi, s->x.integer << 1, f.area.w, 1);
 
     /* lanes take what they need, the strip the rest (at least one unit) */
     int lanes_shown = ncat;

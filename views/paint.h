@@ -42,6 +42,7 @@ typedef struct paint_axis {
     const char *unit;       /* e.g. "ms", drawn as "label (ms)"; NULL for none */
     int log;                /* log10 scale; values <= 0 are left out */
     double min, max;        /* range; min >= max (say both 0) takes it from the data */
+    int integer;            /* 1: ticks at whole numbers only (steps, layers, counts) */
 } paint_axis;
 
 typedef struct paint_category {

@@ -64,7 +64,7 @@ static int bounds_draw(canvas *c, canvas_rect r, const probe_store *st, const vi
     paint_marker mk = { .x = best, .label = ml, .color = PAINT_AUTO };
     paint_plot p = {
         .title = title,
-        .x = { .label = "page", .min = 0, .max = n > 1 ? n - 1 : 1 },
+        .x = { .label = "page", .min = 0, .max = n > 1 ? n - 1 : 1, .integer = 1 },
         .y = { .label = "score" },
         .series = ser, .n_series = 2, .markers = &mk, .n_markers = best >= 0 && best < n,
     };

@@ -93,7 +93,7 @@ static int cache_draw(canvas *c, canvas_rect r, const probe_store *st, const vie
     paint_marker mk = { .x = step, .label = mlabel, .color = PAINT_AUTO };
     paint_plot p = {
         .title = title,
-        .x = { .label = "decode step", .min = 0, .max = n > 1 ? n - 1 : 1 },
+        .x = { .label = "decode step", .min = 0, .max = n > 1 ? n - 1 : 1, .integer = 1 },
         .y = { .label = "hit rate", .unit = "%", .min = 0, .max = 100 },
         .series = ser, .n_series = ns,
         .markers = &mk, .n_markers = step >= 0 ? 1 : 0,

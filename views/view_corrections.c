@@ -71,7 +71,7 @@ static int corr_draw(canvas *c, canvas_rect r, const probe_store *st, const view
     view_fit_text(c, CANVAS_FONT_TITLE, r.w, title);
     paint_heatmap hm = {
         .title = title, .v = v, .nx = n, .ny = ny,
-        .x = { .label = "decode step", .min = 0, .max = n },
+        .x = { .label = "decode step", .min = 0, .max = n, .integer = 1 },
         .y = { .label = "layer, KV head" },
         .yticks = ytp,
         .value = { .label = "query cosine c", .min = isfinite(tau) && tau < vmin ? tau : vmin, .max = 1 },

@@ -188,8 +188,8 @@ static int selection_draw(canvas *c, canvas_rect r, const probe_store *st, const
         paint_raster ras = {
             .title = title, .cat = cat, .nx = nc, .ny = nsw, .cats = cats, .n_cats = CAT_N,
             .x = { .label = g->cells ? "chunk" : "chunk (prompt position / chunk size)",
-                   .min = c0 - 0.5, .max = c0 + nc - 0.5 },
-            .y = { .label = "decode step", .min = s0 - 0.5, .max = s0 + nsw - 0.5 },
+                   .min = c0 - 0.5, .max = c0 + nc - 0.5, .integer = 1 },
+            .y = { .label = "decode step", .min = s0 - 0.5, .max = s0 + nsw - 0.5, .integer = 1 },
             .highlight = PAINT_HI_ROW | (chunk >= c0 && chunk < c0 + nc ? PAINT_HI_COL : 0),
             .hi_row = step - s0, .hi_col = chunk - c0,
         };

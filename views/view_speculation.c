@@ -84,7 +84,7 @@ static int spec_draw(canvas *c, canvas_rect r, const probe_store *st, const view
     paint_marker mk = { .x = step, .label = ml, .color = PAINT_AUTO };
     paint_plot p = {
         .title = title,
-        .x = { .label = "decode step", .min = 0, .max = n > 1 ? n - 1 : 1 },
+        .x = { .label = "decode step", .min = 0, .max = n > 1 ? n - 1 : 1, .integer = 1 },
         .y = { .label = "share", .unit = "%", .min = 0, .max = 100 },
         .series = ser, .n_series = 4, .markers = &mk, .n_markers = step >= 0,
     };

@@ -23,7 +23,7 @@
 #include <string.h>
 
 /* Upper panel: P per layer, qtau, quantized layers shaded. */
-static int draw_modes(canvas *c, canvas_rect r, const probe_store *st, int layer, paint_result *res) {
+static int draw_modes(canvas *c, canvas_rect r, const probe_store *st, paint_result *res) {
     const canvas_geom *g = canvas_geometry(c);
     int nl = probe_store_n_layers(st);
     double *x = malloc(sizeof(double) * (size_t)nl), *p = malloc(sizeof(double) * (size_t)nl),
@@ -62,13 +62,12 @@ static int draw_modes(canvas *c, canvas_rect r, const probe_store *st, int layer
         { .name = "P (calibration)", .x = x, .y = p, .n = nl, .color = PAINT_AUTO, .width = g->line_w * 1.6 },
         { .name = "qtau", .x = x, .y = t, .n = nl, .color = PAINT_AUTO },
     };
-    paint_marker mk = { .x = layer, .label = "cursor", .color = PAINT_AUTO };
     paint_plot pl = {
         .title = title,
-        .x = { .label = "layer", .min = -0.5, .max = nl - 0.5 },
+        .x = { .label = "layer", .min = -0.5, .max = nl - 0.5, .integer = 1 },
         .y = { .label = "P", .min = 0, .max = 1 },
         .series = ser, .n_series = isfinite(tau) && has_p ? 2 : has_p ? 1 : 0,
-        .markers = &mk, .n_markers = 1, .bands = bands, .n_bands = nb,
+        .bands = bands, .n_bands = nb,
     };
     rc = paint_draw_plot(c, r, &pl, res);
 done:
@@ -122,8 +121,8 @@ static int draw_channels(canvas *c, canvas_rect r, const probe_store *st, int la
     view_fit_text(c, CANVAS_FONT_TITLE, r.w, title);
     paint_raster pr = {
         .title = title, .cat = cat, .nx = n, .ny = d, .cats = cats, .n_cats = 1,
-        .x = { .label = "decode step", .min = -0.5, .max = n - 0.5 },
-        .y = { .label = "channel", .min = -0.5, .max = d - 0.5 },
+        .x = { .label = "decode step", .min = -0.5, .max = n - 0.5, .integer = 1 },
+        .y = { .label = "channel", .min = -0.5, .max = d - 0.5, .integer = 1 },
         .highlight = step >= 0 ? PAINT_HI_COL : 0, .hi_col = step,
     };
     int rc = paint_draw_raster(c, r, &pr, res);
@@ -144,7 +143,7 @@ static int tailor_draw(canvas *c, canvas_rect r, const probe_store *st, const vi
     double top = g->cells ? floor(r.h * 0.42) : r.h * 0.42;
     canvas_rect a = { r.x, r.y, r.w, top }, b = { r.x, r.y + top, r.w, r.h - top };
     paint_result pr;
-    int rc = draw_modes(c, a, st, layer, &pr);
+    int rc = draw_modes(c, a, st, &pr);
     if (rc && rc != SKV_EMISSING) return rc;
     int rc2 = draw_channels(c, b, st, layer, head, view_step(st, cur), res);
     return rc2 == SKV_EMISSING ? 0 : rc2;
