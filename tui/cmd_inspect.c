@@ -48,7 +48,9 @@ static void inspect_help(FILE *o) {
             "Without -m it runs the built-in default: the trained demo model\n"
             "samples/model/skv-demo.gguf on samples/prompts/needle.txt (a value planted in\n"
             "a 2000-token haystack, asked for at the end) with --kv shadowkv --rank 16\n"
-            "--budget 64 --outliers 4 --local 4 --oracle (flags given override).\n"
+            "--budget 64 --outliers 4 --local 4 --oracle (flags given override). With -m and\n"
+            "no --kv it runs ShadowKV at --budget 3%% of the prompt with --oracle (--kv dense\n"
+            "for exact attention). The settings in force show at the bottom when it starts.\n"
             "--record FILE records the run into FILE while you inspect it (an existing FILE needs\n"
             "--force); --replay FILE shows a recorded run. --trace FILE guesses: it replays FILE\n"
             "when it exists and no -m, -p or -f is given, and records into it otherwise.\n\n"
@@ -164,6 +166,24 @@ static int use_default(cli_gen *g, int argc, char **argv, char *model, char *pro
     return 0;
 }
 
+/* The inspector is a ShadowKV inspector: with -m but no --kv it runs
+ * ShadowKV at a budget of 3% of the prompt with the oracle (its other
+ * options at their defaults); the user's flags apply over that. */
+static const char *const model_flags[] = {"--kv", "shadowkv", "--budget", "3%", "--oracle"};
+
+static int use_model_preset(cli_gen *g, int argc, char **argv) {
+    for (int i = 1; i < argc; i++)
+        if (!strcmp(argv[i], "--kv")) return 0;
+    cli_gen_free(g);
+    cli_gen_default(g);
+    char **args = (char **)model_flags;
+    int na = (int)(sizeof model_flags / sizeof model_flags[0]);
+    for (int i = 0; i < na; i++)
+        if (cli_gen_option(g, na, args, &i) != 1) return 2;
+    int n_gen, help;
+    return parse(g, argc, argv, &n_gen, &help);
+}
+
 static int need_tty(void) {
     if (isatty(STDOUT_FILENO) && isatty(STDIN_FILENO)) return 0;
     fprintf(stderr, "skv inspect: %s is not a terminal; the inspector needs one (try skv run, or skv trace info)\n",
@@ -238,6 +258,15 @@ static int live(cli_gen *g) {
         fcntl(wake[i], F_SETFL, fcntl(wake[i], F_GETFL) | O_NONBLOCK);
         fcntl(wake[i], F_SETFD, FD_CLOEXEC);
     }
+    /* the settings in force, on screen at the start */
+    char settings[600] = "";
+    for (int i = 0, len = 0; i < c->n && len < (int)sizeof settings; i++) {
+        const kv_class *p = kv_policy_find(c->policy[i]);
+        char opts[300] = "";
+        if (p) kv_opts_describe(&g->s.kv, p, n, opts, sizeof opts);
+        len += snprintf(settings + len, sizeof settings - len, "%s%s%s%s", i ? "; " : "", c->policy[i],
+                        opts[0] ? ": " : "", opts);
+    }
     if ((rc = app_open())) goto out;
     if (tui_worker_start(c, ids, n, g->n_predict, wake[1], &w)) {
         app_close();
@@ -249,7 +278,7 @@ static int live(cli_gen *g) {
     char label[160];
     snprintf(label, sizeof label, "%s", m->cfg.name[0] ? m->cfg.name : m->path);
     app_opts o = {.lanes = lanes, .ring = ring, .worker = w, .wake_fd = wake[0], .model_label = label,
-                  .random_weights = m->random_weights, .trace_path = g->trace};
+                  .random_weights = m->random_weights, .trace_path = g->trace, .notice = settings};
     rc = app_run(&o);
     /* Stop listening first: the worker may be blocked on a full ring. */
     probe_unsubscribe(ring);
@@ -311,6 +340,10 @@ int cmd_inspect(int argc, char **argv) {
     }
     char model[PATH_MAX + 64], prompt[PATH_MAX + 64];
     if (!g.model && (rc = use_default(&g, argc, argv, model, prompt, sizeof model))) {
+        cli_gen_free(&g);
+        return rc;
+    }
+    if (g.model && (rc = use_model_preset(&g, argc, argv))) {
         cli_gen_free(&g);
         return rc;
     }
