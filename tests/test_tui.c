@@ -358,6 +358,16 @@ static void test_live(const char *model_args) {
     }
     keys("live", "'}'");
     check_screen("live: } selects the next KV head", "live", "H1/", UI_TIMEOUT);
+    if (strstr(model_args, "--kv") == NULL) { /* the default session watches its needle (samples/prompts/needle.json) */
+        int found = 0;
+        for (int i = 0; i < 32 && !found; i++) {
+            found = strstr(capture("live"), "[Needle]") != NULL;
+            if (!found) { keys("live", "Tab"); nap(0.2); }
+        }
+        int ok = found && wait_for("live", "Needle ranks", UI_TIMEOUT) && strstr(capture("live"), "needle");
+        test_cond("live: the default session's Needle view shows its needle at the current step", ok);
+        if (!ok) show_screen();
+    }
     quit_and_check("live", "live");
     check_screen("live: --trace records the inspected run", "live", "trace written to", UI_TIMEOUT);
     char path[PATH_MAX + 32];

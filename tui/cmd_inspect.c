@@ -19,6 +19,8 @@
 #include "tok.h"
 #include "trace.h"
 
+#include <cjson/cJSON.h>
+
 #include <errno.h>
 #include <fcntl.h>
 #include <limits.h>
@@ -51,6 +53,9 @@ static void inspect_help(FILE *o) {
             "--budget 64 --outliers 4 --local 4 --oracle (flags given override). With -m and\n"
             "no --kv it runs ShadowKV at --budget 3%% of the prompt with --oracle (--kv dense\n"
             "for exact attention). The settings in force show at the bottom when it starts.\n"
+            "--needle TEXT watches the needle TEXT of the prompt (the Needle view, the chunk\n"
+            "map's needle lane, the oracle's needle rank); a file X.json beside a prompt X.txt\n"
+            "with {\"needle\": TEXT} does the same (samples/prompts/needle.json, by default).\n"
             "--record FILE records the run into FILE while you inspect it (an existing FILE needs\n"
             "--force); --replay FILE shows a recorded run. --trace FILE guesses: it replays FILE\n"
             "when it exists and no -m, -p or -f is given, and records into it otherwise.\n\n"
@@ -76,6 +81,7 @@ static void inspect_help(FILE *o) {
 /* --record FILE and --replay FILE say which one is meant; --trace FILE
  * guesses (replay an existing file, else record into it). */
 static int record_flag, replay_flag;
+static const char *needle_flag; /* --needle TEXT */
 
 static int parse(cli_gen *g, int argc, char **argv, int *n_gen, int *help) {
     *n_gen = 0;
@@ -83,6 +89,12 @@ static int parse(cli_gen *g, int argc, char **argv, int *n_gen, int *help) {
     record_flag = replay_flag = 0;
     for (int i = 1; i < argc; i++) {
         if (!strcmp(argv[i], "-h") || !strcmp(argv[i], "--help")) { *help = 1; return 0; }
+        if (!strcmp(argv[i], "--needle")) {
+            if (i + 1 >= argc || !argv[i + 1][0]) return cli_usage_error("inspect", "--needle needs the needle's text");
+            needle_flag = argv[++i];
+            (*n_gen)++;
+            continue;
+        }
         if (!strcmp(argv[i], "--record") || !strcmp(argv[i], "--replay")) {
             if (i + 1 >= argc) return cli_usage_error("inspect", "%s needs a trace file", argv[i]);
             if (record_flag || replay_flag || g->trace)
@@ -210,6 +222,51 @@ static int replay(const char *path) {
     return rc;
 }
 
+/* The needle of the prompt: --needle TEXT, else "needle" of the sidecar
+ * X.json beside a prompt file X.txt (samples/prompts/needle.json for the
+ * default session). Copies it into buf; 0 when there is none. */
+static int needle_text(const cli_gen *g, char *buf, size_t cap) {
+    if (needle_flag) {
+        snprintf(buf, cap, "%s", needle_flag);
+        return 1;
+    }
+    const char *pf = g->prompt_file;
+    size_t n = pf ? strlen(pf) : 0;
+    if (n < 5 || strcmp(pf + n - 4, ".txt") || n + 2 > PATH_MAX) return 0;
+    char side[PATH_MAX + 8];
+    snprintf(side, sizeof side, "%.*s.json", (int)(n - 4), pf);
+    char *js = NULL;
+    size_t jn = 0;
+    if (skv_read_file(side, 1 << 20, &js, &jn)) return 0;
+    cJSON *o = cJSON_ParseWithLength(js, jn);
+    free(js);
+    const cJSON *nd = cJSON_GetObjectItemCaseSensitive(o, "needle");
+    int ok = cJSON_IsString(nd) && nd->valuestring[0];
+    if (ok) snprintf(buf, cap, "%s", nd->valuestring);
+    else if (o) fprintf(stderr, "skv inspect: warning: %s has no \"needle\" text; no needle is watched\n", side);
+    cJSON_Delete(o);
+    return ok;
+}
+
+/* The needle's token span [*b, *e) in the prompt (tokens of the text before
+ * it, and through it); 0 when the text is not in the prompt. */
+static int needle_span(const skv_model *m, const char *text, int add_bos, const char *needle, int *b, int *e) {
+    const char *at = strstr(text, needle);
+    if (!at) return 0;
+    int32_t *ids = NULL;
+    int n0 = 0, n1 = 0;
+    size_t off = (size_t)(at - text), len = strlen(needle);
+    if (tok_encode(m->tok, text, off, add_bos, 1, &ids, &n0)) return 0;
+    free(ids);
+    ids = NULL;
+    if (tok_encode(m->tok, text, off + len, add_bos, 1, &ids, &n1)) return 0;
+    free(ids);
+    if (n1 <= n0) return 0;
+    *b = n0;
+    *e = n1;
+    return 1;
+}
+
 /* A live run: everything that can fail on input happens before app_run. */
 static int live(cli_gen *g) {
     const char *text = cli_prompt_text(g);
@@ -235,6 +292,16 @@ static int live(cli_gen *g) {
         goto out;
     }
     g->s.bus = bus;
+    char needle[512];
+    int nb = 0, ne = 0;
+    if (needle_text(g, needle, sizeof needle)) {
+        if (needle_span(m, text, add_bos, needle, &nb, &ne)) {
+            g->s.kv.watch_begin = nb;
+            g->s.kv.watch_end = ne;
+        } else {
+            fprintf(stderr, "skv inspect: the needle \"%s\" is not in the prompt; no needle is watched\n", needle);
+        }
+    }
     if (g->n_kv <= 1) {
         g->n_kv = 1;
         snprintf(g->kv_list[0], sizeof g->kv_list[0], "%.31s", g->s.kv.policy);
@@ -339,11 +406,12 @@ int cmd_inspect(int argc, char **argv) {
         return rc;
     }
     char model[PATH_MAX + 64], prompt[PATH_MAX + 64];
+    int user_model = g.model != NULL;
     if (!g.model && (rc = use_default(&g, argc, argv, model, prompt, sizeof model))) {
         cli_gen_free(&g);
         return rc;
     }
-    if (g.model && (rc = use_model_preset(&g, argc, argv))) {
+    if (user_model && (rc = use_model_preset(&g, argc, argv))) {
         cli_gen_free(&g);
         return rc;
     }
