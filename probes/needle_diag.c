@@ -710,16 +710,17 @@ static void print_verdict(FILE *f, const needle_report *rep) {
     fprintf(f, "  %s\n", rep->kept);
 }
 
-static void print_generic(FILE *f, const probe_store *st, const needle_report *rep) {
+static void print_generic(FILE *f, const probe_store *st, const needle_report *rep, int verbose) {
     fprintf(f, "  needle: tokens %d..%d (%d tokens); prompt %d tokens; %s attends blocks of %d tokens, budget %d\n",
             rep->tok_begin, rep->tok_end - 1, rep->tok_end - rep->tok_begin, rep->prompt_len, rep->policy, rep->unit,
             rep->budget);
     if (rep->sparse_hit >= 0)
         fprintf(f, "  value %s; dense answered \"%s\" (%s); %s answered \"%s\" (%s)\n", rep->value, rep->dense_answer,
                 rep->dense_hit ? "hit" : "miss", rep->policy, rep->sparse_answer, rep->sparse_hit ? "hit" : "miss");
-    fprintf(f, "  decode steps (needle tokens attended by every query head / needle tokens; the needle's best rank under "
-               "exact attention; its exact mass; tokens attended; mass recall; output error)\n");
-    for (int s = 0; s < rep->n_steps; s++)
+    if (verbose)
+        fprintf(f, "  decode steps (needle tokens attended by every query head / needle tokens; the needle's best rank "
+                   "under exact attention; its exact mass; tokens attended; mass recall; output error)\n");
+    for (int s = 0; verbose && s < rep->n_steps; s++)
         for (int l = 0; l < rep->n_layers; l++)
             for (int h = 0; h < rep->n_heads; h++) {
                 const probe_ev_oracle *e = probe_store_oracle(st, s, l, h);
@@ -732,9 +733,9 @@ static void print_generic(FILE *f, const probe_store *st, const needle_report *r
     print_verdict(f, rep);
 }
 
-void needle_report_print(FILE *f, const probe_store *st, const needle_report *rep) {
+void needle_report_print(FILE *f, const probe_store *st, const needle_report *rep, int verbose) {
     if (rep->generic) {
-        print_generic(f, st, rep);
+        print_generic(f, st, rep, verbose);
         return;
     }
     int id = rep->id;
@@ -749,6 +750,10 @@ void needle_report_print(FILE *f, const probe_store *st, const needle_report *re
         fprintf(f, "  value %s; dense answered \"%s\" (%s); %s answered \"%s\" (%s)\n", rep->value,
                 rep->dense_answer, rep->dense_hit ? "hit" : "miss", rep->policy, rep->sparse_answer,
                 rep->sparse_hit ? "hit" : "miss");
+    if (!verbose) { /* the verdict; the tables behind it with --verbose */
+        print_verdict(f, rep);
+        return;
+    }
     fprintf(f, "  prefill, per layer and KV head: the rank-%d error of the needle's keys; each needle chunk's part "
                "(cand = offloaded and selectable) and cos-min\n", rep->rank);
     for (int l = 0; l < rep->n_layers; l++)

@@ -120,9 +120,10 @@ typedef struct {
 int needle_diverge(const probe_store *a, const char *name_a, const probe_store *b, const char *name_b,
                    needle_split *out);
 
-/* The whole report: span and chunks, per-layer prefill figures, per step,
- * layer and KV head the needle chunks' state and masses, the divergence,
- * the verdict and what ShadowKV kept. */
-void needle_report_print(FILE *f, const probe_store *st, const needle_report *rep);
+/* The report: span, settings, answers, the divergence, the verdict and
+ * what the policy kept; with verbose, first the tables behind them (per
+ * layer and KV head at prefill; per step, layer and KV head the needle's
+ * state and masses). */
+void needle_report_print(FILE *f, const probe_store *st, const needle_report *rep, int verbose);
 
 #endif

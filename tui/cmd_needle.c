@@ -55,6 +55,7 @@ static void needle_help(FILE *o) {
             "      --kv LIST         the policies to sweep, comma-separated; dense always runs first\n"
             "                        (default dense,shadowkv; skv run --kv help lists them)\n"
             "      --explain         diagnose every miss of a sparse policy (runs the oracle beside it)\n"
+            "      --verbose         with --explain or --diagnose: the tables behind each verdict\n"
             "      --oracle          run the oracle without printing the diagnoses (JSON gets them)\n"
             "      --json FILE       write every case (and the diagnoses) as JSON\n"
             "      --png FILE        write the NIAH heatmap, one panel per policy\n"
@@ -107,6 +108,8 @@ static int find_near_exe(const char *const *rels, int n, char *out, size_t cap) 
 
 typedef struct {
     int explain;
+    int verbose;            /* --verbose: the tables behind each verdict */
+    double t0;              /* when the sweep started (skv_now) */
     int partial;            /* the sweep was interrupted: outputs hold the finished cases */
     int n_total;            /* cases in the sweep */
     const needle_opts *o;
@@ -200,17 +203,20 @@ static int on_case(const needle_case *c, void *user) {
     run_state *rs = user;
     const needle_opts *o = rs->o;
     char line[512];
-    int len = snprintf(line, sizeof line, "case %d/%d: length %d, depth %g%%, run %d:", c->index + 1, rs->n_total,
+    /* case numbers are the index of --explain, --trace-case and the JSON (from 0) */
+    int len = snprintf(line, sizeof line, "case %d (%d of %d): length %d, depth %g%%, run %d:", c->index, c->index + 1,
+                       rs->n_total,
                        c->length, c->depth, c->run);
     for (int m = 0; m < o->n_methods && len < (int)sizeof line; m++)
         len += snprintf(line + len, sizeof line - len, "%s %s %s", m ? "," : "", o->methods[m], c->hit[m] ? "hit" : "miss");
-    fprintf(stderr, "skv needle: %s\n", line);
+    double el = skv_now() - rs->t0, eta = el / (c->index + 1) * (rs->n_total - c->index - 1);
+    fprintf(stderr, "skv needle: %s (%.0f s elapsed, about %.0f s left)\n", line, el, eta);
     for (int m = 1; m < o->n_methods; m++) {
         if (!c->report[m]) continue;
         if (rs->explain) {
             printf("case %d: length %d, depth %g%% (inserted at %d%%), run %d: %s missed value %s\n", c->index,
                    c->length, c->depth, c->insert_depth, c->run, o->methods[m], c->value);
-            needle_report_print(stdout, c->store[m], c->report[m]);
+            needle_report_print(stdout, c->store[m], c->report[m], rs->verbose);
             printf("\n");
             fflush(stdout);
         }
@@ -507,6 +513,8 @@ static int put_text(FILE *f, void *ctx, const char *path) {
 
 /* skv needle --diagnose FILE: the diagnosis of the case a trace holds in
  * detail, from its events alone (no model needed). */
+static int diagnose_verbose;
+
 static int diagnose_trace(const char *path) {
     probe_store *st = NULL;
     needle_report *rep = malloc(sizeof *rep);
@@ -521,7 +529,7 @@ static int diagnose_trace(const char *path) {
         printf("%s: %s, value %s: dense %s, %s %s\n", path, rep->policy, rep->value,
                rep->dense_hit < 0 ? "?" : rep->dense_hit ? "hit" : "missed",
                rep->policy, rep->sparse_hit < 0 ? "?" : rep->sparse_hit ? "hit" : "missed");
-        needle_report_print(stdout, st, rep);
+        needle_report_print(stdout, st, rep, diagnose_verbose);
     }
     probe_store_free(st);
     free(rep);
@@ -535,7 +543,7 @@ int cmd_needle(int argc, char **argv) {
     const char *trace = NULL;
     needle_opts o;
     needle_opts_default(&o);
-    int explain = 0, force = 0, seed_given = 0, have_model = 0;
+    int explain = 0, verbose = 0, force = 0, seed_given = 0, have_model = 0;
     for (int i = 1; i < argc; i++) have_model |= !strcmp(argv[i], "-m") || !strcmp(argv[i], "--model");
     if (!have_model) {
         /* The demo model's preset; the user's flags, parsed next, override it. */
@@ -550,10 +558,13 @@ int cmd_needle(int argc, char **argv) {
         if (!strcmp(a, "-h") || !strcmp(a, "--help")) { needle_help(stdout); return 0; }
         if (!strcmp(a, "--diagnose")) {
             if (!v) return cli_usage_error("needle", "--diagnose needs a trace file");
-            if (argc != 3) return cli_usage_error("needle", "--diagnose FILE takes no other option");
+            int vb = argc == 4 && (!strcmp(argv[3], "--verbose") || !strcmp(argv[1], "--verbose"));
+            if (argc != 3 && !vb) return cli_usage_error("needle", "--diagnose FILE takes no other option but --verbose");
+            diagnose_verbose = vb;
             return diagnose_trace(v);
         }
         if (!strcmp(a, "--explain")) { explain = 1; continue; }
+        if (!strcmp(a, "--verbose")) { verbose = 1; continue; }
         if (!strcmp(a, "--force")) { force = 1; continue; }
         static const char *const valued[] = { "--lengths", "--depths", "--haystack", "--needle", "--question",
                                               "--answer-prefix", "--answer-tokens", "--runs", "--json", "--png",
@@ -678,7 +689,7 @@ int cmd_needle(int argc, char **argv) {
     o.kv = g.s.kv;
     snprintf(o.backend, sizeof o.backend, "%s", g.s.backend);
     o.probes = explain || trace || g.s.kv.oracle;
-    run_state rs = { .explain = explain, .n_total = n_len * n_dep * o.runs, .o = &o };
+    run_state rs = { .explain = explain, .verbose = verbose, .n_total = n_len * n_dep * o.runs, .o = &o };
     rs.diag = o.probes ? calloc((size_t)rs.n_total * NEEDLE_MAX_METHODS, sizeof *rs.diag) : NULL;
     if (o.probes && !rs.diag) {
         skv_error(SKV_ENOMEM, "out of memory");
@@ -695,6 +706,12 @@ int cmd_needle(int argc, char **argv) {
     sigemptyset(&sa.sa_mask);
     sigaction(SIGINT, &sa, &old_int);
     sigaction(SIGTERM, &sa, &old_term);
+    int max_len = 0;
+    for (int i = 0; i < n_len; i++) max_len = lengths[i] > max_len ? lengths[i] : max_len;
+    if (max_len > m->cfg.ctx_train) /* said before a sweep that may take minutes, and again after it */
+        fprintf(stderr, "skv needle: warning: lengths up to %d tokens run past the model's trained context of %d; "
+                "retrieval there is not expected\n", max_len, m->cfg.ctx_train);
+    rs.t0 = skv_now();
     rc = needle_run(m, &o, on_case, &rs, &res);
     sigaction(SIGINT, &old_int, NULL);
     sigaction(SIGTERM, &old_term, NULL);

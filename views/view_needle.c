@@ -127,7 +127,11 @@ static int needle_draw(canvas *c, canvas_rect r, const probe_store *st, const vi
     const canvas_theme *th = canvas_get_theme(c);
     const probe_ev_run *run = probe_store_run(st);
     int nl = rep->n_layers, nh = rep->n_heads, nw = rep->generic ? 1 : rep->n_chunks, nx = nh * nw;
-    int step = view_step(st, cur), layer = clampi(cur->layer, 0, nl > 0 ? nl - 1 : 0);
+    /* following the latest step (an export without --step): the step where the
+     * answer diverged from dense, when it did */
+    int step = cur->step < 0 && rep->diverge_step >= 0 && rep->diverge_step < probe_store_n_steps(st)
+                   ? rep->diverge_step : view_step(st, cur);
+    int layer = clampi(cur->layer, 0, nl > 0 ? nl - 1 : 0);
     int head = clampi(cur->head, 0, nh > 0 ? nh - 1 : 0);
     int run_chunk = run ? (int)probe_pairs_get(run->kv_opts, "chunk", 0) : 0;
     int k = rep->k > 0 ? rep->k : run_chunk > 0 ? run->budget / run_chunk : 0;
