@@ -150,6 +150,7 @@ static void test_exports(const char *dir, const char *trace) {
     view_cursor_init(&cur);
     cur.layer = 1;
     cur.head = probe_store_n_kv_heads(st) > 1 ? 1 : 0;
+    cur.clean = 1; /* skv export draws clean figures unless --annotate */
     char head[16], out[600], msg[200];
     snprintf(head, sizeof head, "%d", cur.head);
 
@@ -172,6 +173,25 @@ static void test_exports(const char *dir, const char *trace) {
         canvas *c = px ? draw_png(v, st, &cur, 1200, 700, 1, &res) : NULL;
         snprintf(msg, sizeof msg, "export %s: pixels equal the view drawn in-process from the trace", v->name);
         test_cond(msg, c && same_pixels(px, w, h, c));
+        if (c && (!strcmp(v->name, "cache") || !strcmp(v->name, "selection"))) {
+            /* --annotate draws the cursor as the inspector does; the clean figure does not */
+            char ann[600];
+            snprintf(ann, sizeof ann, "%s/%s-annotated.png", dir, v->name);
+            const char *a2[] = { "--trace", trace, "--view", v->name, "--layer", "1", "--head", head, "-o", ann,
+                                 "--annotate", NULL };
+            int rc2 = export(dir, a2);
+            int w2 = 0, h2 = 0;
+            uint8_t *px2 = rc2 == 0 ? read_png(ann, &w2, &h2) : NULL;
+            view_cursor c2 = cur;
+            c2.clean = 0;
+            paint_result r2;
+            canvas *cv2 = px2 ? draw_png(v, st, &c2, 1200, 700, 1, &r2) : NULL;
+            snprintf(msg, sizeof msg, "export %s --annotate: the cursor is drawn, and only then", v->name);
+            test_cond(msg, cv2 && same_pixels(px2, w2, h2, cv2) && !same_pixels(px, w, h, cv2));
+            canvas_free(cv2);
+            free(px2);
+            unlink(ann);
+        }
         if (c && !strcmp(v->name, "spectrum")) {
             int marked = 0;
             for (double y = res.area.y; y < res.area.y + res.area.h; y++)

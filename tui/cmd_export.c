@@ -36,6 +36,8 @@ static void export_help(FILE *o) {
                "      --chunk C         chunk to mark in chunkmap and selection (default: none)\n"
                "      --size WxH        figure size in logical pixels (default 1200x700)\n"
                "      --scale N         pixel density 1..%d (default 1; 2 = a crisp 2x image)\n"
+               "      --annotate        draw the cursor (step row, chunk, layer) as the inspector does;\n"
+               "                        without it the figure is clean\n"
                "      --force           replace FIG if it exists\n\nviews:\n",
             EXPORT_MAX_SCALE);
     for (int i = 0; view_classes[i]; i++) {
@@ -102,11 +104,12 @@ static int check_cursor(const char *trace, const probe_store *st, const view_cur
 
 int cmd_export(int argc, char **argv) {
     const char *trace = NULL, *view_name = NULL, *out = NULL;
-    int layer = 0, head = 0, step = -1, chunk = -1, scale = 1, width = 1200, height = 700, force = 0;
+    int layer = 0, head = 0, step = -1, chunk = -1, scale = 1, width = 1200, height = 700, force = 0, annotate = 0;
     for (int i = 1; i < argc; i++) {
         const char *a = argv[i], *v = i + 1 < argc ? argv[i + 1] : NULL;
         if (!strcmp(a, "-h") || !strcmp(a, "--help")) { export_help(stdout); return 0; }
         if (!strcmp(a, "--force")) { force = 1; continue; }
+        if (!strcmp(a, "--annotate")) { annotate = 1; continue; }
         int known = !strcmp(a, "--trace") || !strcmp(a, "-t") || !strcmp(a, "--view") || !strcmp(a, "-v") ||
                     !strcmp(a, "-o") || !strcmp(a, "--output") || !strcmp(a, "--layer") || !strcmp(a, "--head") ||
                     !strcmp(a, "--step") || !strcmp(a, "--chunk") || !strcmp(a, "--scale") || !strcmp(a, "--size");
@@ -162,6 +165,7 @@ int cmd_export(int argc, char **argv) {
     cur.head = head;
     cur.step = step;
     cur.chunk = chunk;
+    cur.clean = !annotate;
     if (check_cursor(trace, st, &cur)) goto done;
     canvas_png_opts po = { .scale = scale };
     if (svg ? canvas_svg_new(&c, width, height, &po) : canvas_png_new(&c, width, height, &po)) {

@@ -19,6 +19,7 @@ typedef struct view_cursor {
     int chunk;      /* selected chunk, -1 = none */
     int token;      /* selected token position (tokens view), -1 = none */
     int scroll;     /* first row/column shown, as the view defines it */
+    int clean;      /* 1: a figure (skv export without --annotate): no cursor decorations */
 } view_cursor;
 
 void view_cursor_init(view_cursor *cur);

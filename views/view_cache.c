@@ -75,9 +75,10 @@ static int cache_draw(canvas *c, canvas_rect r, const probe_store *st, const vie
         ser[ns++] = (paint_series){ .name = named ? names[l] : NULL, .x = xs, .y = ys + (size_t)l * n, .n = n,
                                     .color = layer_color(l, nl, g->cells), .width = g->line_w };
     }
-    snprintf(names[layer], sizeof names[layer], "layer %d (cursor)", layer);
+    snprintf(names[layer], sizeof names[layer], cur->clean ? "layer %d" : "layer %d (cursor)", layer);
     ser[ns++] = (paint_series){ .name = names[layer], .x = xs, .y = ys + (size_t)layer * n, .n = n,
-                                .color = layer_color(layer, nl, g->cells), .width = g->line_w * 1.6 };
+                                .color = layer_color(layer, nl, g->cells),
+                                .width = cur->clean ? g->line_w : g->line_w * 1.6 };
     ser[ns++] = (paint_series){ .name = "mean over layers", .x = xs, .y = mean, .n = n,
                                 .color = g->cells ? th->highlight : CANVAS_RGB(0x1a, 0x1a, 0x1a), .width = g->line_w * 2.6 };
 

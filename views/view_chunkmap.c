@@ -135,7 +135,7 @@ static int chunkmap_draw(canvas *c, canvas_rect r, const probe_store *st, const 
         [LANE_LOCAL] = { g->cells ? "local" : "local window", CANVAS_RGB(0x8c, 0x8c, 0x8c), 1 },
         [LANE_SELECTED] = { sel_name, g->cells ? palette_cat(4) : palette_cat(0), d != NULL },
         [LANE_NEEDLE] = { "needle", palette_cat(1), n_needles > 0 },
-        [LANE_CURSOR] = { "cursor", g->cells ? th->highlight : palette_cat(6), chunk >= 0 },
+        [LANE_CURSOR] = { "cursor", g->cells ? th->highlight : palette_cat(6), chunk >= 0 && !cur->clean },
     };
     for (int k = 0; k < LANE_N; k++) {
         lane_of[k] = lanes[k].on ? nc : -1;

@@ -190,7 +190,7 @@ static int selection_draw(canvas *c, canvas_rect r, const probe_store *st, const
             .x = { .label = g->cells ? "chunk" : "chunk (prompt position / chunk size)",
                    .min = c0 - 0.5, .max = c0 + nc - 0.5, .integer = 1 },
             .y = { .label = "decode step", .min = s0 - 0.5, .max = s0 + nsw - 0.5, .integer = 1 },
-            .highlight = PAINT_HI_ROW | (chunk >= c0 && chunk < c0 + nc ? PAINT_HI_COL : 0),
+            .highlight = cur->clean ? 0 : PAINT_HI_ROW | (chunk >= c0 && chunk < c0 + nc ? PAINT_HI_COL : 0),
             .hi_row = step - s0, .hi_col = chunk - c0,
         };
         if (pass == 1) canvas_fill_rect(c, body.x, body.y, body.w, body.h, th->bg);

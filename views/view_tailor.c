@@ -80,7 +80,7 @@ done:
 
 /* Lower panel: channels fetched per step at (layer, head). */
 static int draw_channels(canvas *c, canvas_rect r, const probe_store *st, int layer, int head, int step,
-                         paint_result *res) {
+                         int clean, paint_result *res) {
     const canvas_geom *g = canvas_geometry(c);
     const probe_ev_run *run = probe_store_run(st);
     int n = probe_store_n_steps(st), d = run && run->head_dim > 0 ? run->head_dim : 0;
@@ -123,7 +123,7 @@ static int draw_channels(canvas *c, canvas_rect r, const probe_store *st, int la
         .title = title, .cat = cat, .nx = n, .ny = d, .cats = cats, .n_cats = 1,
         .x = { .label = "decode step", .min = -0.5, .max = n - 0.5, .integer = 1 },
         .y = { .label = "channel", .min = -0.5, .max = d - 0.5, .integer = 1 },
-        .highlight = step >= 0 ? PAINT_HI_COL : 0, .hi_col = step,
+        .highlight = step >= 0 && !clean ? PAINT_HI_COL : 0, .hi_col = step,
     };
     int rc = paint_draw_raster(c, r, &pr, res);
     free(cat);
@@ -145,7 +145,7 @@ static int tailor_draw(canvas *c, canvas_rect r, const probe_store *st, const vi
     paint_result pr;
     int rc = draw_modes(c, a, st, &pr);
     if (rc && rc != SKV_EMISSING) return rc;
-    int rc2 = draw_channels(c, b, st, layer, head, view_step(st, cur), res);
+    int rc2 = draw_channels(c, b, st, layer, head, view_step(st, cur), cur->clean, res);
     return rc2 == SKV_EMISSING ? 0 : rc2;
 }
 
