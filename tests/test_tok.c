@@ -499,6 +499,21 @@ static void test_hf_synthetic(void) {
     }
     rc = tok_load_hf("/nonexistent/tokenizer.json", &v);
     test_cond("a missing tokenizer.json is SKV_EIO naming it", rc == SKV_EIO && strstr(skv_last_error(), "/nonexistent"));
+    /* A found by fuzzing: one token with a huge id asked for gigabytes. */
+    char sparse[1024];
+    snprintf(sparse, sizeof sparse, "%s/sparse.json", dir);
+    FILE *sf = fopen(sparse, "w");
+    if (sf) {
+        fputs("{\"model\": {\"type\": \"BPE\", \"vocab\": {\"a\": 0, \"b\": 900000000}, \"merges\": []},"
+              " \"pre_tokenizer\": {\"type\": \"ByteLevel\"}}", sf);
+        fclose(sf);
+    }
+    v = NULL;
+    rc = tok_load_hf(sparse, &v);
+    test_cond("a token id far past the entries is refused (no huge allocation)",
+              rc == SKV_EFORMAT && v == NULL && strstr(skv_last_error(), "dense"));
+    tok_free(v);
+    remove(sparse);
     remove(write_tj(dir, "tokenizer.json", bl, "BPE"));
     remove(write_tj(dir, "seq.json", bl, "BPE"));
     rmdir(dir);

@@ -20,6 +20,8 @@
 #include <stdlib.h>
 #include <string.h>
 
+#define TOK_HF_MAX_VOCAB (1 << 22) /* ids past this are refused */
+
 /* Reads a whole file; NULL with *rc set when it cannot (SKV_EMISSING when
  * absent and missing_ok). */
 static char *read_file(const char *path, size_t *len, int missing_ok, int *rc) {
@@ -266,6 +268,13 @@ static int load_vocab(tok_vocab **out, const char *path, const cJSON *root) {
         if (id >= n) n = id + 1;
     }
     if (n == 0) return skv_error(SKV_EFORMAT, "%s: model.vocab is empty", path);
+    /* The vocabulary is sized by its largest id: ids must be dense enough that
+     * a few entries cannot ask for gigabytes (real vocabularies are at most a
+     * few hundred thousand, with few holes). */
+    int entries = cJSON_GetArraySize(vocab) + (cJSON_IsArray(added) ? cJSON_GetArraySize(added) : 0);
+    if (n > TOK_HF_MAX_VOCAB || n > 2 * entries + 1024)
+        return skv_error(SKV_EFORMAT, "%s: token id %d is past the %d tokens the file defines (ids must be dense, at most "
+                         "%d)", path, n - 1, entries, TOK_HF_MAX_VOCAB);
 
     tok_vocab *v;
     if ((rc = tok_vocab_new(TOK_BPE, n, path, &v))) return rc;
