@@ -234,6 +234,12 @@ int cmd_run(int argc, char **argv) {
         fflush(stdout);
         prev = tok;
         generated++;
+        if (i + 1 < g.n_predict && s->n_past + 1 > s->o.ctx) { /* a full context ends the run, as end of text does */
+            fflush(stdout);
+            fprintf(stderr, "\nskv: the context of %d positions is full: generation stops here (raise it with -c)\n",
+                    s->o.ctx);
+            break;
+        }
         if (i + 1 < g.n_predict && session_decode(s, tok)) { printf("\n"); rc = cli_fail(); break; }
     }
     printf("\n");
