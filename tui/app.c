@@ -255,6 +255,29 @@ static int key_view(app *a, int ch) {
     return APP_HANDLED | APP_REDRAW;
 }
 
+/* 1..9: the Nth view of the tab bar. */
+static int key_jump(app *a, int ch) {
+    int want = ch - '1', k = 0;
+    for (int i = 0; view_classes[i]; i++) {
+        if (!view_available(view_classes[i])) continue;
+        if (k++ == want) {
+            a->view = i;
+            a->res_ok = 0;
+            return APP_HANDLED | APP_REDRAW;
+        }
+    }
+    set_msg(a, "there is no view %d (tab lists them)", want + 1);
+    return APP_HANDLED | APP_REDRAW;
+}
+
+/* , and . (or < and >): the previous / next recorded step in every view. */
+static int key_back_forth(app *a, int ch) {
+    int d = ch == ',' || ch == '<' ? -1 : 1;
+    if (!view_move_step(&a->cur, a->st, d)) { set_msg(a, "no decode steps yet"); return APP_HANDLED | APP_REDRAW; }
+    a->playing = 0;
+    return APP_HANDLED | APP_REDRAW;
+}
+
 static int key_layer(app *a, int ch) {
     int n = probe_store_n_layers(a->st);
     if (n <= 0) { set_msg(a, "no layers known yet"); return APP_HANDLED | APP_REDRAW; }
@@ -370,6 +393,9 @@ static const struct app_key {
     {{KEY_LEFT, KEY_RIGHT, KEY_UP, KEY_DOWN}, "arrows", "move inside the view (left/right: step)", key_move},
     {{'h', 'j', 'k', 'l'}, "h j k l", "the same as the arrows", key_move},
     {{'g', 'G', KEY_HOME, KEY_END}, "g G Home End", "first / last step (G follows the newest)", key_first_last},
+    {{',', '.', '<', '>'}, ", .", "previous / next recorded step, in every view", key_back_forth},
+    {{'1', '2', '3', '4', '5'}, "1..9", "jump to the Nth view of the tab bar", key_jump},
+    {{'6', '7', '8', '9'}, NULL, NULL, key_jump},
     {{'e'}, "e", "export the view to skv-VIEW-L#-H#-S#.png here", key_export},
     {{'?'}, "?", "this help (any key closes it)", key_help},
     {{12}, "C-l", "redraw the screen", key_redraw},
@@ -689,6 +715,7 @@ static void draw_help(app *a) {
     char line[256];
     tui_blit_text(y0, x0 + 2, tw, " skv inspect: keys ", A_BOLD, 0, a->utf8);
     for (int i = 0; i < N_APP_KEYS && y < y0 + bh - 1; i++, y++) {
+        if (!app_keys[i].label) { y--; continue; } /* a row that continues the one above */
         snprintf(line, sizeof line, "%-13s %s", app_keys[i].label, app_keys[i].help);
         tui_blit_text(y, x0 + 2, tw, line, 0, 0, a->utf8);
     }
