@@ -380,7 +380,7 @@ static int key_redraw(app *a, int ch) {
 
 /* The key table: the loop dispatches through it and the help lists it. */
 static const struct app_key {
-    int keys[5];          /* curses key codes, 0-terminated */
+    int keys[6];          /* curses key codes, 0-terminated (at most 5) */
     const char *label;    /* as the help shows them */
     const char *help;
     int (*fn)(app *a, int ch);
