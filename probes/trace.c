@@ -468,7 +468,13 @@ int trace_writer_close(trace_writer *w) {
             w->tmp = NULL;
         }
     }
-    if (rc) unlink(w->tmp ? w->tmp : w->path);
+    if (rc && w->err == SKV_EIO && !w->tmp) {
+        /* recording failed (a full disk): what was written stays, a trace cut
+         * short that loads up to its last complete step */
+        rc = skv_error(w->err, "%s; the trace is kept, cut short at its last complete step", w->msg);
+    } else if (rc) {
+        unlink(w->tmp ? w->tmp : w->path);
+    }
     writer_free(w);
     return rc;
 }

@@ -34,9 +34,10 @@ int trace_writer_open(const char *path, probe_bus *bus, trace_writer **out);
 /* Records one event (not to be mixed with a bus subscription on another thread). */
 int trace_writer_write(trace_writer *w, const probe_event *ev);
 /* Unsubscribes, writes the metadata record and the footer (and renames the
- * file into place when it replaces one). Frees w. On any error (including
- * one met while recording) returns it, with a message naming the file, and
- * removes what it wrote (an existing file at path is kept). */
+ * file into place when it replaces one). Frees w. On any error returns it,
+ * with a message naming the file. After an error met while recording (a
+ * full disk) a new file is kept, cut short at its last complete step;
+ * otherwise what was written is removed (an existing file at path is kept). */
 int trace_writer_close(trace_writer *w);
 /* Unsubscribes, removes what was written and frees w. */
 void trace_writer_abort(trace_writer *w);

@@ -12,6 +12,7 @@
 
 #include <dirent.h>
 #include <signal.h>
+#include <sys/resource.h>
 #include <sys/wait.h>
 #include <errno.h>
 
@@ -887,6 +888,46 @@ static void test_killed(const char *dir) {
     test_cond("and the killed recordings had steps in them", steps_seen >= 4);
 }
 
+/* A full disk (a file size limit here): the writer's error is reported at
+ * close, and the trace stays, loading up to its last complete step. */
+static void test_disk_full(const char *dir) {
+    char path[600];
+    snprintf(path, sizeof path, "%s/full.skvtrace", dir);
+    unlink(path);
+    pid_t pid = fork();
+    if (pid == 0) {
+        signal(SIGXFSZ, SIG_IGN);
+        struct rlimit rl = {200000, 200000};
+        setrlimit(RLIMIT_FSIZE, &rl);
+        trace_writer *w;
+        if (trace_writer_open(path, NULL, &w)) _exit(3);
+        probe_event run = {.kind = PROBE_RUN, .run = {.model = "m", .arch = "llama", .format = "gguf", .n_layers = 2,
+                                                      .n_heads = 2, .n_kv_heads = 1, .head_dim = 8, .max_ctx = 1 << 20,
+                                                      .kv_policy = "quest", .backend = "cpu", .kv_opts = ""}};
+        trace_writer_write(w, &run);
+        int sel[4] = {0, 1, 2, 3};
+        float sc[4] = {1, 2, 3, 4};
+        for (int s = 0; s < 100000; s++) {
+            probe_event d = {.kind = PROBE_DECODE_HEAD, .decode_head = {.step = s, .layer = 0, .head = 0, .block = 16,
+                                                                        .n_sel = 4, .sel = sel, .score = sc}};
+            probe_event st = {.kind = PROBE_STEP, .step = {.step = s, .token = 1, .kv_stats = ""}};
+            if (trace_writer_write(w, &d) || trace_writer_write(w, &st)) break;
+        }
+        int rc = trace_writer_close(w);
+        _exit(rc == SKV_EIO && strstr(skv_last_error(), "kept") ? 0 : 4);
+    }
+    int status = 0;
+    waitpid(pid, &status, 0);
+    probe_store *st;
+    probe_store_new(&st);
+    int rc = trace_load_store(path, st);
+    test_cond("a full disk: close reports it, and the trace is kept, cut short at its last complete step",
+              WIFEXITED(status) && WEXITSTATUS(status) == 0 && rc == 0 && strstr(trace_last_notice(), "cut short") &&
+                  probe_store_n_steps(st) > 10 && probe_store_count(st, PROBE_STEP) == (uint64_t)probe_store_n_steps(st));
+    probe_store_free(st);
+    unlink(path);
+}
+
 /* A version 2 trace (metadata first, records without their own CRC) loads. */
 static void test_v2(const char *dir) {
     char path[600];
@@ -929,6 +970,7 @@ static void test_v2(const char *dir) {
 int main(void) {
     const char *dir = test_tmpdir("trace");
     test_killed(dir);
+    test_disk_full(dir);
     test_v2(dir);
     test_crc();
     test_round_trip(dir);
