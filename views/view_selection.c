@@ -203,6 +203,16 @@ static int selection_draw(canvas *c, canvas_rect r, const probe_store *st, const
         step_window(n_steps, step, rows, &s02, &ns2);
         if (nc2 == nc && ns2 == nsw) break;
         c0 = c02; nc = nc2; s0 = s02; nsw = ns2;
+        if (nc < n) { /* only part of the chunks fit: say which, and that it scrolls */
+            const char *arrows = g->ascii ? "<- ->" : "\xe2\x86\x90/\xe2\x86\x92";
+            if (g->cells)
+                snprintf(title, sizeof title, "Selection L%d H%d: k=%d, chunks %d-%d of %d (%s scroll)", layer, head, k,
+                         c0, c0 + nc - 1, n, arrows);
+            else
+                snprintf(title, sizeof title, "Chunks selected by layer %d, KV head %d: k = %d; chunks %d-%d of %d shown",
+                         layer, head, k, c0, c0 + nc - 1, n);
+            view_fit_text(c, CANVAS_FONT_TITLE, r.w, title);
+        }
     }
     canvas_rect old = canvas_clip(c, r);
     canvas_text(c, r.x + (g->cells ? 0 : g->pad), g->cells ? r.y + r.h - 1 : r.y + r.h - info_h / 2, info,
