@@ -103,13 +103,24 @@ static void test_tokens_utf8(void) {
     probe_store_free(st);
 }
 
-/* Starts sh -c cmd, sends SIGINT after secs, and returns its exit status. */
-static int interrupt_after(const char *cmd, double secs) {
+/* Starts sh -c cmd, waits until the file log holds want, or anything when
+ * want is NULL (at most 120 s; a
+ * condition, not a time, so a loaded machine does not fail it), then secs
+ * more, sends SIGINT and returns the exit status. */
+static int interrupt_after(const char *cmd, const char *log, const char *want, double secs) {
     pid_t pid = fork();
     if (pid == 0) {
         setpgid(0, 0);
         execl("/bin/sh", "sh", "-c", cmd, (char *)NULL);
         _exit(127);
+    }
+    for (int i = 0; i < 1200; i++) {
+        char *b = NULL;
+        size_t n = 0;
+        int found = skv_read_file(log, 1 << 24, &b, &n) == 0 && (want ? strstr(b, want) != NULL : n > 0);
+        free(b);
+        if (found) break;
+        usleep(100000);
     }
     usleep((useconds_t)(secs * 1e6));
     kill(-pid, SIGINT);
@@ -124,9 +135,13 @@ static void test_ctrl_c(const char *dir) {
     snprintf(json, sizeof json, "%s/int.json", dir);
     struct stat sb;
     if (stat("build/default-model.gguf", &sb) == 0) {
+        char out[700];
+        snprintf(out, sizeof out, "%s/run.out", dir);
+        unlink(out);
         snprintf(cmd, sizeof cmd, "exec %s run -m build/default-model.gguf -p 'hello there' -n 1000000 -c 8000 "
-                 "--trace %s >/dev/null 2>&1", skv_bin(), trace);
-        int rc = interrupt_after(cmd, 2.0);
+                 "--trace %s >%s 2>/dev/null", skv_bin(), trace, out);
+        int rc = interrupt_after(cmd, out, NULL, 0.3); /* generated text is flowing */
+        unlink(out);
         probe_store *st = NULL;
         probe_store_new(&st);
         int lr = trace_load_store(trace, st);
@@ -138,9 +153,13 @@ static void test_ctrl_c(const char *dir) {
         test_skip("build/default-model.gguf is missing: the Ctrl-C run test");
     }
     if (stat("samples/model/skv-demo.gguf", &sb) == 0) {
+        char err[700];
+        snprintf(err, sizeof err, "%s/needle.err", dir);
+        unlink(err);
         snprintf(cmd, sizeof cmd, "exec %s needle -m samples/model/skv-demo.gguf --lengths 300 --depths 0:100:2 "
-                 "--json %s >/dev/null 2>&1", skv_bin(), json);
-        int rc = interrupt_after(cmd, 3.0);
+                 "--json %s >/dev/null 2>%s", skv_bin(), json, err);
+        int rc = interrupt_after(cmd, err, "case 1 (", 0.2); /* two cases have finished */
+        unlink(err);
         char *b = NULL;
         size_t n = 0;
         int ok = skv_read_file(json, 1 << 24, &b, &n) == 0;
