@@ -16,6 +16,7 @@
 #include "kv.h"
 #include "probe.h"
 #include "skv.h"
+#include "vec.h"
 
 #include <math.h>
 #include <stdlib.h>
@@ -173,9 +174,7 @@ static void emit_bounds(kv_qu *c, const qu_layer *L, int layer, const float *q, 
         for (int j = 0; j < last; j++) {
             float m = -INFINITY;
             for (int t = j * c->page; t < (j + 1) * c->page; t++) {
-                const float *k = L->k + (size_t)t * c->kvd + (size_t)kh * d;
-                float a = 0;
-                for (int i = 0; i < d; i++) a += qh[i] * k[i];
+                float a = vec_dot(qh, L->k + (size_t)t * c->kvd + (size_t)kh * d, d);
                 m = a > m ? a : m;
             }
             c->ev_max[j] = m;

@@ -96,6 +96,26 @@ static int sc_append(kv_cache *base, int layer, int pos, int n, const float *k_p
     return 0;
 }
 
+/* Softmax probabilities (1/sqrt(d)) of KV head kh's query heads over the T
+ * keys of K (rows of kvd), averaged over the group, into pm; p is scratch
+ * of T floats. */
+static void group_probs(const kv_sc *c, const float *K, int kh, int T, const float *q, float *p, float *pm) {
+    int d = c->d;
+    float scale = 1.0f / sqrtf((float)d);
+    for (int t = 0; t < T; t++) pm[t] = 0;
+    for (int g = 0; g < c->group; g++) {
+        const float *qh = q + (size_t)(kh * c->group + g) * d;
+        float mx = -INFINITY;
+        for (int t = 0; t < T; t++) {
+            p[t] = vec_dot(qh, K + (size_t)t * c->kvd + (size_t)kh * d, d) * scale;
+            mx = p[t] > mx ? p[t] : mx;
+        }
+        double z = 0;
+        for (int t = 0; t < T; t++) z += p[t] = expf(p[t] - mx);
+        for (int t = 0; t < T; t++) pm[t] += (float)(p[t] / z / c->group);
+    }
+}
+
 /* The selection against exact attention, for the views: the group-mean
  * probabilities over the exact keys, their top-k (as many as selected), and
  * lowbit_overlap = the share of those the low-bit top-k found, lowbit_recall
@@ -104,21 +124,10 @@ static int sc_append(kv_cache *base, int layer, int pos, int n, const float *k_p
 static void exact_vs_lowbit(kv_sc *c, sc_layer *L, int kh, int T, const float *q) {
     sc_head *H = &c->hd[kh];
     int layer = (int)(L - c->L);
-    int d = c->d, n = T - 1, k = H->n_sel;
+    int n = T - 1, k = H->n_sel;
     if (k <= 0 || n <= 0) return;
-    float scale = 1.0f / sqrtf((float)d), *pe = H->p, *pg = H->K;
-    for (int t = 0; t < T; t++) pe[t] = 0;
-    for (int g = 0; g < c->group; g++) {
-        const float *qh = q + (size_t)(kh * c->group + g) * d;
-        float mx = -INFINITY;
-        for (int t = 0; t < T; t++) {
-            pg[t] = vec_dot(qh, L->kx + (size_t)t * c->kvd + (size_t)kh * d, d) * scale;
-            mx = pg[t] > mx ? pg[t] : mx;
-        }
-        double z = 0;
-        for (int t = 0; t < T; t++) z += pg[t] = expf(pg[t] - mx);
-        for (int t = 0; t < T; t++) pe[t] += (float)(pg[t] / z / c->group);
-    }
+    float *pe = H->p;
+    group_probs(c, L->kx, kh, T, q, H->K, pe);
     int ne = c->base.shape.be->topk(pe, n, k, H->esel);
     double m_low = 0, m_ex = 0;
     int common = 0;
@@ -143,18 +152,7 @@ static void decode_head(kv_sc *c, sc_layer *L, int kh, int T, const float *q, fl
     const skv_backend *be = c->base.shape.be;
     int d = c->d, kvd = c->kvd;
     float scale = 1.0f / sqrtf((float)d);
-    for (int t = 0; t < T; t++) H->pm[t] = 0;
-    for (int g = 0; g < c->group; g++) {
-        const float *qh = q + (size_t)(kh * c->group + g) * d;
-        float mx = -INFINITY;
-        for (int t = 0; t < T; t++) {
-            H->p[t] = vec_dot(qh, L->kd + (size_t)t * kvd + (size_t)kh * d, d) * scale;
-            mx = H->p[t] > mx ? H->p[t] : mx;
-        }
-        double z = 0;
-        for (int t = 0; t < T; t++) z += H->p[t] = expf(H->p[t] - mx);
-        for (int t = 0; t < T; t++) H->pm[t] += (float)(H->p[t] / z / c->group);
-    }
+    group_probs(c, L->kd, kh, T, q, H->p, H->pm);
     H->n_sel = be->topk(H->pm, T - 1, c->k, H->sel); /* every position but the current one */
     int fp_from = L->nq_k > L->nq_v ? L->nq_k : L->nq_v; /* rows at and past this are exact already */
     H->misses = 0;
