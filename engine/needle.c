@@ -583,6 +583,16 @@ static void case_probes_free(needle_case *c) {
     }
 }
 
+int needle_context_notice(const skv_model *m, const needle_opts *o, char *buf, size_t n) {
+    int max_len = 0;
+    for (int i = 0; i < o->n_lengths; i++) max_len = o->lengths[i] > max_len ? o->lengths[i] : max_len;
+    if (n) buf[0] = 0;
+    if (max_len <= m->cfg.ctx_train) return 0;
+    snprintf(buf, n, "lengths up to %d tokens run past the model's trained context of %d; retrieval there is not "
+             "expected", max_len, m->cfg.ctx_train);
+    return 1;
+}
+
 int needle_check_kv_opts(const needle_opts *o) {
     for (int i = 0; i < o->kv.n_set; i++) {
         if (!o->kv.set[i].strict) continue;
@@ -626,12 +636,7 @@ int needle_run(skv_model *m, const needle_opts *o, needle_case_fn fn, void *user
     res->answer_tokens = n_answer;
     int n = o->n_lengths * o->n_depths * o->runs;
     if (!(res->cases = calloc((size_t)n, sizeof *res->cases))) { rc = skv_error(SKV_ENOMEM, "out of memory"); goto done; }
-    int max_len = 0;
-    for (int i = 0; i < o->n_lengths; i++) max_len = o->lengths[i] > max_len ? o->lengths[i] : max_len;
-    if (max_len > m->cfg.ctx_train)
-        snprintf(res->notice, sizeof res->notice,
-                 "lengths up to %d tokens run past the model's trained context of %d; retrieval there is not expected",
-                 max_len, m->cfg.ctx_train);
+    needle_context_notice(m, o, res->notice, sizeof res->notice);
     ids_buf prompt = {0};
     int chose_miss = 0;
     for (int li = 0; li < o->n_lengths && !rc; li++)

@@ -75,6 +75,10 @@ int needle_set_methods(needle_opts *o, const char *list);
  * SKV_EINVAL with a message. needle_run checks it too. */
 int needle_check_kv_opts(const needle_opts *o);
 
+/* 1 and a one-line notice in buf when some length of o runs past m's trained
+ * context (needle_run puts it in res->notice; callers may say it before). */
+int needle_context_notice(const skv_model *m, const needle_opts *o, char *buf, size_t n);
+
 
 typedef struct {
     int index, length, run;    /* case number; requested length; repetition */

@@ -6,6 +6,7 @@
 #include "skv.h"
 
 #include <errno.h>
+#include <signal.h>
 #include <stdarg.h>
 #include <stdlib.h>
 #include <string.h>
@@ -270,11 +271,38 @@ const char *cli_prompt_text(cli_gen *g) {
 
 int cli_check_output(const char *cmd, const char *path, int force) {
     if (!path || force || access(path, F_OK) != 0) return 0;
-    return cli_usage_error(cmd, "%s exists; add --force to replace it", path);
+    fprintf(stderr, "skv %s: %s exists; use --force to replace it\n", cmd, path);
+    return 1;
 }
 
 void cli_ctx_warning(const cli_gen *g, const skv_model *m) {
     if (g->s.ctx > 0 && m->cfg.ctx_train > 0 && g->s.ctx > m->cfg.ctx_train)
         fprintf(stderr, "skv: warning: -c %d is past the %d positions the model was trained on; positions beyond "
                 "them are untrained and its output there is not to be trusted\n", g->s.ctx, m->cfg.ctx_train);
+}
+
+static volatile sig_atomic_t stop_flag;
+static struct sigaction stop_old_int, stop_old_term;
+
+static void on_stop(int sig) {
+    (void)sig;
+    if (stop_flag) _exit(CLI_STOPPED); /* a second Ctrl-C: leave now (a trace stays readable, cut short) */
+    stop_flag = 1;
+}
+
+void cli_stop_catch(void) {
+    struct sigaction sa;
+    memset(&sa, 0, sizeof sa);
+    sa.sa_handler = on_stop;
+    sigemptyset(&sa.sa_mask);
+    stop_flag = 0;
+    sigaction(SIGINT, &sa, &stop_old_int);
+    sigaction(SIGTERM, &sa, &stop_old_term);
+}
+
+int cli_stop_requested(void) { return stop_flag != 0; }
+
+void cli_stop_release(void) {
+    sigaction(SIGINT, &stop_old_int, NULL);
+    sigaction(SIGTERM, &stop_old_term, NULL);
 }

@@ -47,7 +47,7 @@ const char *cli_prompt_text(cli_gen *g);
 void cli_gen_free(cli_gen *g);
 
 /* 0 when path may be written: it does not exist, or force. Else prints that
- * it exists (add --force to replace it) and returns 2. The one rule for
+ * it exists (use --force to replace it) and returns 1. The one rule for
  * every output a command writes. */
 int cli_check_output(const char *cmd, const char *path, int force);
 
@@ -55,6 +55,15 @@ int cli_check_output(const char *cmd, const char *path, int force);
  * was trained on. */
 struct skv_model;
 void cli_ctx_warning(const cli_gen *g, const struct skv_model *m);
+
+/* Ctrl-C (SIGINT or SIGTERM) while a command works: cli_stop_catch() makes
+ * the first one set a flag that cli_stop_requested() reports (the command
+ * finishes the step in flight and keeps what it made; status 130), a second
+ * one exits at once; cli_stop_release() restores the handlers. */
+#define CLI_STOPPED 130
+void cli_stop_catch(void);
+int cli_stop_requested(void);
+void cli_stop_release(void);
 
 /* Prints "skv: <last error>" to stderr and returns 1. */
 int cli_fail(void);

@@ -19,7 +19,6 @@
 #include <cjson/cJSON.h>
 #include <limits.h>
 #include <math.h>
-#include <signal.h>
 #include <stdlib.h>
 #include <string.h>
 #include <strings.h>
@@ -187,15 +186,8 @@ static int compare_misses(run_state *rs, const needle_case *c) {
     return 0;
 }
 
-/* Ctrl-C (or SIGTERM): the sweep stops after the case in flight and every
- * output is written with the finished cases, marked partial. */
-#define NEEDLE_STOPPED 130
-static volatile sig_atomic_t needle_stop;
-static void on_needle_stop(int sig) {
-    (void)sig;
-    if (needle_stop) _exit(130);
-    needle_stop = 1;
-}
+/* Ctrl-C (or SIGTERM, cli_stop_catch): the sweep stops after the case in
+ * flight and every output is written with the finished cases, marked partial. */
 
 /* After each case: a progress line, and with --explain the diagnosis of
  * every method that missed. */
@@ -225,7 +217,7 @@ static int on_case(const needle_case *c, void *user) {
             return skv_error(SKV_ENOMEM, "out of memory");
     }
     int rc = compare_misses(rs, c);
-    return rc ? rc : needle_stop ? NEEDLE_STOPPED : 0;
+    return rc ? rc : cli_stop_requested() ? CLI_STOPPED : 0;
 }
 
 /* "4k" for multiples of 1024, else the number. */
@@ -641,10 +633,9 @@ int cmd_needle(int argc, char **argv) {
         return cli_usage_error("needle", "--trace-case %d: the sweep has cases 0..%ld", o.detail_case,
                                (long)n_len * n_dep * o.runs - 1);
     }
-    const char *outs[3] = { json, png, trace };
+    const char *outs[3] = { json, png, trace };   /* checked before a sweep that may take minutes */
     for (int i = 0; i < 3; i++)
-        if (outs[i] && !force && file_exists(outs[i])) {
-            fprintf(stderr, "skv needle: %s exists; use --force to replace it\n", outs[i]);
+        if (cli_check_output("needle", outs[i], force)) {
             free(lengths);
             free(depths);
             return 1;
@@ -700,23 +691,15 @@ int cmd_needle(int argc, char **argv) {
             m->random_weights ? " (random weights: retrieval is not expected)" : "", n_len, n_len == 1 ? "" : "s", n_dep,
             n_dep == 1 ? "" : "s", o.runs, o.runs == 1 ? "" : "s", hay_path);
     needle_result res;
-    struct sigaction sa, old_int, old_term;
-    memset(&sa, 0, sizeof sa);
-    sa.sa_handler = on_needle_stop;
-    sigemptyset(&sa.sa_mask);
-    sigaction(SIGINT, &sa, &old_int);
-    sigaction(SIGTERM, &sa, &old_term);
-    int max_len = 0;
-    for (int i = 0; i < n_len; i++) max_len = lengths[i] > max_len ? lengths[i] : max_len;
-    if (max_len > m->cfg.ctx_train) /* said before a sweep that may take minutes, and again after it */
-        fprintf(stderr, "skv needle: warning: lengths up to %d tokens run past the model's trained context of %d; "
-                "retrieval there is not expected\n", max_len, m->cfg.ctx_train);
+    cli_stop_catch();
+    char ctx_note[256];
+    if (needle_context_notice(m, &o, ctx_note, sizeof ctx_note)) /* before a sweep that may take minutes, and after */
+        fprintf(stderr, "skv needle: warning: %s\n", ctx_note);
     rs.t0 = skv_now();
     rc = needle_run(m, &o, on_case, &rs, &res);
-    sigaction(SIGINT, &old_int, NULL);
-    sigaction(SIGTERM, &old_term, NULL);
+    cli_stop_release();
     if (res.notice[0]) fprintf(stderr, "skv needle: %s\n", res.notice);
-    int partial = rc == NEEDLE_STOPPED;
+    int partial = rc == CLI_STOPPED;
     if (partial) {
         fprintf(stderr, "skv needle: interrupted after %d of %d cases; the results below and the files written "
                 "hold those cases and are marked partial\n", res.n_cases, rs.n_total);
@@ -743,7 +726,7 @@ int cmd_needle(int argc, char **argv) {
         fprintf(stderr, "skv needle: wrote %s (case %d under %s in detail)\n", trace, res.detail,
                 res.detail >= 0 ? o.methods[res.detail_method] : "-");
     }
-    rc = partial ? NEEDLE_STOPPED : 0;
+    rc = partial ? CLI_STOPPED : 0;
 done:
     needle_result_free(&res);
 fail:

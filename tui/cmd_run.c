@@ -9,17 +9,15 @@
 #include "trace.h"
 
 #include <math.h>
-#include <signal.h>
 #include <stdlib.h>
 #include <string.h>
-#include <unistd.h>
 
 /* Loads the model, tokenizes the prompt and prefills a session (recording a
  * trace when --trace was given). */
 static int setup(cli_gen *g, const char *cmd, skv_model **m, skv_session **s, int32_t **ids, int *n) {
     *m = NULL; *s = NULL; *ids = NULL;
     if (g->trace) {
-        if (cli_check_output(cmd, g->trace, g->force)) return 2;
+        if (cli_check_output(cmd, g->trace, g->force)) return 1;
         if (probe_bus_new(&g->bus) || trace_writer_open(g->trace, g->bus, &g->tw)) return cli_fail();
         g->s.bus = g->bus;
     }
@@ -43,7 +41,7 @@ static int setup(cli_gen *g, const char *cmd, skv_model **m, skv_session **s, in
 static int teardown(skv_model *m, skv_session *s, int32_t *ids, cli_gen *g, int rc) {
     if (g->tw) {
         /* an interrupted run (130) keeps its trace: every step so far */
-        if (rc && rc != 130) trace_writer_abort(g->tw);
+        if (rc && rc != CLI_STOPPED) trace_writer_abort(g->tw);
         else if (trace_writer_close(g->tw)) rc = cli_fail();
         else fprintf(stderr, "skv: trace written to %s\n", g->trace);
     }
@@ -111,7 +109,7 @@ static void print_kv_accounting(const skv_session *s) {
  * the teacher's text on stdout, one line per policy on stderr. */
 static int run_compare(cli_gen *g) {
     if (g->trace) {
-        if (cli_check_output("run", g->trace, g->force)) return 2;
+        if (cli_check_output("run", g->trace, g->force)) return 1;
         if (probe_bus_new(&g->bus) || trace_writer_open(g->trace, g->bus, &g->tw)) return cli_fail();
         g->s.bus = g->bus;
     }
@@ -194,15 +192,6 @@ static void run_help(FILE *o) {
     cli_gen_help(o, 1);
 }
 
-/* Ctrl-C (or SIGTERM) during generation: stop after the step in flight, then
- * print the summary and close the trace as a normal end does. */
-static volatile sig_atomic_t run_stop;
-static void on_stop(int sig) {
-    (void)sig;
-    if (run_stop) _exit(130); /* a second Ctrl-C: leave now (the trace is still readable, cut short) */
-    run_stop = 1;
-}
-
 int cmd_run(int argc, char **argv) {
     cli_gen g;
     cli_gen_default(&g);
@@ -220,13 +209,8 @@ int cmd_run(int argc, char **argv) {
     int prev = ids[n - 1];
     char buf[256];
     int generated = 0;
-    struct sigaction sa, old_int, old_term;
-    memset(&sa, 0, sizeof sa);
-    sa.sa_handler = on_stop;
-    sigemptyset(&sa.sa_mask);
-    sigaction(SIGINT, &sa, &old_int);
-    sigaction(SIGTERM, &sa, &old_term);
-    for (int i = 0; i < g.n_predict && !run_stop; i++) {
+    cli_stop_catch(); /* Ctrl-C: stop after the step in flight, then the summary and the trace */
+    for (int i = 0; i < g.n_predict && !cli_stop_requested(); i++) {
         int tok = session_sample(s);
         if (tok_is_eog(m->tok, tok)) break;
         int len = tok_piece(m->tok, prev, tok, 0, buf, sizeof buf);
@@ -244,15 +228,14 @@ int cmd_run(int argc, char **argv) {
     }
     printf("\n");
     fflush(stdout);
-    sigaction(SIGINT, &old_int, NULL);
-    sigaction(SIGTERM, &old_term, NULL);
-    if (run_stop) fprintf(stderr, "skv: stopped after %d generated tokens (interrupted)%s\n", generated,
+    cli_stop_release();
+    if (cli_stop_requested()) fprintf(stderr, "skv: stopped after %d generated tokens (interrupted)%s\n", generated,
                           g.trace ? "; the trace holds every step so far" : "");
     fprintf(stderr, "skv: prompt %d tokens, %.1f tok/s prefill; generated %d tokens, %.1f tok/s decode\n", n,
             n / (s->t_prefill > 0 ? s->t_prefill : 1e-9), generated,
             s->step ? s->step / (s->t_decode > 0 ? s->t_decode : 1e-9) : 0.0);
     print_kv_accounting(s);
-    if (!rc && run_stop) rc = 130; /* interrupted: the usual status, after the summary and the trace */
+    if (!rc && cli_stop_requested()) rc = CLI_STOPPED; /* interrupted: after the summary and the trace */
     return teardown(m, s, ids, &g, rc);
 }
 

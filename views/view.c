@@ -53,38 +53,38 @@ void view_fit_text(canvas *c, int font, double w, char *buf) {
     buf[0] = 0;
 }
 
-/* Clears res, draws the title and a centred message, records the message as
- * the last error and returns SKV_EMISSING. */
-const char *view_no_data(const probe_store *st, probe_kind kind, const char *what, char *buf, size_t n) {
+/* Why there is nothing to draw: no run yet, no decode steps yet (per_step),
+ * nothing of this kind from the run's policy (who: NULL, or who records it),
+ * or nothing at the cursor. */
+static const char *no_data(const probe_store *st, int present, int per_step, const char *what, const char *who,
+                           char *buf, size_t n) {
     const probe_ev_run *run = probe_store_run(st);
-    int per_step = kind == PROBE_DECODE_HEAD || kind == PROBE_STEP || kind == PROBE_NEEDLE;
-    if (!run && probe_store_count(st, kind) == 0)
+    const char *pol = run && run->kv_policy && run->kv_policy[0] ? run->kv_policy : "?";
+    if (!run && !present)
         snprintf(buf, n, "no %s: no run recorded yet", what);
     else if (per_step && probe_store_n_steps(st) == 0)
         snprintf(buf, n, "no %s yet: generate tokens (-n N) and step (n or r)", what);
-    else if (probe_store_count(st, kind) == 0)
-        snprintf(buf, n, "no %s: policy %s records none (skv run --kv help lists the policies)", what,
-                 run && run->kv_policy && run->kv_policy[0] ? run->kv_policy : "?");
+    else if (!present && who)
+        snprintf(buf, n, "no %s: %s records them; this run's policy is %s", what, who, pol);
+    else if (!present)
+        snprintf(buf, n, "no %s: policy %s records none (skv run --kv help lists the policies)", what, pol);
     else
         snprintf(buf, n, "no %s here: move to another layer, head or step", what);
     return buf;
+}
+
+const char *view_no_data(const probe_store *st, probe_kind kind, const char *what, char *buf, size_t n) {
+    int per_step = kind == PROBE_DECODE_HEAD || kind == PROBE_STEP || kind == PROBE_NEEDLE;
+    return no_data(st, probe_store_count(st, kind) > 0, per_step, what, NULL, buf, n);
 }
 
 const char *view_no_metric(const probe_store *st, const char *metric, int per_step, const char *what,
                            const char *owner, char *buf, size_t n) {
-    const probe_ev_run *run = probe_store_run(st);
-    if (!run && !probe_store_has_metric(st, metric))
-        snprintf(buf, n, "no %s: no run recorded yet", what);
-    else if (per_step && probe_store_n_steps(st) == 0)
-        snprintf(buf, n, "no %s yet: generate tokens (-n N) and step (n or r)", what);
-    else if (!probe_store_has_metric(st, metric))
-        snprintf(buf, n, "no %s: %s records them; this run's policy is %s", what, owner,
-                 run && run->kv_policy && run->kv_policy[0] ? run->kv_policy : "?");
-    else
-        snprintf(buf, n, "no %s here: move to another layer, head or step", what);
-    return buf;
+    return no_data(st, probe_store_has_metric(st, metric), per_step, what, owner, buf, n);
 }
 
+/* Clears res, draws the title and a centred message (wrapped), records the
+ * message as the last error and returns SKV_EMISSING. */
 int view_message(canvas *c, canvas_rect r, const char *title, const char *msg, paint_result *res) {
     if (res) {
         memset(res, 0, sizeof *res);
