@@ -540,6 +540,7 @@ static int reader_check_v3(trace_reader *r) {
     const unsigned char *m = r->map;
     size_t size = r->size, pos = V3_HEADER, end_ok = V3_HEADER, step_end = 0;
     uint64_t n = 0, n_at_step = 0, n_ok = 0;
+    uint64_t cnt[PROBE_KIND_COUNT] = {0}, cnt_step[PROBE_KIND_COUNT] = {0}, unk = 0, unk_step = 0;
     int last_step = -1, complete = 0;
     const char *why = "the recording was interrupted before it closed";
     char whybuf[200];
@@ -588,9 +589,13 @@ static int reader_check_v3(trace_reader *r) {
         }
         pos += RECORD_HEAD + (size_t)len + RECORD_CRC;
         n++;
+        if (kind > 0 && kind < PROBE_KIND_COUNT) cnt[kind]++;
+        else unk++;
         if (kind == PROBE_STEP) {
             step_end = pos;
             n_at_step = n;
+            memcpy(cnt_step, cnt, sizeof cnt);
+            unk_step = unk;
             last_step = payload_step(m + pos - RECORD_CRC - len, len);
         }
         end_ok = pos;
@@ -606,6 +611,8 @@ static int reader_check_v3(trace_reader *r) {
             return file_error(SKV_EFORMAT, path, "the metadata record is damaged (checksum mismatch)");
         r->rec_end = meta_off;
         r->n_records = n;
+        memcpy(r->count, cnt, sizeof cnt);
+        r->n_unknown = unk;
         r->json = malloc((size_t)meta_len + 1);
         if (!r->json) return file_error(SKV_ENOMEM, path, "out of memory for the metadata");
         memcpy(r->json, m + meta_off + RECORD_HEAD, meta_len);
@@ -619,9 +626,13 @@ static int reader_check_v3(trace_reader *r) {
     if (step_end) {
         r->rec_end = step_end;
         r->n_records = n_at_step;
+        memcpy(r->count, cnt_step, sizeof cnt_step);
+        r->n_unknown = unk_step;
     } else {
         r->rec_end = end_ok;
         r->n_records = n_ok;
+        memcpy(r->count, cnt, sizeof cnt);
+        r->n_unknown = unk;
     }
     if (last_step >= 0)
         snprintf(trace_notice_buf, sizeof trace_notice_buf,
@@ -690,22 +701,22 @@ static int reader_check_file(trace_reader *r) {
     return 0;
 }
 
-/* Walks every record header: each must fit before the footer. */
+/* Version 2: walks every record header: each must fit before the footer. */
 static int reader_scan(trace_reader *r) {
     size_t pos = r->rec_begin;
     uint64_t n = 0;
     while (pos < r->rec_end) {
-        if (r->rec_end - pos < RECORD_HEAD + r->rec_tail)
+        if (r->rec_end - pos < RECORD_HEAD)
             return file_error(SKV_EFORMAT, r->path, "record %" PRIu64 " at byte %zu: header cut off (%zu bytes before the footer)",
                               n, pos, r->rec_end - pos);
         uint32_t kind = get_u32(r->map + pos), len = get_u32(r->map + pos + 4);
-        if (len > r->rec_end - pos - RECORD_HEAD - r->rec_tail)
+        if (len > r->rec_end - pos - RECORD_HEAD)
             return file_error(SKV_EFORMAT, r->path,
                               "record %" PRIu64 " (%s) at byte %zu: length %u runs past the end of the records (%zu bytes left)",
                               n, kind_label(kind), pos, len, r->rec_end - pos - RECORD_HEAD);
         if (kind > 0 && kind < PROBE_KIND_COUNT) r->count[kind]++;
         else r->n_unknown++;
-        pos += RECORD_HEAD + len + r->rec_tail;
+        pos += RECORD_HEAD + len;
         n++;
     }
     if (n != r->n_records)
@@ -749,7 +760,7 @@ int trace_open(const char *path, trace_reader **out) {
     }
     r->map = m;
     int rc = reader_check_file(r);
-    if (!rc) rc = reader_scan(r);
+    if (!rc && r->version == 2) rc = reader_scan(r); /* version 3 records were walked, CRC by CRC, at check */
     if (rc) {
         reader_free(r);
         return rc;
