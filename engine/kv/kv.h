@@ -17,6 +17,7 @@
 
 #include <stddef.h>
 #include <stdio.h>
+#include <string.h>
 
 typedef struct probe_bus probe_bus;
 
@@ -224,5 +225,16 @@ static inline kv_cache *kv_unwrap(kv_cache *c) {
 }
 
 static inline void kv_free(kv_cache *c) { if (c) c->cls->free(c); }
+
+/* Appends the key and value rows [t0, t1) of KV head kh (rows of kvd floats,
+ * heads of d) to the gathered rows K, V at row *n, advancing *n: the copy
+ * the block policies make of what a head attends. */
+static inline void kv_gather_rows(const float *k, const float *v, int kvd, int kh, int d, int t0, int t1, float *K,
+                                  float *V, int *n) {
+    for (int t = t0; t < t1; t++, (*n)++) {
+        memcpy(K + (size_t)*n * d, k + (size_t)t * kvd + (size_t)kh * d, sizeof(float) * (size_t)d);
+        memcpy(V + (size_t)*n * d, v + (size_t)t * kvd + (size_t)kh * d, sizeof(float) * (size_t)d);
+    }
+}
 
 #endif

@@ -147,17 +147,11 @@ static void pick(kv_fk *c, const fk_layer *L, int kh, const float *q, int p0, in
 
 /* Gathers sink, the selected pages and the window [ws, T) of KV head kh. */
 static void gather(const kv_fk *c, const fk_layer *L, int kh, fk_head *H, int ws, int T) {
-    int n = 0, d = c->d;
-#define ROW(t) do { \
-        memcpy(H->K + (size_t)n * d, L->k + (size_t)(t) * c->kvd + (size_t)kh * d, sizeof(float) * d); \
-        memcpy(H->V + (size_t)n * d, L->v + (size_t)(t) * c->kvd + (size_t)kh * d, sizeof(float) * d); \
-        n++; \
-    } while (0)
-    for (int t = 0; t < c->sink && t < T; t++) ROW(t);
+    int n = 0;
+    kv_gather_rows(L->k, L->v, c->kvd, kh, c->d, 0, c->sink < T ? c->sink : T, H->K, H->V, &n);
     for (int i = 0; i < H->n_sel; i++)
-        for (int t = H->sel[i] * c->page; t < (H->sel[i] + 1) * c->page; t++) ROW(t);
-    for (int t = ws; t < T; t++) ROW(t);
-#undef ROW
+        kv_gather_rows(L->k, L->v, c->kvd, kh, c->d, H->sel[i] * c->page, (H->sel[i] + 1) * c->page, H->K, H->V, &n);
+    kv_gather_rows(L->k, L->v, c->kvd, kh, c->d, ws, T, H->K, H->V, &n);
     H->rows = n;
 }
 

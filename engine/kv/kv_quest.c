@@ -122,14 +122,11 @@ static int alloc_scratch(kv_qu *c) {
 /* Copies the rows of the selected pages and of the last page (positions
  * last*page..T-1) of KV head kh into Q's buffers; returns the row count. */
 static int gather(const kv_qu *c, const qu_layer *L, int kh, qu_qhead *Q, int last, int T) {
-    int n = 0, d = c->d;
+    int n = 0;
     for (int i = 0; i <= Q->n_sel; i++) {
         int j = i < Q->n_sel ? Q->sel[i] : last;
         int t1 = (j + 1) * c->page < T ? (j + 1) * c->page : T;
-        for (int t = j * c->page; t < t1; t++, n++) {
-            memcpy(Q->K + (size_t)n * d, L->k + (size_t)t * c->kvd + (size_t)kh * d, sizeof(float) * d);
-            memcpy(Q->V + (size_t)n * d, L->v + (size_t)t * c->kvd + (size_t)kh * d, sizeof(float) * d);
-        }
+        kv_gather_rows(L->k, L->v, c->kvd, kh, c->d, j * c->page, t1, Q->K, Q->V, &n);
     }
     return n;
 }

@@ -163,15 +163,9 @@ static void decode_sparse_head(kv_tk *c, tk_layer *L, int kh, int T, const float
         H->sel[i] += lo;
     }
     int n = 0;
-#define ROW(t) do { \
-        memcpy(H->K + (size_t)n * d, L->k + (size_t)(t) * kvd + (size_t)kh * d, sizeof(float) * d); \
-        memcpy(H->V + (size_t)n * d, L->v + (size_t)(t) * kvd + (size_t)kh * d, sizeof(float) * d); \
-        n++; \
-    } while (0)
-    for (int t = 0; t < lo; t++) ROW(t);
-    for (int i = 0; i < H->n_sel; i++) ROW(H->sel[i]);
-    for (int t = hi; t < T; t++) ROW(t);
-#undef ROW
+    kv_gather_rows(L->k, L->v, kvd, kh, d, 0, lo, H->K, H->V, &n);
+    for (int i = 0; i < H->n_sel; i++) kv_gather_rows(L->k, L->v, kvd, kh, d, H->sel[i], H->sel[i] + 1, H->K, H->V, &n);
+    kv_gather_rows(L->k, L->v, kvd, kh, d, hi, T, H->K, H->V, &n);
     H->rows = n;
     float scale = 1.0f / sqrtf((float)d);
     for (int g = 0; g < c->group; g++) {
