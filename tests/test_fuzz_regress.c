@@ -36,7 +36,7 @@ static const harness harnesses[] = {
 static int cmp_str(const void *a, const void *b) { return strcmp(*(char *const *)a, *(char *const *)b); }
 
 int main(void) {
-    fuzz_quiet();
+    fuzz_setup();
     int total = 0;
     for (size_t h = 0; h < sizeof harnesses / sizeof harnesses[0]; h++) {
         char dir[256];

@@ -62,8 +62,8 @@ static inline char *fuzz_str(const uint8_t *d, size_t n) {
     return s;
 }
 
-/* Quiet loaders: errors are expected, stderr noise is not useful. */
-static inline void fuzz_quiet(void) {
+/* Once per process: one OpenMP and BLAS thread (fuzzing runs one input at a time). */
+static inline void fuzz_setup(void) {
     static int done;
     if (!done) {
         done = 1;
@@ -81,7 +81,7 @@ static inline void fuzz_quiet(void) {
     int LLVMFuzzerInitialize(int *argc, char ***argv) {                                 \
         (void)argc;                                                                     \
         (void)argv;                                                                     \
-        fuzz_quiet();                                                                   \
+        fuzz_setup();                                                                   \
         fuzz_##name##_init();                                                           \
         return 0;                                                                       \
     }                                                                                   \
