@@ -307,19 +307,6 @@ int needle_contains_value(const char *text, const char *value) {
     return 0;
 }
 
-/* tmpl with its first "{value}" replaced by value, into a malloc'd string. */
-static char *fill_value(const char *tmpl, const char *value) {
-    const char *at = strstr(tmpl, "{value}");
-    size_t a = at ? (size_t)(at - tmpl) : strlen(tmpl), vn = at ? strlen(value) : 0;
-    const char *rest = at ? at + 7 : "";
-    char *s = malloc(a + vn + strlen(rest) + 1);
-    if (!s) return NULL;
-    memcpy(s, tmpl, a);
-    memcpy(s + a, value, vn);
-    strcpy(s + a + vn, rest);
-    return s;
-}
-
 /* ---- generation ----------------------------------------------------------------- */
 
 /* Greedy answer of up to n tokens after the prompt; with the oracle, the
@@ -402,44 +389,115 @@ probe_event needle_niah_event(const needle_opts *o, const needle_case *c, int m,
 typedef struct {
     skv_model *m;
     const needle_opts *o;
+    const needle_task *task;
+    needle_task own;      /* the task made from needle_opts' needle and question (task NULL) */
     haystack hay;
-    ids_buf needle, question, tmp;
+    ids_buf facts[NEEDLE_MAX_FACTS], question, tmp;
     int bos;
-    char *prefix;         /* owned answer prefix */
     probe_bus *bus;
     probe_sub *sub;
     collector col;
 } sweep;
 
-/* Builds case c's prompt into out (exactly c->length tokens). */
+/* The case's facts: how many, their keys (drawn without replacement from
+ * the task's) and values (seven digits; the asked fact's from (seed, case)
+ * as ever); the expected answer. */
+static int case_facts(const sweep *w, needle_case *c) {
+    const needle_task *t = w->task;
+    uint64_t r = splitmix64(w->o->seed * 0x9e3779b97f4a7c15ull ^ ((uint64_t)c->index << 20) ^ 0x5eedull);
+    c->task = t->name;
+    c->n_facts = t->facts_min + (t->facts_max > t->facts_min ? (int)(r % (uint64_t)(t->facts_max - t->facts_min + 1)) : 0);
+    int pick[NEEDLE_MAX_FACTS];
+    for (int i = 0; i < c->n_facts; i++) {
+        c->keys[i][0] = 0;
+        if (needle_task_keyed(t) && t->n_keys) {
+            int k;
+            for (int again = 1; again;) {
+                r = splitmix64(r);
+                k = (int)(r % (uint64_t)t->n_keys);
+                again = 0;
+                for (int j = 0; j < i; j++) again |= pick[j] == k;
+            }
+            pick[i] = k;
+            snprintf(c->keys[i], sizeof c->keys[i], "%s", t->keys[k]);
+        }
+        uint64_t x = i == 0 ? splitmix64(w->o->seed * 0x100000001b3ull + (uint64_t)c->index) : (r = splitmix64(r));
+        for (int again = 1; again;) {
+            snprintf(c->values[i], sizeof c->values[i], "%07llu", (unsigned long long)(1000000 + x % 9000000));
+            again = 0;
+            for (int j = 0; j < i; j++) again |= !strcmp(c->values[j], c->values[i]);
+            if (again) x = splitmix64(x);
+        }
+    }
+    char *ans = needle_fill(t->answer, c->keys[0], c->values[0]);
+    if (!ans) return skv_error(SKV_ENOMEM, "out of memory");
+    snprintf(c->value, sizeof c->value, "%s", ans);
+    free(ans);
+    return 0;
+}
+
+/* Builds case c's prompt into out (exactly c->length tokens): BOS, the
+ * haystack with the asked fact at the sentence boundary nearest the depth
+ * and each distractor at a boundary drawn from the case's seed, the
+ * question. Every piece is tokenized apart with a leading space. */
 static int build_prompt(sweep *w, needle_case *c, ids_buf *out) {
     const tok_vocab *tok = w->m->tok;
-    char *text = fill_value(w->o->needle, c->value);
-    if (!text) return skv_error(SKV_ENOMEM, "out of memory");
-    int rc = encode_piece(tok, text, &w->needle);
-    free(text);
+    int rc = 0, fixed = w->bos;
+    for (int i = 0; i < c->n_facts && !rc; i++) {
+        char *text = needle_fill(w->task->fact, c->keys[i], c->values[i]);
+        if (!text) return skv_error(SKV_ENOMEM, "out of memory");
+        rc = encode_piece(tok, text, &w->facts[i]);
+        free(text);
+        fixed += w->facts[i].n;
+    }
+    char *q = rc ? NULL : needle_fill(w->task->question, c->keys[0], c->values[0]);
+    if (!rc && !q) return skv_error(SKV_ENOMEM, "out of memory");
+    if (!rc) rc = encode_piece(tok, q, &w->question);
+    free(q);
     if (rc) return rc;
-    int fixed = w->bos + w->needle.n + w->question.n, n = c->length - fixed;
+    fixed += w->question.n;
+    int n = c->length - fixed;
     if (n < 1)
-        return skv_error(SKV_EINVAL, "length %d is too short: the needle and question alone take %d tokens", c->length,
+        return skv_error(SKV_EINVAL, "length %d is too short: the facts and question alone take %d tokens", c->length,
                          fixed);
     int *b = NULL, nb = 0;
     if ((rc = haystack_take(&w->hay, n, &w->tmp, &b, &nb))) return rc;
     double target = c->depth / 100.0 * n;
-    int at = b[0];
+    int spot[NEEDLE_MAX_FACTS], order[NEEDLE_MAX_FACTS];
+    spot[0] = b[0];
     for (int i = 1; i < nb; i++)
-        if (fabs(b[i] - target) < fabs(at - target)) at = b[i];
+        if (fabs(b[i] - target) < fabs(spot[0] - target)) spot[0] = b[i];
+    uint64_t r = splitmix64(w->o->seed ^ ((uint64_t)c->index * 0xd1b54a32d192ed03ull) ^ 0xfac7ull);
+    for (int i = 1; i < c->n_facts; i++) {
+        r = splitmix64(r);
+        spot[i] = b[r % (uint64_t)nb];
+    }
     free(b);
+    for (int i = 0; i < c->n_facts; i++) order[i] = i;
+    for (int i = 1; i < c->n_facts; i++) /* by spot; at a shared spot, in the order drawn */
+        for (int j = i; j > 0 && spot[order[j - 1]] > spot[order[j]]; j--) {
+            int t = order[j];
+            order[j] = order[j - 1];
+            order[j - 1] = t;
+        }
     out->n = 0;
     int32_t bos = tok_bos(tok);
-    if ((w->bos && (rc = ids_push(out, &bos, 1))) || (rc = ids_push(out, w->tmp.v, at)) ||
-        (rc = ids_push(out, w->needle.v, w->needle.n)) || (rc = ids_push(out, w->tmp.v + at, n - at)) ||
-        (rc = ids_push(out, w->question.v, w->question.n)))
+    if (w->bos && (rc = ids_push(out, &bos, 1))) return rc;
+    int prev = 0;
+    for (int k = 0; k < c->n_facts; k++) {
+        int f = order[k];
+        if ((rc = ids_push(out, w->tmp.v + prev, spot[f] - prev))) return rc;
+        prev = spot[f];
+        c->fact_begin[f] = out->n;
+        if ((rc = ids_push(out, w->facts[f].v, w->facts[f].n))) return rc;
+        c->fact_end[f] = out->n;
+    }
+    if ((rc = ids_push(out, w->tmp.v + prev, n - prev)) || (rc = ids_push(out, w->question.v, w->question.n)))
         return rc;
     c->prompt_len = out->n;
-    c->tok_begin = w->bos + at;
-    c->tok_end = c->tok_begin + w->needle.n;
-    c->insert_depth = (int)lround(100.0 * at / n);
+    c->tok_begin = c->fact_begin[0];
+    c->tok_end = c->fact_end[0];
+    c->insert_depth = (int)lround(100.0 * spot[0] / n);
     return 0;
 }
 
@@ -457,9 +515,15 @@ static int run_method(sweep *w, needle_case *c, const ids_buf *p, int m, int n_a
     /* a --kv-opt was checked against the sweep's methods (needle_run);
      * each method takes the options it has */
     for (int i = 0; i < so.kv.n_set; i++) so.kv.set[i].strict = 0;
-    so.kv.oracle = probes;
+    so.kv.oracle = probes || (w->o->oracle && m != NEEDLE_DENSE);
     so.kv.watch_begin = probes ? c->tok_begin : 0;
     so.kv.watch_end = probes ? c->tok_end : 0;
+    so.kv.n_watch_more = 0;
+    for (int i = 1; probes && i < c->n_facts && i <= KV_WATCH_MORE; i++) {
+        so.kv.watch_more[i - 1][0] = c->fact_begin[i];
+        so.kv.watch_more[i - 1][1] = c->fact_end[i];
+        so.kv.n_watch_more = i;
+    }
     so.bus = probes ? w->bus : NULL;
     if (probes && (!(c->top1_agree[m] = calloc((size_t)n_answer, sizeof(int))) ||
                    !(c->logit_dist[m] = calloc((size_t)n_answer, sizeof(float)))))
@@ -471,8 +535,28 @@ static int run_method(sweep *w, needle_case *c, const ids_buf *p, int m, int n_a
     int rc = session_new(w->m, &so, &s);
     if (!rc) rc = session_prefill(s, p->v, p->n, NULL, NULL);
     if (!rc) rc = generate(s, p->v[p->n - 1], n_answer, &c->answer[m], probes ? c : NULL, m);
+    if (!rc) {
+        c->t_prefill[m] = s->t_prefill;
+        c->t_decode[m] = s->t_decode;
+        c->decode_steps[m] = s->step;
+        kv_oracle_summary sum;
+        int has = s->oracle && kv_oracle_get(s->oracle, -1, &sum) && sum.n;
+        if (has) c->t_decode[m] = s->t_decode > sum.seconds ? s->t_decode - sum.seconds : 0; /* the policy's time alone */
+        c->recall[m] = m == NEEDLE_DENSE ? 1.0 : has ? sum.recall : NAN;
+        c->out_err[m] = m == NEEDLE_DENSE ? 0.0 : has ? sum.out_err : NAN;
+        c->fetch_bytes[m] = kv_stat(s->kv, "fetch_bytes");
+        size_t res = 0, off = 0;
+        kv_cache *inner = kv_unwrap(s->kv);
+        inner->cls->bytes(inner, &res, &off);
+        c->resident_bytes[m] = (double)res;
+    }
     session_free(s);
-    if (!rc) c->hit[m] = needle_contains_value(c->answer[m], c->value);
+    if (!rc) {
+        c->hit[m] = needle_contains_value(c->answer[m], c->value);
+        c->distractor[m] = -1;
+        for (int i = 1; i < c->n_facts && !c->hit[m] && c->distractor[m] < 0; i++)
+            if (needle_contains_value(c->answer[m], c->values[i])) c->distractor[m] = i;
+    }
     return rc;
 }
 
@@ -499,34 +583,10 @@ static void sweep_free(sweep *w) {
     probe_bus_free(w->bus);
     events_free(w->col.ev, w->col.n);
     haystack_free(&w->hay);
-    free(w->needle.v);
+    for (int i = 0; i < NEEDLE_MAX_FACTS; i++) free(w->facts[i].v);
     free(w->question.v);
     free(w->tmp.v);
-    free(w->prefix);
-}
-
-/* The question block: the question, then the answer prefix. */
-static int sweep_question(sweep *w) {
-    const needle_opts *o = w->o;
-    const char *pre = o->answer_prefix;
-    if (!pre) {
-        const char *at = strstr(o->needle, "{value}");
-        size_t n = (size_t)(at - o->needle);
-        while (n && is_space(o->needle[n - 1])) n--;
-        if (!(w->prefix = malloc(n + 1))) return skv_error(SKV_ENOMEM, "out of memory");
-        memcpy(w->prefix, o->needle, n);
-        w->prefix[n] = 0;
-        pre = w->prefix;
-    }
-    size_t qn = strlen(o->question), pn = strlen(pre);
-    char *text = malloc(qn + pn + 2);
-    if (!text) return skv_error(SKV_ENOMEM, "out of memory");
-    memcpy(text, o->question, qn);
-    if (pn) { text[qn] = ' '; memcpy(text + qn + 1, pre, pn + 1); }
-    else text[qn] = 0;
-    int rc = encode_piece(w->m->tok, text, &w->question);
-    free(text);
-    return rc;
+    needle_task_free(&w->own);
 }
 
 /* Method m of case c has run with probes: its collected events go into a
@@ -609,28 +669,40 @@ int needle_check_kv_opts(const needle_opts *o) {
 }
 
 int needle_run(skv_model *m, const needle_opts *o, needle_case_fn fn, void *user, needle_result *res) {
+    return needle_run_skip(m, o, NULL, fn, user, res);
+}
+
+int needle_run_skip(skv_model *m, const needle_opts *o, needle_skip_fn skip, needle_case_fn fn, void *user,
+                    needle_result *res) {
     memset(res, 0, sizeof *res);
     res->detail = -1;
-    if (!o->haystack || !o->needle || !o->question || o->n_lengths < 1 || o->n_depths < 1 || o->runs < 1)
-        return skv_error(SKV_EINVAL, "needle: a haystack, needle, question, lengths, depths and runs >= 1 are required");
+    if (!o->haystack || o->n_lengths < 1 || o->n_depths < 1 || o->runs < 1)
+        return skv_error(SKV_EINVAL, "needle: a haystack, lengths, depths and runs >= 1 are required");
     if (o->n_methods < 1 || o->n_methods > NEEDLE_MAX_METHODS || strcmp(o->methods[0], "dense"))
         return skv_error(SKV_EINVAL, "needle: the methods must start with dense (needle_set_methods)");
-    if (!strstr(o->needle, "{value}"))
-        return skv_error(SKV_EINVAL, "needle: the needle '%s' has no {value} to fill in", o->needle);
     int rc_opts = needle_check_kv_opts(o);
     if (rc_opts) return rc_opts;
-    sweep w = { .m = m, .o = o };
+    sweep w = { .m = m, .o = o, .task = o->task };
     int rc = 0;
+    if (!w.task) {
+        if (!o->needle || !o->question) return skv_error(SKV_EINVAL, "needle: a task, or a needle and a question, is required");
+        if ((rc = needle_task_custom(o->needle, o->question, o->answer_prefix, &w.own))) return rc;
+        w.task = &w.own;
+    }
     w.bos = !o->no_bos && tok_add_bos(m->tok) && tok_bos(m->tok) >= 0;
-    if ((rc = haystack_build(m->tok, o->haystack, &w.hay)) || (rc = sweep_question(&w))) goto done;
+    if ((rc = haystack_build(m->tok, w.task->haystack ? w.task->haystack : o->haystack, &w.hay))) goto done;
     if (o->probes && ((rc = probe_bus_new(&w.bus)) ||
                       (rc = probe_subscribe_callback(w.bus, PROBE_ALL & ~PROBE_MASK(PROBE_SPAN) & ~PROBE_MASK(PROBE_NIAH),
                                                      collect, &w.col, &w.sub))))
         goto done;
-    /* Answer length: the value's tokens (seven digits) plus a few. */
+    /* Answer length: the expected answer's tokens (seven digits for a value) plus a few. */
     int n_answer = o->answer_tokens;
     if (n_answer <= 0) {
-        if ((rc = encode_piece(m->tok, "4821735", &w.tmp))) goto done;
+        char *a = needle_fill(w.task->answer, "key", "4821735");
+        if (!a) { rc = skv_error(SKV_ENOMEM, "out of memory"); goto done; }
+        rc = encode_piece(m->tok, a, &w.tmp);
+        free(a);
+        if (rc) goto done;
         n_answer = w.tmp.n + 4;
     }
     res->answer_tokens = n_answer;
@@ -638,17 +710,20 @@ int needle_run(skv_model *m, const needle_opts *o, needle_case_fn fn, void *user
     if (!(res->cases = calloc((size_t)n, sizeof *res->cases))) { rc = skv_error(SKV_ENOMEM, "out of memory"); goto done; }
     needle_context_notice(m, o, res->notice, sizeof res->notice);
     ids_buf prompt = {0};
-    int chose_miss = 0;
+    int chose_miss = 0, index = 0;
     for (int li = 0; li < o->n_lengths && !rc; li++)
         for (int di = 0; di < o->n_depths && !rc; di++)
-            for (int r = 0; r < o->runs && !rc; r++) {
-                needle_case *c = &res->cases[res->n_cases++];
-                c->index = res->n_cases - 1;
+            for (int r = 0; r < o->runs && !rc; r++, index++) {
+                needle_case *c = &res->cases[res->n_cases];
+                memset(c, 0, sizeof *c);
+                c->index = index;
                 c->length = o->lengths[li];
                 c->depth = o->depths[di];
                 c->run = r;
-                snprintf(c->value, sizeof c->value, "%07llu",
-                         (unsigned long long)(1000000 + splitmix64(o->seed * 0x100000001b3ull + (uint64_t)c->index) % 9000000));
+                for (int mi = 0; mi < NEEDLE_MAX_METHODS; mi++) c->distractor[mi] = -1;
+                if ((rc = case_facts(&w, c))) break;
+                if (skip && skip(c, user)) continue;
+                res->n_cases++;
                 if ((rc = build_prompt(&w, c, &prompt))) break;
                 for (int mi = 0; !rc && mi < o->n_methods; mi++) {
                     if (!(rc = run_method(&w, c, &prompt, mi, n_answer)) && w.col.oom)

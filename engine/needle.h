@@ -15,6 +15,7 @@
 #include "model.h"
 #include "probe.h"
 #include "needle_diag.h"
+#include "needle_task.h"
 #include "store.h"
 
 #include <stdint.h>
@@ -39,7 +40,8 @@ int needle_parse_depths(const char *s, float **out, int *n);
 /* ---- harness ----------------------------------------------------------- */
 
 typedef struct {
-    const char *haystack;      /* plain text, borrowed */
+    const char *haystack;      /* plain text, borrowed (a task's own haystack replaces it) */
+    const needle_task *task;   /* what to plant and ask, borrowed; NULL: a single fact from the three below */
     const char *needle;        /* sentence with one "{value}" */
     const char *question;
     const char *answer_prefix; /* text after the question; NULL: the needle's text before {value} */
@@ -56,6 +58,8 @@ typedef struct {
     char backend[16];          /* where the math runs; "" = the default */
     kv_opts kv;                /* budget and policy options; policy, oracle and watch are set per run */
     int probes;                /* 1: oracle + needle watch on the sparse runs, misses diagnosed */
+    int oracle;                /* 1: the oracle beside the sparse runs without probe events (mass recall
+                                  and output error in the case's measures) */
     int detail_case;           /* with probes: the case whose events are kept (its first sparse miss,
                                   else its first sparse method); -1: the sweep's first sparse miss */
     int n_methods;             /* methods[0] is "dense" */
@@ -83,13 +87,26 @@ int needle_context_notice(const skv_model *m, const needle_opts *o, char *buf, s
 typedef struct {
     int index, length, run;    /* case number; requested length; repetition */
     float depth;               /* percent */
+    const char *task;          /* the task's name */
     int prompt_len;            /* tokens (the length, BOS included) */
-    int tok_begin, tok_end;    /* the needle's token positions [begin, end) */
-    int insert_depth;          /* where the needle went, percent of the haystack tokens before it */
-    char value[NEEDLE_VALUE_MAX];
+    int tok_begin, tok_end;    /* the asked fact's token positions [begin, end) */
+    int insert_depth;          /* where the asked fact went, percent of the haystack tokens before it */
+    char value[NEEDLE_VALUE_MAX]; /* the expected answer */
+    /* The facts planted; fact 0 is the asked one, the others are distractors. */
+    int n_facts;
+    char keys[NEEDLE_MAX_FACTS][24];   /* "" for a task without keys */
+    char values[NEEDLE_MAX_FACTS][NEEDLE_VALUE_MAX];
+    int fact_begin[NEEDLE_MAX_FACTS], fact_end[NEEDLE_MAX_FACTS]; /* token positions */
     /* Per method m (needle_opts.methods[m]): */
     char *answer[NEEDLE_MAX_METHODS]; /* generated text (owned) */
     int hit[NEEDLE_MAX_METHODS];      /* 1: the answer contains the value (not inside a longer number) */
+    int distractor[NEEDLE_MAX_METHODS]; /* a miss that answered distractor fact i's value: i (>= 1), else -1 */
+    /* What the run cost and how close it stayed to exact attention: */
+    double t_prefill[NEEDLE_MAX_METHODS], t_decode[NEEDLE_MAX_METHODS]; /* seconds */
+    int decode_steps[NEEDLE_MAX_METHODS];
+    double recall[NEEDLE_MAX_METHODS], out_err[NEEDLE_MAX_METHODS]; /* oracle means; NaN without it (dense: 1, 0) */
+    double fetch_bytes[NEEDLE_MAX_METHODS];   /* fetched over the decode steps; NaN: the policy does not fetch */
+    double resident_bytes[NEEDLE_MAX_METHODS]; /* KV bytes resident after the answer */
     int n_steps[NEEDLE_MAX_METHODS];  /* decode steps compared with the oracle's dense twin (probes only) */
     int *top1_agree[NEEDLE_MAX_METHODS]; /* (n_steps[m]) */
     float *logit_dist[NEEDLE_MAX_METHODS]; /* (n_steps[m]) ||sparse - dense logits|| / ||dense logits|| */
@@ -113,8 +130,16 @@ typedef struct {
 /* Called after each case; a non-zero return stops the sweep (returned). */
 typedef int (*needle_case_fn)(const needle_case *c, void *user);
 
+/* Called before a case runs, with its index, length, depth, run, task and
+ * value set; a non-zero return skips it (it is not counted in the result).
+ * skv eval skips the cases a previous run finished. */
+typedef int (*needle_skip_fn)(const needle_case *c, void *user);
+
 /* Runs the sweep on m; res is filled even on error (free it). */
 int needle_run(skv_model *m, const needle_opts *o, needle_case_fn fn, void *user, needle_result *res);
+/* The same with a skip test (NULL: run every case). */
+int needle_run_skip(skv_model *m, const needle_opts *o, needle_skip_fn skip, needle_case_fn fn, void *user,
+                    needle_result *res);
 void needle_result_free(needle_result *r);
 
 /* The PROBE_NIAH event of case c under method m of o; it points into c and o. */

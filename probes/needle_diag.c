@@ -883,3 +883,52 @@ int needle_diverge(const probe_store *a, const char *name_a, const probe_store *
                  out->kept_a, 100.0 * (out->mass > 0 ? out->mass : 0), rk, name_b, q);
     return 0;
 }
+
+/* ---- distractor answers ---------------------------------------------------- */
+
+int needle_distractor_check(const probe_store *st, int fact, int last_step, const char *target_key,
+                            const char *distractor_key, needle_distractor *out) {
+    memset(out, 0, sizeof *out);
+    int L = probe_store_n_layers(st), H = probe_store_n_kv_heads(st), S = probe_store_n_steps(st);
+    if (last_step < 0 || last_step >= S) last_step = S - 1;
+    double tk = 0, tm = 0, dk = 0, dm = 0;
+    int n = 0, steps = 0;
+    for (int s = 0; s <= last_step; s++) {
+        int any = 0;
+        for (int l = 0; l < L; l++)
+            for (int h = 0; h < H; h++) {
+                const probe_ev_oracle *o = probe_store_oracle(st, s, l, h);
+                const probe_ev_metric *m = probe_store_metric(st, "distractors", s, l, h);
+                if (!o || !m || o->needle_len <= 0 || fact < 1 || 2 * fact > m->n || !m->vals) continue;
+                double share = (double)o->needle_kept / o->needle_len;
+                tk += share * o->needle_mass;
+                tm += o->needle_mass;
+                dk += m->vals[2 * (fact - 1)] * (double)m->vals[2 * fact - 1];
+                dm += m->vals[2 * fact - 1];
+                n++;
+                any = 1;
+            }
+        steps += any;
+    }
+    if (!n) {
+        snprintf(out->text, sizeof out->text, "no record of the distractor (run with --oracle)");
+        return SKV_EMISSING;
+    }
+    out->target_kept = tm > 0 ? tk / tm : 0;
+    out->distractor_kept = dm > 0 ? dk / dm : 0;
+    out->target_mass = tm / n;
+    out->distractor_mass = dm / n;
+    out->steps = steps;
+    const char *what = out->distractor_kept >= 0.5 && out->target_kept < 0.5 ? "kept the distractor and dropped the asked fact"
+                       : out->target_kept >= 0.5 && out->distractor_kept >= 0.5 ? "kept both facts (the mix-up is the model's reading, not the selection)"
+                       : out->target_kept >= 0.5 ? "kept the asked fact and dropped the distractor, yet answered the distractor"
+                       : "dropped both facts";
+    snprintf(out->text, sizeof out->text,
+             "the policy %s: it kept %.0f%% of %s's fact and %.0f%% of %s's (shares weighted by exact attention, "
+             "which put %.3f on %s's and %.3f on %s's per layer and head, over %d step%s)",
+             what, 100 * out->target_kept, target_key && *target_key ? target_key : "the asked", 100 * out->distractor_kept,
+             distractor_key && *distractor_key ? distractor_key : "the distractor", out->target_mass,
+             target_key && *target_key ? target_key : "the asked", out->distractor_mass,
+             distractor_key && *distractor_key ? distractor_key : "the distractor", steps, steps == 1 ? "" : "s");
+    return 0;
+}

@@ -120,6 +120,24 @@ typedef struct {
 int needle_diverge(const probe_store *a, const char *name_a, const probe_store *b, const char *name_b,
                    needle_split *out);
 
+/* A multi-fact task whose answer was a distractor's value: did the policy
+ * keep that distractor and drop the asked fact? From the oracle's events
+ * (the asked fact is the watched needle) and its "distractors" metric
+ * (fact = 1.. the distractor, as needle_case numbers them), over decode
+ * steps 0..last_step: the share of each fact's tokens the policy kept,
+ * weighted by the exact attention mass on that fact at each (step, layer,
+ * KV head), and the exact masses summed. The text says which of the two the
+ * policy kept. 0, or SKV_EMISSING without those events. */
+typedef struct {
+    double target_kept, distractor_kept;   /* mass-weighted shares in [0, 1] */
+    double target_mass, distractor_mass;   /* exact mass, mean per (step, layer, KV head) */
+    int steps;                             /* decode steps read */
+    char text[400];
+} needle_distractor;
+
+int needle_distractor_check(const probe_store *st, int fact, int last_step, const char *target_key,
+                            const char *distractor_key, needle_distractor *out);
+
 /* The report: span, settings, answers, the divergence, the verdict and
  * what the policy kept; with verbose, first the tables behind them (per
  * layer and KV head at prefill; per step, layer and KV head the needle's

@@ -6,6 +6,8 @@
 #include "skv.h"
 
 #include <errno.h>
+#include <limits.h>
+#include <sys/stat.h>
 #include <signal.h>
 #include <stdarg.h>
 #include <stdlib.h>
@@ -306,3 +308,33 @@ void cli_stop_release(void) {
     sigaction(SIGINT, &stop_old_int, NULL);
     sigaction(SIGTERM, &stop_old_term, NULL);
 }
+
+/* ---- defaults next to the executable ---------------------------------------- */
+
+static int file_exists(const char *p) {
+    struct stat sb;
+    return stat(p, &sb) == 0 && S_ISREG(sb.st_mode);
+}
+
+/* The first of rels that exists relative to the executable's directory, then
+ * the current directory, into out; -1 (with the first path tried) if none. */
+int cli_find_near_exe(const char *const *rels, int n, char *out, size_t cap) {
+    char dir[PATH_MAX];
+    ssize_t len = readlink("/proc/self/exe", dir, sizeof dir - 1);
+    int have = 0;
+    if (len > 0) {
+        dir[len] = 0;
+        char *s = strrchr(dir, '/');
+        if (s) { *s = 0; have = 1; }
+    }
+    for (int pass = have ? 0 : 1; pass < 2; pass++)
+        for (int i = 0; i < n; i++) {
+            if (pass == 0) snprintf(out, cap, "%s/%s", dir, rels[i]);
+            else snprintf(out, cap, "%s", rels[i]);
+            if (file_exists(out)) return 0;
+        }
+    if (have) snprintf(out, cap, "%s/%s", dir, rels[0]);
+    else snprintf(out, cap, "%s", rels[0]);
+    return -1;
+}
+

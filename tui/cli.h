@@ -65,6 +65,11 @@ void cli_stop_catch(void);
 int cli_stop_requested(void);
 void cli_stop_release(void);
 
+/* The first of rels (paths relative to the executable's directory, then to
+ * the current directory) that exists, into out; -1 (with the first path
+ * tried) if none. How commands find samples/ without a flag. */
+int cli_find_near_exe(const char *const *rels, int n, char *out, size_t cap);
+
 /* Prints "skv: <last error>" to stderr and returns 1. */
 int cli_fail(void);
 int cli_usage_error(const char *cmd, const char *fmt, ...) __attribute__((format(printf, 2, 3)));
@@ -80,5 +85,6 @@ int cmd_dump(int argc, char **argv);
 int cmd_export(int argc, char **argv);
 int cmd_inspect(int argc, char **argv);
 int cmd_needle(int argc, char **argv);
+int cmd_eval(int argc, char **argv);
 
 #endif

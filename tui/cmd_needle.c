@@ -11,6 +11,7 @@
 #include "cli.h"
 #include "model.h"
 #include "needle.h"
+#include "needle_out.h"
 #include "skv.h"
 #include "store.h"
 #include "trace.h"
@@ -72,35 +73,6 @@ static void needle_help(FILE *o) {
             "      --no-bos          do not add the BOS token\n\n"
             "Exit status: 0 when the sweep ran (misses included), 1 on a failure, 2 on a bad command line.\n",
             NEEDLE_DEFAULT_NEEDLE, NEEDLE_DEFAULT_QUESTION);
-}
-
-/* ---- defaults next to the executable ---------------------------------------- */
-
-static int file_exists(const char *p) {
-    struct stat sb;
-    return stat(p, &sb) == 0 && S_ISREG(sb.st_mode);
-}
-
-/* The first of rels that exists relative to the executable's directory, then
- * the current directory, into out; -1 (with the first path tried) if none. */
-static int find_near_exe(const char *const *rels, int n, char *out, size_t cap) {
-    char dir[PATH_MAX];
-    ssize_t len = readlink("/proc/self/exe", dir, sizeof dir - 1);
-    int have = 0;
-    if (len > 0) {
-        dir[len] = 0;
-        char *s = strrchr(dir, '/');
-        if (s) { *s = 0; have = 1; }
-    }
-    for (int pass = have ? 0 : 1; pass < 2; pass++)
-        for (int i = 0; i < n; i++) {
-            if (pass == 0) snprintf(out, cap, "%s/%s", dir, rels[i]);
-            else snprintf(out, cap, "%s", rels[i]);
-            if (file_exists(out)) return 0;
-        }
-    if (have) snprintf(out, cap, "%s/%s", dir, rels[0]);
-    else snprintf(out, cap, "%s", rels[0]);
-    return -1;
 }
 
 /* ---- results ----------------------------------------------------------------- */
@@ -199,15 +171,27 @@ static int on_case(const needle_case *c, void *user) {
     int len = snprintf(line, sizeof line, "case %d (%d of %d): length %d, depth %g%%, run %d:", c->index, c->index + 1,
                        rs->n_total,
                        c->length, c->depth, c->run);
-    for (int m = 0; m < o->n_methods && len < (int)sizeof line; m++)
-        len += snprintf(line + len, sizeof line - len, "%s %s %s", m ? "," : "", o->methods[m], c->hit[m] ? "hit" : "miss");
+    for (int m = 0; m < o->n_methods && len < (int)sizeof line; m++) {
+        char note[96];
+        needle_answer_note(c, m, note, sizeof note);
+        len += snprintf(line + len, sizeof line - len, "%s %s %s%s%s%s", m ? "," : "", o->methods[m],
+                        c->hit[m] ? "hit" : "miss", *note ? " (" : "", note, *note ? ")" : "");
+    }
+    if (len >= (int)sizeof line) len = (int)sizeof line - 1;
     double el = skv_now() - rs->t0, eta = el / (c->index + 1) * (rs->n_total - c->index - 1);
     fprintf(stderr, "skv needle: %s (%.0f s elapsed, about %.0f s left)\n", line, el, eta);
     for (int m = 1; m < o->n_methods; m++) {
         if (!c->report[m]) continue;
+        needle_distractor dc;
+        int has_dc = c->distractor[m] >= 1 &&
+                     !needle_distractor_check(c->store[m], c->distractor[m], c->report[m]->last_step, c->keys[0],
+                                              c->keys[c->distractor[m]], &dc);
         if (rs->explain) {
-            printf("case %d: length %d, depth %g%% (inserted at %d%%), run %d: %s missed value %s\n", c->index,
-                   c->length, c->depth, c->insert_depth, c->run, o->methods[m], c->value);
+            char note[96];
+            needle_answer_note(c, m, note, sizeof note);
+            printf("case %d: length %d, depth %g%% (inserted at %d%%), run %d: %s missed value %s%s%s\n", c->index,
+                   c->length, c->depth, c->insert_depth, c->run, o->methods[m], c->value, *note ? "; it " : "", note);
+            if (has_dc) printf("  distractor: %s\n", dc.text);
             needle_report_print(stdout, c->store[m], c->report[m], rs->verbose);
             printf("\n");
             fflush(stdout);
@@ -215,6 +199,16 @@ static int on_case(const needle_case *c, void *user) {
         size_t slot = (size_t)c->index * NEEDLE_MAX_METHODS + m;
         if (rs->diag && c->index < rs->n_total && !(rs->diag[slot] = report_json(c->report[m])))
             return skv_error(SKV_ENOMEM, "out of memory");
+        if (rs->diag && c->index < rs->n_total && has_dc) {
+            cJSON *dj = cJSON_AddObjectToObject(rs->diag[slot], "distractor");
+            if (dj) {
+                cJSON_AddNumberToObject(dj, "target_kept", dc.target_kept);
+                cJSON_AddNumberToObject(dj, "distractor_kept", dc.distractor_kept);
+                cJSON_AddNumberToObject(dj, "target_mass", dc.target_mass);
+                cJSON_AddNumberToObject(dj, "distractor_mass", dc.distractor_mass);
+                cJSON_AddStringToObject(dj, "text", dc.text);
+            }
+        }
     }
     int rc = compare_misses(rs, c);
     return rc ? rc : cli_stop_requested() ? CLI_STOPPED : 0;
@@ -409,10 +403,18 @@ static char *json_text(const skv_model *m, const needle_opts *o, const needle_re
     }
     cJSON *se = cJSON_AddObjectToObject(root, "settings");
     if (se) {
-        cJSON_AddStringToObject(se, "haystack", haystack_path);
-        cJSON_AddStringToObject(se, "needle", o->needle);
-        cJSON_AddStringToObject(se, "question", o->question);
-        if (o->answer_prefix) cJSON_AddStringToObject(se, "answer_prefix", o->answer_prefix);
+        cJSON_AddStringToObject(se, "haystack", o->task && o->task->haystack_path ? o->task->haystack_path : haystack_path);
+        if (o->task) {
+            cJSON_AddStringToObject(se, "task", o->task->name);
+            cJSON_AddStringToObject(se, "fact", o->task->fact);
+            cJSON_AddStringToObject(se, "question", o->task->question);
+            cJSON_AddStringToObject(se, "answer", o->task->answer);
+        } else {
+            cJSON_AddStringToObject(se, "task", "custom");
+            cJSON_AddStringToObject(se, "needle", o->needle);
+            cJSON_AddStringToObject(se, "question", o->question);
+            if (o->answer_prefix) cJSON_AddStringToObject(se, "answer_prefix", o->answer_prefix);
+        }
         cJSON_AddNumberToObject(se, "answer_tokens", r->answer_tokens);
         cJSON_AddNumberToObject(se, "runs", o->runs);
         cJSON_AddNumberToObject(se, "seed", (double)o->seed);
@@ -459,34 +461,12 @@ static char *json_text(const skv_model *m, const needle_opts *o, const needle_re
     cJSON *cases = cJSON_AddArrayToObject(root, "cases");
     for (int i = 0; cases && i < r->n_cases; i++) {
         const needle_case *c = &r->cases[i];
-        cJSON *o2 = cJSON_CreateObject();
+        cJSON *o2 = needle_case_json(o, c);
         if (!o2) break;
-        cJSON_AddNumberToObject(o2, "index", c->index);
-        cJSON_AddNumberToObject(o2, "length", c->length);
-        cJSON_AddNumberToObject(o2, "depth", c->depth);
-        cJSON_AddNumberToObject(o2, "run", c->run);
-        cJSON_AddStringToObject(o2, "value", c->value);
-        cJSON_AddNumberToObject(o2, "prompt_len", c->prompt_len);
-        cJSON *nd = cJSON_AddObjectToObject(o2, "needle");
-        if (nd) {
-            cJSON_AddNumberToObject(nd, "tok_begin", c->tok_begin);
-            cJSON_AddNumberToObject(nd, "tok_end", c->tok_end);
-
-            cJSON_AddNumberToObject(nd, "inserted_depth", c->insert_depth);
-        }
-        for (int k = 0; k < o->n_methods; k++) {
-            cJSON *mm = cJSON_AddObjectToObject(o2, o->methods[k]);
-            if (!mm) continue;
-            cJSON_AddStringToObject(mm, "answer", c->answer[k] ? c->answer[k] : "");
-            cJSON_AddBoolToObject(mm, "hit", c->hit[k]);
-            if (c->n_steps[k]) {
-                cJSON_AddItemToObject(mm, "top1_agree", int_array(c->top1_agree[k], c->n_steps[k]));
-                cJSON *ld = cJSON_AddArrayToObject(mm, "logit_dist");
-                for (int s = 0; ld && s < c->n_steps[k]; s++)
-                    cJSON_AddItemToArray(ld, cJSON_CreateNumber(c->logit_dist[k][s]));
-            }
+        for (int k = 1; k < o->n_methods; k++) {
             size_t slot = (size_t)c->index * NEEDLE_MAX_METHODS + k;
-            if (rs->diag && c->index < rs->n_total && rs->diag[slot])
+            cJSON *mm = cJSON_GetObjectItemCaseSensitive(o2, o->methods[k]);
+            if (mm && rs->diag && c->index < rs->n_total && rs->diag[slot])
                 cJSON_AddItemReferenceToObject(mm, "diagnosis", rs->diag[slot]);
         }
         cJSON_AddItemToArray(cases, o2);
@@ -532,7 +512,8 @@ int cmd_needle(int argc, char **argv) {
     cli_gen g;
     cli_gen_default(&g);
     const char *lengths_s = "1k,2k,4k", *depths_s = "0:100:10", *hay_path = NULL, *json = NULL, *png = NULL;
-    const char *trace = NULL;
+    const char *trace = NULL, *task_s = NULL, *task_file = NULL;
+    int custom = 0;
     needle_opts o;
     needle_opts_default(&o);
     int explain = 0, verbose = 0, force = 0, seed_given = 0, have_model = 0;
@@ -560,7 +541,7 @@ int cmd_needle(int argc, char **argv) {
         if (!strcmp(a, "--force")) { force = 1; continue; }
         static const char *const valued[] = { "--lengths", "--depths", "--haystack", "--needle", "--question",
                                               "--answer-prefix", "--answer-tokens", "--runs", "--json", "--png",
-                                              "--trace", "--trace-case" };
+                                              "--trace", "--trace-case", "--task", "--task-file" };
         int k = -1;
         for (int j = 0; j < (int)(sizeof valued / sizeof valued[0]); j++) if (!strcmp(a, valued[j])) k = j;
         if (k >= 0) {
@@ -572,9 +553,9 @@ int cmd_needle(int argc, char **argv) {
             case 0: lengths_s = v; break;
             case 1: depths_s = v; break;
             case 2: hay_path = v; break;
-            case 3: o.needle = v; break;
-            case 4: o.question = v; break;
-            case 5: o.answer_prefix = v; break;
+            case 3: o.needle = v; custom = 1; break;
+            case 4: o.question = v; custom = 1; break;
+            case 5: o.answer_prefix = v; custom = 1; break;
             case 6: case 7:
                 x = strtol(v, &end, 10);
                 if (!*v || *end || x < 1 || x > (k == 6 ? 4096 : 100000))
@@ -585,6 +566,8 @@ int cmd_needle(int argc, char **argv) {
             case 8: json = v; break;
             case 9: png = v; break;
             case 10: trace = v; break;
+            case 12: task_s = v; break;
+            case 13: task_file = v; break;
             default:
                 x = strtol(v, &end, 10);
                 if (!*v || *end || x < 0 || x > 1000000)
@@ -614,9 +597,13 @@ int cmd_needle(int argc, char **argv) {
 
     if (!strstr(o.needle, "{value}"))
         return cli_usage_error("needle", "--needle must contain {value}, got '%s'", o.needle);
+    if (custom && (task_s || task_file))
+        return cli_usage_error("needle", "--needle, --question and --answer-prefix make a task of their own; they do not "
+                               "go with --task or --task-file");
     int *lengths = NULL, n_len = 0;
     float *depths = NULL;
-    int n_dep = 0, rc = 1;
+    int n_dep = 0, rc = 1, n_tasks = 0;
+    needle_task *tasks = NULL;
     if (needle_parse_lengths(lengths_s, &lengths, &n_len) || needle_parse_depths(depths_s, &depths, &n_dep)) {
         free(lengths);
         return cli_usage_error("needle", "%s", skv_last_error());
@@ -645,18 +632,28 @@ int cmd_needle(int argc, char **argv) {
         free(depths);
         return cli_usage_error("needle", "--png %s: the file's name must end in .png", png);
     }
+    if ((task_s || task_file) && needle_tasks_choose("needle", task_s, task_file, &tasks, &n_tasks)) {
+        rc = 2;
+        goto out;
+    }
+    if (n_tasks > 1) {
+        rc = cli_usage_error("needle", "skv needle runs one task (%s has %d; pick one with --task NAME, or run them "
+                               "all with skv eval --task-file)", task_file ? task_file : "--task", n_tasks);
+        goto out;
+    }
+    o.task = n_tasks ? &tasks[0] : NULL;
     char model_buf[PATH_MAX + 64], hay_buf[PATH_MAX + 64];
     static const char *const model_rel[] = { "samples/model/skv-demo.gguf", "../samples/model/skv-demo.gguf" };
     static const char *const hay_rel[] = { "samples/haystack.txt", "../samples/haystack.txt" };
     if (!g.model) {
-        if (find_near_exe(model_rel, 2, model_buf, sizeof model_buf)) {
+        if (cli_find_near_exe(model_rel, 2, model_buf, sizeof model_buf)) {
             fprintf(stderr, "skv needle: no -m MODEL given and the default model %s is missing\n", model_buf);
             goto out;
         }
         g.model = model_buf;
     }
     if (!hay_path) {
-        if (find_near_exe(hay_rel, 2, hay_buf, sizeof hay_buf)) {
+        if (cli_find_near_exe(hay_rel, 2, hay_buf, sizeof hay_buf)) {
             fprintf(stderr, "skv needle: no --haystack FILE given and the default %s is missing\n", hay_buf);
             goto out;
         }
@@ -737,6 +734,7 @@ fail:
 out:
     free(lengths);
     free(depths);
+    needle_tasks_free(tasks, n_tasks);
     cli_gen_free(&g);
     return rc;
 }

@@ -21,6 +21,7 @@ static const struct {
     {"synth", cmd_synth, "write a random-weight model of a real shape (for benchmarks)"},
     {"convert", cmd_convert, "write any model skv loads (HF directory or GGUF) as a llama.cpp GGUF"},
     {"needle", cmd_needle, "needle in a haystack: dense vs shadowkv retrieval, NIAH heatmap, why a needle was missed"},
+    {"eval", cmd_eval, "a suite of tasks x lengths x policies x budgets: leaderboard, CSV, figures (resumable)"},
     {"export", cmd_export, "draw one view of a trace into a PNG or SVG figure"},
     {"dump", cmd_dump, "write one layer's K, V, query and ShadowKV tensors as .npy"},
     {"trace", cmd_trace, "summarise a recorded trace (skv trace info FILE)"},

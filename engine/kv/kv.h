@@ -117,6 +117,7 @@ const kv_opt_def *kv_policy_opt(const kv_class *p, const char *key);
 /* ---- options ------------------------------------------------------------------- */
 
 #define KV_MAX_SET 24
+#define KV_WATCH_MORE 7
 
 /* The KV options of every command that generates. Shared by all policies:
  * the budget (tokens attended per KV head, or a share of the prompt), the
@@ -132,6 +133,11 @@ struct kv_opts {
      * every decode step (engine/needle.h). None when watch_end <= watch_begin
      * (kv_opts_default leaves both 0). */
     int watch_begin, watch_end;
+    /* More watched spans (a needle task's distractor facts): the oracle
+     * reports, per decode step, layer and KV head, how much of each it kept
+     * (the "distractors" metric, docs/TRACE.md). */
+    int n_watch_more;
+    int watch_more[KV_WATCH_MORE][2];
     int n_set;
     struct {
         char key[24];
@@ -213,6 +219,8 @@ typedef struct {
     double kept;              /* mean tokens attended per query head (in full precision) */
     double gen;               /* of them generated tokens (counted apart) */
     double ctx;               /* mean context (positions) at those attends */
+    double seconds;           /* the oracle's own time, summed (layer -1 only): what a run's decode time
+                                 less this is the policy's alone */
 } kv_oracle_summary;
 /* The running means of an oracle cache over every layer (layer -1) or one
  * layer; 0 when c is not an oracle cache or the layer is out of range. */

@@ -36,6 +36,7 @@ typedef struct {
     /* the event's scalars */
     int n_kept, n_gen, needle_kept, needle_rank;
     float needle_mass, mass_kept;
+    float more[2 * KV_WATCH_MORE]; /* per extra watched span: share of its tokens kept, exact mass */
 } or_head;
 
 typedef struct {
@@ -46,6 +47,8 @@ typedef struct {
     int cap, prompt;           /* rows allocated; prompt length (0 until end_prefill) */
     int n0;                    /* positions appended to layer 0 */
     int wb, we;                /* the needle span, clipped to the prompt at end_prefill */
+    int n_more;                /* extra watched spans (kv_opts watch_more), clipped likewise */
+    int more[KV_WATCH_MORE][2];
     or_head *hd;               /* (n_kv_heads), allocated at the first decode attend */
     kv_oracle_summary sum;     /* over every layer */
     kv_oracle_summary *lsum;   /* (n_layers) */
@@ -213,6 +216,16 @@ static void score_head(kv_or *c, int layer, int kh, int T, const float *q, const
         for (int t = 0; t < T; t++) r += H->pm[t] > best;
         H->needle_rank = r;
     }
+    for (int i = 0; i < c->n_more; i++) {
+        int kept = 0, len = c->more[i][1] - c->more[i][0];
+        float mass = 0;
+        for (int t = c->more[i][0]; t < c->more[i][1]; t++) {
+            mass += H->pm[t];
+            kept += H->mark[t] == g;
+        }
+        H->more[2 * i] = len > 0 ? (float)kept / len : 0.0f;
+        H->more[2 * i + 1] = mass;
+    }
 }
 
 static float mean(const float *x, int n) {
@@ -241,6 +254,7 @@ static int or_attend(kv_cache *b, int layer, int pos, int n, const float *q, flo
     int rc = c->inner->cls->attend(c->inner, layer, pos, n, q, out);
     if (rc || !c->prompt || n != 1) return rc;
     if (!c->hd && (rc = alloc_heads(c))) return rc;
+    double t0 = skv_now();
     int h = b->shape.n_kv_heads, T = pos + 1, unit = 1;
     #pragma omp parallel for schedule(dynamic, 1) if (h > 1)
     for (int kh = 0; kh < h; kh++) {
@@ -255,6 +269,7 @@ static int or_attend(kv_cache *b, int layer, int pos, int n, const float *q, flo
             add(&c->lsum[layer], H->q_recall[j], H->q_overlap[j], H->q_err[j], H->q_kept[j], H->q_gen[j], T);
         }
     }
+    c->sum.seconds += skv_now() - t0;
     if (!probe_wants(b->bus, PROBE_ORACLE)) return 0;
     for (int kh = 0; kh < h; kh++) {
         or_head *H = &c->hd[kh];
@@ -266,6 +281,8 @@ static int or_attend(kv_cache *b, int layer, int pos, int n, const float *q, flo
             .needle_rank = H->needle_rank, .needle_mass = H->needle_mass, .q_kept = H->q_kept,
             .q_recall = H->q_recall, .q_overlap = H->q_overlap, .q_out_err = H->q_err}};
         probe_emit(b->bus, &ev);
+        if (c->n_more && probe_wants(b->bus, PROBE_METRIC))
+            probe_emit_metric(b->bus, "distractors", b->step, layer, kh, (float)c->n_more, 2 * c->n_more, H->more);
     }
     return 0;
 }
@@ -279,6 +296,11 @@ static int or_end_prefill(kv_cache *b) {
     c->prompt = c->n0;
     if (c->wb < 0) c->wb = 0;
     if (c->we > c->prompt) c->we = c->prompt;
+    for (int i = 0; i < c->n_more; i++) {
+        if (c->more[i][0] < 0) c->more[i][0] = 0;
+        if (c->more[i][1] > c->prompt) c->more[i][1] = c->prompt;
+        if (c->more[i][1] < c->more[i][0]) c->more[i][1] = c->more[i][0];
+    }
     return 0;
 }
 
@@ -338,6 +360,8 @@ int kv_oracle_new(kv_cache *inner, const kv_opts *o, kv_cache **out) {
     c->group = sh->n_heads / sh->n_kv_heads;
     c->wb = o->watch_begin;
     c->we = o->watch_end;
+    c->n_more = o->n_watch_more < 0 ? 0 : o->n_watch_more > KV_WATCH_MORE ? KV_WATCH_MORE : o->n_watch_more;
+    memcpy(c->more, o->watch_more, sizeof c->more);
     c->k = skv_calloc((size_t)sh->n_layers, sizeof(float *));
     c->v = skv_calloc((size_t)sh->n_layers, sizeof(float *));
     c->lsum = skv_calloc((size_t)sh->n_layers, sizeof *c->lsum);
