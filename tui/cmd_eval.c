@@ -42,7 +42,9 @@ static void eval_help(FILE *o) {
             "  --out DIR           the output folder (made if missing)\n"
             "  --suite demo        the preset: the demo model, all six policies, tasks single, passkey and\n"
             "                      multikey, lengths 1k,2k,4000, depths 10:90:10, 3 seeds, budget 256,\n"
-            "                      sweep 64,128,256,512 at 4000; flags given override it\n"
+            "                      sweep 64,128,256,512 at 4000, and the policies scaled to a 4-layer model\n"
+            "                      (--rank 16 --outliers 4 --local 4; dense_layers=0, sink, window, start\n"
+            "                      and recent 32); flags given override it\n"
             "  -m, --model PATH    GGUF file or HF directory (default: the demo model)\n"
             "  --task LIST         tasks, comma-separated: single, passkey, multikey, multikey-alt\n"
             "                      (default single), or names from --task-file\n"
@@ -760,7 +762,7 @@ int cmd_eval(int argc, char **argv) {
     needle_opts_default(&e.o);
     const char *lengths_s = "1k,2k,4k", *depths_s = "10:90:20", *task_s = NULL, *task_file = NULL, *budget_s = "256";
     const char *budgets_s = NULL, *hay_path = NULL, *out_dir = NULL, *suite = NULL;
-    int seeds = 3, sweep_len = 0, force = 0, no_oracle = 0, kv_given = 0;
+    int seeds = 3, sweep_len = 0, sweep_given = 0, force = 0, no_oracle = 0, kv_given = 0;
     for (int i = 1; i < argc; i++)
         if (!strcmp(argv[i], "--suite") && i + 1 < argc) suite = argv[i + 1];
     if (suite) {
@@ -777,6 +779,13 @@ int cmd_eval(int argc, char **argv) {
         int na = (int)(sizeof demo_flags / sizeof demo_flags[0]);
         for (int i = 0; i < na; i++)
             if (cli_gen_option(&g, na, (char **)demo_flags, &i) != 1) return 2;
+        /* The peers' windows and dense layers scaled to a 4-layer model at a 256-token budget as ShadowKV's
+         * are (docs/EVAL.md): every layer under the budget, sinks and windows of 32 tokens. Not strict: a
+         * --kv list without the policy that has one is fine. */
+        static const char *const demo_opts[][2] = { { "dense_layers", "0" }, { "sink", "32" }, { "window", "32" },
+                                                     { "start", "32" }, { "recent", "32" } };
+        for (size_t i = 0; i < sizeof demo_opts / sizeof demo_opts[0]; i++)
+            if (kv_opts_set(&g.s.kv, demo_opts[i][0], demo_opts[i][1], 0)) return cli_usage_error("eval", "%s", skv_last_error());
     }
     for (int i = 1; i < argc; i++) {
         const char *a = argv[i], *v = i + 1 < argc ? argv[i + 1] : NULL;
@@ -806,7 +815,7 @@ int cmd_eval(int argc, char **argv) {
                     return cli_usage_error("eval", "%s expects an integer in [1, %d], got '%s'", a, k == 6 ? 64 : 1 << 24, v);
                 }
                 if (k == 6) seeds = (int)x;
-                else sweep_len = (int)x;
+                else { sweep_len = (int)x; sweep_given = 1; }
                 break;
             case 7: budgets_s = v; break;
             case 9: hay_path = v; break;
@@ -875,8 +884,11 @@ int cmd_eval(int argc, char **argv) {
             p = c ? c + 1 : p + len;
         }
     }
-    if (!sweep_len) for (int i = 0; i < e.o.n_lengths; i++) sweep_len = e.o.lengths[i] > sweep_len ? e.o.lengths[i] : sweep_len;
     int found = 0;
+    for (int i = 0; i < e.o.n_lengths; i++) found |= e.o.lengths[i] == sweep_len;
+    if (!sweep_given && !found) sweep_len = 0; /* the suite's 4000 without it in --lengths: the largest */
+    if (!sweep_len) for (int i = 0; i < e.o.n_lengths; i++) sweep_len = e.o.lengths[i] > sweep_len ? e.o.lengths[i] : sweep_len;
+    found = 0;
     for (int i = 0; i < e.o.n_lengths; i++) found |= e.o.lengths[i] == sweep_len;
     if (e.n_sweep && !found) {
         rc = cli_usage_error("eval", "--sweep-length %d is not one of --lengths", sweep_len);
