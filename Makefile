@@ -113,8 +113,11 @@ fuzz: fuzz-build
 	@sh tests/fuzz/run.sh $(FUZZ_SECONDS)
 
 # Tests run from the project root so that ../shared and samples/ resolve.
+# The Python tests drive the skv binary (skv eval, the CSV export against
+# probes/python/skvtrace) with Debian's python3 and numpy.
+PY_TESTS = tests/test_eval.py tests/test_skvtrace.py
 test: $(TEST_BIN) $(BUILD)/skv $(BUILD)/default-model.gguf
-	@SKV_BIN=$(abspath $(BUILD))/skv sh tests/run.sh $(TEST_BIN)
+	@SKV_BIN=$(abspath $(BUILD))/skv sh tests/run.sh $(TEST_BIN) $(PY_TESTS)
 
 # Benchmarks compare ./skv with a build whose probe points are compiled out.
 bench: skv
@@ -142,7 +145,8 @@ deps:
 	$$SUDO apt-get update -qq && \
 	$$SUDO env DEBIAN_FRONTEND=noninteractive apt-get install -y -qq --no-install-recommends \
 	  build-essential pkg-config libncurses-dev libcjson-dev libpng-dev libopenblas-dev \
-	  liblapacke-dev libpcre2-dev libfreetype-dev fonts-dejavu-core tmux clang libclang-rt-14-dev libomp-dev
+	  liblapacke-dev libpcre2-dev libfreetype-dev fonts-dejavu-core tmux clang libclang-rt-14-dev libomp-dev \
+	  python3 python3-numpy python3-pandas
 
 clean:
 	rm -rf build build-asan build-noprobes build-fuzz build-tsan skv

@@ -65,6 +65,14 @@ int trace_load_store(const char *path, probe_store *st);
 /* Replays a trace into one store per lane (a single run is lane 0). */
 int trace_load_lanes(const char *path, probe_lanes *L);
 
+/* Writes the trace at path as tidy CSV tables into dir (made if missing):
+ * KIND.csv per record kind, KIND__FIELD.csv per array field (long: record,
+ * lane, step/layer/head, i, value) and meta.json (docs/TRACE.md). An
+ * existing table is replaced only with force. A trace cut short or damaged
+ * is refused (SKV_EFORMAT, the reader's notice) unless partial, which
+ * exports what is intact. *n_tables gets the tables written. */
+int trace_export_csv(const char *path, const char *dir, int force, int partial, int *n_tables);
+
 /* Prints a human summary (format version, model, KV policy, counts per kind,
  * steps, layers, file size) for `skv trace info FILE`. */
 int trace_info(const char *path, FILE *out);

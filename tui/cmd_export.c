@@ -24,7 +24,12 @@
 #define EXPORT_MAX_SCALE 4
 
 static void export_help(FILE *o) {
-    fprintf(o, "usage: skv export --trace FILE --view NAME -o FIG.png [options]\n\n"
+    fprintf(o, "usage: skv export --trace FILE --view NAME -o FIG.png [options]\n"
+               "       skv export TRACE --format csv DIR [--partial] [--force]\n\n"
+               "The second form writes the trace as tidy CSV tables into DIR: KIND.csv per record kind\n"
+               "(a row per record), KIND__FIELD.csv per array field (a row per element, keyed by record,\n"
+               "step, layer, head and index) and meta.json; docs/TRACE.md lists the columns. A trace cut\n"
+               "short is refused unless --partial (then what is intact is written).\n\n"
                "Draws one view of a recorded trace (skv run --trace FILE) into a PNG figure,\n"
                "or an SVG one when FIG ends in .svg, and prints the path written.\n\n"
                "  -t, --trace FILE      the trace to replay\n"
@@ -102,14 +107,38 @@ static int check_cursor(const char *trace, const probe_store *st, const view_cur
     return 0;
 }
 
+/* skv export TRACE --format csv DIR */
+static int export_csv(const char *trace, const char *dir, int force, int partial) {
+    int n = 0;
+    if (trace_export_csv(trace, dir, force, partial, &n)) return cli_fail();
+    if (*trace_last_notice()) fprintf(stderr, "skv: warning: %s\n", trace_last_notice());
+    fprintf(stderr, "skv export: wrote %d tables and meta.json into %s\n", n, dir);
+    printf("%s\n", dir);
+    return 0;
+}
+
 int cmd_export(int argc, char **argv) {
-    const char *trace = NULL, *view_name = NULL, *out = NULL;
+    const char *trace = NULL, *view_name = NULL, *out = NULL, *format = NULL, *pos[2] = { NULL, NULL };
     int layer = 0, head = 0, step = -1, chunk = -1, scale = 1, width = 1200, height = 700, force = 0, annotate = 0;
+    int partial = 0, n_pos = 0;
     for (int i = 1; i < argc; i++) {
         const char *a = argv[i], *v = i + 1 < argc ? argv[i + 1] : NULL;
         if (!strcmp(a, "-h") || !strcmp(a, "--help")) { export_help(stdout); return 0; }
         if (!strcmp(a, "--force")) { force = 1; continue; }
         if (!strcmp(a, "--annotate")) { annotate = 1; continue; }
+        if (!strcmp(a, "--partial")) { partial = 1; continue; }
+        if (a[0] != '-' || !a[1]) {
+            if (n_pos == 2) return cli_usage_error("export", "unexpected argument '%s'", a);
+            pos[n_pos++] = a;
+            continue;
+        }
+        if (!strcmp(a, "--format")) {
+            if (!v) return cli_usage_error("export", "--format needs a value (csv)");
+            if (strcmp(v, "csv")) return cli_usage_error("export", "--format: '%s' is not a format (csv; figures take -o FIG.png)", v);
+            format = v;
+            i++;
+            continue;
+        }
         int known = !strcmp(a, "--trace") || !strcmp(a, "-t") || !strcmp(a, "--view") || !strcmp(a, "-v") ||
                     !strcmp(a, "-o") || !strcmp(a, "--output") || !strcmp(a, "--layer") || !strcmp(a, "--head") ||
                     !strcmp(a, "--step") || !strcmp(a, "--chunk") || !strcmp(a, "--scale") || !strcmp(a, "--size");
@@ -127,6 +156,19 @@ int cmd_export(int argc, char **argv) {
         else if (parse_size(v, &width, &height))
             return cli_usage_error("export", "--size expects WxH with each side in [16, %d], got '%s'", EXPORT_MAX_SIDE, v);
     }
+    if (format) {
+        if (view_name) return cli_usage_error("export", "--format csv writes every record; it takes no --view");
+        const char *dir = out;
+        int at = 0;
+        if (!trace && at < n_pos) trace = pos[at++];
+        if (!dir && at < n_pos) dir = pos[at++];
+        if (at < n_pos) return cli_usage_error("export", "unexpected argument '%s'", pos[at]);
+        if (!trace) return cli_usage_error("export", "no trace: skv export TRACE --format csv DIR");
+        if (!dir) return cli_usage_error("export", "no folder: skv export TRACE --format csv DIR");
+        return export_csv(trace, dir, force, partial);
+    }
+    if (n_pos) return cli_usage_error("export", "unexpected argument '%s' (a figure takes --trace FILE --view NAME -o FIG)", pos[0]);
+    if (partial) return cli_usage_error("export", "--partial goes with --format csv");
     if (!trace) return cli_usage_error("export", "no trace: give --trace FILE");
     if (!view_name) return cli_usage_error("export", "no view: give --view NAME");
     if (!out) return cli_usage_error("export", "no output: give -o FIG.png");
