@@ -743,7 +743,114 @@ static void test_cli(void) {
     }
 }
 
+/* ---- tasks: the facts are train.py's sentences, tokenized apart ------------ */
+
+typedef struct { const needle_task *task; int cases, keyed_ok, spans_ok, distinct, text_ok; char first[160]; } task_check;
+
+static int check_task_case(const needle_case *c, void *user) {
+    task_check *t = user;
+    t->cases++;
+    const char *tmpl = !strcmp(c->task, "multikey") ? "The special magic number for %s is %s."
+                       : !strcmp(c->task, "multikey-alt") ? "One of the magic numbers for %s is: %s."
+                       : !strcmp(c->task, "passkey") ? "The pass key is %s. Remember it. %s is the pass key."
+                       : "The special magic number is %s.";
+    int keyed = !strcmp(c->task, "multikey") || !strcmp(c->task, "multikey-alt");
+    t->keyed_ok += keyed ? c->n_facts >= 2 && c->n_facts <= 4 : c->n_facts == 1;
+    int spans = 1;
+    for (int i = 0; i < c->n_facts; i++) {
+        char want[200];
+        if (keyed) snprintf(want, sizeof want, tmpl, c->keys[i], c->values[i]);
+        else snprintf(want, sizeof want, tmpl, c->values[i], c->values[i]);
+        for (int j = 0; j < i; j++) t->distinct &= strcmp(c->values[i], c->values[j]) && (strcmp(c->keys[i], c->keys[j]) || !keyed);
+        char *got = needle_fill(t->task->fact, c->keys[i], c->values[i]);
+        t->text_ok &= got && !strcmp(got, want); /* train.py's sentence, word for word */
+        free(got);
+        spans &= c->fact_end[i] > c->fact_begin[i] && c->fact_begin[i] >= 1 && c->fact_end[i] <= c->prompt_len;
+    }
+    t->spans_ok += spans && c->tok_begin == c->fact_begin[0] && !strcmp(c->value, c->values[0]);
+    if (!t->first[0]) snprintf(t->first, sizeof t->first, "%s", c->keys[0]);
+    return 0;
+}
+
+/* Prompts of every built-in task on the demo model: the facts decode to the
+ * sentences train.py plants (with the leading space of a separate piece),
+ * multikey has 2-4 facts with distinct keys and values, and at a budget
+ * covering the prompt every policy answers as dense. */
+static void test_tasks(void) {
+    char *hay = haystack_text();
+    skv_model *m = NULL;
+    if (!hay || model_load("samples/model/skv-demo.gguf", &m)) {
+        test_cond("the demo model and haystack load", 0);
+        free(hay);
+        return;
+    }
+    for (int k = 0; needle_task_names[k]; k++) {
+        needle_task task;
+        char msg[256];
+        int rc = needle_task_builtin(needle_task_names[k], &task);
+        needle_opts o;
+        needle_opts_default(&o);
+        int lens[2] = { 400, 700 };
+        float deps[3] = { 10, 50, 90 };
+        o.haystack = hay;
+        o.task = &task;
+        o.lengths = lens;
+        o.n_lengths = 2;
+        o.depths = deps;
+        o.n_depths = 3;
+        o.runs = 2;
+        needle_set_methods(&o, "dense");
+        task_check tc = { .task = &task, .distinct = 1, .text_ok = 1 };
+        needle_result res;
+        if (!rc) rc = needle_run(m, &o, check_task_case, &tc, &res);
+        snprintf(msg, sizeof msg, "task %s: 12 cases with the right number of facts, spans inside the prompt, the "
+                 "asked fact first", needle_task_names[k]);
+        test_cond(msg, rc == 0 && tc.cases == 12 && tc.keyed_ok == 12 && tc.spans_ok == 12 && tc.distinct);
+        snprintf(msg, sizeof msg, "task %s: the facts are samples/train/train.py's sentences", needle_task_names[k]);
+        test_cond(msg, tc.text_ok);
+        /* every fact's tokens are the sentence encoded on its own with a leading space */
+        int exact = rc == 0 && res.n_cases > 0;
+        for (int i = 0; exact && i < res.n_cases; i++) {
+            const needle_case *c = &res.cases[i];
+            for (int f = 0; f < c->n_facts && exact; f++) {
+                char *text = needle_fill(task.fact, c->keys[f], c->values[f]);
+                char buf[256];
+                snprintf(buf, sizeof buf, " %s", text);
+                free(text);
+                int32_t *ids = NULL;
+                int n = 0;
+                exact = !tok_encode(m->tok, buf, strlen(buf), 0, 0, &ids, &n) && n == c->fact_end[f] - c->fact_begin[f];
+                free(ids);
+            }
+        }
+        snprintf(msg, sizeof msg, "task %s: each fact takes exactly the tokens of its sentence encoded apart",
+                 needle_task_names[k]);
+        test_cond(msg, exact);
+        if (!strcmp(needle_task_names[k], "single")) {
+            /* the single task is the old default needle: same prompts and values */
+            needle_opts o2 = o;
+            o2.task = NULL;
+            needle_result r2;
+            int rc2 = needle_run(m, &o2, NULL, NULL, &r2);
+            int same = rc2 == 0 && r2.n_cases == res.n_cases;
+            for (int i = 0; same && i < r2.n_cases; i++)
+                same = !strcmp(r2.cases[i].value, res.cases[i].value) && r2.cases[i].tok_begin == res.cases[i].tok_begin &&
+                       !strcmp(r2.cases[i].answer[0], res.cases[i].answer[0]);
+            test_cond("task single builds the same prompts, values and answers as --needle/--question", same);
+            needle_result_free(&r2);
+        }
+        needle_result_free(&res);
+        needle_task_free(&task);
+    }
+    needle_task bad;
+    test_cond("an unknown task is refused with the names", needle_task_builtin("multi", &bad) == SKV_EINVAL &&
+                                                              strstr(skv_last_error(), "multikey-alt"));
+    model_free(m);
+    free(hay);
+}
+
 int main(void) {
+    test_tasks();
     test_lists();
     test_planted();
     test_planted_oracle();
