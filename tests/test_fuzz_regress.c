@@ -10,6 +10,7 @@
 #include "fuzz/fuzz_hf_config.c"
 #include "fuzz/fuzz_hf_dir.c"
 #include "fuzz/fuzz_safetensors.c"
+#include "fuzz/fuzz_tasks.c"
 #include "fuzz/fuzz_tokenizer.c"
 #include "fuzz/fuzz_trace.c"
 #include "testhelp.h"
@@ -29,6 +30,7 @@ static const harness harnesses[] = {
     {"hf_config", fuzz_hf_config_init, fuzz_hf_config},
     {"hf_dir", fuzz_hf_dir_init, fuzz_hf_dir},
     {"safetensors", fuzz_safetensors_init, fuzz_safetensors},
+    {"tasks", fuzz_tasks_init, fuzz_tasks},
     {"tokenizer", fuzz_tokenizer_init, fuzz_tokenizer},
     {"trace", fuzz_trace_init, fuzz_trace},
 };

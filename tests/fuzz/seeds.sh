@@ -8,7 +8,7 @@ set -eu
 SKV=build-fuzz/skv
 C=build-fuzz/corpus
 SHARED=${SKV_SHARED:-../shared}
-for h in cli encode gguf hf_config hf_dir safetensors tokenizer trace; do mkdir -p "$C/$h"; done
+for h in cli encode gguf hf_config hf_dir safetensors tokenizer trace tasks; do mkdir -p "$C/$h"; done
 
 # gguf: a tiny synthetic model, and the first 64 KiB of the demo model
 cat > "$C/tiny.json" <<'J'
@@ -20,6 +20,13 @@ $SKV synth --config "$C/tiny.json" --dtype q8_0 --seed 3 -o "$C/gguf/tiny-q8.ggu
 $SKV synth --config "$C/tiny.json" --dtype f16 --seed 4 -o "$C/gguf/tiny-f16.gguf" --force >/dev/null 2>&1 || true
 head -c 65536 samples/model/skv-demo.gguf > "$C/gguf/demo-head.gguf"
 cp "$C/tiny.json" "$C/hf_config/tiny.json"
+
+# tasks: a --task-file with every field, and one line of each kind of mistake
+cat > "$C/tasks/good.jsonl" <<'J'
+{"name": "city", "fact": "The secret city of {key} is Plinth{value}.", "keys": ["heron", "otter", "raven"], "facts": [1, 3], "question": "What is the secret city of {key}? The secret city of {key} is", "answer": "Plinth{value}"}
+{"name": "lit", "fact": "The code word is marmalade.", "question": "What is the code word?", "answer": "marmalade", "haystack": "nowhere.txt"}
+J
+printf '{"name": "x", "fact": "A {key} {value}", "keys": ["a"], "facts": 2, "question": "q {key}"}\n' > "$C/tasks/few-keys.jsonl"
 
 # HF files from ../shared (the config, the tokenizer, a small safetensors)
 if [ -d "$SHARED/models/mini-smollm-hf" ]; then
