@@ -9,6 +9,7 @@
 #include <stdarg.h>
 #include <stdio.h>
 #include <stdlib.h>
+#include <sched.h>
 #include <string.h>
 #include <time.h>
 #include <unistd.h>
@@ -125,10 +126,48 @@ double skv_now(void) {
 
 static int n_threads;
 
+/* Physical cores among the CPUs this process may run on, as llama.cpp picks
+ * its default: one thread per core, not per hardware thread (SMT siblings
+ * share a core's execution units, and a second thread there mostly waits).
+ * Counted from the sibling lists under /sys; the number of usable CPUs when
+ * those are missing. */
+int skv_default_threads(void) {
+    cpu_set_t set;
+    int n_cpus = omp_get_num_procs();
+    if (sched_getaffinity(0, sizeof set, &set) != 0) return n_cpus > 0 ? n_cpus : 1;
+    char seen[CPU_SETSIZE];
+    memset(seen, 0, sizeof seen);
+    int cores = 0, cpus = 0;
+    for (int c = 0; c < CPU_SETSIZE; c++) {
+        if (!CPU_ISSET(c, &set)) continue;
+        cpus++;
+        if (seen[c]) continue;
+        char path[128], buf[256];
+        snprintf(path, sizeof path, "/sys/devices/system/cpu/cpu%d/topology/thread_siblings_list", c);
+        FILE *f = fopen(path, "r");
+        if (!f) return cpus > 0 ? CPU_COUNT(&set) : 1;
+        int ok = fgets(buf, sizeof buf, f) != NULL;
+        fclose(f);
+        if (!ok) return CPU_COUNT(&set);
+        cores++;
+        /* mark every sibling of c ("0,64" or "0-1") as seen */
+        for (char *p = buf; *p;) {
+            char *end;
+            long a = strtol(p, &end, 10), b = a;
+            if (end == p) break;
+            if (*end == '-') b = strtol(end + 1, &end, 10);
+            for (long x = a; x <= b && x < CPU_SETSIZE; x++) if (x >= 0) seen[x] = 1;
+            p = *end == ',' ? end + 1 : end;
+            if (*p == '\n') break;
+        }
+    }
+    return cores > 0 ? cores : 1;
+}
+
 int skv_threads(void) {
     if (!n_threads) {
         const char *e = getenv("SKV_THREADS");
-        n_threads = e && atoi(e) > 0 ? atoi(e) : omp_get_num_procs();
+        n_threads = e && atoi(e) > 0 ? atoi(e) : skv_default_threads();
         if (n_threads < 1) n_threads = 1;
         omp_set_num_threads(n_threads);
         /* All parallelism is OpenMP's: OpenBLAS runs single-threaded inside

@@ -67,6 +67,9 @@ double skv_now(void);
 /* Number of worker threads the engine uses (OpenMP; OpenBLAS runs single-
  * threaded inside the engine's parallel loops). */
 int skv_threads(void);
+/* The default thread count: physical cores this process may use, one per
+ * core (SMT siblings counted once), as llama.cpp chooses. */
+int skv_default_threads(void);
 void skv_set_threads(int n);
 
 #endif

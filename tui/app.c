@@ -628,7 +628,11 @@ static void draw_status(app *a, int y, int h) {
         }
         tps = sum > 0 ? k / sum : 0;
     }
-    if (tps > 0) seg(&l, 6, tps >= 100 ? "%.0f tok/s" : "%.1f tok/s", tps);
+    if (tps > 0) {
+        /* live: the threads doing the work (how fast it is depends on them) */
+        if (live(a)) seg(&l, 6, tps >= 100 ? "%.0f tok/s (%d thr)" : "%.1f tok/s (%d thr)", tps, skv_threads());
+        else seg(&l, 6, tps >= 100 ? "%.0f tok/s" : "%.1f tok/s", tps);
+    }
     double res = se ? (double)se->kv_resident : live(a) ? (double)a->ws.kv_resident : -1;
     double off = se ? (double)se->kv_offloaded : live(a) ? (double)a->ws.kv_offloaded : -1;
     if (res >= 0 && (res > 0 || off > 0)) {

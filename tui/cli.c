@@ -22,8 +22,19 @@ void cli_gen_default(cli_gen *g) {
 
 void cli_gen_free(cli_gen *g) { free(g->prompt_buf); g->prompt_buf = NULL; }
 
+const char *cli_command = NULL;
+
+void cli_msg(const char *fmt, ...) {
+    va_list ap;
+    va_start(ap, fmt);
+    if (cli_command) fprintf(stderr, "skv %s: ", cli_command);
+    else fputs("skv: ", stderr);
+    vfprintf(stderr, fmt, ap);
+    va_end(ap);
+}
+
 int cli_fail(void) {
-    fprintf(stderr, "skv: %s\n", skv_last_error());
+    cli_msg("%s\n", skv_last_error());
     return 1;
 }
 
@@ -42,7 +53,7 @@ static int parse_int(const char *flag, const char *v, long lo, long hi, int *out
     errno = 0;
     long x = v ? strtol(v, &end, 10) : 0;
     if (!v || !*v || *end || errno || x < lo || x > hi) {
-        fprintf(stderr, "skv: %s expects an integer in [%ld, %ld], got '%s'\n", flag, lo, hi, v ? v : "");
+        cli_msg("%s expects an integer in [%ld, %ld], got '%s'\n", flag, lo, hi, v ? v : "");
         return -1;
     }
     *out = (int)x;
@@ -54,7 +65,7 @@ static int parse_float(const char *flag, const char *v, double lo, double hi, fl
     errno = 0;
     double x = v ? strtod(v, &end) : 0;
     if (!v || !*v || *end || errno || !(x >= lo && x <= hi)) {
-        fprintf(stderr, "skv: %s expects a number in [%g, %g], got '%s'\n", flag, lo, hi, v ? v : "");
+        cli_msg("%s expects a number in [%g, %g], got '%s'\n", flag, lo, hi, v ? v : "");
         return -1;
     }
     *out = (float)x;
@@ -69,7 +80,7 @@ int cli_single_policy(const cli_gen *g, const char *cmd) {
 int cli_gen_option(cli_gen *g, int argc, char **argv, int *i) {
     const char *a = argv[*i];
     const char *v = *i + 1 < argc ? argv[*i + 1] : NULL;
-#define TAKES_VALUE() do { if (!v) { fprintf(stderr, "skv: %s needs a value\n", a); return -1; } (*i)++; } while (0)
+#define TAKES_VALUE() do { if (!v) { cli_msg("%s needs a value\n", a); return -1; } (*i)++; } while (0)
     if (!strcmp(a, "-m") || !strcmp(a, "--model")) { TAKES_VALUE(); g->model = v; return 1; }
     if (!strcmp(a, "-p") || !strcmp(a, "--prompt")) { TAKES_VALUE(); g->prompt = v; return 1; }
     if (!strcmp(a, "-f") || !strcmp(a, "--file")) { TAKES_VALUE(); g->prompt_file = v; return 1; }
@@ -85,14 +96,14 @@ int cli_gen_option(cli_gen *g, int argc, char **argv, int *i) {
         char *end;
         errno = 0;
         unsigned long long s = strtoull(v, &end, 10);
-        if (!*v || *end || errno || *v == '-') { fprintf(stderr, "skv: --seed expects a non-negative integer, got '%s'\n", v); return -1; }
+        if (!*v || *end || errno || *v == '-') { cli_msg("--seed expects a non-negative integer, got '%s'\n", v); return -1; }
         g->s.sample.seed = s;
         return 1;
     }
     if (!strcmp(a, "--no-bos")) { g->no_bos = 1; return 1; }
     if (!strcmp(a, "--backend")) {
         TAKES_VALUE();
-        if (!skv_backend_find(v)) { fprintf(stderr, "skv: %s\n", skv_last_error()); return -1; }
+        if (!skv_backend_find(v)) { cli_msg("%s\n", skv_last_error()); return -1; }
         snprintf(g->s.backend, sizeof g->s.backend, "%s", v);
         return 1;
     }
@@ -100,14 +111,14 @@ int cli_gen_option(cli_gen *g, int argc, char **argv, int *i) {
         TAKES_VALUE();
         if (!strcmp(v, "help")) { kv_policies_help(stdout); return CLI_DONE; }
         int n = compare_parse(v, g->kv_list, 8);
-        if (n < 0) { fprintf(stderr, "skv: %s\n", skv_last_error()); return -1; }
+        if (n < 0) { cli_msg("%s\n", skv_last_error()); return -1; }
         g->n_kv = n;
         snprintf(g->s.kv.policy, sizeof g->s.kv.policy, "%s", g->kv_list[0]);
         return 1;
     }
     if (!strcmp(a, "--kv-opt")) {
         TAKES_VALUE();
-        if (kv_opts_set_pair(&g->s.kv, v)) { fprintf(stderr, "skv: %s\n", skv_last_error()); return -1; }
+        if (kv_opts_set_pair(&g->s.kv, v)) { cli_msg("%s\n", skv_last_error()); return -1; }
         return 1;
     }
     if (!strcmp(a, "--budget")) {
@@ -115,7 +126,7 @@ int cli_gen_option(cli_gen *g, int argc, char **argv, int *i) {
         size_t n = strlen(v);
         if (n > 1 && v[n - 1] == '%') { /* a share of the prompt */
             char num[32];
-            if (n - 1 >= sizeof num) { fprintf(stderr, "skv: --budget '%s' is not a number or a percentage\n", v); return -1; }
+            if (n - 1 >= sizeof num) { cli_msg("--budget '%s' is not a number or a percentage\n", v); return -1; }
             memcpy(num, v, n - 1);
             num[n - 1] = 0;
             if (parse_float(a, num, 1e-3, 100, &g->s.kv.budget_pct)) return -1;
@@ -137,7 +148,7 @@ int cli_gen_option(cli_gen *g, int argc, char **argv, int *i) {
             const char *val = "1";
             if (d->type != KV_OPT_FLAG) { TAKES_VALUE(); val = v; }
             if (kv_opts_set(&g->s.kv, d->key, val, 0)) {
-                fprintf(stderr, "skv: %s: %s\n", a, skv_last_error());
+                cli_msg("%s: %s\n", a, skv_last_error());
                 return -1;
             }
             return 1;
@@ -154,7 +165,7 @@ void cli_gen_help(FILE *o, int with_sampling) {
             "  -f, --file FILE       read the prompt from FILE (- : standard input, also read when piped)\n"
             "  -c, --ctx N           context positions (default: the model's trained context)\n"
             "  -b, --batch N         prefill batch size (default 512)\n"
-            "  -t, --threads N       worker threads (default: all cores)\n"
+            "  -t, --threads N       worker threads (default: one per physical core, as llama.cpp)\n"
             "      --no-bos          do not add the BOS token\n"
             "      --backend NAME    where the math runs (default cpu; skv info --backends lists them)\n"
             "      --trace FILE      record every probe event of the run to FILE (skv trace info FILE)\n"
@@ -237,7 +248,7 @@ static int read_stdin(size_t max, char **out) {
 
 const char *cli_prompt_text(cli_gen *g) {
     if (g->prompt && g->prompt_file) {
-        fprintf(stderr, "skv: give either -p or -f, not both\n");
+        cli_msg("give either -p or -f, not both\n");
         return NULL;
     }
     if (g->prompt) return g->prompt;
@@ -245,26 +256,26 @@ const char *cli_prompt_text(cli_gen *g) {
     int implicit = !g->prompt_file && !isatty(STDIN_FILENO); /* a prompt piped in */
     from_stdin |= implicit;
     if (!g->prompt_file && !from_stdin) {
-        fprintf(stderr, "skv: no prompt: give -p TEXT, -f FILE, or pipe it in (-f - reads standard input)\n");
+        cli_msg("no prompt: give -p TEXT, -f FILE, or pipe it in (-f - reads standard input)\n");
         return NULL;
     }
     char *b;
     size_t n;
     if (from_stdin) {
         if (read_stdin((size_t)1 << 30, &b)) {
-            fprintf(stderr, "skv: %s\n", skv_last_error());
+            cli_msg("%s\n", skv_last_error());
             return NULL;
         }
         if (implicit && !*b) {
             free(b);
-            fprintf(stderr, "skv: no prompt: give -p TEXT or -f FILE (standard input was empty)\n");
+            cli_msg("no prompt: give -p TEXT or -f FILE (standard input was empty)\n");
             return NULL;
         }
         g->prompt_buf = b;
         return b;
     }
     if (skv_read_file(g->prompt_file, (size_t)1 << 30, &b, &n)) {
-        fprintf(stderr, "skv: %s\n", skv_last_error());
+        cli_msg("%s\n", skv_last_error());
         return NULL;
     }
     g->prompt_buf = b;
@@ -279,7 +290,7 @@ int cli_check_output(const char *cmd, const char *path, int force) {
 
 void cli_ctx_warning(const cli_gen *g, const skv_model *m) {
     if (g->s.ctx > 0 && m->cfg.ctx_train > 0 && g->s.ctx > m->cfg.ctx_train)
-        fprintf(stderr, "skv: warning: -c %d is past the %d positions the model was trained on; positions beyond "
+        cli_msg("warning: -c %d is past the %d positions the model was trained on; positions beyond "
                 "them are untrained and its output there is not to be trusted\n", g->s.ctx, m->cfg.ctx_train);
 }
 

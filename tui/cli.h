@@ -70,7 +70,12 @@ void cli_stop_release(void);
  * tried) if none. How commands find samples/ without a flag. */
 int cli_find_near_exe(const char *const *rels, int n, char *out, size_t cap);
 
-/* Prints "skv: <last error>" to stderr and returns 1. */
+/* The command running ("run", "needle"), set by main; every message to
+ * stderr starts "skv CMD: " (plain "skv: " before a command is known). */
+extern const char *cli_command;
+void cli_msg(const char *fmt, ...) __attribute__((format(printf, 1, 2)));
+
+/* Prints "skv CMD: <last error>" to stderr and returns 1. */
 int cli_fail(void);
 int cli_usage_error(const char *cmd, const char *fmt, ...) __attribute__((format(printf, 2, 3)));
 

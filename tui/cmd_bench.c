@@ -56,7 +56,7 @@ int cmd_bench(int argc, char **argv) {
     if (g.s.ctx <= 0) g.s.ctx = np + g.n_predict + 1;
     if (np + g.n_predict > g.s.ctx) {
         model_free(m);
-        fprintf(stderr, "skv: %d prompt + %d decode tokens exceed the context of %d\n", np, g.n_predict, g.s.ctx);
+        cli_msg("%d prompt + %d decode tokens exceed the context of %d\n", np, g.n_predict, g.s.ctx);
         return 1;
     }
     int32_t *ids = malloc(sizeof(int32_t) * np);

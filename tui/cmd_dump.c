@@ -131,7 +131,7 @@ int cmd_dump(int argc, char **argv) {
     const char *text = cli_prompt_text(&g);
     if (!text) return 2;
     if (mkdir(dir, 0755) != 0 && errno != EEXIST) {
-        fprintf(stderr, "skv: %s: cannot create directory: %s\n", dir, strerror(errno));
+        cli_msg("%s: cannot create directory: %s\n", dir, strerror(errno));
         return 1;
     }
     skv_model *m = NULL;
@@ -145,7 +145,7 @@ int cmd_dump(int argc, char **argv) {
     if (model_load(g.model, &m)) { cli_fail(); goto out; }
     cap.n_kv = m->cfg.n_kv_heads;
     if (layer >= m->cfg.n_layers) {
-        fprintf(stderr, "skv: --layer %d is out of range (the model has %d layers)\n", layer, m->cfg.n_layers);
+        cli_msg("--layer %d is out of range (the model has %d layers)\n", layer, m->cfg.n_layers);
         goto out;
     }
     if (tok_encode(m->tok, text, strlen(text), tok_add_bos(m->tok) && !g.no_bos, 1, &ids, &n)) { cli_fail(); goto out; }
@@ -155,7 +155,7 @@ int cmd_dump(int argc, char **argv) {
     g.s.bus = bus;
     g.s.tap_layer = layer;
     if (session_new(m, &g.s, &s) || session_prefill(s, ids, n, NULL, NULL)) { cli_fail(); goto out; }
-    if (s->kv->notice[0]) fprintf(stderr, "skv: %s\n", s->kv->notice);
+    if (s->kv->notice[0]) cli_msg("%s\n", s->kv->notice);
     if (session_decode(s, session_sample(s))) { cli_fail(); goto out; }
     const kv_tap_data *d = kv_tap_get(s->kv);
     int kvd = m->cfg.n_kv_heads * m->cfg.head_dim, hd = m->cfg.head_dim;
@@ -184,7 +184,7 @@ int cmd_dump(int argc, char **argv) {
                             npy_write(dir, "outliers", cap.outliers, cap.n_kv, cap.max_out))) { cli_fail(); goto out; }
         if (cap.selected && npy_write(dir, "selected", cap.selected, cap.n_kv, cap.k)) { cli_fail(); goto out; }
     } else {
-        fprintf(stderr, "skv: policy %s keeps no low-rank keys: only K, V and the query were written\n",
+        cli_msg("policy %s keeps no low-rank keys: only K, V and the query were written\n",
                 s->kv->policy->name);
     }
     rc = 0;

@@ -60,7 +60,7 @@ static void eval_help(FILE *o) {
             "  --no-oracle         skip the oracle (no mass recall or output error; faster)\n"
             "  --force             start over: the old cases.jsonl is kept as cases.jsonl.prev\n"
             "Policy settings as for skv run (--kv-opt KEY=VALUE and each policy's flags; skv run --kv help);\n"
-            "  -t, --threads N     worker threads (default: all cores)\n\n"
+            "  -t, --threads N     worker threads (default: one per physical core, as llama.cpp)\n\n"
             "Exit status: 0 when the suite finished, 130 when interrupted (outputs hold the finished\n"
             "cases, marked partial), 1 on a failure, 2 on a bad command line.\n");
 }
@@ -144,13 +144,12 @@ static int add_rec(eval_state *e, cJSON *r) {
 }
 
 /* The settings as JSON: what makes two runs the same suite. */
-static cJSON *settings_json(const eval_state *e, const skv_model *m) {
+static cJSON *settings_json(const eval_state *e) {
     cJSON *s = cJSON_CreateObject();
     if (!s) return NULL;
     cJSON_AddStringToObject(s, "format", "skv-eval");
     cJSON_AddNumberToObject(s, "format_version", 1);
     cJSON_AddStringToObject(s, "model", e->model_path);
-    cJSON_AddStringToObject(s, "model_name", m->cfg.name);
     cJSON_AddStringToObject(s, "haystack", e->hay_path);
     cJSON *t = cJSON_AddArrayToObject(s, "tasks");
     for (int i = 0; t && i < e->n_tasks; i++) {
@@ -196,7 +195,8 @@ static int put_text(FILE *f, void *ctx, const char *path) {
 static int check_settings(eval_state *e, const skv_model *m, int force) {
     char path[PATH_MAX];
     snprintf(path, sizeof path, "%s/eval.json", e->dir);
-    cJSON *now = settings_json(e, m);
+    (void)m;
+    cJSON *now = settings_json(e);
     if (!now) return skv_error(SKV_ENOMEM, "out of memory");
     char *text = NULL;
     size_t len;

@@ -111,7 +111,7 @@ static int check_cursor(const char *trace, const probe_store *st, const view_cur
 static int export_csv(const char *trace, const char *dir, int force, int partial) {
     int n = 0;
     if (trace_export_csv(trace, dir, force, partial, &n)) return cli_fail();
-    if (*trace_last_notice()) fprintf(stderr, "skv: warning: %s\n", trace_last_notice());
+    if (*trace_last_notice()) cli_msg("warning: %s\n", trace_last_notice());
     fprintf(stderr, "skv export: wrote %d tables and meta.json into %s\n", n, dir);
     printf("%s\n", dir);
     return 0;
@@ -191,7 +191,7 @@ int cmd_export(int argc, char **argv) {
     canvas *c = NULL;
     int rc = 1;
     if (probe_lanes_new(&lanes) || trace_load_lanes(trace, lanes)) { rc = cli_fail(); goto done; }
-    if (*trace_last_notice()) fprintf(stderr, "skv: warning: %s\n", trace_last_notice());
+    if (*trace_last_notice()) cli_msg("warning: %s\n", trace_last_notice());
     /* a compare trace has one store per policy; the figure stacks them */
     int n_lanes = probe_lanes_count(lanes);
     const probe_store *sts[PROBE_MAX_LANES];

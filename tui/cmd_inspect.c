@@ -214,7 +214,7 @@ static int replay(const char *path) {
     char notice[700] = "";
     if (*trace_last_notice()) {
         snprintf(notice, sizeof notice, "%s", trace_last_notice());
-        fprintf(stderr, "skv: warning: %s\n", notice);
+        cli_msg("warning: %s\n", notice);
     }
     app_opts o = {.lanes = lanes, .wake_fd = -1, .replay_path = path, .notice = notice};
     int rc = app_run(&o);
@@ -286,7 +286,7 @@ static int live(cli_gen *g) {
     tui_worker *w = NULL;
     int wake[2] = {-1, -1};
     if (tok_encode(m->tok, text, strlen(text), add_bos, 1, &ids, &n)) { rc = cli_fail(); goto out; }
-    if (n == 0) { fprintf(stderr, "skv: the prompt is empty after tokenization\n"); rc = 1; goto out; }
+    if (n == 0) { cli_msg("the prompt is empty after tokenization\n"); rc = 1; goto out; }
     if (probe_bus_new(&bus) || probe_lanes_new(&lanes) || probe_subscribe_ring(bus, PROBE_ALL, RING_EVENTS, &ring)) {
         rc = cli_fail();
         goto out;
@@ -308,7 +308,7 @@ static int live(cli_gen *g) {
     }
     if (compare_new(m, &g->s, g->kv_list, g->n_kv, &c)) { rc = cli_fail(); goto out; }
     if (n > c->s[0]->o.ctx) {
-        fprintf(stderr, "skv: the prompt has %d tokens, more than the context of %d (raise it with -c)\n", n,
+        cli_msg("the prompt has %d tokens, more than the context of %d (raise it with -c)\n", n,
                 c->s[0]->o.ctx);
         rc = 1;
         goto out;
@@ -364,7 +364,7 @@ out:
     if (tw) { /* kept after q or a quit signal (a clean stop); dropped after an error */
         if (rc && rc < 128) trace_writer_abort(tw);
         else if (trace_writer_close(tw)) rc = cli_fail();
-        else fprintf(stderr, "skv: trace written to %s\n", g->trace);
+        else cli_msg("trace written to %s\n", g->trace);
     }
     compare_free(c);
     probe_bus_free(bus);

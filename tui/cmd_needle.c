@@ -74,7 +74,7 @@ static void needle_help(FILE *o) {
             "--kv-opt KEY=VALUE, and each policy's own flags (skv run --kv help)\n"
             "  -c, --ctx N           context positions (default: each prompt plus its answer)\n"
             "  -b, --batch N         prefill batch size (default 512)\n"
-            "  -t, --threads N       worker threads (default: all cores)\n"
+            "  -t, --threads N       worker threads (default: one per physical core, as llama.cpp)\n"
             "      --no-bos          do not add the BOS token\n\n"
             "Exit status: 0 when the sweep ran (misses included), 1 on a failure, 2 on a bad command line.\n",
             NEEDLE_DEFAULT_NEEDLE, NEEDLE_DEFAULT_QUESTION);
@@ -497,7 +497,7 @@ static int diagnose_trace(const char *path) {
     needle_report *rep = malloc(sizeof *rep);
     int rc = rep ? probe_store_new(&st) : skv_error(SKV_ENOMEM, "out of memory");
     if (!rc) rc = trace_load_store(path, st);
-    if (!rc && *trace_last_notice()) fprintf(stderr, "skv: warning: %s\n", trace_last_notice());
+    if (!rc && *trace_last_notice()) cli_msg("warning: %s\n", trace_last_notice());
     if (!rc && probe_store_n_needles(st) == 0)
         rc = skv_error(SKV_EMISSING, "%s: the trace holds no needle events (record one with skv needle --explain "
                        "--trace FILE)", path);

@@ -29,11 +29,11 @@ static int setup(cli_gen *g, const char *cmd, skv_model **m, skv_session **s, in
     cli_ctx_warning(g, *m);
     int add_bos = tok_add_bos((*m)->tok) && !g->no_bos;
     if (tok_encode((*m)->tok, text, strlen(text), add_bos, 1, ids, n)) return cli_fail();
-    if (*n == 0) { fprintf(stderr, "skv: the prompt is empty after tokenization\n"); return 1; }
+    if (*n == 0) { cli_msg("the prompt is empty after tokenization\n"); return 1; }
     if (session_new(*m, &g->s, s)) return cli_fail();
     if (session_prefill(*s, *ids, *n, NULL, NULL)) return cli_fail();
-    if ((*s)->notice[0]) fprintf(stderr, "skv: %s\n", (*s)->notice);
-    if ((*s)->kv->notice[0]) fprintf(stderr, "skv: %s\n", (*s)->kv->notice);
+    if ((*s)->notice[0]) cli_msg("%s\n", (*s)->notice);
+    if ((*s)->kv->notice[0]) cli_msg("%s\n", (*s)->kv->notice);
     return 0;
 }
 
@@ -43,7 +43,7 @@ static int teardown(skv_model *m, skv_session *s, int32_t *ids, cli_gen *g, int 
         /* an interrupted run (130) keeps its trace: every step so far */
         if (rc && rc != CLI_STOPPED) trace_writer_abort(g->tw);
         else if (trace_writer_close(g->tw)) rc = cli_fail();
-        else fprintf(stderr, "skv: trace written to %s\n", g->trace);
+        else cli_msg("trace written to %s\n", g->trace);
     }
     probe_bus_free(g->bus);
     session_free(s);
@@ -61,14 +61,14 @@ static void print_kv_accounting(const skv_session *s) {
     size_t res, off;
     s->kv->cls->bytes(s->kv, &res, &off);
     double dense = 2.0 * c->n_layers * (double)s->n_past * c->n_kv_heads * c->head_dim * sizeof(float);
-    fprintf(stderr, "skv: %s KV bytes: resident %.2f MiB + offloaded %.2f MiB vs dense %.2f MiB "
+    cli_msg("%s KV bytes: resident %.2f MiB + offloaded %.2f MiB vs dense %.2f MiB "
                     "(resident %.1f%% of dense)\n",
             p->name, res / 1048576.0, off / 1048576.0, dense / 1048576.0, dense > 0 ? 100.0 * res / dense : 0.0);
     if (!p->n_stats) return;
     double val[KV_MAX_STATS];
     s->kv->cls->stats(s->kv, val);
     char line[2048];
-    int len = snprintf(line, sizeof line, "skv: %s stats:", p->name);
+    int len = snprintf(line, sizeof line, "%s stats:", p->name);
     for (int i = 0; i < p->n_stats && len < (int)sizeof line; i++) {
         if (isnan(val[i])) continue;
         const char *u = p->stat_defs[i].unit;
@@ -80,18 +80,18 @@ static void print_kv_accounting(const skv_session *s) {
             len += snprintf(line + len, sizeof line - len, " %s %.4g%s%s", p->stat_defs[i].key, val[i],
                             !strcmp(u, "%") || !strcmp(u, "x") ? "" : u[0] ? " " : "", !strcmp(u, "B") ? "B" : u);
     }
-    fprintf(stderr, "%s\n", line);
+    cli_msg("%s\n", line);
     if (s->n_compared)
-        fprintf(stderr, "skv: oracle: top-1 agrees with dense on %d of %d steps\n", s->n_agree, s->n_compared);
+        cli_msg("oracle: top-1 agrees with dense on %d of %d steps\n", s->n_agree, s->n_compared);
     kv_oracle_summary os;
     if (kv_oracle_get(s->oracle, -1, &os) && os.n) {
-        fprintf(stderr, "skv: oracle: mass recall %.2f%% (min %.2f%%), overlap with the exact top-B %.2f%%, "
+        cli_msg("oracle: mass recall %.2f%% (min %.2f%%), overlap with the exact top-B %.2f%%, "
                         "output error %.3f%% (max %.3f%%); over %llu (step, layer, query head)\n",
                 100 * os.recall, 100 * os.recall_min, 100 * os.overlap, 100 * os.out_err, 100 * os.out_err_max,
                 (unsigned long long)os.n);
         size_t res, off;
         s->kv->cls->bytes(s->kv, &res, &off);
-        fprintf(stderr, "skv: budget in three units: %.1f tokens attended in full precision per query head "
+        cli_msg("budget in three units: %.1f tokens attended in full precision per query head "
                         "(%.1f prompt + %.1f generated), %.2f%% of the context; %.2f MiB resident\n",
                 os.kept, os.kept - os.gen, os.gen, os.ctx > 0 ? 100 * os.kept / os.ctx : 0.0, res / 1048576.0);
         char rl[1024], el[1024];
@@ -101,7 +101,7 @@ static void print_kv_accounting(const skv_session *s) {
             ne += snprintf(el + ne, sizeof el - (size_t)ne, "%s%.2f", l ? " " : "", 100 * os.out_err);
             if (nr >= (int)sizeof rl - 16 || ne >= (int)sizeof el - 16) break;
         }
-        fprintf(stderr, "skv: oracle per layer: mass recall %% %s; output error %% %s\n", rl, el);
+        cli_msg("oracle per layer: mass recall %% %s; output error %% %s\n", rl, el);
     }
 }
 
@@ -124,13 +124,13 @@ static int run_compare(cli_gen *g) {
     if (!rc && model_load(g->model, &m)) rc = cli_fail();
     if (!rc) cli_ctx_warning(g, m);
     if (!rc && tok_encode(m->tok, text, strlen(text), tok_add_bos(m->tok) && !g->no_bos, 1, &ids, &n)) rc = cli_fail();
-    if (!rc && n == 0) { fprintf(stderr, "skv: the prompt is empty after tokenization\n"); rc = 1; }
+    if (!rc && n == 0) { cli_msg("the prompt is empty after tokenization\n"); rc = 1; }
     if (!rc && compare_new(m, &g->s, g->kv_list, g->n_kv, &c)) rc = cli_fail();
     if (!rc && compare_prefill(c, ids, n, NULL, NULL)) rc = cli_fail();
     if (!rc) {
         for (int i = 0; i < c->n; i++)
-            if (c->s[i]->kv->notice[0]) fprintf(stderr, "skv: %s\n", c->s[i]->kv->notice);
-        fprintf(stderr, "skv: compare: %d policies in lockstep, each fed %s's tokens (the text below)\n", c->n,
+            if (c->s[i]->kv->notice[0]) cli_msg("%s\n", c->s[i]->kv->notice);
+        cli_msg("compare: %d policies in lockstep, each fed %s's tokens (the text below)\n", c->n,
                 c->policy[c->teacher]);
         int prev = ids[n - 1];
         char buf[256];
@@ -145,7 +145,7 @@ static int run_compare(cli_gen *g) {
         }
         printf("\n");
         fflush(stdout);
-        fprintf(stderr, "skv: %-9s %7s %9s %11s %13s %8s %8s %9s\n", "policy", "top-1", "decode", "resident",
+        cli_msg("%-9s %7s %9s %11s %13s %8s %8s %9s\n", "policy", "top-1", "decode", "resident",
                 "fetched/step", "recall", "overlap", "out err");
         for (int i = 0; i < c->n && !rc; i++) {
             skv_session *s = c->s[i];
@@ -168,15 +168,15 @@ static int run_compare(cli_gen *g) {
                 snprintf(ov, sizeof ov, "-");
                 snprintf(err, sizeof err, "-");
             }
-            fprintf(stderr, "skv: %-9s %7s %9s %7.2f MiB %13s %8s %8s %9s%s\n", c->policy[i], agree, tps,
+            cli_msg("%-9s %7s %9s %7.2f MiB %13s %8s %8s %9s%s\n", c->policy[i], agree, tps,
                     res / 1048576.0, fetch, rec, ov, err, i == c->teacher ? "  (teacher)" : "");
         }
-        if (!g->s.kv.oracle) fprintf(stderr, "skv: (--oracle adds each policy's recall, overlap and output error)\n");
+        if (!g->s.kv.oracle) cli_msg("(--oracle adds each policy's recall, overlap and output error)\n");
     }
     if (g->tw) {
         if (rc) trace_writer_abort(g->tw);
         else if (trace_writer_close(g->tw)) rc = cli_fail();
-        else fprintf(stderr, "skv: trace written to %s (skv inspect --trace shows every policy)\n", g->trace);
+        else cli_msg("trace written to %s (skv inspect --trace shows every policy)\n", g->trace);
     }
     probe_bus_free(g->bus);
     compare_free(c);
@@ -229,9 +229,9 @@ int cmd_run(int argc, char **argv) {
     printf("\n");
     fflush(stdout);
     cli_stop_release();
-    if (cli_stop_requested()) fprintf(stderr, "skv: stopped after %d generated tokens (interrupted)%s\n", generated,
+    if (cli_stop_requested()) cli_msg("stopped after %d generated tokens (interrupted)%s\n", generated,
                           g.trace ? "; the trace holds every step so far" : "");
-    fprintf(stderr, "skv: prompt %d tokens, %.1f tok/s prefill; generated %d tokens, %.1f tok/s decode\n", n,
+    cli_msg("prompt %d tokens, %.1f tok/s prefill; generated %d tokens, %.1f tok/s decode\n", n,
             n / (s->t_prefill > 0 ? s->t_prefill : 1e-9), generated,
             s->step ? s->step / (s->t_decode > 0 ? s->t_decode : 1e-9) : 0.0);
     print_kv_accounting(s);

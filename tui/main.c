@@ -37,14 +37,17 @@ static void usage(FILE *o) {
 }
 
 int main(int argc, char **argv) {
-    if (argc < 2) { fprintf(stderr, "skv: no command given; usage: skv COMMAND [options] (see skv --help)\n"); return 2; }
+    if (argc < 2) { cli_msg("no command given; usage: skv COMMAND [options] (see skv --help)\n"); return 2; }
     if (!strcmp(argv[1], "--help") || !strcmp(argv[1], "-h") || !strcmp(argv[1], "help")) { usage(stdout); return 0; }
     if (!strcmp(argv[1], "--version") || !strcmp(argv[1], "-V")) {
         printf("skv %s (trace format %d)\n", SKV_VERSION_STRING, TRACE_VERSION);
         return 0;
     }
     for (size_t i = 0; i < sizeof commands / sizeof commands[0]; i++)
-        if (!strcmp(argv[1], commands[i].name)) return commands[i].fn(argc - 1, argv + 1);
-    fprintf(stderr, "skv: unknown command '%s' (see skv --help)\n", argv[1]);
+        if (!strcmp(argv[1], commands[i].name)) {
+            cli_command = commands[i].name;
+            return commands[i].fn(argc - 1, argv + 1);
+        }
+    cli_msg("unknown command '%s' (see skv --help)\n", argv[1]);
     return 2;
 }

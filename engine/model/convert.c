@@ -288,10 +288,10 @@ static int write_tok_bpe(gguf_writer *w, const tok_vocab *v, int n_out) {
 
 /* ---- metadata ---- */
 
-static int write_meta(gguf_writer *w, const skv_model *m, const char *arch, enum ggml_type type) {
+static int write_meta(gguf_writer *w, const skv_model *m, const char *arch, enum ggml_type type, const char *given) {
     const model_config *c = &m->cfg;
     char key[128];
-    const char *name = c->name;
+    const char *name = given && given[0] ? given : c->name;
     if (!name[0]) {
         const char *s = strrchr(m->path, '/');
         name = s && s[1] ? s + 1 : m->path;
@@ -365,7 +365,7 @@ int convert_write_gguf(const skv_model *m, const char *path, const convert_opts 
         uint64_t ne[2] = {(uint64_t)s->cols, (uint64_t)s->rows};
         rc = gguf_writer_add_tensor(w, cx.t[i].name, cx.t[i].type, s->rows == 1 ? 1 : 2, ne);
     }
-    if (!rc) rc = write_meta(w, m, arch, o->type);
+    if (!rc) rc = write_meta(w, m, arch, o->type, o->name);
 
     char *tmp = NULL;
     if (!rc) {

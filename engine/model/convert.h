@@ -35,6 +35,7 @@
 typedef struct {
     enum ggml_type type;   /* GGML_F32 or GGML_F16: the matrices' type */
     int force;             /* replace an existing file at path */
+    const char *name;      /* general.name to write; NULL: the model's own (else its file or folder name) */
 } convert_opts;
 
 typedef struct {

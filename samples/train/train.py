@@ -824,7 +824,7 @@ def main():
     hf_dir = os.path.join(args.work, "hf")
     export_hf(model, tok, hf_dir)
     gguf = os.path.join(args.out, "skv-demo.gguf")
-    subprocess.run([args.skv, "convert", hf_dir, "-o", gguf, "--force"], check=True)
+    subprocess.run([args.skv, "convert", hf_dir, "-o", gguf, "--name", "skv-demo", "--force"], check=True)
 
     # The held-out prompt: project-written text the model never saw.
     with open(os.path.join(ROOT, "samples", "prompts", "default.txt")) as f:
