@@ -105,14 +105,14 @@ static int draw_fig(canvas *c, canvas_rect r, int fig, paint_result *res) {
         return paint_draw_heatmap(c, r, &h, res);
     }
     case FIG_RASTER: {
-        paint_category cats[3] = { { "not selected", CANVAS_NONE }, { "hit", PAINT_AUTO }, { "miss", PAINT_AUTO } };
+        paint_category cats[3] = { { "not selected", CANVAS_NONE, NULL }, { "hit", PAINT_AUTO, NULL }, { "miss", PAINT_AUTO, NULL } };
         paint_raster g = { .title = "Selected chunks, layer 3 head 1", .cat = sel, .nx = 48, .ny = 20, .cats = cats,
                            .n_cats = 3, .x = { .label = "decode step" }, .y = { .label = "chunk" },
                            .highlight = PAINT_HI_COL, .hi_col = 30 };
         return paint_draw_raster(c, r, &g, res);
     }
     case FIG_STRIP: {
-        paint_category cats[3] = { { "outlier", PAINT_AUTO }, { "local", PAINT_AUTO }, { "needle", PAINT_AUTO } };
+        paint_category cats[3] = { { "outlier", PAINT_AUTO, NULL }, { "local", PAINT_AUTO, NULL }, { "needle", PAINT_AUTO, NULL } };
         paint_span sp[4] = { { 100, 101, 0 }, { 700, 702, 0 }, { 1020, 1024, 1 }, { 500, 503, 2 } };
         paint_strip s = { .title = "Chunk map", .v = cosmin, .n = 1024, .x = { .label = "chunk" },
                           .value = { .label = "cos-min", .min = 0, .max = 1 }, .cats = cats, .n_cats = 3,
@@ -121,7 +121,7 @@ static int draw_fig(canvas *c, canvas_rect r, int fig, paint_result *res) {
     }
     case FIG_GANTT: {
         static const char *rows[3] = { "compute", "fetch", "rebuild" };
-        paint_category ops[3] = { { "attention", PAINT_AUTO }, { "copy V", PAINT_AUTO }, { "rebuild K", PAINT_AUTO } };
+        paint_category ops[3] = { { "attention", PAINT_AUTO, NULL }, { "copy V", PAINT_AUTO, NULL }, { "rebuild K", PAINT_AUTO, NULL } };
         paint_bar bars[6] = { { 0, 0, 0.0, 1.0 }, { 1, 1, 0.2, 2.5 }, { 2, 2, 0.3, 1.8 },
                               { 0, 0, 2.6, 4.0 }, { 1, 1, 2.7, 3.9 }, { 2, 2, 2.8, 3.5 } };
         paint_gantt g = { .title = "Stream timeline", .rows = rows, .n_rows = 3, .ops = ops, .n_ops = 3,
@@ -480,7 +480,42 @@ static void cleanup_dir(const char *dir) {
     rmdir(dir);
 }
 
+/* Without colour (mono cells), categories differ by glyph: a raster of
+ * two categories with the same colour lightness shows two glyphs, in the
+ * cells and in the legend; so do a strip's lanes. */
+static void test_mono_glyphs(void) {
+    canvas *c = NULL;
+    if (canvas_cells_new(&c, 60, 16, CANVAS_CELLS_MONO)) { test_cond("mono cells canvas", 0); return; }
+    uint8_t cat[4 * 8];
+    for (int i = 0; i < 32; i++) cat[i] = (uint8_t)(i % 3);
+    paint_category cats[3] = { { "none", CANVAS_NONE, " " }, { "outlier", CANVAS_RGB(200, 0, 0), "o" },
+                               { "miss", CANVAS_RGB(0, 200, 0), "x" } };
+    paint_raster g = { .title = "mono", .cat = cat, .nx = 8, .ny = 4, .cats = cats, .n_cats = 3 };
+    canvas_clear(c);
+    int rc = paint_draw_raster(c, (canvas_rect){ 0, 0, 60, 16 }, &g, NULL);
+    char *text = canvas_cells_text(c);
+    int no = 0, nx = 0;
+    for (const char *p = text; p && *p; p++) { no += *p == 'o'; nx += *p == 'x'; }
+    test_cond("mono raster: outlier and miss drawn with their own glyphs (o, x), each in cells and legend",
+              rc == 0 && text && no >= 3 && nx >= 3 && strstr(text, "o outlier") && strstr(text, "x miss"));
+    free(text);
+    paint_span sp[2] = { { 2, 4, 0 }, { 6, 8, 1 } };
+    float v[10] = { 0, .1f, .2f, .3f, .4f, .5f, .6f, .7f, .8f, .9f };
+    paint_category lanes[2] = { { "outlier", CANVAS_RGB(90, 90, 90), "o" }, { "local", CANVAS_RGB(90, 90, 90), "-" } };
+    paint_strip st = { .title = "strip", .v = v, .n = 10, .cats = lanes, .n_cats = 2, .spans = sp, .n_spans = 2 };
+    canvas_clear(c);
+    rc = paint_draw_strip(c, (canvas_rect){ 0, 0, 60, 16 }, &st, NULL);
+    text = canvas_cells_text(c);
+    test_cond("mono strip: two lanes of one colour still differ (o and -)", rc == 0 && text && strstr(text, "oo") &&
+                                                                               strstr(text, "--"));
+    free(text);
+    canvas_free(c);
+    test_cond("default glyphs of eight categories are distinct", strcmp(paint_cat_glyph(0), paint_cat_glyph(1)) &&
+                                                                     strcmp(paint_cat_glyph(1), paint_cat_glyph(7)));
+}
+
 int main(void) {
+    test_mono_glyphs();
     const char *dir = test_tmpdir("paint");
     make_data();
     test_palette();

@@ -76,6 +76,7 @@ typedef struct canvas_geom {
     double fill_w, fill_h;  /* resolution of fills (PNG: 1/scale; cells: 1 x 1/2) */
     int cells;              /* 1 for the terminal grid: coarse, no rotated text */
     int ascii;              /* only ASCII glyphs may be used */
+    int mono;               /* no colour: categories must differ by glyph (painters draw paint_category glyphs) */
     int rotate_text;        /* CANVAS_VERTICAL text is supported */
 } canvas_geom;
 

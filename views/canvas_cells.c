@@ -249,7 +249,8 @@ int canvas_cells_new(canvas **out, int cols, int rows, unsigned flags) {
     g->base.geom = (canvas_geom){
         .w = cols, .h = rows, .em = 1, .hair = 1, .tick = 0.5, .pad = 0, .line_w = 1,
         .dot_w = 0.5, .dot_h = 0.25, .fill_w = 1, .fill_h = coarse ? 1 : 0.5,
-        .cells = 1, .ascii = (flags & CANVAS_CELLS_ASCII) != 0, .rotate_text = 0,
+        .cells = 1, .ascii = (flags & CANVAS_CELLS_ASCII) != 0, .mono = (flags & CANVAS_CELLS_MONO) != 0,
+        .rotate_text = 0,
     };
     canvas_init_base(&g->base, &cells_ops, &cells_theme);
     cells_clear(&g->base, cells_theme.bg);

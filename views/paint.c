@@ -307,7 +307,13 @@ typedef struct legend_item {
     canvas_color color;
     double width;           /* line width for SW_LINE */
     const char *text;
+    const char *glyph;      /* SW_BOX on a colourless terminal: the category's glyph, or NULL */
 } legend_item;
+
+const char *paint_cat_glyph(int i) {
+    static const char *const g[] = { "#", "o", "x", "+", "=", "*", "%", "@" };
+    return g[((i % 8) + 8) % 8];
+}
 
 static double swatch_w(lay *L, int kind) {
     if (L->g->cells) return kind == SW_LINE ? 2 : 1;
@@ -353,6 +359,8 @@ static void draw_swatch(lay *L, const legend_item *it, double x, double ymid) {
             canvas_text(L->c, x, floor(ymid), L->g->ascii ? "o" : "\xe2\x96\xa1", CANVAS_FONT_SMALL, CANVAS_LEFT | CANVAS_TOP, L->th->fg);
         else
             draw_frame(L, (canvas_rect){ x, round(ymid - w / 2), w, w }, L->g->hair, L->th->axis);
+    } else if (it->kind == SW_BOX && L->g->mono && it->glyph) {
+        canvas_text(L->c, x, floor(ymid), it->glyph, CANVAS_FONT_BOLD, CANVAS_LEFT | CANVAS_TOP, L->th->fg);
     } else if (it->kind == SW_BOX) {
         double h = L->g->cells ? 1 : w;
         canvas_fill_rect(L->c, x, L->g->cells ? floor(ymid) : round(ymid - h / 2), w, h, it->color);
@@ -753,9 +761,9 @@ int paint_draw_plot(canvas *c, canvas_rect rr, const paint_plot *p, paint_result
     for (int s = 0; s < p->n_series && p->series && !p->no_legend; s++)
         if (p->series[s].name)
             leg[nleg++] = (legend_item){ SW_LINE, pick(p->series[s].color, palette_cat(s)),
-                                         p->series[s].width > 0 ? p->series[s].width : g->line_w, p->series[s].name };
+                                         p->series[s].width > 0 ? p->series[s].width : g->line_w, p->series[s].name, NULL };
     for (int b = 0; b < p->n_bands && p->bands && !p->no_legend; b++)
-        if (p->bands[b].label) leg[nleg++] = (legend_item){ SW_BOX, pick(p->bands[b].color, L.th->band), 0, p->bands[b].label };
+        if (p->bands[b].label) leg[nleg++] = (legend_item){ SW_BOX, pick(p->bands[b].color, L.th->band), 0, p->bands[b].label, NULL };
 
     char xl[256], yl[256];
     frame f = { .title = p->title, .leg = leg, .nleg = nleg, .xlabel = axis_text(&p->x, xl, sizeof xl),
@@ -902,7 +910,7 @@ int paint_draw_heatmap(canvas *c, canvas_rect rr, const paint_heatmap *h, paint_
     int nx = h->v ? h->nx : 0, ny = h->v ? h->ny : 0;
     if (nx < 0 || ny < 0) nx = ny = 0;
 
-    legend_item mark = { SW_MARK, 0, 0, h->mark_label };
+    legend_item mark = { SW_MARK, 0, 0, h->mark_label, NULL };
     char xl[256], yl[256], vl[256];
     frame f = { .title = h->title, .leg = &mark, .nleg = h->n_marks > 0 && h->mark_label ? 1 : 0,
                 .xlabel = axis_text(&h->x, xl, sizeof xl), .ylabel = axis_text(&h->y, yl, sizeof yl),
@@ -1001,11 +1009,16 @@ static canvas_color cat_color(const paint_category *cats, int n, int k) {
     return pick(cats[k].color, palette_cat(k));
 }
 
+static const char *cat_glyph(const paint_category *cats, int n, int k) {
+    if (k < 0 || k >= n) return " ";
+    return cats[k].glyph && cats[k].glyph[0] ? cats[k].glyph : paint_cat_glyph(k);
+}
+
 /* Legend items for named categories; returns how many. */
 static int cat_legend(const paint_category *cats, int n, legend_item *out) {
     int k = 0;
     for (int i = 0; i < n && cats; i++)
-        if (cats[i].name) out[k++] = (legend_item){ SW_BOX, cat_color(cats, n, i), 0, cats[i].name };
+        if (cats[i].name) out[k++] = (legend_item){ SW_BOX, cat_color(cats, n, i), 0, cats[i].name, cat_glyph(cats, n, i) };
     return k;
 }
 
@@ -1090,7 +1103,10 @@ int paint_draw_raster(canvas *c, canvas_rect rr, const paint_raster *gr, paint_r
                     if (k < ncat && k > best) best = k;
                 }
             canvas_color col = cat_color(gr->cats, ncat, best);
-            if (col != CANVAS_NONE)
+            if (col != CANVAS_NONE && g->mono) /* no colour: the category's glyph (fills are whole cells here) */
+                canvas_text(c, floor(bx.pos[i]), floor(by.pos[j]), cat_glyph(gr->cats, ncat, best), CANVAS_FONT_SMALL,
+                            CANVAS_LEFT | CANVAS_TOP, L.th->fg);
+            else if (col != CANVAS_NONE)
                 canvas_fill_rect(c, bx.pos[i], by.pos[j], bx.pos[i + 1] - bx.pos[i], by.pos[j + 1] - by.pos[j], col);
         }
     bins_free(&bx);
@@ -1173,6 +1189,11 @@ int paint_draw_strip(canvas *c, canvas_rect rr, const paint_strip *s, paint_resu
             if (s->spans[i].cat != k) continue;
             double x0 = paint_map_x(res, fmax(s->spans[i].x0, xlo)), x1 = paint_map_x(res, fmin(s->spans[i].x1, xhi));
             if (x1 < x0 || !isfinite(x0) || !isfinite(x1)) continue;
+            if (g->mono) { /* no colour: the lane's glyph in every cell of the span */
+                for (double x = floor(x0); x < fmax(x1, x0 + 1); x += 1)
+                    canvas_text(c, x, y, cat_glyph(s->cats, ncat, k), CANVAS_FONT_SMALL, CANVAS_LEFT | CANVAS_TOP, L.th->fg);
+                continue;
+            }
             canvas_fill_rect(c, x0, y + (g->cells ? 0 : 1), fmax(x1 - x0, g->cells ? g->fill_w : g->hair),
                              lane_h - (g->cells ? 0 : 2), col);
         }

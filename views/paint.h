@@ -48,7 +48,12 @@ typedef struct paint_axis {
 typedef struct paint_category {
     const char *name;       /* legend entry; NULL leaves it out of the legend */
     canvas_color color;     /* PAINT_AUTO: palette_cat(index); CANVAS_NONE: background */
+    const char *glyph;      /* one ASCII character drawn for it on a terminal without colour (canvas_geom.mono);
+                               NULL: paint_cat_glyph(index). Glyphs of one figure must differ. */
 } paint_category;
+
+/* The default glyph of category i on a colourless terminal: # o x + = * % @ (distinct). */
+const char *paint_cat_glyph(int i);
 
 #define PAINT_MAX_MARKERS 16
 

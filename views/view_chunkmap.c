@@ -130,16 +130,17 @@ static int chunkmap_draw(canvas *c, canvas_rect r, const probe_store *st, const 
     int lane_of[LANE_N], nc = 0, n_needles = probe_store_n_needles(st);
     char sel_name[48];
     snprintf(sel_name, sizeof sel_name, g->cells ? "sel@%d" : "selected at step %d", step);
-    const struct { const char *name; canvas_color col; int on; } lanes[LANE_N] = {
-        [LANE_OUTLIER] = { "outlier", palette_cat(3), 1 },
-        [LANE_LOCAL] = { g->cells ? "local" : "local window", CANVAS_RGB(0x8c, 0x8c, 0x8c), 1 },
-        [LANE_SELECTED] = { sel_name, g->cells ? palette_cat(4) : palette_cat(0), d != NULL },
-        [LANE_NEEDLE] = { "needle", palette_cat(1), n_needles > 0 },
-        [LANE_CURSOR] = { "cursor", g->cells ? th->highlight : palette_cat(6), chunk >= 0 && !cur->clean },
+    /* glyphs for a terminal without colour: each lane its own */
+    const struct { const char *name; canvas_color col; int on; const char *glyph; } lanes[LANE_N] = {
+        [LANE_OUTLIER] = { "outlier", palette_cat(3), 1, "o" },
+        [LANE_LOCAL] = { g->cells ? "local" : "local window", CANVAS_RGB(0x8c, 0x8c, 0x8c), 1, "-" },
+        [LANE_SELECTED] = { sel_name, g->cells ? palette_cat(4) : palette_cat(0), d != NULL, "#" },
+        [LANE_NEEDLE] = { "needle", palette_cat(1), n_needles > 0, "N" },
+        [LANE_CURSOR] = { "cursor", g->cells ? th->highlight : palette_cat(6), chunk >= 0 && !cur->clean, "^" },
     };
     for (int k = 0; k < LANE_N; k++) {
         lane_of[k] = lanes[k].on ? nc : -1;
-        if (lanes[k].on) cats[nc++] = (paint_category){ lanes[k].name, lanes[k].col };
+        if (lanes[k].on) cats[nc++] = (paint_category){ lanes[k].name, lanes[k].col, lanes[k].glyph };
     }
     int cap = ph->n_outliers + 1 + (d ? d->n_sel : 0) + 1;
     for (int id = 0; id < n_needles; id++) {

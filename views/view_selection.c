@@ -160,12 +160,13 @@ static int selection_draw(canvas *c, canvas_rect r, const probe_store *st, const
                                         "selected, fetched (miss)" };
     static const char *short_names[CAT_N] = { "not sel.", "local", "outlier", "hit", "miss" };
     paint_category cats[CAT_N] = {
-        [CAT_NONE] = { g->cells ? short_names[CAT_NONE] : names[CAT_NONE], CANVAS_NONE },
+        /* glyphs for a terminal without colour: one per category */
+        [CAT_NONE] = { g->cells ? short_names[CAT_NONE] : names[CAT_NONE], CANVAS_NONE, " " },
         [CAT_LOCAL] = { g->cells ? short_names[CAT_LOCAL] : names[CAT_LOCAL],
-                        g->cells ? CANVAS_RGB(0x5a, 0x5a, 0x5a) : CANVAS_RGB(0xd0, 0xd0, 0xd0) },
-        [CAT_OUTLIER] = { g->cells ? short_names[CAT_OUTLIER] : names[CAT_OUTLIER], palette_cat(5) },
-        [CAT_HIT] = { g->cells ? short_names[CAT_HIT] : names[CAT_HIT], g->cells ? palette_cat(4) : palette_cat(0) },
-        [CAT_MISS] = { g->cells ? short_names[CAT_MISS] : names[CAT_MISS], palette_cat(1) },
+                        g->cells ? CANVAS_RGB(0x5a, 0x5a, 0x5a) : CANVAS_RGB(0xd0, 0xd0, 0xd0), "-" },
+        [CAT_OUTLIER] = { g->cells ? short_names[CAT_OUTLIER] : names[CAT_OUTLIER], palette_cat(5), "o" },
+        [CAT_HIT] = { g->cells ? short_names[CAT_HIT] : names[CAT_HIT], g->cells ? palette_cat(4) : palette_cat(0), "#" },
+        [CAT_MISS] = { g->cells ? short_names[CAT_MISS] : names[CAT_MISS], palette_cat(1), "x" },
     };
     if (!ph) cats[CAT_LOCAL].name = cats[CAT_OUTLIER].name = NULL;
 

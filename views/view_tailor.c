@@ -112,7 +112,7 @@ static int draw_channels(canvas *c, canvas_rect r, const probe_store *st, int la
         }
         if (m) cnt = m->n;
     }
-    paint_category cats[1] = { { "channel fetched to score the prompt", PAINT_AUTO } };
+    paint_category cats[1] = { { "channel fetched to score the prompt", PAINT_AUTO, "#" } };
     char title[200];
     snprintf(title, sizeof title,
              g->cells ? "Channels, layer %d head %d: %d of %d per step" : "Channels fetched to score the prompt's keys, "

@@ -171,7 +171,7 @@ static int timeline_draw(canvas *c, canvas_rect r, const probe_store *st, const 
     qsort(tb, (size_t)nb, sizeof *tb, tl_bar_cmp);
     for (int i = 0; i < nb; i++) bars[i] = tb[i].b;
     paint_category cats[TL_MAX_OPS];
-    for (int k = 0; k < ops.n; k++) cats[k] = (paint_category){ ops.name[k], ops.color[k] };
+    for (int k = 0; k < ops.n; k++) cats[k] = (paint_category){ ops.name[k], ops.color[k], NULL };
     const char *rows[PROBE_STREAM_COUNT];
     for (int s = 0; s < PROBE_STREAM_COUNT; s++) rows[s] = probe_stream_name(s);
 
