@@ -91,12 +91,23 @@ static void on_signal(int sig) {
 
 /* Starts a detached w x h session running cmd in dir; the pane stays open
  * after cmd ends and shows "EXITED <status>". */
+/* Starts a detached session and waits until tmux reports it exists. A new
+ * session can fail while the server of the previous one is still shutting
+ * down (its last session was just killed), so it is tried again until the
+ * session is there, within a generous limit, rather than after a fixed sleep. */
 static int start(const char *name, int w, int h, const char *cmd) {
-    int rc = sh("tmux -S %s -f /dev/null new-session -d -s %s -x %d -y %d -c %s "
-                "'%s; echo EXITED $?; sleep 3600' >/dev/null 2>&1",
-                sock, name, w, h, dir, cmd);
-    if (rc == 0) server_started = 1;
-    return rc == 0;
+    double t0 = now_s();
+    do {
+        int rc = sh("tmux -S %s -f /dev/null new-session -d -s %s -x %d -y %d -c %s "
+                    "'%s; echo EXITED $?; sleep 3600' >/dev/null 2>&1",
+                    sock, name, w, h, dir, cmd);
+        if (rc == 0 || sh("tmux -S %s has-session -t %s >/dev/null 2>&1", sock, name) == 0) {
+            server_started = 1;
+            return 1;
+        }
+        nap(0.2);
+    } while (now_s() - t0 < 30);
+    return 0;
 }
 
 static void stop(const char *name) { sh("tmux -S %s kill-session -t %s >/dev/null 2>&1", sock, name); }
@@ -226,8 +237,12 @@ static int view_titles(const char **t, int cap) {
     return n;
 }
 
+/* PNGs exported into the inspector's default export folder, skv-exports/
+ * under the session's directory. */
 static int count_png(void) {
-    DIR *d = opendir(dir);
+    char sub[PATH_MAX + 32];
+    snprintf(sub, sizeof sub, "%s/skv-exports", dir);
+    DIR *d = opendir(sub);
     if (!d) return 0;
     int n = 0;
     struct dirent *e;
@@ -241,6 +256,20 @@ static int count_png(void) {
 
 /* Removes what the tests wrote (the trace, exports, the suppressions) and the directory. */
 static void remove_scratch(void) {
+    char sub[PATH_MAX + 32];
+    snprintf(sub, sizeof sub, "%s/skv-exports", dir);
+    DIR *x = opendir(sub);
+    if (x) {
+        struct dirent *e;
+        char path[PATH_MAX + 300];
+        while ((e = readdir(x))) {
+            if (e->d_name[0] == '.') continue;
+            snprintf(path, sizeof path, "%s/%s", sub, e->d_name);
+            unlink(path);
+        }
+        closedir(x);
+        rmdir(sub);
+    }
     DIR *d = opendir(dir);
     if (!d) return;
     struct dirent *e;
@@ -322,7 +351,7 @@ static void test_replay(void) {
     keys("replay", "Tab");
     keys("replay", "e");
     check_screen("replay: e exports and names the file", "replay", "exported skv-", UI_TIMEOUT);
-    test_cond("replay: the exported PNG is in the current directory", count_png() == before + 1);
+    test_cond("replay: the exported PNG is in the export folder skv-exports/", count_png() == before + 1);
     keys("replay", "e");
     double t0 = now_s();
     while (count_png() < before + 2 && now_s() - t0 < UI_TIMEOUT) nap(0.1);

@@ -21,6 +21,7 @@
 #include <errno.h>
 #include <fcntl.h>
 #include <langinfo.h>
+#include <limits.h>
 #include <poll.h>
 #include <signal.h>
 #include <stdarg.h>
@@ -321,25 +322,31 @@ static int key_first_last(app *a, int ch) {
     return APP_HANDLED | APP_REDRAW;
 }
 
-/* Picks a file name in the current directory that does not exist yet:
- * skv-VIEW-L<layer>-H<head>-S<step>.png, then -2, -3, ... before .png. */
+/* Picks a file name in the export folder (made if missing) that does not
+ * exist yet: skv-VIEW-L<layer>-H<head>-S<step>.png, then -2, -3, ... */
 static int export_name(const app *a, char *out, size_t cap) {
-    char base[160];
+    char base[PATH_MAX];
     int s = view_step(a->st, &a->cur);
-    if (s >= 0) snprintf(base, sizeof base, "skv-%s-L%d-H%d-S%d", cur_view(a)->name, a->cur.layer, a->cur.head, s);
-    else snprintf(base, sizeof base, "skv-%s-L%d-H%d-prefill", cur_view(a)->name, a->cur.layer, a->cur.head);
+    const char *dir = a->o->export_dir && a->o->export_dir[0] ? a->o->export_dir : ".";
+    if (mkdir(dir, 0755) != 0 && errno != EEXIST) return skv_error(SKV_EIO, "%s: cannot make it: %s", dir, strerror(errno));
+    if (s >= 0) snprintf(base, sizeof base, "%s/skv-%s-L%d-H%d-S%d", dir, cur_view(a)->name, a->cur.layer, a->cur.head, s);
+    else snprintf(base, sizeof base, "%s/skv-%s-L%d-H%d-prefill", dir, cur_view(a)->name, a->cur.layer, a->cur.head);
     for (int k = 1; k < 10000; k++) {
         if (k == 1) snprintf(out, cap, "%s.png", base);
         else snprintf(out, cap, "%s-%d.png", base, k);
         struct stat sb;
         if (lstat(out, &sb) != 0 && errno == ENOENT) return 0;
     }
-    return -1;
+    return skv_error(SKV_EIO, "no free file name for %s in %s", cur_view(a)->name, dir);
 }
+
+static void draw(app *a);
 
 static int key_export(app *a, int ch) {
     (void)ch;
     const view_class *vc = cur_view(a);
+    set_msg(a, "exporting the %s view...", vc->name); /* drawing a 2x figure takes a moment: say so first */
+    draw(a);
     canvas *pc;
     canvas_png_opts po = {.scale = EXPORT_SCALE};
     if (canvas_png_new(&pc, EXPORT_W, EXPORT_H, &po)) {
@@ -351,10 +358,10 @@ static int key_export(app *a, int ch) {
     const char *names[PROBE_MAX_LANES];
     int nl = lanes_of(a, sts, names);
     int rc = view_draw_lanes(vc, pc, (canvas_rect){0, 0, EXPORT_W, EXPORT_H}, sts, names, nl, &a->cur, NULL);
-    char name[256];
+    char name[PATH_MAX + 32];
     if (rc == SKV_EMISSING) set_msg(a, "nothing to export: the %s view has no data yet", vc->name);
     else if (rc < 0) set_msg(a, "export failed: %s", skv_last_error());
-    else if (export_name(a, name, sizeof name)) set_msg(a, "export failed: no free file name for %s", vc->name);
+    else if (export_name(a, name, sizeof name)) set_msg(a, "export failed: %s", skv_last_error());
     else if (canvas_png_save(pc, name, 0)) set_msg(a, "export failed: %s", skv_last_error());
     else set_msg(a, "exported %s (%dx%d)", name, EXPORT_W * EXPORT_SCALE, EXPORT_H * EXPORT_SCALE);
     canvas_free(pc);
@@ -386,7 +393,7 @@ static const struct app_key {
     int (*fn)(app *a, int ch);
 } app_keys[] = {
     {{' ', 'n'}, "space n", "step one token (replay: the next recorded step)", key_step},
-    {{'r'}, "r", "run / pause (up to -n tokens or end of generation; replay: play)", key_run},
+    {{'r'}, "r", "run / pause (to -n tokens or the end; replay: play)", key_run},
     {{'\t', KEY_BTAB}, "tab S-tab", "next / previous view", key_view},
     {{'[', ']'}, "[ ]", "previous / next layer", key_layer},
     {{'{', '}'}, "{ }", "previous / next KV head", key_head},
@@ -396,7 +403,7 @@ static const struct app_key {
     {{',', '.', '<', '>'}, ", .", "previous / next recorded step, in every view", key_back_forth},
     {{'1', '2', '3', '4', '5'}, "1..9", "jump to the Nth view of the tab bar", key_jump},
     {{'6', '7', '8', '9'}, NULL, NULL, key_jump},
-    {{'e'}, "e", "export the view to skv-VIEW-L#-H#-S#.png here", key_export},
+    {{'e'}, "e", "export the view as PNG into the export folder", key_export},
     {{'?'}, "?", "this help (any key closes it)", key_help},
     {{12}, "C-l", "redraw the screen", key_redraw},
     {{'q', 'Q'}, "q", "quit", key_quit},
@@ -691,16 +698,54 @@ static void draw_bottom(app *a, int y, int h) {
         return;
     }
     if (a->draw_err[0]) { tui_blit_text(y, 1, w - 1, a->draw_err, 0, 0, a->utf8); return; }
-    const char *hint = live(a)
-        ? "space step  r run/pause  tab view  [ ] layer  { } head  arrows move  g G steps  e export  ? help  q quit"
-        : "space next step  r play  tab view  [ ] layer  { } head  arrows move  g G steps  e export  ? help  q quit";
+    /* key hints, the least needed dropped first when the line is narrow: "? help" and "q quit" always stay */
+    static const struct { const char *live, *replay; int prio; } hints[] = {
+        { "space step", "space next step", 2 }, { "r run/pause", "r play", 2 }, { "tab view", "tab view", 3 },
+        { "[ ] layer", "[ ] layer", 4 }, { "{ } head", "{ } head", 5 }, { "arrows move", "arrows move", 6 },
+        { "g G steps", "g G steps", 7 }, { "e export", "e export", 3 }, { "? help", "? help", 1 },
+        { "q quit", "q quit", 1 },
+    };
+    enum { NH = (int)(sizeof hints / sizeof hints[0]) };
+    char hint[256];
+    for (int cut = 8; cut >= 1; cut--) {
+        int len = 0;
+        hint[0] = 0;
+        for (int i = 0; i < NH; i++)
+            if (hints[i].prio <= cut)
+                len += snprintf(hint + len, sizeof hint - (size_t)len, "%s%s", len ? "  " : "",
+                                live(a) ? hints[i].live : hints[i].replay);
+        if (len <= w - 1) break;
+    }
     tui_blit_text(y, 1, w - 1, hint, A_DIM, 0, a->utf8);
+}
+
+/* Breaks text into lines of at most width columns at spaces (a word longer
+ * than width is cut); returns the number of lines written into out (max). */
+static int wrap_text(const char *text, int width, char out[][256], int max) {
+    int n = 0;
+    const char *p = text;
+    while (*p && n < max && width > 0) {
+        while (*p == ' ') p++;
+        if (!*p) break;
+        int len = (int)strlen(p), take = len;
+        if (len > width) {
+            take = width;
+            while (take > 0 && p[take] != ' ') take--;
+            if (take == 0) take = width;
+        }
+        if (take > 255) take = 255;
+        memcpy(out[n], p, (size_t)take);
+        out[n][take] = 0;
+        n++;
+        p += take;
+    }
+    return n;
 }
 
 /* A framed box over the view area listing the key table and the view's help. */
 static void draw_help(app *a) {
     int bw = a->cols - 4 < 84 ? a->cols - 4 : 84;
-    int lines = N_APP_KEYS + 6;
+    int lines = N_APP_KEYS + 9; /* keys, mouse, a gap, the view's help (up to 4 lines), the closing hint, frame */
     int bh = lines < a->view_h ? lines : a->view_h;
     int x0 = (a->cols - bw) / 2, y0 = a->view_top + (a->view_h - bh) / 2;
     const char *h = a->utf8 ? "\xe2\x94\x80" : "-", *v = a->utf8 ? "\xe2\x94\x82" : "|";
@@ -723,12 +768,14 @@ static void draw_help(app *a) {
         snprintf(line, sizeof line, "%-13s %s", app_keys[i].label, app_keys[i].help);
         tui_blit_text(y, x0 + 2, tw, line, 0, 0, a->utf8);
     }
-    char view_line[256];
-    snprintf(line, sizeof line, "%-13s %s", "mouse", "click selects (chunk, layer, step); click a tab; wheel moves");
+    char view_line[512], wrapped[4][256];
+    snprintf(line, sizeof line, "%-13s %s", "mouse", "click: chunk, layer, step or tab; wheel moves");
     snprintf(view_line, sizeof view_line, "%s: %s", cur_view(a)->title, cur_view(a)->help ? cur_view(a)->help : "");
-    const char *extra[] = {line, "", view_line, "any key closes this help"};
-    for (int i = 0; i < 4 && y < y0 + bh - 1; i++, y++)
-        tui_blit_text(y, x0 + 2, tw, extra[i], i == 2 ? A_BOLD : (i == 3 ? A_DIM : 0), 0, a->utf8);
+    int nw = wrap_text(view_line, tw, wrapped, 4); /* the view's help whole, over as many lines as it needs */
+    tui_blit_text(y++, x0 + 2, tw, line, 0, 0, a->utf8);
+    y++;
+    for (int i = 0; i < nw && y < y0 + bh - 1; i++, y++) tui_blit_text(y, x0 + 2, tw, wrapped[i], A_BOLD, 0, a->utf8);
+    if (y < y0 + bh - 1) tui_blit_text(y, x0 + 2, tw, "any key closes this help", A_DIM, 0, a->utf8);
 }
 
 /* The screen from top to bottom; a pane of 0 rows takes what the others leave. */

@@ -102,6 +102,7 @@ typedef struct app_opts {
     const char *replay_path;    /* the trace being replayed, or NULL */
     const char *notice;         /* shown at start (a trace cut short), or NULL */
     const char *trace_path;     /* live: the trace being recorded, or NULL */
+    const char *export_dir;     /* where e writes figures (made at the first export); NULL: the current directory */
 } app_opts;
 
 /* Takes over the terminal: quit-signal handlers (a flag and a self-pipe),

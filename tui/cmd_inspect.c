@@ -67,7 +67,9 @@ static void inspect_help(FILE *o) {
             "  { }           previous / next KV head\n"
             "  arrows, hjkl  move inside the view (left/right: step where the view does not)\n"
             "  g G           first / last step (G follows the newest step)\n"
-            "  e             export the view to skv-VIEW-L#-H#-S#.png in the current directory\n"
+            "  e             export the view to skv-VIEW-L#-H#-S#.png in the export folder\n"
+            "                (--export-dir DIR; default skv-exports/ under the current directory,\n"
+            "                made at the first export)\n"
             "  ?             help overlay\n"
             "  q             quit (also Ctrl-C)\n"
             "  mouse         click selects a chunk, layer or step; click a tab to switch views\n\n"
@@ -82,6 +84,7 @@ static void inspect_help(FILE *o) {
  * guesses (replay an existing file, else record into it). */
 static int record_flag, replay_flag;
 static const char *needle_flag; /* --needle TEXT */
+static const char *export_dir = "skv-exports"; /* --export-dir DIR: where e writes figures */
 
 static int parse(cli_gen *g, int argc, char **argv, int *n_gen, int *help) {
     *n_gen = 0;
@@ -93,6 +96,11 @@ static int parse(cli_gen *g, int argc, char **argv, int *n_gen, int *help) {
             if (i + 1 >= argc || !argv[i + 1][0]) return cli_usage_error("inspect", "--needle needs the needle's text");
             needle_flag = argv[++i];
             (*n_gen)++;
+            continue;
+        }
+        if (!strcmp(argv[i], "--export-dir")) {
+            if (i + 1 >= argc || !argv[i + 1][0]) return cli_usage_error("inspect", "--export-dir needs a folder");
+            export_dir = argv[++i];
             continue;
         }
         if (!strcmp(argv[i], "--record") || !strcmp(argv[i], "--replay")) {
@@ -216,7 +224,7 @@ static int replay(const char *path) {
         snprintf(notice, sizeof notice, "%s", trace_last_notice());
         cli_msg("warning: %s\n", notice);
     }
-    app_opts o = {.lanes = lanes, .wake_fd = -1, .replay_path = path, .notice = notice};
+    app_opts o = {.lanes = lanes, .wake_fd = -1, .replay_path = path, .notice = notice, .export_dir = export_dir};
     int rc = app_run(&o);
     probe_lanes_free(lanes);
     return rc;
@@ -344,7 +352,7 @@ static int live(cli_gen *g) {
     ids = NULL;
     char label[160];
     snprintf(label, sizeof label, "%s", m->cfg.name[0] ? m->cfg.name : m->path);
-    app_opts o = {.lanes = lanes, .ring = ring, .worker = w, .wake_fd = wake[0], .model_label = label,
+    app_opts o = {.lanes = lanes, .ring = ring, .worker = w, .wake_fd = wake[0], .model_label = label, .export_dir = export_dir,
                   .random_weights = m->random_weights, .trace_path = g->trace, .notice = settings};
     rc = app_run(&o);
     /* Stop listening first: the worker may be blocked on a full ring. */
