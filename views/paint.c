@@ -190,7 +190,8 @@ static void fmt_pow10(int d, int plain, int ascii, char *buf, size_t cap) {
  * collide: horizontally by their widths, vertically by the line height. */
 static int ticks_fit(lay *L, const ticks *t, double lo, double hi, int lg, double length, int horizontal) {
     double prev_end = -INFINITY;
-    double need = horizontal ? (L->g->cells ? 2 : L->g->em) : (L->g->cells ? 1 : L->lh_s * 0.6);
+    /* on a terminal, row labels need only their own rows (no blank row between) */
+    double need = horizontal ? (L->g->cells ? 2 : L->g->em) : (L->g->cells ? 0 : L->lh_s * 0.6);
     for (int i = 0; i < t->n; i++) {
         double p = frac(t->v[i], lo, hi, lg) * length;
         double half = horizontal ? canvas_text_width(L->c, t->s[i], CANVAS_FONT_SMALL) / 2 : L->lh_s / 2;
@@ -367,8 +368,7 @@ static void draw_swatch(lay *L, const legend_item *it, double x, double ymid) {
     } else {
         double h = L->g->cells ? 1 : round(L->lh_s * 0.9);
         canvas_rect b = { x, L->g->cells ? floor(ymid) : round(ymid - h / 2), L->g->cells ? 1 : h, h };
-        if (!L->g->cells) canvas_fill_rect(L->c, b.x, b.y, b.w, b.h, palette_viridis(0.5));
-        draw_mark(L, b);
+        draw_mark(L, b); /* the outline alone: marked cells keep their own colours, so the swatch has none */
     }
 }
 

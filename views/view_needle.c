@@ -10,7 +10,9 @@
  * landmark and exact rank, cos-min; the key error; the attention mass on the
  * needle exact, sparse and ideal; the output error); the first divergence
  * from dense; and what ShadowKV kept: the report `skv needle --explain`
- * prints, from probe data only. Text that does not fit is cut from the end.
+ * prints, from probe data only. Text that does not fit ends in a line that
+ * says how many lines are left and where to read them; a clean export (a
+ * figure) keeps only the first cause under the heatmap.
  *
  * res holds the heatmap's layout, except legend (the verdict block) and
  * marker_x[i] (the top y of verdict item i, n_markers of them).
@@ -182,16 +184,23 @@ static int needle_draw(canvas *c, canvas_rect r, const probe_store *st, const vi
         snprintf(verdict[i], sizeof verdict[i], "%d. %s: %s: %s", i + 1, needle_cause_name(rep->causes[i].kind),
                  rep->causes[i].evidence, rep->causes[i].fix);
     if (!nv) snprintf(verdict[nv++], sizeof verdict[0], "no cause passed its threshold (see the divergence)");
-    int max_text = (int)floor((r.h * (g->cells ? 0.5 : 0.45)) / lh);
+    /* A figure (a clean export) is mostly the heatmap: the verdict's first cause under it. The
+     * terminal gives the text up to half the view; what does not fit ends in a "more" line. */
+    int figure = !g->cells && cur->clean;
+    int max_text = (int)floor((r.h * (g->cells ? 0.5 : figure ? 0.22 : 0.45)) / lh);
     int want = 0, big = 1000;
+    if (figure && nv > 1) nv = 1;
     if (tw > 0) {
         for (int i = 0; i < nv; i++) want += wrap_text(c, verdict[i], tx, 0, tw, lh, big, 0, th->fg);
-        want += wrap_text(c, cur_line, tx, 0, tw, lh, big, 0, th->fg);
-        want += wrap_text(c, rep->divergence, tx, 0, tw, lh, big, 0, th->fg);
-        want += wrap_text(c, rep->kept, tx, 0, tw, lh, big, 0, th->fg);
+        if (!figure) {
+            want += wrap_text(c, cur_line, tx, 0, tw, lh, big, 0, th->fg);
+            want += wrap_text(c, rep->divergence, tx, 0, tw, lh, big, 0, th->fg);
+            want += wrap_text(c, rep->kept, tx, 0, tw, lh, big, 0, th->fg);
+        }
     }
     int text_lines = want < max_text ? want : max_text;
     if (text_lines < 0) text_lines = 0;
+    int more = want > text_lines && text_lines > 0 ? want - (text_lines - 1) : 0; /* lines the "more" line stands for */
     canvas_rect hr = { r.x, r.y, r.w, r.h - text_lines * lh - (text_lines && !g->cells ? g->pad : 0) };
     char title[256];
     if (rep->generic && g->cells)
@@ -208,12 +217,16 @@ static int needle_draw(canvas *c, canvas_rect r, const probe_store *st, const vi
                  step, k, rep->tok_begin, rep->tok_end - 1, rep->value[0] ? rep->value : "?",
                  rep->dense_hit < 0 ? "?" : rep->dense_hit ? "hit" : "miss", rep->policy,
                  rep->sparse_hit < 0 ? "?" : rep->sparse_hit ? "hit" : "miss");
+    /* the scale stops at 2k so that k sits in its middle: its top colour is every rank from 2k on */
+    char vlabel[64];
+    if (k > 0) snprintf(vlabel, sizeof vlabel, g->cells ? "rank (top: >=%d)" : "landmark rank (top colour: %d or more)", 2 * k);
+    else snprintf(vlabel, sizeof vlabel, "landmark rank");
     paint_heatmap hm = {
         .title = title, .v = v, .nx = nx, .ny = nl,
         .x = { .label = g->cells ? NULL : rep->generic ? "KV head" : "KV head, needle chunk" }, .y = { .label = "layer" },
         .xticks = xt, .yticks = yt,
-        .value = { .label = rep->generic ? "exact rank of the needle" : "landmark rank", .min = 0,
-                   .max = rep->generic ? 0 : k > 0 ? 2.0 * k : 0 },
+        .value = { .label = rep->generic ? "exact rank of the needle" : vlabel, .min = 0,
+                   .max = rep->generic ? 0 : k > 0 ? 2.0 * k : 0, .integer = 1 },
         .marks = marks, .n_marks = n_marks,
         .mark_label = g->cells ? "dropped" : rep->generic ? "needle not fully attended"
                                                           : "dropped (rank >= k); blank: kept dense",
@@ -228,7 +241,7 @@ static int needle_draw(canvas *c, canvas_rect r, const probe_store *st, const vi
     if (text_lines > 0 && tw > 0) {
         canvas_rect old = canvas_clip(c, r);
         double y = r.y + r.h - text_lines * lh;
-        int left = text_lines, used;
+        int left = text_lines - (more ? 1 : 0), used;
         hres.legend = (canvas_rect){ tx, y, tw, 0 };
         for (int i = 0; i < nv && left > 0; i++) {
             if (i < PAINT_MAX_MARKERS) { hres.marker_x[i] = y; hres.n_markers = i + 1; }
@@ -236,11 +249,21 @@ static int needle_draw(canvas *c, canvas_rect r, const probe_store *st, const vi
             y += used * lh; left -= used;
         }
         hres.legend.h = y - hres.legend.y;
-        used = wrap_text(c, cur_line, tx, y, tw, lh, left, 1, th->fg);
-        y += used * lh; left -= used;
-        used = wrap_text(c, rep->divergence, tx, y, tw, lh, left, 1, th->muted);
-        y += used * lh; left -= used;
-        wrap_text(c, rep->kept, tx, y, tw, lh, left, 1, th->muted);
+        if (!figure) {
+            used = wrap_text(c, cur_line, tx, y, tw, lh, left, 1, th->fg);
+            y += used * lh; left -= used;
+            used = wrap_text(c, rep->divergence, tx, y, tw, lh, left, 1, th->muted);
+            y += used * lh; left -= used;
+            used = wrap_text(c, rep->kept, tx, y, tw, lh, left, 1, th->muted);
+            y += used * lh;
+        }
+        if (more) { /* the rest is one command away */
+            char m[160];
+            snprintf(m, sizeof m, "%s %d more line%s (a taller window; or skv needle --diagnose TRACE)",
+                     g->ascii ? "v" : "\xe2\x96\xbc", more, more == 1 ? "" : "s");
+            y = r.y + r.h - lh;
+            wrap_text(c, m, tx, y, tw, lh, 1, 1, th->highlight);
+        }
         canvas_clip(c, old);
     }
     if (res) *res = hres;
