@@ -129,7 +129,8 @@ static int cache_click(view_cursor *cur, const probe_store *st, const paint_resu
 const view_class view_cache = {
     .name = "cache",
     .title = "Cache",
-    .help = "chunk cache hit rate per layer over the decode steps, with the mean over layers",
+    .help = "chunk cache hit rate per layer over the decode steps, with the mean over layers (hits / k per step, "
+            "mean over KV heads; the status line's \"step hit\" is that mean at the shown step)",
     .draw = cache_draw,
     .move = view_move_layer_step,
     .click = cache_click,

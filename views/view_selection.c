@@ -111,7 +111,7 @@ static void describe(char *buf, size_t n, const probe_store *st, int step, int l
                 d->rank_landmark[chunk], d->rank_exact[chunk]);
         return;
     }
-    ADD("step %d: %d selected, %d hits, %d misses (hit rate %.0f%%)", step, d->n_sel, d->hits, d->misses,
+    ADD("step %d: %d selected, %d hits, %d misses (this step's hit rate %.0f%%)", step, d->n_sel, d->hits, d->misses,
         d->n_sel ? 100.0 * d->hits / d->n_sel : 0.0);
     if (d->has_oracle) ADD(cells ? "; recall %.1f%%" : "; selection holds %.1f%% of the exact attention", 100 * d->recall);
 #undef ADD
@@ -147,10 +147,10 @@ static int selection_draw(canvas *c, canvas_rect r, const probe_store *st, const
     }
     char title[200], info[300];
     if (g->cells)
-        snprintf(title, sizeof title, "Selection L%d H%d: k=%d of %d chunks, hit rate %.0f%%", layer, head, k, n,
+        snprintf(title, sizeof title, "Selection L%d H%d: k=%d of %d chunks, hits %.0f%% all steps", layer, head, k, n,
                  sel ? 100.0 * hits / sel : 0.0);
     else
-        snprintf(title, sizeof title, "Chunks selected by layer %d, KV head %d: k = %d of %d chunks, cache hit rate %.1f%%",
+        snprintf(title, sizeof title, "Chunks selected by layer %d, KV head %d: k = %d of %d chunks, cache hit rate %.1f%% over all steps",
                  layer, head, k, n, sel ? 100.0 * hits / sel : 0.0);
     describe(info, sizeof info, st, step, layer, head, chunk, now, n, g->cells);
     view_fit_text(c, CANVAS_FONT_TITLE, r.w, title);
@@ -251,7 +251,10 @@ static int selection_click(view_cursor *cur, const probe_store *st, const paint_
 const view_class view_selection = {
     .name = "selection",
     .title = "Selection",
-    .help = "chunks x decode steps for one layer and KV head: selected (cache hit or fetched), dense, not selected",
+    .help = "chunks x decode steps for one layer and KV head: selected (cache hit or fetched), dense, not selected. "
+            "Hit rate in the title: over every step; in the line below: this step. \"rank N lm / M exact\": the chunk's "
+            "rank by landmark score (what ShadowKV selects on) and by exact attention (the oracle's); \"recall\": the "
+            "share of the exact attention mass the selection holds",
     .draw = selection_draw,
     .move = selection_move,
     .click = selection_click,

@@ -270,7 +270,8 @@ static int timeline_click(view_cursor *cur, const probe_store *st, const paint_r
 const view_class view_timeline = {
     .name = "timeline",
     .title = "Timeline",
-    .help = "Gantt chart of one step's timed spans per stream (compute, fetch, rebuild), in ms",
+    .help = "Gantt chart of one step's timed spans per stream (compute, fetch, rebuild), in ms. Spans nest (attention "
+            "holds select, fetch and rebuild), so the table's \"% of step\" column sums past 100",
     .draw = timeline_draw,
     .move = view_move_layer_step,
     .click = timeline_click,
