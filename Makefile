@@ -43,7 +43,7 @@ LIB_OBJ  = $(LIB_SRC:%.c=$(BUILD)/%.o) $(CU_SRC:%.cu=$(BUILD)/%.cu.o)
 TUI_OBJ  = $(TUI_SRC:%.c=$(BUILD)/%.o)
 TEST_BIN = $(TEST_SRC:tests/%.c=$(BUILD)/tests/%)
 
-.PHONY: peers-table figures all deps test bench asan clean check-deps
+.PHONY: peers-table figures eval-demo all deps test bench asan clean check-deps
 all: skv $(BUILD)/default-model.gguf
 
 skv: $(BUILD)/skv
@@ -132,6 +132,11 @@ peers-table: skv
 	     /<!-- peers-table end -->/ { skip = 0 } !skip' build/peers-table.md docs/PEERS.md > docs/PEERS.md.tmp
 	@mv docs/PEERS.md.tmp docs/PEERS.md
 	@echo "docs/PEERS.md: table updated"
+
+# The demo suite's leaderboard and figures in docs/EVAL.md (tests/eval_demo.sh;
+# about 40 minutes; resumable).
+eval-demo: skv
+	@sh tests/eval_demo.sh
 
 # Every figure of README.md and docs/, from the demo model (tests/figures.sh).
 figures: skv

@@ -106,7 +106,7 @@ typedef struct {
     cJSON **rec;                /* finished cases (loaded and new), parsed */
     int n_rec, cap_rec;
     int planned, done_before, done_now;
-    double t0;
+    double t0, t_last;          /* start of this sitting; end of the last case */
     const eval_budget *cur;     /* the budget of the run in flight */
     int cur_sweep;              /* 1: the run in flight is a sweep run (length = sweep_len only) */
 } eval_state;
@@ -309,6 +309,9 @@ static int on_case(const needle_case *c, void *user) {
     cJSON_AddStringToObject(r, "case_key", key);
     cJSON_AddStringToObject(r, "budget", e->cur->label);
     cJSON_AddNumberToObject(r, "seed", c->run);
+    double now = skv_now();
+    cJSON_AddNumberToObject(r, "wall_seconds", now - e->t_last); /* the case under every policy, oracle included */
+    e->t_last = now;
     char *text = cJSON_PrintUnformatted(r);
     if (!text) { cJSON_Delete(r); return skv_error(SKV_ENOMEM, "out of memory"); }
     int bad = fputs(text, e->jl) < 0 || fputc('\n', e->jl) == EOF || fflush(e->jl) || fdatasync(fileno(e->jl));
@@ -389,17 +392,26 @@ static void seed_stats(const cell_acc *c, int seeds, double *mean, double *sd) {
 
 typedef struct { double recall, err, fetch_per_step, resident, tps; int n_recall; } pol_cost;
 
+static int cmp_double(const void *a, const void *b) {
+    double x = *(const double *)a, y = *(const double *)b;
+    return x < y ? -1 : x > y;
+}
+
+/* Means over the policy's cases at the grid's budget; tok/s is the median of
+ * the cases' decode rates (one slow case on a busy machine would otherwise
+ * weigh as much as all the others). */
 static void policy_cost(const eval_state *e, const char *pol, pol_cost *pc) {
-    double rs = 0, es = 0, fb = 0, steps = 0, tdec = 0, res = 0;
-    int nr = 0, nf = 0, n = 0;
+    double rs = 0, es = 0, fb = 0, steps = 0, res = 0;
+    int nr = 0, nf = 0, n = 0, nt = 0;
+    double *tps = malloc(sizeof(double) * (size_t)(e->n_rec > 0 ? e->n_rec : 1));
     for (int i = 0; i < e->n_rec; i++) {
         const cJSON *m = cJSON_GetObjectItemCaseSensitive(e->rec[i], pol);
         if (!m || strcmp(rec_str(e->rec[i], "budget"), e->main_budget.label)) continue;
         double r = rec_num(m, "mass_recall"), er = rec_num(m, "output_error"), f = rec_num(m, "fetch_bytes");
         double st = rec_num(m, "decode_steps"), td = rec_num(m, "t_decode");
         if (isfinite(r) && isfinite(er)) { rs += r; es += er; nr++; }
-        if (isfinite(f) && isfinite(st)) { fb += f; nf++; }
-        if (isfinite(st) && isfinite(td)) { steps += st; tdec += td; }
+        if (isfinite(f) && isfinite(st)) { fb += f; steps += st; nf++; }
+        if (tps && isfinite(st) && td > 0) tps[nt++] = st / td;
         res += rec_num(m, "resident_bytes");
         n++;
     }
@@ -408,7 +420,9 @@ static void policy_cost(const eval_state *e, const char *pol, pol_cost *pc) {
     pc->err = nr ? es / nr : NAN;
     pc->fetch_per_step = nf && steps > 0 ? fb / steps : NAN;
     pc->resident = n ? res / n : NAN;
-    pc->tps = tdec > 0 ? steps / tdec : NAN;
+    if (nt) qsort(tps, (size_t)nt, sizeof *tps, cmp_double);
+    pc->tps = nt ? (nt % 2 ? tps[nt / 2] : (tps[nt / 2 - 1] + tps[nt / 2]) / 2) : NAN;
+    free(tps);
 }
 
 static void len_label(int v, char *buf, size_t n) {
@@ -447,12 +461,20 @@ static char *leaderboard(const eval_state *e, const skv_model *m, int partial, d
               e->main_budget.pct > 0 ? "of the prompt" : "tokens per KV head");
     for (int i = 0; i < e->o.n_depths; i++) sb_printf(&b, "%s %g", i ? "," : "", e->o.depths[i]);
     sb_printf(&b, " %%; %d seed%s. %d of %d cases done", seeds, seeds == 1 ? "" : "s", e->n_rec, e->planned);
-    if (wall > 0) sb_printf(&b, ", this sitting %.0f s", wall);
+    double total = 0;
+    int timed = 0;
+    for (int i = 0; i < e->n_rec; i++) {
+        double w = rec_num(e->rec[i], "wall_seconds");
+        if (isfinite(w)) { total += w; timed++; }
+    }
+    if (timed == e->n_rec && timed) sb_printf(&b, "; wall time of the cases %.0f s", total);
+    else if (wall > 0.5) sb_printf(&b, ", this sitting %.0f s", wall);
     sb_printf(&b, ".\n\nEach cell: retrieval accuracy in %% (mean over seeds ± standard deviation over seeds). "
               "Mass recall and output error are means over every decode step, layer and query head of every case "
               "at the grid's budget, scored by the oracle against exact attention; fetched is bytes moved from "
-              "offloaded memory per decode step; tok/s is decode steps per second of the policy's own time "
-              "(the oracle's scoring excluded) on this machine.\n\n");
+              "offloaded memory per decode step; resident is the KV bytes the policy holds, mean over cases; tok/s "
+              "is the median over cases of decode steps per second of the policy's own time (the oracle's scoring "
+              "excluded) on this machine.\n\n");
     sb_printf(&b, "| policy |");
     for (int t = 0; t < e->n_tasks; t++)
         for (int l = 0; l < e->o.n_lengths; l++) {
@@ -943,7 +965,7 @@ int cmd_eval(int argc, char **argv) {
             e.o.n_lengths == 1 ? "" : "s", e.o.n_depths, e.o.n_depths == 1 ? "" : "s", seeds, seeds == 1 ? "" : "s",
             e.o.n_methods, e.o.n_methods == 1 ? "y" : "ies", e.main_budget.label,
             e.n_sweep ? " and a budget sweep" : "", e.planned, e.done_before);
-    e.t0 = skv_now();
+    e.t0 = e.t_last = skv_now();
     cli_stop_catch();
     rc = run_suite(&e, m);
     cli_stop_release();
