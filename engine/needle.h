@@ -94,7 +94,7 @@ typedef struct {
     char value[NEEDLE_VALUE_MAX]; /* the expected answer */
     /* The facts planted; fact 0 is the asked one, the others are distractors. */
     int n_facts;
-    char keys[NEEDLE_MAX_FACTS][24];   /* "" for a task without keys */
+    char keys[NEEDLE_MAX_FACTS][NEEDLE_KEY_MAX]; /* "" for a task without keys */
     char values[NEEDLE_MAX_FACTS][NEEDLE_VALUE_MAX];
     int fact_begin[NEEDLE_MAX_FACTS], fact_end[NEEDLE_MAX_FACTS]; /* token positions */
     /* Per method m (needle_opts.methods[m]): */

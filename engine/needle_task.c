@@ -1,6 +1,7 @@
 /* needle_task.c: the built-in needle tasks and the --task-file reader. */
 #include "needle_task.h"
 
+#include "needle_diag.h"
 #include "skv.h"
 
 #include <cjson/cJSON.h>
@@ -179,6 +180,10 @@ static int task_from_json(const cJSON *o, const char *path, int line, const char
     if (ans && (!cJSON_IsString(ans) || !ans->valuestring[0]))
         return needle_task_free(t), skv_error(SKV_EINVAL, "%s:%d: field 'answer': a non-empty string is expected", path, line);
     const char *answer = ans ? ans->valuestring : "{value}";
+    /* the expected answer, a value filled in, is held in a case's value field */
+    if (strlen(answer) >= NEEDLE_VALUE_MAX || strstr(answer, "{key}")) /* {value} and a value are both 7 bytes */
+        return needle_task_free(t), skv_error(SKV_EINVAL, "%s:%d: field 'answer': at most %d bytes once {value} is filled "
+                                             "in, and no {key}", path, line, NEEDLE_VALUE_MAX - 1);
     if (strstr(answer, "{value}") && !strstr(fact->valuestring, "{value}"))
         return needle_task_free(t), skv_error(SKV_EINVAL, "%s:%d: field 'fact': has no {value}, so 'answer' must be the literal "
                                              "expected answer", path, line);
@@ -192,9 +197,10 @@ static int task_from_json(const cJSON *o, const char *path, int line, const char
         int n = cJSON_GetArraySize(keys), i = 0;
         if (!(t->keys = calloc((size_t)n, sizeof *t->keys))) return needle_task_free(t), skv_error(SKV_ENOMEM, "out of memory");
         for (const cJSON *k = keys->child; k; k = k->next, i++) {
-            if (!cJSON_IsString(k) || !k->valuestring[0] || strstr(k->valuestring, "{"))
-                return needle_task_free(t), skv_error(SKV_EINVAL, "%s:%d: field 'keys': item %d is not a non-empty string without braces",
-                                                     path, line, i);
+            if (!cJSON_IsString(k) || !k->valuestring[0] || strstr(k->valuestring, "{") ||
+                strlen(k->valuestring) >= NEEDLE_KEY_MAX)
+                return needle_task_free(t), skv_error(SKV_EINVAL, "%s:%d: field 'keys': item %d is not a string of 1 to %d "
+                                                     "bytes without braces", path, line, i, NEEDLE_KEY_MAX - 1);
             for (int j = 0; j < i; j++)
                 if (!strcmp(t->keys[j], k->valuestring))
                     return needle_task_free(t), skv_error(SKV_EINVAL, "%s:%d: field 'keys': '%s' is listed twice", path, line,

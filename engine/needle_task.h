@@ -14,6 +14,7 @@
 
 #define NEEDLE_MAX_FACTS 8
 #define NEEDLE_TASK_NAME_MAX 48
+#define NEEDLE_KEY_MAX 24          /* a key's bytes + 1 */
 
 typedef struct {
     char name[NEEDLE_TASK_NAME_MAX];
