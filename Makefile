@@ -25,6 +25,14 @@ CFLAGS  = -std=c11 $(OPT) $(EXTRA_CFLAGS) -g -Wall -Wextra -Werror -D_GNU_SOURCE
           $(addprefix -I,$(INC_DIRS)) $(PKG_CFLAGS) $(SAN) -MMD -MP
 LDLIBS  = $(PKG_LIBS) -fopenmp -lpthread -lm
 
+# oneDNN (Debian libdnnl-dev, installed by make deps) does the CPU GEMMs when
+# present: its kernels are picked by the CPU's instruction sets, whatever
+# OPENBLAS_CORETYPE says (docs/PERFORMANCE.md). Without it, OpenBLAS.
+ifneq ($(wildcard /usr/include/dnnl.h),)
+CFLAGS  += -DSKV_HAVE_DNNL
+LDLIBS  += -ldnnl
+endif
+
 LIB_SRC  = $(wildcard kernels/*.c kernels/cpu/*.c probes/*.c engine/*.c engine/*/*.c views/*.c)
 TUI_SRC  = $(wildcard tui/*.c)
 TEST_SRC = $(wildcard tests/test_*.c)
@@ -151,7 +159,7 @@ deps:
 	$$SUDO env DEBIAN_FRONTEND=noninteractive apt-get install -y -qq --no-install-recommends \
 	  build-essential pkg-config libncurses-dev libcjson-dev libpng-dev libopenblas-dev \
 	  liblapacke-dev libpcre2-dev libfreetype-dev fonts-dejavu-core tmux clang libclang-rt-14-dev libomp-dev \
-	  python3 python3-numpy python3-pandas
+	  python3 python3-numpy python3-pandas libdnnl-dev
 
 clean:
 	rm -rf build build-asan build-noprobes build-fuzz build-tsan skv

@@ -16,10 +16,30 @@
 #include "vec.h"
 
 #include <cblas.h>
+#ifdef SKV_HAVE_DNNL
+#include <dnnl.h>
+#endif
 #include <math.h>
 #include <omp.h>
 #include <stdlib.h>
 #include <string.h>
+
+/* C (m, n) = alpha A (m, k) B + beta C, row-major, B (k, n) or, with
+ * trans_b, B (n, k). oneDNN's sgemm when built with it: it picks its kernels
+ * by the CPU's instruction sets at run time (its own JIT), so the speed does
+ * not hang on a library recognising the CPU's model name or on
+ * OPENBLAS_CORETYPE (docs/PERFORMANCE.md has the measurement); else
+ * OpenBLAS. Called from inside the engine's OpenMP loops, where both run on
+ * the calling thread alone. */
+static inline void sgemm_rm(int trans_b, int m, int n, int k, float alpha, const float *A, int lda, const float *B,
+                            int ldb, float beta, float *C, int ldc) {
+#ifdef SKV_HAVE_DNNL
+    dnnl_sgemm('N', trans_b ? 'T' : 'N', m, n, k, alpha, A, lda, B, ldb, beta, C, ldc);
+#else
+    cblas_sgemm(CblasRowMajor, CblasNoTrans, trans_b ? CblasTrans : CblasNoTrans, m, n, k, alpha, A, lda, B, ldb,
+                beta, C, ldc);
+#endif
+}
 
 static int cpu_available(char *why, size_t n) {
     (void)why;
@@ -61,8 +81,7 @@ static void cpu_matmul(enum ggml_type t, const void *W, int rows, int cols, cons
             quant_dequant_row(t, (const uint8_t *)W + row_bytes * r0, buf, (size_t)(r1 - r0) * cols);
             w = buf;
         }
-        cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasTrans, n, r1 - r0, cols, 1.0f, x, cols, w, cols, 0.0f,
-                    y + r0, rows);
+        sgemm_rm(1, n, r1 - r0, cols, 1.0f, x, cols, w, cols, 0.0f, y + r0, rows);
     }
 }
 
@@ -144,7 +163,7 @@ static void cpu_attend_causal(const float *q, int n, int pos, int nh, int n_kv, 
                 int L = pos + i0 + nb;  /* keys the block's last query sees */
                 const float *Kh = K + (size_t)(h / grp) * hd, *Vh = V + (size_t)(h / grp) * hd;
                 const float *Q = q + (size_t)i0 * qs + (size_t)h * hd;
-                cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasTrans, nb, L, hd, scale, Q, qs, Kh, stride, 0.0f, S, L);
+                sgemm_rm(1, nb, L, hd, scale, Q, qs, Kh, stride, 0.0f, S, L);
                 for (int i = 0; i < nb; i++) {
                     float *row = S + (size_t)i * L;
                     int len = pos + i0 + i + 1;  /* causal: positions 0..pos+i0+i */
@@ -156,8 +175,7 @@ static void cpu_attend_causal(const float *q, int n, int pos, int nh, int n_kv, 
                     for (int j = 0; j < len; j++) row[j] *= inv;
                     for (int j = len; j < L; j++) row[j] = 0;
                 }
-                cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasNoTrans, nb, hd, L, 1.0f, S, L, Vh, stride, 0.0f,
-                            out + (size_t)i0 * qs + (size_t)h * hd, qs);
+                sgemm_rm(0, nb, hd, L, 1.0f, S, L, Vh, stride, 0.0f, out + (size_t)i0 * qs + (size_t)h * hd, qs);
             }
         free(S);
     }
