@@ -5,7 +5,8 @@
  * multiplies it with single-threaded OpenBLAS (so two thread pools never
  * compete). Single tokens go through quant_matvec, the integer-dot matvec
  * straight from the stored blocks. Batched causal attention is two GEMMs
- * per (query head, block of 64 queries); single-query attention over a row
+ * per (KV head, block of 64 queries) over the group's query heads packed
+ * together, so K and V are read once per group; single-query attention over a row
  * set is a vector loop. The sparse-policy stages are kernels/cpu/shadowkv_ops.c. */
 #include "backend.h"
 #include "quant.h"
@@ -143,9 +144,29 @@ static void cpu_attend_rows(const float *q, const float *K, const float *V, int 
     if (s != stack) free(s);
 }
 
-/* Queries per GEMM task of the batched attention. */
+/* Queries per GEMM task of the batched attention (per query head). */
 #define QBLOCK 64
 
+/* Softmax of row[0..len) in place (float sums: len <= the context), zeros
+ * in [len, L): the causal mask of one query. */
+static void softmax_causal(float *row, int len, int L) {
+    float mx = -INFINITY;
+    #pragma omp simd reduction(max:mx)
+    for (int j = 0; j < len; j++) mx = row[j] > mx ? row[j] : mx;
+    float sum = 0;
+    for (int j = 0; j < len; j++) row[j] = expf(row[j] - mx);
+    #pragma omp simd reduction(+:sum)
+    for (int j = 0; j < len; j++) sum += row[j];
+    float inv = 1.0f / sum;
+    #pragma omp simd
+    for (int j = 0; j < len; j++) row[j] *= inv;
+    if (L > len) memset(row + len, 0, sizeof(float) * (size_t)(L - len));
+}
+
+/* Batched causal attention, one task per (KV head, block of queries): the
+ * block's queries of every query head of the group are packed into one
+ * matrix, so the head's keys and values are read once per block for the
+ * whole group (two GEMMs), not once per query head. */
 static void cpu_attend_causal(const float *q, int n, int pos, int nh, int n_kv, int hd, const float *K,
                               const float *V, int stride, float *out) {
     int grp = nh / n_kv;
@@ -154,30 +175,33 @@ static void cpu_attend_causal(const float *q, int n, int pos, int nh, int n_kv, 
     int nqb = (n + QBLOCK - 1) / QBLOCK;
     #pragma omp parallel
     {
-        float *S = malloc(sizeof(float) * QBLOCK * (size_t)(pos + n));
-        SKV_ASSERT(S);
+        size_t rows = (size_t)QBLOCK * grp;
+        float *S = malloc(sizeof(float) * rows * (size_t)(pos + n));
+        float *Qp = malloc(sizeof(float) * rows * hd), *Op = malloc(sizeof(float) * rows * hd);
+        SKV_ASSERT(S && Qp && Op);
         #pragma omp for schedule(dynamic, 1) collapse(2)
-        for (int h = 0; h < nh; h++)
+        for (int kh = 0; kh < n_kv; kh++)
             for (int b = 0; b < nqb; b++) {
                 int i0 = b * QBLOCK, nb = n - i0 < QBLOCK ? n - i0 : QBLOCK;
                 int L = pos + i0 + nb;  /* keys the block's last query sees */
-                const float *Kh = K + (size_t)(h / grp) * hd, *Vh = V + (size_t)(h / grp) * hd;
-                const float *Q = q + (size_t)i0 * qs + (size_t)h * hd;
-                sgemm_rm(1, nb, L, hd, scale, Q, qs, Kh, stride, 0.0f, S, L);
-                for (int i = 0; i < nb; i++) {
-                    float *row = S + (size_t)i * L;
-                    int len = pos + i0 + i + 1;  /* causal: positions 0..pos+i0+i */
-                    float mx = -INFINITY;
-                    for (int j = 0; j < len; j++) mx = row[j] > mx ? row[j] : mx;
-                    double sum = 0;
-                    for (int j = 0; j < len; j++) { row[j] = expf(row[j] - mx); sum += row[j]; }
-                    float inv = (float)(1.0 / sum);
-                    for (int j = 0; j < len; j++) row[j] *= inv;
-                    for (int j = len; j < L; j++) row[j] = 0;
-                }
-                sgemm_rm(0, nb, hd, L, 1.0f, S, L, Vh, stride, 0.0f, out + (size_t)i0 * qs + (size_t)h * hd, qs);
+                /* row g * nb + i: query i0 + i of query head kh * grp + g */
+                for (int g = 0; g < grp; g++)
+                    for (int i = 0; i < nb; i++)
+                        memcpy(Qp + ((size_t)g * nb + i) * hd, q + (size_t)(i0 + i) * qs + (size_t)(kh * grp + g) * hd,
+                               sizeof(float) * hd);
+                sgemm_rm(1, grp * nb, L, hd, scale, Qp, hd, K + (size_t)kh * hd, stride, 0.0f, S, L);
+                for (int g = 0; g < grp; g++)
+                    for (int i = 0; i < nb; i++)
+                        softmax_causal(S + ((size_t)g * nb + i) * L, pos + i0 + i + 1, L);
+                sgemm_rm(0, grp * nb, hd, L, 1.0f, S, L, V + (size_t)kh * hd, stride, 0.0f, Op, hd);
+                for (int g = 0; g < grp; g++)
+                    for (int i = 0; i < nb; i++)
+                        memcpy(out + (size_t)(i0 + i) * qs + (size_t)(kh * grp + g) * hd, Op + ((size_t)g * nb + i) * hd,
+                               sizeof(float) * hd);
             }
         free(S);
+        free(Qp);
+        free(Op);
     }
 }
 
