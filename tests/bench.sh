@@ -1,8 +1,12 @@
 #!/bin/sh
 # make bench: prefill and decode speed of skv with 2 threads, side by side
-# with the llama.cpp figures measured on this kind of machine (commit
-# c392e509, from the engine-foundation issue), as ratios.
-# Synthetic SmolLM2-135M-shaped models are made once under build/bench/.
+# with llama.cpp run live in the same sitting on the same GGUF files, as
+# ratios. llama.cpp is not a dependency: point LLAMA_BENCH at a llama-bench
+# binary (built CPU-only from llama.cpp's source) and its figures are
+# measured right after skv's; without it the llama.cpp column says "not run"
+# (a ratio against figures from another day and build would not be a
+# measurement). Synthetic SmolLM2-135M-shaped models are made once under
+# build/bench/.
 set -eu
 SKV=${SKV:-./skv}
 SHARED=${SKV_SHARED:-../shared}
@@ -25,28 +29,42 @@ bench() {
     echo "$(echo "$line" | field prefill_tok_s) $(echo "$line" | field decode_tok_s)"
 }
 
-ratio() { awk -v a="$1" -v b="$2" 'BEGIN { if (b > 0) printf "%.2fx", a / b; else printf "-" }'; }
+ratio() { awk -v a="$1" -v b="$2" 'BEGIN { if (b ~ /^[0-9.]+$/ && b + 0 > 0) printf "%.2fx", a / b; else printf "-" }'; }
 
 row() { # label ours ref
     printf '%-44s %12s %12s %8s\n' "$1" "$2" "$3" "$(ratio "$2" "$3")"
 }
 
-echo "== engine: prefill and decode tok/s, $T threads (ratio = skv / llama.cpp) =="
+# llama MODEL PROMPT GEN -> llama-bench's tokens/s for that test ("not run"
+# without LLAMA_BENCH). Its CSV output is read by column name (avg_ts).
+llama() {
+    if [ -z "${LLAMA_BENCH:-}" ] || [ ! -x "$LLAMA_BENCH" ]; then echo "not run"; return; fi
+    "$LLAMA_BENCH" -m "$1" -p "$2" -n "$3" -t $T -r 3 -o csv 2>/dev/null | awk -F, '
+        NR == 1 { for (i = 1; i <= NF; i++) { h = $i; gsub(/"/, "", h); if (h == "avg_ts") c = i } next }
+        c { v = $c; gsub(/"/, "", v); print v; exit }' | grep . || echo "failed"
+}
+
+echo "== engine: prefill and decode tok/s, $T threads (ratio = skv / llama.cpp, both run now) =="
+[ -n "${LLAMA_BENCH:-}" ] || echo "(llama.cpp: not run; set LLAMA_BENCH=/path/to/llama-bench to measure it beside skv)"
 printf '%-44s %12s %12s %8s\n' "case" "skv" "llama.cpp" "ratio"
 if [ -f "$SHARED/models/mini-smollm-f32.gguf" ]; then
     set -- $(bench "$SHARED/models/mini-smollm-f32.gguf" 512 128)
-    row "mini-smollm-f32 prefill pp512" "$1" 14900
-    row "mini-smollm-f32 decode tg128" "$2" 883
+    M="$SHARED/models/mini-smollm-f32.gguf"
+    row "mini-smollm-f32 prefill pp512" "$1" "$(llama "$M" 512 0)"
+    row "mini-smollm-f32 decode tg128" "$2" "$(llama "$M" 0 128)"
 else
     echo "(skipped mini-smollm-f32: $SHARED/models missing)"
 fi
 if [ -f "$SHARED/configs/smollm2-135m.config.json" ]; then
     F32=$(synth f32); F16=$(synth f16); Q8=$(synth q8_0)
-    set -- $(bench "$F32" 512 64);  row "SmolLM2-135M f32 prefill pp512" "$1" 447; row "SmolLM2-135M f32 decode tg" "$2" 36.1
-    set -- $(bench "$F32" 4096 32); row "SmolLM2-135M f32 decode after 4K prompt" "$2" 17.0
-    set -- $(bench "$F16" 16 64);   row "SmolLM2-135M f16 decode tg" "$2" 48.2
-    set -- $(bench "$Q8" 512 64);   row "SmolLM2-135M q8_0 prefill pp512" "$1" 687; row "SmolLM2-135M q8_0 decode tg" "$2" 142
-    set -- $(bench "$Q8" 4096 32);  row "SmolLM2-135M q8_0 decode after 4K prompt" "$2" 27.6
+    set -- $(bench "$F32" 512 64);  row "SmolLM2-135M f32 prefill pp512" "$1" "$(llama "$F32" 512 0)"
+                                    row "SmolLM2-135M f32 decode tg64" "$2" "$(llama "$F32" 0 64)"
+    set -- $(bench "$F16" 16 64);   row "SmolLM2-135M f16 decode tg64" "$2" "$(llama "$F16" 0 64)"
+    set -- $(bench "$Q8" 512 64);   row "SmolLM2-135M q8_0 prefill pp512" "$1" "$(llama "$Q8" 512 0)"
+                                    row "SmolLM2-135M q8_0 decode tg64" "$2" "$(llama "$Q8" 0 64)"
+    set -- $(bench "$F32" 4096 32); row "SmolLM2-135M f32 prefill pp4096" "$1" "$(llama "$F32" 4096 0)"
+                                    row "SmolLM2-135M f32 decode after a 4K prompt" "$2" "n/a"
+    set -- $(bench "$Q8" 4096 32);  row "SmolLM2-135M q8_0 decode after a 4K prompt" "$2" "n/a"
 else
     echo "(skipped SmolLM2-135M: $SHARED/configs missing)"
 fi
