@@ -186,11 +186,6 @@ static cJSON *settings_json(const eval_state *e) {
     return s;
 }
 
-static int put_text(FILE *f, void *ctx, const char *path) {
-    if (fputs(ctx, f) < 0 || fputc('\n', f) == EOF) return skv_error(SKV_EIO, "%s: cannot write it", path);
-    return 0;
-}
-
 /* DIR/eval.json: written on a fresh start; on a rerun it must match. */
 static int check_settings(eval_state *e, const skv_model *m, int force) {
     char path[PATH_MAX];
@@ -215,7 +210,7 @@ static int check_settings(eval_state *e, const skv_model *m, int force) {
     free(text);
     if (!rc && (fresh || force)) {
         char *s = cJSON_Print(now);
-        rc = s ? skv_save_atomic(path, 1, put_text, s) : skv_error(SKV_ENOMEM, "out of memory");
+        rc = s ? skv_save_atomic(path, 1, cli_put_text, s) : skv_error(SKV_ENOMEM, "out of memory");
         free(s);
     }
     cJSON_Delete(now);
@@ -425,11 +420,6 @@ static void policy_cost(const eval_state *e, const char *pol, pol_cost *pc) {
     free(tps);
 }
 
-static void len_label(int v, char *buf, size_t n) {
-    if (v >= 1024 && v % 1024 == 0) snprintf(buf, n, "%dk", v / 1024);
-    else snprintf(buf, n, "%d", v);
-}
-
 /* ---- leaderboard.md ------------------------------------------------------------------ */
 
 typedef struct { char *s; size_t n, cap; int oom; } sbuf;
@@ -479,7 +469,7 @@ static char *leaderboard(const eval_state *e, const skv_model *m, int partial, d
     for (int t = 0; t < e->n_tasks; t++)
         for (int l = 0; l < e->o.n_lengths; l++) {
             char ll[16];
-            len_label(e->o.lengths[l], ll, sizeof ll);
+            cli_len_label(e->o.lengths[l], ll, sizeof ll);
             sb_printf(&b, " %s@%s |", e->tasks[t].name, ll);
         }
     sb_printf(&b, " all | mass recall %% | output error %% | fetched KiB/step | resident KiB | tok/s |\n|---|");
@@ -514,7 +504,7 @@ static char *leaderboard(const eval_state *e, const skv_model *m, int partial, d
     }
     if (e->n_sweep) {
         char ll[16];
-        len_label(e->sweep_len, ll, sizeof ll);
+        cli_len_label(e->sweep_len, ll, sizeof ll);
         sb_printf(&b, "\n## Accuracy against budget at %s tokens (all tasks)\n\n| policy |", ll);
         for (int i = 0; i < e->n_sweep; i++) sb_printf(&b, " %s |", e->sweep[i].label);
         sb_printf(&b, "\n|---|");
@@ -634,7 +624,7 @@ static int draw_heatmap(const eval_state *e, canvas *c, int W, int H) {
     char (*xl)[16] = malloc(sizeof *xl * (size_t)nx);
     const char **xt = malloc(sizeof *xt * (size_t)nx), **yt = malloc(sizeof *yt * (size_t)ny);
     if (!v || !xl || !xt || !yt) { rc = skv_error(SKV_ENOMEM, "out of memory"); goto out; }
-    for (int l = 0; l < nx; l++) { len_label(e->o.lengths[l], xl[l], sizeof xl[l]); xt[l] = xl[l]; }
+    for (int l = 0; l < nx; l++) { cli_len_label(e->o.lengths[l], xl[l], sizeof xl[l]); xt[l] = xl[l]; }
     for (int t = 0; t < ny; t++) yt[t] = e->tasks[t].name;
     canvas_clear(c);
     for (int k = 0; k < np && !rc; k++) {
@@ -701,7 +691,7 @@ static int draw_budget(const eval_state *e, canvas *c, int W, int H) {
                                     .n = nb * 3, .color = palette_cat(k), .width = 1 };
     }
     char title[128], ll[16];
-    len_label(e->sweep_len, ll, sizeof ll);
+    cli_len_label(e->sweep_len, ll, sizeof ll);
     snprintf(title, sizeof title, "accuracy against budget at %s tokens (bars: ± sd over seeds)", ll);
     paint_plot p = {
         .title = title,
@@ -742,7 +732,7 @@ static int write_outputs(const eval_state *e, const skv_model *m, int partial, d
     char *md = leaderboard(e, m, partial, wall);
     if (!md) return skv_error(SKV_ENOMEM, "out of memory");
     snprintf(path, sizeof path, "%s/leaderboard.md", e->dir);
-    int rc = skv_save_atomic(path, 1, put_text, md);
+    int rc = skv_save_atomic(path, 1, cli_put_text, md);
     free(md);
     if (rc) return rc;
     char *csv = cases_csv(e);
@@ -750,7 +740,7 @@ static int write_outputs(const eval_state *e, const skv_model *m, int partial, d
     size_t n = strlen(csv);
     if (n && csv[n - 1] == '\n') csv[n - 1] = 0; /* put_text ends it */
     snprintf(path, sizeof path, "%s/cases.csv", e->dir);
-    rc = skv_save_atomic(path, 1, put_text, csv);
+    rc = skv_save_atomic(path, 1, cli_put_text, csv);
     free(csv);
     if (rc) return rc;
     int np = e->o.n_methods, cols = np < 3 ? np : 3, rows = (np + cols - 1) / cols;

@@ -219,12 +219,6 @@ static int on_case(const needle_case *c, void *user) {
     return rc ? rc : cli_stop_requested() ? CLI_STOPPED : 0;
 }
 
-/* "4k" for multiples of 1024, else the number. */
-static void len_label(int v, char *buf, size_t n) {
-    if (v >= 1024 && v % 1024 == 0) snprintf(buf, n, "%dk", v / 1024);
-    else snprintf(buf, n, "%d", v);
-}
-
 /* Hit rate in percent of method m over the cases at (length, depth); -1 none. */
 static double cell_rate(const needle_result *r, int length, float depth, int m) {
     int n = 0, h = 0;
@@ -292,7 +286,7 @@ static void print_table(const needle_result *r, const needle_opts *o) {
     printf("%7s", "depth");
     for (int i = 0; i < o->n_lengths; i++) {
         char l[16];
-        len_label(o->lengths[i], l, sizeof l);
+        cli_len_label(o->lengths[i], l, sizeof l);
         printf("   %*s", w, l);
     }
     printf("\n");
@@ -479,11 +473,6 @@ static char *json_text(const skv_model *m, const needle_opts *o, const needle_re
     char *text = cJSON_Print(root);
     cJSON_Delete(root);
     return text;
-}
-
-static int put_text(FILE *f, void *ctx, const char *path) {
-    if (fputs(ctx, f) < 0 || fputc('\n', f) == EOF) return skv_error(SKV_EIO, "%s: cannot write it", path);
-    return 0;
 }
 
 /* ---- the command ---------------------------------------------------------------- */
@@ -714,7 +703,7 @@ int cmd_needle(int argc, char **argv) {
     if (json) {
         char *text = json_text(m, &o, &res, &rs, hay_path);
         if (!text) rc = skv_error(SKV_ENOMEM, "out of memory writing %s", json);
-        else rc = skv_save_atomic(json, force, put_text, text);
+        else rc = skv_save_atomic(json, force, cli_put_text, text);
         free(text);
         if (rc) { rc = cli_fail(); goto done; }
         fprintf(stderr, "skv needle: wrote %s\n", json);
