@@ -774,7 +774,7 @@ int cmd_eval(int argc, char **argv) {
     needle_opts_default(&e.o);
     const char *lengths_s = "1k,2k,4k", *depths_s = "10:90:20", *task_s = NULL, *task_file = NULL, *budget_s = "256";
     const char *budgets_s = NULL, *hay_path = NULL, *out_dir = NULL, *suite = NULL;
-    int seeds = 3, sweep_len = 0, sweep_given = 0, force = 0, no_oracle = 0, kv_given = 0;
+    int seeds = 3, sweep_len = 0, sweep_given = 0, force = 0, no_oracle = 0;
     for (int i = 1; i < argc; i++)
         if (!strcmp(argv[i], "--suite") && i + 1 < argc) suite = argv[i + 1];
     if (suite) {
@@ -837,7 +837,6 @@ int cmd_eval(int argc, char **argv) {
         }
         if (!strcmp(a, "--kv") && v && strcmp(v, "help")) {
             if (needle_set_methods(&e.o, v)) { cli_gen_free(&g); return cli_usage_error("eval", "%s", skv_last_error()); }
-            kv_given = 1;
             i++;
             continue;
         }
@@ -854,7 +853,6 @@ int cmd_eval(int argc, char **argv) {
         if (r == CLI_DONE) { cli_gen_free(&g); return 0; }
         if (r == 0) { cli_gen_free(&g); return cli_usage_error("eval", "unknown option '%s'", a); }
     }
-    (void)kv_given;
     int rc = 2;
     int *lengths = NULL;
     float *depths = NULL;
