@@ -774,7 +774,7 @@ int cmd_eval(int argc, char **argv) {
     needle_opts_default(&e.o);
     const char *lengths_s = "1k,2k,4k", *depths_s = "10:90:20", *task_s = NULL, *task_file = NULL, *budget_s = "256";
     const char *budgets_s = NULL, *hay_path = NULL, *out_dir = NULL, *suite = NULL;
-    int seeds = 3, sweep_len = 0, sweep_given = 0, force = 0, no_oracle = 0;
+    int seeds = 3, sweep_len = 0, sweep_given = 0, force = 0, no_oracle = 0, task_given = 0;
     for (int i = 1; i < argc; i++)
         if (!strcmp(argv[i], "--suite") && i + 1 < argc) suite = argv[i + 1];
     if (suite) {
@@ -816,8 +816,8 @@ int cmd_eval(int argc, char **argv) {
             switch (k) {
             case 0: out_dir = v; break;
             case 1: break;
-            case 2: task_s = v; break;
-            case 3: task_file = v; if (!suite) break; task_s = NULL; break;
+            case 2: task_s = v; task_given = 1; break;
+            case 3: task_file = v; break;
             case 4: lengths_s = v; break;
             case 5: depths_s = v; break;
             case 6: case 8:
@@ -905,6 +905,7 @@ int cmd_eval(int argc, char **argv) {
         goto out;
     }
     e.sweep_len = sweep_len;
+    if (task_file && !task_given) task_s = NULL; /* the file's tasks, not the suite's built-in ones */
     if (needle_tasks_choose("eval", task_s, task_file, &e.tasks, &e.n_tasks)) goto out;
     if (e.n_tasks > EVAL_MAX_TASKS) { rc = cli_usage_error("eval", "at most %d tasks", EVAL_MAX_TASKS); goto out; }
     e.o.kv = g.s.kv;
