@@ -2,8 +2,8 @@
  *
  * Batched matmuls are GEMMs over blocks of 256 weight rows spread over the
  * OpenMP threads: each thread dequantizes a block into its own scratch and
- * multiplies it with single-threaded OpenBLAS (so two thread pools never
- * compete). Single tokens go through quant_matvec, the integer-dot matvec
+ * multiplies it with a single-threaded GEMM (sgemm_rm: oneDNN or OpenBLAS;
+ * so two thread pools never compete). Single tokens go through quant_matvec, the integer-dot matvec
  * straight from the stored blocks. Batched causal attention is two GEMMs
  * per (KV head, block of 64 queries) over the group's query heads packed
  * together, so K and V are read once per group; single-query attention over a row
@@ -222,7 +222,13 @@ static void cpu_gather(const float *src, int rows, int cols, const int *src_idx,
 
 const skv_backend skv_backend_cpu = {
     .name = "cpu",
-    .summary = "the reference: OpenBLAS GEMMs, integer-dot quantized matvec (AVX-512/VNNI, AVX2 or scalar), "
+    .summary = "the reference: "
+#ifdef SKV_HAVE_DNNL
+               "oneDNN GEMMs, "
+#else
+               "OpenBLAS GEMMs, "
+#endif
+               "integer-dot quantized matvec (AVX-512/VNNI, AVX2 or scalar), "
                "LAPACK SVD, OpenMP threads",
     .available = cpu_available,
     .alloc = cpu_alloc,
