@@ -150,16 +150,23 @@ static void cpu_attend_rows(const float *q, const float *K, const float *V, int 
 /* Softmax of row[0..len) in place (float sums: len <= the context), zeros
  * in [len, L): the causal mask of one query. */
 static void softmax_causal(float *row, int len, int L) {
+    /* eight running maxima and sums: independent chains the compiler can keep in one vector register */
+    float m8[8], s8[8];
+    for (int u = 0; u < 8; u++) { m8[u] = -INFINITY; s8[u] = 0; }
+    int j = 0;
+    for (; j + 8 <= len; j += 8)
+        for (int u = 0; u < 8; u++) m8[u] = row[j + u] > m8[u] ? row[j + u] : m8[u];
     float mx = -INFINITY;
-    #pragma omp simd reduction(max:mx)
-    for (int j = 0; j < len; j++) mx = row[j] > mx ? row[j] : mx;
+    for (int u = 0; u < 8; u++) mx = m8[u] > mx ? m8[u] : mx;
+    for (; j < len; j++) mx = row[j] > mx ? row[j] : mx;
+    for (j = 0; j < len; j++) row[j] = expf(row[j] - mx);
+    for (j = 0; j + 8 <= len; j += 8)
+        for (int u = 0; u < 8; u++) s8[u] += row[j + u];
     float sum = 0;
-    for (int j = 0; j < len; j++) row[j] = expf(row[j] - mx);
-    #pragma omp simd reduction(+:sum)
-    for (int j = 0; j < len; j++) sum += row[j];
+    for (int u = 0; u < 8; u++) sum += s8[u];
+    for (; j < len; j++) sum += row[j];
     float inv = 1.0f / sum;
-    #pragma omp simd
-    for (int j = 0; j < len; j++) row[j] *= inv;
+    for (j = 0; j < len; j++) row[j] *= inv;
     if (L > len) memset(row + len, 0, sizeof(float) * (size_t)(L - len));
 }
 
