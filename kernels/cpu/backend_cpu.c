@@ -154,7 +154,7 @@ static void cpu_attend_rows(const float *q, const float *K, const float *V, int 
  * split into 2^k (built in the exponent bits) times 2^f, f in [-1/2, 1/2],
  * by a degree-6 polynomial; relative error about 2e-7, like expf's. Below
  * x = -87 the result is 0 (expf gives a denormal there; softmax weights that
- * small change nothing). Eight lanes at a time with AVX2, the same math
+ * small change nothing); a NaN stays NaN. Eight lanes at a time with AVX2, the same math
  * scalar otherwise: expf calls were a fifth of a 4K-token prefill. */
 static inline float exp2_poly(float f) {
     float p = 1.5353362e-4f;
@@ -176,7 +176,7 @@ static void exp_nonpos(float *x, int n) {
     for (; j + 8 <= n; j += 8) {
         __m256 t = _mm256_mul_ps(_mm256_loadu_ps(x + j), log2e);
         __m256 under = _mm256_cmp_ps(t, lo, _CMP_LT_OQ);
-        t = _mm256_max_ps(t, lo);
+        t = _mm256_max_ps(lo, t); /* lo first: a NaN score stays NaN, as expf would leave it */
         __m256 k = _mm256_round_ps(t, _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC);
         __m256 f = _mm256_sub_ps(t, k);
         __m256 p = _mm256_fmadd_ps(c6, f, c5);
@@ -192,7 +192,7 @@ static void exp_nonpos(float *x, int n) {
 #endif
     for (; j < n; j++) {
         float t = x[j] * 1.44269504f;
-        if (t < -126.0f) { x[j] = 0; continue; }
+        if (!(t >= -126.0f)) { x[j] = t < -126.0f ? 0.0f : t; continue; } /* underflow to 0; NaN stays NaN */
         float k = rintf(t);
         int32_t bits = ((int32_t)k + 127) << 23;
         float scale;
