@@ -215,3 +215,24 @@ int skv_read_file(const char *path, size_t max, char **out, size_t *len) {
     *len = n;
     return 0;
 }
+
+int skv_make_dir(const char *path) {
+    char tmp[4096];
+    if (!path || !*path || strlen(path) >= sizeof tmp) return skv_error(SKV_EIO, "%s: not a usable folder name", path ? path : "");
+    strcpy(tmp, path);
+    for (char *p = tmp + 1; *p; p++) {
+        if (*p != '/') continue;
+        *p = 0;
+        if (mkdir(tmp, 0755) && errno != EEXIST) return skv_error(SKV_EIO, "%s: cannot make it: %s", tmp, strerror(errno));
+        *p = '/';
+    }
+    if (mkdir(tmp, 0755) && errno != EEXIST) return skv_error(SKV_EIO, "%s: cannot make it: %s", tmp, strerror(errno));
+    struct stat sb;
+    if (stat(tmp, &sb) || !S_ISDIR(sb.st_mode)) return skv_error(SKV_EIO, "%s: not a folder", tmp);
+    return 0;
+}
+
+int skv_put_text(FILE *f, void *ctx, const char *path) {
+    if (fputs(ctx, f) < 0 || fputc('\n', f) == EOF) return skv_error(SKV_EIO, "%s: cannot write it", path);
+    return 0;
+}

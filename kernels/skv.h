@@ -61,6 +61,13 @@ int skv_place(const char *tmp, const char *path, int force);
  * existing file is untouched. */
 int skv_save_atomic(const char *path, int force, int (*write)(FILE *f, void *ctx, const char *path), void *ctx);
 
+/* Makes folder path and any missing parents (mkdir -p); 0, or SKV_EIO
+ * with a message when it cannot, or when path exists and is not a folder. */
+int skv_make_dir(const char *path);
+
+/* A writer for skv_save_atomic: the NUL-terminated text ctx, then a newline. */
+int skv_put_text(FILE *f, void *ctx, const char *path);
+
 /* Monotonic clock in seconds. */
 double skv_now(void);
 

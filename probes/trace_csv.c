@@ -211,11 +211,6 @@ static void close_all(csv_out *o, int keep, int *rc) {
         }
 }
 
-static int put_meta(FILE *f, void *ctx, const char *path) {
-    if (fputs(ctx, f) < 0 || fputc('\n', f) == EOF) return skv_error(SKV_EIO, "%s: cannot write it", path);
-    return 0;
-}
-
 int trace_export_csv(const char *path, const char *dir, int force, int partial, int *n_tables) {
     if (n_tables) *n_tables = 0;
     trace_reader *r = NULL;
@@ -227,9 +222,9 @@ int trace_export_csv(const char *path, const char *dir, int force, int partial, 
         trace_close(r);
         return skv_error(SKV_EFORMAT, "%s; add --partial to export what is intact", note);
     }
-    if (mkdir(dir, 0755) && errno != EEXIST) {
+    if ((rc = skv_make_dir(dir))) {
         trace_close(r);
-        return skv_error(SKV_EIO, "%s: cannot make it: %s", dir, strerror(errno));
+        return rc;
     }
     csv_out o;
     memset(&o, 0, sizeof o);
@@ -250,7 +245,7 @@ int trace_export_csv(const char *path, const char *dir, int force, int partial, 
     if (!rc) {
         char mp[4096];
         snprintf(mp, sizeof mp, "%s/meta.json", dir);
-        rc = skv_save_atomic(mp, force, put_meta, (void *)trace_meta_json(r));
+        rc = skv_save_atomic(mp, force, skv_put_text, (void *)trace_meta_json(r));
     }
     trace_close(r);
     if (!rc && n_tables) *n_tables = tables;

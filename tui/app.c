@@ -328,7 +328,7 @@ static int export_name(const app *a, char *out, size_t cap) {
     char base[PATH_MAX];
     int s = view_step(a->st, &a->cur);
     const char *dir = a->o->export_dir && a->o->export_dir[0] ? a->o->export_dir : ".";
-    if (mkdir(dir, 0755) != 0 && errno != EEXIST) return skv_error(SKV_EIO, "%s: cannot make it: %s", dir, strerror(errno));
+    if (skv_make_dir(dir)) return SKV_EIO;
     if (s >= 0) snprintf(base, sizeof base, "%s/skv-%s-L%d-H%d-S%d", dir, cur_view(a)->name, a->cur.layer, a->cur.head, s);
     else snprintf(base, sizeof base, "%s/skv-%s-L%d-H%d-prefill", dir, cur_view(a)->name, a->cur.layer, a->cur.head);
     for (int k = 1; k < 10000; k++) {

@@ -353,8 +353,3 @@ void cli_len_label(int v, char *buf, size_t n) {
     if (v >= 1024 && v % 1024 == 0) snprintf(buf, n, "%dk", v / 1024);
     else snprintf(buf, n, "%d", v);
 }
-
-int cli_put_text(FILE *f, void *ctx, const char *path) {
-    if (fputs(ctx, f) < 0 || fputc('\n', f) == EOF) return skv_error(SKV_EIO, "%s: cannot write it", path);
-    return 0;
-}

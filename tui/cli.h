@@ -78,9 +78,6 @@ void cli_msg(const char *fmt, ...) __attribute__((format(printf, 1, 2)));
 /* "4k" for a multiple of 1024 tokens, else the number: how lengths are labelled. */
 void cli_len_label(int v, char *buf, size_t n);
 
-/* For skv_save_atomic: writes the text ctx and a newline. */
-int cli_put_text(FILE *f, void *ctx, const char *path);
-
 /* Prints "skv CMD: <last error>" to stderr and returns 1. */
 int cli_fail(void);
 int cli_usage_error(const char *cmd, const char *fmt, ...) __attribute__((format(printf, 2, 3)));

@@ -130,10 +130,7 @@ int cmd_dump(int argc, char **argv) {
     if (!dir) return cli_usage_error("dump", "no -o DIR");
     const char *text = cli_prompt_text(&g);
     if (!text) return 2;
-    if (mkdir(dir, 0755) != 0 && errno != EEXIST) {
-        cli_msg("%s: cannot create directory: %s\n", dir, strerror(errno));
-        return 1;
-    }
+    if (skv_make_dir(dir)) return cli_fail();
     skv_model *m = NULL;
     skv_session *s = NULL;
     probe_bus *bus = NULL;

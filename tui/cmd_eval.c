@@ -210,7 +210,7 @@ static int check_settings(eval_state *e, const skv_model *m, int force) {
     free(text);
     if (!rc && (fresh || force)) {
         char *s = cJSON_Print(now);
-        rc = s ? skv_save_atomic(path, 1, cli_put_text, s) : skv_error(SKV_ENOMEM, "out of memory");
+        rc = s ? skv_save_atomic(path, 1, skv_put_text, s) : skv_error(SKV_ENOMEM, "out of memory");
         free(s);
     }
     cJSON_Delete(now);
@@ -732,7 +732,7 @@ static int write_outputs(const eval_state *e, const skv_model *m, int partial, d
     char *md = leaderboard(e, m, partial, wall);
     if (!md) return skv_error(SKV_ENOMEM, "out of memory");
     snprintf(path, sizeof path, "%s/leaderboard.md", e->dir);
-    int rc = skv_save_atomic(path, 1, cli_put_text, md);
+    int rc = skv_save_atomic(path, 1, skv_put_text, md);
     free(md);
     if (rc) return rc;
     char *csv = cases_csv(e);
@@ -740,7 +740,7 @@ static int write_outputs(const eval_state *e, const skv_model *m, int partial, d
     size_t n = strlen(csv);
     if (n && csv[n - 1] == '\n') csv[n - 1] = 0; /* put_text ends it */
     snprintf(path, sizeof path, "%s/cases.csv", e->dir);
-    rc = skv_save_atomic(path, 1, cli_put_text, csv);
+    rc = skv_save_atomic(path, 1, skv_put_text, csv);
     free(csv);
     if (rc) return rc;
     int np = e->o.n_methods, cols = np < 3 ? np : 3, rows = (np + cols - 1) / cols;
@@ -750,21 +750,6 @@ static int write_outputs(const eval_state *e, const skv_model *m, int partial, d
 }
 
 /* ---- the command ------------------------------------------------------------------------ */
-
-static int mkdir_p(const char *dir) {
-    char tmp[PATH_MAX];
-    snprintf(tmp, sizeof tmp, "%s", dir);
-    for (char *p = tmp + 1; *p; p++) {
-        if (*p != '/') continue;
-        *p = 0;
-        if (mkdir(tmp, 0755) && errno != EEXIST) return skv_error(SKV_EIO, "%s: cannot make it: %s", tmp, strerror(errno));
-        *p = '/';
-    }
-    if (mkdir(tmp, 0755) && errno != EEXIST) return skv_error(SKV_EIO, "%s: cannot make it: %s", tmp, strerror(errno));
-    struct stat sb;
-    if (stat(tmp, &sb) || !S_ISDIR(sb.st_mode)) return skv_error(SKV_EIO, "%s: not a folder", tmp);
-    return 0;
-}
 
 int cmd_eval(int argc, char **argv) {
     cli_gen g;
@@ -942,7 +927,7 @@ int cmd_eval(int argc, char **argv) {
     e.o.no_bos = g.no_bos;
     e.o.oracle = !no_oracle;
     snprintf(e.o.backend, sizeof e.o.backend, "%s", g.s.backend);
-    if (mkdir_p(out_dir) || check_settings(&e, m, force) || load_cases(&e, force)) { rc = cli_fail(); goto out; }
+    if (skv_make_dir(out_dir) || check_settings(&e, m, force) || load_cases(&e, force)) { rc = cli_fail(); goto out; }
     int per_grid = e.o.n_depths * seeds * e.n_tasks, extra = 0;
     for (int i = 0; i < e.n_sweep; i++) extra += strcmp(e.sweep[i].label, e.main_budget.label) != 0;
     e.planned = per_grid * e.o.n_lengths + per_grid * extra;

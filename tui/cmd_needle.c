@@ -703,7 +703,7 @@ int cmd_needle(int argc, char **argv) {
     if (json) {
         char *text = json_text(m, &o, &res, &rs, hay_path);
         if (!text) rc = skv_error(SKV_ENOMEM, "out of memory writing %s", json);
-        else rc = skv_save_atomic(json, force, cli_put_text, text);
+        else rc = skv_save_atomic(json, force, skv_put_text, text);
         free(text);
         if (rc) { rc = cli_fail(); goto done; }
         fprintf(stderr, "skv needle: wrote %s\n", json);
