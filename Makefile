@@ -127,10 +127,18 @@ PY_TESTS = tests/test_eval.py tests/test_skvtrace.py
 test: $(TEST_BIN) $(BUILD)/skv $(BUILD)/default-model.gguf
 	@SKV_BIN=$(abspath $(BUILD))/skv sh tests/run.sh $(TEST_BIN) $(PY_TESTS)
 
-# Benchmarks compare ./skv with a build whose probe points are compiled out.
+# Benchmarks: skv beside llama.cpp's llama-bench run live (make bench-ref
+# builds it once into build/ref/ from the source pinned in the npm package
+# node-llama-cpp; when that fails the bench says so and runs without it), and
+# ./skv beside a build whose probe points are compiled out.
 bench: skv
+	@sh tests/bench_ref.sh || true
 	@$(MAKE) --no-print-directory BUILD=build-noprobes EXTRA_CFLAGS=-DSKV_NO_PROBES build-noprobes/skv >/dev/null
 	@sh tests/bench.sh
+
+.PHONY: bench-ref
+bench-ref:
+	@sh tests/bench_ref.sh
 
 # The table of docs/PEERS.md, measured on the demo model (tests/peers_table.sh;
 # several minutes). Written between the file's markers, through a temp file.

@@ -134,8 +134,10 @@ int session_prefill(skv_session *s, const int32_t *tokens, int n, int (*progress
         s->n_past += b;
         if (progress && progress(user, i + b, n)) return skv_error(SKV_EINVAL, "prefill cancelled");
     }
+    double te = skv_now();
     int rc = s->kv->cls->end_prefill(s->kv);
     if (rc) return rc;
+    s->t_end_prefill += skv_now() - te;
     s->n_prompt = s->n_past;
     s->last_token = tokens[n - 1];
     s->t_prefill += skv_now() - t0;

@@ -1,72 +1,111 @@
 #!/bin/sh
 # make bench: prefill and decode speed of skv with 2 threads, side by side
 # with llama.cpp run live in the same sitting on the same GGUF files, as
-# ratios. llama.cpp is not a dependency: point LLAMA_BENCH at a llama-bench
-# binary (built CPU-only from llama.cpp's source) and its figures are
-# measured right after skv's; without it the llama.cpp column says "not run"
-# (a ratio against figures from another day and build would not be a
-# measurement). Synthetic SmolLM2-135M-shaped models are made once under
-# build/bench/.
+# ratios. llama.cpp's llama-bench comes from `make bench-ref`
+# (tests/bench_ref.sh: the llama.cpp source pinned in the npm package
+# node-llama-cpp, built CPU-only into build/ref/); LLAMA_BENCH=/path picks
+# another build. Without one the llama.cpp column says "not run": a ratio
+# against figures from another day and build would not be a measurement.
+# Each case runs BENCH_ROUNDS times (default 3), skv and llama.cpp
+# interleaved, and prints the min and the median; llama.cpp runs with flash
+# attention off and on and keeps its better figure in each round.
+# Synthetic models of the SmolLM2-135M shape and of the Llama-3.1-8B shape
+# with 2 layers are made once under build/bench/.
 set -eu
 SKV=${SKV:-./skv}
 SHARED=${SKV_SHARED:-../shared}
 OUT=build/bench
 mkdir -p "$OUT"
 T=2
+ROUNDS=${BENCH_ROUNDS:-3}
+if [ -z "${LLAMA_BENCH:-}" ] && [ -x build/ref/llama-bench ]; then LLAMA_BENCH=build/ref/llama-bench; fi
+LLAMA_BENCH=${LLAMA_BENCH:-}
 
-synth() { # dtype
-    f="$OUT/smollm2-135m-$1.gguf"
-    [ -f "$f" ] || $SKV synth --config "$SHARED/configs/smollm2-135m.config.json" --dtype "$1" --seed 1 -o "$f" >&2
+synth() { # dtype [config] [layers]
+    cfg=${2:-smollm2-135m}; tag=$cfg-$1; lay=""
+    if [ -n "${3:-}" ]; then tag=$cfg-${3}l-$1; lay="--layers $3"; fi
+    f="$OUT/$tag.gguf"
+    [ -f "$f" ] || $SKV synth --config "$SHARED/configs/$cfg.config.json" --dtype "$1" $lay --seed 1 -o "$f" >&2
     echo "$f"
 }
 
 field() { sed -n "s/.*$1=\([0-9.]*\).*/\1/p"; }
 
-# bench MODEL PROMPT DECODE [extra flags...] -> "prefill_tok_s decode_tok_s"
-bench() {
-    m=$1; p=$2; n=$3; shift 3
-    line=$($SKV bench -m "$m" -t $T --prompt-tokens "$p" -n "$n" --repeat 2 "$@")
+ratio() { awk -v a="$1" -v b="$2" 'BEGIN { if (a ~ /^[0-9.]+$/ && b ~ /^[0-9.]+$/ && b + 0 > 0) printf "%.2fx", a / b; else printf "-" }'; }
+
+# minmed V... -> "min median" of the numbers among V ("-" when none)
+minmed() {
+    printf '%s\n' "$@" | grep -E '^[0-9.]+$' | sort -g | awk '{ v[NR] = $1 }
+        END { if (!NR) { print "- -"; exit }
+              m = NR % 2 ? v[(NR + 1) / 2] : (v[NR / 2] + v[NR / 2 + 1]) / 2; printf "%.1f %.1f\n", v[1], m }'
+}
+
+# llama MODEL PROMPT GEN DEPTH -> llama-bench's best tokens/s over flash
+# attention off and on (avg_ts, read by column name); "-" when it failed.
+llama() {
+    "$LLAMA_BENCH" -m "$1" -p "$2" -n "$3" -d "$4" -t $T -r 1 -fa 0,1 -o csv 2>/dev/null | awk -F, '
+        NR == 1 { for (i = 1; i <= NF; i++) { h = $i; gsub(/"/, "", h); if (h == "avg_ts") c = i } next }
+        c { v = $c; gsub(/"/, "", v); if (v + 0 > best) best = v + 0 }
+        END { if (best > 0) printf "%.2f\n", best; else print "-" }'
+}
+
+# skv_run MODEL PROMPT DECODE -> "prefill_tok_s decode_tok_s" of one run
+skv_run() {
+    line=$($SKV bench -m "$1" -t $T --prompt-tokens "$2" -n "$3" -c $(($2 + $3 + 8)))
     echo "$(echo "$line" | field prefill_tok_s) $(echo "$line" | field decode_tok_s)"
 }
 
-ratio() { awk -v a="$1" -v b="$2" 'BEGIN { if (b ~ /^[0-9.]+$/ && b + 0 > 0) printf "%.2fx", a / b; else printf "-" }'; }
-
-row() { # label ours ref
-    printf '%-44s %12s %12s %8s\n' "$1" "$2" "$3" "$(ratio "$2" "$3")"
+RESULTS=$OUT/ratios.txt
+: >"$RESULTS"
+# engine_case LABEL MODEL: pp512, pp4096, tg128 and tg32 after a 4096-token
+# prompt, ROUNDS rounds, skv then llama.cpp in each.
+engine_case() {
+    label=$1; m=$2
+    s512=""; s4k=""; sdec=""; stg=""; l512=""; l4k=""; ldec=""; ltg=""
+    r=0
+    while [ $r -lt "$ROUNDS" ]; do
+        set -- $(skv_run "$m" 512 0);   s512="$s512 $1"
+        set -- $(skv_run "$m" 4096 32); s4k="$s4k $1"; sdec="$sdec $2"
+        set -- $(skv_run "$m" 1 128);   stg="$stg $2"
+        if [ -n "$LLAMA_BENCH" ]; then
+            l512="$l512 $(llama "$m" 512 0 0)"
+            l4k="$l4k $(llama "$m" 4096 0 0)"
+            ldec="$ldec $(llama "$m" 0 32 4096)"
+            ltg="$ltg $(llama "$m" 0 128 0)"
+        fi
+        r=$((r + 1))
+    done
+    row "$label pp512" "$s512" "$l512" "1.0x"
+    row "$label pp4096" "$s4k" "$l4k" "1.0x"
+    row "$label tg128" "$stg" "$ltg" "1.2x"
+    row "$label tg32 after a 4K prompt" "$sdec" "$ldec" "1.2x"
 }
 
-# llama MODEL PROMPT GEN -> llama-bench's tokens/s for that test ("not run"
-# without LLAMA_BENCH). Its CSV output is read by column name (avg_ts).
-llama() {
-    if [ -z "${LLAMA_BENCH:-}" ] || [ ! -x "$LLAMA_BENCH" ]; then echo "not run"; return; fi
-    "$LLAMA_BENCH" -m "$1" -p "$2" -n "$3" -t $T -r 3 -o csv 2>/dev/null | awk -F, '
-        NR == 1 { for (i = 1; i <= NF; i++) { h = $i; gsub(/"/, "", h); if (h == "avg_ts") c = i } next }
-        c { v = $c; gsub(/"/, "", v); print v; exit }' | grep . || echo "failed"
+# row LABEL SKV_VALUES LLAMA_VALUES TARGET: prints and records one line.
+row() {
+    set -- "$1" "$(minmed $2)" "$(minmed ${3:-})" "$4"
+    sm=${2#* }; lm=${3#* }
+    [ -n "$LLAMA_BENCH" ] || lm="not run"
+    line=$(printf '%-40s %9s %9s %9s %9s %8s %7s' "$1" "${2% *}" "$sm" "${3% *}" "$lm" "$(ratio "$sm" "$lm")" "$4")
+    echo "$line"
+    echo "$line" >>"$RESULTS"
 }
 
-echo "== engine: prefill and decode tok/s, $T threads (ratio = skv / llama.cpp, both run now) =="
-[ -n "${LLAMA_BENCH:-}" ] || echo "(llama.cpp: not run; set LLAMA_BENCH=/path/to/llama-bench to measure it beside skv)"
-printf '%-44s %12s %12s %8s\n' "case" "skv" "llama.cpp" "ratio"
-if [ -f "$SHARED/models/mini-smollm-f32.gguf" ]; then
-    set -- $(bench "$SHARED/models/mini-smollm-f32.gguf" 512 128)
-    M="$SHARED/models/mini-smollm-f32.gguf"
-    row "mini-smollm-f32 prefill pp512" "$1" "$(llama "$M" 512 0)"
-    row "mini-smollm-f32 decode tg128" "$2" "$(llama "$M" 0 128)"
+HEAD=$(printf '%-40s %9s %9s %9s %9s %8s %7s' "case (tok/s, $T threads, $ROUNDS rounds)" "skv min" "median" \
+    "llama min" "median" "ratio" "target")
+echo "== engine: skv and llama.cpp interleaved on the same files; ratio = skv median / llama.cpp median =="
+if [ -n "$LLAMA_BENCH" ]; then
+    echo "llama.cpp: $LLAMA_BENCH ($(cat build/ref/commit 2>/dev/null || echo "commit unknown"); best of flash attention off/on per round)"
 else
-    echo "(skipped mini-smollm-f32: $SHARED/models missing)"
+    echo "llama.cpp: not run (make bench-ref builds it from the pinned source; or set LLAMA_BENCH=/path/to/llama-bench)"
 fi
+echo "$HEAD"
 if [ -f "$SHARED/configs/smollm2-135m.config.json" ]; then
-    F32=$(synth f32); F16=$(synth f16); Q8=$(synth q8_0)
-    set -- $(bench "$F32" 512 64);  row "SmolLM2-135M f32 prefill pp512" "$1" "$(llama "$F32" 512 0)"
-                                    row "SmolLM2-135M f32 decode tg64" "$2" "$(llama "$F32" 0 64)"
-    set -- $(bench "$F16" 16 64);   row "SmolLM2-135M f16 decode tg64" "$2" "$(llama "$F16" 0 64)"
-    set -- $(bench "$Q8" 512 64);   row "SmolLM2-135M q8_0 prefill pp512" "$1" "$(llama "$Q8" 512 0)"
-                                    row "SmolLM2-135M q8_0 decode tg64" "$2" "$(llama "$Q8" 0 64)"
-    set -- $(bench "$F32" 4096 32); row "SmolLM2-135M f32 prefill pp4096" "$1" "$(llama "$F32" 4096 0)"
-                                    row "SmolLM2-135M f32 decode after a 4K prompt" "$2" "n/a"
-    set -- $(bench "$Q8" 4096 32);  row "SmolLM2-135M q8_0 decode after a 4K prompt" "$2" "n/a"
+    engine_case "SmolLM2-135M f32" "$(synth f32)"
+    engine_case "SmolLM2-135M q8_0" "$(synth q8_0)"
+    engine_case "Llama-3.1-8B 2 layers q8_0" "$(synth q8_0 llama-3.1-8b 2)"
 else
-    echo "(skipped SmolLM2-135M: $SHARED/configs missing)"
+    echo "(skipped: $SHARED/configs missing)"
 fi
 
 # bench_line MODEL PROMPT DECODE [flags] -> the raw `skv bench` line
@@ -85,7 +124,17 @@ if [ -f "$SHARED/configs/smollm2-135m.config.json" ]; then
         s=$(echo "$sline" | field decode_ms)
         pc=$(echo "$sline" | field compress_pct)
         printf '%-8s %14s %14s %8s %22s\n' "$ctx" "$d" "$s" "$(ratio "$d" "$s")" "$pc"
+        [ $ctx -ne 4096 ] || pc4k=$pc
+        [ $ctx -ne 16384 ] || s16k=$s
     done
+    # Sparse attention should make decode speed nearly independent of the
+    # context: ShadowKV at 16K against skv's own dense decode at 512.
+    d512=$(bench_line "$F32" 512 16 | field decode_ms)
+    line=$(printf '%-40s %9s %9s %9s %9s %8s %7s' "ShadowKV tg at 16K / dense tg at 512" "-" "${s16k}ms" "-" \
+        "${d512}ms" "$(ratio "$d512" "$s16k")" "0.8x")
+    echo "$line"; echo "$line" >>"$RESULTS"
+    line=$(printf '%-40s %9s %9s %9s %9s %8s %7s' "ShadowKV setup, % of a 4K prefill" "-" "$pc4k%" "-" "-" "-" "<=5%")
+    echo "$line"; echo "$line" >>"$RESULTS"
 fi
 
 # The six policies side by side at one budget (256 tokens attended per KV
@@ -131,3 +180,8 @@ if [ -x build-noprobes/skv ] && [ -f "$SHARED/models/mini-smollm-f32.gguf" ]; th
     done
     awk -v on="$best_on" -v off="$best_off" 'BEGIN { printf "mini-smollm-f32 shadowkv decode: %.1f tok/s with probe points, %.1f without: overhead %.2f%%\n", on, off, (off - on) / off * 100 }'
 fi
+
+echo
+echo "== the targets (docs/PERFORMANCE.md): every ratio measured above, in this run =="
+echo "$HEAD"
+cat "$RESULTS"

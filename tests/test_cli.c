@@ -191,6 +191,21 @@ int main(void) {
     snprintf(args, sizeof args, "run -m %s -p hi -n 4", good);
     rc = run(args, out, sizeof out);
     test_cond("a good run exits 0", rc == 0);
+    /* --offload-file never overwrites: an existing file is refused and kept */
+    char keep[600];
+    snprintf(keep, sizeof keep, "%s/mine.bin", dir);
+    FILE *kf = fopen(keep, "w");
+    if (kf) { fputs("user data", kf); fclose(kf); }
+    snprintf(args, sizeof args, "run -m %s -p \"Once upon a time there was a girl\" -n 2 --kv shadowkv --rank 4 "
+             "--budget 8 --outliers 0 --local 1 --offload-file %s", good, keep);
+    expect_error("--offload-file on an existing file", args, "will not overwrite");
+    char back[32] = "";
+    kf = fopen(keep, "r");
+    if (kf) { if (!fgets(back, sizeof back, kf)) back[0] = 0; fclose(kf); }
+    test_cond("--offload-file: the existing file is left as it was", !strcmp(back, "user data"));
+    unlink(keep);
+    snprintf(args, sizeof args, "bench -m %s --trace %s/t.skvt", good, dir);
+    expect_error("bench --trace (bench records none)", args, "records no trace");
     rmdir(dir);
     return test_report("test_cli");
 }

@@ -19,6 +19,10 @@
 #include "testhelp.h"
 
 #include <stdint.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <unistd.h>
 
 static uint64_t rng_state = 0x2545f4914f6cdd1dull;
 
@@ -237,8 +241,36 @@ static void test_policy(void) {
     rng_state = seed;
     c = new_sk(&o, bus);
     R = run_pair(c, s, steps);             /* staged pipeline, one span per stage */
-    test_cond("small config: the staged (span probes) and fused pipelines give identical outputs",
+    test_cond("small config: with and without span probes, identical outputs",
               R0.rc == 0 && R.checksum == R0.checksum && R.max_decode == R0.max_decode);
+    /* The fetch stream: after the rebuild (overlap=0), beside it on a team
+     * thread (1, the default) or on a thread of its own (2); and the file
+     * tier (--offload-file). Fetches copy the same bytes: same outputs. */
+    char dir[] = "/tmp/skv-offload-XXXXXX";
+    int have_dir = mkdtemp(dir) != NULL;
+    for (int mode = 0; mode < 4; mode++) {
+        kv_opts_set_num(&o, "overlap", mode < 3 ? mode : 2);
+        if (mode == 3) snprintf(o.offload_file, sizeof o.offload_file, "%s/values.bin", dir);
+        rng_state = seed;
+        kv_cache *cm = new_sk(&o, NULL);
+        run_result Rm = cm ? run_pair(cm, s, steps) : (run_result){ .rc = -1 };
+        kv_shadowkv_stats sm = { 0 };
+        if (cm) kv_shadowkv_stats_get(cm, &sm);
+        snprintf(msg, sizeof msg, "fetch stream %s: identical outputs, fetch and equivalent bandwidth measured, tier %d",
+                 mode == 0 ? "after the rebuild" : mode == 1 ? "on a team thread" : mode == 2 ? "on its own thread"
+                                                                                   : "on its own thread, file tier",
+                 sm.file_tier);
+        test_cond(msg, Rm.rc == 0 && Rm.checksum == R0.checksum && Rm.max_decode == R0.max_decode &&
+                           sm.fetch_seconds > 0 && sm.attn_seconds > 0 && sm.dense_bytes > 0 &&
+                           sm.file_tier == (mode == 3) && sm.overlap == (mode >= 2));
+        if (mode == 3)
+            test_cond("file tier: the offload file is unlinked once mapped", access(o.offload_file, F_OK) != 0);
+        kv_free(cm);
+    }
+    test_cond("file tier: a temp folder", have_dir);
+    o.offload_file[0] = 0;
+    kv_opts_set_num(&o, "overlap", 1);
+    if (have_dir) rmdir(dir);
     kv_shadowkv_stats_get(c, &st);
     /* 300 tokens: 37 full chunks + 4-token tail; local chunks 35, 36; 3 outliers; 32 candidates; k = 6. */
     test_cond("small config runs", R.rc == 0 && R.max_prefill <= 1e-5);

@@ -9,6 +9,10 @@
 
 #include <float.h>
 #include <stdint.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <unistd.h>
 
 static uint64_t rng_state = 0x9e3779b97f4a7c15ull;
 
@@ -91,6 +95,43 @@ done:
     return err;
 }
 
+/* The Gram route against the full SVD on the same K at rank r: the error
+ * it reports is its own residual, within 1e-4 + 1% of the full SVD's
+ * optimum; the top r singular values agree; U is orthonormal where σ_j is
+ * above 1e-3·σ₁; SVt = diag(sv)·Vt. */
+static void gram_check(const char *what, const float *K, int s, int n, int r) {
+    int m = s < n ? s : n;
+    float *U = malloc(sizeof(float) * s * r), *SVt = malloc(sizeof(float) * r * n), *Vt = malloc(sizeof(float) * r * n);
+    float *U2 = malloc(sizeof(float) * s * r), *SVt2 = malloc(sizeof(float) * r * n);
+    float *sv = malloc(sizeof(float) * m), *sv2 = malloc(sizeof(float) * m), err = -1, err2 = -1;
+    char msg[256];
+    int rc = shadowkv_svd_gram(K, s, n, r, U, SVt, Vt, sv, &err);
+    int rc2 = shadowkv_svd(K, s, n, r, U2, SVt2, NULL, sv2, &err2);
+    snprintf(msg, sizeof msg, "gram svd %s (%dx%d, rank %d) succeeds", what, s, n, r);
+    test_cond(msg, rc == 0 && rc2 == 0);
+    if (rc || rc2) goto done;
+    double de = direct_err(K, U, SVt, s, n, r), svd_diff = 0, orth = 0, scaled = 0;
+    for (int i = 0; i < r; i++) svd_diff = fmax(svd_diff, fabs(sv[i] - sv2[i]));
+    for (int a = 0; a < r; a++)
+        for (int b = 0; b < r; b++) {
+            if (sv[a] < 1e-3 * sv[0] || sv[b] < 1e-3 * sv[0]) continue;
+            double acc = 0;
+            for (int i = 0; i < s; i++) acc += (double)U[i * r + a] * U[i * r + b];
+            orth = fmax(orth, fabs(acc - (a == b)));
+        }
+    for (int a = 0; a < r; a++)
+        for (int j = 0; j < n; j++) scaled = fmax(scaled, fabs(SVt[a * n + j] - sv[a] * Vt[a * n + j]));
+    snprintf(msg, sizeof msg, "gram svd %s: error %.4g is its residual %.4g; full svd %.4g", what, err, de, err2);
+    test_cond(msg, fabs(err - de) <= 1e-5 + 1e-3 * de && err <= err2 * 1.01 + 1e-4);
+    snprintf(msg, sizeof msg, "gram svd %s: top %d singular values within %.1e of the full svd's (sigma1 %.3g)", what, r,
+             svd_diff, sv2[0]);
+    test_cond(msg, svd_diff <= 1e-4 * sv2[0] + 1e-6);
+    snprintf(msg, sizeof msg, "gram svd %s: U orthonormal (%.1e), SVt = diag(sv)*Vt", what, orth);
+    test_cond(msg, orth < 1e-4 && scaled <= 1e-6 * sv[0]);
+done:
+    free(U); free(SVt); free(Vt); free(U2); free(SVt2); free(sv); free(sv2);
+}
+
 static void test_svd(void) {
     float *K = rnd(200 * 48);
     svd_check("random", K, 200, 48, 10, 1e-5);
@@ -117,6 +158,29 @@ static void test_svd(void) {
     float z[4 * 3] = {0}, U[4], SVt[3], sv[3], err = -1;
     test_cond("svd of a zero matrix reports error 0", shadowkv_svd(z, 4, 3, 1, U, SVt, NULL, sv, &err) == 0 && err == 0);
     test_cond("svd rejects rank > min(s, n)", shadowkv_svd(z, 4, 3, 4, U, SVt, NULL, sv, &err) == SKV_EINVAL);
+
+    /* the Gram route on the same shapes, and the cases its division could break */
+    K = rnd(200 * 48);
+    gram_check("random", K, 200, 48, 10);
+    gram_check("random full rank", K, 200, 48, 48);
+    free(K);
+    K = rnd(20 * 64);
+    gram_check("wide", K, 20, 64, 20);
+    gram_check("wide", K, 20, 64, 7);
+    free(K);
+    K = low_rank(1024, 192, 40, 0.3f);
+    gram_check("smollm2-shaped", K, 1024, 192, 48);
+    free(K);
+    K = low_rank(4096, 192, 48, 0);
+    gram_check("planted rank 48, 4K tokens", K, 4096, 192, 48);
+    gram_check("planted rank 48 at rank 64 (zero singular values)", K, 4096, 192, 64);
+    free(K);
+    err = -1;
+    test_cond("gram svd of a zero matrix reports error 0 and zero factors",
+              shadowkv_svd_gram(z, 4, 3, 1, U, SVt, NULL, sv, &err) == 0 && err == 0 && U[0] == 0 && SVt[0] == 0);
+    test_cond("gram svd rejects rank > min(s, n)", shadowkv_svd_gram(z, 4, 3, 4, U, SVt, NULL, sv, &err) == SKV_EINVAL);
+    z[5] = NAN;
+    test_cond("gram svd refuses NaN keys", shadowkv_svd_gram(z, 4, 3, 1, U, SVt, NULL, sv, &err) == SKV_EINVAL);
 }
 
 /* ---- landmarks, cos-min, outliers --------------------------------------- */
@@ -393,14 +457,20 @@ static void test_cache(void) {
     shadowkv_cache_free(&c);
 }
 
-static void test_store(void) {
+/* One tier of the store: path NULL is host memory, else the file tier. */
+static void test_store_tier(const char *path, const char *tier) {
     shadowkv_store st;
     int rows = 8, cols = 16, stride = 48;
-    test_cond("store init", shadowkv_store_init(&st, 5, rows, cols) == 0);
-    test_cond("store bytes", shadowkv_store_bytes(&st) == 5 * 8 * 16 * sizeof(float));
+    char what[128];
+    snprintf(what, sizeof what, "store (%s): init", tier);
+    test_cond(what, shadowkv_store_init(&st, 5, rows, cols, path) == 0);
+    if (!st.data) return;
+    snprintf(what, sizeof what, "store (%s): bytes", tier);
+    test_cond(what, shadowkv_store_bytes(&st) == 5 * 8 * 16 * sizeof(float));
     float *src = rnd((size_t)5 * rows * stride);
     for (int b = 0; b < 5; b++) shadowkv_store_put(&st, b, src + (size_t)b * rows * stride + 16, stride);
-    test_cond("store: puts are not fetches", st.n_fetch == 0 && st.fetch_bytes == 0);
+    snprintf(what, sizeof what, "store (%s): puts are not fetches", tier);
+    test_cond(what, st.n_fetch == 0 && st.fetch_bytes == 0);
     float dst[8 * 16], dst2[8 * 32];
     shadowkv_store_fetch(&st, 3, dst, cols);
     int ok = 1;
@@ -408,10 +478,37 @@ static void test_store(void) {
     shadowkv_store_fetch(&st, 1, dst2, 32);
     for (int i = 0; i < rows; i++) ok &= !memcmp(dst2 + i * 32, src + (size_t)(1 * rows + i) * stride + 16, sizeof(float) * cols);
     shadowkv_store_fetch(&st, 3, dst, cols);
-    test_cond("store: fetched blocks equal what was put (packed and strided)", ok);
-    test_cond("store: 3 fetches counted, 3 x 512 bytes", st.n_fetch == 3 && st.fetch_bytes == 3 * 512);
+    snprintf(what, sizeof what, "store (%s): fetched blocks equal what was put (packed and strided)", tier);
+    test_cond(what, ok);
+    snprintf(what, sizeof what, "store (%s): 3 fetches counted, 3 x 512 bytes", tier);
+    test_cond(what, st.n_fetch == 3 && st.fetch_bytes == 3 * 512);
     shadowkv_store_free(&st);
     free(src);
+}
+
+static void test_store(void) {
+    test_store_tier(NULL, "host memory");
+    char dir[] = "/tmp/skv-store-XXXXXX";
+    if (!mkdtemp(dir)) { test_cond("store: a temp folder", 0); return; }
+    char path[64];
+    snprintf(path, sizeof path, "%s/values.bin", dir);
+    test_store_tier(path, "file");
+    test_cond("store (file): the file is unlinked once mapped", access(path, F_OK) != 0);
+    /* an existing file is the user's: refused, left as it was */
+    FILE *f = fopen(path, "w");
+    if (f) { fputs("keep me", f); fclose(f); }
+    shadowkv_store st;
+    int rc = shadowkv_store_init(&st, 2, 4, 4, path);
+    char buf[16] = "";
+    f = fopen(path, "r");
+    if (f) { if (!fgets(buf, sizeof buf, f)) buf[0] = 0; fclose(f); }
+    test_cond("store (file): an existing file is refused and kept",
+              rc == SKV_EINVAL && strstr(skv_last_error(), "exists") && !strcmp(buf, "keep me"));
+    unlink(path);
+    snprintf(path, sizeof path, "%s/no/such/dir/v.bin", dir);
+    test_cond("store (file): an unwritable path is a one-line error", shadowkv_store_init(&st, 2, 4, 4, path) == SKV_EIO &&
+                                                                        !strchr(skv_last_error(), '\n'));
+    rmdir(dir);
 }
 
 int main(void) {

@@ -138,6 +138,15 @@ int cli_gen_option(cli_gen *g, int argc, char **argv, int *i) {
     if (!strcmp(a, "--trace")) { TAKES_VALUE(); g->trace = v; return 1; }
     if (!strcmp(a, "--force")) { g->force = 1; return 1; }
     if (!strcmp(a, "--oracle")) { g->s.kv.oracle = 1; return 1; }
+    if (!strcmp(a, "--offload-file")) {
+        TAKES_VALUE();
+        if (!*v || strlen(v) >= sizeof g->s.kv.offload_file) {
+            cli_msg("--offload-file: the path must have 1 to %zu bytes\n", sizeof g->s.kv.offload_file - 1);
+            return -1;
+        }
+        snprintf(g->s.kv.offload_file, sizeof g->s.kv.offload_file, "%s", v);
+        return 1;
+    }
     /* A policy's own flag (--rank 16 is rank=16): applies to the policies
      * that have the option; the others ignore it. */
     for (int p = 0; p < kv_policy_count(); p++) {
@@ -158,7 +167,12 @@ int cli_gen_option(cli_gen *g, int argc, char **argv, int *i) {
     return 0;
 }
 
-void cli_gen_help(FILE *o, int with_sampling) {
+int cli_no_trace(const cli_gen *g, const char *cmd) {
+    if (!g->trace) return 0;
+    return cli_usage_error(cmd, "--trace: skv %s records no trace (skv run --trace records one)", cmd);
+}
+
+void cli_gen_help(FILE *o, int flags) {
     fprintf(o,
             "  -m, --model PATH      GGUF file or HF directory (config.json, *.safetensors, tokenizer.json)\n"
             "  -p, --prompt TEXT     prompt text (special tokens such as <|im_start|> are parsed)\n"
@@ -167,14 +181,20 @@ void cli_gen_help(FILE *o, int with_sampling) {
             "  -b, --batch N         prefill batch size (default 512)\n"
             "  -t, --threads N       worker threads (default: one per physical core, as llama.cpp)\n"
             "      --no-bos          do not add the BOS token\n"
-            "      --backend NAME    where the math runs (default cpu; skv info --backends lists them)\n"
-            "      --trace FILE      record every probe event of the run to FILE (skv trace info FILE)\n"
-            "      --force           replace an existing --trace file (without it, an existing file is refused)\n"
+            "      --backend NAME    where the math runs (default cpu; skv info --backends lists them)\n");
+    if (flags & CLI_HELP_TRACE)
+        fprintf(o,
+                "      --trace FILE      record every probe event of the run to FILE (skv trace info FILE)\n"
+                "      --force           replace an existing --trace file (without it, an existing file is refused)\n");
+    fprintf(o,
             "      --kv POLICY       KV cache policy (default dense); --kv help lists the policies and options;\n"
             "                        a list A,B,... runs them in lockstep on the same tokens (run, inspect)\n"
             "      --kv-opt KEY=VAL  set an option of the policy (checked: the policy must have it)\n"
             "      --budget B        tokens attended per KV head, or B%% of the prompt (default 2048)\n"
-            "      --oracle          exact attention beside the policy (recall, error; diagnostics)\n");
+            "      --oracle          exact attention beside the policy (recall, error; diagnostics)\n"
+            "      --offload-file PATH  shadowkv: keep the offloaded values in a new file at PATH instead of RAM,\n"
+            "                        for contexts larger than memory (an existing PATH is refused; the file is\n"
+            "                        unlinked once mapped, so nothing is left behind)\n");
     /* The policies' own flags, from their option tables; a flag several
      * policies share is listed once with each one's default. */
     for (int p = 0; p < kv_policy_count(); p++) {
@@ -206,7 +226,7 @@ void cli_gen_help(FILE *o, int with_sampling) {
             else fprintf(o, "      %-18s%s (default %s)\n", left, d->help, who);
         }
     }
-    if (with_sampling)
+    if (flags & CLI_HELP_SAMPLING)
         fprintf(o,
                 "  -n, --n-predict N     tokens to generate (default 64)\n"
                 "      --temp T          temperature; 0 = greedy (default 0)\n"

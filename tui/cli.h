@@ -38,8 +38,15 @@ int cli_gen_option(cli_gen *g, int argc, char **argv, int *i);
  * compares policies in skv run and skv inspect) and returns 2. */
 int cli_single_policy(const cli_gen *g, const char *cmd);
 
-/* Prints the generation options' help lines. */
-void cli_gen_help(FILE *o, int with_sampling);
+/* Prints the generation options' help lines; flags: CLI_HELP_SAMPLING adds
+ * the sampling options, CLI_HELP_TRACE the --trace/--force pair (commands
+ * that record one). */
+enum { CLI_HELP_SAMPLING = 1, CLI_HELP_TRACE = 2 };
+void cli_gen_help(FILE *o, int flags);
+
+/* A usage error (returned, 2) when --trace was given to a command that does
+ * not record one; 0 otherwise. */
+int cli_no_trace(const cli_gen *g, const char *cmd);
 
 /* The prompt text from -p or -f (reading the file); NULL with a message printed. */
 const char *cli_prompt_text(cli_gen *g);

@@ -75,7 +75,7 @@ static void inspect_help(FILE *o) {
             "  mouse         click selects a chunk, layer or step; click a tab to switch views\n\n"
             "The terminal must be at least 60x15; colours and Unicode are used when available.\n\n"
             "options:\n");
-    cli_gen_help(o, 1);
+    cli_gen_help(o, CLI_HELP_SAMPLING | CLI_HELP_TRACE);
 }
 
 /* Parses argv into g; returns 0, or the exit status after a message. *n_gen

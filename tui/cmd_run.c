@@ -189,7 +189,7 @@ static int run_compare(cli_gen *g) {
 static void run_help(FILE *o) {
     fprintf(o, "usage: skv run -m MODEL (-p TEXT | -f FILE) [options]\n\n"
                "Generates text after the prompt, streaming it to stdout; speed goes to stderr.\n\n");
-    cli_gen_help(o, 1);
+    cli_gen_help(o, CLI_HELP_SAMPLING | CLI_HELP_TRACE);
 }
 
 int cmd_run(int argc, char **argv) {
@@ -243,7 +243,7 @@ static void logits_help(FILE *o) {
     fprintf(o, "usage: skv logits -m MODEL -p TEXT [--no-bos] [-n 24] --json\n\n"
                "Prints {\"tokens\":[...],\"last_logits\":[...],\"greedy\":[...]}: the prompt's token ids,\n"
                "all logits at its last position and N greedy tokens after it.\n\n");
-    cli_gen_help(o, 0);
+    cli_gen_help(o, CLI_HELP_TRACE);
     fprintf(o, "  -n N                  greedy tokens (default 24)\n"
                "      --json            JSON output (the only format)\n");
 }

@@ -142,6 +142,31 @@ done:
     return rc;
 }
 
+/* The value fetches of a decode step: bytes moved (from the policy's
+ * decode-head events), time on the fetch stream, and the part of that time
+ * a key rebuild of the same layer ran beside it. */
+typedef struct tl_fetch { double bytes, seconds, beside; } tl_fetch;
+
+static tl_fetch fetch_summary(const probe_store *st, int step, const probe_ev_span *sp, int n) {
+    tl_fetch f = { 0, 0, 0 };
+    if (step < 0) return f;
+    for (int l = 0; l < probe_store_n_layers(st); l++)
+        for (int h = 0; h < probe_store_n_kv_heads(st); h++) {
+            const probe_ev_decode_head *d = probe_store_decode(st, step, l, h);
+            if (d) f.bytes += (double)d->fetch_bytes;
+        }
+    for (int i = 0; i < n; i++) {
+        if (sp[i].stream != PROBE_STREAM_FETCH || !sp[i].op || strcmp(sp[i].op, "fetch_v")) continue;
+        f.seconds += sp[i].t1 - sp[i].t0;
+        for (int j = 0; j < n; j++) {
+            if (sp[j].stream != PROBE_STREAM_REBUILD || sp[j].layer != sp[i].layer) continue;
+            double a = fmax(sp[i].t0, sp[j].t0), b = fmin(sp[i].t1, sp[j].t1);
+            if (b > a) f.beside += b - a;
+        }
+    }
+    return f;
+}
+
 /* A bar's layer is kept beside it (paint_bar has no room for it). */
 typedef struct tl_bar { paint_bar b; int layer; } tl_bar;
 
@@ -234,6 +259,19 @@ static int timeline_draw(canvas *c, canvas_rect r, const probe_store *st, const 
     double used = pr->area.y + pr->area.h +
                   (g->cells ? 3 : g->hair + g->tick + 3 * g->pad + lh_s + lh_b + g->em);
     double left = r.y + r.h - used;
+    tl_fetch fx = fetch_summary(st, step, sp, n);
+    if (fx.bytes > 0 && fx.seconds > 0 && left >= (g->cells ? 6 : 9 * lh_b)) {
+        char line[200];
+        snprintf(line, sizeof line, "Fetched %.3g %s of values in %.3g ms (%.3g GB/s); a key rebuild ran beside %.0f%% of it",
+                 fx.bytes >= 1048576 ? fx.bytes / 1048576 : fx.bytes / 1024, fx.bytes >= 1048576 ? "MiB" : "KiB",
+                 fx.seconds * 1e3, fx.bytes / fx.seconds / 1e9, 100 * fx.beside / fx.seconds);
+        view_fit_text(c, CANVAS_FONT_BODY, r.w, line);
+        double tw = canvas_text_width(c, line, CANVAS_FONT_BODY);
+        canvas_text(c, g->cells ? r.x + floor((r.w - tw) / 2) : r.x + r.w / 2, used, line, CANVAS_FONT_BODY,
+                    (g->cells ? CANVAS_LEFT : CANVAS_CENTER) | CANVAS_TOP, th->fg);
+        used += g->cells ? 2 : lh_b + g->em;
+        left = r.y + r.h - used;
+    }
     if (left >= (g->cells ? 5 : 8 * lh_b)) {
         rc = draw_totals(c, (canvas_rect){ r.x, used, r.w, left }, &ops, sp, n, total);
     }
@@ -271,7 +309,9 @@ const view_class view_timeline = {
     .name = "timeline",
     .title = "Timeline",
     .help = "Gantt chart of one step's timed spans per stream (compute, fetch, rebuild), in ms. Spans nest (attention "
-            "holds select, fetch and rebuild), so the table's \"% of step\" column sums past 100",
+            "holds select, fetch and rebuild), so the table's \"% of step\" column sums past 100. A line under "
+            "the chart gives the bytes the step fetched, their bandwidth, and how much of the fetch time a key rebuild "
+            "ran beside it",
     .draw = timeline_draw,
     .move = view_move_layer_step,
     .click = timeline_click,

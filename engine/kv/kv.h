@@ -138,6 +138,9 @@ struct kv_opts {
      * (the "distractors" metric, docs/TRACE.md). */
     int n_watch_more;
     int watch_more[KV_WATCH_MORE][2];
+    /* Non-empty: the offload store lives in a new file at this path, not in
+     * host memory (--offload-file; policies with an offload store). */
+    char offload_file[512];
     int n_set;
     struct {
         char key[24];

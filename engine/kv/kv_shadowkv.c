@@ -31,6 +31,7 @@
 #include "vec.h"
 
 #include <math.h>
+#include <pthread.h>
 #include <stdarg.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -80,8 +81,22 @@ typedef struct {
 
 /* The policy's own options (kv_opt_defs below), read once at creation. */
 typedef struct {
-    int rank, chunk, outliers, local, plus;
+    int rank, chunk, outliers, local, plus, overlap;
 } sk_opts;
+
+/* The fetch stream: a thread of its own that copies the missed chunks'
+ * values out of the offload store (RAM, or a file with --offload-file)
+ * while the compute threads rebuild the missed keys, as ShadowKV's copy
+ * stream overlaps its compute stream on a GPU. One job at a time: a layer. */
+typedef struct {
+    pthread_t th;
+    pthread_mutex_t mu;
+    pthread_cond_t cv;
+    int started, quit;
+    int pending;           /* layer to fetch, -1: idle */
+    double pt0, pt1;       /* probe times of the last job (span) */
+    double seconds;        /* wall time spent fetching, all jobs */
+} sk_fetcher;
 
 typedef struct {
     kv_cache base;
@@ -99,6 +114,11 @@ typedef struct {
     sk_layer *L;           /* (n_layers) */
     sk_scratch *scr;       /* (h) */
     float *proj, *coef;    /* (kvd), (r): ShadowKV+ scratch */
+    sk_fetcher fx;         /* the fetch stream (so.overlap) */
+    int *rb_kh, *rb_m;     /* (h*k) the misses of a layer as (KV head, miss) pairs, for the rebuild */
+    double fetch_seconds;  /* time spent fetching values (either stream) */
+    double attn_seconds;   /* time in decode attention (select, fetch, rebuild, attend), all layers */
+    double dense_bytes;    /* K and V bytes exact attention would have read in those steps */
     int steps;             /* decode steps (layer-0 attends) */
     uint64_t hits, misses;
     uint64_t step_hits, step_misses, step_fetches, step_fetch_bytes;
@@ -308,19 +328,6 @@ static void fetch_head(kv_sk *c, int layer, int kh) {
     shadowkv_store_count(&c->store, S->n_miss);
 }
 
-/* Misses of KV head kh: rebuild K = RoPE(U·ΣVᵀ_kh) at the original positions. */
-static void rebuild_head(kv_sk *c, int layer, int kh) {
-    sk_scratch *S = &c->scr[kh];
-    sk_layer *L = &c->L[layer];
-    sk_head *H = &L->head[kh];
-    int d = c->d, cc = c->c;
-    for (int m = 0; m < S->n_miss; m++) {
-        int i = S->miss[m];
-        c->base.shape.be->rebuild(L->U, c->r, L->SVt + (size_t)kh * c->r * d, d, S->sel_id[i] * cc, cc, c->base.shape.rope,
-                         c->rope_cs, c->rope_sn, H->K + (size_t)(c->row_slot + S->slot_of[i] * cc) * d);
-    }
-}
-
 /* Sparse attention of query head hq over its KV head's rows. */
 static void attend_query_head(kv_sk *c, sk_layer *L, int hq, const float *q, float *out) {
     sk_head *H = &L->head[hq / c->group];
@@ -488,47 +495,163 @@ static void watch_decode(kv_sk *c, int layer, int kh, const float *q, const floa
     probe_emit(c->base.bus, &ev);
 }
 
-/* One layer of a decode step. Without span probes every KV head runs its
- * whole pipeline (select, fetch, rebuild, attend its query heads) in one
- * parallel loop, one barrier per layer; with them the stages run as
- * separate loops so each gets a span on its stream. Results are the same. */
+/* Fetch-stream thread: runs one layer's fetches per job. */
+static void *fetch_main(void *arg) {
+    kv_sk *c = arg;
+    sk_fetcher *f = &c->fx;
+    pthread_mutex_lock(&f->mu);
+    for (;;) {
+        while (f->pending < 0 && !f->quit) pthread_cond_wait(&f->cv, &f->mu);
+        if (f->quit) break;
+        int layer = f->pending;
+        pthread_mutex_unlock(&f->mu);
+        double pt0 = probe_time(c->base.bus), w0 = skv_now();
+        for (int kh = 0; kh < c->h; kh++) fetch_head(c, layer, kh);
+        double w1 = skv_now(), pt1 = probe_time(c->base.bus);
+        pthread_mutex_lock(&f->mu);
+        f->pt0 = pt0;
+        f->pt1 = pt1;
+        f->seconds += w1 - w0;
+        f->pending = -1;
+        pthread_cond_broadcast(&f->cv);
+    }
+    pthread_mutex_unlock(&f->mu);
+    return NULL;
+}
+
+static int fetcher_start(kv_sk *c) {
+    sk_fetcher *f = &c->fx;
+    f->pending = -1;
+    if (pthread_mutex_init(&f->mu, NULL)) return skv_error(SKV_ENOMEM, "shadowkv: cannot make the fetch stream's lock");
+    if (pthread_cond_init(&f->cv, NULL)) {
+        pthread_mutex_destroy(&f->mu);
+        return skv_error(SKV_ENOMEM, "shadowkv: cannot make the fetch stream's condition");
+    }
+    if (pthread_create(&f->th, NULL, fetch_main, c)) {
+        pthread_cond_destroy(&f->cv);
+        pthread_mutex_destroy(&f->mu);
+        return skv_error(SKV_ENOMEM, "shadowkv: cannot start the fetch stream's thread");
+    }
+    f->started = 1;
+    return 0;
+}
+
+static void fetcher_stop(kv_sk *c) {
+    sk_fetcher *f = &c->fx;
+    if (!f->started) return;
+    pthread_mutex_lock(&f->mu);
+    f->quit = 1;
+    pthread_cond_broadcast(&f->cv);
+    pthread_mutex_unlock(&f->mu);
+    pthread_join(f->th, NULL);
+    pthread_cond_destroy(&f->cv);
+    pthread_mutex_destroy(&f->mu);
+    f->started = 0;
+}
+
+static void fetcher_post(kv_sk *c, int layer) {
+    sk_fetcher *f = &c->fx;
+    pthread_mutex_lock(&f->mu);
+    f->pending = layer;
+    pthread_cond_broadcast(&f->cv);
+    pthread_mutex_unlock(&f->mu);
+}
+
+static void fetcher_wait(kv_sk *c) {
+    sk_fetcher *f = &c->fx;
+    pthread_mutex_lock(&f->mu);
+    while (f->pending >= 0) pthread_cond_wait(&f->cv, &f->mu);
+    pthread_mutex_unlock(&f->mu);
+}
+
+/* Rebuilds the key rows of miss m of KV head kh. */
+static void rebuild_one(kv_sk *c, sk_layer *L, int kh, int m) {
+    sk_scratch *S = &c->scr[kh];
+    sk_head *H = &L->head[kh];
+    int d = c->d, cc = c->c, i = S->miss[m];
+    c->base.shape.be->rebuild(L->U, c->r, L->SVt + (size_t)kh * c->r * d, d, S->sel_id[i] * cc, cc,
+                              c->base.shape.rope, c->rope_cs, c->rope_sn,
+                              H->K + (size_t)(c->row_slot + S->slot_of[i] * cc) * d);
+}
+
+/* One layer of a decode step, in one parallel region: select per KV head;
+ * then the missed values are fetched while the missed keys are rebuilt,
+ * (KV head, chunk) pairs spread over the threads. With so.overlap the fetch
+ * runs on the fetch stream's own thread, at the same time as the rebuild;
+ * without it, before the rebuild on the compute threads. Then exact
+ * attention per query head. Span probes time each stage on its stream. */
 static int decode_layer(kv_sk *c, int layer, const float *q, float *out) {
     sk_layer *L = &c->L[layer];
     int h = c->h, nh = c->base.shape.n_heads, sel = c->n_cand > 0;
+    int spans = probe_wants(c->base.bus, PROBE_SPAN), overlap = sel && c->fx.started;
     if (layer == 0) {
         c->steps++;
         c->step_hits = c->step_misses = c->step_fetches = c->step_fetch_bytes = 0;
     }
-    if (!probe_wants(c->base.bus, PROBE_SPAN)) {
-        #pragma omp parallel for schedule(dynamic, 1) if (h > 1)
-        for (int kh = 0; kh < h; kh++) {
-            if (sel) {
-                select_head(c, L, kh, q);
-                fetch_head(c, layer, kh);
-                rebuild_head(c, layer, kh);
-            }
-            for (int g = 0; g < c->group; g++) attend_query_head(c, L, kh * c->group + g, q, out);
-        }
-    } else {
-        double t0 = probe_time(c->base.bus);
+    /* probe times: start, select done, fetch done (without overlap), rebuild done */
+    double w0 = skv_now(), t0 = probe_time(c->base.bus), ts = t0, tf = t0, tr = t0, f0 = 0;
+    int nrb = 0;
+    #pragma omp parallel if (nh > 1)
+    {
         if (sel) {
-            #pragma omp parallel for schedule(static) if (h > 1)
+            #pragma omp for schedule(static)
             for (int kh = 0; kh < h; kh++) select_head(c, L, kh, q);
-            span(c, PROBE_STREAM_COMPUTE, "select", layer, t0);
-            t0 = probe_time(c->base.bus);
-            #pragma omp parallel for schedule(static) if (h > 1)
-            for (int kh = 0; kh < h; kh++) fetch_head(c, layer, kh);
-            span(c, PROBE_STREAM_FETCH, "fetch_v", layer, t0);
-            t0 = probe_time(c->base.bus);
-            #pragma omp parallel for schedule(static) if (h > 1)
-            for (int kh = 0; kh < h; kh++) rebuild_head(c, layer, kh);
-            span(c, PROBE_STREAM_REBUILD, "rebuild_k", layer, t0);
-            t0 = probe_time(c->base.bus);
+            #pragma omp single
+            {
+                if (overlap) fetcher_post(c, layer);
+                for (int kh = 0; kh < h; kh++)
+                    for (int m = 0; m < c->scr[kh].n_miss; m++) {
+                        c->rb_kh[nrb] = kh;
+                        c->rb_m[nrb++] = m;
+                    }
+                tf = ts = probe_time(c->base.bus);
+                f0 = skv_now();
+            }
+            if (!overlap && c->so.overlap == 1) {
+                /* one thread of the team is the fetch stream; the others
+                 * start the rebuild, and it joins them when done */
+                #pragma omp single nowait
+                {
+                    c->fx.pt0 = probe_time(c->base.bus);
+                    double w = skv_now();
+                    for (int kh = 0; kh < h; kh++) fetch_head(c, layer, kh);
+                    c->fetch_seconds += skv_now() - w;
+                    c->fx.pt1 = probe_time(c->base.bus);
+                }
+            } else if (!overlap) {
+                #pragma omp for schedule(static)
+                for (int kh = 0; kh < h; kh++) fetch_head(c, layer, kh);
+                #pragma omp single
+                {
+                    c->fetch_seconds += skv_now() - f0;
+                    tf = probe_time(c->base.bus);
+                }
+            }
+            #pragma omp for schedule(dynamic, 2)
+            for (int i = 0; i < nrb; i++) rebuild_one(c, L, c->rb_kh[i], c->rb_m[i]);
+            #pragma omp single
+            {
+                tr = probe_time(c->base.bus);
+                if (overlap) {
+                    fetcher_wait(c);
+                    c->fetch_seconds = c->fx.seconds;
+                }
+                if (spans) {
+                    probe_emit_span(c->base.bus, PROBE_STREAM_COMPUTE, "select", layer, c->base.step, t0, ts);
+                    int own = overlap || c->so.overlap == 1;
+                    probe_emit_span(c->base.bus, PROBE_STREAM_FETCH, "fetch_v", layer, c->base.step,
+                                    own ? c->fx.pt0 : ts, own ? c->fx.pt1 : tf);
+                    probe_emit_span(c->base.bus, PROBE_STREAM_REBUILD, "rebuild_k", layer, c->base.step, tf, tr);
+                }
+                tr = probe_time(c->base.bus);
+            }
         }
-        #pragma omp parallel for schedule(static) if (nh > 1)
+        #pragma omp for schedule(static)
         for (int hq = 0; hq < nh; hq++) attend_query_head(c, L, hq, q, out);
-        span(c, PROBE_STREAM_COMPUTE, "sparse_attn", layer, t0);
     }
+    if (spans) span(c, PROBE_STREAM_COMPUTE, "sparse_attn", layer, tr);
+    c->attn_seconds += skv_now() - w0;
+    c->dense_bytes += 2.0 * (c->s + L->n_gen) * c->kvd * sizeof(float);
     if (sel)
         for (int kh = 0; kh < h; kh++) {
             uint64_t nm = (uint64_t)c->scr[kh].n_miss, hit = (uint64_t)c->k - nm;
@@ -596,8 +719,6 @@ static int sk_attend(kv_cache *base, int layer, int pos, int n, const float *q, 
 
 /* Prefill-time work buffers shared by the layers. */
 typedef struct {
-    float *sv;             /* (min(s, kvd)) singular values */
-    float *svt;            /* (r, kvd) Σ·Vᵀ before the per-head split */
     float *lm;             /* (h, n_chunks, d) landmarks of every full chunk */
     float *cm;             /* (h, n_chunks) cosine minima */
     float *tmp;            /* (n_chunks) */
@@ -621,30 +742,51 @@ static int alloc_head(kv_sk *c, sk_head *H) {
 }
 
 /* SVD, landmarks, cosine minima, outliers and offload of one layer. */
-static int build_layer(kv_sk *c, int layer, sk_build *B) {
+/* The SVD of one layer's pre-RoPE keys (U, Σ·Vᵀ split per KV head), the
+ * watched span's key error, then the pre-RoPE keys freed. sv (min(s, kvd))
+ * gets the spectrum, t (2) the probe times around it. Layers are
+ * independent: sk_end_prefill runs them in parallel. */
+static int svd_layer(kv_sk *c, int layer, float *sv, double *t) {
     sk_layer *L = &c->L[layer];
-    probe_bus *bus = c->base.bus;
-    int s = c->s, h = c->h, d = c->d, kvd = c->kvd, r = c->r, cc = c->c, nch = c->n_chunks;
-    int spans = probe_wants(bus, PROBE_SPAN);
-    double t[6];
-    t[0] = skv_now();
-    double p0 = spans ? probe_time(bus) : 0;
+    int s = c->s, h = c->h, d = c->d, kvd = c->kvd, r = c->r;
+    t[0] = probe_time(c->base.bus);
     L->U = skv_malloc(sizeof(float) * (size_t)s * r);
     L->SVt = skv_malloc(sizeof(float) * (size_t)r * kvd);
+    float *svt = skv_malloc(sizeof(float) * (size_t)r * kvd);
     if (c->so.plus) L->Vt = skv_malloc(sizeof(float) * (size_t)r * kvd);
-    if (!L->U || !L->SVt || (c->so.plus && !L->Vt))
+    if (!L->U || !L->SVt || !svt || (c->so.plus && !L->Vt)) {
+        free(svt);
         return skv_error(SKV_ENOMEM, "shadowkv: out of memory for the rank-%d factors of layer %d", r, layer);
-    const skv_backend *be = c->base.shape.be;
-    int rc = be->svd(L->kpre, s, kvd, r, L->U, B->svt, L->Vt, B->sv, &L->rel_err);
-    if (rc) return skv_error(rc, "shadowkv: layer %d: %s", layer, skv_last_error());
+    }
+    int rc = c->base.shape.be->svd(L->kpre, s, kvd, r, L->U, svt, L->Vt, sv, &L->rel_err);
+    if (rc) {
+        free(svt);
+        return skv_error(rc, "shadowkv: layer %d: %s", layer, skv_last_error());
+    }
     for (int kh = 0; kh < h; kh++)
         for (int j = 0; j < r; j++)
-            memcpy(L->SVt + ((size_t)kh * r + j) * d, B->svt + (size_t)j * kvd + (size_t)kh * d, sizeof(float) * d);
+            memcpy(L->SVt + ((size_t)kh * r + j) * d, svt + (size_t)j * kvd + (size_t)kh * d, sizeof(float) * d);
+    free(svt);
     if (c->nw) watch_key_err(c, L, layer);
     free(L->kpre);
     L->kpre = NULL;
+    t[1] = probe_time(c->base.bus);
+    return 0;
+}
+
+/* Landmarks, cosine minima, outliers and offload of one layer, after its
+ * SVD (sv its spectrum, t_svd its probe times and wall seconds). */
+static int build_layer(kv_sk *c, int layer, sk_build *B, const float *sv, const double *t_svd, double svd_seconds) {
+    sk_layer *L = &c->L[layer];
+    probe_bus *bus = c->base.bus;
+    int s = c->s, h = c->h, d = c->d, kvd = c->kvd, r = c->r, cc = c->c, nch = c->n_chunks;
+    int spans = probe_wants(bus, PROBE_SPAN), rc = 0;
+    const skv_backend *be = c->base.shape.be;
+    double t[6];
     t[1] = skv_now();
-    if (spans) span(c, PROBE_STREAM_COMPUTE, "svd", layer, p0), p0 = probe_time(bus);
+    t[0] = t[1] - svd_seconds;
+    if (spans) probe_emit_span(bus, PROBE_STREAM_COMPUTE, "svd", layer, c->base.step, t_svd[0], t_svd[1]);
+    double p0 = spans ? probe_time(bus) : 0;
 
     for (int kh = 0; kh < h; kh++)
         be->landmarks(L->k + (size_t)kh * d, kvd, d, cc, nch, B->lm + (size_t)kh * nch * d);
@@ -711,7 +853,7 @@ static int build_layer(kv_sk *c, int layer, sk_build *B) {
             .prefill_layer = {
                 .layer = layer, .seq_len = s, .rank = r, .n_sv = s < kvd ? s : kvd, .rel_err = L->rel_err,
                 .t_svd = t[1] - t[0], .t_landmarks = t[2] - t[1], .t_cosmin = t[3] - t[2],
-                .t_outliers = t[4] - t[3], .t_offload = t[5] - t[4], .sv = B->sv,
+                .t_outliers = t[4] - t[3], .t_offload = t[5] - t[4], .sv = sv,
             },
         };
         probe_emit(bus, &ev);
@@ -733,8 +875,10 @@ static int build_layer(kv_sk *c, int layer, sk_build *B) {
 
 static int alloc_scratch(kv_sk *c) {
     c->scr = skv_calloc((size_t)c->h, sizeof(sk_scratch));
-    if (!c->scr) return skv_error(SKV_ENOMEM, "out of memory");
     size_t nc = (size_t)c->n_cand, k = (size_t)c->k, nch = (size_t)c->n_chunks;
+    c->rb_kh = skv_malloc(sizeof(int) * (size_t)c->h * (k ? k : 1));
+    c->rb_m = skv_malloc(sizeof(int) * (size_t)c->h * (k ? k : 1));
+    if (!c->scr || !c->rb_kh || !c->rb_m) return skv_error(SKV_ENOMEM, "out of memory");
     for (int kh = 0; kh < c->h; kh++) {
         sk_scratch *S = &c->scr[kh];
         S->score = skv_malloc(sizeof(float) * nc);
@@ -838,21 +982,41 @@ static int sk_end_prefill(kv_cache *base) {
     c->coef = skv_malloc(sizeof(float) * (size_t)c->r);
     if (!c->rope_cs || !c->rope_sn || !c->proj || !c->coef) return skv_error(SKV_ENOMEM, "out of memory");
     shadowkv_rope_table(sh->rope, s, c->rope_cs, c->rope_sn);
-    if ((rc = shadowkv_store_init(&c->store, sh->n_layers * c->h * c->n_cand, c->c, c->d))) return rc;
+    if ((rc = shadowkv_store_init(&c->store, sh->n_layers * c->h * c->n_cand, c->c, c->d, c->o.offload_file))) return rc;
     if ((rc = alloc_scratch(c))) return rc;
     if ((rc = watch_init(c))) return rc;
+    if (c->so.overlap == 2 && c->n_cand > 0 && c->k > 0 && (rc = fetcher_start(c))) return rc;
 
     sk_build B = {0};
-    int nch = c->n_chunks ? c->n_chunks : 1;
-    B.sv = skv_malloc(sizeof(float) * (size_t)max_r);
-    B.svt = skv_malloc(sizeof(float) * (size_t)c->r * c->kvd);
+    int nch = c->n_chunks ? c->n_chunks : 1, nl = sh->n_layers;
+    float *sv = skv_malloc(sizeof(float) * (size_t)nl * max_r);
+    double *t_svd = skv_malloc(sizeof(double) * 3 * (size_t)nl);
+    int *rcs = skv_calloc((size_t)nl, sizeof(int));
     B.lm = skv_malloc(sizeof(float) * (size_t)c->h * nch * c->d);
     B.cm = skv_malloc(sizeof(float) * (size_t)c->h * nch);
     B.tmp = skv_malloc(sizeof(float) * (size_t)nch);
     B.outl = skv_malloc(sizeof(int) * (size_t)nch);
-    if (!B.sv || !B.svt || !B.lm || !B.cm || !B.tmp || !B.outl) rc = skv_error(SKV_ENOMEM, "out of memory");
-    for (int l = 0; !rc && l < sh->n_layers; l++) rc = build_layer(c, l, &B);
-    free(B.sv); free(B.svt); free(B.lm); free(B.cm); free(B.tmp); free(B.outl);
+    if (!sv || !t_svd || !rcs || !B.lm || !B.cm || !B.tmp || !B.outl) rc = skv_error(SKV_ENOMEM, "out of memory");
+    /* The SVDs first, one layer per thread (each single-threaded BLAS);
+     * errors are thread-local, so each layer keeps its message, and the
+     * first failing layer's is reported. */
+    char (*msg)[256] = rc ? NULL : skv_calloc((size_t)nl, sizeof *msg);
+    if (!rc && !msg) rc = skv_error(SKV_ENOMEM, "out of memory");
+    if (!rc) {
+        #pragma omp parallel for schedule(dynamic, 1)
+        for (int l = 0; l < nl; l++) {
+            double w = skv_now();
+            rcs[l] = svd_layer(c, l, sv + (size_t)l * max_r, t_svd + 3 * (size_t)l);
+            t_svd[3 * (size_t)l + 2] = skv_now() - w;
+            if (rcs[l]) snprintf(msg[l], sizeof msg[l], "%s", skv_last_error());
+        }
+        for (int l = 0; l < nl && !rc; l++)
+            if (rcs[l]) rc = skv_error(rcs[l], "%s", msg[l]);
+    }
+    free(msg);
+    for (int l = 0; !rc && l < nl; l++)
+        rc = build_layer(c, l, &B, sv + (size_t)l * max_r, t_svd + 3 * (size_t)l, t_svd[3 * (size_t)l + 2]);
+    free(sv); free(t_svd); free(rcs); free(B.lm); free(B.cm); free(B.tmp); free(B.outl);
     if (rc) return rc;
     c->prefilled = 1;
     if (c->nw && probe_wants(base->bus, PROBE_NEEDLE))
@@ -929,6 +1093,11 @@ int kv_shadowkv_stats_get(const kv_cache *base, kv_shadowkv_stats *st) {
     st->step_misses = c->step_misses;
     st->step_fetches = c->step_fetches;
     st->step_fetch_bytes = c->step_fetch_bytes;
+    st->fetch_seconds = c->fetch_seconds;
+    st->attn_seconds = c->attn_seconds;
+    st->dense_bytes = c->dense_bytes;
+    st->file_tier = c->store.mapped;
+    st->overlap = c->fx.started;
     double sum = 0;
     for (int l = 0; l < base->shape.n_layers; l++) {
         sum += c->L[l].rel_err;
@@ -952,6 +1121,8 @@ float kv_shadowkv_rel_err(const kv_cache *base, int layer) {
 
 static void sk_free(kv_cache *base) {
     kv_sk *c = (kv_sk *)base;
+    fetcher_stop(c);
+    free(c->rb_kh); free(c->rb_m);
     for (int l = 0; c->L && l < base->shape.n_layers; l++) {
         sk_layer *L = &c->L[l];
         free(L->kpre); free(L->k); free(L->v);
@@ -1028,6 +1199,10 @@ static const kv_stat_def sk_stat_defs[] = {
     {"recall_sparse", "%", "oracle: exact attention mass on the whole sparse set (mean)"},
     {"equiv_bw_x", "x", "paper's equivalent bandwidth at the measured hit rate, in units of HBM (HBM/PCIe = 62.5)"},
     {"mem_saving_x", "x", "paper's memory saving over dense"},
+    {"fetch_gbs", "GB/s", "measured: value bytes fetched / wall time of the fetches"},
+    {"equiv_gbs", "GB/s", "measured equivalent bandwidth: K and V bytes exact attention would read / wall time of "
+                          "the sparse decode attention"},
+    {"tier", "", "where the offloaded values live: 0 host memory, 1 a file (--offload-file)"},
 };
 
 static void sk_stats(const kv_cache *base, double *v) {
@@ -1049,6 +1224,8 @@ static void sk_stats(const kv_cache *base, double *v) {
         st.oracle_recall_sel >= 0 ? 100 * st.oracle_recall_sel : NAN,
         st.oracle_recall_sparse >= 0 ? 100 * st.oracle_recall_sparse : NAN,
         st.prefilled ? eq_bw : NAN, st.prefilled ? saving : NAN,
+        st.fetch_seconds > 0 ? st.fetch_bytes / st.fetch_seconds / 1e9 : NAN,
+        st.attn_seconds > 0 ? st.dense_bytes / st.attn_seconds / 1e9 : NAN, st.file_tier,
     };
     _Static_assert(sizeof out / sizeof out[0] == sizeof sk_stat_defs / sizeof sk_stat_defs[0], "one value per stat");
     memcpy(v, out, sizeof out);
@@ -1061,6 +1238,8 @@ static const kv_opt_def sk_opt_defs[] = {
     {"outliers", "--outliers", KV_OPT_INT, 48, 0, 1 << 24, "outlier chunks kept dense per KV head"},
     {"local", "--local", KV_OPT_INT, 4, 0, 1 << 24, "chunks of the dense local window"},
     {"plus", "--shadowkv-plus", KV_OPT_FLAG, 0, 0, 1, "ShadowKV+: project generated keys onto the prefill basis"},
+    {"overlap", NULL, KV_OPT_INT, 1, 0, 2,
+     "1: a fetch thread copies missed values while the compute threads rebuild keys; 0: one after the other"},
 };
 
 static int sk_create(const kv_opts *o, const kv_shape *shape, kv_cache **out) {
@@ -1090,7 +1269,7 @@ int kv_shadowkv_new(const kv_opts *o, const kv_shape *shape, kv_cache **out) {
     const kv_class *p = &kv_policy_shadowkv;
     sk_opts so = {.rank = kv_opt_int(o, p, "rank"), .chunk = kv_opt_int(o, p, "chunk"),
                   .outliers = kv_opt_int(o, p, "outliers"), .local = kv_opt_int(o, p, "local"),
-                  .plus = kv_opt_int(o, p, "plus")};
+                  .plus = kv_opt_int(o, p, "plus"), .overlap = kv_opt_int(o, p, "overlap")};
     if (so.chunk < 1 || so.rank < 1 || o->budget < 0 || so.outliers < 0 || so.local < 0)
         return skv_error(SKV_EINVAL,
                          "shadowkv: options need chunk >= 1 and rank >= 1, budget, outliers and local >= 0 "

@@ -30,6 +30,13 @@ typedef struct {
     uint64_t fetch_bytes;
     /* The last decode step alone, summed over layers and KV heads. */
     uint64_t step_hits, step_misses, step_fetches, step_fetch_bytes;
+    /* Measured, over every decode step: wall time the value fetches took (on
+     * the fetch stream's thread with overlap), wall time of the decode
+     * attention (select, fetch, rebuild, attend; all layers), and the K and
+     * V bytes exact attention over the same positions would have read. */
+    double fetch_seconds, attn_seconds, dense_bytes;
+    int file_tier;             /* 1: the offload store is a file (--offload-file) */
+    int overlap;               /* 1: fetches run on their own thread beside the rebuild */
     /* Bytes resident, by part (fp32), and offloaded. */
     size_t b_U, b_SVt, b_landmarks, b_outliers, b_local, b_generated, b_cache, b_prefill;
                                /* b_SVt includes Vᵀ under ShadowKV+; b_prefill: dense

@@ -6,10 +6,15 @@
 #include "skv.h"
 #include "vec.h"
 
+#include <errno.h>
+#include <fcntl.h>
+#include <cblas.h>
 #include <lapacke.h>
 #include <math.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/mman.h>
+#include <unistd.h>
 
 /* ---- SVD -------------------------------------------------------------- */
 
@@ -50,6 +55,70 @@ int shadowkv_svd(const float *K, int s, int n, int r, float *U, float *SVt, floa
     free(vt);
     free(u);
     return 0;
+}
+
+/* The Gram route: the top-r right singular vectors of K are the top
+ * eigenvectors of G = KᵀK (n, n), and U·Σ = K·V_r. In double: G by one
+ * SYRK, its eigen decomposition by SYEVD, K·V_r by one GEMM; then the
+ * residual K − K·V_r·V_rᵀ gives the error directly, not from the
+ * eigenvalues (their tail is rounding noise once it falls below ε‖K‖²).
+ * Cost O(s·n² + n³) against gesdd's larger constant on the tall K, whose
+ * full U it then throws away. A singular value under 1e-6·σ₁ gets a zero
+ * column of U (its part of K is below float resolution). */
+int shadowkv_svd_gram(const float *K, int s, int n, int r, float *U, float *SVt, float *Vt, float *sv, float *rel_err) {
+    if (s < 1 || n < 1 || r < 1 || r > (s < n ? s : n))
+        return skv_error(SKV_EINVAL, "svd: rank %d is outside 1..min(%d, %d)", r, s, n);
+    int m = s < n ? s : n;
+    double *kd = malloc(sizeof(double) * (size_t)s * n);
+    double *g = malloc(sizeof(double) * (size_t)n * n);
+    double *w = malloc(sizeof(double) * (size_t)n);
+    double *vr = malloc(sizeof(double) * (size_t)n * r);   /* (n, r): V_r */
+    double *us = malloc(sizeof(double) * (size_t)s * r);   /* (s, r): K·V_r = U·Σ */
+    int rc = 0;
+    if (!kd || !g || !w || !vr || !us) {
+        rc = skv_error(SKV_ENOMEM, "svd: out of memory for a (%d, %d) key matrix", s, n);
+        goto done;
+    }
+    double fro = 0;
+    for (size_t i = 0; i < (size_t)s * n; i++) {
+        kd[i] = K[i];
+        fro += kd[i] * kd[i];
+    }
+    if (!isfinite(fro)) {
+        rc = skv_error(SKV_EINVAL, "svd: NaN or infinity in a (%d, %d) key matrix", s, n);
+        goto done;
+    }
+    cblas_dsyrk(CblasRowMajor, CblasUpper, CblasTrans, n, s, 1.0, kd, n, 0.0, g, n);
+    lapack_int info = LAPACKE_dsyevd(LAPACK_ROW_MAJOR, 'V', 'U', n, g, n, w);
+    if (info != 0) {
+        rc = skv_error(info < 0 ? SKV_EINVAL : SKV_EUNSUPPORTED,
+                       "svd: LAPACKE_dsyevd failed on the (%d, %d) Gram matrix (info %d)", n, n, (int)info);
+        goto done;
+    }
+    /* eigenvalues ascend: singular value i is √λ_{n-1-i} */
+    for (int i = 0; i < m; i++) sv[i] = (float)sqrt(w[n - 1 - i] > 0 ? w[n - 1 - i] : 0);
+    for (int e = 0; e < n; e++)
+        for (int j = 0; j < r; j++) vr[(size_t)e * r + j] = g[(size_t)e * n + (n - 1 - j)];
+    cblas_dgemm(CblasRowMajor, CblasNoTrans, CblasNoTrans, s, r, n, 1.0, kd, n, vr, r, 0.0, us, r);
+    /* residual K − (K·V_r)·V_rᵀ, in place of kd */
+    cblas_dgemm(CblasRowMajor, CblasNoTrans, CblasTrans, s, n, r, -1.0, us, r, vr, r, 1.0, kd, n);
+    double res = 0;
+    for (size_t i = 0; i < (size_t)s * n; i++) res += kd[i] * kd[i];
+    *rel_err = fro > 0 ? (float)sqrt(res / fro) : 0.0f;
+    double s1 = sqrt(w[n - 1] > 0 ? w[n - 1] : 0);
+    for (int j = 0; j < r; j++) {
+        double sj = sqrt(w[n - 1 - j] > 0 ? w[n - 1 - j] : 0);
+        double inv = sj > 1e-6 * s1 && sj > 0 ? 1.0 / sj : 0.0;
+        for (int t = 0; t < s; t++) U[(size_t)t * r + j] = (float)(us[(size_t)t * r + j] * inv);
+        for (int e = 0; e < n; e++) {
+            double v = vr[(size_t)e * r + j];
+            SVt[(size_t)j * n + e] = (float)(sj * v);
+            if (Vt) Vt[(size_t)j * n + e] = (float)v;
+        }
+    }
+done:
+    free(kd); free(g); free(w); free(vr); free(us);
+    return rc;
 }
 
 /* ---- landmarks, cosine minima, outliers -------------------------------- */
@@ -254,19 +323,60 @@ int shadowkv_cache_update(shadowkv_cache *c, const int *sel, int k, int *slot_of
 
 /* ---- offload store ------------------------------------------------------ */
 
-int shadowkv_store_init(shadowkv_store *st, int n_blocks, int rows, int cols) {
+/* The file tier: a new file of bytes at path, mapped shared, unlinked. */
+static int store_map_file(shadowkv_store *st, const char *path, size_t bytes) {
+    int fd = open(path, O_RDWR | O_CREAT | O_EXCL | O_CLOEXEC, 0600);
+    if (fd < 0) {
+        if (errno == EEXIST)
+            return skv_error(SKV_EINVAL, "offload file %s exists; skv makes its own and will not overwrite it", path);
+        return skv_error(SKV_EIO, "offload file %s: %s", path, strerror(errno));
+    }
+    int rc = 0;
+    size_t len = bytes ? bytes : 1;
+    /* posix_fallocate reserves the blocks now, so a full disk is an error
+     * here and not a SIGBUS at the first write. */
+    int err = posix_fallocate(fd, 0, (off_t)len);
+    if (err == EINVAL || err == EOPNOTSUPP) err = ftruncate(fd, (off_t)len) ? errno : 0;
+    if (err) {
+        rc = skv_error(SKV_EIO, "offload file %s: cannot make it %.1f MiB: %s", path,
+                       len / 1048576.0, strerror(err));
+    } else {
+        void *p = mmap(NULL, len, PROT_READ | PROT_WRITE, MAP_SHARED, fd, 0);
+        if (p == MAP_FAILED) {
+            rc = skv_error(SKV_EIO, "offload file %s: cannot map %.1f MiB: %s", path, len / 1048576.0,
+                           strerror(errno));
+        } else {
+            st->data = p;
+            st->mapped = 1;
+            /* fetches pick scattered chunks: no read-ahead */
+            madvise(p, len, MADV_RANDOM);
+        }
+    }
+    unlink(path);
+    close(fd);
+    return rc;
+}
+
+int shadowkv_store_init(shadowkv_store *st, int n_blocks, int rows, int cols, const char *path) {
     memset(st, 0, sizeof *st);
     st->n_blocks = n_blocks;
     st->rows = rows;
     st->cols = cols;
-    st->data = skv_malloc(sizeof(float) * (size_t)n_blocks * rows * cols);
+    size_t bytes = sizeof(float) * (size_t)n_blocks * rows * cols;
+    if (path && *path) return store_map_file(st, path, bytes);
+    st->data = skv_malloc(bytes);
     if (!st->data)
         return skv_error(SKV_ENOMEM, "offload store: out of memory for %d blocks of (%d, %d)", n_blocks, rows, cols);
     return 0;
 }
 
 void shadowkv_store_free(shadowkv_store *st) {
-    free(st->data);
+    if (st->mapped) {
+        size_t bytes = sizeof(float) * (size_t)st->n_blocks * st->rows * st->cols;
+        munmap(st->data, bytes ? bytes : 1);
+    } else {
+        free(st->data);
+    }
     memset(st, 0, sizeof *st);
 }
 

@@ -23,6 +23,14 @@
  * (0 for a zero K). Requires 1 <= r <= min(s, n). 0 or SKV_E* with a message. */
 int shadowkv_svd(const float *K, int s, int n, int r, float *U, float *SVt, float *Vt, float *sv, float *rel_err);
 
+/* The same by the Gram route (eigenvectors of KᵀK in double): the backend's
+ * svd, several times faster on the tall key matrices of a prompt
+ * (docs/PERFORMANCE.md). sv is exact to rounding for the large singular
+ * values and rounding noise below about 1e-8·σ₁; rel_err is measured from
+ * the residual. U's columns are orthonormal where σ_j > 1e-6·σ₁ and zero
+ * below. Same arguments and errors as shadowkv_svd. */
+int shadowkv_svd_gram(const float *K, int s, int n, int r, float *U, float *SVt, float *Vt, float *sv, float *rel_err);
+
 /* Landmarks: lm (n_chunks, d) row j = mean of the c key rows j*c..j*c+c-1 of
  * K, whose rows are `stride` floats apart (pass K offset to the head). */
 void shadowkv_landmarks(const float *K, int stride, int d, int c, int n_chunks, float *lm);
@@ -97,15 +105,24 @@ int shadowkv_cache_update(shadowkv_cache *c, const int *sel, int k, int *slot_of
 
 /* Slow memory (host RAM behind PCIe on a GPU build): n_blocks blocks of
  * (rows, cols) floats. Writes are free; every read is a fetch, counted in
- * chunks and bytes (atomically, so threads may fetch concurrently). */
+ * chunks and bytes (atomically, so threads may fetch concurrently).
+ *
+ * Two tiers: host memory, or a file (for contexts whose values do not fit
+ * in RAM), mapped shared so the kernel writes cold pages back to it and
+ * reads them in again on a fetch. */
 typedef struct {
     float *data;         /* (n_blocks, rows, cols) */
     int n_blocks, rows, cols;
+    int mapped;          /* 1: data is a shared mapping of a file (the file tier) */
     uint64_t n_fetch;    /* blocks fetched */
     uint64_t fetch_bytes;
 } shadowkv_store;
 
-int shadowkv_store_init(shadowkv_store *st, int n_blocks, int rows, int cols);
+/* path NULL or "": host memory. Otherwise the store lives in a new file at
+ * path: an existing file is refused (never overwritten), and the file is
+ * unlinked as soon as it is mapped, so nothing is left behind when the
+ * process ends, whatever way it ends. 0 or SKV_E* with a message. */
+int shadowkv_store_init(shadowkv_store *st, int n_blocks, int rows, int cols, const char *path);
 void shadowkv_store_free(shadowkv_store *st);
 size_t shadowkv_store_bytes(const shadowkv_store *st);
 
