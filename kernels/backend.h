@@ -71,11 +71,24 @@ typedef struct skv_backend {
      * out (d) = softmax(q·Kᵀ·scale) V, K and V rows stride floats apart. */
     void (*attend_rows)(const float *q, const float *K, const float *V, int n, int d, int stride, float scale,
                         float *out);
+    /* Exact attention of the g query heads q (g, d) that share one KV head,
+     * over its n rows (K and V rows stride floats apart): each row is read
+     * once for the whole group. With m and l NULL, out (g, d) is the
+     * normalized attention output. Otherwise a partial result for
+     * attend_merge (flash-decoding: the rows split over threads): out gets
+     * Σ_j e^(s_j−m) V_j unnormalized, m (g) the max score, l (g) Σ_j e^(s_j−m). */
+    void (*attend_group)(const float *q, int g, const float *K, const float *V, int n, int d, int stride, float scale,
+                         float *out, float *m, float *l);
+    /* out (g, d): the attention over all rows from `parts` partial results of
+     * attend_group, part p at o + p*g*d, m + p*g, l + p*g. */
+    void (*attend_merge)(int parts, int g, int d, const float *o, const float *m, const float *l, float *out);
     /* Exact causal attention of nq queries q (nq, n_heads*d) at positions
-     * pos.. over rows 0..pos+nq-1 of K and V (all KV heads side by side,
-     * rows stride floats apart); out (nq, n_heads*d). */
+     * pos.. over rows 0..pos+nq-1 of K and V: KV head kh's rows start at
+     * K + kh*head_stride, rows stride floats apart (head_stride d and stride
+     * n_kv_heads*d: the heads side by side in a row; head_stride cap*d and
+     * stride d: head-major); out (nq, n_heads*d). */
     void (*attend_causal)(const float *q, int nq, int pos, int n_heads, int n_kv_heads, int d, const float *K,
-                          const float *V, int stride, float *out);
+                          const float *V, int stride, size_t head_stride, float *out);
 
     /* ---- sparse-policy stages (shapes as in kernels/cpu/shadowkv_ops.h) -- */
     /* Truncated SVD K (s, n) ≈ U (s, r) · SVt (r, n); Vt may be NULL; sv gets

@@ -178,6 +178,27 @@ static void test_attention(const skv_backend *be) {
         check(be, "attend_rows", rel(out, r, d), 1e-5);
         free(q); free(K); free(V);
     }
+    /* attend_group: a GQA group of 4 query heads over one KV head's rows
+     * (more rows than its stack scratch holds, too); then the same rows split
+     * in 3 partial results and merged, one of them empty */
+    for (int n = 45; n <= 3000; n += 2955) {
+        int g = 4, d = 32, stride = 3 * d;
+        float *q = rnd((size_t)g * d), *K = rnd((size_t)n * stride), *V = rnd((size_t)n * stride);
+        float *out = malloc(sizeof(float) * g * d), *po = malloc(sizeof(float) * 3 * g * d);
+        float pm[12], pl[12];
+        double *r = malloc(sizeof(double) * g * d);
+        for (int a = 0; a < g; a++) ref_attend(q + (size_t)a * d, K + d, V + d, n, d, stride, 0.3, r + (size_t)a * d);
+        be->attend_group(q, g, K + d, V + d, n, d, stride, 0.3f, out, NULL, NULL);
+        check(be, n > 1000 ? "attend_group (3000 rows)" : "attend_group", rel(out, r, (size_t)g * d), 1e-5);
+        int cut[4] = { 0, n / 3, n / 3, n };
+        for (int p = 0; p < 3; p++)
+            be->attend_group(q, g, K + d + (size_t)cut[p] * stride, V + d + (size_t)cut[p] * stride, cut[p + 1] - cut[p], d,
+                             stride, 0.3f, po + (size_t)p * g * d, pm + p * g, pl + p * g);
+        be->attend_merge(3, g, d, po, pm, pl, out);
+        check(be, n > 1000 ? "attend_group in 3 parts + attend_merge (3000 rows)" : "attend_group in 3 parts + attend_merge",
+              rel(out, r, (size_t)g * d), 1e-5);
+        free(q); free(K); free(V); free(out); free(po); free(r);
+    }
     /* attend_causal: GQA 3:1, a block of queries after a prefix */
     {
         int nh = 6, nkv = 2, d = 16, pos = 70, nq = 70, stride = nkv * d, T = pos + nq;
@@ -188,8 +209,18 @@ static void test_attention(const skv_backend *be) {
             for (int h = 0; h < nh; h++)
                 ref_attend(q + ((size_t)i * nh + h) * d, K + (size_t)(h / 3) * d, V + (size_t)(h / 3) * d, pos + i + 1,
                            d, stride, 1 / sqrt(d), r + ((size_t)i * nh + h) * d);
-        be->attend_causal(q, nq, pos, nh, nkv, d, K, V, stride, out);
+        be->attend_causal(q, nq, pos, nh, nkv, d, K, V, stride, (size_t)d, out);
         check(be, "attend_causal", rel(out, r, (size_t)nq * nh * d), 1e-5);
+        /* the same keys and values head-major: head kh at kh*T*d, rows d apart */
+        float *Kh = malloc(sizeof(float) * (size_t)T * stride), *Vh = malloc(sizeof(float) * (size_t)T * stride);
+        for (int t = 0; t < T; t++)
+            for (int kh = 0; kh < nkv; kh++) {
+                memcpy(Kh + ((size_t)kh * T + t) * d, K + (size_t)t * stride + (size_t)kh * d, sizeof(float) * d);
+                memcpy(Vh + ((size_t)kh * T + t) * d, V + (size_t)t * stride + (size_t)kh * d, sizeof(float) * d);
+            }
+        be->attend_causal(q, nq, pos, nh, nkv, d, Kh, Vh, d, (size_t)T * d, out);
+        check(be, "attend_causal, head-major keys and values", rel(out, r, (size_t)nq * nh * d), 1e-5);
+        free(Kh); free(Vh);
         free(q); free(K); free(V); free(out); free(r);
     }
 }

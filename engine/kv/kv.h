@@ -193,6 +193,17 @@ void kv_stats_describe(const kv_cache *c, char *buf, size_t n);
 extern const kv_class kv_policy_dense, kv_policy_shadowkv, kv_policy_quest, kv_policy_freekv, kv_policy_specache,
     kv_policy_tailorkv;
 
+/* Exact attention of one decode query q (n_heads*head_dim) over rows
+ * 0..rows-1 of K and V (KV head kh's rows at K + kh*head_stride, rows stride
+ * floats apart), the way the dense policy does it (flash-decoding: each KV
+ * head's rows split so every thread gets about two tasks, a task attends
+ * its whole GQA group with the backend's attend_group, the parts merged by
+ * attend_merge). Every policy attending all its rows calls this, so that
+ * at a full budget it gives dense's outputs bit for bit. out (n_heads*head_dim).
+ * 0 or SKV_ENOMEM. */
+int kv_attend_all(const kv_shape *sh, const float *q, const float *K, const float *V, int rows, int stride,
+                  size_t head_stride, float *out);
+
 /* A dense cache (the oracle's exact twin, tests). */
 int kv_dense_new(const kv_shape *shape, kv_cache **out);
 

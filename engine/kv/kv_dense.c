@@ -11,8 +11,11 @@
 typedef struct {
     kv_cache base;
     int cap;       /* positions allocated */
-    float **k;     /* (n_layers) -> (cap, n_kv*hd) post-RoPE keys */
-    float **v;     /* (n_layers) -> (cap, n_kv*hd) */
+    /* Head-major, so that a decode step streams each KV head's rows as one
+     * contiguous run (row-interleaved heads read at a stride ran at a third
+     * of the memory bandwidth): (n_layers) -> (n_kv, cap, hd). */
+    float **k;     /* post-RoPE keys */
+    float **v;
     int n;         /* positions stored in layer 0 */
 } kv_dense;
 
@@ -24,13 +27,23 @@ static int grow(kv_dense *c, int need) {
     int cap = c->cap ? c->cap : 256;
     while (cap < need) cap *= 2;
     if (cap > c->base.shape.max_ctx) cap = c->base.shape.max_ctx;
-    size_t row = (size_t)c->base.shape.n_kv_heads * c->base.shape.head_dim;
+    size_t hd = (size_t)c->base.shape.head_dim, nkv = (size_t)c->base.shape.n_kv_heads;
+    /* head-major: a bigger capacity moves every head's rows to its new start */
     for (int l = 0; l < c->base.shape.n_layers; l++) {
-        float *nk = realloc(c->k[l], sizeof(float) * row * cap);
-        if (nk) c->k[l] = nk;
-        float *nv = realloc(c->v[l], sizeof(float) * row * cap);
-        if (nv) c->v[l] = nv;
-        if (!nk || !nv) return skv_error(SKV_ENOMEM, "KV cache: out of memory for %d positions", cap);
+        float *nk = malloc(sizeof(float) * nkv * cap * hd), *nv = malloc(sizeof(float) * nkv * cap * hd);
+        if (!nk || !nv) {
+            free(nk);
+            free(nv);
+            return skv_error(SKV_ENOMEM, "KV cache: out of memory for %d positions", cap);
+        }
+        for (size_t kh = 0; c->k[l] && kh < nkv; kh++) {
+            memcpy(nk + kh * cap * hd, c->k[l] + kh * c->cap * hd, sizeof(float) * c->cap * hd);
+            memcpy(nv + kh * cap * hd, c->v[l] + kh * c->cap * hd, sizeof(float) * c->cap * hd);
+        }
+        free(c->k[l]);
+        free(c->v[l]);
+        c->k[l] = nk;
+        c->v[l] = nv;
     }
     c->cap = cap;
     return 0;
@@ -42,9 +55,13 @@ static int dense_append(kv_cache *base, int layer, int pos, int n, const float *
     kv_dense *c = (kv_dense *)base;
     int rc = grow(c, pos + n);
     if (rc) return rc;
-    size_t row = (size_t)base->shape.n_kv_heads * base->shape.head_dim;
-    memcpy(c->k[layer] + (size_t)pos * row, k, sizeof(float) * row * n);
-    memcpy(c->v[layer] + (size_t)pos * row, v, sizeof(float) * row * n);
+    size_t hd = (size_t)base->shape.head_dim, nkv = (size_t)base->shape.n_kv_heads, row = nkv * hd;
+    for (int t = 0; t < n; t++)
+        for (size_t kh = 0; kh < nkv; kh++) {
+            size_t dst = (kh * c->cap + (size_t)(pos + t)) * hd;
+            memcpy(c->k[layer] + dst, k + t * row + kh * hd, sizeof(float) * hd);
+            memcpy(c->v[layer] + dst, v + t * row + kh * hd, sizeof(float) * hd);
+        }
     if (layer == 0 && pos + n > c->n) c->n = pos + n;
     return 0;
 }
@@ -52,23 +69,15 @@ static int dense_append(kv_cache *base, int layer, int pos, int n, const float *
 static int dense_attend(kv_cache *base, int layer, int pos, int n, const float *q, float *out) {
     kv_dense *c = (kv_dense *)base;
     const kv_shape *sh = &base->shape;
-    int hd = sh->head_dim, nh = sh->n_heads, grp = sh->n_heads / sh->n_kv_heads;
-    int stride = sh->n_kv_heads * hd;
+    int hd = sh->head_dim, nh = sh->n_heads;
+    size_t head = (size_t)c->cap * hd;  /* floats from one KV head's rows to the next's */
     const skv_backend *be = sh->be;
     if (n > 1) {
-        be->attend_causal(q, n, pos, nh, sh->n_kv_heads, hd, c->k[layer], c->v[layer], stride, out);
+        be->attend_causal(q, n, pos, nh, sh->n_kv_heads, hd, c->k[layer], c->v[layer], hd, head, out);
         return 0;
     }
-    float scale = 1.0f / sqrtf((float)hd);
-    #pragma omp parallel for schedule(dynamic, 1) collapse(2)
-    for (int i = 0; i < n; i++)
-        for (int h = 0; h < nh; h++) {
-            int kh = h / grp;
-            be->attend_rows(q + ((size_t)i * nh + h) * hd, c->k[layer] + (size_t)kh * hd,
-                           c->v[layer] + (size_t)kh * hd, pos + i + 1, hd, stride, scale,
-                           out + ((size_t)i * nh + h) * hd);
-        }
-    return 0;
+    /* One query (decode): flash-decoding over the head-major rows. */
+    return kv_attend_all(sh, q, c->k[layer], c->v[layer], pos + 1, hd, head, out);
 }
 
 static int dense_end_prefill(kv_cache *base) {

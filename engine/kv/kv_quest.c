@@ -197,12 +197,8 @@ static int decode(kv_qu *c, int layer, int pos, const float *q, float *out) {
     uint64_t bytes = 0;
     L->dense = layer < c->dense_layers || n_pages <= c->k + 1;
     if (L->dense) {
-        #pragma omp parallel for schedule(static) if (c->nh > 1)
-        for (int hq = 0; hq < c->nh; hq++) {
-            int kh = hq / c->group;
-            be->attend_rows(q + (size_t)hq * d, L->k + (size_t)kh * d, L->v + (size_t)kh * d, T, d, c->kvd, scale,
-                            out + (size_t)hq * d);
-        }
+        int rc = kv_attend_all(&c->base.shape, q, L->k, L->v, T, c->kvd, (size_t)d, out);
+        if (rc) return rc;
         bytes = (uint64_t)2 * T * c->kvd * sizeof(float);
     } else {
         if (c->group_max) {
@@ -268,7 +264,7 @@ static int qu_attend(kv_cache *base, int layer, int pos, int n, const float *q, 
                          c->n);
     if (!c->prompt || n > 1) {
         sh->be->attend_causal(q, n, pos, sh->n_heads, sh->n_kv_heads, sh->head_dim, c->L[layer].k, c->L[layer].v,
-                              c->kvd, out);
+                              c->kvd, (size_t)sh->head_dim, out);
         return 0;
     }
     return decode(c, layer, pos, q, out);

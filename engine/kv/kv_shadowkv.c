@@ -181,7 +181,8 @@ oom:
  * the same batched kernel the dense policy uses. */
 static void attend_dense(kv_sk *c, sk_layer *L, int pos, int n, const float *q, float *out) {
     const kv_shape *sh = &c->base.shape;
-    sh->be->attend_causal(q, n, pos, sh->n_heads, sh->n_kv_heads, sh->head_dim, L->k, L->v, c->kvd, out);
+    sh->be->attend_causal(q, n, pos, sh->n_heads, sh->n_kv_heads, sh->head_dim, L->k, L->v, c->kvd,
+                          (size_t)sh->head_dim, out);
 }
 
 /* ---- decode: appends ------------------------------------------------------ */
@@ -328,11 +329,12 @@ static void fetch_head(kv_sk *c, int layer, int kh) {
     shadowkv_store_count(&c->store, S->n_miss);
 }
 
-/* Sparse attention of query head hq over its KV head's rows. */
-static void attend_query_head(kv_sk *c, sk_layer *L, int hq, const float *q, float *out) {
-    sk_head *H = &L->head[hq / c->group];
-    c->base.shape.be->attend_rows(q + (size_t)hq * c->d, H->K, H->V, c->row_gen + L->n_gen, c->d, c->d,
-                                  1.0f / sqrtf((float)c->d), out + (size_t)hq * c->d);
+/* Sparse attention of KV head kh's query heads over its rows (read once for the group). */
+static void attend_kv_head(kv_sk *c, sk_layer *L, int kh, const float *q, float *out) {
+    sk_head *H = &L->head[kh];
+    size_t off = (size_t)kh * c->group * c->d;
+    c->base.shape.be->attend_group(q + off, c->group, H->K, H->V, c->row_gen + L->n_gen, c->d, c->d,
+                                   1.0f / sqrtf((float)c->d), out + off, NULL, NULL);
 }
 
 /* ---- needle watch ------------------------------------------------------------- */
@@ -646,8 +648,8 @@ static int decode_layer(kv_sk *c, int layer, const float *q, float *out) {
                 tr = probe_time(c->base.bus);
             }
         }
-        #pragma omp for schedule(static)
-        for (int hq = 0; hq < nh; hq++) attend_query_head(c, L, hq, q, out);
+        #pragma omp for schedule(dynamic, 1)
+        for (int kh = 0; kh < h; kh++) attend_kv_head(c, L, kh, q, out);
     }
     if (spans) span(c, PROBE_STREAM_COMPUTE, "sparse_attn", layer, tr);
     c->attn_seconds += skv_now() - w0;

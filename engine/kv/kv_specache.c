@@ -187,7 +187,8 @@ static int sc_attend(kv_cache *base, int layer, int pos, int n, const float *q, 
         return skv_error(SKV_EINVAL, "specache: layer %d attends up to position %d, only %d stored", layer,
                          pos + n - 1, c->n);
     if (!c->prompt || n > 1) {
-        sh->be->attend_causal(q, n, pos, sh->n_heads, sh->n_kv_heads, sh->head_dim, L->kx, L->vx, c->kvd, out);
+        sh->be->attend_causal(q, n, pos, sh->n_heads, sh->n_kv_heads, sh->head_dim, L->kx, L->vx, c->kvd,
+                              (size_t)sh->head_dim, out);
         return 0;
     }
     int T = pos + 1;

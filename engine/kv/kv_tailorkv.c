@@ -183,7 +183,8 @@ static int tk_attend(kv_cache *base, int layer, int pos, int n, const float *q, 
                          pos + n - 1, c->n);
     if (!c->prompt || n > 1) {
         if (!c->prompt && L->calib_q) calib_keep(c, L, pos, n, q);
-        sh->be->attend_causal(q, n, pos, sh->n_heads, sh->n_kv_heads, sh->head_dim, L->k, L->v, c->kvd, out);
+        sh->be->attend_causal(q, n, pos, sh->n_heads, sh->n_kv_heads, sh->head_dim, L->k, L->v, c->kvd,
+                          (size_t)sh->head_dim, out);
         return 0;
     }
     int T = pos + 1, d = c->d;
@@ -192,13 +193,8 @@ static int tk_attend(kv_cache *base, int layer, int pos, int n, const float *q, 
         c->step_fetch_bytes = 0;
     }
     if (L->quant || c->dense) {
-        float scale = 1.0f / sqrtf((float)d);
-        #pragma omp parallel for schedule(static) if (c->nh > 1)
-        for (int hq = 0; hq < c->nh; hq++) {
-            int kh = hq / c->group;
-            sh->be->attend_rows(q + (size_t)hq * d, L->k + (size_t)kh * d, L->v + (size_t)kh * d, T, d, c->kvd, scale,
-                                out + (size_t)hq * d);
-        }
+        int rc = kv_attend_all(&c->base.shape, q, L->k, L->v, T, c->kvd, (size_t)d, out);
+        if (rc) return rc;
         if (L->quant) lowbit_flush(sh->be, &c->q, c->h, c->d, L->k, L->v, T, &L->nq_k, &L->nq_v);
         return 0;
     }

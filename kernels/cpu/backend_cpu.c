@@ -225,12 +225,74 @@ static void softmax_causal(float *row, int len, int L) {
     if (L > len) memset(row + len, 0, sizeof(float) * (size_t)(L - len));
 }
 
+/* The group's scores (g, n) live on the stack up to 8192 floats. K and V
+ * rows are each read once and used for every query head of the group while
+ * in L1; the exp is the vectorized one of the prefill softmax. */
+#define GROUP_MAX 64
+static void cpu_attend_group(const float *q, int g, const float *K, const float *V, int n, int d, int stride,
+                             float scale, float *out, float *m, float *l) {
+    SKV_ASSERT(g >= 1 && g <= GROUP_MAX && n >= 0);
+    float stack[8192], mx[GROUP_MAX], sum[GROUP_MAX];
+    size_t need = (size_t)g * (n > 0 ? n : 1);
+    float *s = need <= 8192 ? stack : malloc(sizeof(float) * need);
+    SKV_ASSERT(s);
+    for (int a = 0; a < g; a++) mx[a] = -INFINITY;
+    for (int j = 0; j < n; j++) {
+        const float *k = K + (size_t)j * stride;
+        for (int a = 0; a < g; a++) {
+            float v = vec_dot(q + (size_t)a * d, k, d) * scale;
+            s[(size_t)a * n + j] = v;
+            mx[a] = v > mx[a] ? v : mx[a];
+        }
+    }
+    for (int a = 0; a < g; a++) {
+        float *row = s + (size_t)a * n, acc = 0;
+        if (mx[a] != -INFINITY) /* a NaN max leaves NaN, as attend_rows would */
+            for (int j = 0; j < n; j++) row[j] -= mx[a];
+        exp_nonpos(row, n);
+        for (int j = 0; j < n; j++) acc += row[j];
+        sum[a] = acc;
+    }
+    memset(out, 0, sizeof(float) * (size_t)g * d);
+    for (int j = 0; j < n; j++) {
+        const float *v = V + (size_t)j * stride;
+        for (int a = 0; a < g; a++) vec_axpy(out + (size_t)a * d, s[(size_t)a * n + j], v, d);
+    }
+    if (m) {
+        for (int a = 0; a < g; a++) { m[a] = mx[a]; l[a] = sum[a]; }
+    } else {
+        for (int a = 0; a < g; a++) {
+            float inv = sum[a] > 0 ? 1.0f / sum[a] : 0.0f;
+            for (int e = 0; e < d; e++) out[(size_t)a * d + e] *= inv;
+        }
+    }
+    if (s != stack) free(s);
+}
+
+static void cpu_attend_merge(int parts, int g, int d, const float *o, const float *m, const float *l, float *out) {
+    for (int a = 0; a < g; a++) {
+        float mx = -INFINITY;
+        for (int p = 0; p < parts; p++) mx = m[(size_t)p * g + a] > mx ? m[(size_t)p * g + a] : mx;
+        float *y = out + (size_t)a * d, den = 0;
+        memset(y, 0, sizeof(float) * d);
+        for (int p = 0; p < parts; p++) {
+            float mp = m[(size_t)p * g + a];
+            if (!(mp > -INFINITY)) continue; /* an empty part */
+            float w = expf(mp - mx);
+            den += w * l[(size_t)p * g + a];
+            vec_axpy(y, w, o + ((size_t)p * g + a) * d, d);
+        }
+        float inv = den > 0 ? 1.0f / den : 0.0f;
+        for (int e = 0; e < d; e++) y[e] *= inv;
+    }
+}
+
 /* Batched causal attention, one task per (KV head, block of queries): the
  * block's queries of every query head of the group are packed into one
  * matrix, so the head's keys and values are read once per block for the
  * whole group (two GEMMs), not once per query head. */
 static void cpu_attend_causal(const float *q, int n, int pos, int nh, int n_kv, int hd, const float *K,
-                              const float *V, int stride, float *out) {
+                              const float *V, int stride, size_t head_stride, float *out) {
     int grp = nh / n_kv;
     int qs = nh * hd;
     float scale = 1.0f / sqrtf((float)hd);
@@ -251,11 +313,11 @@ static void cpu_attend_causal(const float *q, int n, int pos, int nh, int n_kv, 
                     for (int i = 0; i < nb; i++)
                         memcpy(Qp + ((size_t)g * nb + i) * hd, q + (size_t)(i0 + i) * qs + (size_t)(kh * grp + g) * hd,
                                sizeof(float) * hd);
-                sgemm_rm(1, grp * nb, L, hd, scale, Qp, hd, K + (size_t)kh * hd, stride, 0.0f, S, L);
+                sgemm_rm(1, grp * nb, L, hd, scale, Qp, hd, K + (size_t)kh * head_stride, stride, 0.0f, S, L);
                 for (int g = 0; g < grp; g++)
                     for (int i = 0; i < nb; i++)
                         softmax_causal(S + ((size_t)g * nb + i) * L, pos + i0 + i + 1, L);
-                sgemm_rm(0, grp * nb, hd, L, 1.0f, S, L, V + (size_t)kh * hd, stride, 0.0f, Op, hd);
+                sgemm_rm(0, grp * nb, hd, L, 1.0f, S, L, V + (size_t)kh * head_stride, stride, 0.0f, Op, hd);
                 for (int g = 0; g < grp; g++)
                     for (int i = 0; i < nb; i++)
                         memcpy(out + (size_t)(i0 + i) * qs + (size_t)(kh * grp + g) * hd, Op + ((size_t)g * nb + i) * hd,
@@ -305,6 +367,8 @@ const skv_backend skv_backend_cpu = {
     .add = cpu_add,
     .swiglu = cpu_swiglu,
     .attend_rows = cpu_attend_rows,
+    .attend_group = cpu_attend_group,
+    .attend_merge = cpu_attend_merge,
     .attend_causal = cpu_attend_causal,
     .svd = shadowkv_svd_gram,
     .landmarks = shadowkv_landmarks,
