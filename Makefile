@@ -12,7 +12,10 @@ export ASAN_OPTIONS ?= detect_leaks=1:abort_on_error=0
 export UBSAN_OPTIONS ?= print_stacktrace=1
 else
 BUILD   ?= build
-OPT     ?= -O2 -march=native
+# The dynamic cost model lets -O2 vectorize loops whose trip count is not a
+# constant (the elementwise ops; without it f32 prefill ran 13% slower).
+# Floating-point sums are not reordered by it.
+OPT     ?= -O2 -march=native -fvect-cost-model=dynamic
 SAN     ?=
 endif
 PKGS     = ncursesw libpcre2-8 libcjson libpng openblas lapacke freetype2

@@ -23,8 +23,11 @@ static const skv_backend *const registry[] = {
 
 void skv_workspace_free(skv_workspace *ws) {
     free(ws->buf);
+    free(ws->qbuf);
     ws->buf = NULL;
     ws->len = 0;
+    ws->qbuf = NULL;
+    ws->qlen = 0;
 }
 
 int skv_backend_count(void) { return N_BACKENDS; }

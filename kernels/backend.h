@@ -31,6 +31,8 @@
 typedef struct {
     float *buf;
     size_t len;              /* floats allocated */
+    uint8_t *qbuf;           /* the int8 matmul's packed activations */
+    size_t qlen;             /* bytes allocated */
 } skv_workspace;
 
 void skv_workspace_free(skv_workspace *ws);

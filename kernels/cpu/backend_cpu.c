@@ -10,6 +10,7 @@
  * set is a vector loop. The sparse-policy stages are kernels/cpu/shadowkv_ops.c. */
 #include "backend.h"
 #include "quant.h"
+#include "qgemm.h"
 #include "kivi.h"
 #include "page_ops.h"
 #include "shadowkv_ops.h"
@@ -64,6 +65,17 @@ static void cpu_matmul(enum ggml_type t, const void *W, int rows, int cols, cons
         quant_matvec(t, W, rows, cols, x, y);
         return;
     }
+    if (qgemm_supported(t, n)) {
+        qgemm(t, W, rows, cols, x, n, y, ws);
+        return;
+    }
+    if (t == GGML_F32) {
+        /* one GEMM over the whole matrix, threaded by the library (called
+         * outside any parallel region): 256-row blocks left a thread idle
+         * on the 192-row K and V projections */
+        sgemm_rm(1, n, rows, cols, 1.0f, x, cols, W, cols, 0.0f, y, rows);
+        return;
+    }
     int nt = skv_threads();
     size_t need = (size_t)nt * WBLOCK_ROWS * cols;
     if (t != GGML_F32 && ws->len < need) {
@@ -95,7 +107,14 @@ static void cpu_embed(enum ggml_type t, const void *table, int dim, const int32_
         quant_dequant_row(t, (const uint8_t *)table + row * ids[i], x + (size_t)i * dim, dim);
 }
 
+/* Elementwise ops run on the calling thread below this many elements (a
+ * decode step's vectors) and split over the threads above it (a prefill
+ * batch: single-threaded, SwiGLU's exp alone took a fifth of a 512-token
+ * prefill). */
+#define PAR_MIN 32768
+
 static void cpu_rmsnorm(float *out, const float *x, const float *w, int n, int dim, float eps) {
+    #pragma omp parallel for schedule(static) if ((size_t)n * dim >= PAR_MIN)
     for (int i = 0; i < n; i++) {
         const float *xi = x + (size_t)i * dim;
         float *oi = out + (size_t)i * dim;
@@ -107,21 +126,47 @@ static void cpu_rmsnorm(float *out, const float *x, const float *w, int n, int d
 }
 
 static void cpu_rope(const rope_ctx *r, float *x, int n, int n_heads, int pos0) {
+    #pragma omp parallel for schedule(static) if ((size_t)n * n_heads * r->head_dim >= PAR_MIN)
     for (int i = 0; i < n; i++) rope_apply(r, x + (size_t)i * n_heads * r->head_dim, n_heads, pos0 + i);
 }
 
 static void cpu_add_bias(float *y, const float *b, int n, int width) {
+    #pragma omp parallel for schedule(static) if ((size_t)n * width >= PAR_MIN)
     for (int i = 0; i < n; i++) vec_axpy(y + (size_t)i * width, 1.0f, b, width);
 }
 
 static void cpu_add(float *y, const float *x, size_t len) {
-    for (size_t i = 0; i < len; i++) y[i] += x[i];
+    long long n = (long long)len;
+    #pragma omp parallel for schedule(static) if (len >= PAR_MIN)
+    for (long long i = 0; i < n; i++) y[i] += x[i];
 }
 
-static inline float silu(float x) { return x / (1.0f + expf(-x)); }
+static void exp_nonpos(float *x, int n);
+
+/* gate = silu(gate) * up over n values, silu(g) = g / (1 + e^-g) computed
+ * from t = e^-|g| (an argument <= 0, the softmax's vector exp): g / (1 + t)
+ * for g >= 0, g t / (1 + t) below. */
+static void swiglu_run(float *g, const float *u, int n) {
+    float t[256];
+    for (int j0 = 0; j0 < n; j0 += 256) {
+        int m = n - j0 < 256 ? n - j0 : 256;
+        for (int j = 0; j < m; j++) t[j] = -fabsf(g[j0 + j]);
+        exp_nonpos(t, m);
+        for (int j = 0; j < m; j++) {
+            float x = g[j0 + j];
+            g[j0 + j] = (x >= 0 ? x : x * t[j]) / (1.0f + t[j]) * u[j0 + j];
+        }
+    }
+}
 
 static void cpu_swiglu(float *gate, const float *up, size_t len) {
-    for (size_t i = 0; i < len; i++) gate[i] = silu(gate[i]) * up[i];
+    /* 4096-value pieces over the threads */
+    long long pieces = (long long)((len + 4095) / 4096);
+    #pragma omp parallel for schedule(static) if (len >= PAR_MIN)
+    for (long long p = 0; p < pieces; p++) {
+        size_t j0 = (size_t)p * 4096, m = len - j0 < 4096 ? len - j0 : 4096;
+        swiglu_run(gate + j0, up + j0, (int)m);
+    }
 }
 
 static void cpu_attend_rows(const float *q, const float *K, const float *V, int n, int hd, int stride, float scale,

@@ -966,6 +966,16 @@ static void matvec(enum ggml_type t, const void *W, size_t rows, size_t n, const
     free(heap);
 }
 
+void quant_xq_block(const float *x, int8_t *q, float *d, int32_t *s) {
+#ifdef QUANT_AVX2
+    _Alignas(32) int8_t buf[QK];
+    xq_block(x, buf, d, s, NULL, -1);
+    memcpy(q, buf, QK);
+#else
+    ref_xq_block(x, q, d, s);
+#endif
+}
+
 float quant_dot(enum ggml_type t, const void *row, const float *x, size_t n) {
     float y;
     matvec(t, row, 1, n, x, &y, 0);

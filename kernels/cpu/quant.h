@@ -37,6 +37,12 @@ float quant_dot(enum ggml_type t, const void *row, const float *x, size_t n);
  * dwarf the rest). y[r] equals quant_dot on row r. */
 void quant_matvec(enum ggml_type t, const void *W, size_t rows, size_t n, const float *x, float *y);
 
+/* One block of 32 activations as quant_matvec quantizes it: codes q
+ * (round(x * 127/amax), nearest even), scale *d (amax/127, rounded to fp16
+ * when it fits; 0 for a zero block, NaN for one holding inf or NaN) and the
+ * codes' sum *s. */
+void quant_xq_block(const float *x, int8_t *q, float *d, int32_t *s);
+
 /* quant_matvec through the portable scalar kernels on one thread, whatever
  * the build's SIMD. For the quantized types its y is bit for bit
  * quant_matvec's (the vector kernels keep the scalar order of every integer
