@@ -10,6 +10,41 @@
 #include <stdlib.h>
 #include <string.h>
 
+/* One tensor into the backend (skipped when the model has none, as for
+ * absent biases). */
+static int load_one(forward_state *f, const skv_tensor *t, skv_weight *w) {
+    memset(w, 0, sizeof *w);
+    if (!t->data) return 0;
+    return f->be->weight_load(t->type, t->data, t->rows, t->cols, w);
+}
+
+/* Every weight of the model as the backend computes on it: the CPU's are
+ * the model's own blocks; a device backend holds copies. */
+static int load_weights(forward_state *f) {
+    const skv_model *m = f->m;
+    int rc;
+    if (!(f->lw = calloc((size_t)m->cfg.n_layers, sizeof *f->lw))) return skv_error(SKV_ENOMEM, "out of memory");
+    for (int l = 0; l < m->cfg.n_layers; l++) {
+        const model_layer *L = &m->layers[l];
+        forward_layer *W = &f->lw[l];
+        if ((rc = load_one(f, &L->attn_norm, &W->attn_norm)) || (rc = load_one(f, &L->wq, &W->wq)) ||
+            (rc = load_one(f, &L->wk, &W->wk)) || (rc = load_one(f, &L->wv, &W->wv)) ||
+            (rc = load_one(f, &L->wo, &W->wo)) || (rc = load_one(f, &L->bq, &W->bq)) ||
+            (rc = load_one(f, &L->bk, &W->bk)) || (rc = load_one(f, &L->bv, &W->bv)) ||
+            (rc = load_one(f, &L->ffn_norm, &W->ffn_norm)) || (rc = load_one(f, &L->w_gate, &W->w_gate)) ||
+            (rc = load_one(f, &L->w_up, &W->w_up)) || (rc = load_one(f, &L->w_down, &W->w_down)))
+            return rc;
+    }
+    if ((rc = load_one(f, &m->tok_embd, &f->tok_embd)) || (rc = load_one(f, &m->out_norm, &f->out_norm)))
+        return rc;
+    if (m->output.data == m->tok_embd.data) { /* tied: share the embedding's copy */
+        f->output = f->tok_embd;
+        f->output.owned = NULL;
+        return 0;
+    }
+    return load_one(f, &m->output, &f->output);
+}
+
 int forward_init(forward_state *f, const skv_model *m, const skv_backend *be, int max_batch) {
     memset(f, 0, sizeof *f);
     const model_config *c = &m->cfg;
@@ -32,19 +67,26 @@ int forward_init(forward_state *f, const skv_model *m, const skv_backend *be, in
     int rc = rope_init(&f->rope, &rp, factors);
     free(tmp);
     if (rc) return rc;
+    if ((rc = load_weights(f))) {
+        forward_free(f);
+        return rc;
+    }
     size_t B = max_batch;
     size_t qd = (size_t)c->n_heads * c->head_dim, kvd = (size_t)c->n_kv_heads * c->head_dim;
-    f->x = skv_aligned_alloc(sizeof(float) * B * c->dim);
-    f->xn = skv_aligned_alloc(sizeof(float) * B * ((size_t)c->dim > qd ? (size_t)c->dim : qd));
-    f->q = skv_aligned_alloc(sizeof(float) * B * qd);
-    f->att = skv_aligned_alloc(sizeof(float) * B * qd);
-    f->k = skv_aligned_alloc(sizeof(float) * B * kvd);
-    f->k_pre = skv_aligned_alloc(sizeof(float) * B * kvd);
-    f->v = skv_aligned_alloc(sizeof(float) * B * kvd);
-    f->gate = skv_aligned_alloc(sizeof(float) * B * c->ffn_dim);
-    f->up = skv_aligned_alloc(sizeof(float) * B * c->ffn_dim);
-    f->logits = skv_aligned_alloc(sizeof(float) * c->vocab);
-    if (!f->x || !f->xn || !f->q || !f->att || !f->k || !f->k_pre || !f->v || !f->gate || !f->up || !f->logits) {
+    be = f->be;
+    f->x = be->alloc(sizeof(float) * B * c->dim);
+    f->xn = be->alloc(sizeof(float) * B * ((size_t)c->dim > qd ? (size_t)c->dim : qd));
+    f->q = be->alloc(sizeof(float) * B * qd);
+    f->att = be->alloc(sizeof(float) * B * qd);
+    f->k = be->alloc(sizeof(float) * B * kvd);
+    f->k_pre = be->alloc(sizeof(float) * B * kvd);
+    f->v = be->alloc(sizeof(float) * B * kvd);
+    f->gate = be->alloc(sizeof(float) * B * c->ffn_dim);
+    f->up = be->alloc(sizeof(float) * B * c->ffn_dim);
+    f->logits_be = be->alloc(sizeof(float) * c->vocab);
+    f->logits = be == &skv_backend_cpu ? f->logits_be : skv_aligned_alloc(sizeof(float) * c->vocab);
+    if (!f->x || !f->xn || !f->q || !f->att || !f->k || !f->k_pre || !f->v || !f->gate || !f->up || !f->logits_be ||
+        !f->logits) {
         forward_free(f);
         return skv_error(SKV_ENOMEM, "out of memory for activations (batch %d)", max_batch);
     }
@@ -52,26 +94,57 @@ int forward_init(forward_state *f, const skv_model *m, const skv_backend *be, in
 }
 
 void forward_free(forward_state *f) {
-    free(f->x); free(f->xn); free(f->q); free(f->att); free(f->k); free(f->k_pre); free(f->v);
-    free(f->gate); free(f->up); free(f->logits);
+    const skv_backend *be = f->be;
+    if (!be) return;
+    if (f->logits != f->logits_be) free(f->logits);
+    float *bufs[] = {f->x, f->xn, f->q, f->att, f->k, f->k_pre, f->v, f->gate, f->up, f->logits_be};
+    for (size_t i = 0; i < sizeof bufs / sizeof bufs[0]; i++)
+        if (bufs[i]) be->free(bufs[i]);
+    if (f->lw) {
+        for (int l = 0; l < f->m->cfg.n_layers; l++) {
+            forward_layer *W = &f->lw[l];
+            skv_weight *ws[] = {&W->attn_norm, &W->wq, &W->wk, &W->wv, &W->wo, &W->bq, &W->bk, &W->bv,
+                                &W->ffn_norm, &W->w_gate, &W->w_up, &W->w_down};
+            for (size_t i = 0; i < sizeof ws / sizeof ws[0]; i++) be->weight_free(ws[i]);
+        }
+        free(f->lw);
+    }
+    be->weight_free(&f->tok_embd);
+    be->weight_free(&f->out_norm);
+    be->weight_free(&f->output);
     skv_workspace_free(&f->ws);
     rope_free(&f->rope);
     memset(f, 0, sizeof *f);
 }
 
-/* y (n, W.rows) = x (n, W.cols) · Wᵀ through the backend. */
-static void matmul(forward_state *f, const skv_tensor *W, const float *x, int n, float *y) {
-    f->be->matmul(W->type, W->data, W->rows, W->cols, x, n, y, &f->ws);
+/* y (n, T.rows) = x (n, T.cols) · Wᵀ through the backend, W being the
+ * backend's copy of the model tensor T. */
+static void matmul(forward_state *f, const skv_tensor *T, const skv_weight *W, const float *x, int n, float *y) {
+    f->be->matmul(W->type, W->data, T->rows, T->cols, x, n, y, &f->ws);
 }
 
-static void add_bias(forward_state *f, float *y, const skv_tensor *b, int n, int width) {
+static void add_bias(forward_state *f, float *y, const skv_weight *b, int n, int width) {
     if (b->data) f->be->add_bias(y, b->data, n, width);
 }
 
-/* Records a compute-stream span when someone listens. */
+/* Records a compute-stream span when someone listens (host-clock spans:
+ * the CPU's ops run on the calling thread; a device backend's own spans
+ * come from span_drain instead). */
 static void span(forward_state *f, const char *op, int layer, double t0) {
-    if (!probe_wants(f->bus, PROBE_SPAN)) return;
+    if (f->be->span_drain || !probe_wants(f->bus, PROBE_SPAN)) return;
     probe_emit_span(f->bus, PROBE_STREAM_COMPUTE, op, layer, f->step, t0, probe_time(f->bus));
+}
+
+/* A device backend's spans of this batch, timed by the device, onto the
+ * probe clock. */
+static void device_spans(forward_state *f) {
+    skv_span sp[256];
+    double off = skv_now() - probe_time(f->bus);
+    int n;
+    while ((n = f->be->span_drain(sp, 256)) > 0)
+        for (int i = 0; i < n; i++)
+            probe_emit_span(f->bus, sp[i].stream ? PROBE_STREAM_FETCH : PROBE_STREAM_COMPUTE, sp[i].op, sp[i].layer,
+                            sp[i].step, sp[i].t0 - off, sp[i].t1 - off);
 }
 
 int forward_batch(forward_state *f, kv_cache *kv, const int32_t *tokens, int n, int pos) {
@@ -84,19 +157,24 @@ int forward_batch(forward_state *f, kv_cache *kv, const int32_t *tokens, int n, 
     for (int i = 0; i < n; i++)
         if (tokens[i] < 0 || tokens[i] >= c->vocab)
             return skv_error(SKV_EINVAL, "token id %d is outside the vocabulary of %d", tokens[i], c->vocab);
-    be->embed(m->tok_embd.type, m->tok_embd.data, dim, tokens, n, f->x);
+    int dspans = be->span_drain && probe_wants(f->bus, PROBE_SPAN);
+    if (be->span_enable) be->span_enable(dspans);
+    if (be->span_tag) be->span_tag(-1, f->step);
+    be->embed(f->tok_embd.type, f->tok_embd.data, dim, tokens, n, f->x);
     int rc;
     for (int l = 0; l < c->n_layers; l++) {
         const model_layer *L = &m->layers[l];
+        const forward_layer *W = &f->lw[l];
+        if (be->span_tag) be->span_tag(l, f->step);
         double t0 = probe_wants(f->bus, PROBE_SPAN) ? probe_time(f->bus) : 0;
-        be->rmsnorm(f->xn, f->x, L->attn_norm.data, n, dim, c->norm_eps);
-        matmul(f, &L->wq, f->xn, n, f->q);
-        matmul(f, &L->wk, f->xn, n, f->k);
-        matmul(f, &L->wv, f->xn, n, f->v);
-        add_bias(f, f->q, &L->bq, n, qd);
-        add_bias(f, f->k, &L->bk, n, kvd);
-        add_bias(f, f->v, &L->bv, n, kvd);
-        memcpy(f->k_pre, f->k, sizeof(float) * n * kvd);
+        be->rmsnorm(f->xn, f->x, W->attn_norm.data, n, dim, c->norm_eps);
+        matmul(f, &L->wq, &W->wq, f->xn, n, f->q);
+        matmul(f, &L->wk, &W->wk, f->xn, n, f->k);
+        matmul(f, &L->wv, &W->wv, f->xn, n, f->v);
+        add_bias(f, f->q, &W->bq, n, qd);
+        add_bias(f, f->k, &W->bk, n, kvd);
+        add_bias(f, f->v, &W->bv, n, kvd);
+        be->copy(f->k_pre, f->k, sizeof(float) * n * kvd);
         be->rope(&f->rope, f->q, n, c->n_heads, pos);
         be->rope(&f->rope, f->k, n, c->n_kv_heads, pos);
         span(f, "qkv", l, t0);
@@ -105,19 +183,23 @@ int forward_batch(forward_state *f, kv_cache *kv, const int32_t *tokens, int n, 
         if ((rc = kv->cls->attend(kv, l, pos, n, f->q, f->att))) return rc;
         span(f, "attention", l, t0);
         if (probe_wants(f->bus, PROBE_SPAN)) t0 = probe_time(f->bus);
-        matmul(f, &L->wo, f->att, n, f->xn);
+        matmul(f, &L->wo, &W->wo, f->att, n, f->xn);
         be->add(f->x, f->xn, (size_t)n * dim);
-        be->rmsnorm(f->xn, f->x, L->ffn_norm.data, n, dim, c->norm_eps);
-        matmul(f, &L->w_gate, f->xn, n, f->gate);
-        matmul(f, &L->w_up, f->xn, n, f->up);
+        be->rmsnorm(f->xn, f->x, W->ffn_norm.data, n, dim, c->norm_eps);
+        matmul(f, &L->w_gate, &W->w_gate, f->xn, n, f->gate);
+        matmul(f, &L->w_up, &W->w_up, f->xn, n, f->up);
         be->swiglu(f->gate, f->up, (size_t)n * ffn);
-        matmul(f, &L->w_down, f->gate, n, f->xn);
+        matmul(f, &L->w_down, &W->w_down, f->gate, n, f->xn);
         be->add(f->x, f->xn, (size_t)n * dim);
         span(f, "mlp", l, t0);
     }
+    if (be->span_tag) be->span_tag(-1, f->step);
     double t0 = probe_wants(f->bus, PROBE_SPAN) ? probe_time(f->bus) : 0;
-    be->rmsnorm(f->xn, f->x + (size_t)(n - 1) * dim, m->out_norm.data, 1, dim, c->norm_eps);
-    matmul(f, &m->output, f->xn, 1, f->logits);
+    be->rmsnorm(f->xn, f->x + (size_t)(n - 1) * dim, f->out_norm.data, 1, dim, c->norm_eps);
+    matmul(f, &m->output, &f->output, f->xn, 1, f->logits_be);
+    if (f->logits != f->logits_be) be->download(f->logits, f->logits_be, sizeof(float) * c->vocab);
+    if (be->sync) be->sync();
     span(f, "logits", -1, t0);
+    if (dspans) device_spans(f);
     return 0;
 }

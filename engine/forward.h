@@ -13,15 +13,24 @@
 
 typedef struct probe_bus probe_bus;
 
+/* One layer's weights as the backend holds them (weight_load). */
+typedef struct {
+    skv_weight attn_norm, wq, wk, wv, wo, bq, bk, bv, ffn_norm, w_gate, w_up, w_down;
+} forward_layer;
+
 typedef struct {
     const skv_model *m;
     const skv_backend *be;  /* where the math runs */
     rope_ctx rope;
     int max_batch;
-    /* activations, (max_batch, width) */
+    /* weights in the backend's memory (the CPU's are the model's own) */
+    forward_layer *lw;      /* (n_layers) */
+    skv_weight tok_embd, out_norm, output;
+    /* activations in the backend's memory, (max_batch, width) */
     float *x, *xn, *q, *k, *k_pre, *v, *att, *gate, *up;
     skv_workspace ws;   /* the backend's matmul scratch */
-    float *logits;      /* (vocab) */
+    float *logits_be;   /* (vocab) the last token's logits in the backend's memory */
+    float *logits;      /* (vocab) the same in host memory (== logits_be on the CPU) */
     probe_bus *bus;     /* may be NULL: timeline spans of the forward ops */
     int step;           /* for spans; -1 during prefill */
 } forward_state;

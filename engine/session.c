@@ -43,6 +43,11 @@ int session_new(skv_model *m, const session_opts *o, skv_session **out) {
         return SKV_EINVAL;
     }
     snprintf(s->notice, sizeof s->notice, "%s", notice);
+    if (s->be != &skv_backend_cpu && (o->kv.oracle || o->tap_layer >= 0 || o->kv.watch_end > o->kv.watch_begin)) {
+        free(s);
+        return skv_error(SKV_EUNSUPPORTED, "the oracle, the needle watch and layer taps read the KV cache in host "
+                         "memory: use --backend cpu with them");
+    }
     int rc = forward_init(&s->fwd, m, s->be, s->o.batch);
     if (rc) { free(s); return rc; }
     s->fwd.bus = o->bus;

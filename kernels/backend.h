@@ -37,6 +37,25 @@ typedef struct {
 
 void skv_workspace_free(skv_workspace *ws);
 
+/* A weight prepared by weight_load for matmul, embed and the vector ops:
+ * the CPU uses the model's own stored blocks (no copy); a device backend
+ * holds a copy in its memory (CUDA: matrices in BF16, vectors in fp32). */
+typedef struct {
+    enum ggml_type type;     /* the type the ops see */
+    const void *data;        /* in the backend's memory */
+    void *owned;             /* what weight_free releases (NULL: nothing) */
+} skv_weight;
+
+/* One span of a device backend's timeline: an op that ran on one of its
+ * streams, timed by the device (CUDA events), in seconds on the host clock
+ * (skv_now). */
+typedef struct {
+    int stream;              /* 0 compute, 1 fetch (the copy stream) */
+    const char *op;          /* a static string */
+    int layer, step;         /* the tag set when the op was queued */
+    double t0, t1;
+} skv_span;
+
 typedef struct skv_backend {
     const char *name;        /* "cpu", "cuda": what --backend takes */
     const char *summary;     /* one line for skv info --backends */
@@ -49,6 +68,22 @@ typedef struct skv_backend {
     void (*free)(void *p);
     void (*upload)(void *dst, const void *host_src, size_t bytes);
     void (*download)(void *host_dst, const void *src, size_t bytes);
+
+    /* Copies bytes within the backend's memory. */
+    void (*copy)(void *dst, const void *src, size_t bytes);
+    /* Host memory the backend's gather can read directly (ShadowKV's offload
+     * store): plain memory on the CPU, pinned and mapped for CUDA. */
+    void *(*host_alloc)(size_t bytes);
+    void (*host_free)(void *p);
+    /* Waits until the queued work is done (NULL: every op is synchronous). */
+    void (*sync)(void);
+
+    /* ---- weights ---------------------------------------------------------- */
+    /* Makes the (rows, cols) tensor stored as type t at host usable by the
+     * ops; rows == 1 is a vector (a norm or a bias), kept in fp32. 0, or
+     * SKV_ENOMEM / SKV_EUNSUPPORTED with a message. */
+    int (*weight_load)(enum ggml_type t, const void *host, int rows, int cols, skv_weight *w);
+    void (*weight_free)(skv_weight *w);
 
     /* ---- the forward pass ---------------------------------------------- */
     /* y (n, rows) = x (n, cols) · Wᵀ, W (rows, cols) stored as type t (any
@@ -92,6 +127,17 @@ typedef struct skv_backend {
     void (*attend_causal)(const float *q, int nq, int pos, int n_heads, int n_kv_heads, int d, const float *K,
                           const float *V, int stride, size_t head_stride, float *out);
 
+    /* Stores n rows of src (n, n_kv*d), positions pos.., into a head-major
+     * cache: KV head kh's row p at cache + kh*head_stride + p*d. */
+    void (*kv_store)(float *cache, size_t head_stride, int n_kv, int d, int pos, int n, const float *src);
+    /* Decode attention: one query per head q (n_heads, d) over rows
+     * 0..rows-1 of every KV head (K and V as in attend_causal), each KV head's
+     * rows read once for its GQA group and split over the threads (or thread
+     * blocks) with partial results merged (flash-decoding). out (n_heads, d).
+     * 0 or SKV_ENOMEM. */
+    int (*attend_decode)(const float *q, int n_heads, int n_kv, int d, const float *K, const float *V, int rows,
+                         int stride, size_t head_stride, float *out);
+
     /* ---- sparse-policy stages (shapes as in kernels/cpu/shadowkv_ops.h) -- */
     /* Truncated SVD K (s, n) ≈ U (s, r) · SVt (r, n); Vt may be NULL; sv gets
      * all min(s, n) singular values. 0 or SKV_E* with a message. */
@@ -125,6 +171,16 @@ typedef struct skv_backend {
      * `bits` and decoded into y (kernels/cpu/kivi.h). */
     void (*kivi)(const float *x, int n, int stride, int bits, int midpoint, float *y, uint8_t *codes, float *scale,
                  float *zero);
+
+    /* ---- timeline (device backends; NULL on the CPU, whose ops the engine
+     * times with the host clock) ---- */
+    /* Tags the ops queued from now on with a layer and decode step. */
+    void (*span_tag)(int layer, int step);
+    /* on: record a span per op from now on (off: none, no cost). */
+    void (*span_enable)(int on);
+    /* The spans finished since the last call, at most max, oldest first;
+     * returns their count (call after sync). */
+    int (*span_drain)(skv_span *out, int max);
 } skv_backend;
 
 /* ---- registry ------------------------------------------------------------ */

@@ -171,6 +171,9 @@ int kv_new(const kv_opts *o, const kv_shape *shape, kv_cache **out) {
         if (o->set[i].strict && !kv_policy_opt(p, o->set[i].key))
             return skv_error(SKV_EINVAL, "KV option '%s' is not an option of policy %s (skv run --kv help)",
                              o->set[i].key, p->name);
+    if (shape->be && shape->be != &skv_backend_cpu && !p->device)
+        return skv_error(SKV_EUNSUPPORTED, "policy %s keeps its data in host memory and runs on the cpu backend "
+                         "only (--backend cpu); on %s this build runs --kv dense", p->name, shape->be->name);
     int rc = p->create(o, shape, out);
     if (!rc) (*out)->policy = p;
     return rc;
@@ -201,33 +204,5 @@ void kv_stats_describe(const kv_cache *c, char *buf, size_t n) {
 int kv_attend_all(const kv_shape *sh, const float *q, const float *K, const float *V, int rows, int stride,
                   size_t head_stride, float *out) {
     const skv_backend *be = sh->be ? sh->be : &skv_backend_cpu;
-    int hd = sh->head_dim, nkv = sh->n_kv_heads, grp = sh->n_heads / sh->n_kv_heads;
-    float scale = 1.0f / sqrtf((float)hd);
-    int parts = (2 * skv_threads() + nkv - 1) / nkv;
-    if (parts > rows / 256) parts = rows / 256;
-    if (parts < 1) parts = 1;
-    int tasks = nkv * parts;
-    /* partial results (tasks, grp, hd) and (tasks, grp) x 2: small, per call */
-    float *po = NULL;
-    if (parts > 1 && !(po = malloc(sizeof(float) * (size_t)tasks * grp * (hd + 2))))
-        return skv_error(SKV_ENOMEM, "attention: out of memory for %d partial results", tasks);
-    float *pm = po ? po + (size_t)tasks * grp * hd : NULL, *pl = pm ? pm + (size_t)tasks * grp : NULL;
-    #pragma omp parallel for schedule(dynamic, 1) if (tasks > 1)
-    for (int t = 0; t < tasks; t++) {
-        int kh = t / parts, p = t % parts;
-        int r0 = (int)((long long)rows * p / parts), r1 = (int)((long long)rows * (p + 1) / parts);
-        const float *Kp = K + kh * head_stride + (size_t)r0 * stride, *Vp = V + kh * head_stride + (size_t)r0 * stride;
-        const float *qg = q + (size_t)kh * grp * hd;
-        if (parts == 1)
-            be->attend_group(qg, grp, Kp, Vp, r1 - r0, hd, stride, scale, out + (size_t)kh * grp * hd, NULL, NULL);
-        else
-            be->attend_group(qg, grp, Kp, Vp, r1 - r0, hd, stride, scale, po + (size_t)t * grp * hd,
-                             pm + (size_t)t * grp, pl + (size_t)t * grp);
-    }
-    if (parts > 1)
-        for (int kh = 0; kh < nkv; kh++)
-            be->attend_merge(parts, grp, hd, po + (size_t)kh * parts * grp * hd, pm + (size_t)kh * parts * grp,
-                             pl + (size_t)kh * parts * grp, out + (size_t)kh * grp * hd);
-    free(po);
-    return 0;
+    return be->attend_decode(q, sh->n_heads, sh->n_kv_heads, sh->head_dim, K, V, rows, stride, head_stride, out);
 }

@@ -68,6 +68,8 @@ typedef struct kv_class {
     const kv_opt_def *opts;   /* (n_opts) */
     int n_opts;
     int budgeted;             /* 1: honours the shared --budget (tokens attended per KV head) */
+    int device;               /* 1: keeps its data in the backend's memory and reaches it only through
+                                 the backend's ops, so it runs on any backend; 0: the CPU backend only */
     const kv_stat_def *stat_defs; /* (n_stats <= KV_MAX_STATS) */
     int n_stats;
     /* Creates a cache of this policy; its options are read with kv_opt(). */
@@ -195,12 +197,11 @@ extern const kv_class kv_policy_dense, kv_policy_shadowkv, kv_policy_quest, kv_p
 
 /* Exact attention of one decode query q (n_heads*head_dim) over rows
  * 0..rows-1 of K and V (KV head kh's rows at K + kh*head_stride, rows stride
- * floats apart), the way the dense policy does it (flash-decoding: each KV
- * head's rows split so every thread gets about two tasks, a task attends
- * its whole GQA group with the backend's attend_group, the parts merged by
- * attend_merge). Every policy attending all its rows calls this, so that
- * at a full budget it gives dense's outputs bit for bit. out (n_heads*head_dim).
- * 0 or SKV_ENOMEM. */
+ * floats apart), the way the dense policy does it: the backend's
+ * attend_decode (flash-decoding: each KV head's rows read once for its GQA
+ * group, split over the threads, the parts merged). Every policy attending
+ * all its rows calls this, so that at a full budget it gives dense's outputs
+ * bit for bit. out (n_heads*head_dim). 0 or SKV_ENOMEM. */
 int kv_attend_all(const kv_shape *sh, const float *q, const float *K, const float *V, int rows, int stride,
                   size_t head_stride, float *out);
 

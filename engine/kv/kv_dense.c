@@ -28,20 +28,21 @@ static int grow(kv_dense *c, int need) {
     while (cap < need) cap *= 2;
     if (cap > c->base.shape.max_ctx) cap = c->base.shape.max_ctx;
     size_t hd = (size_t)c->base.shape.head_dim, nkv = (size_t)c->base.shape.n_kv_heads;
+    const skv_backend *be = c->base.shape.be;
     /* head-major: a bigger capacity moves every head's rows to its new start */
     for (int l = 0; l < c->base.shape.n_layers; l++) {
-        float *nk = malloc(sizeof(float) * nkv * cap * hd), *nv = malloc(sizeof(float) * nkv * cap * hd);
+        float *nk = be->alloc(sizeof(float) * nkv * cap * hd), *nv = be->alloc(sizeof(float) * nkv * cap * hd);
         if (!nk || !nv) {
-            free(nk);
-            free(nv);
+            if (nk) be->free(nk);
+            if (nv) be->free(nv);
             return skv_error(SKV_ENOMEM, "KV cache: out of memory for %d positions", cap);
         }
         for (size_t kh = 0; c->k[l] && kh < nkv; kh++) {
-            memcpy(nk + kh * cap * hd, c->k[l] + kh * c->cap * hd, sizeof(float) * c->cap * hd);
-            memcpy(nv + kh * cap * hd, c->v[l] + kh * c->cap * hd, sizeof(float) * c->cap * hd);
+            be->copy(nk + kh * cap * hd, c->k[l] + kh * c->cap * hd, sizeof(float) * c->cap * hd);
+            be->copy(nv + kh * cap * hd, c->v[l] + kh * c->cap * hd, sizeof(float) * c->cap * hd);
         }
-        free(c->k[l]);
-        free(c->v[l]);
+        if (c->k[l]) be->free(c->k[l]);
+        if (c->v[l]) be->free(c->v[l]);
         c->k[l] = nk;
         c->v[l] = nv;
     }
@@ -55,13 +56,10 @@ static int dense_append(kv_cache *base, int layer, int pos, int n, const float *
     kv_dense *c = (kv_dense *)base;
     int rc = grow(c, pos + n);
     if (rc) return rc;
-    size_t hd = (size_t)base->shape.head_dim, nkv = (size_t)base->shape.n_kv_heads, row = nkv * hd;
-    for (int t = 0; t < n; t++)
-        for (size_t kh = 0; kh < nkv; kh++) {
-            size_t dst = (kh * c->cap + (size_t)(pos + t)) * hd;
-            memcpy(c->k[layer] + dst, k + t * row + kh * hd, sizeof(float) * hd);
-            memcpy(c->v[layer] + dst, v + t * row + kh * hd, sizeof(float) * hd);
-        }
+    const kv_shape *sh = &base->shape;
+    size_t head = (size_t)c->cap * sh->head_dim;
+    sh->be->kv_store(c->k[layer], head, sh->n_kv_heads, sh->head_dim, pos, n, k);
+    sh->be->kv_store(c->v[layer], head, sh->n_kv_heads, sh->head_dim, pos, n, v);
     if (layer == 0 && pos + n > c->n) c->n = pos + n;
     return 0;
 }
@@ -94,9 +92,10 @@ static void dense_bytes(const kv_cache *base, size_t *resident, size_t *offloade
 
 static void dense_free(kv_cache *base) {
     kv_dense *c = (kv_dense *)base;
+    const skv_backend *be = base->shape.be;
     for (int l = 0; c->k && l < base->shape.n_layers; l++) {
-        free(c->k[l]);
-        free(c->v[l]);
+        if (c->k[l]) be->free(c->k[l]);
+        if (c->v[l]) be->free(c->v[l]);
     }
     free(c->k);
     free(c->v);
@@ -111,6 +110,7 @@ static int dense_create(const kv_opts *o, const kv_shape *shape, kv_cache **out)
 const kv_class kv_policy_dense = {
     .name = "dense",
     .summary = "every key and value kept, exact attention (the reference)",
+    .device = 1,
     .create = dense_create,
     .append = dense_append,
     .attend = dense_attend,

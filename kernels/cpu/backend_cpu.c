@@ -56,6 +56,26 @@ static void *cpu_alloc(size_t bytes) { return skv_aligned_alloc(bytes); }
 static void cpu_free(void *p) { free(p); }
 static void cpu_copy(void *dst, const void *src, size_t bytes) { memcpy(dst, src, bytes); }
 
+/* The CPU computes on the model's stored blocks where they are. */
+static int cpu_weight_load(enum ggml_type t, const void *host, int rows, int cols, skv_weight *w) {
+    (void)rows;
+    (void)cols;
+    w->type = t;
+    w->data = host;
+    w->owned = NULL;
+    return 0;
+}
+
+static void cpu_weight_free(skv_weight *w) { memset(w, 0, sizeof *w); }
+
+static void cpu_kv_store(float *cache, size_t head_stride, int n_kv, int d, int pos, int n, const float *src) {
+    size_t row = (size_t)n_kv * d;
+    for (int t = 0; t < n; t++)
+        for (int kh = 0; kh < n_kv; kh++)
+            memcpy(cache + (size_t)kh * head_stride + (size_t)(pos + t) * d, src + t * row + (size_t)kh * d,
+                   sizeof(float) * d);
+}
+
 /* Rows of W per GEMM task. */
 #define WBLOCK_ROWS 256
 
@@ -332,6 +352,42 @@ static void cpu_attend_merge(int parts, int g, int d, const float *o, const floa
     }
 }
 
+/* Flash-decoding on the CPU: each KV head's rows split so every thread gets
+ * about two tasks; a task attends its whole GQA group with attend_group,
+ * the parts merged by attend_merge. */
+static int cpu_attend_decode(const float *q, int n_heads, int nkv, int hd, const float *K, const float *V, int rows,
+                             int stride, size_t head_stride, float *out) {
+    int grp = n_heads / nkv;
+    float scale = 1.0f / sqrtf((float)hd);
+    int parts = (2 * skv_threads() + nkv - 1) / nkv;
+    if (parts > rows / 256) parts = rows / 256;
+    if (parts < 1) parts = 1;
+    int tasks = nkv * parts;
+    /* partial results (tasks, grp, hd) and (tasks, grp) x 2: small, per call */
+    float *po = NULL;
+    if (parts > 1 && !(po = malloc(sizeof(float) * (size_t)tasks * grp * (hd + 2))))
+        return skv_error(SKV_ENOMEM, "attention: out of memory for %d partial results", tasks);
+    float *pm = po ? po + (size_t)tasks * grp * hd : NULL, *pl = pm ? pm + (size_t)tasks * grp : NULL;
+    #pragma omp parallel for schedule(dynamic, 1) if (tasks > 1)
+    for (int t = 0; t < tasks; t++) {
+        int kh = t / parts, p = t % parts;
+        int r0 = (int)((long long)rows * p / parts), r1 = (int)((long long)rows * (p + 1) / parts);
+        const float *Kp = K + kh * head_stride + (size_t)r0 * stride, *Vp = V + kh * head_stride + (size_t)r0 * stride;
+        const float *qg = q + (size_t)kh * grp * hd;
+        if (parts == 1)
+            cpu_attend_group(qg, grp, Kp, Vp, r1 - r0, hd, stride, scale, out + (size_t)kh * grp * hd, NULL, NULL);
+        else
+            cpu_attend_group(qg, grp, Kp, Vp, r1 - r0, hd, stride, scale, po + (size_t)t * grp * hd,
+                             pm + (size_t)t * grp, pl + (size_t)t * grp);
+    }
+    if (parts > 1)
+        for (int kh = 0; kh < nkv; kh++)
+            cpu_attend_merge(parts, grp, hd, po + (size_t)kh * parts * grp * hd, pm + (size_t)kh * parts * grp,
+                             pl + (size_t)kh * parts * grp, out + (size_t)kh * grp * hd);
+    free(po);
+    return 0;
+}
+
 /* Batched causal attention, one task per (KV head, block of queries): the
  * block's queries of every query head of the group are packed into one
  * matrix, so the head's keys and values are read once per block for the
@@ -404,6 +460,13 @@ const skv_backend skv_backend_cpu = {
     .free = cpu_free,
     .upload = cpu_copy,
     .download = cpu_copy,
+    .copy = cpu_copy,
+    .host_alloc = cpu_alloc,
+    .host_free = cpu_free,
+    .weight_load = cpu_weight_load,
+    .weight_free = cpu_weight_free,
+    .kv_store = cpu_kv_store,
+    .attend_decode = cpu_attend_decode,
     .matmul = cpu_matmul,
     .embed = cpu_embed,
     .rmsnorm = cpu_rmsnorm,
