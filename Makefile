@@ -31,26 +31,35 @@ LDLIBS  = $(PKG_LIBS) -fopenmp -lpthread -lm
 # oneDNN (Debian libdnnl-dev, installed by make deps) does the CPU GEMMs when
 # present: its kernels are picked by the CPU's instruction sets, whatever
 # OPENBLAS_CORETYPE says (docs/PERFORMANCE.md). Without it, OpenBLAS.
+ifneq ($(DNNL),0)
 ifneq ($(wildcard /usr/include/dnnl.h),)
 CFLAGS  += -DSKV_HAVE_DNNL
 LDLIBS  += -ldnnl
 endif
+endif
 
 LIB_SRC  = $(wildcard kernels/*.c kernels/cpu/*.c probes/*.c engine/*.c engine/*/*.c views/*.c)
 TUI_SRC  = $(wildcard tui/*.c)
-TEST_SRC = $(wildcard tests/test_*.c)
+TEST_SRC = $(wildcard tests/test_*.c) $(if $(CU_SRC),$(wildcard tests/gpu/test_*.c))
 
-# CUDA objects are built only when nvcc is present (SKV_HAVE_CUDA).
+# The CUDA backend (kernels/cuda/, SKV_HAVE_CUDA) is built when nvcc is found
+# (`make CUDA=0` leaves it out): device code for sm_80 (A100) and sm_90
+# (H100), warnings as errors in nvcc and in the host compiler.
+ifneq ($(CUDA),0)
 ifneq ($(NVCC),)
 CU_SRC   = $(wildcard kernels/cuda/*.cu)
+CU_C_SRC = $(wildcard kernels/cuda/*.c)
 CUDA_DIR = $(patsubst %/bin/nvcc,%,$(NVCC))
 ifneq ($(CU_SRC),)
 CFLAGS  += -DSKV_HAVE_CUDA -I$(CUDA_DIR)/include
-LDLIBS  += -L$(CUDA_DIR)/lib64 -lcudart -lcublas -lcusolver -Wl,-rpath,$(CUDA_DIR)/lib64
+LDLIBS  += -L$(CUDA_DIR)/lib64 -lcudart -lcublas -lcusolver -Wl,-rpath,$(CUDA_DIR)/lib64 -lstdc++
 endif
 endif
+endif
+NVCCFLAGS = -O2 -std=c++17 -gencode arch=compute_80,code=sm_80 -gencode arch=compute_90,code=sm_90 \
+            -Werror all-warnings -Xcompiler -Wall,-Wextra,-Werror -DSKV_HAVE_CUDA
 
-LIB_OBJ  = $(LIB_SRC:%.c=$(BUILD)/%.o) $(CU_SRC:%.cu=$(BUILD)/%.cu.o)
+LIB_OBJ  = $(LIB_SRC:%.c=$(BUILD)/%.o) $(CU_C_SRC:%.c=$(BUILD)/%.o) $(CU_SRC:%.cu=$(BUILD)/%.cu.o)
 TUI_OBJ  = $(TUI_SRC:%.c=$(BUILD)/%.o)
 TEST_BIN = $(TEST_SRC:tests/%.c=$(BUILD)/tests/%)
 
@@ -77,14 +86,13 @@ $(BUILD)/%.o: %.c
 	@mkdir -p $(dir $@)
 	$(CC) $(CFLAGS) -c $< -o $@
 
-$(BUILD)/%.cu.o: %.cu
+$(BUILD)/%.cu.o: %.cu kernels/cuda/cuda_util.h kernels/cuda/cuda_ops.h kernels/kmath.h kernels/backend.h
 	@mkdir -p $(dir $@)
-	$(NVCC) -O2 -std=c++17 -gencode arch=compute_80,code=sm_80 -gencode arch=compute_90,code=sm_90 \
-	  -DSKV_HAVE_CUDA $(addprefix -I,$(INC_DIRS)) -c $< -o $@
+	$(NVCC) $(NVCCFLAGS) $(addprefix -I,$(INC_DIRS)) -c $< -o $@
 
 $(BUILD)/tests/%: tests/%.c tests/testhelp.h $(BUILD)/libskv.a $(TUI_OBJ)
 	@mkdir -p $(dir $@)
-	$(CC) $(CFLAGS) -o $@ $< $(BUILD)/libskv.a $(LDLIBS)
+	$(CC) $(CFLAGS) -Itests -o $@ $< $(BUILD)/libskv.a $(LDLIBS)
 
 # The fuzz harnesses' regression corpus, replayed by make test: the harnesses
 # are included whole, and fuzz_cli needs the command line's parsers (tui/).
@@ -139,6 +147,14 @@ bench: skv
 	@$(MAKE) --no-print-directory BUILD=build-noprobes EXTRA_CFLAGS=-DSKV_NO_PROBES build-noprobes/skv >/dev/null
 	@sh tests/bench.sh
 
+# What tests/gpu/run.sh needs on a device machine, in build/gpu-pack/ (under
+# 64 MiB with its libraries): a portable build with OpenBLAS GEMMs.
+.PHONY: gpu-pack
+gpu-pack:
+	@$(MAKE) --no-print-directory BUILD=build-gpu DNNL=0 OPT="-O2 -march=x86-64-v3 -fvect-cost-model=dynamic" \
+	  build-gpu/skv build-gpu/tests/gpu/test_cuda_ops build-gpu/tests/gpu/test_cuda_model
+	@sh tests/gpu/pack.sh
+
 .PHONY: bench-ref
 bench-ref:
 	@sh tests/bench_ref.sh
@@ -173,6 +189,6 @@ deps:
 	  python3 python3-numpy python3-pandas libdnnl-dev
 
 clean:
-	rm -rf build build-asan build-noprobes build-fuzz build-tsan skv
+	rm -rf build build-asan build-noprobes build-fuzz build-tsan build-gpu skv
 
 -include $(shell find $(BUILD) -name '*.d' 2>/dev/null)

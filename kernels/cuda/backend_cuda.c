@@ -1,0 +1,48 @@
+/* backend_cuda.c: the CUDA backend's entry in the backend table (the ops
+ * are in this folder's .cu files; kernels/cuda/cuda_ops.h lists them). */
+#include "cuda_ops.h"
+
+const skv_backend skv_backend_cuda = {
+    .name = "cuda",
+    .summary = "NVIDIA GPUs (sm_80, sm_90): cuBLAS BF16 GEMMs, flash-decoding, ShadowKV's stages "
+               "(cuSOLVER Gram-route SVD, zero-copy gather of pinned values on its own stream, fused "
+               "rebuild + RoPE); built, not yet verified on hardware",
+    .available = cu_available,
+    .alloc = cu_alloc,
+    .free = cu_free,
+    .upload = cu_upload,
+    .download = cu_download,
+    .copy = cu_copy,
+    .host_alloc = cu_host_alloc,
+    .host_free = cu_host_free,
+    .sync = cu_sync,
+    .weight_load = cu_weight_load,
+    .weight_free = cu_weight_free,
+    .matmul = cu_matmul,
+    .embed = cu_embed,
+    .rmsnorm = cu_rmsnorm,
+    .rope = cu_rope,
+    .add_bias = cu_add_bias,
+    .add = cu_add,
+    .swiglu = cu_swiglu,
+    .attend_rows = cu_attend_rows,
+    .attend_group = cu_attend_group,
+    .attend_merge = cu_attend_merge,
+    .attend_causal = cu_attend_causal,
+    .kv_store = cu_kv_store,
+    .attend_decode = cu_attend_decode,
+    .svd = cu_svd,
+    .landmarks = cu_landmarks,
+    .cos_min = cu_cos_min,
+    .score = cu_score,
+    .topk = cu_topk,
+    .gather = cu_gather,
+    .rebuild = cu_rebuild,
+    .project = cu_project,
+    .page_bounds = cu_page_bounds,
+    .page_score = cu_page_score,
+    .kivi = cu_kivi,
+    .span_tag = cu_span_tag,
+    .span_enable = cu_span_enable,
+    .span_drain = cu_span_drain,
+};

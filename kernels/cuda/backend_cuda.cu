@@ -1,0 +1,236 @@
+/* backend_cuda.cu: the CUDA backend's table entry (kernels/backend.h) and
+ * what every op shares: the device context (two streams: compute, and fetch
+ * for the gathers of offloaded values, so a gather overlaps the key
+ * rebuild), buffers, stream-ordered scratch, and the timeline (CUDA events
+ * around each op while spans are on, read back after a sync).
+ *
+ * Built only when nvcc is found (SKV_HAVE_CUDA). A binary built with it
+ * runs where no GPU is: `available` says why, and skv_backend_pick falls
+ * back to the CPU with one notice. The kernels are tested against the CPU
+ * backend op by op in tests/gpu/ (run on a device by tests/gpu/run.sh);
+ * their per-element math is kernels/kmath.h, which tests/test_kmath.c
+ * checks on any machine. */
+#include "cuda_util.h"
+
+#include <mutex>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <unordered_map>
+#include <vector>
+
+void cuda_fail(const char *what, const char *msg, const char *file, int line) {
+    fprintf(stderr, "skv: CUDA call failed at %s:%d: %s: %s\n", file, line, what, msg);
+    abort();
+}
+
+static cuda_ctx g_ctx;
+static std::mutex g_mu;
+
+cuda_ctx *cuda_get(void) {
+    if (g_ctx.ready) return &g_ctx;
+    std::lock_guard<std::mutex> lock(g_mu);
+    if (!g_ctx.ready) {
+        CK(cudaSetDevice(0));
+        CK(cudaStreamCreateWithFlags(&g_ctx.compute, cudaStreamNonBlocking));
+        CK(cudaStreamCreateWithFlags(&g_ctx.fetch, cudaStreamNonBlocking));
+        CK(cudaEventCreateWithFlags(&g_ctx.fetched, cudaEventDisableTiming));
+        CKB(cublasCreate(&g_ctx.blas));
+        CKB(cublasSetStream(g_ctx.blas, g_ctx.compute));
+        /* fp32 GEMMs stay fp32 (no TF32): they are the CPU's twins */
+        CKB(cublasSetMathMode(g_ctx.blas, CUBLAS_DEFAULT_MATH));
+        CKS(cusolverDnCreate(&g_ctx.solver));
+        CKS(cusolverDnSetStream(g_ctx.solver, g_ctx.compute));
+        g_ctx.ready = 1;
+    }
+    return &g_ctx;
+}
+
+cudaStream_t cuda_after_fetch(void) {
+    cuda_ctx *c = cuda_get();
+    if (c->fetch_pending) {
+        CK(cudaStreamWaitEvent(c->compute, c->fetched, 0));
+        c->fetch_pending = 0;
+    }
+    return c->compute;
+}
+
+void *cuda_scratch(size_t bytes) {
+    void *p = NULL;
+    CK(cudaMallocAsync(&p, bytes ? bytes : 16, cuda_get()->compute));
+    return p;
+}
+
+void cuda_scratch_free(void *p) {
+    if (p) CK(cudaFreeAsync(p, cuda_get()->compute));
+}
+
+const float *cuda_const_upload(const float *host, size_t n) {
+    static std::unordered_map<const float *, float *> uploaded;
+    std::lock_guard<std::mutex> lock(g_mu);
+    auto it = uploaded.find(host);
+    if (it != uploaded.end()) return it->second;
+    float *d = NULL;
+    CK(cudaMalloc(&d, sizeof(float) * (n ? n : 1)));
+    if (n) CK(cudaMemcpy(d, host, sizeof(float) * n, cudaMemcpyHostToDevice));
+    uploaded[host] = d;
+    return d;
+}
+
+/* ---- availability and buffers ---- */
+
+int cu_available(char *why, size_t n) {
+    int count = 0;
+    cudaError_t e = cudaGetDeviceCount(&count);
+    if (e != cudaSuccess || count == 0) {
+        if (n) snprintf(why, n, "no CUDA device: %s", e != cudaSuccess ? cudaGetErrorString(e) : "none found");
+        cudaGetLastError(); /* clear the sticky status of a failed query */
+        return 0;
+    }
+    return 1;
+}
+
+void *cu_alloc(size_t bytes) {
+    void *p = NULL;
+    if (cudaMalloc(&p, bytes ? bytes : 16) != cudaSuccess) {
+        cudaGetLastError();
+        return NULL;
+    }
+    CK(cudaMemset(p, 0, bytes ? bytes : 16));
+    return p;
+}
+
+void cu_free(void *p) {
+    if (!p) return;
+    CK(cudaDeviceSynchronize()); /* queued work may still read it */
+    CK(cudaFree(p));
+}
+
+void cu_upload(void *dst, const void *host_src, size_t bytes) {
+    CK(cudaMemcpyAsync(dst, host_src, bytes, cudaMemcpyHostToDevice, cuda_after_fetch()));
+    CK(cudaStreamSynchronize(cuda_get()->compute));
+}
+
+void cu_download(void *host_dst, const void *src, size_t bytes) {
+    CK(cudaMemcpyAsync(host_dst, src, bytes, cudaMemcpyDeviceToHost, cuda_after_fetch()));
+    CK(cudaStreamSynchronize(cuda_get()->compute));
+}
+
+void cu_copy(void *dst, const void *src, size_t bytes) {
+    cudaStream_t st = cuda_after_fetch();
+    cuda_span_mark sp = cuda_span_begin(0);
+    CK(cudaMemcpyAsync(dst, src, bytes, cudaMemcpyDeviceToDevice, st));
+    cuda_span_end(sp, 0, "copy");
+}
+
+void *cu_host_alloc(size_t bytes) {
+    void *p = NULL;
+    cuda_get();
+    if (cudaHostAlloc(&p, bytes ? bytes : 16, cudaHostAllocMapped | cudaHostAllocPortable) != cudaSuccess) {
+        cudaGetLastError();
+        return NULL;
+    }
+    memset(p, 0, bytes ? bytes : 16);
+    return p;
+}
+
+void cu_host_free(void *p) {
+    if (!p) return;
+    CK(cudaDeviceSynchronize());
+    CK(cudaFreeHost(p));
+}
+
+void cu_sync(void) {
+    cuda_ctx *c = cuda_get();
+    cuda_after_fetch();
+    CK(cudaStreamSynchronize(c->fetch));
+    CK(cudaStreamSynchronize(c->compute));
+}
+
+/* ---- timeline ---- */
+
+typedef struct {
+    cudaEvent_t a, b;
+    int stream, layer, step;
+    const char *op;
+} pending_span;
+
+static struct {
+    int on;
+    int layer, step;
+    cudaEvent_t base;     /* recorded at enable, with its host time */
+    double base_host;
+    std::vector<pending_span> pend;
+    std::vector<cudaEvent_t> pool;
+} g_tl;
+
+static cudaEvent_t tl_event(void) {
+    if (!g_tl.pool.empty()) {
+        cudaEvent_t e = g_tl.pool.back();
+        g_tl.pool.pop_back();
+        return e;
+    }
+    cudaEvent_t e;
+    CK(cudaEventCreate(&e));
+    return e;
+}
+
+cuda_span_mark cuda_span_begin(int stream) {
+    cuda_span_mark m = {NULL, NULL, 0};
+    if (!g_tl.on) return m;
+    cuda_ctx *c = cuda_get();
+    m.a = tl_event();
+    m.b = tl_event();
+    m.on = 1;
+    CK(cudaEventRecord(m.a, stream ? c->fetch : c->compute));
+    return m;
+}
+
+void cuda_span_end(cuda_span_mark m, int stream, const char *op) {
+    if (!m.on) return;
+    cuda_ctx *c = cuda_get();
+    CK(cudaEventRecord(m.b, stream ? c->fetch : c->compute));
+    pending_span p = {m.a, m.b, stream, g_tl.layer, g_tl.step, op};
+    g_tl.pend.push_back(p);
+}
+
+void cu_span_tag(int layer, int step) {
+    g_tl.layer = layer;
+    g_tl.step = step;
+}
+
+void cu_span_enable(int on) {
+    if (on && !g_tl.on) {
+        cuda_ctx *c = cuda_get();
+        if (!g_tl.base) CK(cudaEventCreate(&g_tl.base));
+        CK(cudaStreamSynchronize(c->compute));
+        CK(cudaEventRecord(g_tl.base, c->compute));
+        CK(cudaEventSynchronize(g_tl.base));
+        g_tl.base_host = skv_now();
+    }
+    g_tl.on = on;
+}
+
+int cu_span_drain(skv_span *out, int max) {
+    int n = 0;
+    size_t i = 0;
+    for (; i < g_tl.pend.size() && n < max; i++) {
+        pending_span &p = g_tl.pend[i];
+        CK(cudaEventSynchronize(p.b));
+        float ta = 0, tb = 0;
+        CK(cudaEventElapsedTime(&ta, g_tl.base, p.a));
+        CK(cudaEventElapsedTime(&tb, g_tl.base, p.b));
+        out[n].stream = p.stream;
+        out[n].op = p.op;
+        out[n].layer = p.layer;
+        out[n].step = p.step;
+        out[n].t0 = g_tl.base_host + ta / 1000.0;
+        out[n].t1 = g_tl.base_host + tb / 1000.0;
+        n++;
+        g_tl.pool.push_back(p.a);
+        g_tl.pool.push_back(p.b);
+    }
+    g_tl.pend.erase(g_tl.pend.begin(), g_tl.pend.begin() + (long)i);
+    return n;
+}
+

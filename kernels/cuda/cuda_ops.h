@@ -1,0 +1,72 @@
+/* cuda_ops.h: the CUDA backend's ops, with C linkage, as the table in
+ * backend_cuda.c lists them. Each is defined in a .cu file of this folder
+ * (backend_cuda.cu: buffers and the timeline; ops_forward.cu; ops_attention.cu;
+ * ops_sparse.cu) and follows the contract of the table's field of the same
+ * name in kernels/backend.h, on device memory. */
+#ifndef SKV_CUDA_OPS_H
+#define SKV_CUDA_OPS_H
+
+#include "backend.h"
+
+#ifdef __cplusplus
+extern "C" {
+#endif
+
+/* backend_cuda.cu */
+int cu_available(char *why, size_t n);
+void *cu_alloc(size_t bytes);
+void cu_free(void *p);
+void cu_upload(void *dst, const void *host_src, size_t bytes);
+void cu_download(void *host_dst, const void *src, size_t bytes);
+void cu_copy(void *dst, const void *src, size_t bytes);
+void *cu_host_alloc(size_t bytes);
+void cu_host_free(void *p);
+void cu_sync(void);
+void cu_span_tag(int layer, int step);
+void cu_span_enable(int on);
+int cu_span_drain(skv_span *out, int max);
+/* ops_forward.cu */
+void cu_matmul(enum ggml_type t, const void *W, int rows, int cols, const float *x, int n, float *y,
+               skv_workspace *ws);
+void cu_embed(enum ggml_type t, const void *table, int dim, const int32_t *ids, int n, float *x);
+void cu_rmsnorm(float *out, const float *x, const float *w, int n, int dim, float eps);
+void cu_rope(const rope_ctx *r, float *x, int n, int n_heads, int pos0);
+void cu_add_bias(float *y, const float *b, int n, int width);
+void cu_add(float *y, const float *x, size_t len);
+void cu_swiglu(float *gate, const float *up, size_t len);
+void cu_kv_store(float *cache, size_t head_stride, int n_kv, int d, int pos, int n, const float *src);
+int cu_weight_load(enum ggml_type t, const void *host, int rows, int cols, skv_weight *w);
+void cu_weight_free(skv_weight *w);
+/* ops_attention.cu */
+void cu_attend_rows(const float *q, const float *K, const float *V, int n, int d, int stride, float scale,
+                    float *out);
+void cu_attend_group(const float *q, int g, const float *K, const float *V, int n, int d, int stride, float scale,
+                     float *out, float *m, float *l);
+void cu_attend_merge(int parts, int g, int d, const float *o, const float *m, const float *l, float *out);
+int cu_attend_decode(const float *q, int n_heads, int n_kv, int d, const float *K, const float *V, int rows,
+                     int stride, size_t head_stride, float *out);
+void cu_attend_causal(const float *q, int nq, int pos, int n_heads, int n_kv_heads, int d, const float *K,
+                      const float *V, int stride, size_t head_stride, float *out);
+/* ops_sparse.cu */
+int cu_svd(const float *K, int s, int n, int r, float *U, float *SVt, float *Vt, float *sv, float *rel_err);
+void cu_landmarks(const float *K, int stride, int d, int c, int n_chunks, float *lm);
+void cu_cos_min(const float *K, int stride, int d, int c, int n_chunks, const float *lm, float *cos_min);
+void cu_score(const float *q, int nq, size_t q_stride, int group, int d, const float *lm, int n_lm, float scale,
+              float *tmp, float *score);
+int cu_topk(const float *score, int n, int k, int *idx);
+void cu_gather(const float *src, int rows, int cols, const int *src_idx, int n, float *dst, const size_t *dst_off,
+               int dst_stride);
+void cu_rebuild(const float *U, int r, const float *svt, int d, int t0, int n, const rope_ctx *rope, const float *cs,
+                const float *sn, float *out);
+void cu_project(const float *Vt, int r, int n, const float *x, float *y, float *coef);
+void cu_page_bounds(const float *K, int stride, int d, int p, int t0, int n, float *mn, float *mx, int bstride);
+void cu_page_score(const float *q, int d, const float *mn, const float *mx, int bstride, int n_pages, float *U);
+void cu_kivi(const float *x, int n, int stride, int bits, int midpoint, float *y, uint8_t *codes, float *scale,
+             float *zero);
+
+
+#ifdef __cplusplus
+}
+#endif
+
+#endif

@@ -1,0 +1,74 @@
+/* cuda_util.h: what the CUDA backend's files share (CUDA C++ only): the
+ * context (device, the compute and fetch streams, cuBLAS and cuSOLVER
+ * handles), error checks, stream-ordered scratch, the timeline's span
+ * recorder, and the declarations of the ops each .cu file defines for the
+ * table in backend_cuda.cu.
+ *
+ * Every op takes pointers of device memory (from the table's alloc) unless
+ * its contract in kernels/backend.h says host: the ids of embed, the index
+ * lists of gather (and its source: host_alloc's pinned, mapped memory), the
+ * rope_ctx. Ops queue work on the compute stream and return; gather queues
+ * on the fetch stream, and the ops that read what it wrote (the attention
+ * ops, copy, download, sync) wait for it first. */
+#ifndef SKV_CUDA_UTIL_H
+#define SKV_CUDA_UTIL_H
+
+#include <cublas_v2.h>
+#include <cuda_runtime.h>
+#include <cusolverDn.h>
+
+extern "C" {
+#include "backend.h"
+#include "kmath.h"
+#include "skv.h"
+}
+#include "cuda_ops.h"
+
+/* Aborts with the file and line when a CUDA, cuBLAS or cuSOLVER call fails:
+ * a device fault mid-run is a broken invariant (allocation failures are
+ * reported by the ops that can return them). */
+void cuda_fail(const char *what, const char *msg, const char *file, int line) __attribute__((noreturn));
+#define CK(call) do { cudaError_t e_ = (call); if (e_ != cudaSuccess) cuda_fail(#call, cudaGetErrorString(e_), __FILE__, __LINE__); } while (0)
+#define CKB(call) do { cublasStatus_t e_ = (call); if (e_ != CUBLAS_STATUS_SUCCESS) cuda_fail(#call, cublasGetStatusString(e_), __FILE__, __LINE__); } while (0)
+#define CKS(call) do { cusolverStatus_t e_ = (call); if (e_ != CUSOLVER_STATUS_SUCCESS) cuda_fail(#call, "cuSOLVER error", __FILE__, __LINE__); } while (0)
+#define CKL() CK(cudaGetLastError())
+
+typedef struct {
+    int ready;
+    cudaStream_t compute, fetch;
+    cudaEvent_t fetched;          /* recorded after each gather on the fetch stream */
+    int fetch_pending;            /* a gather was queued since the compute stream last waited */
+    cublasHandle_t blas;
+    cusolverDnHandle_t solver;
+} cuda_ctx;
+
+/* The context (made on first use; the caller has checked that a device
+ * exists, which the table's `available` does). */
+cuda_ctx *cuda_get(void);
+
+/* The compute stream, after making it wait for a queued gather. */
+cudaStream_t cuda_after_fetch(void);
+
+/* Stream-ordered scratch on the compute stream: freed with cuda_scratch_free
+ * once the work that uses it is queued. */
+void *cuda_scratch(size_t bytes);
+void cuda_scratch_free(void *p);
+
+/* The device copy of a host array (a rope_ctx's inverse frequencies):
+ * uploaded once per host pointer and kept for the process. */
+const float *cuda_const_upload(const float *host, size_t n);
+
+/* ---- timeline: one span per op while enabled ---- */
+typedef struct {
+    cudaEvent_t a, b;
+    int on;
+} cuda_span_mark;
+/* Records the start of op on stream (0 compute, 1 fetch); pass the result
+ * to cuda_span_end after queueing the op. */
+cuda_span_mark cuda_span_begin(int stream);
+void cuda_span_end(cuda_span_mark m, int stream, const char *op);
+
+/* Threads per block and a grid that covers n items. */
+static inline int cuda_blocks(size_t n, int threads) { return (int)((n + threads - 1) / threads); }
+
+#endif

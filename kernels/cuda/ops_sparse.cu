@@ -1,0 +1,484 @@
+/* ops_sparse.cu: the stages of the sparse policies on the GPU: ShadowKV's
+ * truncated SVD (the Gram route: KᵀK in double with cuBLAS, its
+ * eigenvectors with cuSOLVER's syevd, U = K·V_r/σ, the residual measured),
+ * landmarks and cosine minima, landmark scoring (softmax per query head,
+ * summed over positions, max over the GQA group), top-k (CUB radix sort of
+ * kmath.h's order keys), the gather of offloaded values straight from
+ * pinned, mapped host memory (a warp per chunk, on the fetch stream), the
+ * key rebuild fused with RoPE, ShadowKV+'s projection, Quest's page bounds
+ * and scores, and one KIVI group. CPU twins: kernels/cpu/shadowkv_ops.c,
+ * page_ops.c, kivi.c. */
+#include "cuda_util.h"
+
+#include <cub/cub.cuh>
+#include <math.h>
+#include <stdlib.h>
+#include <vector>
+
+/* ---- truncated SVD, Gram route ---- */
+
+__global__ void k_to_double(const float *x, double *y, size_t n) {
+    size_t i = blockIdx.x * (size_t)blockDim.x + threadIdx.x;
+    if (i < n) y[i] = x[i];
+}
+
+/* vr (n, r) column-major: column j = eigenvector n-1-j of the column-major G. */
+__global__ void k_top_vectors(const double *G, int n, int r, double *vr) {
+    size_t i = blockIdx.x * (size_t)blockDim.x + threadIdx.x;
+    if (i >= (size_t)n * r) return;
+    int j = (int)(i / n), e = (int)(i % n);
+    vr[(size_t)j * n + e] = G[(size_t)(n - 1 - j) * n + e];
+}
+
+/* U (s, r) row-major = US / σ_j (0 where σ_j is tiny), SVt and Vt (r, n). */
+__global__ void k_svd_out(const double *us, const double *vr, const double *w, int s, int n, int r, float *U,
+                          float *SVt, float *Vt) {
+    size_t i = blockIdx.x * (size_t)blockDim.x + threadIdx.x;
+    double s1 = sqrt(w[n - 1] > 0 ? w[n - 1] : 0);
+    if (i < (size_t)s * r) {
+        int t = (int)(i / r), j = (int)(i % r);
+        double sj = sqrt(w[n - 1 - j] > 0 ? w[n - 1 - j] : 0);
+        double inv = sj > 1e-6 * s1 && sj > 0 ? 1.0 / sj : 0.0;
+        U[i] = (float)(us[(size_t)t * r + j] * inv); /* us is (r, s) column-major = (s, r) row-major */
+    }
+    if (i < (size_t)r * n) {
+        int j = (int)(i / n), e = (int)(i % n);
+        double sj = sqrt(w[n - 1 - j] > 0 ? w[n - 1 - j] : 0);
+        double v = vr[(size_t)j * n + e];
+        SVt[i] = (float)(sj * v);
+        if (Vt) Vt[i] = (float)v;
+    }
+}
+
+int cu_svd(const float *K, int s, int n, int r, float *U, float *SVt, float *Vt, float *sv, float *rel_err) {
+    if (s < 1 || n < 1 || r < 1 || r > (s < n ? s : n))
+        return skv_error(SKV_EINVAL, "svd: rank %d is outside 1..min(%d, %d)", r, s, n);
+    cuda_ctx *c = cuda_get();
+    cudaStream_t st = cuda_after_fetch();
+    cuda_span_mark sp = cuda_span_begin(0);
+    size_t sn = (size_t)s * n;
+    double *kd = (double *)cuda_scratch(sizeof(double) * sn);
+    double *G = (double *)cuda_scratch(sizeof(double) * (size_t)n * n);
+    double *w = (double *)cuda_scratch(sizeof(double) * n);
+    double *vr = (double *)cuda_scratch(sizeof(double) * (size_t)n * r);
+    double *us = (double *)cuda_scratch(sizeof(double) * (size_t)s * r);
+    int *info = (int *)cuda_scratch(sizeof(int));
+    k_to_double<<<cuda_blocks(sn, 256), 256, 0, st>>>(K, kd, sn);
+    CKL();
+    double fro = 0;
+    CKB(cublasSetPointerMode(c->blas, CUBLAS_POINTER_MODE_HOST));
+    CKB(cublasDnrm2(c->blas, (int)sn, kd, 1, &fro)); /* synchronous: host result */
+    fro *= fro;
+    int rc = 0;
+    if (!isfinite(fro)) {
+        rc = skv_error(SKV_EINVAL, "svd: NaN or infinity in a (%d, %d) key matrix", s, n);
+        goto done;
+    }
+    {
+        const double one = 1.0, zero = 0.0, mone = -1.0;
+        /* row-major K (s, n) is column-major Kᵀ (n, s): G = Kᵀ·(Kᵀ)ᵀ */
+        CKB(cublasDgemm(c->blas, CUBLAS_OP_N, CUBLAS_OP_T, n, n, s, &one, kd, n, kd, n, &zero, G, n));
+        int lwork = 0;
+        CKS(cusolverDnDsyevd_bufferSize(c->solver, CUSOLVER_EIG_MODE_VECTOR, CUBLAS_FILL_MODE_LOWER, n, G, n, w,
+                                        &lwork));
+        double *work = (double *)cuda_scratch(sizeof(double) * (size_t)(lwork > 0 ? lwork : 1));
+        CKS(cusolverDnDsyevd(c->solver, CUSOLVER_EIG_MODE_VECTOR, CUBLAS_FILL_MODE_LOWER, n, G, n, w, work, lwork,
+                             info));
+        cuda_scratch_free(work);
+        int h_info = 0;
+        CK(cudaMemcpyAsync(&h_info, info, sizeof(int), cudaMemcpyDeviceToHost, st));
+        CK(cudaStreamSynchronize(st));
+        if (h_info != 0) {
+            rc = skv_error(SKV_EUNSUPPORTED, "svd: cusolverDnDsyevd failed on the (%d, %d) Gram matrix (info %d)", n,
+                           n, h_info);
+            goto done;
+        }
+        k_top_vectors<<<cuda_blocks((size_t)n * r, 256), 256, 0, st>>>(G, n, r, vr);
+        CKL();
+        /* us (r, s) column-major = V_rᵀ·Kᵀ, i.e. K·V_r row-major (s, r) */
+        CKB(cublasDgemm(c->blas, CUBLAS_OP_T, CUBLAS_OP_N, r, s, n, &one, vr, n, kd, n, &zero, us, r));
+        /* residual Kᵀ − V_r·us in place of kd */
+        CKB(cublasDgemm(c->blas, CUBLAS_OP_N, CUBLAS_OP_N, n, s, r, &mone, vr, n, us, r, &one, kd, n));
+        double res = 0;
+        CKB(cublasDnrm2(c->blas, (int)sn, kd, 1, &res));
+        *rel_err = fro > 0 ? (float)(res / sqrt(fro)) : 0.0f;
+        size_t big = (size_t)s * r > (size_t)r * n ? (size_t)s * r : (size_t)r * n;
+        k_svd_out<<<cuda_blocks(big, 256), 256, 0, st>>>(us, vr, w, s, n, r, U, SVt, Vt);
+        CKL();
+        std::vector<double> hw((size_t)n);
+        CK(cudaMemcpyAsync(hw.data(), w, sizeof(double) * n, cudaMemcpyDeviceToHost, st));
+        CK(cudaStreamSynchronize(st));
+        int m = s < n ? s : n;
+        for (int i = 0; i < m; i++) sv[i] = (float)sqrt(hw[n - 1 - i] > 0 ? hw[n - 1 - i] : 0);
+    }
+done:
+    cuda_scratch_free(kd);
+    cuda_scratch_free(G);
+    cuda_scratch_free(w);
+    cuda_scratch_free(vr);
+    cuda_scratch_free(us);
+    cuda_scratch_free(info);
+    cuda_span_end(sp, 0, "svd");
+    return rc;
+}
+
+/* ---- landmarks and cosine minima: a block per chunk, a thread per dim ---- */
+
+__global__ void k_landmarks(const float *K, int stride, int d, int c, float *lm) {
+    int j = blockIdx.x;
+    float inv = 1.0f / (float)c;
+    for (int e = threadIdx.x; e < d; e += blockDim.x) {
+        float s = 0.0f;
+        for (int t = 0; t < c; t++) s += K[(size_t)(j * c + t) * stride + e];
+        lm[(size_t)j * d + e] = s * inv;
+    }
+}
+
+void cu_landmarks(const float *K, int stride, int d, int c, int n_chunks, float *lm) {
+    if (n_chunks <= 0) return;
+    k_landmarks<<<n_chunks, 128, 0, cuda_after_fetch()>>>(K, stride, d, c, lm);
+    CKL();
+}
+
+/* A block per chunk: warp-sum dot products (a chunk has at most 32 keys per
+ * pass; one warp per key). */
+__global__ void k_cos_min(const float *K, int stride, int d, int c, const float *lm, float *cos_min) {
+    __shared__ float cs[32];
+    __shared__ float ll;
+    int j = blockIdx.x, lane = threadIdx.x % 32, warp = threadIdx.x / 32, nw = blockDim.x / 32;
+    const float *l = lm + (size_t)j * d;
+    if (warp == 0) {
+        float a = 0.0f;
+        for (int e = lane; e < d; e += 32) a += l[e] * l[e];
+        for (int o = 16; o > 0; o >>= 1) a += __shfl_xor_sync(0xffffffffu, a, o);
+        if (lane == 0) ll = a;
+    }
+    __syncthreads();
+    float mn = INFINITY;
+    for (int t = warp; t < c; t += nw) {
+        const float *k = K + (size_t)(j * c + t) * stride;
+        float dot = 0.0f, kk = 0.0f;
+        for (int e = lane; e < d; e += 32) {
+            dot += l[e] * k[e];
+            kk += k[e] * k[e];
+        }
+        for (int o = 16; o > 0; o >>= 1) {
+            dot += __shfl_xor_sync(0xffffffffu, dot, o);
+            kk += __shfl_xor_sync(0xffffffffu, kk, o);
+        }
+        float v = km_cosine(dot, ll, kk);
+        mn = v < mn ? v : mn;
+    }
+    if (lane == 0) cs[warp] = mn;
+    __syncthreads();
+    if (threadIdx.x == 0) {
+        float m = INFINITY;
+        for (int w = 0; w < nw; w++) m = cs[w] < m ? cs[w] : m;
+        cos_min[j] = m;
+    }
+}
+
+void cu_cos_min(const float *K, int stride, int d, int c, int n_chunks, const float *lm, float *cos_min) {
+    if (n_chunks <= 0) return;
+    k_cos_min<<<n_chunks, 256, 0, cuda_after_fetch()>>>(K, stride, d, c, lm, cos_min);
+    CKL();
+}
+
+/* ---- landmark scores ---- */
+
+/* Block reduction of one float (max or sum) over the block's threads. */
+__device__ float block_reduce(float v, int is_max) {
+    __shared__ float part[32];
+    int lane = threadIdx.x % 32, warp = threadIdx.x / 32;
+    for (int o = 16; o > 0; o >>= 1) {
+        float u = __shfl_xor_sync(0xffffffffu, v, o);
+        v = is_max ? (u > v ? u : v) : v + u;
+    }
+    __syncthreads();
+    if (lane == 0) part[warp] = v;
+    __syncthreads();
+    int nw = (blockDim.x + 31) / 32;
+    float r = is_max ? -INFINITY : 0.0f;
+    for (int w = 0; w < nw; w++) r = is_max ? (part[w] > r ? part[w] : r) : r + part[w];
+    return r;
+}
+
+/* Block g: P_g[j] = Σ_i softmax_j(q_{i,g}·lm_j·scale). */
+__global__ void k_score_head(const float *q, int nq, size_t q_stride, int d, const float *lm, int n_lm, float scale,
+                             float *P) {
+    int g = blockIdx.x;
+    float *Pg = P + (size_t)g * n_lm;
+    for (int j = threadIdx.x; j < n_lm; j += blockDim.x) Pg[j] = 0.0f;
+    for (int i = 0; i < nq; i++) {
+        const float *qi = q + (size_t)i * q_stride + (size_t)g * d;
+        float mx = -INFINITY;
+        for (int j = threadIdx.x; j < n_lm; j += blockDim.x) {
+            float z = 0.0f;
+            for (int e = 0; e < d; e++) z += qi[e] * lm[(size_t)j * d + e];
+            z *= scale;
+            mx = z > mx ? z : mx;
+        }
+        mx = block_reduce(mx, 1);
+        float sum = 0.0f;
+        for (int j = threadIdx.x; j < n_lm; j += blockDim.x) {
+            float z = 0.0f;
+            for (int e = 0; e < d; e++) z += qi[e] * lm[(size_t)j * d + e];
+            sum += expf(z * scale - mx);
+        }
+        sum = block_reduce(sum, 0);
+        float inv = 1.0f / sum;
+        for (int j = threadIdx.x; j < n_lm; j += blockDim.x) {
+            float z = 0.0f;
+            for (int e = 0; e < d; e++) z += qi[e] * lm[(size_t)j * d + e];
+            Pg[j] += expf(z * scale - mx) * inv;
+        }
+        __syncthreads();
+    }
+}
+
+__global__ void k_score_max(const float *P, int group, int n_lm, float *score) {
+    int j = blockIdx.x * blockDim.x + threadIdx.x;
+    if (j >= n_lm) return;
+    float m = -INFINITY;
+    for (int g = 0; g < group; g++) m = P[(size_t)g * n_lm + j] > m ? P[(size_t)g * n_lm + j] : m;
+    score[j] = m;
+}
+
+void cu_score(const float *q, int nq, size_t q_stride, int group, int d, const float *lm, int n_lm, float scale,
+              float *tmp, float *score) {
+    (void)tmp;
+    if (n_lm <= 0) return;
+    cudaStream_t st = cuda_after_fetch();
+    cuda_span_mark sp = cuda_span_begin(0);
+    float *P = (float *)cuda_scratch(sizeof(float) * (size_t)group * n_lm);
+    k_score_head<<<group, 256, 0, st>>>(q, nq, q_stride, d, lm, n_lm, scale, P);
+    CKL();
+    k_score_max<<<cuda_blocks((size_t)n_lm, 256), 256, 0, st>>>(P, group, n_lm, score);
+    CKL();
+    cuda_scratch_free(P);
+    cuda_span_end(sp, 0, "score");
+}
+
+/* ---- top-k: sort keys in shadowkv_topk's order, keep the first k ---- */
+
+__global__ void k_topk_keys(const float *score, int n, unsigned long long *key) {
+    int i = blockIdx.x * blockDim.x + threadIdx.x;
+    if (i < n) key[i] = km_topk_key(score[i], (uint32_t)i);
+}
+
+__global__ void k_topk_take(const unsigned long long *sorted, int k, int *idx) {
+    int i = blockIdx.x * blockDim.x + threadIdx.x;
+    if (i < k) idx[i] = (int)(sorted[i] & 0xffffffffu);
+}
+
+int cu_topk(const float *score, int n, int k, int *idx) {
+    int m = k < n ? k : n;
+    if (m <= 0) return 0;
+    cudaStream_t st = cuda_after_fetch();
+    cuda_span_mark sp = cuda_span_begin(0);
+    unsigned long long *keys = (unsigned long long *)cuda_scratch(sizeof(unsigned long long) * 2 * (size_t)n);
+    unsigned long long *sorted = keys + n;
+    k_topk_keys<<<cuda_blocks((size_t)n, 256), 256, 0, st>>>(score, n, keys);
+    CKL();
+    size_t tmp_bytes = 0;
+    CK(cub::DeviceRadixSort::SortKeys(NULL, tmp_bytes, keys, sorted, n, 0, 64, st));
+    void *tmp = cuda_scratch(tmp_bytes);
+    CK(cub::DeviceRadixSort::SortKeys(tmp, tmp_bytes, keys, sorted, n, 0, 64, st));
+    k_topk_take<<<cuda_blocks((size_t)m, 256), 256, 0, st>>>(sorted, m, idx);
+    CKL();
+    cuda_scratch_free(tmp);
+    cuda_scratch_free(keys);
+    cuda_span_end(sp, 0, "topk");
+    return m;
+}
+
+/* ---- gather of offloaded values: a warp per block, from mapped host memory ---- */
+
+__global__ void k_gather(const float *src, int rows, int cols, const int *src_idx, int n, float *dst,
+                         const size_t *dst_off, int dst_stride) {
+    int warp = (blockIdx.x * blockDim.x + threadIdx.x) / 32, lane = threadIdx.x % 32;
+    if (warp >= n) return;
+    const float *s = src + (size_t)src_idx[warp] * rows * cols;
+    float *d = dst + dst_off[warp];
+    for (int i = lane; i < rows * cols; i += 32) d[(size_t)(i / cols) * dst_stride + i % cols] = s[i];
+}
+
+/* src is host memory from host_alloc (pinned and mapped): the kernel reads
+ * it over the bus itself, on the fetch stream, so the copy overlaps what
+ * the compute stream does next (the key rebuild); the attention ops wait
+ * for it (cuda_after_fetch). The index lists are host arrays. */
+void cu_gather(const float *src, int rows, int cols, const int *src_idx, int n, float *dst, const size_t *dst_off,
+               int dst_stride) {
+    if (n <= 0) return;
+    cuda_ctx *c = cuda_get();
+    const float *dsrc = NULL;
+    CK(cudaHostGetDevicePointer((void **)&dsrc, (void *)src, 0));
+    int *d_idx = NULL;
+    size_t *d_off = NULL;
+    CK(cudaMallocAsync((void **)&d_idx, sizeof(int) * n, c->fetch));
+    CK(cudaMallocAsync((void **)&d_off, sizeof(size_t) * n, c->fetch));
+    CK(cudaMemcpyAsync(d_idx, src_idx, sizeof(int) * n, cudaMemcpyHostToDevice, c->fetch));
+    CK(cudaMemcpyAsync(d_off, dst_off, sizeof(size_t) * n, cudaMemcpyHostToDevice, c->fetch));
+    /* the destination rows may still be read by queued attention */
+    cudaEvent_t ev;
+    CK(cudaEventCreateWithFlags(&ev, cudaEventDisableTiming));
+    CK(cudaEventRecord(ev, c->compute));
+    CK(cudaStreamWaitEvent(c->fetch, ev, 0));
+    CK(cudaEventDestroy(ev));
+    cuda_span_mark sp = cuda_span_begin(1);
+    k_gather<<<cuda_blocks((size_t)n * 32, 256), 256, 0, c->fetch>>>(dsrc, rows, cols, d_idx, n, dst, d_off,
+                                                                     dst_stride);
+    CKL();
+    CK(cudaFreeAsync(d_idx, c->fetch));
+    CK(cudaFreeAsync(d_off, c->fetch));
+    CK(cudaEventRecord(c->fetched, c->fetch));
+    c->fetch_pending = 1;
+    cuda_span_end(sp, 1, "fetch_v");
+}
+
+/* ---- key rebuild fused with RoPE: a block per row ---- */
+
+__global__ void k_rebuild(const float *U, int r, const float *svt, int d, int t0, int rope_dim, int mode,
+                          const float *inv_freq, const float *cs, const float *sn, float *out) {
+    extern __shared__ float row[];
+    int i = blockIdx.x, t = t0 + i;
+    const float *u = U + (size_t)t * r;
+    for (int e = threadIdx.x; e < d; e += blockDim.x) {
+        float s = 0.0f;
+        for (int j = 0; j < r; j++) s += u[j] * svt[(size_t)j * d + e];
+        row[e] = s;
+    }
+    __syncthreads();
+    int half = rope_dim / 2;
+    for (int p = threadIdx.x; p < half; p += blockDim.x) {
+        float c, s;
+        if (cs) {
+            c = cs[(size_t)t * half + p];
+            s = sn[(size_t)t * half + p];
+        } else {
+            km_rope_cs(inv_freq[p], t, &c, &s);
+        }
+        int a, b;
+        km_rope_pair_index(mode, p, rope_dim, &a, &b);
+        km_rotate(&row[a], &row[b], c, s);
+    }
+    __syncthreads();
+    for (int e = threadIdx.x; e < d; e += blockDim.x) out[(size_t)i * d + e] = row[e];
+}
+
+void cu_rebuild(const float *U, int r, const float *svt, int d, int t0, int n, const rope_ctx *rope, const float *cs,
+                const float *sn, float *out) {
+    if (n <= 0) return;
+    cuda_span_mark sp = cuda_span_begin(0);
+    const float *inv = cuda_const_upload(rope->inv_freq, (size_t)(rope->rope_dim / 2));
+    /* the compute stream does not wait for a queued gather here: the
+     * rebuild reads no value rows, so it runs beside the fetch */
+    k_rebuild<<<n, 128, sizeof(float) * d, cuda_get()->compute>>>(U, r, svt, d, t0, rope->rope_dim, (int)rope->mode,
+                                                                  inv, cs, sn, out);
+    CKL();
+    cuda_span_end(sp, 0, "rebuild_k");
+}
+
+/* ---- ShadowKV+: y = V_r·(V_rᵀ·x) ---- */
+
+__global__ void k_project_coef(const float *Vt, int r, int n, const float *x, float *coef) {
+    int i = blockIdx.x;
+    float s = 0.0f;
+    for (int e = threadIdx.x; e < n; e += blockDim.x) s += Vt[(size_t)i * n + e] * x[e];
+    s = block_reduce(s, 0);
+    if (threadIdx.x == 0) coef[i] = s;
+}
+
+__global__ void k_project_out(const float *Vt, int r, int n, const float *coef, float *y) {
+    int e = blockIdx.x * blockDim.x + threadIdx.x;
+    if (e >= n) return;
+    float s = 0.0f;
+    for (int i = 0; i < r; i++) s += coef[i] * Vt[(size_t)i * n + e];
+    y[e] = s;
+}
+
+void cu_project(const float *Vt, int r, int n, const float *x, float *y, float *coef) {
+    cudaStream_t st = cuda_after_fetch();
+    k_project_coef<<<r, 256, 0, st>>>(Vt, r, n, x, coef);
+    CKL();
+    k_project_out<<<cuda_blocks((size_t)n, 256), 256, 0, st>>>(Vt, r, n, coef, y);
+    CKL();
+}
+
+/* ---- page bounds and scores (Quest, FreeKV) ---- */
+
+/* A thread per channel walks the positions in order (a page's first
+ * position resets its bounds). */
+__global__ void k_page_bounds(const float *K, int stride, int d, int p, int t0, int n, float *mn, float *mx,
+                              int bstride) {
+    int ch = blockIdx.x * blockDim.x + threadIdx.x;
+    if (ch >= d) return;
+    for (int t = t0; t < t0 + n; t++) {
+        float k = K[(size_t)t * stride + ch];
+        float *lo = mn + (size_t)(t / p) * bstride + ch, *hi = mx + (size_t)(t / p) * bstride + ch;
+        if (t % p == 0) {
+            *lo = k;
+            *hi = k;
+        } else {
+            if (k < *lo) *lo = k;
+            if (k > *hi) *hi = k;
+        }
+    }
+}
+
+void cu_page_bounds(const float *K, int stride, int d, int p, int t0, int n, float *mn, float *mx, int bstride) {
+    if (n <= 0) return;
+    k_page_bounds<<<cuda_blocks((size_t)d, 128), 128, 0, cuda_after_fetch()>>>(K, stride, d, p, t0, n, mn, mx,
+                                                                              bstride);
+    CKL();
+}
+
+__global__ void k_page_score(const float *q, int d, const float *mn, const float *mx, int bstride, int n_pages,
+                             float *U) {
+    int j = blockIdx.x * blockDim.x + threadIdx.x;
+    if (j >= n_pages) return;
+    const float *lo = mn + (size_t)j * bstride, *hi = mx + (size_t)j * bstride;
+    float s = 0.0f;
+    for (int c = 0; c < d; c++) s += km_page_bound(q[c], lo[c], hi[c]);
+    U[j] = s;
+}
+
+void cu_page_score(const float *q, int d, const float *mn, const float *mx, int bstride, int n_pages, float *U) {
+    if (n_pages <= 0) return;
+    k_page_score<<<cuda_blocks((size_t)n_pages, 128), 128, 0, cuda_after_fetch()>>>(q, d, mn, mx, bstride, n_pages,
+                                                                                    U);
+    CKL();
+}
+
+/* ---- one KIVI group: a block ---- */
+
+__global__ void k_kivi(const float *x, int n, int stride, int bits, int midpoint, float *y, uint8_t *codes,
+                       float *scale, float *zero) {
+    float lo = INFINITY, hi = -INFINITY;
+    for (int i = threadIdx.x; i < n; i += blockDim.x) {
+        float v = x[(size_t)i * stride];
+        lo = v < lo ? v : lo;
+        hi = v > hi ? v : hi;
+    }
+    lo = -block_reduce(-lo, 1);
+    hi = block_reduce(hi, 1);
+    float s, z;
+    km_kivi_params(lo, hi, bits, midpoint, &s, &z);
+    __syncthreads();
+    for (int i = threadIdx.x; i < n; i += blockDim.x) {
+        float v = x[(size_t)i * stride];
+        int q = km_kivi_code(v, s, z, bits);
+        if (codes) codes[i] = (uint8_t)q;
+        y[(size_t)i * stride] = km_kivi_decode(q, s, z, lo, hi);
+    }
+    if (threadIdx.x == 0) {
+        if (scale) *scale = s;
+        if (zero) *zero = z;
+    }
+}
+
+void cu_kivi(const float *x, int n, int stride, int bits, int midpoint, float *y, uint8_t *codes, float *scale,
+             float *zero) {
+    k_kivi<<<1, 256, 0, cuda_after_fetch()>>>(x, n, stride, bits, midpoint, y, codes, scale, zero);
+    CKL();
+}

@@ -1,0 +1,453 @@
+/* test_cuda_ops.c: every op of the CUDA backend against its CPU twin (the
+ * op of the same name in the CPU backend), on fresh random inputs: the
+ * inputs are uploaded, the CUDA op runs on device memory, its output comes
+ * back and is compared with the CPU op's (relative L2 within fp32 bounds,
+ * or BF16 bounds for the BF16 GEMM). Also the timeline: a span per op on
+ * the right stream, in order. Without a device (or in a build without
+ * CUDA) it skips with one line. tests/gpu/run.sh runs it on a device. */
+#include "backend.h"
+#include "quant.h"
+#include "shadowkv_ops.h"
+#include "skv.h"
+#include "testhelp.h"
+
+#include <stdint.h>
+
+static const skv_backend *cu;
+static const skv_backend *cpu = &skv_backend_cpu;
+
+static uint64_t rs = 0x6a09e667f3bcc909ull;
+static float frand(void) {
+    rs ^= rs << 13;
+    rs ^= rs >> 7;
+    rs ^= rs << 17;
+    return (float)((rs >> 11) * (1.0 / 9007199254740992.0)) * 2.0f - 1.0f;
+}
+static float *rnd(size_t n) {
+    float *x = malloc(sizeof(float) * (n ? n : 1));
+    for (size_t i = 0; i < n; i++) x[i] = frand();
+    return x;
+}
+
+/* Device copies of host arrays, and back. */
+static void *dev(const void *h, size_t bytes) {
+    void *d = cu->alloc(bytes);
+    SKV_ASSERT(d);
+    if (h) cu->upload(d, h, bytes);
+    return d;
+}
+static float *back(const void *d, size_t n) {
+    float *h = malloc(sizeof(float) * (n ? n : 1));
+    cu->download(h, d, sizeof(float) * n);
+    return h;
+}
+
+static void cmp(const char *op, const float *gpu, const float *ref, size_t n, double tol) {
+    double e = test_rel_l2(gpu, ref, n);
+    char msg[200];
+    snprintf(msg, sizeof msg, "cuda %s: rel L2 %.2e from the CPU twin (bound %.0e)", op, e, tol);
+    test_cond(msg, e <= tol);
+}
+
+static void t_matmul(void) {
+    int rows = 300, cols = 512;
+    skv_workspace ws = {0};
+    enum ggml_type types[] = {GGML_F32, GGML_Q8_0, GGML_Q4_K};
+    for (int ti = 0; ti < 3; ti++) {
+        enum ggml_type t = types[ti];
+        float *w = rnd((size_t)rows * cols);
+        size_t rb = ggml_row_size(t, cols);
+        uint8_t *W = malloc(rb * rows);
+        for (int r = 0; r < rows; r++) quant_quantize_row(t, w + (size_t)r * cols, W + rb * r, cols);
+        /* the CPU twin multiplies the BF16 weights the device holds */
+        float *wd = malloc(sizeof(float) * rows * cols);
+        quant_dequant_row(t, W, wd, (size_t)rows * cols);
+        uint16_t *wb = malloc(sizeof(uint16_t) * rows * cols);
+        for (size_t i = 0; i < (size_t)rows * cols; i++) wb[i] = f32_to_bf16(wd[i]);
+        skv_weight gw;
+        test_cond("cuda weight_load takes the tensor", cu->weight_load(t, W, rows, cols, &gw) == 0 &&
+                  gw.type == GGML_BF16);
+        for (int n = 1; n <= 37; n += 36) {
+            float *x = rnd((size_t)n * cols), *yc = malloc(sizeof(float) * n * rows);
+            cpu->matmul(GGML_BF16, wb, rows, cols, x, n, yc, &ws);
+            float *dx = dev(x, sizeof(float) * n * cols), *dy = dev(NULL, sizeof(float) * n * rows);
+            cu->matmul(gw.type, gw.data, rows, cols, dx, n, dy, &ws);
+            float *yg = back(dy, (size_t)n * rows);
+            char op[64];
+            snprintf(op, sizeof op, "matmul %s->bf16 n=%d", ggml_type_name(t), n);
+            cmp(op, yg, yc, (size_t)n * rows, 1e-2); /* x rounded to BF16 on the device */
+            cu->free(dx); cu->free(dy);
+            free(x); free(yc); free(yg);
+        }
+        cu->weight_free(&gw);
+        free(w); free(W); free(wd); free(wb);
+    }
+    skv_workspace_free(&ws);
+}
+
+static void t_elementwise(void) {
+    int n = 5, dim = 320;
+    size_t len = (size_t)n * dim;
+    /* embed from a BF16 table */
+    {
+        int vocab = 50;
+        float *tab = rnd((size_t)vocab * dim);
+        uint16_t *tb = malloc(sizeof(uint16_t) * vocab * dim);
+        for (size_t i = 0; i < (size_t)vocab * dim; i++) tb[i] = f32_to_bf16(tab[i]);
+        skv_weight gw;
+        cu->weight_load(GGML_BF16, tb, vocab, dim, &gw);
+        int32_t ids[5] = {3, 49, 0, 3, 17};
+        float *xc = malloc(sizeof(float) * len), *dx = dev(NULL, sizeof(float) * len);
+        cpu->embed(GGML_BF16, tb, dim, ids, n, xc);
+        cu->embed(gw.type, gw.data, dim, ids, n, dx);
+        float *xg = back(dx, len);
+        cmp("embed", xg, xc, len, 0);
+        cu->weight_free(&gw);
+        cu->free(dx);
+        free(tab); free(tb); free(xc); free(xg);
+    }
+    /* rmsnorm, add_bias, add, swiglu */
+    {
+        float *x = rnd(len), *w = rnd(dim), *yc = malloc(sizeof(float) * len);
+        float *dx = dev(x, sizeof(float) * len), *dw = dev(w, sizeof(float) * dim), *dy = dev(NULL, sizeof(float) * len);
+        cpu->rmsnorm(yc, x, w, n, dim, 1e-5f);
+        cu->rmsnorm(dy, dx, dw, n, dim, 1e-5f);
+        float *yg = back(dy, len);
+        cmp("rmsnorm", yg, yc, len, 1e-6);
+        free(yg);
+        cpu->add_bias(x, w, n, dim);
+        cu->add_bias(dx, dw, n, dim);
+        yg = back(dx, len);
+        cmp("add_bias", yg, x, len, 0);
+        free(yg);
+        float *u = rnd(len), *du = dev(u, sizeof(float) * len);
+        cpu->add(x, u, len);
+        cu->add(dx, du, len);
+        yg = back(dx, len);
+        cmp("add", yg, x, len, 0);
+        free(yg);
+        cpu->swiglu(x, u, len);
+        cu->swiglu(dx, du, len);
+        yg = back(dx, len);
+        cmp("swiglu", yg, x, len, 1e-5);
+        free(yg);
+        cu->free(dx); cu->free(dw); cu->free(dy); cu->free(du);
+        free(x); free(w); free(yc); free(u);
+    }
+    /* rope, both pairings, partial rotation (rope_dim < head_dim) */
+    for (int mode = 0; mode < 2; mode++) {
+        int nh = 3, hd = 64, pos0 = 1000;
+        rope_params p = {.mode = mode ? ROPE_NEOX : ROPE_ADJACENT, .head_dim = hd, .rope_dim = 48, .theta = 500000};
+        rope_ctx rc;
+        rope_init(&rc, &p, NULL);
+        size_t l = (size_t)n * nh * hd;
+        float *x = rnd(l), *dx = dev(x, sizeof(float) * l);
+        cpu->rope(&rc, x, n, nh, pos0);
+        cu->rope(&rc, dx, n, nh, pos0);
+        float *xg = back(dx, l);
+        cmp(mode ? "rope rotate-half" : "rope adjacent", xg, x, l, 1e-6);
+        cu->free(dx);
+        rope_free(&rc);
+        free(x); free(xg);
+    }
+    /* kv_store into a head-major cache */
+    {
+        int nkv = 2, d = 16, cap = 40, pos = 7, nt = 6;
+        size_t cl = (size_t)nkv * cap * d, sl = (size_t)nt * nkv * d;
+        float *cache = calloc(cl, sizeof(float)), *src = rnd(sl);
+        float *dc = dev(cache, sizeof(float) * cl), *ds = dev(src, sizeof(float) * sl);
+        cpu->kv_store(cache, (size_t)cap * d, nkv, d, pos, nt, src);
+        cu->kv_store(dc, (size_t)cap * d, nkv, d, pos, nt, ds);
+        float *cg = back(dc, cl);
+        cmp("kv_store", cg, cache, cl, 0);
+        cu->free(dc); cu->free(ds);
+        free(cache); free(src); free(cg);
+    }
+}
+
+static void t_attention(void) {
+    int d = 128;
+    /* attend_rows and attend_group over strided rows, and the partial results + merge */
+    {
+        int n = 777, g = 4, stride = 2 * d;
+        float *q = rnd((size_t)g * d), *K = rnd((size_t)n * stride), *V = rnd((size_t)n * stride);
+        float *dq = dev(q, sizeof(float) * g * d), *dK = dev(K, sizeof(float) * n * stride),
+              *dV = dev(V, sizeof(float) * n * stride), *dout = dev(NULL, sizeof(float) * g * d);
+        float oc[4 * 128];
+        cpu->attend_rows(q, K + d, V + d, n, d, stride, 0.09f, oc);
+        cu->attend_rows(dq, dK + d, dV + d, n, d, stride, 0.09f, dout);
+        float *og = back(dout, d);
+        cmp("attend_rows", og, oc, d, 1e-5);
+        free(og);
+        cpu->attend_group(q, g, K + d, V + d, n, d, stride, 0.09f, oc, NULL, NULL);
+        cu->attend_group(dq, g, dK + d, dV + d, n, d, stride, 0.09f, dout, NULL, NULL);
+        og = back(dout, (size_t)g * d);
+        cmp("attend_group", og, oc, (size_t)g * d, 1e-5);
+        free(og);
+        float *dpo = dev(NULL, sizeof(float) * 2 * g * d), *dpm = dev(NULL, sizeof(float) * 2 * g),
+              *dpl = dev(NULL, sizeof(float) * 2 * g);
+        cu->attend_group(dq, g, dK + d, dV + d, 300, d, stride, 0.09f, dpo, dpm, dpl);
+        cu->attend_group(dq, g, dK + d + 300 * stride, dV + d + 300 * stride, n - 300, d, stride, 0.09f, dpo + g * d,
+                         dpm + g, dpl + g);
+        cu->attend_merge(2, g, d, dpo, dpm, dpl, dout);
+        og = back(dout, (size_t)g * d);
+        cmp("attend_group in 2 parts + attend_merge", og, oc, (size_t)g * d, 1e-5);
+        free(og);
+        cu->free(dq); cu->free(dK); cu->free(dV); cu->free(dout); cu->free(dpo); cu->free(dpm); cu->free(dpl);
+        free(q); free(K); free(V);
+    }
+    /* attend_decode (flash-decoding) over a head-major cache, long enough to split */
+    {
+        int nh = 32, nkv = 8, rows = 5000, cap = 5200;
+        size_t kl = (size_t)nkv * cap * d;
+        float *q = rnd((size_t)nh * d), *K = rnd(kl), *V = rnd(kl), *oc = malloc(sizeof(float) * nh * d);
+        float *dq = dev(q, sizeof(float) * nh * d), *dK = dev(K, sizeof(float) * kl), *dV = dev(V, sizeof(float) * kl),
+              *dout = dev(NULL, sizeof(float) * nh * d);
+        cpu->attend_decode(q, nh, nkv, d, K, V, rows, d, (size_t)cap * d, oc);
+        test_cond("cuda attend_decode returns 0", cu->attend_decode(dq, nh, nkv, d, dK, dV, rows, d, (size_t)cap * d,
+                                                                    dout) == 0);
+        float *og = back(dout, (size_t)nh * d);
+        cmp("attend_decode (5000 rows, GQA 4:1)", og, oc, (size_t)nh * d, 1e-5);
+        cu->free(dq); cu->free(dK); cu->free(dV); cu->free(dout);
+        free(q); free(K); free(V); free(oc); free(og);
+    }
+    /* attend_causal, token-major rows, GQA 3:1 */
+    {
+        int nh = 6, nkv = 2, dd = 64, pos = 100, nq = 90, stride = nkv * dd, T = pos + nq;
+        size_t ql = (size_t)nq * nh * dd;
+        float *q = rnd(ql), *K = rnd((size_t)T * stride), *V = rnd((size_t)T * stride), *oc = malloc(sizeof(float) * ql);
+        float *dq = dev(q, sizeof(float) * ql), *dK = dev(K, sizeof(float) * T * stride),
+              *dV = dev(V, sizeof(float) * T * stride), *dout = dev(NULL, sizeof(float) * ql);
+        cpu->attend_causal(q, nq, pos, nh, nkv, dd, K, V, stride, (size_t)dd, oc);
+        cu->attend_causal(dq, nq, pos, nh, nkv, dd, dK, dV, stride, (size_t)dd, dout);
+        float *og = back(dout, ql);
+        cmp("attend_causal", og, oc, ql, 1e-5);
+        cu->free(dq); cu->free(dK); cu->free(dV); cu->free(dout);
+        free(q); free(K); free(V); free(oc); free(og);
+    }
+}
+
+static void t_sparse(void) {
+    /* svd: compare what is sign-free: the singular values, the error, U·SVt */
+    {
+        int s = 2048, n = 256, r = 48;
+        float *K = rnd((size_t)s * n);
+        for (int t = 0; t < s; t++) /* a planted low-rank part, so the spectrum falls */
+            for (int e = 0; e < n; e++) K[(size_t)t * n + e] += 3.0f * sinf(0.01f * t * (1 + e % 7)) * cosf(0.1f * e);
+        float *U = malloc(sizeof(float) * s * r), *SVt = malloc(sizeof(float) * r * n), svc[256], errc;
+        float svg[256], errg;
+        cpu->svd(K, s, n, r, U, SVt, NULL, svc, &errc);
+        float *dK = dev(K, sizeof(float) * s * n), *dU = dev(NULL, sizeof(float) * s * r),
+              *dS = dev(NULL, sizeof(float) * r * n);
+        test_cond("cuda svd returns 0", cu->svd(dK, s, n, r, dU, dS, NULL, svg, &errg) == 0);
+        float *Ug = back(dU, (size_t)s * r), *Sg = back(dS, (size_t)r * n);
+        cmp("svd singular values (top r)", svg, svc, r, 1e-5);
+        char msg[160];
+        snprintf(msg, sizeof msg, "cuda svd: reported error %.6f, CPU %.6f", errg, errc);
+        test_cond(msg, fabs(errg - errc) <= 1e-4 * (errc > 1 ? errc : 1));
+        float *Rc = malloc(sizeof(float) * s * n), *Rg = malloc(sizeof(float) * s * n);
+        for (int t = 0; t < s; t++)
+            for (int e = 0; e < n; e++) {
+                double a = 0, b = 0;
+                for (int j = 0; j < r; j++) {
+                    a += (double)U[(size_t)t * r + j] * SVt[(size_t)j * n + e];
+                    b += (double)Ug[(size_t)t * r + j] * Sg[(size_t)j * n + e];
+                }
+                Rc[(size_t)t * n + e] = (float)a;
+                Rg[(size_t)t * n + e] = (float)b;
+            }
+        cmp("svd rank-r reconstruction U·SVt", Rg, Rc, (size_t)s * n, 1e-4);
+        cu->free(dK); cu->free(dU); cu->free(dS);
+        free(K); free(U); free(SVt); free(Ug); free(Sg); free(Rc); free(Rg);
+    }
+    /* landmarks, cos_min, score, topk over chunks of one head's rows */
+    {
+        int s = 4096, d = 128, c = 8, nch = s / c, stride = 2 * d, group = 4;
+        float *K = rnd((size_t)s * stride), *lm = malloc(sizeof(float) * nch * d), *cm = malloc(sizeof(float) * nch);
+        float *dK = dev(K, sizeof(float) * s * stride), *dlm = dev(NULL, sizeof(float) * nch * d),
+              *dcm = dev(NULL, sizeof(float) * nch);
+        cpu->landmarks(K + d, stride, d, c, nch, lm);
+        cu->landmarks(dK + d, stride, d, c, nch, dlm);
+        float *g = back(dlm, (size_t)nch * d);
+        cmp("landmarks", g, lm, (size_t)nch * d, 1e-6);
+        free(g);
+        cpu->cos_min(K + d, stride, d, c, nch, lm, cm);
+        cu->cos_min(dK + d, stride, d, c, nch, dlm, dcm);
+        g = back(dcm, nch);
+        cmp("cos_min", g, cm, nch, 1e-5);
+        free(g);
+        float *q = rnd((size_t)group * d), *sc = malloc(sizeof(float) * nch), *tmp = malloc(sizeof(float) * 2 * nch);
+        float *dq = dev(q, sizeof(float) * group * d), *dsc = dev(NULL, sizeof(float) * nch),
+              *dtmp = dev(NULL, sizeof(float) * 2 * nch);
+        cpu->score(q, 1, (size_t)group * d, group, d, lm, nch, 0.0884f, tmp, sc);
+        cu->score(dq, 1, (size_t)group * d, group, d, dlm, nch, 0.0884f, dtmp, dsc);
+        g = back(dsc, nch);
+        cmp("score (softmax per head, GQA max)", g, sc, nch, 1e-5);
+        /* topk on the CPU's scores (so the order is the same input), with ties and a NaN */
+        sc[5] = sc[9] = sc[100];
+        sc[200] = NAN;
+        cu->upload(dsc, sc, sizeof(float) * nch);
+        int k = 64, ic[64], ig[64], *dix = dev(NULL, sizeof(int) * k);
+        int nc = cpu->topk(sc, nch, k, ic), ng = cu->topk(dsc, nch, k, dix);
+        cu->download(ig, dix, sizeof(int) * k);
+        test_cond("cuda topk: the same indices in the same order as the CPU (ties to the lower index, NaN last)",
+                  nc == ng && !memcmp(ic, ig, sizeof(int) * k));
+        cu->free(dK); cu->free(dlm); cu->free(dcm); cu->free(dq); cu->free(dsc); cu->free(dtmp); cu->free(dix);
+        free(K); free(lm); free(cm); free(q); free(sc); free(tmp);
+    }
+    /* gather from pinned host memory into strided device rows, on the fetch stream */
+    {
+        int rows = 8, cols = 128, nb = 300, dst_stride = 128, n = 40;
+        size_t sl = (size_t)nb * rows * cols, dl = (size_t)n * rows * dst_stride;
+        float *src = cu->host_alloc(sizeof(float) * sl), *hs = rnd(sl);
+        memcpy(src, hs, sizeof(float) * sl);
+        int idx[40];
+        size_t off[40];
+        for (int i = 0; i < n; i++) {
+            idx[i] = (i * 37) % nb;
+            off[i] = (size_t)(n - 1 - i) * rows * dst_stride;
+        }
+        float *dc = calloc(dl, sizeof(float)), *dd = dev(NULL, sizeof(float) * dl);
+        cpu->gather(hs, rows, cols, idx, n, dc, off, dst_stride);
+        cu->gather(src, rows, cols, idx, n, dd, off, dst_stride);
+        float *g = back(dd, dl); /* download waits for the fetch stream */
+        cmp("gather (zero-copy from pinned memory)", g, dc, dl, 0);
+        cu->host_free(src);
+        cu->free(dd);
+        free(hs); free(dc); free(g);
+    }
+    /* rebuild fused with RoPE, with tables and without; project */
+    {
+        int s = 600, r = 160, d = 128, t0 = 333, n = 64;
+        rope_params p = {.mode = ROPE_ADJACENT, .head_dim = d, .rope_dim = d, .theta = 500000};
+        rope_ctx rc;
+        rope_init(&rc, &p, NULL);
+        float *U = rnd((size_t)s * r), *svt = rnd((size_t)r * d), *oc = malloc(sizeof(float) * n * d);
+        float *dU = dev(U, sizeof(float) * s * r), *dsvt = dev(svt, sizeof(float) * r * d),
+              *dout = dev(NULL, sizeof(float) * n * d);
+        cpu->rebuild(U, r, svt, d, t0, n, &rc, NULL, NULL, oc);
+        cu->rebuild(dU, r, dsvt, d, t0, n, &rc, NULL, NULL, dout);
+        float *g = back(dout, (size_t)n * d);
+        cmp("rebuild + RoPE", g, oc, (size_t)n * d, 1e-5);
+        free(g);
+        float *cs = malloc(sizeof(float) * s * d / 2), *sn = malloc(sizeof(float) * s * d / 2);
+        shadowkv_rope_table(&rc, s, cs, sn);
+        float *dcs = dev(cs, sizeof(float) * s * d / 2), *dsn = dev(sn, sizeof(float) * s * d / 2);
+        cu->rebuild(dU, r, dsvt, d, t0, n, &rc, dcs, dsn, dout);
+        g = back(dout, (size_t)n * d);
+        cmp("rebuild + RoPE from tables", g, oc, (size_t)n * d, 1e-5);
+        free(g);
+        int nn = 1024, rr = 96;
+        float *Vt = rnd((size_t)rr * nn), *x = rnd(nn), *y = malloc(sizeof(float) * nn), *coef = malloc(sizeof(float) * rr);
+        float *dVt = dev(Vt, sizeof(float) * rr * nn), *dx = dev(x, sizeof(float) * nn), *dy = dev(NULL, sizeof(float) * nn),
+              *dcoef = dev(NULL, sizeof(float) * rr);
+        cpu->project(Vt, rr, nn, x, y, coef);
+        cu->project(dVt, rr, nn, dx, dy, dcoef);
+        g = back(dy, nn);
+        cmp("project", g, y, nn, 1e-5);
+        free(g);
+        rope_free(&rc);
+        cu->free(dU); cu->free(dsvt); cu->free(dout); cu->free(dcs); cu->free(dsn); cu->free(dVt); cu->free(dx);
+        cu->free(dy); cu->free(dcoef);
+        free(U); free(svt); free(oc); free(cs); free(sn); free(Vt); free(x); free(y); free(coef);
+    }
+    /* page bounds and scores; KIVI groups */
+    {
+        int d = 64, pg = 16, T = 200, stride = 2 * d, np = (T + pg - 1) / pg;
+        float *K = rnd((size_t)T * stride), *mn = calloc((size_t)np * d, sizeof(float)), *mx = calloc((size_t)np * d, sizeof(float));
+        float *dK = dev(K, sizeof(float) * T * stride), *dmn = dev(NULL, sizeof(float) * np * d),
+              *dmx = dev(NULL, sizeof(float) * np * d);
+        cpu->page_bounds(K, stride, d, pg, 0, 150, mn, mx, d);
+        cpu->page_bounds(K, stride, d, pg, 150, T - 150, mn, mx, d);
+        cu->page_bounds(dK, stride, d, pg, 0, 150, dmn, dmx, d);
+        cu->page_bounds(dK, stride, d, pg, 150, T - 150, dmn, dmx, d);
+        float *g = back(dmn, (size_t)np * d), *h = back(dmx, (size_t)np * d);
+        cmp("page_bounds (min)", g, mn, (size_t)np * d, 0);
+        cmp("page_bounds (max)", h, mx, (size_t)np * d, 0);
+        free(g); free(h);
+        float *q = rnd(d), U[13], *dq = dev(q, sizeof(float) * d), *dU = dev(NULL, sizeof(float) * np);
+        cpu->page_score(q, d, mn, mx, d, np, U);
+        cu->page_score(dq, d, dmn, dmx, d, np, dU);
+        g = back(dU, np);
+        cmp("page_score", g, U, np, 1e-6);
+        free(g);
+        for (int bits = 1; bits <= 4; bits++) {
+            int n = 128, st = 3;
+            float *x = rnd((size_t)n * st), *y = malloc(sizeof(float) * n * st), scl, zr;
+            memcpy(y, x, sizeof(float) * n * st);
+            float *dx = dev(x, sizeof(float) * n * st), *dsz = dev(NULL, sizeof(float) * 2);
+            cpu->kivi(x, n, st, bits, bits == 1, y, NULL, &scl, &zr);
+            cu->kivi(dx, n, st, bits, bits == 1, dx, NULL, dsz, dsz + 1);
+            g = back(dx, (size_t)n * st);
+            char op[48];
+            snprintf(op, sizeof op, "kivi %d-bit group", bits);
+            cmp(op, g, y, (size_t)n * st, 0);
+            free(g);
+            cu->free(dx); cu->free(dsz);
+            free(x); free(y);
+        }
+        cu->free(dK); cu->free(dmn); cu->free(dmx); cu->free(dq); cu->free(dU);
+        free(K); free(mn); free(mx); free(q);
+    }
+}
+
+/* The timeline: with spans on, each op gives one span on its stream, in
+ * order, with the tag set, on the host clock. */
+static void t_timeline(void) {
+    if (!cu->span_enable) return;
+    int n = 64, d = 128, s = 1024, r = 32;
+    float *q = dev(NULL, sizeof(float) * 4 * d), *K = dev(NULL, sizeof(float) * s * d), *V = dev(NULL, sizeof(float) * s * d);
+    float *U = dev(NULL, sizeof(float) * s * r), *svt = dev(NULL, sizeof(float) * r * d), *out = dev(NULL, sizeof(float) * 4 * d);
+    float *src = cu->host_alloc(sizeof(float) * 8 * d * n);
+    int idx[64];
+    size_t off[64];
+    for (int i = 0; i < n; i++) { idx[i] = i; off[i] = (size_t)i * 8 * d; }
+    rope_params p = {.mode = ROPE_ADJACENT, .head_dim = d, .rope_dim = d, .theta = 10000};
+    rope_ctx rc;
+    rope_init(&rc, &p, NULL);
+    double t0 = skv_now();
+    cu->span_enable(1);
+    cu->span_tag(3, 7);
+    cu->gather(src, 8, d, idx, n, V, off, d);
+    cu->rebuild(U, r, svt, d, 0, s, &rc, NULL, NULL, K);
+    cu->attend_group(q, 4, K, V, s, d, d, 0.088f, out, NULL, NULL);
+    cu->sync();
+    skv_span sp[16];
+    int ns = cu->span_drain(sp, 16);
+    double t1 = skv_now();
+    cu->span_enable(0);
+    int ok = ns == 3 && sp[0].stream == 1 && !strcmp(sp[0].op, "fetch_v") && sp[1].stream == 0 &&
+             !strcmp(sp[1].op, "rebuild_k") && !strcmp(sp[2].op, "attend") && sp[2].t0 >= sp[0].t1 - 1e-6;
+    for (int i = 0; i < ns; i++) ok &= sp[i].layer == 3 && sp[i].step == 7 && sp[i].t0 >= t0 && sp[i].t1 <= t1 && sp[i].t0 <= sp[i].t1;
+    char msg[256];
+    snprintf(msg, sizeof msg, "cuda timeline: fetch on the fetch stream, rebuild and attention on compute, attention "
+             "after the fetch (%d spans; fetch %.1f us, rebuild %.1f us, overlap %s)", ns,
+             ns > 0 ? (sp[0].t1 - sp[0].t0) * 1e6 : 0, ns > 1 ? (sp[1].t1 - sp[1].t0) * 1e6 : 0,
+             ns > 1 && sp[1].t0 < sp[0].t1 && sp[0].t0 < sp[1].t1 ? "yes" : "no");
+    test_cond(msg, ok);
+    rope_free(&rc);
+    cu->host_free(src);
+    cu->free(q); cu->free(K); cu->free(V); cu->free(U); cu->free(svt); cu->free(out);
+}
+
+int main(void) {
+    cu = skv_backend_find("cuda");
+    skv_clear_error();
+    char why[256] = "";
+    if (!cu) {
+        test_skip("cuda ops: this build has no CUDA backend (nvcc was not found)");
+        return test_report("test_cuda_ops");
+    }
+    if (!cu->available(why, sizeof why)) {
+        char msg[320];
+        snprintf(msg, sizeof msg, "cuda ops: %s (tests/gpu/run.sh runs them on a device)", why);
+        test_skip(msg);
+        return test_report("test_cuda_ops");
+    }
+    t_matmul();
+    t_elementwise();
+    t_attention();
+    t_sparse();
+    t_timeline();
+    return test_report("test_cuda_ops");
+}
