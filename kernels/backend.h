@@ -147,7 +147,7 @@ typedef struct skv_backend {
     /* cos_min (n_chunks): min over a chunk's keys of cos(landmark, key). */
     void (*cos_min)(const float *K, int stride, int d, int c, int n_chunks, const float *lm, float *cos_min);
     /* score (n_lm): per query head softmax over landmarks, summed over the nq
-     * positions, max over the group. tmp: (2*n_lm). */
+     * positions, max over the group. tmp: (2*group*n_lm). */
     void (*score)(const float *q, int nq, size_t q_stride, int group, int d, const float *lm, int n_lm,
                   float scale, float *tmp, float *score);
     /* The min(k, n) best indices of score, best first; returns the count. */

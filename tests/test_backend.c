@@ -290,7 +290,7 @@ static void test_sparse_stages(const skv_backend *be) {
     {
         int group = 2, nq = 3;
         size_t qs = (size_t)group * d;
-        float *q = rnd(nq * qs), score[16], tmp[32];
+        float *q = rnd(nq * qs), score[16], tmp[64];
         double ref[16];
         for (int j = 0; j < nch; j++) ref[j] = -INFINITY;
         for (int g = 0; g < group; g++) {

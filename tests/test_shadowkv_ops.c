@@ -252,7 +252,7 @@ static void test_score(void) {
         size_t q_stride = (size_t)n_kv * group * d;
         float *q = rnd(nq * q_stride), *lm = rnd((size_t)n_lm * d);
         for (int i = 0; i < nq * (int)q_stride; i++) q[i] *= 4; /* peaky softmax */
-        float *tmp = malloc(sizeof(float) * 2 * n_lm), *score = malloc(sizeof(float) * n_lm);
+        float *tmp = malloc(sizeof(float) * 2 * group * n_lm), *score = malloc(sizeof(float) * n_lm);
         double err = 0;
         for (int kh = 0; kh < n_kv; kh++) {
             shadowkv_score(q + (size_t)kh * group * d, nq, q_stride, group, d, lm, n_lm, scale, tmp, score);

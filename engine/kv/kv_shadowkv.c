@@ -62,7 +62,8 @@ typedef struct {
 /* Per KV head decode scratch, reused by every layer (layers run in turn). */
 typedef struct {
     float *score;          /* (n_cand) landmark scores */
-    float *tmp;            /* (2 * n_cand) */
+    float *tmp;            /* (group, 2 * n_cand) the scoring scratch of each query head */
+    float *gscore;         /* (group, n_cand) landmark scores of each query head of the group */
     int *sel;              /* (k) selected candidates, best first */
     int *sel_id;           /* (k) their prompt chunk ids */
     float *sel_score;      /* (k) their scores */
@@ -116,6 +117,9 @@ typedef struct {
     float *proj, *coef;    /* (kvd), (r): ShadowKV+ scratch */
     sk_fetcher fx;         /* the fetch stream (so.overlap) */
     int *rb_kh, *rb_m;     /* (h*k) the misses of a layer as (KV head, miss) pairs, for the rebuild */
+    int att_parts;         /* the most parts a KV head's attention rows split into (about two tasks a thread) */
+    float *att_po;         /* (h*att_parts, group, d) partial results of the attention tasks, */
+    float *att_pm, *att_pl; /* (h*att_parts, group) and their maxima and sums (attend_group's partials) */
     double fetch_seconds;  /* time spent fetching values (either stream) */
     double attn_seconds;   /* time in decode attention (select, fetch, rebuild, attend), all layers */
     double dense_bytes;    /* K and V bytes exact attention would have read in those steps */
@@ -250,14 +254,28 @@ static int sk_append(kv_cache *base, int layer, int pos, int n, const float *k_p
 
 /* ---- decode: selection, fetch, rebuild, attention -------------------------- */
 
-/* Scores, top-k and cache bookkeeping of KV head kh. */
-static void select_head(kv_sk *c, sk_layer *L, int kh, const float *q) {
+/* Landmark scores of query head g of KV head kh's group: a task of its own,
+ * so that the group's heads spread over the threads (3 KV heads on 2
+ * threads left one idle a third of the time). Scoring the heads one by one
+ * and taking the max in select_head gives the group score's bits. */
+static void score_query_head(kv_sk *c, sk_layer *L, int kh, int g, const float *q) {
+    sk_scratch *S = &c->scr[kh];
+    int nh = c->base.shape.n_heads, n = c->n_cand;
+    c->base.shape.be->score(q + ((size_t)kh * c->group + g) * c->d, 1, (size_t)nh * c->d, 1, c->d, L->head[kh].lm,
+                            n, 1.0f / sqrtf((float)c->d), S->tmp + (size_t)g * 2 * n, S->gscore + (size_t)g * n);
+}
+
+/* The group's score (max over its query heads, as score does for a
+ * group), top-k and cache bookkeeping of KV head kh. */
+static void select_head(kv_sk *c, sk_layer *L, int kh) {
     sk_head *H = &L->head[kh];
     sk_scratch *S = &c->scr[kh];
-    int nh = c->base.shape.n_heads;
     const skv_backend *be = c->base.shape.be;
-    be->score(q + (size_t)kh * c->group * c->d, 1, (size_t)nh * c->d, c->group, c->d, H->lm, c->n_cand,
-              1.0f / sqrtf((float)c->d), S->tmp, S->score);
+    int n = c->n_cand;
+    for (int j = 0; j < n; j++) S->score[j] = -INFINITY;
+    for (int g = 0; g < c->group; g++)
+        for (int j = 0; j < n; j++)
+            if (S->gscore[(size_t)g * n + j] > S->score[j]) S->score[j] = S->gscore[(size_t)g * n + j];
     int k = be->topk(S->score, c->n_cand, c->k, S->sel);
     SKV_ASSERT(k == c->k);
     for (int i = 0; i < k; i++) {
@@ -329,12 +347,38 @@ static void fetch_head(kv_sk *c, int layer, int kh) {
     shadowkv_store_count(&c->store, S->n_miss);
 }
 
-/* Sparse attention of KV head kh's query heads over its rows (read once for the group). */
-static void attend_kv_head(kv_sk *c, sk_layer *L, int kh, const float *q, float *out) {
+/* Parts KV head's rows split into for attention at this length: at most
+ * att_parts, each at least 128 rows. */
+static int attend_parts(const kv_sk *c, const sk_layer *L) {
+    int rows = c->row_gen + L->n_gen, p = c->att_parts < rows / 128 ? c->att_parts : rows / 128;
+    return p < 1 ? 1 : p;
+}
+
+/* Sparse attention of task t of a layer: part t % parts of KV head t / parts's
+ * rows, for the head's whole query group (each row read once for it); one
+ * part writes out, several write partial results for attend_merge. */
+static void attend_task(kv_sk *c, sk_layer *L, int t, int parts, const float *q, float *out) {
+    int kh = t / parts, p = t % parts, g = c->group, d = c->d;
     sk_head *H = &L->head[kh];
-    size_t off = (size_t)kh * c->group * c->d;
-    c->base.shape.be->attend_group(q + off, c->group, H->K, H->V, c->row_gen + L->n_gen, c->d, c->d,
-                                   1.0f / sqrtf((float)c->d), out + off, NULL, NULL);
+    int rows = c->row_gen + L->n_gen;
+    int r0 = (int)((long long)rows * p / parts), r1 = (int)((long long)rows * (p + 1) / parts);
+    size_t off = (size_t)kh * g * d;
+    if (parts == 1) {
+        c->base.shape.be->attend_group(q + off, g, H->K, H->V, rows, d, d, 1.0f / sqrtf((float)d), out + off, NULL,
+                                       NULL);
+        return;
+    }
+    c->base.shape.be->attend_group(q + off, g, H->K + (size_t)r0 * d, H->V + (size_t)r0 * d, r1 - r0, d, d,
+                                   1.0f / sqrtf((float)d), c->att_po + (size_t)t * g * d, c->att_pm + (size_t)t * g,
+                                   c->att_pl + (size_t)t * g);
+}
+
+/* Merges KV head kh's parts (tasks kh*parts.., contiguous) into out. */
+static void attend_merge_head(kv_sk *c, int kh, int parts, float *out) {
+    int g = c->group, d = c->d;
+    size_t t0 = (size_t)kh * parts;
+    c->base.shape.be->attend_merge(parts, g, d, c->att_po + t0 * g * d, c->att_pm + t0 * g, c->att_pl + t0 * g,
+                                   out + (size_t)kh * g * d);
 }
 
 /* ---- needle watch ------------------------------------------------------------- */
@@ -597,7 +641,9 @@ static int decode_layer(kv_sk *c, int layer, const float *q, float *out) {
     {
         if (sel) {
             #pragma omp for schedule(static)
-            for (int kh = 0; kh < h; kh++) select_head(c, L, kh, q);
+            for (int t = 0; t < h * c->group; t++) score_query_head(c, L, t / c->group, t % c->group, q);
+            #pragma omp for schedule(static)
+            for (int kh = 0; kh < h; kh++) select_head(c, L, kh);
             #pragma omp single
             {
                 if (overlap) fetcher_post(c, layer);
@@ -648,8 +694,14 @@ static int decode_layer(kv_sk *c, int layer, const float *q, float *out) {
                 tr = probe_time(c->base.bus);
             }
         }
+        /* (KV head, part) tasks, so 3 KV heads keep 2 threads busy */
+        int parts = attend_parts(c, L);
         #pragma omp for schedule(dynamic, 1)
-        for (int kh = 0; kh < h; kh++) attend_kv_head(c, L, kh, q, out);
+        for (int t = 0; t < h * parts; t++) attend_task(c, L, t, parts, q, out);
+        if (parts > 1) {
+            #pragma omp for schedule(static)
+            for (int kh = 0; kh < h; kh++) attend_merge_head(c, kh, parts, out);
+        }
     }
     if (spans) span(c, PROBE_STREAM_COMPUTE, "sparse_attn", layer, tr);
     c->attn_seconds += skv_now() - w0;
@@ -878,13 +930,21 @@ static int build_layer(kv_sk *c, int layer, sk_build *B, const float *sv, const 
 static int alloc_scratch(kv_sk *c) {
     c->scr = skv_calloc((size_t)c->h, sizeof(sk_scratch));
     size_t nc = (size_t)c->n_cand, k = (size_t)c->k, nch = (size_t)c->n_chunks;
+    c->att_parts = (2 * skv_threads() + c->h - 1) / c->h;
+    if (c->att_parts > 16) c->att_parts = 16;
+    size_t tasks = (size_t)c->h * c->att_parts;
+    c->att_po = skv_malloc(sizeof(float) * tasks * c->group * c->d);
+    c->att_pm = skv_malloc(sizeof(float) * tasks * c->group);
+    c->att_pl = skv_malloc(sizeof(float) * tasks * c->group);
+    if (!c->att_po || !c->att_pm || !c->att_pl) return skv_error(SKV_ENOMEM, "out of memory");
     c->rb_kh = skv_malloc(sizeof(int) * (size_t)c->h * (k ? k : 1));
     c->rb_m = skv_malloc(sizeof(int) * (size_t)c->h * (k ? k : 1));
     if (!c->scr || !c->rb_kh || !c->rb_m) return skv_error(SKV_ENOMEM, "out of memory");
     for (int kh = 0; kh < c->h; kh++) {
         sk_scratch *S = &c->scr[kh];
         S->score = skv_malloc(sizeof(float) * nc);
-        S->tmp = skv_malloc(sizeof(float) * 2 * nc);
+        S->tmp = skv_malloc(sizeof(float) * 2 * (size_t)c->group * nc);
+        S->gscore = skv_malloc(sizeof(float) * (size_t)c->group * nc);
         S->sel = skv_malloc(sizeof(int) * k);
         S->sel_id = skv_malloc(sizeof(int) * k);
         S->sel_score = skv_malloc(sizeof(float) * k);
@@ -892,7 +952,7 @@ static int alloc_scratch(kv_sk *c) {
         S->miss = skv_malloc(sizeof(int) * k);
         S->g_idx = skv_malloc(sizeof(int) * k);
         S->g_off = skv_malloc(sizeof(size_t) * k);
-        if (!S->score || !S->tmp || !S->sel || !S->sel_id || !S->sel_score || !S->slot_of || !S->miss || !S->g_idx ||
+        if (!S->score || !S->tmp || !S->gscore || !S->sel || !S->sel_id || !S->sel_score || !S->slot_of || !S->miss || !S->g_idx ||
             !S->g_off)
             return skv_error(SKV_ENOMEM, "out of memory");
         if (c->o.oracle) {
@@ -1124,7 +1184,7 @@ float kv_shadowkv_rel_err(const kv_cache *base, int layer) {
 static void sk_free(kv_cache *base) {
     kv_sk *c = (kv_sk *)base;
     fetcher_stop(c);
-    free(c->rb_kh); free(c->rb_m);
+    free(c->rb_kh); free(c->rb_m); free(c->att_po); free(c->att_pm); free(c->att_pl);
     for (int l = 0; c->L && l < base->shape.n_layers; l++) {
         sk_layer *L = &c->L[l];
         free(L->kpre); free(L->k); free(L->v);
@@ -1139,7 +1199,7 @@ static void sk_free(kv_cache *base) {
     free(c->L);
     for (int kh = 0; c->scr && kh < c->h; kh++) {
         sk_scratch *S = &c->scr[kh];
-        free(S->score); free(S->tmp); free(S->sel); free(S->sel_id); free(S->sel_score);
+        free(S->score); free(S->tmp); free(S->gscore); free(S->sel); free(S->sel_id); free(S->sel_score);
         free(S->slot_of); free(S->miss); free(S->g_idx); free(S->g_off);
         free(S->p); free(S->mass); free(S->cand_key); free(S->order); free(S->rank_tmp);
         free(S->rank_exact); free(S->rank_lm);

@@ -162,30 +162,72 @@ int shadowkv_outliers(const float *cos_min, int n, int o, int *out, float *scrat
 
 /* ---- scoring, top-k, ranks --------------------------------------------- */
 
+#if defined(__AVX2__) && defined(__FMA__)
+/* The four lane sums of a, b, c, e as one vector [Σa, Σb, Σc, Σe]. */
+static inline __m128 hsum4x8(__m256 a, __m256 b, __m256 c, __m256 e) {
+    __m256 ab = _mm256_hadd_ps(a, b), ce = _mm256_hadd_ps(c, e);
+    __m256 s = _mm256_hadd_ps(ab, ce);
+    return _mm_add_ps(_mm256_castps256_ps128(s), _mm256_extractf128_ps(s, 1));
+}
+#endif
+
+/* logit (group, n_lm) = q_g · lm_j * scale for the group's query heads
+ * (head g at q + g*d): four landmark rows at a time, each row loaded once
+ * for every head of the group, eight dimensions per instruction. */
+static void score_logits(const float *q, int group, int d, const float *lm, int n_lm, float scale, float *logit) {
+    int j = 0;
+#if defined(__AVX2__) && defined(__FMA__)
+    if (d % 8 == 0 && group <= 4) {
+        for (; j + 4 <= n_lm; j += 4) {
+            const float *l0 = lm + (size_t)j * d, *l1 = l0 + d, *l2 = l1 + d, *l3 = l2 + d;
+            __m256 acc[4][4];
+            for (int g = 0; g < group; g++) acc[g][0] = acc[g][1] = acc[g][2] = acc[g][3] = _mm256_setzero_ps();
+            for (int e = 0; e < d; e += 8) {
+                __m256 a = _mm256_loadu_ps(l0 + e), b = _mm256_loadu_ps(l1 + e), c = _mm256_loadu_ps(l2 + e),
+                       f = _mm256_loadu_ps(l3 + e);
+                for (int g = 0; g < group; g++) {
+                    __m256 qv = _mm256_loadu_ps(q + (size_t)g * d + e);
+                    acc[g][0] = _mm256_fmadd_ps(qv, a, acc[g][0]);
+                    acc[g][1] = _mm256_fmadd_ps(qv, b, acc[g][1]);
+                    acc[g][2] = _mm256_fmadd_ps(qv, c, acc[g][2]);
+                    acc[g][3] = _mm256_fmadd_ps(qv, f, acc[g][3]);
+                }
+            }
+            for (int g = 0; g < group; g++)
+                _mm_storeu_ps(logit + (size_t)g * n_lm + j,
+                              _mm_mul_ps(hsum4x8(acc[g][0], acc[g][1], acc[g][2], acc[g][3]), _mm_set1_ps(scale)));
+        }
+    }
+#endif
+    for (; j < n_lm; j++)
+        for (int g = 0; g < group; g++)
+            logit[(size_t)g * n_lm + j] = vec_dot(q + (size_t)g * d, lm + (size_t)j * d, d) * scale;
+}
+
 void shadowkv_score(const float *q, int nq, size_t q_stride, int group, int d, const float *lm, int n_lm,
                     float scale, float *tmp, float *score) {
-    float *logit = tmp, *acc = tmp + n_lm;
-    for (int j = 0; j < n_lm; j++) score[j] = -INFINITY;
-    for (int g = 0; g < group; g++) {
-        memset(acc, 0, sizeof(float) * n_lm);
-        for (int i = 0; i < nq; i++) {
-            const float *qi = q + (size_t)i * q_stride + (size_t)g * d;
+    float *logit = tmp, *acc = tmp + (size_t)group * n_lm; /* (group, n_lm) each */
+    memset(acc, 0, sizeof(float) * (size_t)group * n_lm);
+    for (int i = 0; i < nq; i++) {
+        score_logits(q + (size_t)i * q_stride, group, d, lm, n_lm, scale, logit);
+        for (int g = 0; g < group; g++) {
+            float *lg = logit + (size_t)g * n_lm, *ag = acc + (size_t)g * n_lm;
             float mx = -INFINITY;
-            for (int j = 0; j < n_lm; j++) {
-                logit[j] = vec_dot(qi, lm + (size_t)j * d, d) * scale;
-                if (logit[j] > mx) mx = logit[j];
-            }
+            for (int j = 0; j < n_lm; j++)
+                if (lg[j] > mx) mx = lg[j];
             double sum = 0;
             for (int j = 0; j < n_lm; j++) {
-                logit[j] = expf(logit[j] - mx);
-                sum += logit[j];
+                lg[j] = expf(lg[j] - mx);
+                sum += lg[j];
             }
             float inv = (float)(1.0 / sum);
-            for (int j = 0; j < n_lm; j++) acc[j] += logit[j] * inv;
+            for (int j = 0; j < n_lm; j++) ag[j] += lg[j] * inv;
         }
-        for (int j = 0; j < n_lm; j++)
-            if (acc[j] > score[j]) score[j] = acc[j];
     }
+    for (int j = 0; j < n_lm; j++) score[j] = -INFINITY;
+    for (int g = 0; g < group; g++)
+        for (int j = 0; j < n_lm; j++)
+            if (acc[(size_t)g * n_lm + j] > score[j]) score[j] = acc[(size_t)g * n_lm + j];
 }
 
 /* NaN ranks below every number, -inf included. */
@@ -245,14 +287,48 @@ void shadowkv_rope_rows(const rope_ctx *rope, const float *cs, const float *sn, 
                     sn + (size_t)(pos0 + t) * half);
 }
 
+/* o (d) = u (r) · svt (r, d), every element summed over j in order with a
+ * fused multiply-add (as vec_axpy into zeros would), but held in registers
+ * 64 columns at a time instead of reloaded from o for every j; the columns
+ * past the last multiple of 8 without fusing, as vec_axpy's tail. */
+static void rebuild_row(const float *u, int r, const float *svt, int d, float *o) {
+    int e = 0;
+#if defined(__AVX2__) && defined(__FMA__)
+    for (; e + 64 <= d; e += 64) {
+        __m256 a0 = _mm256_setzero_ps(), a1 = a0, a2 = a0, a3 = a0, a4 = a0, a5 = a0, a6 = a0, a7 = a0;
+        for (int j = 0; j < r; j++) {
+            __m256 b = _mm256_set1_ps(u[j]);
+            const float *s = svt + (size_t)j * d + e;
+            a0 = _mm256_fmadd_ps(b, _mm256_loadu_ps(s), a0);
+            a1 = _mm256_fmadd_ps(b, _mm256_loadu_ps(s + 8), a1);
+            a2 = _mm256_fmadd_ps(b, _mm256_loadu_ps(s + 16), a2);
+            a3 = _mm256_fmadd_ps(b, _mm256_loadu_ps(s + 24), a3);
+            a4 = _mm256_fmadd_ps(b, _mm256_loadu_ps(s + 32), a4);
+            a5 = _mm256_fmadd_ps(b, _mm256_loadu_ps(s + 40), a5);
+            a6 = _mm256_fmadd_ps(b, _mm256_loadu_ps(s + 48), a6);
+            a7 = _mm256_fmadd_ps(b, _mm256_loadu_ps(s + 56), a7);
+        }
+        _mm256_storeu_ps(o + e, a0); _mm256_storeu_ps(o + e + 8, a1);
+        _mm256_storeu_ps(o + e + 16, a2); _mm256_storeu_ps(o + e + 24, a3);
+        _mm256_storeu_ps(o + e + 32, a4); _mm256_storeu_ps(o + e + 40, a5);
+        _mm256_storeu_ps(o + e + 48, a6); _mm256_storeu_ps(o + e + 56, a7);
+    }
+    for (; e + 8 <= d; e += 8) {
+        __m256 a = _mm256_setzero_ps();
+        for (int j = 0; j < r; j++) a = _mm256_fmadd_ps(_mm256_set1_ps(u[j]), _mm256_loadu_ps(svt + (size_t)j * d + e), a);
+        _mm256_storeu_ps(o + e, a);
+    }
+#endif
+    for (; e < d; e++) {
+        float a = 0;
+        for (int j = 0; j < r; j++) a += u[j] * svt[(size_t)j * d + e];
+        o[e] = a;
+    }
+}
+
 void shadowkv_rebuild(const float *U, int r, const float *svt, int d, int t0, int n, const rope_ctx *rope,
                       const float *cs, const float *sn, float *out) {
-    for (int i = 0; i < n; i++) {
-        const float *u = U + (size_t)(t0 + i) * r;
-        float *o = out + (size_t)i * d;
-        memset(o, 0, sizeof(float) * d);
-        for (int j = 0; j < r; j++) vec_axpy(o, u[j], svt + (size_t)j * d, d);
-    }
+    for (int i = 0; i < n; i++) rebuild_row(U + (size_t)(t0 + i) * r, r, svt, d, out + (size_t)i * d);
     if (cs) shadowkv_rope_rows(rope, cs, sn, out, n, t0);
     else
         for (int i = 0; i < n; i++) rope_apply(rope, out + (size_t)i * d, 1, t0 + i);

@@ -46,7 +46,7 @@ int shadowkv_outliers(const float *cos_min, int n, int o, int *out, float *scrat
 /* Landmark scores for one KV head: for each query head g of the group,
  * p_g = Σ_i softmax(q_{i,g}·lmᵀ·scale) over the nq query positions; then
  * score[j] = max_g p_g[j]. Query head g of position i starts at
- * q + i*q_stride + g*d. tmp: (2*n_lm) floats. */
+ * q + i*q_stride + g*d. tmp: (2*group*n_lm) floats. */
 void shadowkv_score(const float *q, int nq, size_t q_stride, int group, int d, const float *lm, int n_lm,
                     float scale, float *tmp, float *score);
 

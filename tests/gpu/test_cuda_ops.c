@@ -276,9 +276,9 @@ static void t_sparse(void) {
         g = back(dcm, nch);
         cmp("cos_min", g, cm, nch, 1e-5);
         free(g);
-        float *q = rnd((size_t)group * d), *sc = malloc(sizeof(float) * nch), *tmp = malloc(sizeof(float) * 2 * nch);
+        float *q = rnd((size_t)group * d), *sc = malloc(sizeof(float) * nch), *tmp = malloc(sizeof(float) * 2 * group * nch);
         float *dq = dev(q, sizeof(float) * group * d), *dsc = dev(NULL, sizeof(float) * nch),
-              *dtmp = dev(NULL, sizeof(float) * 2 * nch);
+              *dtmp = dev(NULL, sizeof(float) * 2 * group * nch);
         cpu->score(q, 1, (size_t)group * d, group, d, lm, nch, 0.0884f, tmp, sc);
         cu->score(dq, 1, (size_t)group * d, group, d, dlm, nch, 0.0884f, dtmp, dsc);
         g = back(dsc, nch);
