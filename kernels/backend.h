@@ -71,6 +71,9 @@ typedef struct skv_backend {
 
     /* Copies bytes within the backend's memory. */
     void (*copy)(void *dst, const void *src, size_t bytes);
+    /* Copies height rows of width bytes, rows dpitch and spitch bytes apart;
+     * either side may be the backend's memory or host_alloc's. */
+    void (*copy2d)(void *dst, size_t dpitch, const void *src, size_t spitch, size_t width, size_t height);
     /* Host memory the backend's gather can read directly (ShadowKV's offload
      * store): plain memory on the CPU, pinned and mapped for CUDA. */
     void *(*host_alloc)(size_t bytes);

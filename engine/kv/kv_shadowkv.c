@@ -63,7 +63,9 @@ typedef struct {
 typedef struct {
     float *score;          /* (n_cand) landmark scores */
     float *tmp;            /* (group, 2 * n_cand) the scoring scratch of each query head */
-    float *gscore;         /* (group, n_cand) landmark scores of each query head of the group */
+    float *gscore;         /* (group, n_cand) landmark scores of each query head of the group (CPU) */
+    float *score_d;        /* (n_cand) and (k): the scores and the selection in a device backend's */
+    int *sel_d;            /* memory (NULL on the CPU, where score and sel are computed in place) */
     int *sel;              /* (k) selected candidates, best first */
     int *sel_id;           /* (k) their prompt chunk ids */
     float *sel_score;      /* (k) their scores */
@@ -153,6 +155,47 @@ static void notice_add(kv_sk *c, const char *fmt, ...) {
     snprintf(c->base.notice + len, sizeof c->base.notice - len, "%s%s", len ? "; " : "", buf);
 }
 
+/* ---- memory: the backend's (a device's, or host memory on the CPU) ---------- */
+
+/* 1 when the backend computes on memory of its own (a GPU): buffers come
+ * from its alloc, copies go through its copy ops, what the host must read
+ * (scores, the selection, cosine minima) is downloaded, and the decode
+ * stages are queued in order instead of spread over OpenMP threads. */
+static inline int sk_dev(const kv_sk *c) { return c->base.shape.be != &skv_backend_cpu; }
+
+static void *sk_alloc(kv_sk *c, size_t bytes) {
+    return sk_dev(c) ? c->base.shape.be->alloc(bytes) : skv_malloc(bytes);
+}
+
+static void sk_release(kv_sk *c, void *p) {
+    if (!p) return;
+    if (sk_dev(c)) c->base.shape.be->free(p);
+    else free(p);
+}
+
+/* Grows *p from old to want bytes, keeping its content. */
+static int sk_grow(kv_sk *c, float **p, size_t old, size_t want) {
+    if (!sk_dev(c)) {
+        float *q = realloc(*p, want);
+        if (!q) return SKV_ENOMEM;
+        *p = q;
+        return 0;
+    }
+    float *q = c->base.shape.be->alloc(want);
+    if (!q) return SKV_ENOMEM;
+    if (*p && old) c->base.shape.be->copy(q, *p, old);
+    sk_release(c, *p);
+    *p = q;
+    return 0;
+}
+
+/* rows rows of n floats, src rows sstride floats apart, dst rows dstride apart. */
+static void sk_copy_rows(kv_sk *c, float *dst, size_t dstride, const float *src, size_t sstride, int n, int rows) {
+    if (rows <= 0) return;
+    c->base.shape.be->copy2d(dst, dstride * sizeof(float), src, sstride * sizeof(float), (size_t)n * sizeof(float),
+                             (size_t)rows);
+}
+
 /* ---- prefill: dense ------------------------------------------------------ */
 
 /* Grows the dense rows of layer L to hold need positions (the prompt; in
@@ -165,20 +208,12 @@ static int grow_dense(kv_sk *c, sk_layer *L, int need) {
     int cap = L->cap ? L->cap : 256;
     while (cap < need) cap *= 2;
     if (cap > c->base.shape.max_ctx) cap = c->base.shape.max_ctx;
-    size_t row = (size_t)c->kvd * sizeof(float);
-    float *p;
-    if (!c->prefilled) {
-        if (!(p = realloc(L->kpre, row * cap))) goto oom;
-        L->kpre = p;
-    }
-    if (!(p = realloc(L->k, row * cap))) goto oom;
-    L->k = p;
-    if (!(p = realloc(L->v, row * cap))) goto oom;
-    L->v = p;
+    size_t row = (size_t)c->kvd * sizeof(float), old = row * L->cap, want = row * cap;
+    if ((!c->prefilled && sk_grow(c, &L->kpre, old, want)) || sk_grow(c, &L->k, old, want) ||
+        sk_grow(c, &L->v, old, want))
+        return skv_error(SKV_ENOMEM, "shadowkv: out of memory for %d positions", cap);
     L->cap = cap;
     return 0;
-oom:
-    return skv_error(SKV_ENOMEM, "shadowkv: out of memory for %d positions", cap);
 }
 
 /* Exact causal attention over the dense prompt rows (before end_prefill):
@@ -198,11 +233,9 @@ static int grow_heads(kv_sk *c, sk_layer *L) {
         sk_head *H = &L->head[kh];
         if (need <= H->cap) continue;
         int cap = H->cap * 2 > need ? H->cap * 2 : need + 32;
-        float *K = realloc(H->K, sizeof(float) * (size_t)cap * c->d);
-        if (K) H->K = K;
-        float *V = realloc(H->V, sizeof(float) * (size_t)cap * c->d);
-        if (V) H->V = V;
-        if (!K || !V) return skv_error(SKV_ENOMEM, "shadowkv: out of memory for %d generated tokens", L->n_gen + 1);
+        size_t old = sizeof(float) * (size_t)H->cap * c->d, want = sizeof(float) * (size_t)cap * c->d;
+        if (sk_grow(c, &H->K, old, want) || sk_grow(c, &H->V, old, want))
+            return skv_error(SKV_ENOMEM, "shadowkv: out of memory for %d generated tokens", L->n_gen + 1);
         H->cap = cap;
     }
     return 0;
@@ -217,9 +250,10 @@ static int sk_append(kv_cache *base, int layer, int pos, int n, const float *k_p
         if (pos != L->n)
             return skv_error(SKV_EINVAL, "shadowkv: layer %d appends at position %d, expected %d", layer, pos, L->n);
         if ((rc = grow_dense(c, L, pos + n))) return rc;
-        memcpy(L->kpre + pos * row, k_pre, sizeof(float) * row * n);
-        memcpy(L->k + pos * row, k, sizeof(float) * row * n);
-        memcpy(L->v + pos * row, v, sizeof(float) * row * n);
+        const skv_backend *be = base->shape.be;
+        be->copy(L->kpre + pos * row, k_pre, sizeof(float) * row * n);
+        be->copy(L->k + pos * row, k, sizeof(float) * row * n);
+        be->copy(L->v + pos * row, v, sizeof(float) * row * n);
         L->n += n;
         return 0;
     }
@@ -233,8 +267,8 @@ static int sk_append(kv_cache *base, int layer, int pos, int n, const float *k_p
     if ((rc = grow_heads(c, L))) return rc;
     if (c->o.oracle) {
         if ((rc = grow_dense(c, L, pos + 1))) return rc;
-        memcpy(L->k + pos * row, k, sizeof(float) * row);
-        memcpy(L->v + pos * row, v, sizeof(float) * row);
+        base->shape.be->copy(L->k + pos * row, k, sizeof(float) * row);
+        base->shape.be->copy(L->v + pos * row, v, sizeof(float) * row);
         L->n = pos + 1;
     }
     const float *key = k;
@@ -245,8 +279,8 @@ static int sk_append(kv_cache *base, int layer, int pos, int n, const float *k_p
     }
     int r = c->row_gen + L->n_gen;
     for (int kh = 0; kh < c->h; kh++) {
-        memcpy(L->head[kh].K + (size_t)r * c->d, key + (size_t)kh * c->d, sizeof(float) * c->d);
-        memcpy(L->head[kh].V + (size_t)r * c->d, v + (size_t)kh * c->d, sizeof(float) * c->d);
+        base->shape.be->copy(L->head[kh].K + (size_t)r * c->d, key + (size_t)kh * c->d, sizeof(float) * c->d);
+        base->shape.be->copy(L->head[kh].V + (size_t)r * c->d, v + (size_t)kh * c->d, sizeof(float) * c->d);
     }
     L->n_gen++;
     return 0;
@@ -610,6 +644,8 @@ static void fetcher_wait(kv_sk *c) {
     pthread_mutex_unlock(&f->mu);
 }
 
+static int decode_tally(kv_sk *c, int layer, const float *q, float *out);
+
 /* Rebuilds the key rows of miss m of KV head kh. */
 static void rebuild_one(kv_sk *c, sk_layer *L, int kh, int m) {
     sk_scratch *S = &c->scr[kh];
@@ -705,6 +741,60 @@ static int decode_layer(kv_sk *c, int layer, const float *q, float *out) {
     }
     if (spans) span(c, PROBE_STREAM_COMPUTE, "sparse_attn", layer, tr);
     c->attn_seconds += skv_now() - w0;
+    return decode_tally(c, layer, q, out);
+}
+
+/* A decode step's layer on a device backend: the same stages queued in
+ * order from this thread (the device runs them; the gathers of missed values
+ * on its fetch stream beside the key rebuild on its compute stream). The
+ * host waits once per layer, for the selection it keeps the books of. */
+static int decode_layer_dev(kv_sk *c, int layer, const float *q, float *out) {
+    sk_layer *L = &c->L[layer];
+    const skv_backend *be = c->base.shape.be;
+    int h = c->h, nh = c->base.shape.n_heads;
+    if (layer == 0) {
+        c->steps++;
+        c->step_hits = c->step_misses = c->step_fetches = c->step_fetch_bytes = 0;
+    }
+    double w0 = skv_now();
+    if (c->n_cand > 0) {
+        for (int kh = 0; kh < h; kh++) {
+            sk_scratch *S = &c->scr[kh];
+            be->score(q + (size_t)kh * c->group * c->d, 1, (size_t)nh * c->d, c->group, c->d, L->head[kh].lm,
+                      c->n_cand, 1.0f / sqrtf((float)c->d), S->tmp, S->score_d);
+            int k = be->topk(S->score_d, c->n_cand, c->k, S->sel_d);
+            SKV_ASSERT(k == c->k);
+        }
+        for (int kh = 0; kh < h; kh++) {
+            sk_scratch *S = &c->scr[kh];
+            sk_head *H = &L->head[kh];
+            be->download(S->sel, S->sel_d, sizeof(int) * (size_t)c->k);
+            be->download(S->score, S->score_d, sizeof(float) * (size_t)c->n_cand);
+            for (int i = 0; i < c->k; i++) {
+                S->sel_id[i] = H->cand[S->sel[i]];
+                S->sel_score[i] = S->score[S->sel[i]];
+            }
+            S->n_miss = shadowkv_cache_update(&H->cache, S->sel, c->k, S->slot_of, S->miss);
+        }
+        double f0 = skv_now();
+        for (int kh = 0; kh < h; kh++) fetch_head(c, layer, kh);
+        c->fetch_seconds += skv_now() - f0;
+        for (int kh = 0; kh < h; kh++)
+            for (int m = 0; m < c->scr[kh].n_miss; m++) rebuild_one(c, L, kh, m);
+    }
+    int parts = attend_parts(c, L);
+    for (int t = 0; t < h * parts; t++) attend_task(c, L, t, parts, q, out);
+    if (parts > 1)
+        for (int kh = 0; kh < h; kh++) attend_merge_head(c, kh, parts, out);
+    c->attn_seconds += skv_now() - w0;
+    return decode_tally(c, layer, q, out);
+}
+
+/* The books of a decode step's layer: bytes, hits and misses, the oracle's
+ * measures, and the probe events. */
+static int decode_tally(kv_sk *c, int layer, const float *q, float *out) {
+    sk_layer *L = &c->L[layer];
+    int h = c->h, sel = c->n_cand > 0;
     c->dense_bytes += 2.0 * (c->s + L->n_gen) * c->kvd * sizeof(float);
     if (sel)
         for (int kh = 0; kh < h; kh++) {
@@ -766,7 +856,7 @@ static int sk_attend(kv_cache *base, int layer, int pos, int n, const float *q, 
     if (pos != c->s + L->n_gen - 1)
         return skv_error(SKV_EINVAL, "shadowkv: layer %d attends at position %d, the last stored is %d", layer, pos,
                          c->s + L->n_gen - 1);
-    return decode_layer(c, layer, q, out);
+    return sk_dev(c) ? decode_layer_dev(c, layer, q, out) : decode_layer(c, layer, q, out);
 }
 
 /* ---- end of prefill: compress ------------------------------------------------ */
@@ -775,6 +865,7 @@ static int sk_attend(kv_cache *base, int layer, int pos, int n, const float *q, 
 typedef struct {
     float *lm;             /* (h, n_chunks, d) landmarks of every full chunk */
     float *cm;             /* (h, n_chunks) cosine minima */
+    float *cm_h;           /* the same in host memory (cm itself on the CPU) */
     float *tmp;            /* (n_chunks) */
     int *outl;             /* (n_chunks) */
 } sk_build;
@@ -782,16 +873,19 @@ typedef struct {
 static int alloc_head(kv_sk *c, sk_head *H) {
     int d = c->d;
     H->cap = c->row_gen + 32;
-    H->K = skv_malloc(sizeof(float) * (size_t)H->cap * d);
-    H->V = skv_malloc(sizeof(float) * (size_t)H->cap * d);
+    H->K = sk_alloc(c, sizeof(float) * (size_t)H->cap * d);
+    H->V = sk_alloc(c, sizeof(float) * (size_t)H->cap * d);
     H->cand = skv_malloc(sizeof(int) * (size_t)c->n_cand);
-    H->lm = skv_malloc(sizeof(float) * (size_t)c->n_cand * d);
+    H->lm = sk_alloc(c, sizeof(float) * ((size_t)c->n_cand ? (size_t)c->n_cand : 1) * d);
     H->outl = skv_malloc(sizeof(int) * (size_t)c->n_out);
     if (!H->K || !H->V || !H->cand || !H->lm || !H->outl)
         return skv_error(SKV_ENOMEM, "shadowkv: out of memory for a KV head of %d rows", H->cap);
-    /* Slots are filled before they are first read; zero them for the sanitizers. */
-    memset(H->K, 0, sizeof(float) * (size_t)H->cap * d);
-    memset(H->V, 0, sizeof(float) * (size_t)H->cap * d);
+    /* Slots are filled before they are first read; zero them for the
+     * sanitizers (a device backend's alloc zeroes). */
+    if (!sk_dev(c)) {
+        memset(H->K, 0, sizeof(float) * (size_t)H->cap * d);
+        memset(H->V, 0, sizeof(float) * (size_t)H->cap * d);
+    }
     return shadowkv_cache_init(&H->cache, c->k, c->n_cand);
 }
 
@@ -804,25 +898,25 @@ static int svd_layer(kv_sk *c, int layer, float *sv, double *t) {
     sk_layer *L = &c->L[layer];
     int s = c->s, h = c->h, d = c->d, kvd = c->kvd, r = c->r;
     t[0] = probe_time(c->base.bus);
-    L->U = skv_malloc(sizeof(float) * (size_t)s * r);
-    L->SVt = skv_malloc(sizeof(float) * (size_t)r * kvd);
-    float *svt = skv_malloc(sizeof(float) * (size_t)r * kvd);
-    if (c->so.plus) L->Vt = skv_malloc(sizeof(float) * (size_t)r * kvd);
+    L->U = sk_alloc(c, sizeof(float) * (size_t)s * r);
+    L->SVt = sk_alloc(c, sizeof(float) * (size_t)r * kvd);
+    float *svt = sk_alloc(c, sizeof(float) * (size_t)r * kvd);
+    if (c->so.plus) L->Vt = sk_alloc(c, sizeof(float) * (size_t)r * kvd);
     if (!L->U || !L->SVt || !svt || (c->so.plus && !L->Vt)) {
-        free(svt);
+        sk_release(c, svt);
         return skv_error(SKV_ENOMEM, "shadowkv: out of memory for the rank-%d factors of layer %d", r, layer);
     }
     int rc = c->base.shape.be->svd(L->kpre, s, kvd, r, L->U, svt, L->Vt, sv, &L->rel_err);
     if (rc) {
-        free(svt);
+        sk_release(c, svt);
         return skv_error(rc, "shadowkv: layer %d: %s", layer, skv_last_error());
     }
+    /* Σ·Vᵀ split per KV head: head kh's (r, d) block */
     for (int kh = 0; kh < h; kh++)
-        for (int j = 0; j < r; j++)
-            memcpy(L->SVt + ((size_t)kh * r + j) * d, svt + (size_t)j * kvd + (size_t)kh * d, sizeof(float) * d);
-    free(svt);
+        sk_copy_rows(c, L->SVt + (size_t)kh * r * d, (size_t)d, svt + (size_t)kh * d, (size_t)kvd, d, r);
+    sk_release(c, svt);
     if (c->nw) watch_key_err(c, L, layer);
-    free(L->kpre);
+    sk_release(c, L->kpre);
     L->kpre = NULL;
     t[1] = probe_time(c->base.bus);
     return 0;
@@ -849,26 +943,33 @@ static int build_layer(kv_sk *c, int layer, sk_build *B, const float *sv, const 
 
     for (int kh = 0; kh < h; kh++)
         be->cos_min(L->k + (size_t)kh * d, kvd, d, cc, nch, B->lm + (size_t)kh * nch * d, B->cm + (size_t)kh * nch);
+    if (B->cm_h != B->cm) be->download(B->cm_h, B->cm, sizeof(float) * (size_t)h * nch);
     t[3] = skv_now();
     if (spans) span(c, PROBE_STREAM_COMPUTE, "cosmin", layer, p0), p0 = probe_time(bus);
     for (int kh = 0; kh < h && c->nw; kh++)
         for (int i = 0; i < c->nw; i++)
             c->w_cm[((size_t)layer * h + kh) * c->nw + i] =
-                c->wchunk[i] < nch ? B->cm[(size_t)kh * nch + c->wchunk[i]] : NAN;
+                c->wchunk[i] < nch ? B->cm_h[(size_t)kh * nch + c->wchunk[i]] : NAN;
 
     for (int kh = 0; kh < h; kh++) {
         sk_head *H = &L->head[kh];
         if ((rc = alloc_head(c, H))) return rc;
-        int got = shadowkv_outliers(B->cm + (size_t)kh * nch, c->local_start, c->n_out, H->outl, B->tmp);
+        int got = shadowkv_outliers(B->cm_h + (size_t)kh * nch, c->local_start, c->n_out, H->outl, B->tmp);
         SKV_ASSERT(got == c->n_out);
         int n = 0, o = 0;
         for (int j = 0; j < c->local_start; j++) {
             if (o < c->n_out && H->outl[o] == j) { o++; continue; }
-            H->cand[n] = j;
-            memcpy(H->lm + (size_t)n * d, B->lm + ((size_t)kh * nch + j) * d, sizeof(float) * d);
-            n++;
+            H->cand[n++] = j;
         }
         SKV_ASSERT(n == c->n_cand);
+        /* the candidates' landmarks, one copy per run of consecutive chunks */
+        for (int i = 0; i < n;) {
+            int e = i + 1;
+            while (e < n && H->cand[e] == H->cand[e - 1] + 1) e++;
+            sk_copy_rows(c, H->lm + (size_t)i * d, (size_t)d, B->lm + ((size_t)kh * nch + H->cand[i]) * d, (size_t)d, d,
+                         e - i);
+            i = e;
+        }
     }
     t[4] = skv_now();
     if (spans) span(c, PROBE_STREAM_COMPUTE, "outliers", layer, p0), p0 = probe_time(bus);
@@ -876,25 +977,28 @@ static int build_layer(kv_sk *c, int layer, sk_build *B, const float *sv, const 
     /* Dense rows (outliers, local window) into the head buffers; candidate V to the store. */
     for (int kh = 0; kh < h; kh++) {
         sk_head *H = &L->head[kh];
-        for (int i = 0; i < c->n_out; i++)
-            for (int t2 = 0; t2 < cc; t2++) {
-                size_t src = ((size_t)H->outl[i] * cc + t2) * kvd + (size_t)kh * d, dst = ((size_t)i * cc + t2) * d;
-                memcpy(H->K + dst, L->k + src, sizeof(float) * d);
-                memcpy(H->V + dst, L->v + src, sizeof(float) * d);
-            }
-        for (int t2 = 0; t2 < c->n_local; t2++) {
-            size_t src = ((size_t)c->local_start * cc + t2) * kvd + (size_t)kh * d;
-            size_t dst = ((size_t)c->row_local + t2) * d;
-            memcpy(H->K + dst, L->k + src, sizeof(float) * d);
-            memcpy(H->V + dst, L->v + src, sizeof(float) * d);
+        for (int i = 0; i < c->n_out; i++) {
+            size_t src = (size_t)H->outl[i] * cc * kvd + (size_t)kh * d, dst = (size_t)i * cc * d;
+            sk_copy_rows(c, H->K + dst, (size_t)d, L->k + src, (size_t)kvd, d, cc);
+            sk_copy_rows(c, H->V + dst, (size_t)d, L->v + src, (size_t)kvd, d, cc);
         }
-        for (int i = 0; i < c->n_cand; i++)
-            shadowkv_store_put(&c->store, (layer * h + kh) * c->n_cand + i,
-                               L->v + (size_t)H->cand[i] * cc * kvd + (size_t)kh * d, kvd);
+        size_t src = (size_t)c->local_start * cc * kvd + (size_t)kh * d, dst = (size_t)c->row_local * d;
+        sk_copy_rows(c, H->K + dst, (size_t)d, L->k + src, (size_t)kvd, d, c->n_local);
+        sk_copy_rows(c, H->V + dst, (size_t)d, L->v + src, (size_t)kvd, d, c->n_local);
+        /* the candidates' values to the store: the blocks of a run of consecutive
+         * chunks lie back to back there as in the prompt */
+        for (int i = 0; i < c->n_cand;) {
+            int e = i + 1;
+            while (e < c->n_cand && H->cand[e] == H->cand[e - 1] + 1) e++;
+            float *blk = c->store.data + (size_t)((layer * h + kh) * c->n_cand + i) * cc * d;
+            sk_copy_rows(c, blk, (size_t)d, L->v + (size_t)H->cand[i] * cc * kvd + (size_t)kh * d, (size_t)kvd, d,
+                         (e - i) * cc);
+            i = e;
+        }
     }
     if (!c->o.oracle) {
-        free(L->k);
-        free(L->v);
+        sk_release(c, L->k);
+        sk_release(c, L->v);
         L->k = L->v = NULL;
         L->cap = 0;
     }
@@ -918,7 +1022,7 @@ static int build_layer(kv_sk *c, int layer, sk_build *B, const float *sv, const 
                 .kind = PROBE_PREFILL_HEAD,
                 .prefill_head = {
                     .layer = layer, .head = kh, .chunk = cc, .n_chunks = nch, .n_outliers = c->n_out,
-                    .n_landmarks = c->n_cand, .local_start = c->local_start, .cos_min = B->cm + (size_t)kh * nch,
+                    .n_landmarks = c->n_cand, .local_start = c->local_start, .cos_min = B->cm_h + (size_t)kh * nch,
                     .outliers = L->head[kh].outl,
                 },
             };
@@ -933,9 +1037,9 @@ static int alloc_scratch(kv_sk *c) {
     c->att_parts = (2 * skv_threads() + c->h - 1) / c->h;
     if (c->att_parts > 16) c->att_parts = 16;
     size_t tasks = (size_t)c->h * c->att_parts;
-    c->att_po = skv_malloc(sizeof(float) * tasks * c->group * c->d);
-    c->att_pm = skv_malloc(sizeof(float) * tasks * c->group);
-    c->att_pl = skv_malloc(sizeof(float) * tasks * c->group);
+    c->att_po = sk_alloc(c, sizeof(float) * tasks * c->group * c->d);
+    c->att_pm = sk_alloc(c, sizeof(float) * tasks * c->group);
+    c->att_pl = sk_alloc(c, sizeof(float) * tasks * c->group);
     if (!c->att_po || !c->att_pm || !c->att_pl) return skv_error(SKV_ENOMEM, "out of memory");
     c->rb_kh = skv_malloc(sizeof(int) * (size_t)c->h * (k ? k : 1));
     c->rb_m = skv_malloc(sizeof(int) * (size_t)c->h * (k ? k : 1));
@@ -943,8 +1047,13 @@ static int alloc_scratch(kv_sk *c) {
     for (int kh = 0; kh < c->h; kh++) {
         sk_scratch *S = &c->scr[kh];
         S->score = skv_malloc(sizeof(float) * nc);
-        S->tmp = skv_malloc(sizeof(float) * 2 * (size_t)c->group * nc);
-        S->gscore = skv_malloc(sizeof(float) * (size_t)c->group * nc);
+        S->tmp = sk_alloc(c, sizeof(float) * 2 * (size_t)c->group * (nc ? nc : 1));
+        S->gscore = sk_dev(c) ? NULL : skv_malloc(sizeof(float) * (size_t)c->group * nc);
+        if (sk_dev(c)) {
+            S->score_d = sk_alloc(c, sizeof(float) * (nc ? nc : 1));
+            S->sel_d = sk_alloc(c, sizeof(int) * (k ? k : 1));
+            if (!S->score_d || !S->sel_d) return skv_error(SKV_ENOMEM, "out of memory");
+        }
         S->sel = skv_malloc(sizeof(int) * k);
         S->sel_id = skv_malloc(sizeof(int) * k);
         S->sel_score = skv_malloc(sizeof(float) * k);
@@ -952,7 +1061,7 @@ static int alloc_scratch(kv_sk *c) {
         S->miss = skv_malloc(sizeof(int) * k);
         S->g_idx = skv_malloc(sizeof(int) * k);
         S->g_off = skv_malloc(sizeof(size_t) * k);
-        if (!S->score || !S->tmp || !S->gscore || !S->sel || !S->sel_id || !S->sel_score || !S->slot_of || !S->miss || !S->g_idx ||
+        if (!S->score || !S->tmp || (!S->gscore && !sk_dev(c)) || !S->sel || !S->sel_id || !S->sel_score || !S->slot_of || !S->miss || !S->g_idx ||
             !S->g_off)
             return skv_error(SKV_ENOMEM, "out of memory");
         if (c->o.oracle) {
@@ -1007,6 +1116,11 @@ static int sk_end_prefill(kv_cache *base) {
         if (c->L[l].n != s)
             return skv_error(SKV_EINVAL, "shadowkv: layer %d holds %d prompt tokens, layer 0 holds %d", l, c->L[l].n, s);
     if (s < 1) return skv_error(SKV_EINVAL, "shadowkv: end_prefill with an empty prompt");
+    if (sk_dev(c) && c->o.offload_file[0])
+        return skv_error(SKV_EUNSUPPORTED, "shadowkv: --offload-file is a tier of the cpu backend; on %s the values "
+                         "live in pinned host memory", sh->be->name);
+    if (sk_dev(c) && (c->o.oracle || c->o.watch_end > c->o.watch_begin))
+        return skv_error(SKV_EUNSUPPORTED, "shadowkv: the oracle and the needle watch read host memory: use --backend cpu");
     base->notice[0] = 0;
     c->s = s;
     c->c = c->so.chunk;
@@ -1038,34 +1152,62 @@ static int sk_end_prefill(kv_cache *base) {
     c->row_gen = c->row_local + c->n_local;
 
     int half = sh->rope->rope_dim / 2, rc = 0;
-    c->rope_cs = skv_malloc(sizeof(float) * (size_t)s * (half ? half : 1));
-    c->rope_sn = skv_malloc(sizeof(float) * (size_t)s * (half ? half : 1));
-    c->proj = skv_malloc(sizeof(float) * (size_t)c->kvd);
-    c->coef = skv_malloc(sizeof(float) * (size_t)c->r);
+    size_t tab = sizeof(float) * (size_t)s * (half ? half : 1);
+    c->rope_cs = skv_malloc(tab);
+    c->rope_sn = skv_malloc(tab);
+    c->proj = sk_alloc(c, sizeof(float) * (size_t)c->kvd);
+    c->coef = sk_alloc(c, sizeof(float) * (size_t)c->r);
     if (!c->rope_cs || !c->rope_sn || !c->proj || !c->coef) return skv_error(SKV_ENOMEM, "out of memory");
     shadowkv_rope_table(sh->rope, s, c->rope_cs, c->rope_sn);
-    if ((rc = shadowkv_store_init(&c->store, sh->n_layers * c->h * c->n_cand, c->c, c->d, c->o.offload_file))) return rc;
+    if (sk_dev(c)) { /* the tables the rebuild reads, in the device's memory */
+        float *cs = sh->be->alloc(tab), *sn = sh->be->alloc(tab);
+        if (!cs || !sn) {
+            sk_release(c, cs);
+            sk_release(c, sn);
+            return skv_error(SKV_ENOMEM, "shadowkv: out of device memory for RoPE tables");
+        }
+        sh->be->upload(cs, c->rope_cs, tab);
+        sh->be->upload(sn, c->rope_sn, tab);
+        free(c->rope_cs);
+        free(c->rope_sn);
+        c->rope_cs = cs;
+        c->rope_sn = sn;
+    }
+    int n_blocks = sh->n_layers * c->h * c->n_cand;
+    if (sk_dev(c)) {
+        /* the offloaded values in pinned, mapped host memory: the device's gather reads them over the bus */
+        size_t bytes = sizeof(float) * (size_t)n_blocks * c->c * c->d;
+        float *data = sh->be->host_alloc(bytes ? bytes : sizeof(float));
+        if (!data) return skv_error(SKV_ENOMEM, "shadowkv: cannot pin %.1f MiB of host memory for the offloaded values",
+                                    bytes / 1048576.0);
+        shadowkv_store_adopt(&c->store, n_blocks, c->c, c->d, data, sh->be->host_free);
+    } else if ((rc = shadowkv_store_init(&c->store, n_blocks, c->c, c->d, c->o.offload_file))) {
+        return rc;
+    }
     if ((rc = alloc_scratch(c))) return rc;
     if ((rc = watch_init(c))) return rc;
-    if (c->so.overlap == 2 && c->n_cand > 0 && c->k > 0 && (rc = fetcher_start(c))) return rc;
+    if (!sk_dev(c) && c->so.overlap == 2 && c->n_cand > 0 && c->k > 0 && (rc = fetcher_start(c))) return rc;
 
     sk_build B = {0};
     int nch = c->n_chunks ? c->n_chunks : 1, nl = sh->n_layers;
     float *sv = skv_malloc(sizeof(float) * (size_t)nl * max_r);
     double *t_svd = skv_malloc(sizeof(double) * 3 * (size_t)nl);
     int *rcs = skv_calloc((size_t)nl, sizeof(int));
-    B.lm = skv_malloc(sizeof(float) * (size_t)c->h * nch * c->d);
-    B.cm = skv_malloc(sizeof(float) * (size_t)c->h * nch);
+    B.lm = sk_alloc(c, sizeof(float) * (size_t)c->h * nch * c->d);
+    B.cm = sk_alloc(c, sizeof(float) * (size_t)c->h * nch);
+    B.cm_h = sk_dev(c) ? skv_malloc(sizeof(float) * (size_t)c->h * nch) : B.cm;
     B.tmp = skv_malloc(sizeof(float) * (size_t)nch);
     B.outl = skv_malloc(sizeof(int) * (size_t)nch);
-    if (!sv || !t_svd || !rcs || !B.lm || !B.cm || !B.tmp || !B.outl) rc = skv_error(SKV_ENOMEM, "out of memory");
+    if (!sv || !t_svd || !rcs || !B.lm || !B.cm || !B.cm_h || !B.tmp || !B.outl)
+        rc = skv_error(SKV_ENOMEM, "out of memory");
     /* The SVDs first, one layer per thread (each single-threaded BLAS);
      * errors are thread-local, so each layer keeps its message, and the
      * first failing layer's is reported. */
     char (*msg)[256] = rc ? NULL : skv_calloc((size_t)nl, sizeof *msg);
     if (!rc && !msg) rc = skv_error(SKV_ENOMEM, "out of memory");
     if (!rc) {
-        #pragma omp parallel for schedule(dynamic, 1)
+        /* a device backend's ops are queued from one thread */
+        #pragma omp parallel for schedule(dynamic, 1) if (!sk_dev(c))
         for (int l = 0; l < nl; l++) {
             double w = skv_now();
             rcs[l] = svd_layer(c, l, sv + (size_t)l * max_r, t_svd + 3 * (size_t)l);
@@ -1078,7 +1220,10 @@ static int sk_end_prefill(kv_cache *base) {
     free(msg);
     for (int l = 0; !rc && l < nl; l++)
         rc = build_layer(c, l, &B, sv + (size_t)l * max_r, t_svd + 3 * (size_t)l, t_svd[3 * (size_t)l + 2]);
-    free(sv); free(t_svd); free(rcs); free(B.lm); free(B.cm); free(B.tmp); free(B.outl);
+    if (B.cm_h != B.cm) free(B.cm_h);
+    sk_release(c, B.lm);
+    sk_release(c, B.cm);
+    free(sv); free(t_svd); free(rcs); free(B.tmp); free(B.outl);
     if (rc) return rc;
     c->prefilled = 1;
     if (c->nw && probe_wants(base->bus, PROBE_NEEDLE))
@@ -1184,14 +1329,16 @@ float kv_shadowkv_rel_err(const kv_cache *base, int layer) {
 static void sk_free(kv_cache *base) {
     kv_sk *c = (kv_sk *)base;
     fetcher_stop(c);
-    free(c->rb_kh); free(c->rb_m); free(c->att_po); free(c->att_pm); free(c->att_pl);
+    free(c->rb_kh); free(c->rb_m);
+    sk_release(c, c->att_po); sk_release(c, c->att_pm); sk_release(c, c->att_pl);
     for (int l = 0; c->L && l < base->shape.n_layers; l++) {
         sk_layer *L = &c->L[l];
-        free(L->kpre); free(L->k); free(L->v);
-        free(L->U); free(L->SVt); free(L->Vt);
+        sk_release(c, L->kpre); sk_release(c, L->k); sk_release(c, L->v);
+        sk_release(c, L->U); sk_release(c, L->SVt); sk_release(c, L->Vt);
         for (int kh = 0; L->head && kh < c->h; kh++) {
             sk_head *H = &L->head[kh];
-            free(H->K); free(H->V); free(H->cand); free(H->lm); free(H->outl);
+            sk_release(c, H->K); sk_release(c, H->V); sk_release(c, H->lm);
+            free(H->cand); free(H->outl);
             shadowkv_cache_free(&H->cache);
         }
         free(L->head);
@@ -1199,13 +1346,14 @@ static void sk_free(kv_cache *base) {
     free(c->L);
     for (int kh = 0; c->scr && kh < c->h; kh++) {
         sk_scratch *S = &c->scr[kh];
-        free(S->score); free(S->tmp); free(S->gscore); free(S->sel); free(S->sel_id); free(S->sel_score);
+        sk_release(c, S->tmp); sk_release(c, S->score_d); sk_release(c, S->sel_d);
+        free(S->score); free(S->gscore); free(S->sel); free(S->sel_id); free(S->sel_score);
         free(S->slot_of); free(S->miss); free(S->g_idx); free(S->g_off);
         free(S->p); free(S->mass); free(S->cand_key); free(S->order); free(S->rank_tmp);
         free(S->rank_exact); free(S->rank_lm);
     }
     free(c->scr);
-    free(c->rope_cs); free(c->rope_sn); free(c->proj); free(c->coef);
+    sk_release(c, c->rope_cs); sk_release(c, c->rope_sn); sk_release(c, c->proj); sk_release(c, c->coef);
     free(c->wchunk); free(c->w_err); free(c->w_cm); free(c->w_part); free(c->w_rank); free(c->w_sel);
     free(c->w_rexact); free(c->w_mass); free(c->w_rowbase); free(c->w_p); free(c->w_o);
     shadowkv_store_free(&c->store);
@@ -1314,6 +1462,7 @@ const kv_class kv_policy_shadowkv = {
     .opts = sk_opt_defs,
     .n_opts = sizeof sk_opt_defs / sizeof sk_opt_defs[0],
     .budgeted = 1,
+    .device = 1,
     .stat_defs = sk_stat_defs,
     .n_stats = sizeof sk_stat_defs / sizeof sk_stat_defs[0],
     .create = sk_create,

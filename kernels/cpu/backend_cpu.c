@@ -56,6 +56,10 @@ static void *cpu_alloc(size_t bytes) { return skv_aligned_alloc(bytes); }
 static void cpu_free(void *p) { free(p); }
 static void cpu_copy(void *dst, const void *src, size_t bytes) { memcpy(dst, src, bytes); }
 
+static void cpu_copy2d(void *dst, size_t dpitch, const void *src, size_t spitch, size_t width, size_t height) {
+    for (size_t i = 0; i < height; i++) memcpy((char *)dst + i * dpitch, (const char *)src + i * spitch, width);
+}
+
 /* The CPU computes on the model's stored blocks where they are. */
 static int cpu_weight_load(enum ggml_type t, const void *host, int rows, int cols, skv_weight *w) {
     (void)rows;
@@ -461,6 +465,7 @@ const skv_backend skv_backend_cpu = {
     .upload = cpu_copy,
     .download = cpu_copy,
     .copy = cpu_copy,
+    .copy2d = cpu_copy2d,
     .host_alloc = cpu_alloc,
     .host_free = cpu_free,
     .weight_load = cpu_weight_load,

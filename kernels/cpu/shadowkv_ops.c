@@ -446,8 +446,19 @@ int shadowkv_store_init(shadowkv_store *st, int n_blocks, int rows, int cols, co
     return 0;
 }
 
+void shadowkv_store_adopt(shadowkv_store *st, int n_blocks, int rows, int cols, float *data, void (*release)(void *)) {
+    memset(st, 0, sizeof *st);
+    st->n_blocks = n_blocks;
+    st->rows = rows;
+    st->cols = cols;
+    st->data = data;
+    st->release = release;
+}
+
 void shadowkv_store_free(shadowkv_store *st) {
-    if (st->mapped) {
+    if (st->release) {
+        if (st->data) st->release(st->data);
+    } else if (st->mapped) {
         size_t bytes = sizeof(float) * (size_t)st->n_blocks * st->rows * st->cols;
         munmap(st->data, bytes ? bytes : 1);
     } else {

@@ -114,6 +114,7 @@ typedef struct {
     float *data;         /* (n_blocks, rows, cols) */
     int n_blocks, rows, cols;
     int mapped;          /* 1: data is a shared mapping of a file (the file tier) */
+    void (*release)(void *); /* frees data when the store adopted it (shadowkv_store_adopt) */
     uint64_t n_fetch;    /* blocks fetched */
     uint64_t fetch_bytes;
 } shadowkv_store;
@@ -123,6 +124,10 @@ typedef struct {
  * unlinked as soon as it is mapped, so nothing is left behind when the
  * process ends, whatever way it ends. 0 or SKV_E* with a message. */
 int shadowkv_store_init(shadowkv_store *st, int n_blocks, int rows, int cols, const char *path);
+/* The host tier in memory the caller allocated (a device backend's pinned,
+ * mapped host_alloc), which the store owns from now on and gives back with
+ * release. */
+void shadowkv_store_adopt(shadowkv_store *st, int n_blocks, int rows, int cols, float *data, void (*release)(void *));
 void shadowkv_store_free(shadowkv_store *st);
 size_t shadowkv_store_bytes(const shadowkv_store *st);
 

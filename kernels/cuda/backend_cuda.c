@@ -13,6 +13,7 @@ const skv_backend skv_backend_cuda = {
     .upload = cu_upload,
     .download = cu_download,
     .copy = cu_copy,
+    .copy2d = cu_copy2d,
     .host_alloc = cu_host_alloc,
     .host_free = cu_host_free,
     .sync = cu_sync,

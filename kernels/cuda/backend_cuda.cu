@@ -123,6 +123,13 @@ void cu_copy(void *dst, const void *src, size_t bytes) {
     cuda_span_end(sp, 0, "copy");
 }
 
+void cu_copy2d(void *dst, size_t dpitch, const void *src, size_t spitch, size_t width, size_t height) {
+    if (!height || !width) return;
+    cudaStream_t st = cuda_after_fetch();
+    /* cudaMemcpyDefault: unified addressing tells device from pinned host memory */
+    CK(cudaMemcpy2DAsync(dst, dpitch, src, spitch, width, height, cudaMemcpyDefault, st));
+}
+
 void *cu_host_alloc(size_t bytes) {
     void *p = NULL;
     cuda_get();

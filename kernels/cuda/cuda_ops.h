@@ -19,6 +19,7 @@ void cu_free(void *p);
 void cu_upload(void *dst, const void *host_src, size_t bytes);
 void cu_download(void *host_dst, const void *src, size_t bytes);
 void cu_copy(void *dst, const void *src, size_t bytes);
+void cu_copy2d(void *dst, size_t dpitch, const void *src, size_t spitch, size_t width, size_t height);
 void *cu_host_alloc(size_t bytes);
 void cu_host_free(void *p);
 void cu_sync(void);

@@ -1,0 +1,130 @@
+/* test_devpath: the device paths of the engine, run on the CPU.
+ *
+ * A device backend keeps the weights, activations and KV data in memory of
+ * its own, and the forward pass, the dense policy and ShadowKV then take
+ * their device paths: weights through weight_load, copies through copy and
+ * copy2d, what the host needs downloaded, ShadowKV's offloaded values in
+ * host_alloc's memory, and its decode stages queued in order from one
+ * thread (decode_layer_dev). Here a copy of the CPU backend's table, at
+ * another address, plays the device: every op is the CPU's, so each path
+ * must give the CPU path's logits and ShadowKV's books (hits, misses,
+ * bytes fetched) exactly. This checks the device paths' logic on any
+ * machine; tests/gpu/ checks the CUDA kernels under them. */
+#include "backend.h"
+#include "forward.h"
+#include "kv.h"
+#include "kv_shadowkv.h"
+#include "model.h"
+#include "skv.h"
+#include "testhelp.h"
+
+#include <stdint.h>
+
+static skv_backend devsim;
+
+typedef struct {
+    double worst_prefill, worst_decode;
+    uint64_t hits, misses, fetch_bytes;
+    int rc;
+} run_out;
+
+/* Prefill n random tokens then steps greedy tokens on backend be; logits
+ * after each into lg (steps + 1, vocab). */
+static void run(skv_model *m, const skv_backend *be, const char *policy, const int32_t *ids, int n, int steps,
+                float *lg, run_out *o) {
+    memset(o, 0, sizeof *o);
+    forward_state f;
+    kv_cache *kv = NULL;
+    int V = m->cfg.vocab;
+    if ((o->rc = forward_init(&f, m, be, 256))) return;
+    kv_opts ko;
+    kv_opts_default(&ko);
+    snprintf(ko.policy, sizeof ko.policy, "%s", policy);
+    ko.budget = 64;
+    kv_opts_set_num(&ko, "rank", 16);
+    kv_opts_set_num(&ko, "chunk", 8);
+    kv_opts_set_num(&ko, "outliers", 3);
+    kv_shape sh = {.n_layers = m->cfg.n_layers, .n_heads = m->cfg.n_heads, .n_kv_heads = m->cfg.n_kv_heads,
+                   .head_dim = m->cfg.head_dim, .max_ctx = n + steps + 4, .rope = &f.rope, .be = be};
+    if ((o->rc = kv_new(&ko, &sh, &kv))) { forward_free(&f); return; }
+    for (int i = 0; i < n && !o->rc; i += 256)
+        o->rc = forward_batch(&f, kv, ids + i, n - i < 256 ? n - i : 256, i);
+    if (!o->rc) o->rc = kv->cls->end_prefill(kv);
+    memcpy(lg, f.logits, sizeof(float) * V);
+    for (int s = 0; s < steps && !o->rc; s++) {
+        int best = 0;
+        for (int i = 1; i < V; i++) if (f.logits[i] > f.logits[best]) best = i;
+        kv->step = s;
+        f.step = s;
+        o->rc = forward_batch(&f, kv, &best, 1, n + s);
+        memcpy(lg + (size_t)(s + 1) * V, f.logits, sizeof(float) * V);
+    }
+    kv_shadowkv_stats st;
+    if (!strcmp(policy, "shadowkv") && !kv_shadowkv_stats_get(kv, &st)) {
+        o->hits = st.hits;
+        o->misses = st.misses;
+        o->fetch_bytes = st.fetch_bytes;
+    }
+    kv_free(kv);
+    forward_free(&f);
+}
+
+int main(void) {
+    devsim = skv_backend_cpu;
+    devsim.name = "devsim";
+    const char *path = "build/default-model.gguf";
+    skv_model *m;
+    if (model_load(path, &m)) {
+        char msg[512];
+        snprintf(msg, sizeof msg, "device paths: %s not loadable (%s); make builds it", path, skv_last_error());
+        test_skip(msg);
+        return test_report("test_devpath");
+    }
+    int n = 700, steps = 12, V = m->cfg.vocab;
+    int32_t *ids = malloc(sizeof(int32_t) * n);
+    uint64_t x = 0x853c49e6748fea9bull;
+    for (int i = 0; i < n; i++) {
+        x ^= x << 13; x ^= x >> 7; x ^= x << 17;
+        ids[i] = (int32_t)(x % (uint64_t)V);
+    }
+    float *a = malloc(sizeof(float) * (steps + 1) * V), *b = malloc(sizeof(float) * (steps + 1) * V);
+    const char *pol[] = {"dense", "shadowkv"};
+    for (int p = 0; p < 2; p++) {
+        run_out oc, od;
+        run(m, &skv_backend_cpu, pol[p], ids, n, steps, a, &oc);
+        run(m, &devsim, pol[p], ids, n, steps, b, &od);
+        char msg[256];
+        snprintf(msg, sizeof msg, "%s: a session on a device-memory backend runs (rc %d, %s)", pol[p], od.rc,
+                 od.rc ? skv_last_error() : "ok");
+        test_cond(msg, oc.rc == 0 && od.rc == 0);
+        snprintf(msg, sizeof msg, "%s: the device path's logits after the prompt and %d decode steps equal the CPU "
+                 "path's bit for bit", pol[p], steps);
+        test_cond(msg, !memcmp(a, b, sizeof(float) * (steps + 1) * V));
+        if (p == 1) {
+            snprintf(msg, sizeof msg, "shadowkv: the same books on both paths (hits %llu/%llu, misses %llu/%llu, "
+                     "fetched %llu/%llu B)", (unsigned long long)oc.hits, (unsigned long long)od.hits,
+                     (unsigned long long)oc.misses, (unsigned long long)od.misses,
+                     (unsigned long long)oc.fetch_bytes, (unsigned long long)od.fetch_bytes);
+            test_cond(msg, oc.misses > 0 && oc.hits == od.hits && oc.misses == od.misses &&
+                      oc.fetch_bytes == od.fetch_bytes);
+        }
+    }
+    /* the policies that read host memory are refused there, in one line */
+    {
+        forward_state f;
+        forward_init(&f, m, &devsim, 16);
+        kv_opts ko;
+        kv_opts_default(&ko);
+        snprintf(ko.policy, sizeof ko.policy, "quest");
+        kv_shape sh = {.n_layers = m->cfg.n_layers, .n_heads = m->cfg.n_heads, .n_kv_heads = m->cfg.n_kv_heads,
+                       .head_dim = m->cfg.head_dim, .max_ctx = 64, .rope = &f.rope, .be = &devsim};
+        kv_cache *kv = NULL;
+        int rc = kv_new(&ko, &sh, &kv);
+        test_cond("a policy without a device path is refused on a device backend, naming --backend cpu",
+                  rc == SKV_EUNSUPPORTED && strstr(skv_last_error(), "--backend cpu") && !kv);
+        forward_free(&f);
+    }
+    free(a); free(b); free(ids);
+    model_free(m);
+    return test_report("test_devpath");
+}
