@@ -181,7 +181,12 @@ void cli_gen_help(FILE *o, int flags) {
             "  -b, --batch N         prefill batch size (default 512)\n"
             "  -t, --threads N       worker threads (default: one per physical core, as llama.cpp)\n"
             "      --no-bos          do not add the BOS token\n"
-            "      --backend NAME    where the math runs (default cpu; skv info --backends lists them)\n");
+            "      --backend NAME    where the math runs (default cpu; skv info --backends lists them)\n"
+#ifdef SKV_HAVE_CUDA
+            "                        cuda: dense and shadowkv on an NVIDIA GPU (built, not yet verified on\n"
+            "                        hardware); without a device it runs on cpu and says so\n"
+#endif
+            );
     if (flags & CLI_HELP_TRACE)
         fprintf(o,
                 "      --trace FILE      record every probe event of the run to FILE (skv trace info FILE)\n"

@@ -31,7 +31,11 @@ static const struct {
 static void usage(FILE *o) {
     fprintf(o, "usage: skv COMMAND [options]   (skv COMMAND --help for each)\n\n"
                "skv: a ShadowKV inference engine for Llama-family models.\n"
-               "skv --version prints the version. Exit status: 0 success, 2 a bad command line, 1 anything else.\n\ncommands:\n");
+               "skv --version prints the version. Exit status: 0 success, 2 a bad command line, 1 anything else.\n"
+#ifdef SKV_HAVE_CUDA
+               "This build has the CUDA backend (--backend cuda): built, not yet verified on hardware.\n"
+#endif
+               "\ncommands:\n");
     for (size_t i = 0; i < sizeof commands / sizeof commands[0]; i++)
         fprintf(o, "  %-8s %s\n", commands[i].name, commands[i].help);
 }
