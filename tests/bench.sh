@@ -49,10 +49,10 @@ llama() {
         END { if (best > 0) printf "%.2f\n", best; else print "-" }'
 }
 
-# skv_run MODEL PROMPT DECODE -> "prefill_tok_s decode_tok_s" of one run
+# skv_run MODEL PROMPT DECODE -> "prefill_tok_s decode_tok_s dense_roof_tok_s" of one run
 skv_run() {
     line=$($SKV bench -m "$1" -t $T --prompt-tokens "$2" -n "$3" -c $(($2 + $3 + 8)))
-    echo "$(echo "$line" | field prefill_tok_s) $(echo "$line" | field decode_tok_s)"
+    echo "$(echo "$line" | field prefill_tok_s) $(echo "$line" | field decode_tok_s) $(echo "$line" | field dense_roof_tok_s)"
 }
 
 RESULTS=$OUT/ratios.txt
@@ -61,12 +61,12 @@ RESULTS=$OUT/ratios.txt
 # prompt, ROUNDS rounds, skv then llama.cpp in each.
 engine_case() {
     label=$1; m=$2
-    s512=""; s4k=""; sdec=""; stg=""; l512=""; l4k=""; ldec=""; ltg=""
+    s512=""; s4k=""; sdec=""; stg=""; l512=""; l4k=""; ldec=""; ltg=""; rdec=""; rtg=""
     r=0
     while [ $r -lt "$ROUNDS" ]; do
         set -- $(skv_run "$m" 512 0);   s512="$s512 $1"
-        set -- $(skv_run "$m" 4096 32); s4k="$s4k $1"; sdec="$sdec $2"
-        set -- $(skv_run "$m" 1 128);   stg="$stg $2"
+        set -- $(skv_run "$m" 4096 32); s4k="$s4k $1"; sdec="$sdec $2"; rdec="$rdec $3"
+        set -- $(skv_run "$m" 1 128);   stg="$stg $2"; rtg="$rtg $3"
         if [ -n "$LLAMA_BENCH" ]; then
             l512="$l512 $(llama "$m" 512 0 0)"
             l4k="$l4k $(llama "$m" 4096 0 0)"
@@ -77,23 +77,27 @@ engine_case() {
     done
     row "$label pp512" "$s512" "$l512" "1.0x"
     row "$label pp4096" "$s4k" "$l4k" "1.0x"
-    row "$label tg128" "$stg" "$ltg" "1.2x"
-    row "$label tg32 after a 4K prompt" "$sdec" "$ldec" "1.2x"
+    row "$label tg128" "$stg" "$ltg" "1.2x" "$rtg"
+    row "$label tg32 after a 4K prompt" "$sdec" "$ldec" "1.2x" "$rdec"
 }
 
-# row LABEL SKV_VALUES LLAMA_VALUES TARGET: prints and records one line.
+# row LABEL SKV_VALUES LLAMA_VALUES TARGET [ROOF_VALUES]: prints and records
+# one line; ROOF is the tok/s the machine's read bandwidth allows a dense
+# decode of this model (skv bench's dense_roof_tok_s, the median of the rounds).
 row() {
+    roof=$(minmed ${5:-}); roof=${roof#* }
     set -- "$1" "$(minmed $2)" "$(minmed ${3:-})" "$4"
     sm=${2#* }; lm=${3#* }
     [ -n "$LLAMA_BENCH" ] || lm="not run"
-    line=$(printf '%-40s %9s %9s %9s %9s %8s %7s' "$1" "${2% *}" "$sm" "${3% *}" "$lm" "$(ratio "$sm" "$lm")" "$4")
+    line=$(printf '%-40s %9s %9s %9s %9s %8s %7s %7s' "$1" "${2% *}" "$sm" "${3% *}" "$lm" "$(ratio "$sm" "$lm")" "$4" "$roof")
     echo "$line"
     echo "$line" >>"$RESULTS"
 }
 
-HEAD=$(printf '%-40s %9s %9s %9s %9s %8s %7s' "case (tok/s, $T threads, $ROUNDS rounds)" "skv min" "median" \
-    "llama min" "median" "ratio" "target")
+HEAD=$(printf '%-40s %9s %9s %9s %9s %8s %7s %7s' "case (tok/s, $T threads, $ROUNDS rounds)" "skv min" "median" \
+    "llama min" "median" "ratio" "target" "roof")
 echo "== engine: skv and llama.cpp interleaved on the same files; ratio = skv median / llama.cpp median =="
+echo "   roof: the decode tok/s this machine's memory read bandwidth allows (weights + f32 KV per step / read GB/s)"
 if [ -n "$LLAMA_BENCH" ]; then
     echo "llama.cpp: $LLAMA_BENCH ($(cat build/ref/commit 2>/dev/null || echo "commit unknown"); best of flash attention off/on per round)"
 else

@@ -18,7 +18,10 @@ static void help(FILE *o) {
                "memory where the policy counts it); for a policy that measures them, the\n"
                "achieved fetch bandwidth and the equivalent bandwidth of its decode attention\n"
                "(K and V bytes exact attention would read / the time it took), beside the host\n"
-               "memory's copy bandwidth measured in the same run (0: not measured).\n"
+               "memory's copy bandwidth measured in the same run (0: not measured). Then the\n"
+               "decode roofline: the weight bytes a step reads, a dense cache's K and V bytes\n"
+               "at the mean decode context, the memory's read bandwidth with these threads\n"
+               "(measured here) and the tok/s that bandwidth allows a dense decode.\n"
                "The best of R repeats (default 1) is reported.\n\n");
     cli_gen_help(o, 0);
     fprintf(o, "  -n N                  decode steps (default 64)\n"
@@ -47,6 +50,49 @@ static double copy_gbs(void) {
     free(a);
     free(b);
     return best / 1e9;
+}
+
+/* The machine's read bandwidth with the bench's threads, GB/s: the best of
+ * 3 passes summing 256 MiB (beyond any cache). Decode of a dense model reads
+ * every weight once per token, so this bounds its tok/s from above. */
+static double read_gbs(void) {
+    size_t n = ((size_t)256 << 20) / sizeof(float);
+    float *a = skv_aligned_alloc(n * sizeof(float));
+    if (!a) return 0;
+    for (size_t i = 0; i < n; i++) a[i] = (float)(i & 7);
+    double best = 0, keep = 0;
+    for (int r = 0; r < 3; r++) {
+        double t = skv_now(), sum = 0;
+        long long nn = (long long)n;
+        #pragma omp parallel for reduction(+ : sum) schedule(static)
+        for (long long i = 0; i < nn; i += 16) {
+            float s8 = 0;
+            for (int k = 0; k < 16; k++) s8 += a[i + k];
+            sum += s8;
+        }
+        t = skv_now() - t;
+        keep += sum;
+        if (t > 0 && n * sizeof(float) / t > best) best = n * sizeof(float) / t;
+    }
+    free(a);
+    return keep < 0 ? 0 : best / 1e9;
+}
+
+/* Bytes of one tensor as stored. */
+static double tensor_bytes(const skv_tensor *t) {
+    return t->data ? (double)ggml_row_size(t->type, t->cols) * t->rows : 0;
+}
+
+/* Bytes a decode step reads of the weights: every layer's, the output head's. */
+static double weight_bytes(const skv_model *m) {
+    double b = tensor_bytes(&m->output) + tensor_bytes(&m->out_norm);
+    for (int l = 0; l < m->cfg.n_layers; l++) {
+        const model_layer *L = &m->layers[l];
+        const skv_tensor *ts[] = {&L->attn_norm, &L->wq, &L->wk, &L->wv, &L->wo, &L->bq, &L->bk, &L->bv,
+                                  &L->ffn_norm, &L->w_gate, &L->w_up, &L->w_down};
+        for (size_t i = 0; i < sizeof ts / sizeof ts[0]; i++) b += tensor_bytes(ts[i]);
+    }
+    return b;
 }
 
 int cmd_bench(int argc, char **argv) {
@@ -115,13 +161,21 @@ int cmd_bench(int argc, char **argv) {
         }
         session_free(s);
     }
-    if (!rc)
+    if (!rc) {
+        /* what a dense decode step must read: the weights, and the f32 K and V
+         * of every layer at the run's mean decode context */
+        const model_config *c = &m->cfg;
+        double wb = weight_bytes(m);
+        double kvb = 2.0 * c->n_layers * c->n_kv_heads * c->head_dim * sizeof(float) * (np + g.n_predict / 2.0);
+        double rg = g.n_predict > 0 ? read_gbs() : 0;
         printf("model=%s kv=%s threads=%d prompt=%d decode=%d prefill_tok_s=%.1f decode_tok_s=%.2f decode_ms=%.3f "
-               "compress_pct=%.2f fetch_bytes_step=%.0f read_bytes_step=%.0f fetch_gbs=%.2f equiv_gbs=%.2f copy_gbs=%.2f\n",
-               m->cfg.name[0] ? m->cfg.name : g.model, g.s.kv.policy, skv_threads(), np, g.n_predict, best_pp, best_tg,
+               "compress_pct=%.2f fetch_bytes_step=%.0f read_bytes_step=%.0f fetch_gbs=%.2f equiv_gbs=%.2f copy_gbs=%.2f "
+               "weight_bytes=%.0f dense_kv_bytes_step=%.0f read_gbs=%.2f dense_roof_tok_s=%.2f\n",
+               c->name[0] ? c->name : g.model, g.s.kv.policy, skv_threads(), np, g.n_predict, best_pp, best_tg,
                best_tg > 0 ? 1000.0 / best_tg : 0.0, compress_pct, isnan(fetch_step) ? 0 : fetch_step,
                isnan(read_step) ? 0 : read_step, isnan(fetch_gbs) ? 0 : fetch_gbs, isnan(equiv_gbs) ? 0 : equiv_gbs,
-               copy_gbs());
+               copy_gbs(), wb, kvb, rg, rg > 0 ? rg * 1e9 / (wb + kvb) : 0.0);
+    }
     free(ids);
     model_free(m);
     cli_gen_free(&g);

@@ -37,12 +37,16 @@ fi
     log "whole model: CPU vs GPU logits"
     SKV_GPU_MODEL=small.gguf bin/test_cuda_model
     SKV_GPU_MODEL=l8b-2l.gguf bin/test_cuda_model
-    log "decode throughput, dense, Llama-3.1-8B shape (bf16 weights, f32 KV), batch 1"
+    log "decode throughput, dense and ShadowKV, Llama-3.1-8B shape (bf16 weights, f32 KV), batch 1"
     [ -f l8b.gguf ] || $SKV synth --config configs/llama-3.1-8b.config.json --dtype bf16 --seed 1 -o l8b.gguf
     for ctx in 61440 122880; do
         $SKV bench --backend cuda -m l8b.gguf --prompt-tokens $ctx -n 32 -c $((ctx + 64)) || echo "bench at $ctx failed"
+        # ShadowKV with the paper's settings: rank 160, chunk 8, budget 2048, 48 outliers
+        $SKV bench --backend cuda --kv shadowkv -m l8b.gguf --prompt-tokens $ctx -n 32 -c $((ctx + 64)) ||
+            echo "shadowkv bench at $ctx failed"
     done
     log "a traced decode step on the GPU (timeline spans from CUDA events)"
-    $SKV run --backend cuda -m l8b-2l.gguf -p "a b c d e f g h" -n 4 --trace "$OUT/gpu.trace" --force &&
+    $SKV run --backend cuda -m l8b-2l.gguf --kv shadowkv --rank 32 --budget 64 -f configs/default-model.config.json -n 4 \
+        --trace "$OUT/gpu.trace" --force &&
         $SKV export --trace "$OUT/gpu.trace" --view timeline --step 2 -o "$OUT/timeline.png" --force
 } 2>&1 | tee "$OUT/run.log"
