@@ -168,9 +168,13 @@ int forward_batch(forward_state *f, kv_cache *kv, const int32_t *tokens, int n, 
         if (be->span_tag) be->span_tag(l, f->step);
         double t0 = probe_wants(f->bus, PROBE_SPAN) ? probe_time(f->bus) : 0;
         be->rmsnorm(f->xn, f->x, W->attn_norm.data, n, dim, c->norm_eps);
-        matmul(f, &L->wq, &W->wq, f->xn, n, f->q);
-        matmul(f, &L->wk, &W->wk, f->xn, n, f->k);
-        matmul(f, &L->wv, &W->wv, f->xn, n, f->v);
+        {
+            enum ggml_type t[3] = {W->wq.type, W->wk.type, W->wv.type};
+            const void *w[3] = {W->wq.data, W->wk.data, W->wv.data};
+            int rows[3] = {L->wq.rows, L->wk.rows, L->wv.rows};
+            float *y[3] = {f->q, f->k, f->v};
+            be->matmul_k(3, t, w, rows, L->wq.cols, f->xn, n, y, &f->ws);
+        }
         add_bias(f, f->q, &W->bq, n, qd);
         add_bias(f, f->k, &W->bk, n, kvd);
         add_bias(f, f->v, &W->bv, n, kvd);
@@ -186,8 +190,13 @@ int forward_batch(forward_state *f, kv_cache *kv, const int32_t *tokens, int n, 
         matmul(f, &L->wo, &W->wo, f->att, n, f->xn);
         be->add(f->x, f->xn, (size_t)n * dim);
         be->rmsnorm(f->xn, f->x, W->ffn_norm.data, n, dim, c->norm_eps);
-        matmul(f, &L->w_gate, &W->w_gate, f->xn, n, f->gate);
-        matmul(f, &L->w_up, &W->w_up, f->xn, n, f->up);
+        {
+            enum ggml_type t[2] = {W->w_gate.type, W->w_up.type};
+            const void *w[2] = {W->w_gate.data, W->w_up.data};
+            int rows[2] = {L->w_gate.rows, L->w_up.rows};
+            float *y[2] = {f->gate, f->up};
+            be->matmul_k(2, t, w, rows, L->w_gate.cols, f->xn, n, y, &f->ws);
+        }
         be->swiglu(f->gate, f->up, (size_t)n * ffn);
         matmul(f, &L->w_down, &W->w_down, f->gate, n, f->xn);
         be->add(f->x, f->xn, (size_t)n * dim);

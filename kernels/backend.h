@@ -93,6 +93,11 @@ typedef struct skv_backend {
      * type quant_supported accepts). n == 1 is the decode matvec. */
     void (*matmul)(enum ggml_type t, const void *W, int rows, int cols, const float *x, int n, float *y,
                    skv_workspace *ws);
+    /* y_i (n, rows[i]) = x (n, cols) · W_iᵀ for k <= 4 matrices that read the
+     * same x (the Q, K and V projections; gate and up): each y_i as matmul
+     * gives it, the decode matvecs in one pass of the threads over all rows. */
+    void (*matmul_k)(int k, const enum ggml_type *t, const void *const *W, const int *rows, int cols, const float *x,
+                     int n, float *const *y, skv_workspace *ws);
     /* x (n, dim): rows ids[i] of the embedding table (vocab, dim) of type t. */
     void (*embed)(enum ggml_type t, const void *table, int dim, const int32_t *ids, int n, float *x);
     /* out (n, dim) = x / rms(x) * w per row. out may be x. */

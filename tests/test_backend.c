@@ -94,6 +94,42 @@ static void test_matmul(const skv_backend *be) {
     skv_workspace_free(&ws);
 }
 
+/* matmul_k: three matrices of different types against one x give what
+ * three matmul calls give, bit for bit (decode and batch). */
+static void test_matmul_k(const skv_backend *be) {
+    enum ggml_type types[3] = {GGML_Q8_0, GGML_F32, GGML_Q4_K};
+    int rows[3] = {70, 33, 48}, cols = 256;
+    uint8_t *W[3];
+    skv_workspace ws = {0};
+    for (int i = 0; i < 3; i++) {
+        float *w = rnd((size_t)rows[i] * cols);
+        size_t rb = ggml_row_size(types[i], cols);
+        W[i] = malloc(rb * rows[i]);
+        for (int r = 0; r < rows[i]; r++) quant_quantize_row(types[i], w + (size_t)r * cols, W[i] + rb * r, cols);
+        free(w);
+    }
+    for (int n = 1; n <= 20; n += 19) {
+        float *x = rnd((size_t)n * cols), *ya[3], *yb[3];
+        for (int i = 0; i < 3; i++) {
+            ya[i] = malloc(sizeof(float) * n * rows[i]);
+            yb[i] = malloc(sizeof(float) * n * rows[i]);
+            be->matmul(types[i], W[i], rows[i], cols, x, n, ya[i], &ws);
+        }
+        const void *wp[3] = {W[0], W[1], W[2]};
+        be->matmul_k(3, types, wp, rows, cols, x, n, yb, &ws);
+        int same = 1;
+        for (int i = 0; i < 3; i++) same &= !memcmp(ya[i], yb[i], sizeof(float) * n * rows[i]);
+        char msg[128];
+        snprintf(msg, sizeof msg, "%s matmul_k (q8_0, f32, q4_K against one x, n=%d) equals three matmul calls bit for bit",
+                 be->name, n);
+        test_cond(msg, same);
+        for (int i = 0; i < 3; i++) { free(ya[i]); free(yb[i]); }
+        free(x);
+    }
+    for (int i = 0; i < 3; i++) free(W[i]);
+    skv_workspace_free(&ws);
+}
+
 static void test_elementwise(const skv_backend *be) {
     int n = 3, dim = 96;
     /* embed: rows of a q8_0 table */
@@ -413,6 +449,7 @@ int main(void) {
     }
     const skv_backend *be = &skv_backend_cpu;
     test_matmul(be);
+    test_matmul_k(be);
     test_elementwise(be);
     test_attention(be);
     test_sparse_stages(be);

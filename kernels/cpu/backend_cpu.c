@@ -125,6 +125,18 @@ static void cpu_matmul(enum ggml_type t, const void *W, int rows, int cols, cons
     }
 }
 
+static void cpu_matmul_k(int k, const enum ggml_type *t, const void *const *W, const int *rows, int cols,
+                         const float *x, int n, float *const *y, skv_workspace *ws) {
+    if (n == 1) {
+        size_t r[4];
+        SKV_ASSERT(k >= 1 && k <= 4);
+        for (int i = 0; i < k; i++) r[i] = (size_t)rows[i];
+        quant_matvec_k(k, t, W, r, (size_t)cols, x, y);
+        return;
+    }
+    for (int i = 0; i < k; i++) cpu_matmul(t[i], W[i], rows[i], cols, x, n, y[i], ws);
+}
+
 static void cpu_embed(enum ggml_type t, const void *table, int dim, const int32_t *ids, int n, float *x) {
     size_t row = ggml_row_size(t, dim);
     for (int i = 0; i < n; i++)
@@ -473,6 +485,7 @@ const skv_backend skv_backend_cpu = {
     .kv_store = cpu_kv_store,
     .attend_decode = cpu_attend_decode,
     .matmul = cpu_matmul,
+    .matmul_k = cpu_matmul_k,
     .embed = cpu_embed,
     .rmsnorm = cpu_rmsnorm,
     .rope = cpu_rope,

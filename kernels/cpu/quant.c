@@ -976,6 +976,56 @@ void quant_xq_block(const float *x, int8_t *q, float *d, int32_t *s) {
 #endif
 }
 
+/* k matrices against the same x in one parallel pass over all their rows
+ * (quant_matvec_k): each keeps its own quantized x (the AVX-512 kernels'
+ * code offset depends on the type), and row g of the concatenation is row
+ * g - off[i] of matrix i. */
+void quant_matvec_k(int k, const enum ggml_type *t, const void *const *W, const size_t *rows, size_t n, const float *x,
+                    float *const *y) {
+    SKV_ASSERT(k >= 1 && k <= 4);
+    size_t off[5] = {0}, rs[4];
+    qdot_fn qf[4];
+    dot_fn df[4];
+    xq8 xq[4];
+    uint8_t *heap[4] = {NULL};
+    for (int i = 0; i < k; i++) {
+        SKV_ASSERT(quant_supported(t[i]));
+        rs[i] = ggml_row_size(t[i], n);
+        off[i + 1] = off[i] + rows[i];
+        int sh;
+        qf[i] = qdot_for(t[i], 0, &sh);
+        df[i] = qf[i] ? NULL : dot_for(t[i], 0);
+        if (!qf[i]) continue;
+#ifndef QUANT_AVX512
+        sh = -1;
+#endif
+        size_t n64 = (n + 63) & ~(size_t)63;
+        heap[i] = skv_aligned_alloc(2 * n64 + n / QK * (sizeof(float) + sizeof(int32_t)));
+        SKV_ASSERT(heap[i]);
+        xq[i].q = (int8_t *)heap[i];
+        xq[i].lo = (int32_t *)(void *)(heap[i] + n64);
+        xq[i].d = (float *)(void *)(heap[i] + 2 * n64);
+        xq[i].s = (int32_t *)(void *)(heap[i] + 2 * n64 + n / QK * sizeof(float));
+        for (size_t b = 0; b < n / QK; b++) {
+#ifdef QUANT_AVX2
+            xq_block(x + QK * b, xq[i].q + QK * b, xq[i].d + b, xq[i].s + b, xq[i].lo + 8 * b, sh);
+#else
+            ref_xq_block(x + QK * b, xq[i].q + QK * b, xq[i].d + b, xq[i].s + b);
+#endif
+        }
+    }
+    long long total = (long long)off[k];
+#pragma omp parallel for schedule(static) if (off[k] * n >= 32768)
+    for (long long gr = 0; gr < total; gr++) {
+        int i = 0;
+        while ((size_t)gr >= off[i + 1]) i++;
+        size_t r = (size_t)gr - off[i];
+        const uint8_t *w = (const uint8_t *)W[i] + r * rs[i];
+        y[i][r] = qf[i] ? qf[i](w, &xq[i], n) : df[i](w, x, n);
+    }
+    for (int i = 0; i < k; i++) free(heap[i]);
+}
+
 float quant_dot(enum ggml_type t, const void *row, const float *x, size_t n) {
     float y;
     matvec(t, row, 1, n, x, &y, 0);

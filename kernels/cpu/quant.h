@@ -43,6 +43,12 @@ void quant_matvec(enum ggml_type t, const void *W, size_t rows, size_t n, const 
  * codes' sum *s. */
 void quant_xq_block(const float *x, int8_t *q, float *d, int32_t *s);
 
+/* quant_matvec of k (<= 4) matrices W[i] (rows[i], n) of types t[i] against
+ * the same x into y[i], in one parallel pass over all their rows (the Q, K
+ * and V projections; gate and up). Each y[i] equals quant_matvec's. */
+void quant_matvec_k(int k, const enum ggml_type *t, const void *const *W, const size_t *rows, size_t n, const float *x,
+                    float *const *y);
+
 /* quant_matvec through the portable scalar kernels on one thread, whatever
  * the build's SIMD. For the quantized types its y is bit for bit
  * quant_matvec's (the vector kernels keep the scalar order of every integer

@@ -20,6 +20,7 @@ const skv_backend skv_backend_cuda = {
     .weight_load = cu_weight_load,
     .weight_free = cu_weight_free,
     .matmul = cu_matmul,
+    .matmul_k = cu_matmul_k,
     .embed = cu_embed,
     .rmsnorm = cu_rmsnorm,
     .rope = cu_rope,

@@ -29,6 +29,8 @@ int cu_span_drain(skv_span *out, int max);
 /* ops_forward.cu */
 void cu_matmul(enum ggml_type t, const void *W, int rows, int cols, const float *x, int n, float *y,
                skv_workspace *ws);
+void cu_matmul_k(int k, const enum ggml_type *t, const void *const *W, const int *rows, int cols, const float *x,
+                 int n, float *const *y, skv_workspace *ws);
 void cu_embed(enum ggml_type t, const void *table, int dim, const int32_t *ids, int n, float *x);
 void cu_rmsnorm(float *out, const float *x, const float *w, int n, int dim, float eps);
 void cu_rope(const rope_ctx *r, float *x, int n, int n_heads, int pos0);

@@ -99,6 +99,11 @@ void cu_matmul(enum ggml_type t, const void *W, int rows, int cols, const float 
     cuda_span_end(sp, 0, "matmul");
 }
 
+void cu_matmul_k(int k, const enum ggml_type *t, const void *const *W, const int *rows, int cols, const float *x,
+                 int n, float *const *y, skv_workspace *ws) {
+    for (int i = 0; i < k; i++) cu_matmul(t[i], W[i], rows[i], cols, x, n, y[i], ws);
+}
+
 /* ---- embedding ---- */
 
 __global__ void k_embed(const uint16_t *table, int dim, const int32_t *ids, int n, float *x) {
