@@ -110,21 +110,28 @@ void cu_attend_group(const float *q, int g, const float *K, const float *V, int 
     cuda_span_end(sp, 0, "attend");
 }
 
-/* out (g, d) from `parts` partial results: block a (head), thread e (dim). */
-__global__ void k_attend_merge(int parts, int g, int d, const float *o, const float *m, const float *l, float *out) {
-    int a = blockIdx.x, e = threadIdx.x;
-    if (e >= d) return;
+/* Dimension e of head a merged from `parts` partial results, part p's at
+ * o + p*pstride (outputs, rows of d) and m, l + p*mstride: attend_merge's
+ * rule (km_osm_merge; an empty part weighs nothing). */
+__device__ float merge_dim(int parts, int a, int e, int d, const float *o, size_t pstride, const float *m,
+                           const float *l, size_t mstride) {
     km_osm acc = km_osm_init();
     float y = 0.0f;
     for (int p = 0; p < parts; p++) {
         km_osm b;
-        b.m = m[(size_t)p * g + a];
-        b.l = l[(size_t)p * g + a];
+        b.m = m[p * mstride + a];
+        b.l = l[p * mstride + a];
         float fa, fb;
         km_osm_merge(&acc, b, &fa, &fb);
-        y = y * fa + fb * o[((size_t)p * g + a) * d + e];
+        y = y * fa + fb * o[p * pstride + (size_t)a * d + e];
     }
-    out[(size_t)a * d + e] = acc.l > 0 ? y / acc.l : 0.0f;
+    return acc.l > 0 ? y / acc.l : 0.0f;
+}
+
+/* out (g, d) from `parts` partial results: block a (head), thread e (dim). */
+__global__ void k_attend_merge(int parts, int g, int d, const float *o, const float *m, const float *l, float *out) {
+    int a = blockIdx.x, e = threadIdx.x;
+    if (e < d) out[(size_t)a * d + e] = merge_dim(parts, a, e, d, o, (size_t)g * d, m, l, (size_t)g);
 }
 
 void cu_attend_merge(int parts, int g, int d, const float *o, const float *m, const float *l, float *out) {
@@ -151,19 +158,10 @@ __global__ void k_attend_decode(const float *q, int G, const float *K, const flo
 /* Merges KV head kh's parts: block (kh, a). */
 __global__ void k_decode_merge(int parts, int G, int d, const float *po, const float *pm, const float *pl, float *out) {
     int kh = blockIdx.x, a = blockIdx.y, e = threadIdx.x;
-    if (e >= d) return;
-    km_osm acc = km_osm_init();
-    float y = 0.0f;
-    for (int p = 0; p < parts; p++) {
-        size_t t = (size_t)kh * parts + p;
-        km_osm b;
-        b.m = pm[t * G + a];
-        b.l = pl[t * G + a];
-        float fa, fb;
-        km_osm_merge(&acc, b, &fa, &fb);
-        y = y * fa + fb * po[(t * G + a) * d + e];
-    }
-    out[((size_t)kh * G + a) * d + e] = acc.l > 0 ? y / acc.l : 0.0f;
+    size_t t0 = (size_t)kh * parts;
+    if (e < d)
+        out[((size_t)kh * G + a) * d + e] =
+            merge_dim(parts, a, e, d, po + t0 * G * d, (size_t)G * d, pm + t0 * G, pl + t0 * G, (size_t)G);
 }
 
 int cu_attend_decode(const float *q, int n_heads, int n_kv, int d, const float *K, const float *V, int rows,
