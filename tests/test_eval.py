@@ -170,8 +170,33 @@ def main():
                 named += got is not None
         check("every miss that gave another key's value names that key (%d of %d answers; %d distractor answers)"
               % (consistent, total, named), total > 0 and consistent == total)
-        check("the demo model gives some distractor answers on multikey (named in the progress line too)",
-              named > 0 and "a distractor" in out)
+        # The demo model tells keys apart, so a well-posed multikey question
+        # rarely draws another key's value; a question that names no key
+        # does, and each such answer must be named.
+        amb = os.path.join(tmp, "amb.jsonl")
+        with open(amb, "w") as f:
+            f.write(json.dumps({"name": "ambiguous", "fact": "The special magic number for {key} is {value}.",
+                                "keys": ["heron", "otter", "falcon"], "facts": [2, 3],
+                                "question": "What is the special magic number? The special magic number for"}) + "\n")
+        js2 = os.path.join(tmp, "amb.json")
+        rc, out = run(["needle", "--task-file", amb, "--lengths", "1k", "--depths", "10:90:20", "--runs", "2",
+                       "--kv", "dense", "--json", js2])
+        named = consistent = total = 0
+        for c in json.load(open(js2))["cases"] if rc == 0 else []:
+            m = c["dense"]
+            total += 1
+            want = None
+            if not m["hit"]:
+                for i, f in enumerate(c["facts"][1:], 1):
+                    if has_number(m["answer"], f["value"]):
+                        want = i
+                        break
+            got = m["distractor"]["fact"] if m["distractor"] else None
+            consistent += got == want
+            named += got is not None
+        check("a question naming no key draws distractor answers, each named in the JSON and the progress line "
+              "(%d of %d answers; %d consistent)" % (named, total, consistent),
+              rc == 0 and named > 0 and consistent == total and "a distractor" in out)
     finally:
         shutil.rmtree(tmp, ignore_errors=True)
 

@@ -81,13 +81,17 @@ MODEL = dict(
 STAGES = [(512, 8, 400, 0.5, 0.0, "text"), (64, 32, 1000, 0.0, 1.0, "random"),
           (256, 8, 250, 0.3, 0.4, "random"), (512, 8, 250, 0.2, 0.1, "random", 0.5),
           (1024, 4, 250, 0.3, 0.1, "random", 0.4), (2048, 2, 200, 0.3, 0.1, "random", 0.4),
-          (4096, 1, 220, 0.4, 0.1, "random", 0.4), (4096, 1, 600, 0.55, 0.05, "random", 0.3)]
+          (4096, 1, 220, 0.4, 0.1, "random", 0.4), (4096, 1, 600, 0.55, 0.05, "random", 0.3),
+          # keyed facts (issue: tell keys apart), short to long; the 8th
+          # element is the share of keyed multi-question rows
+          (512, 8, 300, 0.15, 0.05, "random", 0.15, 0.5), (1024, 4, 300, 0.15, 0.05, "random", 0.15, 0.5),
+          (2048, 2, 300, 0.15, 0.05, "random", 0.15, 0.5), (4096, 1, 300, 0.15, 0.05, "random", 0.15, 0.5)]
 
 TRAIN = dict(
     # learning-rate cycles (first step, peak, warmup steps, steps to the
     # floor): linear warmup, then cosine down to min_lr_frac of the peak
     cycles=[(0, 2e-3, 60, 1100), (700, 1.5e-3, 10, 600), (950, 1.2e-3, 10, 500), (1200, 1e-3, 10, 250),
-            (1650, 1e-3, 20, 920), (2570, 6e-4, 10, 400), (2970, 3e-4, 10, 200)],
+            (1650, 1e-3, 20, 920), (2570, 6e-4, 10, 400), (2970, 3e-4, 10, 200), (3170, 8e-4, 20, 1200)],
     min_lr_frac=0.1,
     weight_decay=0.1,
     betas=(0.9, 0.95),
@@ -364,9 +368,14 @@ KEY_WORDS = ("apple river lantern copper falcon harbor meadow violet granite wil
              "canyon prairie sparrow tulip velvet zephyr marble garnet raven bramble clover dune glacier").split()
 
 
-def make_task(rng):
-    """One retrieval task: the facts to plant, the question block, the answer."""
-    kind = rng.randint(4)
+TASKS = ("single", "passkey", "multikey", "multikey-alt")  # make_task's kinds, named as skv needle --task names them
+
+
+def make_task(rng, kind=None):
+    """One retrieval task: the facts to plant, the question block, the answer.
+    kind (an index into TASKS) is drawn from rng unless given."""
+    if kind is None:
+        kind = rng.randint(4)
     ndig = int(rng.choice([5, 6, 7, 7, 7, 8, 9]))
     def value():
         return "".join(str(d) for d in rng.randint(0, 10, size=ndig))
@@ -420,11 +429,11 @@ def plant(hay, spots, facts, q_ids, a_ids):
     return row, starts, a0
 
 
-def retrieval_row(tok, pool, rng, T):
+def retrieval_row(tok, pool, rng, T, kind=None):
     """T+1 tokens: BOS, haystack with the facts at random sentence
     boundaries, the question, the answer; and per-target loss weights."""
     while True:  # short rows: draw again until a quarter of the row is haystack
-        facts, q, ans = make_task(rng)
+        facts, q, ans = make_task(rng, kind)
         f_ids = [tok.encode(" " + f) for f in facts]
         q_ids = tok.encode(" " + q)
         a_ids = tok.encode(ans)
@@ -475,6 +484,54 @@ def dense_row(tok, pool, rng, T):
     return row, w, amask
 
 
+KEYED = (("The special magic number for %s is %s.",
+          "What is the special magic number for %s? The special magic number for %s is"),
+         ("One of the magic numbers for %s is: %s.",
+          "What is the magic number for %s? One of the magic numbers for %s is:"))
+
+
+def keyed_row(tok, pool, rng, T):
+    """Several keyed facts of one template (2 to 6 at 512 tokens and more,
+    2 to 4 below), each with its own value, planted at random sentence
+    boundaries; then 1 to 3 of them asked one after the other, each question
+    followed by its answer. Every answer is a target (weight answer_weight),
+    so a row teaches telling the keys apart several times, against
+    distractors that share the template."""
+    while True:
+        alt = int(rng.randint(2))
+        n = int(rng.randint(2, 7 if T >= 512 else 5))
+        keys = [str(k) for k in rng.choice(KEY_WORDS, size=n, replace=False)]
+        ndig = int(rng.choice([5, 6, 7, 7, 7, 8, 9]))
+        vals = []
+        while len(vals) < n:  # distinct values: an answer names one fact only
+            v = "".join(str(d) for d in rng.randint(0, 10, size=ndig))
+            if v not in vals:
+                vals.append(v)
+        tf, tq = KEYED[alt]
+        f_ids = [tok.encode(" " + tf % (k, v)) for k, v in zip(keys, vals)]
+        nq = int(rng.randint(1, min(n, 3) + 1))
+        asked = [int(a) for a in rng.choice(n, size=nq, replace=False)]
+        qa = [(tok.encode(" " + tq % (keys[a], keys[a])), tok.encode(" %s." % vals[a])) for a in asked]
+        room = T + 1 - 1 - sum(map(len, f_ids)) - sum(len(q) + len(a) for q, a in qa)
+        if room >= T // 4:
+            break
+    hay, bounds = haystack(pool, rng, room)
+    spots = sorted(int(bounds[rng.randint(len(bounds))]) for _ in f_ids)
+    order = rng.permutation(n)
+    row, _, a0 = plant(hay, spots, [f_ids[i] for i in order], qa[0][0], qa[0][1])
+    ans = [(a0, len(qa[0][1]))]
+    for q, a in qa[1:]:
+        row.extend(q)
+        ans.append((len(row), len(a)))
+        row.extend(a)
+    w = np.ones(T, dtype=np.float32)
+    amask = np.zeros(T, dtype=bool)
+    for st, na in ans:
+        w[st - 1:st - 1 + na] = TRAIN["answer_weight"]
+        amask[st - 1:st - 1 + na - 1] = True
+    return row, w, amask
+
+
 def lm_row(stream, rng, T):
     """T+1 tokens of corpus text after a BOS (prompts always start with one)."""
     at = rng.randint(0, len(stream) - T)
@@ -499,12 +556,15 @@ def repeat_row(stream, rng, T, kind):
     return row, w, np.zeros(T, dtype=bool)
 
 
-def make_batch(seed, step, T, B, tok, stream, pool, share_ret=0.5, share_rep=0.0, rep_kind="text", share_dense=0.0):
+def make_batch(seed, step, T, B, tok, stream, pool, share_ret=0.5, share_rep=0.0, rep_kind="text", share_dense=0.0,
+               share_keyed=0.0):
     rng = np.random.RandomState((seed * 1000003 + step) % (2 ** 32))
     xs, ws, ms = [], [], []
     for _ in range(B):
         u = rng.rand()
-        if u < share_ret:
+        if share_keyed and u >= 1.0 - share_keyed:  # the last share_keyed of [0, 1): stages before it draw as they did
+            r, w, m = keyed_row(tok, pool, rng, T)
+        elif u < share_ret:
             r, w, m = retrieval_row(tok, pool, rng, T)
         elif u < share_ret + share_rep:
             r, w, m = repeat_row(stream, rng, T, rep_kind)
@@ -673,11 +733,95 @@ def export_hf(model, tok, hf_dir):
     write_safetensors(os.path.join(hf_dir, "model.safetensors"), tensors)
 
 
+# ------------------------------------------------------- resume from GGUF
+
+def read_gguf(path):
+    """The f32 tensors (name -> array, shape as rows x cols) and the
+    tokenizer's tokens and merges of a GGUF file, from the format's layout:
+    magic, version, counts, typed key-value pairs, tensor infos, then the
+    data at the alignment."""
+    with open(path, "rb") as f:
+        buf = f.read()
+    pos = [0]
+
+    def take(fmt):
+        v = struct.unpack_from("<" + fmt, buf, pos[0])
+        pos[0] += struct.calcsize("<" + fmt)
+        return v[0]
+
+    def string():
+        n = take("Q")
+        v = buf[pos[0]:pos[0] + n].decode("utf-8")
+        pos[0] += n
+        return v
+
+    scalar = {0: "B", 1: "b", 2: "H", 3: "h", 4: "I", 5: "i", 6: "f", 7: "?", 10: "Q", 11: "q", 12: "d"}
+
+    def value(t):
+        if t == 8:
+            return string()
+        if t == 9:
+            et, n = take("I"), take("Q")
+            return [value(et) for _ in range(n)]
+        return take(scalar[t])
+
+    if buf[:4] != b"GGUF":
+        sys.exit("train.py: %s is not a GGUF file" % path)
+    pos[0] = 4
+    take("I")
+    n_t, n_kv = take("Q"), take("Q")
+    kv = {}
+    for _ in range(n_kv):
+        k = string()
+        kv[k] = value(take("I"))
+    infos = []
+    for _ in range(n_t):
+        name = string()
+        dims = [take("Q") for _ in range(take("I"))]
+        infos.append((name, dims, take("I"), take("Q")))
+    align = kv.get("general.alignment", 32)
+    base = (pos[0] + align - 1) // align * align
+    tensors = {}
+    for name, dims, typ, off in infos:
+        if typ != 0:
+            sys.exit("train.py: %s: tensor %s is not f32 (type %d)" % (path, name, typ))
+        n = int(np.prod(dims))
+        tensors[name] = np.frombuffer(buf, dtype="<f4", count=n, offset=base + off).reshape(list(reversed(dims))).copy()
+    return tensors, kv.get("tokenizer.ggml.tokens"), kv.get("tokenizer.ggml.merges")
+
+
+def state_from_gguf(tensors, c):
+    """This model's state dict from skv convert's GGUF of it: GGUF names,
+    and Q/K rows back from GGUF's adjacent-pair RoPE layout to rotate-half
+    (pair row 2i+b of a head holds rotate-half row b*hd/2 + i)."""
+    hd = c["hidden_size"] // c["num_attention_heads"]
+
+    def unpair(w):
+        out = np.empty_like(w)
+        for r in range(w.shape[0]):
+            h, j = divmod(r, hd)
+            out[h * hd + (hd // 2 + j // 2 if j & 1 else j // 2)] = w[r]
+        return out
+
+    names = {"attn_norm": "input_layernorm", "ffn_norm": "post_attention_layernorm", "attn_q": "q_proj",
+             "attn_k": "k_proj", "attn_v": "v_proj", "attn_output": "o_proj", "ffn_gate": "gate_proj",
+             "ffn_up": "up_proj", "ffn_down": "down_proj"}
+    st = {"embed_tokens.weight": tensors["token_embd.weight"], "norm.weight": tensors["output_norm.weight"]}
+    for l in range(c["num_hidden_layers"]):
+        for g, t in names.items():
+            w = tensors["blk.%d.%s.weight" % (l, g)]
+            st["layers.%d.%s.weight" % (l, t)] = unpair(w) if g in ("attn_q", "attn_k") else w
+    return {k: torch.tensor(v) for k, v in st.items()}
+
+
 # ------------------------------------------------------------------- main
 
 def evaluate(model, tok, pool, val_stream, seed, lengths):
-    """Validation loss on held-out text and the share of retrieval answers
-    whose every digit is right under teacher forcing, per length."""
+    """Validation loss on held-out text and, per length, the share of
+    retrieval answers whose every digit is right under teacher forcing:
+    overall (retrieval_T, the mix training draws) and per task
+    (retrieval_TASK_T, each of TASKS on its own prompts), on held-out
+    haystack sentences."""
     model.eval()
     out = {}
     with torch.no_grad():
@@ -685,16 +829,21 @@ def evaluate(model, tok, pool, val_stream, seed, lengths):
         rows = [lm_row(val_stream, rng, 512)[0] for _ in range(8)]
         xv = torch.tensor(rows)
         out["val_loss"] = F.cross_entropy(model(xv[:, :-1]).flatten(0, 1), xv[:, 1:].flatten()).item()
-        for T in lengths:
-            rng = np.random.RandomState(seed + 31 * T)
-            ok = n = 0
-            for _ in range(max(2, 16 * 512 // T)):
-                row, _, m = retrieval_row(tok, pool, rng, T)
+
+        def share(rng, T, kind, n):
+            ok = 0
+            for _ in range(n):
+                row, _, m = retrieval_row(tok, pool, rng, T, kind)
                 xr = torch.tensor([row])
                 pred = model(xr[:, :-1]).argmax(-1)[0]
                 ok += int(bool((pred[torch.tensor(m)] == xr[0, 1:][torch.tensor(m)]).all()))
-                n += 1
-            out["retrieval_%d" % T] = ok / n
+            return ok / n
+
+        for T in lengths:
+            out["retrieval_%d" % T] = share(np.random.RandomState(seed + 31 * T), T, None, max(2, 16 * 512 // T))
+            for ki, name in enumerate(TASKS):
+                rng = np.random.RandomState(seed + 31 * T + 7 * (ki + 1))
+                out["retrieval_%s_%d" % (name, T)] = share(rng, T, ki, max(4, 8 * 1024 // T))
     model.train()
     return out
 
@@ -709,6 +858,12 @@ def main():
     ap.add_argument("--minutes", type=float, default=0, help="stop (with a checkpoint) after this long; rerun to resume")
     ap.add_argument("--fresh", action="store_true", help="ignore an existing checkpoint")
     ap.add_argument("--smoke", action="store_true", help="a few tiny steps to check the pipeline (not the model)")
+    ap.add_argument("--until", type=int, default=0, metavar="STEP",
+                    help="stop at this step (with a checkpoint) and export, as if the schedule ended there")
+    ap.add_argument("--from-gguf", metavar="GGUF",
+                    help="with no checkpoint: start from this model (an earlier export of this script, e.g. "
+                         "samples/model/skv-demo.gguf) at the step its log (--from-log) ends, optimizer state new")
+    ap.add_argument("--from-log", metavar="JSONL", help="the training log of --from-gguf (its train-log.jsonl)")
     args = ap.parse_args()
 
     if args.smoke:
@@ -767,28 +922,70 @@ def main():
     total = sum(s[2] for s in STAGES)
     step, seen, elapsed, history = 0, 0, 0.0, []
     ck = os.path.join(args.work, "checkpoint.pt")
+    t_run = time.time()
+    sittings = []  # one record per run of this script: the steps it trained, when, for how long
     if os.path.exists(ck) and not args.fresh:
         st = torch.load(ck)
         model.load_state_dict(st["model"])
         opt.load_state_dict(st["opt"])
         step, seen, elapsed, history = st["step"], st["seen"], st["elapsed"], st["history"]
+        sittings = st.get("sittings", [])
         log("resumed at step %d (%d tokens seen, %.0f s)" % (step, seen, elapsed))
+    elif args.from_gguf:
+        # An earlier export stands in for the checkpoint it was made from
+        # (the checkpoint itself was not kept): its weights, and its log for
+        # the step count, tokens and history. The optimizer's moments start
+        # anew. The weights are checked against that export's held-out logits.
+        if not args.from_log:
+            sys.exit("train.py: --from-gguf needs --from-log (the model's train-log.jsonl)")
+        tensors, g_tokens, g_merges = read_gguf(args.from_gguf)
+        if g_tokens != tokens or g_merges != ["%s %s" % (tokens[a], tokens[b]) for a, b in merges]:
+            sys.exit("train.py: %s has another tokenizer than this script builds" % args.from_gguf)
+        model.load_state_dict(state_from_gguf(tensors, MODEL))
+        with open(args.from_log) as f:
+            history = [json.loads(line) for line in f if line.strip()]
+        step, seen, elapsed = history[-1]["step"], history[-1]["tokens"], history[-1]["seconds"]
+        if step > total:
+            sys.exit("train.py: %s ends at step %d, past the schedule's %d steps" % (args.from_log, step, total))
+        held_path = os.path.join(os.path.dirname(args.from_gguf), "heldout-logits.json")
+        if os.path.exists(held_path):
+            held = json.load(open(held_path))
+            model.eval()
+            with torch.no_grad():
+                got = model(torch.tensor([held["ids"]]))[0, -1].double()
+            model.train()
+            want = torch.tensor(held["logits"], dtype=torch.float64)
+            rel = ((got - want).norm() / want.norm()).item()
+            log("from %s: held-out logits within rel L2 %.2e of its record" % (args.from_gguf, rel))
+            if rel > 1e-4:
+                sys.exit("train.py: the weights read from %s do not give its held-out logits (rel L2 %.2e)" %
+                         (args.from_gguf, rel))
+        sittings = [dict(steps=[0, step], note="the run that made %s (its checkpoint was not kept)" %
+                         os.path.basename(args.from_gguf))]
+        log("started from %s at step %d (%d tokens seen, %.0f s)" % (args.from_gguf, step, seen, elapsed))
+    sitting = dict(steps=[step, step], started=time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()), seconds=0.0,
+                   threads=args.threads, torch=torch.__version__)
+    sittings.append(sitting)
 
     def save():
+        sitting["steps"][1] = step
+        sitting["seconds"] = round(time.time() - t_run, 1)
         torch.save(dict(model=model.state_dict(), opt=opt.state_dict(), step=step, seen=seen,
-                        elapsed=elapsed, history=history), ck + ".tmp")
+                        elapsed=elapsed, history=history, sittings=sittings), ck + ".tmp")
         os.replace(ck + ".tmp", ck)
 
     n_params = sum(p.numel() for p in model.parameters())
     log("model: %d parameters, %d steps in %s" % (n_params, total, STAGES))
     bounds = np.cumsum([s[2] for s in STAGES])
-    t_run = time.time()
-    while step < total:
+    end = min(total, args.until) if args.until > 0 else total
+    while step < end:
         si = int(np.searchsorted(bounds, step, side="right"))
         T, B, _, share_ret, share_rep, rep_kind = STAGES[si][:6]
         share_dense = STAGES[si][6] if len(STAGES[si]) > 6 else 0.0
+        share_keyed = STAGES[si][7] if len(STAGES[si]) > 7 else 0.0
         t0 = time.time()
-        x, y, w, m = make_batch(args.seed, step, T, B, tok, stream, pool, share_ret, share_rep, rep_kind, share_dense)
+        x, y, w, m = make_batch(args.seed, step, T, B, tok, stream, pool, share_ret, share_rep, rep_kind, share_dense,
+                                share_keyed)
         lr = lr_at(step, total)
         for g in opt.param_groups:
             g["lr"] = lr
@@ -809,12 +1006,12 @@ def main():
         rec = dict(step=step, T=T, lr=lr, loss=loss.item(), lm_loss=lm, answer_digit_acc=ans_acc, tokens=seen,
                    seconds=round(elapsed, 1))
         history.append(rec)  # before save(), so that a checkpoint holds its own step's record
-        if step % 50 == 0 or step == total or step == bounds[si]:
+        if step % 50 == 0 or step == end or step == bounds[si]:
             rec.update(evaluate(model, tok, val_pool, val_stream, args.seed, sorted({512, T})))
             save()
         if step % 10 == 0 or "val_loss" in rec:
             log(json.dumps(rec))
-        if args.minutes and time.time() - t_run > args.minutes * 60 and step < total:
+        if args.minutes and time.time() - t_run > args.minutes * 60 and step < end:
             save()
             log("stopped after %.1f minutes at step %d; rerun to resume" % (args.minutes, step))
             return 3
@@ -841,7 +1038,9 @@ def main():
     write_json(os.path.join(args.out, "train.json"), dict(
         seed=args.seed, model=MODEL,
         stages=[dict(seq_len=s[0], batch=s[1], steps=s[2], retrieval_share=s[3], repeat_share=s[4], repeats=s[5],
-                     dense_share=s[6] if len(s) > 6 else 0.0) for s in STAGES],
+                     dense_share=s[6] if len(s) > 6 else 0.0, keyed_share=s[7] if len(s) > 7 else 0.0)
+                for s in STAGES],
+        sittings=sittings,
         train=TRAIN, parameters=n_params, tokens_seen=seen, train_seconds=round(elapsed),
         threads=args.threads, torch=torch.__version__, corpus=stats,
         packages={p: dict(version=versions[p], licence=PACKAGES[p]) for p in PACKAGES},
@@ -858,10 +1057,12 @@ def main():
 
 
 def plot(history, path):
+    """Three panels: text loss; retrieval by length (the training mix);
+    retrieval by task at 512 tokens (evaluated at every evaluation)."""
     import matplotlib
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
-    fig, ax = plt.subplots(1, 2, figsize=(10, 3.6), dpi=100)
+    fig, ax = plt.subplots(1, 3, figsize=(15, 3.6), dpi=100)
     tk = [r["tokens"] / 1e6 for r in history]
     ax[0].plot(tk, [r["lm_loss"] for r in history], lw=0.6, alpha=0.5, label="train (text tokens)")
     ev = [r for r in history if "val_loss" in r]
@@ -870,14 +1071,22 @@ def plot(history, path):
     ax[0].set_ylabel("cross-entropy (nats/token)")
     ax[0].legend()
     ax[0].grid(alpha=0.3)
-    for key in sorted({k for r in ev for k in r if k.startswith("retrieval_")}, key=lambda k: int(k.split("_")[1])):
+    overall = sorted({k for r in ev for k in r if re.fullmatch(r"retrieval_\d+", k)}, key=lambda k: int(k.split("_")[1]))
+    for key in overall:
         pts = [(r["tokens"] / 1e6, r[key]) for r in ev if key in r]
         ax[1].plot([p[0] for p in pts], [100 * p[1] for p in pts], "o-", ms=3, label=key.split("_")[1] + " tokens")
-    ax[1].set_xlabel("tokens seen (millions)")
-    ax[1].set_ylabel("answers fully right (%)")
-    ax[1].set_title("retrieval, teacher-forced", fontsize=10)
-    ax[1].legend(fontsize=8)
-    ax[1].grid(alpha=0.3)
+    ax[1].set_title("retrieval, teacher-forced, training mix", fontsize=10)
+    for name in TASKS:
+        key = "retrieval_%s_512" % name
+        pts = [(r["tokens"] / 1e6, r[key]) for r in ev if key in r]
+        if pts:
+            ax[2].plot([p[0] for p in pts], [100 * p[1] for p in pts], "o-", ms=3, label=name)
+    ax[2].set_title("retrieval by task at 512 tokens, teacher-forced", fontsize=10)
+    for a in ax[1:]:
+        a.set_xlabel("tokens seen (millions)")
+        a.set_ylabel("answers fully right (%)")
+        a.legend(fontsize=8)
+        a.grid(alpha=0.3)
     fig.tight_layout()
     fig.savefig(path + ".tmp.png")
     os.replace(path + ".tmp.png", path)
