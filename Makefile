@@ -4,6 +4,7 @@
 
 CC      ?= gcc
 NVCC    ?= $(shell command -v nvcc 2>/dev/null || ( [ -x /usr/local/cuda/bin/nvcc ] && echo /usr/local/cuda/bin/nvcc ))
+NVCC    := $(NVCC)
 ifeq ($(SANITIZE),1)
 BUILD   ?= build-asan
 OPT     ?= -O1 -fno-omit-frame-pointer -march=native
@@ -49,10 +50,20 @@ ifneq ($(CUDA),0)
 ifneq ($(NVCC),)
 CU_SRC   = $(wildcard kernels/cuda/*.cu)
 CU_C_SRC = $(wildcard kernels/cuda/*.c)
-CUDA_DIR = $(patsubst %/bin/nvcc,%,$(NVCC))
+# nvcc may be a wrapper script elsewhere on PATH (/usr/local/bin/nvcc), so
+# the toolkit's own folder comes from nvcc itself (its TOP in --dryrun), and
+# its libraries from whichever of its folders holds libcudart.so.
+CUDA_DIR := $(realpath $(shell $(NVCC) --dryrun -c -x cu /dev/null -o /dev/null 2>&1 | sed -n 's/^\#\$$ TOP=//p'))
+CUDA_LIB := $(firstword $(foreach d,targets/x86_64-linux/lib lib64 lib,$(if $(wildcard $(CUDA_DIR)/$(d)/libcudart.so),$(CUDA_DIR)/$(d))))
+CUDA_INC := $(firstword $(foreach d,targets/x86_64-linux/include include,$(if $(wildcard $(CUDA_DIR)/$(d)/cuda_runtime.h),$(CUDA_DIR)/$(d))))
+ifeq ($(and $(CUDA_LIB),$(CUDA_INC)),)
+$(warning nvcc ($(NVCC)) found but not the CUDA runtime's headers and libraries under '$(CUDA_DIR)': building without the CUDA backend)
+CU_SRC   =
+CU_C_SRC =
+endif
 ifneq ($(CU_SRC),)
-CFLAGS  += -DSKV_HAVE_CUDA -I$(CUDA_DIR)/include
-LDLIBS  += -L$(CUDA_DIR)/lib64 -lcudart -lcublas -lcusolver -Wl,-rpath,$(CUDA_DIR)/lib64 -lstdc++
+CFLAGS  += -DSKV_HAVE_CUDA -I$(CUDA_INC)
+LDLIBS  += -L$(CUDA_LIB) -lcudart -lcublas -lcusolver -Wl,-rpath,$(CUDA_LIB) -lstdc++
 endif
 endif
 endif
