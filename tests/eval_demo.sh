@@ -2,7 +2,7 @@
 # make eval-demo: runs skv eval --suite demo into build/eval-demo (resumable:
 # a second run only redraws), then puts its leaderboard between the markers
 # of docs/EVAL.md and its figures into docs/ (eval-heatmap.png,
-# eval-budget.png). About 11 minutes on a quiet 2-core machine; not in CI.
+# eval-budget.png). About 13 minutes on a quiet 2-core machine; not in CI.
 set -eu
 OUT=${EVAL_OUT:-build/eval-demo}
 /usr/bin/time -f '%e s wall' -o "$OUT.time" ./skv eval --suite demo --out "$OUT" -m samples/model/skv-demo.gguf \
