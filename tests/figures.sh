@@ -16,7 +16,7 @@ $SKV export --trace "$D/run.skvt" --view selection --layer 3 --head 1 -o docs/fi
 # The six policies on one needle sweep, and the case ShadowKV missed and Quest found (docs/PEERS.md)
 $SKV needle -m $M --kv dense,shadowkv,quest,freekv,specache,tailorkv --lengths 1024,2048,4000 \
     --depths 0:100:25 --runs 3 --budget 256 --rank 16 --outliers 4 --local 4 --kv-opt sink=32 --kv-opt window=32 \
-    --kv-opt start=32 --kv-opt recent=32 --png docs/fig-niah-peers.png --trace "$D/needle.skvt" --trace-case 33 \
+    --kv-opt start=32 --kv-opt recent=32 --png docs/fig-niah-peers.png --trace "$D/needle.skvt" --trace-case 35 \
     --force >/dev/null 2>"$D/needle.err"
 $SKV export --trace "$D/needle.skvt" --view needle --layer 3 --head 1 --step 0 -o docs/fig-needle-case.png --force
 echo "figures: docs/fig-spectrum.png docs/fig-selection.png docs/fig-niah-peers.png docs/fig-needle-case.png"
