@@ -56,8 +56,9 @@ CU_C_SRC = $(wildcard kernels/cuda/*.c)
 CUDA_DIR := $(realpath $(shell $(NVCC) --dryrun -c -x cu /dev/null -o /dev/null 2>&1 | sed -n 's/^\#\$$ TOP=//p'))
 CUDA_LIB := $(firstword $(foreach d,targets/x86_64-linux/lib lib64 lib,$(if $(wildcard $(CUDA_DIR)/$(d)/libcudart.so),$(CUDA_DIR)/$(d))))
 CUDA_INC := $(firstword $(foreach d,targets/x86_64-linux/include include,$(if $(wildcard $(CUDA_DIR)/$(d)/cuda_runtime.h),$(CUDA_DIR)/$(d))))
-ifeq ($(and $(CUDA_LIB),$(CUDA_INC)),)
-$(warning nvcc ($(NVCC)) found but not the CUDA runtime's headers and libraries under '$(CUDA_DIR)': building without the CUDA backend)
+CUDA_LIBS_OK := $(and $(CUDA_LIB),$(wildcard $(CUDA_LIB)/libcublas.so),$(wildcard $(CUDA_LIB)/libcusolver.so))
+ifeq ($(and $(CUDA_LIBS_OK),$(CUDA_INC)),)
+$(warning nvcc ($(NVCC)) found but not the CUDA runtime's headers or its cudart, cuBLAS and cuSOLVER libraries under '$(CUDA_DIR)': building without the CUDA backend)
 CU_SRC   =
 CU_C_SRC =
 endif
