@@ -181,7 +181,7 @@ peers-table: skv
 	@echo "docs/PEERS.md: table updated"
 
 # The demo suite's leaderboard and figures in docs/EVAL.md (tests/eval_demo.sh;
-# about 11 minutes; resumable).
+# about 13 minutes; resumable).
 eval-demo: skv
 	@sh tests/eval_demo.sh
 
