@@ -78,20 +78,13 @@ static double read_gbs(void) {
     return keep < 0 ? 0 : best / 1e9;
 }
 
-/* Bytes of one tensor as stored. */
-static double tensor_bytes(const skv_tensor *t) {
-    return t->data ? (double)ggml_row_size(t->type, t->cols) * t->rows : 0;
-}
-
-/* Bytes a decode step reads of the weights: every layer's, the output head's. */
+/* Bytes a decode step reads of the weights: all of them (model_weight_bytes)
+ * but the embedding table, of which it reads one row, unless the output head
+ * is that table (tied embeddings). */
 static double weight_bytes(const skv_model *m) {
-    double b = tensor_bytes(&m->output) + tensor_bytes(&m->out_norm);
-    for (int l = 0; l < m->cfg.n_layers; l++) {
-        const model_layer *L = &m->layers[l];
-        const skv_tensor *ts[] = {&L->attn_norm, &L->wq, &L->wk, &L->wv, &L->wo, &L->bq, &L->bk, &L->bv,
-                                  &L->ffn_norm, &L->w_gate, &L->w_up, &L->w_down};
-        for (size_t i = 0; i < sizeof ts / sizeof ts[0]; i++) b += tensor_bytes(ts[i]);
-    }
+    double b = (double)model_weight_bytes(m);
+    if (m->output.data != m->tok_embd.data)
+        b -= (double)ggml_row_size(m->tok_embd.type, m->tok_embd.cols) * m->tok_embd.rows;
     return b;
 }
 

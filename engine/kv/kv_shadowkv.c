@@ -299,24 +299,26 @@ static void score_query_head(kv_sk *c, sk_layer *L, int kh, int g, const float *
                             n, 1.0f / sqrtf((float)c->d), S->tmp + (size_t)g * 2 * n, S->gscore + (size_t)g * n);
 }
 
-/* The group's score (max over its query heads, as score does for a
- * group), top-k and cache bookkeeping of KV head kh. */
-static void select_head(kv_sk *c, sk_layer *L, int kh) {
+/* The books of KV head kh's selection (S->sel and S->score, best first):
+ * the chosen chunks' ids and scores, and the cache's hits and misses. */
+static void select_books(kv_sk *c, sk_layer *L, int kh) {
     sk_head *H = &L->head[kh];
     sk_scratch *S = &c->scr[kh];
-    const skv_backend *be = c->base.shape.be;
-    int n = c->n_cand;
-    for (int j = 0; j < n; j++) S->score[j] = -INFINITY;
-    for (int g = 0; g < c->group; g++)
-        for (int j = 0; j < n; j++)
-            if (S->gscore[(size_t)g * n + j] > S->score[j]) S->score[j] = S->gscore[(size_t)g * n + j];
-    int k = be->topk(S->score, c->n_cand, c->k, S->sel);
-    SKV_ASSERT(k == c->k);
-    for (int i = 0; i < k; i++) {
+    for (int i = 0; i < c->k; i++) {
         S->sel_id[i] = H->cand[S->sel[i]];
         S->sel_score[i] = S->score[S->sel[i]];
     }
-    S->n_miss = shadowkv_cache_update(&H->cache, S->sel, k, S->slot_of, S->miss);
+    S->n_miss = shadowkv_cache_update(&H->cache, S->sel, c->k, S->slot_of, S->miss);
+}
+
+/* The group's score (max over its query heads, as score does for a
+ * group), top-k and cache bookkeeping of KV head kh. */
+static void select_head(kv_sk *c, sk_layer *L, int kh) {
+    sk_scratch *S = &c->scr[kh];
+    shadowkv_group_max(S->gscore, c->group, c->n_cand, S->score);
+    int k = c->base.shape.be->topk(S->score, c->n_cand, c->k, S->sel);
+    SKV_ASSERT(k == c->k);
+    select_books(c, L, kh);
 }
 
 /* Exact attention mass captured by the selection and by the whole sparse set
@@ -767,14 +769,9 @@ static int decode_layer_dev(kv_sk *c, int layer, const float *q, float *out) {
         }
         for (int kh = 0; kh < h; kh++) {
             sk_scratch *S = &c->scr[kh];
-            sk_head *H = &L->head[kh];
             be->download(S->sel, S->sel_d, sizeof(int) * (size_t)c->k);
             be->download(S->score, S->score_d, sizeof(float) * (size_t)c->n_cand);
-            for (int i = 0; i < c->k; i++) {
-                S->sel_id[i] = H->cand[S->sel[i]];
-                S->sel_score[i] = S->score[S->sel[i]];
-            }
-            S->n_miss = shadowkv_cache_update(&H->cache, S->sel, c->k, S->slot_of, S->miss);
+            select_books(c, L, kh);
         }
         double f0 = skv_now();
         for (int kh = 0; kh < h; kh++) fetch_head(c, layer, kh);

@@ -911,6 +911,38 @@ static qdot_fn qdot_for(enum ggml_type t, int ref, int *sh) {
 
 /* y[r] = row r of W . x for r < rows, the integer kernels for quantized t;
  * ref: scalar kernels on one thread. */
+/* x (n) quantized into xq for the integer-dot kernels. Its buffers are the
+ * caller's when n <= XQ_STACK and xq already points at them; otherwise one
+ * heap block, returned for the caller to free (NULL when none). sh is the
+ * AVX-512 kernels' code offset (qdot_for); ref quantizes with the scalar
+ * reference. */
+static uint8_t *xq_quantize(const float *x, size_t n, int sh, int ref, xq8 *xq) {
+    uint8_t *heap = NULL;
+    if (n > XQ_STACK || !xq->q) {
+        size_t n64 = (n + 63) & ~(size_t)63;  /* keeps lo 64-byte aligned */
+        heap = skv_aligned_alloc(2 * n64 + n / QK * (sizeof(float) + sizeof(int32_t)));
+        SKV_ASSERT(heap);
+        xq->q = (int8_t *)heap;
+        xq->lo = (int32_t *)(void *)(heap + n64);
+        xq->d = (float *)(void *)(heap + 2 * n64);
+        xq->s = (int32_t *)(void *)(heap + 2 * n64 + n / QK * sizeof(float));
+    }
+#ifndef QUANT_AVX512
+    sh = -1;  /* only the AVX-512 kernels read lo */
+#endif
+    for (size_t b = 0; b < n / QK; b++) {
+#ifdef QUANT_AVX2
+        if (!ref) {
+            xq_block(x + QK * b, xq->q + QK * b, xq->d + b, xq->s + b, xq->lo + 8 * b, sh);
+            continue;
+        }
+#endif
+        ref_xq_block(x + QK * b, xq->q + QK * b, xq->d + b, xq->s + b);
+    }
+    (void)sh;
+    return heap;
+}
+
 static void matvec(enum ggml_type t, const void *W, size_t rows, size_t n, const float *x, float *y, int ref) {
     size_t rs = ggml_row_size(t, n);
     SKV_ASSERT(quant_supported(t) && (rs != 0 || n == 0));
@@ -935,28 +967,7 @@ static void matvec(enum ggml_type t, const void *W, size_t rows, size_t n, const
     float dbuf[XQ_STACK / QK];
     int32_t sbuf[XQ_STACK / QK];
     xq8 xq = {qbuf, dbuf, sbuf, lbuf};
-    uint8_t *heap = NULL;
-    if (n > XQ_STACK) {
-        size_t n64 = (n + 63) & ~(size_t)63;  /* keeps lo 64-byte aligned */
-        heap = skv_aligned_alloc(2 * n64 + n / QK * (sizeof(float) + sizeof(int32_t)));
-        SKV_ASSERT(heap);
-        xq.q = (int8_t *)heap;
-        xq.lo = (int32_t *)(void *)(heap + n64);
-        xq.d = (float *)(void *)(heap + 2 * n64);
-        xq.s = (int32_t *)(void *)(heap + 2 * n64 + n / QK * sizeof(float));
-    }
-#ifndef QUANT_AVX512
-    sh = -1;  /* only the AVX-512 kernels read lo */
-#endif
-    for (size_t b = 0; b < n / QK; b++) {
-#ifdef QUANT_AVX2
-        if (!ref) {
-            xq_block(x + QK * b, xq.q + QK * b, xq.d + b, xq.s + b, xq.lo + 8 * b, sh);
-            continue;
-        }
-#endif
-        ref_xq_block(x + QK * b, xq.q + QK * b, xq.d + b, xq.s + b);
-    }
+    uint8_t *heap = xq_quantize(x, n, sh, ref, &xq);
     if (!team) {
         for (size_t r = 0; r < rows; r++) y[r] = qf(w + r * rs, &xq, n);
     } else {
@@ -977,41 +988,32 @@ void quant_xq_block(const float *x, int8_t *q, float *d, int32_t *s) {
 }
 
 /* k matrices against the same x in one parallel pass over all their rows
- * (quant_matvec_k): each keeps its own quantized x (the AVX-512 kernels'
- * code offset depends on the type), and row g of the concatenation is row
- * g - off[i] of matrix i. */
+ * (quant_matvec_k): x quantized once per AVX-512 code offset (it depends on
+ * the type), and row g of the concatenation is row g - off[i] of matrix i. */
 void quant_matvec_k(int k, const enum ggml_type *t, const void *const *W, const size_t *rows, size_t n, const float *x,
                     float *const *y) {
     SKV_ASSERT(k >= 1 && k <= 4);
     size_t off[5] = {0}, rs[4];
     qdot_fn qf[4];
     dot_fn df[4];
-    xq8 xq[4];
+    int sh[4];
+    xq8 xq[4] = {{0}};
+    const xq8 *px[4] = {NULL};
     uint8_t *heap[4] = {NULL};
     for (int i = 0; i < k; i++) {
         SKV_ASSERT(quant_supported(t[i]));
         rs[i] = ggml_row_size(t[i], n);
         off[i + 1] = off[i] + rows[i];
-        int sh;
-        qf[i] = qdot_for(t[i], 0, &sh);
+        qf[i] = qdot_for(t[i], 0, &sh[i]);
         df[i] = qf[i] ? NULL : dot_for(t[i], 0);
         if (!qf[i]) continue;
-#ifndef QUANT_AVX512
-        sh = -1;
-#endif
-        size_t n64 = (n + 63) & ~(size_t)63;
-        heap[i] = skv_aligned_alloc(2 * n64 + n / QK * (sizeof(float) + sizeof(int32_t)));
-        SKV_ASSERT(heap[i]);
-        xq[i].q = (int8_t *)heap[i];
-        xq[i].lo = (int32_t *)(void *)(heap[i] + n64);
-        xq[i].d = (float *)(void *)(heap[i] + 2 * n64);
-        xq[i].s = (int32_t *)(void *)(heap[i] + 2 * n64 + n / QK * sizeof(float));
-        for (size_t b = 0; b < n / QK; b++) {
-#ifdef QUANT_AVX2
-            xq_block(x + QK * b, xq[i].q + QK * b, xq[i].d + b, xq[i].s + b, xq[i].lo + 8 * b, sh);
-#else
-            ref_xq_block(x + QK * b, xq[i].q + QK * b, xq[i].d + b, xq[i].s + b);
-#endif
+        /* x is quantized once per code offset: matrices of types that share
+         * one (Q, K and V of one type) read the same copy */
+        for (int j = 0; j < i && !px[i]; j++)
+            if (qf[j] && sh[j] == sh[i]) px[i] = px[j];
+        if (!px[i]) {
+            heap[i] = xq_quantize(x, n, sh[i], 0, &xq[i]);
+            px[i] = &xq[i];
         }
     }
     long long total = (long long)off[k];
@@ -1021,7 +1023,7 @@ void quant_matvec_k(int k, const enum ggml_type *t, const void *const *W, const 
         while ((size_t)gr >= off[i + 1]) i++;
         size_t r = (size_t)gr - off[i];
         const uint8_t *w = (const uint8_t *)W[i] + r * rs[i];
-        y[i][r] = qf[i] ? qf[i](w, &xq[i], n) : df[i](w, x, n);
+        y[i][r] = qf[i] ? qf[i](w, px[i], n) : df[i](w, x, n);
     }
     for (int i = 0; i < k; i++) free(heap[i]);
 }

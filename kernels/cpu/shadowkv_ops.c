@@ -224,10 +224,14 @@ void shadowkv_score(const float *q, int nq, size_t q_stride, int group, int d, c
             for (int j = 0; j < n_lm; j++) ag[j] += lg[j] * inv;
         }
     }
-    for (int j = 0; j < n_lm; j++) score[j] = -INFINITY;
+    shadowkv_group_max(acc, group, n_lm, score);
+}
+
+void shadowkv_group_max(const float *gs, int group, int n, float *score) {
+    for (int j = 0; j < n; j++) score[j] = -INFINITY;
     for (int g = 0; g < group; g++)
-        for (int j = 0; j < n_lm; j++)
-            if (acc[(size_t)g * n_lm + j] > score[j]) score[j] = acc[(size_t)g * n_lm + j];
+        for (int j = 0; j < n; j++)
+            if (gs[(size_t)g * n + j] > score[j]) score[j] = gs[(size_t)g * n + j];
 }
 
 /* NaN ranks below every number, -inf included. */

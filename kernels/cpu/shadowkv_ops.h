@@ -50,6 +50,10 @@ int shadowkv_outliers(const float *cos_min, int n, int o, int *out, float *scrat
 void shadowkv_score(const float *q, int nq, size_t q_stride, int group, int d, const float *lm, int n_lm,
                     float scale, float *tmp, float *score);
 
+/* score (n) = the max over the group's query heads of gs (group, n): the
+ * group score shadowkv_score ends with. */
+void shadowkv_group_max(const float *gs, int group, int n, float *score);
+
 /* The min(k, n) best indices of score into idx, best first; higher score is
  * better, equal scores go to the lower index, NaN ranks below everything.
  * O(n log k). Returns the count. */
