@@ -94,10 +94,10 @@ static void test_matmul(const skv_backend *be) {
     skv_workspace_free(&ws);
 }
 
-/* matmul_k: three matrices of different types against one x give what
- * three matmul calls give, bit for bit (decode and batch). */
-static void test_matmul_k(const skv_backend *be) {
-    enum ggml_type types[3] = {GGML_Q8_0, GGML_F32, GGML_Q4_K};
+/* matmul_k: three matrices against one x give what three matmul calls
+ * give, bit for bit (decode and batch); types of one kind share the
+ * quantized x, mixed ones do not. */
+static void test_matmul_k_types(const skv_backend *be, const enum ggml_type types[3], const char *label) {
     int rows[3] = {70, 33, 48}, cols = 256;
     uint8_t *W[3];
     skv_workspace ws = {0};
@@ -120,14 +120,20 @@ static void test_matmul_k(const skv_backend *be) {
         int same = 1;
         for (int i = 0; i < 3; i++) same &= !memcmp(ya[i], yb[i], sizeof(float) * n * rows[i]);
         char msg[128];
-        snprintf(msg, sizeof msg, "%s matmul_k (q8_0, f32, q4_K against one x, n=%d) equals three matmul calls bit for bit",
-                 be->name, n);
+        snprintf(msg, sizeof msg, "%s matmul_k (%s against one x, n=%d) equals three matmul calls bit for bit",
+                 be->name, label, n);
         test_cond(msg, same);
         for (int i = 0; i < 3; i++) { free(ya[i]); free(yb[i]); }
         free(x);
     }
     for (int i = 0; i < 3; i++) free(W[i]);
     skv_workspace_free(&ws);
+}
+
+static void test_matmul_k(const skv_backend *be) {
+    const enum ggml_type mixed[3] = {GGML_Q8_0, GGML_F32, GGML_Q4_K}, same[3] = {GGML_Q8_0, GGML_Q8_0, GGML_Q8_0};
+    test_matmul_k_types(be, mixed, "q8_0, f32, q4_K");
+    test_matmul_k_types(be, same, "q8_0 x3");
 }
 
 static void test_elementwise(const skv_backend *be) {
