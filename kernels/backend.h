@@ -146,6 +146,16 @@ typedef struct skv_backend {
     int (*attend_decode)(const float *q, int n_heads, int n_kv, int d, const float *K, const float *V, int rows,
                          int stride, size_t head_stride, float *out);
 
+    /* The same three over a half-precision (IEEE binary16) cache, the dense
+     * policy's --f16-kv: rows stored rounded to nearest even, the math in
+     * f32 on the widened values (the same bits as the f32 ops give on
+     * them). NULL on a backend without them. */
+    void (*kv_store_h)(uint16_t *cache, size_t head_stride, int n_kv, int d, int pos, int n, const float *src);
+    int (*attend_decode_h)(const float *q, int n_heads, int n_kv, int d, const uint16_t *K, const uint16_t *V,
+                           int rows, int stride, size_t head_stride, float *out);
+    void (*attend_causal_h)(const float *q, int nq, int pos, int n_heads, int n_kv_heads, int d, const uint16_t *K,
+                            const uint16_t *V, int stride, size_t head_stride, float *out);
+
     /* ---- sparse-policy stages (shapes as in kernels/cpu/shadowkv_ops.h) -- */
     /* Truncated SVD K (s, n) ≈ U (s, r) · SVt (r, n); Vt may be NULL; sv gets
      * all min(s, n) singular values. 0 or SKV_E* with a message. */

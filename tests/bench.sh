@@ -49,23 +49,32 @@ llama() {
         END { if (best > 0) printf "%.2f\n", best; else print "-" }'
 }
 
-# skv_run MODEL PROMPT DECODE -> "prefill_tok_s decode_tok_s dense_roof_tok_s" of one run
+# bench_line MODEL PROMPT DECODE [flags] -> the raw `skv bench` line
+bench_line() {
+    bl_m=$1; bl_p=$2; bl_n=$3; shift 3
+    $SKV bench -m "$bl_m" -t $T --prompt-tokens "$bl_p" -n "$bl_n" -c $((bl_p + bl_n + 8)) "$@"
+}
+
+# skv_run MODEL PROMPT DECODE [flags] -> "prefill_tok_s decode_tok_s dense_roof_tok_s" of one run
 skv_run() {
-    line=$($SKV bench -m "$1" -t $T --prompt-tokens "$2" -n "$3" -c $(($2 + $3 + 8)))
+    line=$(bench_line "$@")
     echo "$(echo "$line" | field prefill_tok_s) $(echo "$line" | field decode_tok_s) $(echo "$line" | field dense_roof_tok_s)"
 }
 
 RESULTS=$OUT/ratios.txt
 : >"$RESULTS"
 # engine_case LABEL MODEL: pp512, pp4096, tg128 and tg32 after a 4096-token
-# prompt, ROUNDS rounds, skv then llama.cpp in each.
+# prompt, ROUNDS rounds, skv then llama.cpp in each. After the 4K prompt skv
+# runs twice: with its default f32 cache, and with an f16 cache (--f16-kv),
+# the cache type llama-bench uses by default: the like-for-like row.
 engine_case() {
     label=$1; m=$2
-    s512=""; s4k=""; sdec=""; stg=""; l512=""; l4k=""; ldec=""; ltg=""; rdec=""; rtg=""
+    s512=""; s4k=""; sdec=""; sdech=""; stg=""; l512=""; l4k=""; ldec=""; ltg=""; rdec=""; rdech=""; rtg=""
     r=0
     while [ $r -lt "$ROUNDS" ]; do
         set -- $(skv_run "$m" 512 0);   s512="$s512 $1"
         set -- $(skv_run "$m" 4096 32); s4k="$s4k $1"; sdec="$sdec $2"; rdec="$rdec $3"
+        set -- $(skv_run "$m" 4096 32 --f16-kv); sdech="$sdech $2"; rdech="$rdech $3"
         set -- $(skv_run "$m" 1 128);   stg="$stg $2"; rtg="$rtg $3"
         if [ -n "$LLAMA_BENCH" ]; then
             l512="$l512 $(llama "$m" 512 0 0)"
@@ -78,7 +87,8 @@ engine_case() {
     row "$label pp512" "$s512" "$l512" "1.0x"
     row "$label pp4096" "$s4k" "$l4k" "1.0x"
     row "$label tg128" "$stg" "$ltg" "1.2x" "$rtg"
-    row "$label tg32 after a 4K prompt" "$sdec" "$ldec" "1.2x" "$rdec"
+    row "$label tg32 after 4K, skv f32 cache" "$sdec" "$ldec" "-" "$rdec"
+    row "$label tg32 after 4K, f16 caches" "$sdech" "$ldec" "1.2x" "$rdech"
 }
 
 # row LABEL SKV_VALUES LLAMA_VALUES TARGET [ROOF_VALUES]: prints and records
@@ -97,7 +107,8 @@ row() {
 HEAD=$(printf '%-40s %9s %9s %9s %9s %8s %7s %7s' "case (tok/s, $T threads, $ROUNDS rounds)" "skv min" "median" \
     "llama min" "median" "ratio" "target" "roof")
 echo "== engine: skv and llama.cpp interleaved on the same files; ratio = skv median / llama.cpp median =="
-echo "   roof: the decode tok/s this machine's memory read bandwidth allows (weights + f32 KV per step / read GB/s)"
+echo "   roof: the decode tok/s this machine's memory read bandwidth allows (weights + KV per step / read GB/s;"
+echo "   the KV in f32, or in f16 on the f16-cache rows); llama-bench keeps its cache in f16 (its default)"
 if [ -n "$LLAMA_BENCH" ]; then
     echo "llama.cpp: $LLAMA_BENCH ($(cat build/ref/commit 2>/dev/null || echo "commit unknown"); best of flash attention off/on per round)"
 else
@@ -112,8 +123,6 @@ else
     echo "(skipped: $SHARED/configs missing)"
 fi
 
-# bench_line MODEL PROMPT DECODE [flags] -> the raw `skv bench` line
-bench_line() { m=$1; p=$2; n=$3; shift 3; $SKV bench -m "$m" -t $T --prompt-tokens "$p" -n "$n" -c $((p + n + 8)) "$@"; }
 
 if [ -f "$SHARED/configs/smollm2-135m.config.json" ]; then
     F32=$(synth f32)

@@ -6,6 +6,7 @@
  * op. */
 #include "backend.h"
 #include "quant.h"
+#include "vec.h"
 #include "skv.h"
 #include "testhelp.h"
 
@@ -269,6 +270,89 @@ static void test_attention(const skv_backend *be) {
     }
 }
 
+/* The half-precision cache: conversions (F16C where built in, against the
+ * portable code), then kv_store_h, attend_decode_h and attend_causal_h
+ * against the f32 ops on the same values widened: the same bits. */
+static void test_f16_cache(const skv_backend *be) {
+    int bad = 0;
+    for (uint32_t h = 0; h < 65536; h += 8) {
+        uint16_t in[8];
+        float out[8];
+        for (int i = 0; i < 8; i++) in[i] = (uint16_t)(h + i);
+        vec_from_f16(out, in, 8);
+        for (int i = 0; i < 8; i++) {
+            float sw = fp16_to_f32(in[i]);
+            uint32_t a, b;
+            memcpy(&a, &out[i], 4);
+            memcpy(&b, &sw, 4);
+            int nan = ((in[i] >> 10) & 0x1f) == 0x1f && (in[i] & 0x3ff);
+            if (a != b && !(nan && isnan(out[i]) && isnan(sw))) bad++;
+            /* every finite half survives f16 -> f32 -> f16 */
+            if (!nan && f32_to_fp16(sw) != in[i]) bad++;
+        }
+    }
+    test_cond("f16 -> f32: vectorized and portable agree on all 65536 halves, and round-trip", bad == 0);
+    /* f32 -> f16 rounding: random floats over the half range and its edges, ties, overflow, subnormals */
+    static const float edge[] = {0.0f, -0.0f, 65504.0f, 65519.99f, 65520.0f, -65520.0f, 1e9f, 6.1035156e-5f,
+                                 5.9604645e-8f, 2.9802322e-8f, 2.9802326e-8f, 1.0f + 1.0f / 2048, 1.0f + 3.0f / 2048,
+                                 3.0e-6f, -7.5e-7f, INFINITY, -INFINITY, 1e-30f};
+    int ne = sizeof edge / sizeof edge[0], n = 4096 + ne;
+    float *x = malloc(sizeof(float) * n);
+    for (int i = 0; i < 4096; i++) x[i] = frand() * ldexpf(1.0f, (int)(frand() * 20));
+    memcpy(x + 4096, edge, sizeof edge);
+    uint16_t *y = malloc(sizeof(uint16_t) * n);
+    vec_to_f16(y, x, n);
+    bad = 0;
+    for (int i = 0; i < n; i++) {
+        if (y[i] != f32_to_fp16(x[i])) bad++;
+        /* nearest: no half lies closer to x than the one chosen */
+        if (isfinite(x[i]) && fabsf(x[i]) < 65504.0f) {
+            double e = fabs((double)fp16_to_f32(y[i]) - x[i]);
+            uint16_t up = (uint16_t)(y[i] + 1), dn = (uint16_t)(y[i] - 1);
+            if (((up >> 10) & 0x1f) != 0x1f && fabs((double)fp16_to_f32(up) - x[i]) < e) bad++;
+            if ((y[i] & 0x7fff) && fabs((double)fp16_to_f32(dn) - x[i]) < e) bad++;
+        }
+    }
+    test_cond("f32 -> f16: vectorized and portable agree, round to nearest (ties, overflow, subnormals)", bad == 0);
+    test_cond("f32 -> f16: 65520 overflows to inf, 65519.99 stays 65504, 2^-25 ties to 0",
+              f32_to_fp16(65520.0f) == 0x7c00 && f32_to_fp16(65519.99f) == 0x7bff &&
+                  f32_to_fp16(2.9802322e-8f) == 0 && f32_to_fp16(2.9802326e-8f) == 1);
+    free(x);
+    free(y);
+    if (!be->kv_store_h || !be->attend_decode_h || !be->attend_causal_h) return;
+
+    int nh = 9, nkv = 3, d = 64, pos = 300, nq = 70, T = pos + nq, stride = nkv * d;
+    size_t hs = (size_t)T * d; /* head-major, as the dense cache keeps them */
+    float *q = rnd((size_t)nq * nh * d), *K = rnd((size_t)T * stride), *V = rnd((size_t)T * stride);
+    uint16_t *K16 = calloc(nkv * hs, 2), *V16 = calloc(nkv * hs, 2);
+    float *Kw = malloc(sizeof(float) * nkv * hs), *Vw = malloc(sizeof(float) * nkv * hs);
+    be->kv_store_h(K16, hs, nkv, d, 0, T, K);
+    be->kv_store_h(V16, hs, nkv, d, 0, T, V);
+    bad = 0;
+    for (int t = 0; t < T; t++)
+        for (int kh = 0; kh < nkv; kh++)
+            for (int e = 0; e < d; e++) {
+                size_t at = (size_t)kh * hs + (size_t)t * d + e;
+                bad += K16[at] != f32_to_fp16(K[(size_t)t * stride + kh * d + e]);
+                bad += V16[at] != f32_to_fp16(V[(size_t)t * stride + kh * d + e]);
+                Kw[at] = fp16_to_f32(K16[at]);
+                Vw[at] = fp16_to_f32(V16[at]);
+            }
+    test_cond("kv_store_h: head-major rows, each value rounded to nearest f16", bad == 0);
+    float *a = malloc(sizeof(float) * nq * nh * d), *b = malloc(sizeof(float) * nq * nh * d);
+    for (int rows = 1; rows <= T; rows += T - 1) {
+        char msg[128];
+        be->attend_decode(q, nh, nkv, d, Kw, Vw, rows, d, hs, a);
+        be->attend_decode_h(q, nh, nkv, d, K16, V16, rows, d, hs, b);
+        snprintf(msg, sizeof msg, "attend_decode_h over %d rows: the f32 op's bits on the widened cache", rows);
+        test_cond(msg, !memcmp(a, b, sizeof(float) * nh * d));
+    }
+    be->attend_causal(q, nq, pos, nh, nkv, d, Kw, Vw, d, hs, a);
+    be->attend_causal_h(q, nq, pos, nh, nkv, d, K16, V16, d, hs, b);
+    test_cond("attend_causal_h: the f32 op's bits on the widened cache", !memcmp(a, b, sizeof(float) * nq * nh * d));
+    free(q); free(K); free(V); free(K16); free(V16); free(Kw); free(Vw); free(a); free(b);
+}
+
 static void test_sparse_stages(const skv_backend *be) {
     int s = 64, n = 24, r = 5, d = 8, c = 4, nch = s / c;
     float *K = rnd((size_t)s * n);
@@ -458,6 +542,7 @@ int main(void) {
     test_matmul_k(be);
     test_elementwise(be);
     test_attention(be);
+    test_f16_cache(be);
     test_sparse_stages(be);
     return test_report("test_backend");
 }

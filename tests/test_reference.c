@@ -34,7 +34,11 @@ static char *slurp(const char *path) {
 
 static int cmp_str(const void *a, const void *b) { return strcmp(*(char *const *)a, *(char *const *)b); }
 
-static void check_file(skv_model *m, const char *refpath, const char *label, const tolerance *t) {
+/* With f16kv the dense cache keeps its rows in half precision (--f16-kv):
+ * checked against the f32-cache references at the f16 model's tolerance. */
+static void check_file(skv_model *m, const char *refpath, const char *label0, const tolerance *t, int f16kv) {
+    char label[256];
+    snprintf(label, sizeof label, "%.200s%s", label0, f16kv ? " (f16 KV cache)" : "");
     char *txt = slurp(refpath);
     cJSON *j = txt ? cJSON_Parse(txt) : NULL;
     free(txt);
@@ -61,6 +65,7 @@ static void check_file(skv_model *m, const char *refpath, const char *label, con
     session_opts_default(&o);
     int ng = cJSON_GetArraySize(jg);
     o.ctx = nref + ng + 1 > m->cfg.ctx_train ? nref + ng + 1 : m->cfg.ctx_train;
+    if (f16kv) kv_opts_set(&o.kv, "f16", "1", 1);
     skv_session *s = NULL;
     rc = session_new(m, &o, &s);
     if (!rc) rc = session_prefill(s, rids, nref, NULL, NULL);
@@ -128,7 +133,9 @@ int main(void) {
             if (strncmp(files[i], t->model, ml) || files[i][ml] != '.') continue;
             char rp[2048];
             snprintf(rp, sizeof rp, "%s/%s", refdir, files[i]);
-            check_file(m, rp, files[i], t);
+            check_file(m, rp, files[i], t, 0);
+            /* the f16 cache on the fp32 models, at the f16 model's tolerance */
+            if (t->tol <= 1e-4 && strcmp(t->model, "mini-smollm-hf")) check_file(m, rp, files[i], &tols[3], 1);
         }
         model_free(m);
     }

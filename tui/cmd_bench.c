@@ -20,7 +20,7 @@ static void help(FILE *o) {
                "(K and V bytes exact attention would read / the time it took), beside the host\n"
                "memory's copy bandwidth measured in the same run (0: not measured). Then the\n"
                "decode roofline: the weight bytes a step reads, a dense cache's K and V bytes\n"
-               "at the mean decode context, the memory's read bandwidth with these threads\n"
+               "(f32; f16 with --kv dense --f16-kv) at the mean decode context, the memory's read bandwidth with these threads\n"
                "(measured here) and the tok/s that bandwidth allows a dense decode.\n"
                "The best of R repeats (default 1) is reported.\n\n");
     cli_gen_help(o, 0);
@@ -155,11 +155,13 @@ int cmd_bench(int argc, char **argv) {
         session_free(s);
     }
     if (!rc) {
-        /* what a dense decode step must read: the weights, and the f32 K and V
-         * of every layer at the run's mean decode context */
+        /* what a dense decode step must read: the weights, and the K and V of
+         * every layer at the run's mean decode context (f32, or f16 for a
+         * dense run with --f16-kv) */
         const model_config *c = &m->cfg;
         double wb = weight_bytes(m);
-        double kvb = 2.0 * c->n_layers * c->n_kv_heads * c->head_dim * sizeof(float) * (np + g.n_predict / 2.0);
+        int half = !strcmp(g.s.kv.policy, "dense") && kv_opt(&g.s.kv, &kv_policy_dense, "f16") != 0;
+        double kvb = 2.0 * c->n_layers * c->n_kv_heads * c->head_dim * (half ? 2.0 : 4.0) * (np + g.n_predict / 2.0);
         double rg = g.n_predict > 0 ? read_gbs() : 0;
         printf("model=%s kv=%s threads=%d prompt=%d decode=%d prefill_tok_s=%.1f decode_tok_s=%.2f decode_ms=%.3f "
                "compress_pct=%.2f fetch_bytes_step=%.0f read_bytes_step=%.0f fetch_gbs=%.2f equiv_gbs=%.2f copy_gbs=%.2f "

@@ -1,6 +1,8 @@
 /* kv_dense.c: the dense KV policy: every key and value kept, exact causal
  * attention through the backend. It is the reference every other policy is
- * checked against. */
+ * checked against. With --f16-kv the rows are stored in half precision
+ * (llama.cpp's default cache type): half the bytes a decode step reads, the
+ * attention math still in f32. */
 #include "kv.h"
 #include "skv.h"
 
@@ -14,9 +16,10 @@ typedef struct {
     /* Head-major, so that a decode step streams each KV head's rows as one
      * contiguous run (row-interleaved heads read at a stride ran at a third
      * of the memory bandwidth): (n_layers) -> (n_kv, cap, hd). */
-    float **k;     /* post-RoPE keys */
-    float **v;
+    void **k;      /* post-RoPE keys: float, or uint16_t (IEEE half) when half */
+    void **v;
     int n;         /* positions stored in layer 0 */
+    int half;      /* --f16-kv */
 } kv_dense;
 
 static int grow(kv_dense *c, int need) {
@@ -29,17 +32,18 @@ static int grow(kv_dense *c, int need) {
     if (cap > c->base.shape.max_ctx) cap = c->base.shape.max_ctx;
     size_t hd = (size_t)c->base.shape.head_dim, nkv = (size_t)c->base.shape.n_kv_heads;
     const skv_backend *be = c->base.shape.be;
+    size_t el = c->half ? sizeof(uint16_t) : sizeof(float);
     /* head-major: a bigger capacity moves every head's rows to its new start */
     for (int l = 0; l < c->base.shape.n_layers; l++) {
-        float *nk = be->alloc(sizeof(float) * nkv * cap * hd), *nv = be->alloc(sizeof(float) * nkv * cap * hd);
+        char *nk = be->alloc(el * nkv * cap * hd), *nv = be->alloc(el * nkv * cap * hd);
         if (!nk || !nv) {
             if (nk) be->free(nk);
             if (nv) be->free(nv);
             return skv_error(SKV_ENOMEM, "KV cache: out of memory for %d positions", cap);
         }
         for (size_t kh = 0; c->k[l] && kh < nkv; kh++) {
-            be->copy(nk + kh * cap * hd, c->k[l] + kh * c->cap * hd, sizeof(float) * c->cap * hd);
-            be->copy(nv + kh * cap * hd, c->v[l] + kh * c->cap * hd, sizeof(float) * c->cap * hd);
+            be->copy(nk + el * kh * cap * hd, (char *)c->k[l] + el * kh * c->cap * hd, el * c->cap * hd);
+            be->copy(nv + el * kh * cap * hd, (char *)c->v[l] + el * kh * c->cap * hd, el * c->cap * hd);
         }
         if (c->k[l]) be->free(c->k[l]);
         if (c->v[l]) be->free(c->v[l]);
@@ -58,8 +62,13 @@ static int dense_append(kv_cache *base, int layer, int pos, int n, const float *
     if (rc) return rc;
     const kv_shape *sh = &base->shape;
     size_t head = (size_t)c->cap * sh->head_dim;
-    sh->be->kv_store(c->k[layer], head, sh->n_kv_heads, sh->head_dim, pos, n, k);
-    sh->be->kv_store(c->v[layer], head, sh->n_kv_heads, sh->head_dim, pos, n, v);
+    if (c->half) {
+        sh->be->kv_store_h(c->k[layer], head, sh->n_kv_heads, sh->head_dim, pos, n, k);
+        sh->be->kv_store_h(c->v[layer], head, sh->n_kv_heads, sh->head_dim, pos, n, v);
+    } else {
+        sh->be->kv_store(c->k[layer], head, sh->n_kv_heads, sh->head_dim, pos, n, k);
+        sh->be->kv_store(c->v[layer], head, sh->n_kv_heads, sh->head_dim, pos, n, v);
+    }
     if (layer == 0 && pos + n > c->n) c->n = pos + n;
     return 0;
 }
@@ -70,6 +79,13 @@ static int dense_attend(kv_cache *base, int layer, int pos, int n, const float *
     int hd = sh->head_dim, nh = sh->n_heads;
     size_t head = (size_t)c->cap * hd;  /* floats from one KV head's rows to the next's */
     const skv_backend *be = sh->be;
+    if (c->half) {
+        if (n > 1) {
+            be->attend_causal_h(q, n, pos, nh, sh->n_kv_heads, hd, c->k[layer], c->v[layer], hd, head, out);
+            return 0;
+        }
+        return be->attend_decode_h(q, nh, sh->n_kv_heads, hd, c->k[layer], c->v[layer], pos + 1, hd, head, out);
+    }
     if (n > 1) {
         be->attend_causal(q, n, pos, nh, sh->n_kv_heads, hd, c->k[layer], c->v[layer], hd, head, out);
         return 0;
@@ -86,7 +102,8 @@ static int dense_end_prefill(kv_cache *base) {
 static void dense_bytes(const kv_cache *base, size_t *resident, size_t *offloaded) {
     const kv_dense *c = (const kv_dense *)base;
     const kv_shape *sh = &base->shape;
-    *resident = (size_t)2 * sh->n_layers * c->n * sh->n_kv_heads * sh->head_dim * sizeof(float);
+    *resident = (size_t)2 * sh->n_layers * c->n * sh->n_kv_heads * sh->head_dim *
+                (c->half ? sizeof(uint16_t) : sizeof(float));
     *offloaded = 0;
 }
 
@@ -102,14 +119,27 @@ static void dense_free(kv_cache *base) {
     free(c);
 }
 
+static const kv_opt_def dense_opt_defs[] = {
+    {"f16", "--f16-kv", KV_OPT_FLAG, 0, 0, 1,
+     "keys and values stored in half precision (llama.cpp's default cache type): half the bytes, f32 math"},
+};
+
 static int dense_create(const kv_opts *o, const kv_shape *shape, kv_cache **out) {
-    (void)o;
-    return kv_dense_new(shape, out);
+    int half = kv_opt_int(o, &kv_policy_dense, "f16");
+    const skv_backend *be = shape->be ? shape->be : &skv_backend_cpu;
+    if (half && (!be->kv_store_h || !be->attend_decode_h || !be->attend_causal_h))
+        return skv_error(SKV_EUNSUPPORTED, "dense: --f16-kv needs half-precision cache ops, which the %s backend lacks",
+                         be->name);
+    int rc = kv_dense_new(shape, out);
+    if (!rc) ((kv_dense *)*out)->half = half;
+    return rc;
 }
 
 const kv_class kv_policy_dense = {
     .name = "dense",
     .summary = "every key and value kept, exact attention (the reference)",
+    .opts = dense_opt_defs,
+    .n_opts = sizeof dense_opt_defs / sizeof dense_opt_defs[0],
     .device = 1,
     .create = dense_create,
     .append = dense_append,
@@ -126,8 +156,8 @@ int kv_dense_new(const kv_shape *shape, kv_cache **out) {
     c->base.shape = *shape;
     if (!c->base.shape.be) c->base.shape.be = &skv_backend_cpu;
     c->base.step = -1;
-    c->k = calloc(shape->n_layers, sizeof(float *));
-    c->v = calloc(shape->n_layers, sizeof(float *));
+    c->k = calloc(shape->n_layers, sizeof(void *));
+    c->v = calloc(shape->n_layers, sizeof(void *));
     if (!c->k || !c->v) {
         dense_free(&c->base);
         return skv_error(SKV_ENOMEM, "out of memory");

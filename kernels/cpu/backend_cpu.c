@@ -310,34 +310,115 @@ static void softmax_causal(float *row, int len, int L) {
  * rows are each read once and used for every query head of the group while
  * in L1; the exp is the vectorized one of the prefill softmax. */
 #define GROUP_MAX 64
-static void cpu_attend_group(const float *q, int g, const float *K, const float *V, int n, int d, int stride,
-                             float scale, float *out, float *m, float *l) {
+/* K and V are f32 rows, or half-precision rows (the f16 dense cache) when
+ * half: the same sums in the same order on the widened values, so the two
+ * give the same bits on f16-representable data. Inlined with a constant
+ * half, the branches fold away. */
+static inline __attribute__((always_inline)) void attend_group_t(const float *q, int g, const void *K,
+                                                                 const void *V, int half, int n, int d, int stride,
+                                                                 float scale, float *out, float *m, float *l) {
     SKV_ASSERT(g >= 1 && g <= GROUP_MAX && n >= 0);
     float stack[8192], mx[GROUP_MAX], sum[GROUP_MAX];
     size_t need = (size_t)g * (n > 0 ? n : 1);
     float *s = need <= 8192 ? stack : malloc(sizeof(float) * need);
     SKV_ASSERT(s);
     for (int a = 0; a < g; a++) mx[a] = -INFINITY;
-    for (int j = 0; j < n; j++) {
-        const float *k = K + (size_t)j * stride;
+    /* a half row is widened once for the whole group (row), up to 256 values */
+    float row[256];
+    int widen = half && d <= 256, j = 0;
+#if defined(__AVX2__) && defined(__FMA__)
+    /* four rows at a time: each head's four dot products summed across
+     * lanes in one go (a quarter of the horizontal adds of vec_dot) */
+    if (d % 8 == 0 && d <= 256) {
+        float w4[4][256] __attribute__((aligned(32)));
+        for (; j + 4 <= n; j += 4) {
+            const float *kr[4];
+            for (int r = 0; r < 4; r++) {
+                kr[r] = (const float *)K + (size_t)(j + r) * stride;
+                if (half) {
+                    vec_from_f16(w4[r], (const uint16_t *)K + (size_t)(j + r) * stride, d);
+                    kr[r] = w4[r];
+                }
+            }
+            for (int a = 0; a < g; a++) {
+                const float *qa = q + (size_t)a * d;
+                __m256 c0 = _mm256_setzero_ps(), c1 = c0, c2 = c0, c3 = c0;
+                for (int e = 0; e < d; e += 8) {
+                    __m256 qv = _mm256_loadu_ps(qa + e);
+                    c0 = _mm256_fmadd_ps(qv, _mm256_loadu_ps(kr[0] + e), c0);
+                    c1 = _mm256_fmadd_ps(qv, _mm256_loadu_ps(kr[1] + e), c1);
+                    c2 = _mm256_fmadd_ps(qv, _mm256_loadu_ps(kr[2] + e), c2);
+                    c3 = _mm256_fmadd_ps(qv, _mm256_loadu_ps(kr[3] + e), c3);
+                }
+                float *sa = s + (size_t)a * n + j;
+                _mm_storeu_ps(sa, _mm_mul_ps(vec_hsum4x8(c0, c1, c2, c3), _mm_set1_ps(scale)));
+                for (int r = 0; r < 4; r++) mx[a] = sa[r] > mx[a] ? sa[r] : mx[a];
+            }
+        }
+    }
+#endif
+    for (; j < n; j++) {
+        const float *k = (const float *)K + (size_t)j * stride;
+        const uint16_t *kh = (const uint16_t *)K + (size_t)j * stride;
+        if (widen) {
+            vec_from_f16(row, kh, d);
+            k = row;
+        }
         for (int a = 0; a < g; a++) {
-            float v = vec_dot(q + (size_t)a * d, k, d) * scale;
+            float v = (half && !widen ? vec_dot_h(q + (size_t)a * d, kh, d) : vec_dot(q + (size_t)a * d, k, d)) * scale;
             s[(size_t)a * n + j] = v;
             mx[a] = v > mx[a] ? v : mx[a];
         }
     }
     for (int a = 0; a < g; a++) {
-        float *row = s + (size_t)a * n, acc = 0;
+        float *sa = s + (size_t)a * n, acc = 0;
         if (mx[a] != -INFINITY) /* a NaN max leaves NaN, as attend_rows would */
-            for (int j = 0; j < n; j++) row[j] -= mx[a];
-        exp_nonpos(row, n);
-        for (int j = 0; j < n; j++) acc += row[j];
+            for (int j = 0; j < n; j++) sa[j] -= mx[a];
+        exp_nonpos(sa, n);
+        for (int j = 0; j < n; j++) acc += sa[j];
         sum[a] = acc;
     }
     memset(out, 0, sizeof(float) * (size_t)g * d);
-    for (int j = 0; j < n; j++) {
-        const float *v = V + (size_t)j * stride;
-        for (int a = 0; a < g; a++) vec_axpy(out + (size_t)a * d, s[(size_t)a * n + j], v, d);
+    j = 0;
+#if defined(__AVX2__) && defined(__FMA__)
+    /* four rows at a time: each head's output loaded and stored once per four */
+    if (d % 8 == 0 && d <= 256) {
+        float w4[4][256] __attribute__((aligned(32)));
+        for (; j + 4 <= n; j += 4) {
+            const float *vr[4];
+            for (int r = 0; r < 4; r++) {
+                vr[r] = (const float *)V + (size_t)(j + r) * stride;
+                if (half) {
+                    vec_from_f16(w4[r], (const uint16_t *)V + (size_t)(j + r) * stride, d);
+                    vr[r] = w4[r];
+                }
+            }
+            for (int a = 0; a < g; a++) {
+                const float *sa = s + (size_t)a * n + j;
+                __m256 p0 = _mm256_set1_ps(sa[0]), p1 = _mm256_set1_ps(sa[1]), p2 = _mm256_set1_ps(sa[2]),
+                       p3 = _mm256_set1_ps(sa[3]);
+                float *oa = out + (size_t)a * d;
+                for (int e = 0; e < d; e += 8) {
+                    __m256 o = _mm256_fmadd_ps(p0, _mm256_loadu_ps(vr[0] + e), _mm256_loadu_ps(oa + e));
+                    o = _mm256_fmadd_ps(p1, _mm256_loadu_ps(vr[1] + e), o);
+                    o = _mm256_fmadd_ps(p2, _mm256_loadu_ps(vr[2] + e), o);
+                    _mm256_storeu_ps(oa + e, _mm256_fmadd_ps(p3, _mm256_loadu_ps(vr[3] + e), o));
+                }
+            }
+        }
+    }
+#endif
+    for (; j < n; j++) {
+        if (widen) {
+            vec_from_f16(row, (const uint16_t *)V + (size_t)j * stride, d);
+            for (int a = 0; a < g; a++) vec_axpy(out + (size_t)a * d, s[(size_t)a * n + j], row, d);
+        } else if (half) {
+            const uint16_t *v = (const uint16_t *)V + (size_t)j * stride;
+            for (int a = 0; a < g; a++) vec_axpy_h(out + (size_t)a * d, s[(size_t)a * n + j], v, d);
+        } else {
+            const float *v = (const float *)V + (size_t)j * stride;
+            for (int a = 0; a < g; a++) vec_axpy(out + (size_t)a * d, s[(size_t)a * n + j], v, d);
+        }
     }
     if (m) {
         for (int a = 0; a < g; a++) { m[a] = mx[a]; l[a] = sum[a]; }
@@ -348,6 +429,16 @@ static void cpu_attend_group(const float *q, int g, const float *K, const float 
         }
     }
     if (s != stack) free(s);
+}
+
+static void cpu_attend_group(const float *q, int g, const float *K, const float *V, int n, int d, int stride,
+                             float scale, float *out, float *m, float *l) {
+    attend_group_t(q, g, K, V, 0, n, d, stride, scale, out, m, l);
+}
+
+static void attend_group_h(const float *q, int g, const uint16_t *K, const uint16_t *V, int n, int d, int stride,
+                           float scale, float *out, float *m, float *l) {
+    attend_group_t(q, g, K, V, 1, n, d, stride, scale, out, m, l);
 }
 
 static void cpu_attend_merge(int parts, int g, int d, const float *o, const float *m, const float *l, float *out) {
@@ -371,8 +462,8 @@ static void cpu_attend_merge(int parts, int g, int d, const float *o, const floa
 /* Flash-decoding on the CPU: each KV head's rows split so every thread gets
  * about two tasks; a task attends its whole GQA group with attend_group,
  * the parts merged by attend_merge. */
-static int cpu_attend_decode(const float *q, int n_heads, int nkv, int hd, const float *K, const float *V, int rows,
-                             int stride, size_t head_stride, float *out) {
+static int attend_decode_t(const float *q, int n_heads, int nkv, int hd, const void *K, const void *V, int half,
+                           int rows, int stride, size_t head_stride, float *out) {
     int grp = n_heads / nkv;
     float scale = 1.0f / sqrtf((float)hd);
     int parts = (2 * skv_threads() + nkv - 1) / nkv;
@@ -388,13 +479,16 @@ static int cpu_attend_decode(const float *q, int n_heads, int nkv, int hd, const
     for (int t = 0; t < tasks; t++) {
         int kh = t / parts, p = t % parts;
         int r0 = (int)((long long)rows * p / parts), r1 = (int)((long long)rows * (p + 1) / parts);
-        const float *Kp = K + kh * head_stride + (size_t)r0 * stride, *Vp = V + kh * head_stride + (size_t)r0 * stride;
+        size_t off = kh * head_stride + (size_t)r0 * stride;
         const float *qg = q + (size_t)kh * grp * hd;
-        if (parts == 1)
-            cpu_attend_group(qg, grp, Kp, Vp, r1 - r0, hd, stride, scale, out + (size_t)kh * grp * hd, NULL, NULL);
+        float *o = parts == 1 ? out + (size_t)kh * grp * hd : po + (size_t)t * grp * hd;
+        float *m = parts == 1 ? NULL : pm + (size_t)t * grp, *l = parts == 1 ? NULL : pl + (size_t)t * grp;
+        if (half)
+            attend_group_h(qg, grp, (const uint16_t *)K + off, (const uint16_t *)V + off, r1 - r0, hd, stride, scale,
+                           o, m, l);
         else
-            cpu_attend_group(qg, grp, Kp, Vp, r1 - r0, hd, stride, scale, po + (size_t)t * grp * hd,
-                             pm + (size_t)t * grp, pl + (size_t)t * grp);
+            cpu_attend_group(qg, grp, (const float *)K + off, (const float *)V + off, r1 - r0, hd, stride, scale, o, m,
+                             l);
     }
     if (parts > 1)
         for (int kh = 0; kh < nkv; kh++)
@@ -404,12 +498,24 @@ static int cpu_attend_decode(const float *q, int n_heads, int nkv, int hd, const
     return 0;
 }
 
+static int cpu_attend_decode(const float *q, int n_heads, int nkv, int hd, const float *K, const float *V, int rows,
+                             int stride, size_t head_stride, float *out) {
+    return attend_decode_t(q, n_heads, nkv, hd, K, V, 0, rows, stride, head_stride, out);
+}
+
+static int cpu_attend_decode_h(const float *q, int n_heads, int nkv, int hd, const uint16_t *K, const uint16_t *V,
+                               int rows, int stride, size_t head_stride, float *out) {
+    return attend_decode_t(q, n_heads, nkv, hd, K, V, 1, rows, stride, head_stride, out);
+}
+
 /* Batched causal attention, one task per (KV head, block of queries): the
  * block's queries of every query head of the group are packed into one
  * matrix, so the head's keys and values are read once per block for the
- * whole group (two GEMMs), not once per query head. */
-static void cpu_attend_causal(const float *q, int n, int pos, int nh, int n_kv, int hd, const float *K,
-                              const float *V, int stride, size_t head_stride, float *out) {
+ * whole group (two GEMMs), not once per query head. Half-precision K and V
+ * (half) are widened into the task's own f32 copy of the rows it reads first
+ * (L·d per matrix, 1/(group·64) of the GEMM's work). */
+static void attend_causal_t(const float *q, int n, int pos, int nh, int n_kv, int hd, const void *K, const void *V,
+                            int half, int stride, size_t head_stride, float *out) {
     int grp = nh / n_kv;
     int qs = nh * hd;
     float scale = 1.0f / sqrtf((float)hd);
@@ -419,22 +525,40 @@ static void cpu_attend_causal(const float *q, int n, int pos, int nh, int n_kv, 
         size_t rows = (size_t)QBLOCK * grp;
         float *S = malloc(sizeof(float) * rows * (size_t)(pos + n));
         float *Qp = malloc(sizeof(float) * rows * hd), *Op = malloc(sizeof(float) * rows * hd);
-        SKV_ASSERT(S && Qp && Op);
+        float *Kw = half ? malloc(sizeof(float) * (size_t)(pos + n) * hd * 2) : NULL;
+        SKV_ASSERT(S && Qp && Op && (!half || Kw));
         #pragma omp for schedule(dynamic, 1) collapse(2)
         for (int kh = 0; kh < n_kv; kh++)
             for (int b = 0; b < nqb; b++) {
                 int i0 = b * QBLOCK, nb = n - i0 < QBLOCK ? n - i0 : QBLOCK;
                 int L = pos + i0 + nb;  /* keys the block's last query sees */
+                const float *Kh, *Vh;
+                int ld = stride;
+                if (half) {
+                    const uint16_t *k16 = (const uint16_t *)K + (size_t)kh * head_stride,
+                                   *v16 = (const uint16_t *)V + (size_t)kh * head_stride;
+                    float *Vw = Kw + (size_t)L * hd;
+                    for (int j = 0; j < L; j++) {
+                        vec_from_f16(Kw + (size_t)j * hd, k16 + (size_t)j * stride, hd);
+                        vec_from_f16(Vw + (size_t)j * hd, v16 + (size_t)j * stride, hd);
+                    }
+                    Kh = Kw;
+                    Vh = Vw;
+                    ld = hd;
+                } else {
+                    Kh = (const float *)K + (size_t)kh * head_stride;
+                    Vh = (const float *)V + (size_t)kh * head_stride;
+                }
                 /* row g * nb + i: query i0 + i of query head kh * grp + g */
                 for (int g = 0; g < grp; g++)
                     for (int i = 0; i < nb; i++)
                         memcpy(Qp + ((size_t)g * nb + i) * hd, q + (size_t)(i0 + i) * qs + (size_t)(kh * grp + g) * hd,
                                sizeof(float) * hd);
-                sgemm_rm(1, grp * nb, L, hd, scale, Qp, hd, K + (size_t)kh * head_stride, stride, 0.0f, S, L);
+                sgemm_rm(1, grp * nb, L, hd, scale, Qp, hd, Kh, ld, 0.0f, S, L);
                 for (int g = 0; g < grp; g++)
                     for (int i = 0; i < nb; i++)
                         softmax_causal(S + ((size_t)g * nb + i) * L, pos + i0 + i + 1, L);
-                sgemm_rm(0, grp * nb, hd, L, 1.0f, S, L, V + (size_t)kh * head_stride, stride, 0.0f, Op, hd);
+                sgemm_rm(0, grp * nb, hd, L, 1.0f, S, L, Vh, ld, 0.0f, Op, hd);
                 for (int g = 0; g < grp; g++)
                     for (int i = 0; i < nb; i++)
                         memcpy(out + (size_t)(i0 + i) * qs + (size_t)(kh * grp + g) * hd, Op + ((size_t)g * nb + i) * hd,
@@ -443,7 +567,25 @@ static void cpu_attend_causal(const float *q, int n, int pos, int nh, int n_kv, 
         free(S);
         free(Qp);
         free(Op);
+        free(Kw);
     }
+}
+
+static void cpu_attend_causal(const float *q, int n, int pos, int nh, int n_kv, int hd, const float *K,
+                              const float *V, int stride, size_t head_stride, float *out) {
+    attend_causal_t(q, n, pos, nh, n_kv, hd, K, V, 0, stride, head_stride, out);
+}
+
+static void cpu_attend_causal_h(const float *q, int n, int pos, int nh, int n_kv, int hd, const uint16_t *K,
+                                const uint16_t *V, int stride, size_t head_stride, float *out) {
+    attend_causal_t(q, n, pos, nh, n_kv, hd, K, V, 1, stride, head_stride, out);
+}
+
+static void cpu_kv_store_h(uint16_t *cache, size_t head_stride, int n_kv, int d, int pos, int n, const float *src) {
+    size_t row = (size_t)n_kv * d;
+    for (int t = 0; t < n; t++)
+        for (int kh = 0; kh < n_kv; kh++)
+            vec_to_f16(cache + (size_t)kh * head_stride + (size_t)(pos + t) * d, src + t * row + (size_t)kh * d, d);
 }
 
 static void cpu_gather(const float *src, int rows, int cols, const int *src_idx, int n, float *dst,
@@ -484,6 +626,9 @@ const skv_backend skv_backend_cpu = {
     .weight_free = cpu_weight_free,
     .kv_store = cpu_kv_store,
     .attend_decode = cpu_attend_decode,
+    .kv_store_h = cpu_kv_store_h,
+    .attend_decode_h = cpu_attend_decode_h,
+    .attend_causal_h = cpu_attend_causal_h,
     .matmul = cpu_matmul,
     .matmul_k = cpu_matmul_k,
     .embed = cpu_embed,

@@ -162,15 +162,6 @@ int shadowkv_outliers(const float *cos_min, int n, int o, int *out, float *scrat
 
 /* ---- scoring, top-k, ranks --------------------------------------------- */
 
-#if defined(__AVX2__) && defined(__FMA__)
-/* The four lane sums of a, b, c, e as one vector [Σa, Σb, Σc, Σe]. */
-static inline __m128 hsum4x8(__m256 a, __m256 b, __m256 c, __m256 e) {
-    __m256 ab = _mm256_hadd_ps(a, b), ce = _mm256_hadd_ps(c, e);
-    __m256 s = _mm256_hadd_ps(ab, ce);
-    return _mm_add_ps(_mm256_castps256_ps128(s), _mm256_extractf128_ps(s, 1));
-}
-#endif
-
 /* logit (group, n_lm) = q_g · lm_j * scale for the group's query heads
  * (head g at q + g*d): four landmark rows at a time, each row loaded once
  * for every head of the group, eight dimensions per instruction. */
@@ -195,7 +186,7 @@ static void score_logits(const float *q, int group, int d, const float *lm, int 
             }
             for (int g = 0; g < group; g++)
                 _mm_storeu_ps(logit + (size_t)g * n_lm + j,
-                              _mm_mul_ps(hsum4x8(acc[g][0], acc[g][1], acc[g][2], acc[g][3]), _mm_set1_ps(scale)));
+                              _mm_mul_ps(vec_hsum4x8(acc[g][0], acc[g][1], acc[g][2], acc[g][3]), _mm_set1_ps(scale)));
         }
     }
 #endif
