@@ -332,6 +332,20 @@ static void make_rope(rope_ctx *r, rope_mode mode, int hd, int rope_dim) {
 }
 
 static void test_rebuild(void) {
+    /* head_dim 64: rows in blocks of four (the 512-bit path where built)
+     * give the bits of one row at a time */
+    {
+        int r = 48, d = 64, n = 11;
+        float *U = rnd((size_t)(n + 5) * r), *svt = rnd((size_t)r * d);
+        float *a = malloc(sizeof(float) * n * d), *b = malloc(sizeof(float) * n * d);
+        rope_ctx rope;
+        make_rope(&rope, ROPE_ADJACENT, d, d);
+        shadowkv_rebuild(U, r, svt, d, 5, n, &rope, NULL, NULL, a);
+        for (int i = 0; i < n; i++) shadowkv_rebuild(U, r, svt, d, 5 + i, 1, &rope, NULL, NULL, b + (size_t)i * d);
+        test_cond("rebuild, head_dim 64: 11 rows at once == one row at a time, bitwise", !memcmp(a, b, sizeof(float) * n * d));
+        rope_free(&rope);
+        free(U); free(svt); free(a); free(b);
+    }
     int s = 96, h = 2, d = 32, n = h * d, r = 16, c = 8;
     float *K = low_rank(s, n, 20, 0.01f);
     float *U = malloc(sizeof(float) * s * r), *SVt = malloc(sizeof(float) * r * n), *sv = malloc(sizeof(float) * n);

@@ -288,15 +288,17 @@ static int sk_append(kv_cache *base, int layer, int pos, int n, const float *k_p
 
 /* ---- decode: selection, fetch, rebuild, attention -------------------------- */
 
-/* Landmark scores of query head g of KV head kh's group: a task of its own,
- * so that the group's heads spread over the threads (3 KV heads on 2
- * threads left one idle a third of the time). Scoring the heads one by one
- * and taking the max in select_head gives the group score's bits. */
-static void score_query_head(kv_sk *c, sk_layer *L, int kh, int g, const float *q) {
+/* Landmark logits of block b (of nb) of KV head kh's candidates, for its
+ * whole query group: each landmark row read once for the group, and the
+ * (KV head, block) tasks spread over the threads (3 KV heads on 2 threads
+ * would leave one idle a third of the time). Blocks start at multiples of 4,
+ * so the logits have the bits of the backend's score over all of them. */
+static void score_block(kv_sk *c, sk_layer *L, int kh, int b, int nb, const float *q) {
     sk_scratch *S = &c->scr[kh];
-    int nh = c->base.shape.n_heads, n = c->n_cand;
-    c->base.shape.be->score(q + ((size_t)kh * c->group + g) * c->d, 1, (size_t)nh * c->d, 1, c->d, L->head[kh].lm,
-                            n, 1.0f / sqrtf((float)c->d), S->tmp + (size_t)g * 2 * n, S->gscore + (size_t)g * n);
+    int n = c->n_cand;
+    int j0 = (int)((long long)n * b / nb) & ~3, j1 = b + 1 == nb ? n : (int)((long long)n * (b + 1) / nb) & ~3;
+    shadowkv_score_logits(q + (size_t)kh * c->group * c->d, c->group, c->d, L->head[kh].lm + (size_t)j0 * c->d,
+                          j1 - j0, 1.0f / sqrtf((float)c->d), S->tmp + j0, (size_t)n);
 }
 
 /* The books of KV head kh's selection (S->sel and S->score, best first):
@@ -311,8 +313,17 @@ static void select_books(kv_sk *c, sk_layer *L, int kh) {
     S->n_miss = shadowkv_cache_update(&H->cache, S->sel, c->k, S->slot_of, S->miss);
 }
 
-/* The group's score (max over its query heads, as score does for a
- * group), top-k and cache bookkeeping of KV head kh. */
+/* The softmax of query head g of KV head kh's group over its logits
+ * (score_block): a task of its own, as the backend's score computes it. */
+static void softmax_head(kv_sk *c, int kh, int g) {
+    sk_scratch *S = &c->scr[kh];
+    size_t n = (size_t)c->n_cand;
+    memset(S->gscore + g * n, 0, sizeof(float) * n);
+    shadowkv_softmax_add(S->tmp + g * n, (int)n, S->gscore + g * n);
+}
+
+/* The group's score (the max of its heads' softmaxes, as the backend's score
+ * gives it), top-k and cache bookkeeping of KV head kh. */
 static void select_head(kv_sk *c, sk_layer *L, int kh) {
     sk_scratch *S = &c->scr[kh];
     shadowkv_group_max(S->gscore, c->group, c->n_cand, S->score);
@@ -675,11 +686,15 @@ static int decode_layer(kv_sk *c, int layer, const float *q, float *out) {
     /* probe times: start, select done, fetch done (without overlap), rebuild done */
     double w0 = skv_now(), t0 = probe_time(c->base.bus), ts = t0, tf = t0, tr = t0, f0 = 0;
     int nrb = 0;
+    /* landmark blocks per KV head: h*nb tasks, a multiple of the threads */
+    int nb = c->n_cand >= 64 * 2 * skv_threads() ? 2 * skv_threads() : 1;
     #pragma omp parallel if (nh > 1)
     {
         if (sel) {
             #pragma omp for schedule(static)
-            for (int t = 0; t < h * c->group; t++) score_query_head(c, L, t / c->group, t % c->group, q);
+            for (int t = 0; t < h * nb; t++) score_block(c, L, t / nb, t % nb, nb, q);
+            #pragma omp for schedule(static)
+            for (int t = 0; t < h * c->group; t++) softmax_head(c, t / c->group, t % c->group);
             #pragma omp for schedule(static)
             for (int kh = 0; kh < h; kh++) select_head(c, L, kh);
             #pragma omp single

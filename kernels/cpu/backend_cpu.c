@@ -177,7 +177,7 @@ static void cpu_add(float *y, const float *x, size_t len) {
     for (long long i = 0; i < n; i++) y[i] += x[i];
 }
 
-static void exp_nonpos(float *x, int n);
+static void vec_exp_nonpos(float *x, int n);
 
 /* gate = silu(gate) * up over n values, silu(g) = g / (1 + e^-g) computed
  * from t = e^-|g| (an argument <= 0, the softmax's vector exp): g / (1 + t)
@@ -187,7 +187,7 @@ static void swiglu_run(float *g, const float *u, int n) {
     for (int j0 = 0; j0 < n; j0 += 256) {
         int m = n - j0 < 256 ? n - j0 : 256;
         for (int j = 0; j < m; j++) t[j] = -fabsf(g[j0 + j]);
-        exp_nonpos(t, m);
+        vec_exp_nonpos(t, m);
         for (int j = 0; j < m; j++) {
             float x = g[j0 + j];
             g[j0 + j] = (x >= 0 ? x : x * t[j]) / (1.0f + t[j]) * u[j0 + j];
@@ -231,57 +231,6 @@ static void cpu_attend_rows(const float *q, const float *K, const float *V, int 
 /* Queries per GEMM task of the batched attention (per query head). */
 #define QBLOCK 64
 
-/* exp(x) for x <= 0 (a softmax's x - max), into x, n values: 2^(x log2 e)
- * split into 2^k (built in the exponent bits) times 2^f, f in [-1/2, 1/2],
- * by a degree-6 polynomial; relative error about 2e-7, like expf's. Below
- * x = -87 the result is 0 (expf gives a denormal there; softmax weights that
- * small change nothing); a NaN stays NaN. Eight lanes at a time with AVX2, the same math
- * scalar otherwise: expf calls were a fifth of a 4K-token prefill. */
-static inline float exp2_poly(float f) {
-    float p = 1.5353362e-4f;
-    p = p * f + 1.3398874e-3f;
-    p = p * f + 9.6181294e-3f;
-    p = p * f + 5.5504109e-2f;
-    p = p * f + 2.4022652e-1f;
-    p = p * f + 6.9314718e-1f;
-    return p * f + 1.0f;
-}
-
-static void exp_nonpos(float *x, int n) {
-    int j = 0;
-#if defined(__AVX2__) && defined(__FMA__)
-    const __m256 log2e = _mm256_set1_ps(1.44269504f), lo = _mm256_set1_ps(-126.0f);
-    const __m256 c6 = _mm256_set1_ps(1.5353362e-4f), c5 = _mm256_set1_ps(1.3398874e-3f), c4 = _mm256_set1_ps(9.6181294e-3f),
-                 c3 = _mm256_set1_ps(5.5504109e-2f), c2 = _mm256_set1_ps(2.4022652e-1f), c1 = _mm256_set1_ps(6.9314718e-1f),
-                 one = _mm256_set1_ps(1.0f);
-    for (; j + 8 <= n; j += 8) {
-        __m256 t = _mm256_mul_ps(_mm256_loadu_ps(x + j), log2e);
-        __m256 under = _mm256_cmp_ps(t, lo, _CMP_LT_OQ);
-        t = _mm256_max_ps(lo, t); /* lo first: a NaN score stays NaN, as expf would leave it */
-        __m256 k = _mm256_round_ps(t, _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC);
-        __m256 f = _mm256_sub_ps(t, k);
-        __m256 p = _mm256_fmadd_ps(c6, f, c5);
-        p = _mm256_fmadd_ps(p, f, c4);
-        p = _mm256_fmadd_ps(p, f, c3);
-        p = _mm256_fmadd_ps(p, f, c2);
-        p = _mm256_fmadd_ps(p, f, c1);
-        p = _mm256_fmadd_ps(p, f, one);
-        __m256i e = _mm256_slli_epi32(_mm256_add_epi32(_mm256_cvtps_epi32(k), _mm256_set1_epi32(127)), 23);
-        __m256 r = _mm256_mul_ps(p, _mm256_castsi256_ps(e));
-        _mm256_storeu_ps(x + j, _mm256_andnot_ps(under, r));
-    }
-#endif
-    for (; j < n; j++) {
-        float t = x[j] * 1.44269504f;
-        if (!(t >= -126.0f)) { x[j] = t < -126.0f ? 0.0f : t; continue; } /* underflow to 0; NaN stays NaN */
-        float k = rintf(t);
-        int32_t bits = ((int32_t)k + 127) << 23;
-        float scale;
-        memcpy(&scale, &bits, sizeof scale);
-        x[j] = exp2_poly(t - k) * scale;
-    }
-}
-
 /* Softmax of row[0..len) in place (float sums: len <= the context), zeros
  * in [len, L): the causal mask of one query. */
 static void softmax_causal(float *row, int len, int L) {
@@ -295,7 +244,7 @@ static void softmax_causal(float *row, int len, int L) {
     for (int u = 0; u < 8; u++) mx = m8[u] > mx ? m8[u] : mx;
     for (; j < len; j++) mx = row[j] > mx ? row[j] : mx;
     for (j = 0; j < len; j++) row[j] -= mx;
-    exp_nonpos(row, len);
+    vec_exp_nonpos(row, len);
     for (j = 0; j + 8 <= len; j += 8)
         for (int u = 0; u < 8; u++) s8[u] += row[j + u];
     float sum = 0;
@@ -374,7 +323,7 @@ static inline __attribute__((always_inline)) void attend_group_t(const float *q,
         float *sa = s + (size_t)a * n, acc = 0;
         if (mx[a] != -INFINITY) /* a NaN max leaves NaN, as attend_rows would */
             for (int j = 0; j < n; j++) sa[j] -= mx[a];
-        exp_nonpos(sa, n);
+        vec_exp_nonpos(sa, n);
         for (int j = 0; j < n; j++) acc += sa[j];
         sum[a] = acc;
     }

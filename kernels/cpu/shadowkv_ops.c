@@ -162,10 +162,14 @@ int shadowkv_outliers(const float *cos_min, int n, int o, int *out, float *scrat
 
 /* ---- scoring, top-k, ranks --------------------------------------------- */
 
-/* logit (group, n_lm) = q_g · lm_j * scale for the group's query heads
- * (head g at q + g*d): four landmark rows at a time, each row loaded once
- * for every head of the group, eight dimensions per instruction. */
-static void score_logits(const float *q, int group, int d, const float *lm, int n_lm, float scale, float *logit) {
+/* logit (group rows ld apart, n_lm each) = q_g · lm_j * scale for the
+ * group's query heads (head g at q + g*d): four landmark rows at a time,
+ * each row loaded once for every head of the group, eight dimensions per
+ * instruction. A landmark's logit does not depend on where its block of four
+ * starts, so ranges that start at multiples of 4 give the bits of one call
+ * over them all. */
+void shadowkv_score_logits(const float *q, int group, int d, const float *lm, int n_lm, float scale, float *logit,
+                           size_t ld) {
     int j = 0;
 #if defined(__AVX2__) && defined(__FMA__)
     if (d % 8 == 0 && group <= 4) {
@@ -185,14 +189,30 @@ static void score_logits(const float *q, int group, int d, const float *lm, int 
                 }
             }
             for (int g = 0; g < group; g++)
-                _mm_storeu_ps(logit + (size_t)g * n_lm + j,
+                _mm_storeu_ps(logit + (size_t)g * ld + j,
                               _mm_mul_ps(vec_hsum4x8(acc[g][0], acc[g][1], acc[g][2], acc[g][3]), _mm_set1_ps(scale)));
         }
     }
 #endif
     for (; j < n_lm; j++)
         for (int g = 0; g < group; g++)
-            logit[(size_t)g * n_lm + j] = vec_dot(q + (size_t)g * d, lm + (size_t)j * d, d) * scale;
+            logit[(size_t)g * ld + j] = vec_dot(q + (size_t)g * d, lm + (size_t)j * d, d) * scale;
+}
+
+void shadowkv_softmax_add(float *lg, int n, float *acc) {
+    float mx = -INFINITY;
+    for (int j = 0; j < n; j++) mx = lg[j] > mx ? lg[j] : mx;
+    for (int j = 0; j < n; j++) lg[j] -= mx;
+    vec_exp_nonpos(lg, n);
+    /* eight running sums: independent chains, one vector register */
+    float s8[8] = {0}, sum = 0;
+    int j = 0;
+    for (; j + 8 <= n; j += 8)
+        for (int u = 0; u < 8; u++) s8[u] += lg[j + u];
+    for (int u = 0; u < 8; u++) sum += s8[u];
+    for (; j < n; j++) sum += lg[j];
+    float inv = 1.0f / sum;
+    for (j = 0; j < n; j++) acc[j] += lg[j] * inv;
 }
 
 void shadowkv_score(const float *q, int nq, size_t q_stride, int group, int d, const float *lm, int n_lm,
@@ -200,20 +220,8 @@ void shadowkv_score(const float *q, int nq, size_t q_stride, int group, int d, c
     float *logit = tmp, *acc = tmp + (size_t)group * n_lm; /* (group, n_lm) each */
     memset(acc, 0, sizeof(float) * (size_t)group * n_lm);
     for (int i = 0; i < nq; i++) {
-        score_logits(q + (size_t)i * q_stride, group, d, lm, n_lm, scale, logit);
-        for (int g = 0; g < group; g++) {
-            float *lg = logit + (size_t)g * n_lm, *ag = acc + (size_t)g * n_lm;
-            float mx = -INFINITY;
-            for (int j = 0; j < n_lm; j++)
-                if (lg[j] > mx) mx = lg[j];
-            double sum = 0;
-            for (int j = 0; j < n_lm; j++) {
-                lg[j] = expf(lg[j] - mx);
-                sum += lg[j];
-            }
-            float inv = (float)(1.0 / sum);
-            for (int j = 0; j < n_lm; j++) ag[j] += lg[j] * inv;
-        }
+        shadowkv_score_logits(q + (size_t)i * q_stride, group, d, lm, n_lm, scale, logit, (size_t)n_lm);
+        for (int g = 0; g < group; g++) shadowkv_softmax_add(logit + (size_t)g * n_lm, n_lm, acc + (size_t)g * n_lm);
     }
     shadowkv_group_max(acc, group, n_lm, score);
 }
@@ -321,9 +329,38 @@ static void rebuild_row(const float *u, int r, const float *svt, int d, float *o
     }
 }
 
+#if defined(__AVX512F__)
+/* Four rows of d = 64 at once in 512-bit registers: each svt row loaded once
+ * for the four; every element still summed over j in order with a fused
+ * multiply-add, so the bits of rebuild_row. */
+static void rebuild_4x64(const float *U, int r, const float *svt, float *o) {
+    __m512 acc[4][4];
+    for (int i = 0; i < 4; i++) acc[i][0] = acc[i][1] = acc[i][2] = acc[i][3] = _mm512_setzero_ps();
+    for (int j = 0; j < r; j++) {
+        const float *s = svt + (size_t)j * 64;
+        __m512 s0 = _mm512_loadu_ps(s), s1 = _mm512_loadu_ps(s + 16), s2 = _mm512_loadu_ps(s + 32),
+               s3 = _mm512_loadu_ps(s + 48);
+        for (int i = 0; i < 4; i++) {
+            __m512 b = _mm512_set1_ps(U[(size_t)i * r + j]);
+            acc[i][0] = _mm512_fmadd_ps(b, s0, acc[i][0]);
+            acc[i][1] = _mm512_fmadd_ps(b, s1, acc[i][1]);
+            acc[i][2] = _mm512_fmadd_ps(b, s2, acc[i][2]);
+            acc[i][3] = _mm512_fmadd_ps(b, s3, acc[i][3]);
+        }
+    }
+    for (int i = 0; i < 4; i++)
+        for (int c = 0; c < 4; c++) _mm512_storeu_ps(o + (size_t)i * 64 + c * 16, acc[i][c]);
+}
+#endif
+
 void shadowkv_rebuild(const float *U, int r, const float *svt, int d, int t0, int n, const rope_ctx *rope,
                       const float *cs, const float *sn, float *out) {
-    for (int i = 0; i < n; i++) rebuild_row(U + (size_t)(t0 + i) * r, r, svt, d, out + (size_t)i * d);
+    int i = 0;
+#if defined(__AVX512F__)
+    if (d == 64)
+        for (; i + 4 <= n; i += 4) rebuild_4x64(U + (size_t)(t0 + i) * r, r, svt, out + (size_t)i * d);
+#endif
+    for (; i < n; i++) rebuild_row(U + (size_t)(t0 + i) * r, r, svt, d, out + (size_t)i * d);
     if (cs) shadowkv_rope_rows(rope, cs, sn, out, n, t0);
     else
         for (int i = 0; i < n; i++) rope_apply(rope, out + (size_t)i * d, 1, t0 + i);

@@ -50,6 +50,14 @@ int shadowkv_outliers(const float *cos_min, int n, int o, int *out, float *scrat
 void shadowkv_score(const float *q, int nq, size_t q_stride, int group, int d, const float *lm, int n_lm,
                     float scale, float *tmp, float *score);
 
+/* shadowkv_score's two stages, for callers that split the landmarks over
+ * threads: logit (group rows ld apart) = q_g·lm_jᵀ·scale for n_lm landmarks
+ * (ranges starting at multiples of 4 give one call's bits); then, per query
+ * head, acc (n) += softmax(lg (n)), lg overwritten. */
+void shadowkv_score_logits(const float *q, int group, int d, const float *lm, int n_lm, float scale, float *logit,
+                           size_t ld);
+void shadowkv_softmax_add(float *lg, int n, float *acc);
+
 /* score (n) = the max over the group's query heads of gs (group, n): the
  * group score shadowkv_score ends with. */
 void shadowkv_group_max(const float *gs, int group, int n, float *score);
