@@ -8,6 +8,7 @@
 #include <errno.h>
 #include <limits.h>
 #include <sys/stat.h>
+#include <pthread.h>
 #include <signal.h>
 #include <stdarg.h>
 #include <stdlib.h>
@@ -317,6 +318,38 @@ void cli_ctx_warning(const cli_gen *g, const skv_model *m) {
     if (g->s.ctx > 0 && m->cfg.ctx_train > 0 && g->s.ctx > m->cfg.ctx_train)
         cli_msg("warning: -c %d is past the %d positions the model was trained on; positions beyond "
                 "them are untrained and its output there is not to be trusted\n", g->s.ctx, m->cfg.ctx_train);
+}
+
+/* The quit signals (SIGINT, SIGTERM, SIGHUP, SIGQUIT) are taken by one
+ * thread of their own, which only waits for them: every other thread (the
+ * main one, the OpenMP, oneDNN and engine threads, which inherit main's mask)
+ * blocks them. A handler's frame pushed onto a thread in the middle of a
+ * JIT-compiled GEMM corrupted the heap now and then (Ctrl-C in skv needle:
+ * "corrupted size vs. prev_size" in oneDNN's free, several runs in 30); the
+ * handlers (here and in app.c) only set flags and write a pipe, so the
+ * thread they run on does not matter. With no handler installed the default
+ * action still ends the whole process. */
+static void *signal_thread(void *arg) {
+    (void)arg;
+    for (;;) pause();
+    return NULL;
+}
+
+void cli_signals_own_thread(void) {
+    sigset_t set;
+    sigemptyset(&set);
+    sigaddset(&set, SIGINT);
+    sigaddset(&set, SIGTERM);
+    sigaddset(&set, SIGHUP);
+    sigaddset(&set, SIGQUIT);
+    pthread_attr_t at;
+    pthread_t th;
+    if (pthread_attr_init(&at)) return;
+    pthread_attr_setdetachstate(&at, PTHREAD_CREATE_DETACHED);
+    /* the new thread keeps the signals open; then this one (and every thread
+     * it starts from now on) closes them */
+    if (!pthread_create(&th, &at, signal_thread, NULL)) pthread_sigmask(SIG_BLOCK, &set, NULL);
+    pthread_attr_destroy(&at);
 }
 
 static volatile sig_atomic_t stop_flag;

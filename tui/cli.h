@@ -69,6 +69,9 @@ void cli_ctx_warning(const cli_gen *g, const struct skv_model *m);
  * one exits at once; cli_stop_release() restores the handlers. */
 #define CLI_STOPPED 130
 void cli_stop_catch(void);
+/* Called first in main: a thread of its own takes the quit signals, so no
+ * compute thread is ever interrupted by a handler (see cli.c). */
+void cli_signals_own_thread(void);
 int cli_stop_requested(void);
 void cli_stop_release(void);
 

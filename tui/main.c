@@ -47,6 +47,7 @@ int main(int argc, char **argv) {
         printf("skv %s (trace format %d)\n", SKV_VERSION_STRING, TRACE_VERSION);
         return 0;
     }
+    cli_signals_own_thread();
     for (size_t i = 0; i < sizeof commands / sizeof commands[0]; i++)
         if (!strcmp(argv[1], commands[i].name)) {
             cli_command = commands[i].name;
