@@ -99,12 +99,12 @@ row() {
     set -- "$1" "$(minmed $2)" "$(minmed ${3:-})" "$4"
     sm=${2#* }; lm=${3#* }
     [ -n "$LLAMA_BENCH" ] || lm="not run"
-    line=$(printf '%-40s %9s %9s %9s %9s %8s %7s %7s' "$1" "${2% *}" "$sm" "${3% *}" "$lm" "$(ratio "$sm" "$lm")" "$4" "$roof")
+    line=$(printf '%-58s %9s %9s %9s %9s %8s %7s %7s' "$1" "${2% *}" "$sm" "${3% *}" "$lm" "$(ratio "$sm" "$lm")" "$4" "$roof")
     echo "$line"
     echo "$line" >>"$RESULTS"
 }
 
-HEAD=$(printf '%-40s %9s %9s %9s %9s %8s %7s %7s' "case (tok/s, $T threads, $ROUNDS rounds)" "skv min" "median" \
+HEAD=$(printf '%-58s %9s %9s %9s %9s %8s %7s %7s' "case (tok/s, $T threads, $ROUNDS rounds)" "skv min" "median" \
     "llama min" "median" "ratio" "target" "roof")
 echo "== engine: skv and llama.cpp interleaved on the same files; ratio = skv median / llama.cpp median =="
 echo "   roof: the decode tok/s this machine's memory read bandwidth allows (weights + KV per step / read GB/s;"
@@ -143,10 +143,10 @@ if [ -f "$SHARED/configs/smollm2-135m.config.json" ]; then
     # Sparse attention should make decode speed nearly independent of the
     # context: ShadowKV at 16K against skv's own dense decode at 512.
     d512=$(bench_line "$F32" 512 16 | field decode_ms)
-    line=$(printf '%-40s %9s %9s %9s %9s %8s %7s' "ShadowKV tg at 16K / dense tg at 512" "-" "${s16k}ms" "-" \
+    line=$(printf '%-58s %9s %9s %9s %9s %8s %7s' "ShadowKV tg at 16K / dense tg at 512" "-" "${s16k}ms" "-" \
         "${d512}ms" "$(ratio "$d512" "$s16k")" "0.8x")
     echo "$line"; echo "$line" >>"$RESULTS"
-    line=$(printf '%-40s %9s %9s %9s %9s %8s %7s' "ShadowKV setup, % of a 4K prefill" "-" "$pc4k%" "-" "-" "-" "<=5%")
+    line=$(printf '%-58s %9s %9s %9s %9s %8s %7s' "ShadowKV setup, % of a 4K prefill" "-" "$pc4k%" "-" "-" "-" "<=5%")
     echo "$line"; echo "$line" >>"$RESULTS"
 fi
 
