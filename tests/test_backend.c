@@ -321,36 +321,43 @@ static void test_f16_cache(const skv_backend *be) {
     free(y);
     if (!be->kv_store_h || !be->attend_decode_h || !be->attend_causal_h) return;
 
-    int nh = 9, nkv = 3, d = 64, pos = 300, nq = 70, T = pos + nq, stride = nkv * d;
-    size_t hs = (size_t)T * d; /* head-major, as the dense cache keeps them */
-    float *q = rnd((size_t)nq * nh * d), *K = rnd((size_t)T * stride), *V = rnd((size_t)T * stride);
-    uint16_t *K16 = calloc(nkv * hs, 2), *V16 = calloc(nkv * hs, 2);
-    float *Kw = malloc(sizeof(float) * nkv * hs), *Vw = malloc(sizeof(float) * nkv * hs);
-    be->kv_store_h(K16, hs, nkv, d, 0, T, K);
-    be->kv_store_h(V16, hs, nkv, d, 0, T, V);
-    bad = 0;
-    for (int t = 0; t < T; t++)
-        for (int kh = 0; kh < nkv; kh++)
-            for (int e = 0; e < d; e++) {
-                size_t at = (size_t)kh * hs + (size_t)t * d + e;
-                bad += K16[at] != f32_to_fp16(K[(size_t)t * stride + kh * d + e]);
-                bad += V16[at] != f32_to_fp16(V[(size_t)t * stride + kh * d + e]);
-                Kw[at] = fp16_to_f32(K16[at]);
-                Vw[at] = fp16_to_f32(V16[at]);
-            }
-    test_cond("kv_store_h: head-major rows, each value rounded to nearest f16", bad == 0);
-    float *a = malloc(sizeof(float) * nq * nh * d), *b = malloc(sizeof(float) * nq * nh * d);
-    for (int rows = 1; rows <= T; rows += T - 1) {
-        char msg[128];
-        be->attend_decode(q, nh, nkv, d, Kw, Vw, rows, d, hs, a);
-        be->attend_decode_h(q, nh, nkv, d, K16, V16, rows, d, hs, b);
-        snprintf(msg, sizeof msg, "attend_decode_h over %d rows: the f32 op's bits on the widened cache", rows);
-        test_cond(msg, !memcmp(a, b, sizeof(float) * nh * d));
+    /* head_dim 64, and 272: past the 256 values a widened row may hold,
+     * where the loops read the half rows directly */
+    for (int di = 0; di < 2; di++) {
+        int nh = 9, nkv = 3, d = di ? 272 : 64, pos = 300, nq = 70, T = pos + nq, stride = nkv * d;
+        size_t hs = (size_t)T * d; /* head-major, as the dense cache keeps them */
+        float *q = rnd((size_t)nq * nh * d), *K = rnd((size_t)T * stride), *V = rnd((size_t)T * stride);
+        uint16_t *K16 = calloc(nkv * hs, 2), *V16 = calloc(nkv * hs, 2);
+        float *Kw = malloc(sizeof(float) * nkv * hs), *Vw = malloc(sizeof(float) * nkv * hs);
+        be->kv_store_h(K16, hs, nkv, d, 0, T, K);
+        be->kv_store_h(V16, hs, nkv, d, 0, T, V);
+        bad = 0;
+        for (int t = 0; t < T; t++)
+            for (int kh = 0; kh < nkv; kh++)
+                for (int e = 0; e < d; e++) {
+                    size_t at = (size_t)kh * hs + (size_t)t * d + e;
+                    bad += K16[at] != f32_to_fp16(K[(size_t)t * stride + kh * d + e]);
+                    bad += V16[at] != f32_to_fp16(V[(size_t)t * stride + kh * d + e]);
+                    Kw[at] = fp16_to_f32(K16[at]);
+                    Vw[at] = fp16_to_f32(V16[at]);
+                }
+        char msg[160];
+        snprintf(msg, sizeof msg, "kv_store_h, head_dim %d: head-major rows, each value rounded to nearest f16", d);
+        test_cond(msg, bad == 0);
+        float *a = malloc(sizeof(float) * nq * nh * d), *b = malloc(sizeof(float) * nq * nh * d);
+        for (int rows = 1; rows <= T; rows += T - 1) {
+            be->attend_decode(q, nh, nkv, d, Kw, Vw, rows, d, hs, a);
+            be->attend_decode_h(q, nh, nkv, d, K16, V16, rows, d, hs, b);
+            snprintf(msg, sizeof msg, "attend_decode_h, head_dim %d, over %d rows: the f32 op's bits on the widened cache",
+                     d, rows);
+            test_cond(msg, !memcmp(a, b, sizeof(float) * nh * d));
+        }
+        be->attend_causal(q, nq, pos, nh, nkv, d, Kw, Vw, d, hs, a);
+        be->attend_causal_h(q, nq, pos, nh, nkv, d, K16, V16, d, hs, b);
+        snprintf(msg, sizeof msg, "attend_causal_h, head_dim %d: the f32 op's bits on the widened cache", d);
+        test_cond(msg, !memcmp(a, b, sizeof(float) * nq * nh * d));
+        free(q); free(K); free(V); free(K16); free(V16); free(Kw); free(Vw); free(a); free(b);
     }
-    be->attend_causal(q, nq, pos, nh, nkv, d, Kw, Vw, d, hs, a);
-    be->attend_causal_h(q, nq, pos, nh, nkv, d, K16, V16, d, hs, b);
-    test_cond("attend_causal_h: the f32 op's bits on the widened cache", !memcmp(a, b, sizeof(float) * nq * nh * d));
-    free(q); free(K); free(V); free(K16); free(V16); free(Kw); free(Vw); free(a); free(b);
 }
 
 static void test_sparse_stages(const skv_backend *be) {
