@@ -1,4 +1,4 @@
-/* qgemm.c: the prefill matmul of q8_0, q4_0 and q5_0 weights in int8
+/* qgemm.c: the prefill matmul of q8_0, q4_0, q5_0 and q4_K weights in int8
  * (qgemm.h).
  *
  * x is quantized per token to blocks of 32 codes with one scale
@@ -13,7 +13,13 @@
  * added with the product of the two scales (one fused multiply-add):
  *   y[t][r] = sum_b fma(float(sum_k w[r][32b+k] q[t][32b+k]), dw[r][b] * dx[t][b], .)
  * in block order, which qgemm_ref spells out and the vector kernels give bit
- * for bit (the integer sums are exact, the float steps the same).
+ * for bit (the integer sums are exact, the float steps the same). q4_K's
+ * sub-blocks of 32 are such blocks too: codes 0..15, scale d·sc, and a
+ * minimum dmin·m subtracted from every weight, which takes one more fused
+ * step per block with the x block's scaled code sum (mx = dx · Σq):
+ *   acc = fma(-mw[r][b], mx[t][b], acc)
+ * after the block's product (so Σ_k w x = d·sc·dx·Σ q·xq − dmin·m·dx·Σ xq,
+ * as the decode matvec takes it).
  *
  * AVX-512 VNNI (vpdpbusd: unsigned x signed bytes): x is stored as q + 128
  * and each block's int32 sum starts at -128 * (sum of the row's block codes),
@@ -65,16 +71,44 @@ void qgemm_force_level(int level) {
     qgemm_level_cache = level >= 0 && level < detected ? level : detected;
 }
 
-static int block32_type(enum ggml_type t) { return t == GGML_Q8_0 || t == GGML_Q4_0 || t == GGML_Q5_0; }
+static int block32_type(enum ggml_type t) {
+    return t == GGML_Q8_0 || t == GGML_Q4_0 || t == GGML_Q5_0 || t == GGML_Q4_K;
+}
 
 int qgemm_kernel_level(void) { return qgemm_level(); }
 
 int qgemm_supported(enum ggml_type t, int n) { return block32_type(t) && n >= TT && qgemm_level() > 0; }
 
-/* Block b of a stored row as 32 signed codes, its scale and the codes' sum. */
-static void decode_block(enum ggml_type t, const uint8_t *row, int b, int8_t *q, float *d, int32_t *sum) {
+/* Columns a row of type t comes in multiples of. */
+static int row_unit(enum ggml_type t) { return t == GGML_Q4_K ? 256 : QB; }
+
+/* q4_K: 6-bit scale and min of sub-block j (0..7) from the 12 packed bytes
+ * (quant.c's layout: sub-blocks 0-3 in the low 6 bits of bytes 0-3 and 4-7,
+ * sub-blocks 4-7 low 4 bits in bytes 8-11, top 2 bits in bytes 0-7's tops). */
+static void k4_scale_min(int j, const uint8_t *s, int *sc, int *m) {
+    if (j < 4) {
+        *sc = s[j] & 63;
+        *m = s[j + 4] & 63;
+    } else {
+        *sc = (s[j + 4] & 0xf) | ((s[j - 4] >> 6) << 4);
+        *m = (s[j + 4] >> 4) | ((s[j] >> 6) << 4);
+    }
+}
+
+/* Block b of a stored row as 32 signed codes, its scale, the codes' sum and
+ * the minimum subtracted from each weight (q4_K; 0 for the others). */
+static void decode_block(enum ggml_type t, const uint8_t *row, int b, int8_t *q, float *d, int32_t *sum, float *mn) {
     int s = 0;
-    if (t == GGML_Q8_0) {
+    *mn = 0;
+    if (t == GGML_Q4_K) {
+        const uint8_t *sb = row + (size_t)(b / 8) * GGML_Q4_K_BYTES;
+        int j = b % 8, sc, m;
+        k4_scale_min(j, sb + 4, &sc, &m);
+        *d = fp16_to_f32(ld16(sb)) * (float)sc;
+        *mn = fp16_to_f32(ld16(sb + 2)) * (float)m;
+        const uint8_t *qs = sb + 16 + 32 * (j / 2);
+        for (int l = 0; l < QB; l++) q[l] = (int8_t)(j & 1 ? qs[l] >> 4 : qs[l] & 0xf);
+    } else if (t == GGML_Q8_0) {
         const uint8_t *blk = row + (size_t)b * GGML_Q8_0_BYTES;
         *d = fp16_to_f32(ld16(blk));
         memcpy(q, blk + 2, QB);
@@ -100,34 +134,37 @@ static void decode_block(enum ggml_type t, const uint8_t *row, int b, int8_t *q,
 }
 
 void qgemm_ref(enum ggml_type t, const void *W, int rows, int cols, const float *x, int n, float *y) {
-    SKV_ASSERT(block32_type(t) && cols % QB == 0);
+    SKV_ASSERT(block32_type(t) && cols % row_unit(t) == 0);
     int nb = cols / QB;
     size_t rs = ggml_row_size(t, cols);
     int8_t xq[QB], wq[QB];
-    float *dx = malloc(sizeof(float) * (size_t)nb);
+    float *dx = malloc(sizeof(float) * (size_t)nb), *mx = malloc(sizeof(float) * (size_t)nb);
     int8_t *xc = malloc((size_t)cols);
-    SKV_ASSERT(dx && xc);
+    SKV_ASSERT(dx && mx && xc);
     for (int i = 0; i < n; i++) {
         for (int b = 0; b < nb; b++) {
             int32_t s;
             quant_xq_block(x + (size_t)i * cols + (size_t)b * QB, xq, &dx[b], &s);
+            mx[b] = dx[b] * (float)s;
             memcpy(xc + (size_t)b * QB, xq, QB);
         }
         for (int r = 0; r < rows; r++) {
             const uint8_t *row = (const uint8_t *)W + rs * r;
             float acc = 0;
             for (int b = 0; b < nb; b++) {
-                float dw;
+                float dw, mw;
                 int32_t ws;
-                decode_block(t, row, b, wq, &dw, &ws);
+                decode_block(t, row, b, wq, &dw, &ws, &mw);
                 int32_t dot = 0;
                 for (int k = 0; k < QB; k++) dot += (int32_t)wq[k] * xc[(size_t)b * QB + k];
                 acc = fmaf((float)dot, dw * dx[b], acc);
+                if (t == GGML_Q4_K) acc = fmaf(-mw, mx[b], acc);
             }
             y[(size_t)i * rows + r] = acc;
         }
     }
     free(dx);
+    free(mx);
     free(xc);
 }
 
@@ -135,8 +172,9 @@ void qgemm_ref(enum ggml_type t, const void *W, int rows, int cols, const float 
 
 /* The packed activations: n_tiles tiles of TT tokens (the last padded with
  * zero codes and zero scales). off: 128 for the VNNI kernel (unsigned
- * codes), 0 for AVX2. */
-static void pack_x(const float *x, int n, int cols, int off, int n_tiles, uint8_t *xp, float *dx) {
+ * codes), 0 for AVX2. mx (laid out as dx): each block's scale times its
+ * code sum, for q4_K's minimums. */
+static void pack_x(const float *x, int n, int cols, int off, int n_tiles, uint8_t *xp, float *dx, float *mx) {
     int nb = cols / QB;
     int total = n_tiles * TT;
     #pragma omp parallel for schedule(static) if ((size_t)n * cols >= 65536)
@@ -145,11 +183,12 @@ static void pack_x(const float *x, int n, int cols, int off, int n_tiles, uint8_
         int8_t q[QB];
         for (int b = 0; b < nb; b++) {
             float d = 0;
-            int32_t s;
+            int32_t s = 0;
             if (t < n) quant_xq_block(x + (size_t)t * cols + (size_t)b * QB, q, &d, &s);
             else memset(q, 0, QB);
             size_t base = (size_t)tile * nb + b;
             dx[base * TT + j] = d;
+            mx[base * TT + j] = d * (float)s;
             uint8_t *dst = xp + base * (QB * TT) + (size_t)j * 4;
             for (int g = 0; g < QB / 4; g++)
                 for (int e = 0; e < 4; e++) dst[(size_t)g * 4 * TT + e] = (uint8_t)(q[g * 4 + e] + off);
@@ -163,6 +202,7 @@ typedef struct {
     int8_t *q;
     float *d;
     int32_t *s;
+    float *m;                /* (RT, nb) minimums (q4_K), or NULL */
 } wtile;
 
 static void decode_tile(enum ggml_type t, const void *W, size_t rs, int r0, int valid, int cols, wtile *w) {
@@ -172,12 +212,16 @@ static void decode_tile(enum ggml_type t, const void *W, size_t rs, int r0, int 
             memset(w->q + (size_t)r * cols, 0, (size_t)cols);
             memset(w->d + (size_t)r * nb, 0, sizeof(float) * nb);
             memset(w->s + (size_t)r * nb, 0, sizeof(int32_t) * nb);
+            if (w->m) memset(w->m + (size_t)r * nb, 0, sizeof(float) * nb);
             continue;
         }
         const uint8_t *row = (const uint8_t *)W + rs * (size_t)(r0 + r);
-        for (int b = 0; b < nb; b++)
+        for (int b = 0; b < nb; b++) {
+            float mn;
             decode_block(t, row, b, w->q + (size_t)r * cols + (size_t)b * QB, &w->d[(size_t)r * nb + b],
-                         &w->s[(size_t)r * nb + b]);
+                         &w->s[(size_t)r * nb + b], &mn);
+            if (w->m) w->m[(size_t)r * nb + b] = mn;
+        }
     }
 }
 
@@ -186,7 +230,8 @@ static void decode_tile(enum ggml_type t, const void *W, size_t rs, int r0, int 
 
 /* 4 rows x 32 tokens (tiles xp0, xp1 with scales dx0, dx1) into out[r][j]. */
 T512 static void kernel512(const wtile *w, int nb, int cols, const uint8_t *xp0, const uint8_t *xp1,
-                           const float *dx0, const float *dx1, float out[RT][2 * TT]) {
+                           const float *dx0, const float *dx1, const float *mx0, const float *mx1,
+                           float out[RT][2 * TT]) {
     __m512 f0a = _mm512_setzero_ps(), f0b = f0a, f1a = f0a, f1b = f0a, f2a = f0a, f2b = f0a, f3a = f0a, f3b = f0a;
     const int8_t *q0 = w->q, *q1 = q0 + cols, *q2 = q1 + cols, *q3 = q2 + cols;
     for (int b = 0; b < nb; b++) {
@@ -225,6 +270,21 @@ T512 static void kernel512(const wtile *w, int nb, int cols, const uint8_t *xp0,
         s = _mm512_set1_ps(w->d[3 * nb + b]);
         f3a = _mm512_fmadd_ps(_mm512_cvtepi32_ps(a3a), _mm512_mul_ps(s, da), f3a);
         f3b = _mm512_fmadd_ps(_mm512_cvtepi32_ps(a3b), _mm512_mul_ps(s, db), f3b);
+        if (w->m) { /* q4_K: each row's block minimum against the tokens' scaled code sums */
+            __m512 ma = _mm512_load_ps(mx0 + (size_t)b * TT), mb = _mm512_load_ps(mx1 + (size_t)b * TT);
+            __m512 m = _mm512_set1_ps(w->m[b]);
+            f0a = _mm512_fnmadd_ps(m, ma, f0a);
+            f0b = _mm512_fnmadd_ps(m, mb, f0b);
+            m = _mm512_set1_ps(w->m[nb + b]);
+            f1a = _mm512_fnmadd_ps(m, ma, f1a);
+            f1b = _mm512_fnmadd_ps(m, mb, f1b);
+            m = _mm512_set1_ps(w->m[2 * nb + b]);
+            f2a = _mm512_fnmadd_ps(m, ma, f2a);
+            f2b = _mm512_fnmadd_ps(m, mb, f2b);
+            m = _mm512_set1_ps(w->m[3 * nb + b]);
+            f3a = _mm512_fnmadd_ps(m, ma, f3a);
+            f3b = _mm512_fnmadd_ps(m, mb, f3b);
+        }
     }
     _mm512_storeu_ps(out[0], f0a); _mm512_storeu_ps(out[0] + TT, f0b);
     _mm512_storeu_ps(out[1], f1a); _mm512_storeu_ps(out[1] + TT, f1b);
@@ -240,7 +300,7 @@ T256 static inline __m256i dot4_256(__m256i wb, __m256i x) {
 }
 
 /* 4 rows x 16 tokens (one tile xp0, scales dx0) into out[r][j], j < 16. */
-T256 static void kernel256(const wtile *w, int nb, int cols, const uint8_t *xp0, const float *dx0,
+T256 static void kernel256(const wtile *w, int nb, int cols, const uint8_t *xp0, const float *dx0, const float *mx0,
                            float out[RT][2 * TT]) {
     __m256 f[RT][2];
     for (int r = 0; r < RT; r++) f[r][0] = f[r][1] = _mm256_setzero_ps();
@@ -263,6 +323,14 @@ T256 static void kernel256(const wtile *w, int nb, int cols, const uint8_t *xp0,
             f[r][0] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(a[r][0]), _mm256_mul_ps(s, da), f[r][0]);
             f[r][1] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(a[r][1]), _mm256_mul_ps(s, db), f[r][1]);
         }
+        if (w->m) { /* q4_K's block minimums */
+            __m256 ma = _mm256_load_ps(mx0 + (size_t)b * TT), mb = _mm256_load_ps(mx0 + (size_t)b * TT + 8);
+            for (int r = 0; r < RT; r++) {
+                __m256 m = _mm256_set1_ps(w->m[(size_t)r * nb + b]);
+                f[r][0] = _mm256_fnmadd_ps(m, ma, f[r][0]);
+                f[r][1] = _mm256_fnmadd_ps(m, mb, f[r][1]);
+            }
+        }
     }
     for (int r = 0; r < RT; r++) {
         _mm256_storeu_ps(out[r], f[r][0]);
@@ -272,13 +340,13 @@ T256 static void kernel256(const wtile *w, int nb, int cols, const uint8_t *xp0,
 
 void qgemm(enum ggml_type t, const void *W, int rows, int cols, const float *x, int n, float *y, skv_workspace *ws) {
     int level = qgemm_level();
-    SKV_ASSERT(block32_type(t) && cols % QB == 0 && n >= 1 && level > 0);
+    SKV_ASSERT(block32_type(t) && cols % row_unit(t) == 0 && n >= 1 && level > 0);
     int nb = cols / QB;
     /* VNNI takes two tiles per call: pad to an even count */
     int n_tiles = (n + TT - 1) / TT;
     if (level == 2) n_tiles += n_tiles & 1;
     size_t xp_bytes = (size_t)n_tiles * TT * cols, dx_bytes = sizeof(float) * (size_t)n_tiles * TT * nb;
-    size_t need = xp_bytes + dx_bytes + 64;
+    size_t need = xp_bytes + 2 * dx_bytes + 64;
     if (ws->qlen < need) {
         free(ws->qbuf);
         ws->qbuf = skv_aligned_alloc(need);
@@ -286,8 +354,8 @@ void qgemm(enum ggml_type t, const void *W, int rows, int cols, const float *x, 
         ws->qlen = need;
     }
     uint8_t *xp = ws->qbuf;
-    float *dx = (float *)(void *)(ws->qbuf + xp_bytes);
-    pack_x(x, n, cols, level == 2 ? 128 : 0, n_tiles, xp, dx);
+    float *dx = (float *)(void *)(ws->qbuf + xp_bytes), *mx = (float *)(void *)(ws->qbuf + xp_bytes + dx_bytes);
+    pack_x(x, n, cols, level == 2 ? 128 : 0, n_tiles, xp, dx, mx);
     size_t rs = ggml_row_size(t, cols);
     int n_rt = (rows + RT - 1) / RT;
     size_t tile_x = (size_t)nb * QB * TT, tile_d = (size_t)nb * TT;
@@ -297,7 +365,8 @@ void qgemm(enum ggml_type t, const void *W, int rows, int cols, const float *x, 
         w.q = skv_aligned_alloc((size_t)RT * cols);
         w.d = malloc(sizeof(float) * RT * (size_t)nb);
         w.s = malloc(sizeof(int32_t) * RT * (size_t)nb);
-        SKV_ASSERT(w.q && w.d && w.s);
+        w.m = t == GGML_Q4_K ? malloc(sizeof(float) * RT * (size_t)nb) : NULL;
+        SKV_ASSERT(w.q && w.d && w.s && (t != GGML_Q4_K || w.m));
         float out[RT][2 * TT];
         #pragma omp for schedule(dynamic, 2)
         for (int rt = 0; rt < n_rt; rt++) {
@@ -307,9 +376,9 @@ void qgemm(enum ggml_type t, const void *W, int rows, int cols, const float *x, 
             for (int tile = 0; tile < n_tiles; tile += step) {
                 if (level == 2)
                     kernel512(&w, nb, cols, xp + tile * tile_x, xp + (tile + 1) * tile_x, dx + tile * tile_d,
-                              dx + (tile + 1) * tile_d, out);
+                              dx + (tile + 1) * tile_d, mx + tile * tile_d, mx + (tile + 1) * tile_d, out);
                 else
-                    kernel256(&w, nb, cols, xp + tile * tile_x, dx + tile * tile_d, out);
+                    kernel256(&w, nb, cols, xp + tile * tile_x, dx + tile * tile_d, mx + tile * tile_d, out);
                 int t0 = tile * TT, nt = step * TT;
                 if (t0 + nt > n) nt = n - t0;
                 for (int j = 0; j < nt; j++)
@@ -319,6 +388,7 @@ void qgemm(enum ggml_type t, const void *W, int rows, int cols, const float *x, 
         free(w.q);
         free(w.d);
         free(w.s);
+        free(w.m);
     }
 }
 
