@@ -1,6 +1,6 @@
 /* test_qgemm: the int8 prefill matmul (kernels/cpu/qgemm.c).
  *
- * For q8_0, q4_0, q5_0 and q4_K weights on random data (rows that are not a
+ * For q8_0, q4_0, q5_0, q4_K and q6_K weights on random data (rows that are not a
  * multiple of the 4-row tile, token counts around the 16-token tile, blocks
  * of zeros, outliers, an inf and a NaN in x): every kernel level the CPU has
  * (AVX2, AVX-512 VNNI) gives qgemm_ref's bits; the product is within the
@@ -141,14 +141,18 @@ int main(void) {
         one_case(types[ti], 8, 256, 33, 1);
         one_case(types[ti], 13, 64, 70, 0);
     }
-    /* q4_K: rows of whole 256-weight super-blocks */
-    one_case(GGML_Q4_K, 37, 256, 16, 0);
-    one_case(GGML_Q4_K, 8, 512, 33, 1);
-    one_case(GGML_Q4_K, 13, 768, 70, 0);
+    /* q4_K and q6_K: rows of whole 256-weight super-blocks */
+    enum ggml_type ktypes[] = {GGML_Q4_K, GGML_Q6_K};
+    for (int ti = 0; ti < 2; ti++) {
+        one_case(ktypes[ti], 37, 256, 16, 0);
+        one_case(ktypes[ti], 8, 512, 33, 1);
+        one_case(ktypes[ti], 13, 768, 70, 0);
+    }
     one_case(GGML_Q8_0, 130, 512, 100, 1);
     nonfinite_case();
-    test_cond("types other than q8_0, q4_0, q5_0 and q4_K are not taken", qgemm_supported(GGML_Q4_K, 64) &&
-              !qgemm_supported(GGML_F32, 64) && !qgemm_supported(GGML_Q6_K, 64));
+    test_cond("q4_K and q6_K are taken; f32, f16 and bf16 are not", qgemm_supported(GGML_Q4_K, 64) &&
+              qgemm_supported(GGML_Q6_K, 64) && !qgemm_supported(GGML_F32, 64) && !qgemm_supported(GGML_F16, 64) &&
+              !qgemm_supported(GGML_BF16, 64));
     test_cond("a batch below one tile of 16 tokens is not taken", !qgemm_supported(GGML_Q8_0, 15));
 
     /* the backend's matmul runs qgemm for a batch of quantized tokens */

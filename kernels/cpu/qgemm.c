@@ -1,5 +1,5 @@
-/* qgemm.c: the prefill matmul of q8_0, q4_0, q5_0 and q4_K weights in int8
- * (qgemm.h).
+/* qgemm.c: the prefill matmul of q8_0, q4_0, q5_0, q4_K and q6_K weights in
+ * int8 (qgemm.h).
  *
  * x is quantized per token to blocks of 32 codes with one scale
  * (quant_xq_block, as the decode matvec quantizes it) and repacked so that
@@ -19,7 +19,9 @@
  * step per block with the x block's scaled code sum (mx = dx · Σq):
  *   acc = fma(-mw[r][b], mx[t][b], acc)
  * after the block's product (so Σ_k w x = d·sc·dx·Σ q·xq − dmin·m·dx·Σ xq,
- * as the decode matvec takes it).
+ * as the decode matvec takes it). q6_K's sub-blocks are 16 weights with an
+ * int8 scale each: a block of 32 runs as two halves (units), each with its
+ * own integer sum, code-sum offset and scale, in order.
  *
  * AVX-512 VNNI (vpdpbusd: unsigned x signed bytes): x is stored as q + 128
  * and each block's int32 sum starts at -128 * (sum of the row's block codes),
@@ -72,15 +74,18 @@ void qgemm_force_level(int level) {
 }
 
 static int block32_type(enum ggml_type t) {
-    return t == GGML_Q8_0 || t == GGML_Q4_0 || t == GGML_Q5_0 || t == GGML_Q4_K;
+    return t == GGML_Q8_0 || t == GGML_Q4_0 || t == GGML_Q5_0 || t == GGML_Q4_K || t == GGML_Q6_K;
 }
+
+/* Scales per block of 32: q6_K's sub-blocks are 16 weights, two to a block. */
+static int units(enum ggml_type t) { return t == GGML_Q6_K ? 2 : 1; }
 
 int qgemm_kernel_level(void) { return qgemm_level(); }
 
 int qgemm_supported(enum ggml_type t, int n) { return block32_type(t) && n >= TT && qgemm_level() > 0; }
 
 /* Columns a row of type t comes in multiples of. */
-static int row_unit(enum ggml_type t) { return t == GGML_Q4_K ? 256 : QB; }
+static int row_unit(enum ggml_type t) { return t == GGML_Q4_K || t == GGML_Q6_K ? 256 : QB; }
 
 /* q4_K: 6-bit scale and min of sub-block j (0..7) from the 12 packed bytes
  * (quant.c's layout: sub-blocks 0-3 in the low 6 bits of bytes 0-3 and 4-7,
@@ -95,12 +100,25 @@ static void k4_scale_min(int j, const uint8_t *s, int *sc, int *m) {
     }
 }
 
-/* Block b of a stored row as 32 signed codes, its scale, the codes' sum and
- * the minimum subtracted from each weight (q4_K; 0 for the others). */
+/* Block b of a stored row as 32 signed codes, the scale and code sum of each
+ * of its units(t) parts (d[u], sum[u]) and the minimum subtracted from each
+ * weight (q4_K; 0 for the others). */
 static void decode_block(enum ggml_type t, const uint8_t *row, int b, int8_t *q, float *d, int32_t *sum, float *mn) {
-    int s = 0;
     *mn = 0;
-    if (t == GGML_Q4_K) {
+    if (t == GGML_Q6_K) { /* the layout of quant.c's dq_q6_K */
+        const uint8_t *sb = row + (size_t)(b / 8) * GGML_Q6_K_BYTES;
+        int h = (b % 8) / 4, k = b % 4;
+        const uint8_t *ql = sb + 64 * h, *qh = sb + 128 + 32 * h;
+        const int8_t *sc = (const int8_t *)(const void *)(sb + 192);
+        float dd = fp16_to_f32(ld16(sb + 208));
+        for (int l = 0; l < QB; l++) {
+            int lo = k & 1 ? ql[l + 32] : ql[l];
+            lo = k & 2 ? lo >> 4 : lo & 0xf;
+            q[l] = (int8_t)((lo | (((qh[l] >> (2 * k)) & 3) << 4)) - 32);
+        }
+        d[0] = dd * (float)sc[8 * h + 2 * k];
+        d[1] = dd * (float)sc[8 * h + 2 * k + 1];
+    } else if (t == GGML_Q4_K) {
         const uint8_t *sb = row + (size_t)(b / 8) * GGML_Q4_K_BYTES;
         int j = b % 8, sc, m;
         k4_scale_min(j, sb + 4, &sc, &m);
@@ -129,8 +147,12 @@ static void decode_block(enum ggml_type t, const uint8_t *row, int b, int8_t *q,
             q[j + QB / 2] = (int8_t)(((blk[6 + j] >> 4) | h1) - 16);
         }
     }
-    for (int j = 0; j < QB; j++) s += q[j];
-    *sum = s;
+    int nu = units(t), len = QB / nu;
+    for (int u = 0; u < nu; u++) {
+        int acc = 0;
+        for (int j = 0; j < len; j++) acc += q[u * len + j];
+        sum[u] = acc;
+    }
 }
 
 void qgemm_ref(enum ggml_type t, const void *W, int rows, int cols, const float *x, int n, float *y) {
@@ -152,12 +174,15 @@ void qgemm_ref(enum ggml_type t, const void *W, int rows, int cols, const float 
             const uint8_t *row = (const uint8_t *)W + rs * r;
             float acc = 0;
             for (int b = 0; b < nb; b++) {
-                float dw, mw;
-                int32_t ws;
-                decode_block(t, row, b, wq, &dw, &ws, &mw);
-                int32_t dot = 0;
-                for (int k = 0; k < QB; k++) dot += (int32_t)wq[k] * xc[(size_t)b * QB + k];
-                acc = fmaf((float)dot, dw * dx[b], acc);
+                float dw[2], mw;
+                int32_t ws[2];
+                decode_block(t, row, b, wq, dw, ws, &mw);
+                int nu = units(t), len = QB / nu;
+                for (int u = 0; u < nu; u++) {
+                    int32_t dot = 0;
+                    for (int k = u * len; k < (u + 1) * len; k++) dot += (int32_t)wq[k] * xc[(size_t)b * QB + k];
+                    acc = fmaf((float)dot, dw[u] * dx[b], acc);
+                }
                 if (t == GGML_Q4_K) acc = fmaf(-mw, mx[b], acc);
             }
             y[(size_t)i * rows + r] = acc;
@@ -203,6 +228,7 @@ typedef struct {
     float *d;
     int32_t *s;
     float *m;                /* (RT, nb) minimums (q4_K), or NULL */
+    int nu;                  /* scales per block (d and s are (RT, nb*nu)) */
 } wtile;
 
 static void decode_tile(enum ggml_type t, const void *W, size_t rs, int r0, int valid, int cols, wtile *w) {
@@ -210,16 +236,16 @@ static void decode_tile(enum ggml_type t, const void *W, size_t rs, int r0, int 
     for (int r = 0; r < RT; r++) {
         if (r >= valid) {
             memset(w->q + (size_t)r * cols, 0, (size_t)cols);
-            memset(w->d + (size_t)r * nb, 0, sizeof(float) * nb);
-            memset(w->s + (size_t)r * nb, 0, sizeof(int32_t) * nb);
+            memset(w->d + (size_t)r * nb * w->nu, 0, sizeof(float) * nb * w->nu);
+            memset(w->s + (size_t)r * nb * w->nu, 0, sizeof(int32_t) * nb * w->nu);
             if (w->m) memset(w->m + (size_t)r * nb, 0, sizeof(float) * nb);
             continue;
         }
         const uint8_t *row = (const uint8_t *)W + rs * (size_t)(r0 + r);
         for (int b = 0; b < nb; b++) {
             float mn;
-            decode_block(t, row, b, w->q + (size_t)r * cols + (size_t)b * QB, &w->d[(size_t)r * nb + b],
-                         &w->s[(size_t)r * nb + b], &mn);
+            size_t at = ((size_t)r * nb + b) * w->nu;
+            decode_block(t, row, b, w->q + (size_t)r * cols + (size_t)b * QB, &w->d[at], &w->s[at], &mn);
             if (w->m) w->m[(size_t)r * nb + b] = mn;
         }
     }
@@ -234,42 +260,48 @@ T512 static void kernel512(const wtile *w, int nb, int cols, const uint8_t *xp0,
                            float out[RT][2 * TT]) {
     __m512 f0a = _mm512_setzero_ps(), f0b = f0a, f1a = f0a, f1b = f0a, f2a = f0a, f2b = f0a, f3a = f0a, f3b = f0a;
     const int8_t *q0 = w->q, *q1 = q0 + cols, *q2 = q1 + cols, *q3 = q2 + cols;
+    int nu = w->nu, nbu = nb * nu, gu = QB / 4 / nu;
     for (int b = 0; b < nb; b++) {
-        __m512i a0a = _mm512_set1_epi32(-128 * w->s[b]), a0b = a0a;
-        __m512i a1a = _mm512_set1_epi32(-128 * w->s[nb + b]), a1b = a1a;
-        __m512i a2a = _mm512_set1_epi32(-128 * w->s[2 * nb + b]), a2b = a2a;
-        __m512i a3a = _mm512_set1_epi32(-128 * w->s[3 * nb + b]), a3b = a3a;
         const uint8_t *p0 = xp0 + (size_t)b * (QB * TT), *p1 = xp1 + (size_t)b * (QB * TT);
         const int8_t *c0 = q0 + (size_t)b * QB, *c1 = q1 + (size_t)b * QB, *c2 = q2 + (size_t)b * QB,
                      *c3 = q3 + (size_t)b * QB;
-        for (int g = 0; g < QB / 4; g++) {
-            __m512i xa = _mm512_load_si512((const void *)(p0 + g * 64)), xb = _mm512_load_si512((const void *)(p1 + g * 64));
-            __m512i v = _mm512_set1_epi32((int)ld32((const uint8_t *)c0 + 4 * g));
-            a0a = _mm512_dpbusd_epi32(a0a, xa, v);
-            a0b = _mm512_dpbusd_epi32(a0b, xb, v);
-            v = _mm512_set1_epi32((int)ld32((const uint8_t *)c1 + 4 * g));
-            a1a = _mm512_dpbusd_epi32(a1a, xa, v);
-            a1b = _mm512_dpbusd_epi32(a1b, xb, v);
-            v = _mm512_set1_epi32((int)ld32((const uint8_t *)c2 + 4 * g));
-            a2a = _mm512_dpbusd_epi32(a2a, xa, v);
-            a2b = _mm512_dpbusd_epi32(a2b, xb, v);
-            v = _mm512_set1_epi32((int)ld32((const uint8_t *)c3 + 4 * g));
-            a3a = _mm512_dpbusd_epi32(a3a, xa, v);
-            a3b = _mm512_dpbusd_epi32(a3b, xb, v);
-        }
         __m512 da = _mm512_load_ps(dx0 + (size_t)b * TT), db = _mm512_load_ps(dx1 + (size_t)b * TT);
-        __m512 s = _mm512_set1_ps(w->d[b]);
-        f0a = _mm512_fmadd_ps(_mm512_cvtepi32_ps(a0a), _mm512_mul_ps(s, da), f0a);
-        f0b = _mm512_fmadd_ps(_mm512_cvtepi32_ps(a0b), _mm512_mul_ps(s, db), f0b);
-        s = _mm512_set1_ps(w->d[nb + b]);
-        f1a = _mm512_fmadd_ps(_mm512_cvtepi32_ps(a1a), _mm512_mul_ps(s, da), f1a);
-        f1b = _mm512_fmadd_ps(_mm512_cvtepi32_ps(a1b), _mm512_mul_ps(s, db), f1b);
-        s = _mm512_set1_ps(w->d[2 * nb + b]);
-        f2a = _mm512_fmadd_ps(_mm512_cvtepi32_ps(a2a), _mm512_mul_ps(s, da), f2a);
-        f2b = _mm512_fmadd_ps(_mm512_cvtepi32_ps(a2b), _mm512_mul_ps(s, db), f2b);
-        s = _mm512_set1_ps(w->d[3 * nb + b]);
-        f3a = _mm512_fmadd_ps(_mm512_cvtepi32_ps(a3a), _mm512_mul_ps(s, da), f3a);
-        f3b = _mm512_fmadd_ps(_mm512_cvtepi32_ps(a3b), _mm512_mul_ps(s, db), f3b);
+        /* one pass per scale unit: the whole block, or q6_K's two halves */
+        for (int u = 0; u < nu; u++) {
+            int bu = b * nu + u;
+            __m512i a0a = _mm512_set1_epi32(-128 * w->s[bu]), a0b = a0a;
+            __m512i a1a = _mm512_set1_epi32(-128 * w->s[nbu + bu]), a1b = a1a;
+            __m512i a2a = _mm512_set1_epi32(-128 * w->s[2 * nbu + bu]), a2b = a2a;
+            __m512i a3a = _mm512_set1_epi32(-128 * w->s[3 * nbu + bu]), a3b = a3a;
+            for (int g = u * gu; g < (u + 1) * gu; g++) {
+                __m512i xa = _mm512_load_si512((const void *)(p0 + g * 64)),
+                        xb = _mm512_load_si512((const void *)(p1 + g * 64));
+                __m512i v = _mm512_set1_epi32((int)ld32((const uint8_t *)c0 + 4 * g));
+                a0a = _mm512_dpbusd_epi32(a0a, xa, v);
+                a0b = _mm512_dpbusd_epi32(a0b, xb, v);
+                v = _mm512_set1_epi32((int)ld32((const uint8_t *)c1 + 4 * g));
+                a1a = _mm512_dpbusd_epi32(a1a, xa, v);
+                a1b = _mm512_dpbusd_epi32(a1b, xb, v);
+                v = _mm512_set1_epi32((int)ld32((const uint8_t *)c2 + 4 * g));
+                a2a = _mm512_dpbusd_epi32(a2a, xa, v);
+                a2b = _mm512_dpbusd_epi32(a2b, xb, v);
+                v = _mm512_set1_epi32((int)ld32((const uint8_t *)c3 + 4 * g));
+                a3a = _mm512_dpbusd_epi32(a3a, xa, v);
+                a3b = _mm512_dpbusd_epi32(a3b, xb, v);
+            }
+            __m512 s = _mm512_set1_ps(w->d[bu]);
+            f0a = _mm512_fmadd_ps(_mm512_cvtepi32_ps(a0a), _mm512_mul_ps(s, da), f0a);
+            f0b = _mm512_fmadd_ps(_mm512_cvtepi32_ps(a0b), _mm512_mul_ps(s, db), f0b);
+            s = _mm512_set1_ps(w->d[nbu + bu]);
+            f1a = _mm512_fmadd_ps(_mm512_cvtepi32_ps(a1a), _mm512_mul_ps(s, da), f1a);
+            f1b = _mm512_fmadd_ps(_mm512_cvtepi32_ps(a1b), _mm512_mul_ps(s, db), f1b);
+            s = _mm512_set1_ps(w->d[2 * nbu + bu]);
+            f2a = _mm512_fmadd_ps(_mm512_cvtepi32_ps(a2a), _mm512_mul_ps(s, da), f2a);
+            f2b = _mm512_fmadd_ps(_mm512_cvtepi32_ps(a2b), _mm512_mul_ps(s, db), f2b);
+            s = _mm512_set1_ps(w->d[3 * nbu + bu]);
+            f3a = _mm512_fmadd_ps(_mm512_cvtepi32_ps(a3a), _mm512_mul_ps(s, da), f3a);
+            f3b = _mm512_fmadd_ps(_mm512_cvtepi32_ps(a3b), _mm512_mul_ps(s, db), f3b);
+        }
         if (w->m) { /* q4_K: each row's block minimum against the tokens' scaled code sums */
             __m512 ma = _mm512_load_ps(mx0 + (size_t)b * TT), mb = _mm512_load_ps(mx1 + (size_t)b * TT);
             __m512 m = _mm512_set1_ps(w->m[b]);
@@ -304,24 +336,29 @@ T256 static void kernel256(const wtile *w, int nb, int cols, const uint8_t *xp0,
                            float out[RT][2 * TT]) {
     __m256 f[RT][2];
     for (int r = 0; r < RT; r++) f[r][0] = f[r][1] = _mm256_setzero_ps();
+    int nu = w->nu, nbu = nb * nu, gu = QB / 4 / nu;
     for (int b = 0; b < nb; b++) {
-        __m256i a[RT][2];
-        for (int r = 0; r < RT; r++) a[r][0] = a[r][1] = _mm256_setzero_si256();
         const uint8_t *p0 = xp0 + (size_t)b * (QB * TT);
-        for (int g = 0; g < QB / 4; g++) {
-            __m256i xa = _mm256_load_si256((const __m256i *)(const void *)(p0 + g * 64));
-            __m256i xb = _mm256_load_si256((const __m256i *)(const void *)(p0 + g * 64 + 32));
-            for (int r = 0; r < RT; r++) {
-                __m256i v = _mm256_set1_epi32((int)ld32((const uint8_t *)w->q + (size_t)r * cols + (size_t)b * QB + 4 * g));
-                a[r][0] = _mm256_add_epi32(a[r][0], dot4_256(v, xa));
-                a[r][1] = _mm256_add_epi32(a[r][1], dot4_256(v, xb));
-            }
-        }
         __m256 da = _mm256_load_ps(dx0 + (size_t)b * TT), db = _mm256_load_ps(dx0 + (size_t)b * TT + 8);
-        for (int r = 0; r < RT; r++) {
-            __m256 s = _mm256_set1_ps(w->d[(size_t)r * nb + b]);
-            f[r][0] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(a[r][0]), _mm256_mul_ps(s, da), f[r][0]);
-            f[r][1] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(a[r][1]), _mm256_mul_ps(s, db), f[r][1]);
+        for (int u = 0; u < nu; u++) {
+            int bu = b * nu + u;
+            __m256i a[RT][2];
+            for (int r = 0; r < RT; r++) a[r][0] = a[r][1] = _mm256_setzero_si256();
+            for (int g = u * gu; g < (u + 1) * gu; g++) {
+                __m256i xa = _mm256_load_si256((const __m256i *)(const void *)(p0 + g * 64));
+                __m256i xb = _mm256_load_si256((const __m256i *)(const void *)(p0 + g * 64 + 32));
+                for (int r = 0; r < RT; r++) {
+                    __m256i v =
+                        _mm256_set1_epi32((int)ld32((const uint8_t *)w->q + (size_t)r * cols + (size_t)b * QB + 4 * g));
+                    a[r][0] = _mm256_add_epi32(a[r][0], dot4_256(v, xa));
+                    a[r][1] = _mm256_add_epi32(a[r][1], dot4_256(v, xb));
+                }
+            }
+            for (int r = 0; r < RT; r++) {
+                __m256 s = _mm256_set1_ps(w->d[(size_t)r * nbu + bu]);
+                f[r][0] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(a[r][0]), _mm256_mul_ps(s, da), f[r][0]);
+                f[r][1] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(a[r][1]), _mm256_mul_ps(s, db), f[r][1]);
+            }
         }
         if (w->m) { /* q4_K's block minimums */
             __m256 ma = _mm256_load_ps(mx0 + (size_t)b * TT), mb = _mm256_load_ps(mx0 + (size_t)b * TT + 8);
@@ -363,8 +400,9 @@ void qgemm(enum ggml_type t, const void *W, int rows, int cols, const float *x, 
     {
         wtile w;
         w.q = skv_aligned_alloc((size_t)RT * cols);
-        w.d = malloc(sizeof(float) * RT * (size_t)nb);
-        w.s = malloc(sizeof(int32_t) * RT * (size_t)nb);
+        w.nu = units(t);
+        w.d = malloc(sizeof(float) * RT * (size_t)nb * w.nu);
+        w.s = malloc(sizeof(int32_t) * RT * (size_t)nb * w.nu);
         w.m = t == GGML_Q4_K ? malloc(sizeof(float) * RT * (size_t)nb) : NULL;
         SKV_ASSERT(w.q && w.d && w.s && (t != GGML_Q4_K || w.m));
         float out[RT][2 * TT];

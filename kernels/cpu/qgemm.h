@@ -1,8 +1,9 @@
 /* qgemm.h: the batched (prefill) matmul of quantized weights in int8.
  *
  * y (n, rows) = x (n, cols) · Wᵀ for W in q8_0, q4_0 or q5_0 (blocks of 32
- * weights with one scale) or q4_K (sub-blocks of 32 with a scale and a
- * minimum, 8 to a super-block of 256): x is quantized to the same blocks (int8 codes,
+ * weights with one scale), q4_K (sub-blocks of 32 with a scale and a
+ * minimum, 8 to a super-block of 256) or q6_K (sub-blocks of 16 with a
+ * scale, 16 to a super-block): x is quantized to the same blocks (int8 codes,
  * scale amax/127, as quant_matvec does for a single token), and each block
  * of a weight row meets each token's block in integer arithmetic (AVX-512
  * VNNI: 16 tokens per instruction against four broadcast weights), the
@@ -27,9 +28,10 @@ void qgemm(enum ggml_type t, const void *W, int rows, int cols, const float *x, 
 
 /* The same product through plain scalar code on one thread: the reference
  * the test compares qgemm with. Each (token, row) is the sum over blocks of
- * float(int32 block dot) * (weight scale * x scale), in block order (for
- * q4_K each block then less its minimum times the x block's scaled code
- * sum, one fused step). */
+ * float(int32 block dot) * (weight scale * x scale), in block order (q6_K:
+ * the two halves of a block one after the other, each with its scale; q4_K:
+ * each block then less its minimum times the x block's scaled code sum, one
+ * fused step). */
 void qgemm_ref(enum ggml_type t, const void *W, int rows, int cols, const float *x, int n, float *y);
 
 /* Tests: run the kernel of `level` (1 AVX2, 2 AVX-512 VNNI; 0 none) when
