@@ -88,5 +88,37 @@ int main(void) {
     test_cond("a policy flag of another policy is ignored", kv_new(&d, &sh, &c) == 0 && c && c->policy == &kv_policy_dense);
     test_cond("a policy without a stat reports NaN", c && isnan(kv_stat(c, "hit_rate")));
     kv_free(c);
+
+    /* --f16-kv: half the resident bytes on the CPU; refused, naming the
+     * backend, where the half-precision cache ops are missing */
+    kv_opts_default(&d);
+    kv_opts_set(&d, "f16", "1", 1);
+    float kv[2 * 8] = {0.5f, -1, 2, 0.25f, 3, -0.125f, 1, 0}, q[2 * 8] = {1, 0, 0, 0, 0, 0, 0, 1}, out[2 * 8];
+    size_t res16 = 0, res32 = 0, off = 0;
+    c = NULL;
+    int rc = kv_new(&d, &sh, &c);
+    if (!rc) rc = c->cls->append(c, 0, 0, 1, kv, kv, kv);
+    if (!rc) rc = c->cls->attend(c, 0, 0, 1, q, out);
+    if (c) c->cls->bytes(c, &res16, &off);
+    kv_free(c);
+    kv_opts_default(&d);
+    c = NULL;
+    if (!kv_new(&d, &sh, &c)) {
+        c->cls->append(c, 0, 0, 1, kv, kv, kv);
+        c->cls->bytes(c, &res32, &off);
+    }
+    kv_free(c);
+    test_cond("dense --f16-kv stores, attends one position (its value back) and holds half the bytes",
+              rc == 0 && out[0] == 0.5f && out[3] == 0.25f && out[8 + 5] == -0.125f && res16 * 2 == res32 && res32 > 0);
+    skv_backend nohalf = skv_backend_cpu;
+    nohalf.name = "nohalf";
+    nohalf.attend_decode_h = NULL;
+    kv_shape sh2 = sh;
+    sh2.be = &nohalf;
+    kv_opts_set(&d, "f16", "1", 1);
+    c = NULL;
+    test_cond("dense --f16-kv on a backend without the half-precision ops: refused with one line naming it",
+              kv_new(&d, &sh2, &c) == SKV_EUNSUPPORTED && strstr(skv_last_error(), "--f16-kv") &&
+                  strstr(skv_last_error(), "nohalf") && !strchr(skv_last_error(), '\n') && !c);
     return test_report("test_policy");
 }
