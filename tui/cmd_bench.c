@@ -20,8 +20,9 @@ static void help(FILE *o) {
                "(K and V bytes exact attention would read / the time it took), beside the host\n"
                "memory's copy bandwidth measured in the same run (0: not measured). Then the\n"
                "decode roofline: the weight bytes a step reads, a dense cache's K and V bytes\n"
-               "(f32; f16 with --kv dense --f16-kv) at the mean decode context, the memory's read bandwidth with these threads\n"
-               "(measured here) and the tok/s that bandwidth allows a dense decode.\n"
+               "(f32; f16 with --kv dense --f16-kv) at the mean decode context, the memory's\n"
+               "read bandwidth with these threads (measured here) and the tok/s that bandwidth\n"
+               "allows a dense decode.\n"
                "The best of R repeats (default 1) is reported.\n\n");
     cli_gen_help(o, 0);
     fprintf(o, "  -n N                  decode steps (default 64)\n"

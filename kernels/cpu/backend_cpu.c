@@ -177,8 +177,6 @@ static void cpu_add(float *y, const float *x, size_t len) {
     for (long long i = 0; i < n; i++) y[i] += x[i];
 }
 
-static void vec_exp_nonpos(float *x, int n);
-
 /* gate = silu(gate) * up over n values, silu(g) = g / (1 + e^-g) computed
  * from t = e^-|g| (an argument <= 0, the softmax's vector exp): g / (1 + t)
  * for g >= 0, g t / (1 + t) below. */
@@ -234,24 +232,11 @@ static void cpu_attend_rows(const float *q, const float *K, const float *V, int 
 /* Softmax of row[0..len) in place (float sums: len <= the context), zeros
  * in [len, L): the causal mask of one query. */
 static void softmax_causal(float *row, int len, int L) {
-    /* eight running maxima and sums: independent chains the compiler can keep in one vector register */
-    float m8[8], s8[8];
-    for (int u = 0; u < 8; u++) { m8[u] = -INFINITY; s8[u] = 0; }
-    int j = 0;
-    for (; j + 8 <= len; j += 8)
-        for (int u = 0; u < 8; u++) m8[u] = row[j + u] > m8[u] ? row[j + u] : m8[u];
-    float mx = -INFINITY;
-    for (int u = 0; u < 8; u++) mx = m8[u] > mx ? m8[u] : mx;
-    for (; j < len; j++) mx = row[j] > mx ? row[j] : mx;
-    for (j = 0; j < len; j++) row[j] -= mx;
+    float mx = vec_max(row, len);
+    for (int j = 0; j < len; j++) row[j] -= mx;
     vec_exp_nonpos(row, len);
-    for (j = 0; j + 8 <= len; j += 8)
-        for (int u = 0; u < 8; u++) s8[u] += row[j + u];
-    float sum = 0;
-    for (int u = 0; u < 8; u++) sum += s8[u];
-    for (; j < len; j++) sum += row[j];
-    float inv = 1.0f / sum;
-    for (j = 0; j < len; j++) row[j] *= inv;
+    float inv = 1.0f / vec_sum(row, len);
+    for (int j = 0; j < len; j++) row[j] *= inv;
     if (L > len) memset(row + len, 0, sizeof(float) * (size_t)(L - len));
 }
 
@@ -259,6 +244,19 @@ static void softmax_causal(float *row, int len, int L) {
  * rows are each read once and used for every query head of the group while
  * in L1; the exp is the vectorized one of the prefill softmax. */
 #define GROUP_MAX 64
+
+/* Rows j..j+3 of X (rows stride apart) as f32: pointers into X, or, for
+ * half-precision rows, into w4 where they are widened. */
+static inline __attribute__((always_inline)) void rows4(const void *X, int half, int j, int stride, int d,
+                                                        float w4[4][256], const float *out[4]) {
+    for (int r = 0; r < 4; r++) {
+        out[r] = (const float *)X + (size_t)(j + r) * stride;
+        if (half) {
+            vec_from_f16(w4[r], (const uint16_t *)X + (size_t)(j + r) * stride, d);
+            out[r] = w4[r];
+        }
+    }
+}
 /* K and V are f32 rows, or half-precision rows (the f16 dense cache) when
  * half: the same sums in the same order on the widened values, so the two
  * give the same bits on f16-representable data. Inlined with a constant
@@ -282,13 +280,7 @@ static inline __attribute__((always_inline)) void attend_group_t(const float *q,
         float w4[4][256] __attribute__((aligned(32)));
         for (; j + 4 <= n; j += 4) {
             const float *kr[4];
-            for (int r = 0; r < 4; r++) {
-                kr[r] = (const float *)K + (size_t)(j + r) * stride;
-                if (half) {
-                    vec_from_f16(w4[r], (const uint16_t *)K + (size_t)(j + r) * stride, d);
-                    kr[r] = w4[r];
-                }
-            }
+            rows4(K, half, j, stride, d, w4, kr);
             for (int a = 0; a < g; a++) {
                 const float *qa = q + (size_t)a * d;
                 __m256 c0 = _mm256_setzero_ps(), c1 = c0, c2 = c0, c3 = c0;
@@ -335,13 +327,7 @@ static inline __attribute__((always_inline)) void attend_group_t(const float *q,
         float w4[4][256] __attribute__((aligned(32)));
         for (; j + 4 <= n; j += 4) {
             const float *vr[4];
-            for (int r = 0; r < 4; r++) {
-                vr[r] = (const float *)V + (size_t)(j + r) * stride;
-                if (half) {
-                    vec_from_f16(w4[r], (const uint16_t *)V + (size_t)(j + r) * stride, d);
-                    vr[r] = w4[r];
-                }
-            }
+            rows4(V, half, j, stride, d, w4, vr);
             for (int a = 0; a < g; a++) {
                 const float *sa = s + (size_t)a * n + j;
                 __m256 p0 = _mm256_set1_ps(sa[0]), p1 = _mm256_set1_ps(sa[1]), p2 = _mm256_set1_ps(sa[2]),

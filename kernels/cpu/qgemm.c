@@ -87,45 +87,14 @@ int qgemm_supported(enum ggml_type t, int n) { return block32_type(t) && n >= TT
 /* Columns a row of type t comes in multiples of. */
 static int row_unit(enum ggml_type t) { return t == GGML_Q4_K || t == GGML_Q6_K ? 256 : QB; }
 
-/* q4_K: 6-bit scale and min of sub-block j (0..7) from the 12 packed bytes
- * (quant.c's layout: sub-blocks 0-3 in the low 6 bits of bytes 0-3 and 4-7,
- * sub-blocks 4-7 low 4 bits in bytes 8-11, top 2 bits in bytes 0-7's tops). */
-static void k4_scale_min(int j, const uint8_t *s, int *sc, int *m) {
-    if (j < 4) {
-        *sc = s[j] & 63;
-        *m = s[j + 4] & 63;
-    } else {
-        *sc = (s[j + 4] & 0xf) | ((s[j - 4] >> 6) << 4);
-        *m = (s[j + 4] >> 4) | ((s[j] >> 6) << 4);
-    }
-}
-
 /* Block b of a stored row as 32 signed codes, the scale and code sum of each
  * of its units(t) parts (d[u], sum[u]) and the minimum subtracted from each
  * weight (q4_K; 0 for the others). */
 static void decode_block(enum ggml_type t, const uint8_t *row, int b, int8_t *q, float *d, int32_t *sum, float *mn) {
     *mn = 0;
-    if (t == GGML_Q6_K) { /* the layout of quant.c's dq_q6_K */
-        const uint8_t *sb = row + (size_t)(b / 8) * GGML_Q6_K_BYTES;
-        int h = (b % 8) / 4, k = b % 4;
-        const uint8_t *ql = sb + 64 * h, *qh = sb + 128 + 32 * h;
-        const int8_t *sc = (const int8_t *)(const void *)(sb + 192);
-        float dd = fp16_to_f32(ld16(sb + 208));
-        for (int l = 0; l < QB; l++) {
-            int lo = k & 1 ? ql[l + 32] : ql[l];
-            lo = k & 2 ? lo >> 4 : lo & 0xf;
-            q[l] = (int8_t)((lo | (((qh[l] >> (2 * k)) & 3) << 4)) - 32);
-        }
-        d[0] = dd * (float)sc[8 * h + 2 * k];
-        d[1] = dd * (float)sc[8 * h + 2 * k + 1];
-    } else if (t == GGML_Q4_K) {
-        const uint8_t *sb = row + (size_t)(b / 8) * GGML_Q4_K_BYTES;
-        int j = b % 8, sc, m;
-        k4_scale_min(j, sb + 4, &sc, &m);
-        *d = fp16_to_f32(ld16(sb)) * (float)sc;
-        *mn = fp16_to_f32(ld16(sb + 2)) * (float)m;
-        const uint8_t *qs = sb + 16 + 32 * (j / 2);
-        for (int l = 0; l < QB; l++) q[l] = (int8_t)(j & 1 ? qs[l] >> 4 : qs[l] & 0xf);
+    if (t == GGML_Q4_K || t == GGML_Q6_K) {
+        size_t sb_bytes = t == GGML_Q4_K ? GGML_Q4_K_BYTES : GGML_Q6_K_BYTES;
+        quant_kblock(t, row + (size_t)(b / 8) * sb_bytes, b % 8, q, d, mn);
     } else if (t == GGML_Q8_0) {
         const uint8_t *blk = row + (size_t)b * GGML_Q8_0_BYTES;
         *d = fp16_to_f32(ld16(blk));

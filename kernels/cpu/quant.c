@@ -156,6 +156,32 @@ static inline void k4_scale_min(int j, const uint8_t *s, int *sc, int *m) {
     }
 }
 
+void quant_kblock(enum ggml_type t, const uint8_t *sb, int j, int8_t *q, float *d, float *mn) {
+    if (t == GGML_Q4_K) {
+        int sc, m;
+        k4_scale_min(j, sb + 4, &sc, &m);
+        const uint8_t *qs = sb + 16 + 32 * (j / 2);
+        for (int l = 0; l < QK; l++) q[l] = (int8_t)(j & 1 ? qs[l] >> 4 : qs[l] & 0xf);
+        d[0] = h2f(sb) * (float)sc;
+        *mn = h2f(sb + 2) * (float)m;
+        return;
+    }
+    SKV_ASSERT(t == GGML_Q6_K);
+    /* run k of half h holds sub-blocks 8h+2k and 8h+2k+1 of 16 */
+    int h = j / 4, k = j % 4;
+    const uint8_t *ql = sb + 64 * h, *qh = sb + 128 + 32 * h;
+    const int8_t *sc = (const int8_t *)(sb + 192);
+    for (int l = 0; l < QK; l++) {
+        int lo = k & 1 ? ql[l + 32] : ql[l];
+        lo = k & 2 ? lo >> 4 : lo & 0xf;
+        q[l] = (int8_t)((lo | (((qh[l] >> (2 * k)) & 3) << 4)) - 32);
+    }
+    float dd = h2f(sb + 208);
+    d[0] = dd * (float)sc[8 * h + 2 * k];
+    d[1] = dd * (float)sc[8 * h + 2 * k + 1];
+    *mn = 0;
+}
+
 static void dq_q4_K(const uint8_t *b, float *y, size_t nb) {
     for (size_t i = 0; i < nb; i++, b += Q4_K_BYTES) {
         float d = h2f(b), dmin = h2f(b + 2);
@@ -456,17 +482,14 @@ static float ref_qdot_q5_0(const uint8_t *w, const xq8 *x, size_t n) {
 static float ref_qdot_q4_K(const uint8_t *w, const xq8 *x, size_t n) {
     float acc[4][8] = {{0}}, accm[8] = {0};
     for (size_t i = 0; i < n / QK_K; i++, w += Q4_K_BYTES) {
-        float d = h2f(w), dmin = h2f(w + 2);
         for (int j = 0; j < 8; j++) {
             size_t b = 8 * i + (size_t)j;
-            int sc, m;
-            k4_scale_min(j, w + 4, &sc, &m);
-            const uint8_t *q = w + 16 + 32 * (j / 2);
             int8_t v[QK];
-            for (int l = 0; l < QK; l++) v[l] = (int8_t)(j & 1 ? q[l] >> 4 : q[l] & 0xf);
-            float s = (d * (float)sc) * x->d[b];
+            float dq, mn;
+            quant_kblock(GGML_Q4_K, w, j, v, &dq, &mn);
+            float s = dq * x->d[b];
             ref_lanes(acc[j & 3], v, x->q + QK * b, s, s);
-            accm[j] = fmaf((float)x->s[b], (dmin * (float)m) * x->d[b], accm[j]);
+            accm[j] = fmaf((float)x->s[b], mn * x->d[b], accm[j]);
         }
     }
     return ref_lanes_sum(acc) - ref_hsum8(accm);
@@ -477,22 +500,12 @@ static float ref_qdot_q4_K(const uint8_t *w, const xq8 *x, size_t n) {
 static float ref_qdot_q6_K(const uint8_t *w, const xq8 *x, size_t n) {
     float acc[4][8] = {{0}};
     for (size_t i = 0; i < n / QK_K; i++, w += Q6_K_BYTES) {
-        const int8_t *sc = (const int8_t *)(w + 192);
-        float d = h2f(w + 208);
-        for (int h = 0; h < 2; h++) {
-            const uint8_t *ql = w + 64 * h, *qh = w + 128 + 32 * h;
-            for (int k = 0; k < 4; k++) {
-                size_t b = 8 * i + 4 * (size_t)h + (size_t)k;
-                int8_t v[QK];
-                for (int l = 0; l < QK; l++) {
-                    int lo = k & 1 ? ql[l + 32] : ql[l];
-                    lo = k & 2 ? lo >> 4 : lo & 0xf;
-                    v[l] = (int8_t)((lo | (((qh[l] >> (2 * k)) & 3) << 4)) - 32);
-                }
-                float s0 = (d * (float)sc[8 * h + 2 * k]) * x->d[b];
-                float s1 = (d * (float)sc[8 * h + 2 * k + 1]) * x->d[b];
-                ref_lanes(acc[k], v, x->q + QK * b, s0, s1);
-            }
+        for (int j = 0; j < 8; j++) {
+            size_t b = 8 * i + (size_t)j;
+            int8_t v[QK];
+            float dq[2], mn;
+            quant_kblock(GGML_Q6_K, w, j, v, dq, &mn);
+            ref_lanes(acc[j % 4], v, x->q + QK * b, dq[0] * x->d[b], dq[1] * x->d[b]);
         }
     }
     return ref_lanes_sum(acc);
@@ -909,8 +922,6 @@ static qdot_fn qdot_for(enum ggml_type t, int ref, int *sh) {
     }
 }
 
-/* y[r] = row r of W . x for r < rows, the integer kernels for quantized t;
- * ref: scalar kernels on one thread. */
 /* x (n) quantized into xq for the integer-dot kernels. Its buffers are the
  * caller's when n <= XQ_STACK and xq already points at them; otherwise one
  * heap block, returned for the caller to free (NULL when none). sh is the
@@ -943,6 +954,8 @@ static uint8_t *xq_quantize(const float *x, size_t n, int sh, int ref, xq8 *xq) 
     return heap;
 }
 
+/* y[r] = row r of W . x for r < rows, the integer kernels for quantized t;
+ * ref: scalar kernels on one thread. */
 static void matvec(enum ggml_type t, const void *W, size_t rows, size_t n, const float *x, float *y, int ref) {
     size_t rs = ggml_row_size(t, n);
     SKV_ASSERT(quant_supported(t) && (rs != 0 || n == 0));

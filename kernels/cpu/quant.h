@@ -43,6 +43,13 @@ void quant_matvec(enum ggml_type t, const void *W, size_t rows, size_t n, const 
  * codes' sum *s. */
 void quant_xq_block(const float *x, int8_t *q, float *d, int32_t *s);
 
+/* Sub-block j (0..7, 32 weights) of the q4_K or q6_K super-block sb as codes
+ * q (32) with weight = d[part] * q - *mn: q4_K codes 0..15, one scale d[0]
+ * and a minimum; q6_K codes -32..31, two 16-weight parts with scales d[0],
+ * d[1] and *mn = 0. The decode matvec's reference kernels and qgemm read the
+ * k-quants through it. */
+void quant_kblock(enum ggml_type t, const uint8_t *sb, int j, int8_t *q, float *d, float *mn);
+
 /* quant_matvec of k (<= 4) matrices W[i] (rows[i], n) of types t[i] against
  * the same x into y[i], in one parallel pass over all their rows (the Q, K
  * and V projections; gate and up). Each y[i] equals quant_matvec's. */

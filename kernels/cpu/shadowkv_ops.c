@@ -200,19 +200,11 @@ void shadowkv_score_logits(const float *q, int group, int d, const float *lm, in
 }
 
 void shadowkv_softmax_add(float *lg, int n, float *acc) {
-    float mx = -INFINITY;
-    for (int j = 0; j < n; j++) mx = lg[j] > mx ? lg[j] : mx;
+    float mx = vec_max(lg, n);
     for (int j = 0; j < n; j++) lg[j] -= mx;
     vec_exp_nonpos(lg, n);
-    /* eight running sums: independent chains, one vector register */
-    float s8[8] = {0}, sum = 0;
-    int j = 0;
-    for (; j + 8 <= n; j += 8)
-        for (int u = 0; u < 8; u++) s8[u] += lg[j + u];
-    for (int u = 0; u < 8; u++) sum += s8[u];
-    for (; j < n; j++) sum += lg[j];
-    float inv = 1.0f / sum;
-    for (j = 0; j < n; j++) acc[j] += lg[j] * inv;
+    float inv = 1.0f / vec_sum(lg, n);
+    for (int j = 0; j < n; j++) acc[j] += lg[j] * inv;
 }
 
 void shadowkv_score(const float *q, int nq, size_t q_stride, int group, int d, const float *lm, int n_lm,

@@ -170,6 +170,31 @@ static inline void vec_exp_nonpos(float *x, int n) {
     }
 }
 
+/* The largest of x[0..n) (-inf for none; NaNs are passed over), eight
+ * running maxima the compiler keeps in one vector register. */
+static inline float vec_max(const float *x, int n) {
+    float m8[8], mx = -INFINITY;
+    for (int u = 0; u < 8; u++) m8[u] = -INFINITY;
+    int j = 0;
+    for (; j + 8 <= n; j += 8)
+        for (int u = 0; u < 8; u++) m8[u] = x[j + u] > m8[u] ? x[j + u] : m8[u];
+    for (int u = 0; u < 8; u++) mx = m8[u] > mx ? m8[u] : mx;
+    for (; j < n; j++) mx = x[j] > mx ? x[j] : mx;
+    return mx;
+}
+
+/* The sum of x[0..n) in eight running sums (independent chains), added
+ * lane by lane, then the tail. */
+static inline float vec_sum(const float *x, int n) {
+    float s8[8] = {0}, sum = 0;
+    int j = 0;
+    for (; j + 8 <= n; j += 8)
+        for (int u = 0; u < 8; u++) s8[u] += x[j + u];
+    for (int u = 0; u < 8; u++) sum += s8[u];
+    for (; j < n; j++) sum += x[j];
+    return sum;
+}
+
 static inline void vec_scale(float *y, float a, int n) {
     for (int i = 0; i < n; i++) y[i] *= a;
 }
