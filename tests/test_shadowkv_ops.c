@@ -344,6 +344,25 @@ static void test_rebuild(void) {
         for (int i = 0; i < n; i++) shadowkv_rebuild(U, r, svt, d, 5 + i, 1, &rope, NULL, NULL, b + (size_t)i * d);
         test_cond("rebuild, head_dim 64: 11 rows at once == one row at a time, bitwise", !memcmp(a, b, sizeof(float) * n * d));
         rope_free(&rope);
+        /* with RoPE tables the blocks of four rotate in registers: the bits
+         * of one row at a time (rebuild, then the tables' rotation) and of
+         * rope_apply, in both pair layouts */
+        const rope_mode modes[2] = {ROPE_ADJACENT, ROPE_NEOX};
+        for (int mi = 0; mi < 2; mi++) {
+            make_rope(&rope, modes[mi], d, d);
+            float *cs = malloc(sizeof(float) * (n + 5) * d / 2), *sn = malloc(sizeof(float) * (n + 5) * d / 2);
+            float *e = malloc(sizeof(float) * n * d);
+            shadowkv_rope_table(&rope, n + 5, cs, sn);
+            shadowkv_rebuild(U, r, svt, d, 5, n, &rope, cs, sn, a);
+            for (int i = 0; i < n; i++) shadowkv_rebuild(U, r, svt, d, 5 + i, 1, &rope, cs, sn, b + (size_t)i * d);
+            shadowkv_rebuild(U, r, svt, d, 5, n, &rope, NULL, NULL, e);
+            char msg[160];
+            snprintf(msg, sizeof msg, "rebuild, head_dim 64, %s RoPE tables: 11 rows at once == one row at a time == rope_apply, bitwise",
+                     mi ? "neox" : "adjacent");
+            test_cond(msg, !memcmp(a, b, sizeof(float) * n * d) && !memcmp(a, e, sizeof(float) * n * d));
+            free(cs); free(sn); free(e);
+            rope_free(&rope);
+        }
         free(U); free(svt); free(a); free(b);
     }
     int s = 96, h = 2, d = 32, n = h * d, r = 16, c = 8;

@@ -322,10 +322,36 @@ static void rebuild_row(const float *u, int r, const float *svt, int d, float *o
 }
 
 #if defined(__AVX512F__)
+/* RoPE of one 64-wide row held in four registers (x[0..3], columns 16c..),
+ * from its position's table rows cs and sn (32 each): each product rounded,
+ * then added or subtracted, the bits of rope_rotate. */
+static inline void rope_regs_64(__m512 x[4], const float *cs, const float *sn, rope_mode mode) {
+    if (mode == ROPE_ADJACENT) {
+        const __m512i dup = _mm512_setr_epi32(0, 0, 1, 1, 2, 2, 3, 3, 4, 4, 5, 5, 6, 6, 7, 7);
+        for (int c = 0; c < 4; c++) {
+            __m512 cd = _mm512_permutexvar_ps(dup, _mm512_castps256_ps512(_mm256_loadu_ps(cs + 8 * c)));
+            __m512 sd = _mm512_permutexvar_ps(dup, _mm512_castps256_ps512(_mm256_loadu_ps(sn + 8 * c)));
+            __m512 p = _mm512_mul_ps(x[c], cd), q = _mm512_mul_ps(_mm512_permute_ps(x[c], 0xB1), sd);
+            /* even lanes a*cos - b*sin, odd lanes b*cos + a*sin */
+            x[c] = _mm512_mask_add_ps(_mm512_sub_ps(p, q), (__mmask16)0xAAAA, p, q);
+        }
+    } else {
+        for (int c = 0; c < 2; c++) {
+            __m512 co = _mm512_loadu_ps(cs + 16 * c), si = _mm512_loadu_ps(sn + 16 * c);
+            __m512 a = x[c], b = x[c + 2];
+            x[c] = _mm512_sub_ps(_mm512_mul_ps(a, co), _mm512_mul_ps(b, si));
+            x[c + 2] = _mm512_add_ps(_mm512_mul_ps(a, si), _mm512_mul_ps(b, co));
+        }
+    }
+}
+
 /* Four rows of d = 64 at once in 512-bit registers: each svt row loaded once
  * for the four; every element still summed over j in order with a fused
- * multiply-add, so the bits of rebuild_row. */
-static void rebuild_4x64(const float *U, int r, const float *svt, float *o) {
+ * multiply-add, so the bits of rebuild_row. With tables (cs, sn: the first
+ * row's, 32 a row) the rows are rotated in the registers before the store,
+ * with the bits of rope_rotate on the stored rows. */
+static void rebuild_4x64(const float *U, int r, const float *svt, float *o, const float *cs, const float *sn,
+                         rope_mode mode) {
     __m512 acc[4][4];
     for (int i = 0; i < 4; i++) acc[i][0] = acc[i][1] = acc[i][2] = acc[i][3] = _mm512_setzero_ps();
     for (int j = 0; j < r; j++) {
@@ -340,8 +366,10 @@ static void rebuild_4x64(const float *U, int r, const float *svt, float *o) {
             acc[i][3] = _mm512_fmadd_ps(b, s3, acc[i][3]);
         }
     }
-    for (int i = 0; i < 4; i++)
+    for (int i = 0; i < 4; i++) {
+        if (cs) rope_regs_64(acc[i], cs + (size_t)i * 32, sn + (size_t)i * 32, mode);
         for (int c = 0; c < 4; c++) _mm512_storeu_ps(o + (size_t)i * 64 + c * 16, acc[i][c]);
+    }
 }
 #endif
 
@@ -349,8 +377,18 @@ void shadowkv_rebuild(const float *U, int r, const float *svt, int d, int t0, in
                       const float *cs, const float *sn, float *out) {
     int i = 0;
 #if defined(__AVX512F__)
-    if (d == 64)
-        for (; i + 4 <= n; i += 4) rebuild_4x64(U + (size_t)(t0 + i) * r, r, svt, out + (size_t)i * d);
+    if (d == 64) {
+        /* RoPE in the registers when the tables cover the whole row */
+        int fused = cs && rope->rope_dim == 64 && rope->head_dim == 64;
+        for (; i + 4 <= n; i += 4)
+            rebuild_4x64(U + (size_t)(t0 + i) * r, r, svt, out + (size_t)i * d, fused ? cs + (size_t)(t0 + i) * 32 : NULL,
+                         fused ? sn + (size_t)(t0 + i) * 32 : NULL, rope->mode);
+        if (fused) {
+            for (int k = i; k < n; k++) rebuild_row(U + (size_t)(t0 + k) * r, r, svt, d, out + (size_t)k * d);
+            if (i < n) shadowkv_rope_rows(rope, cs, sn, out + (size_t)i * d, n - i, t0 + i);
+            return;
+        }
+    }
 #endif
     for (; i < n; i++) rebuild_row(U + (size_t)(t0 + i) * r, r, svt, d, out + (size_t)i * d);
     if (cs) shadowkv_rope_rows(rope, cs, sn, out, n, t0);
