@@ -669,23 +669,6 @@ static void rebuild_one(kv_sk *c, sk_layer *L, int kh, int m) {
                               H->K + (size_t)(c->row_slot + S->slot_of[i] * cc) * d);
 }
 
-/* Asks the caches for the factor rows and RoPE table rows of miss m of KV
- * head kh before its rebuild: the misses are scattered chunks, so each
- * rebuild would otherwise wait on memory for its first rows (on the CPU;
- * measured 1.64 -> 1.33 us a chunk, rank 48, 16K tokens, 30 layers). */
-static void rebuild_prefetch(const kv_sk *c, const sk_layer *L, int kh, int m) {
-    const sk_scratch *S = &c->scr[kh];
-    size_t t0 = (size_t)S->sel_id[S->miss[m]] * c->c, half = (size_t)c->base.shape.rope->rope_dim / 2;
-    const char *u = (const char *)(L->U + t0 * c->r);
-    for (size_t b = 0; b < sizeof(float) * c->c * c->r; b += 64) __builtin_prefetch(u + b);
-    if (!c->rope_cs) return;
-    const char *cs = (const char *)(c->rope_cs + t0 * half), *sn = (const char *)(c->rope_sn + t0 * half);
-    for (size_t b = 0; b < sizeof(float) * c->c * half; b += 64) {
-        __builtin_prefetch(cs + b);
-        __builtin_prefetch(sn + b);
-    }
-}
-
 /* One layer of a decode step, in one parallel region: select per KV head;
  * then the missed values are fetched while the missed keys are rebuilt,
  * (KV head, chunk) pairs spread over the threads. With so.overlap the fetch
@@ -745,11 +728,8 @@ static int decode_layer(kv_sk *c, int layer, const float *q, float *out) {
                     tf = probe_time(c->base.bus);
                 }
             }
-            #pragma omp for schedule(dynamic, 8)
-            for (int i = 0; i < nrb; i++) {
-                if (i + 1 < nrb) rebuild_prefetch(c, L, c->rb_kh[i + 1], c->rb_m[i + 1]);
-                rebuild_one(c, L, c->rb_kh[i], c->rb_m[i]);
-            }
+            #pragma omp for schedule(dynamic, 2)
+            for (int i = 0; i < nrb; i++) rebuild_one(c, L, c->rb_kh[i], c->rb_m[i]);
             #pragma omp single
             {
                 tr = probe_time(c->base.bus);

@@ -528,12 +528,6 @@ static void cpu_gather(const float *src, int rows, int cols, const int *src_idx,
     size_t blk = (size_t)rows * cols;
     for (int i = 0; i < n; i++) {
         const float *s = src + (size_t)src_idx[i] * blk;
-        /* the blocks are scattered: ask for the next one's bytes while this
-         * one is copied (small blocks only, as ShadowKV's chunks) */
-        if (i + 1 < n && blk <= 4096) {
-            const char *nx = (const char *)(src + (size_t)src_idx[i + 1] * blk);
-            for (size_t b = 0; b < sizeof(float) * blk; b += 64) __builtin_prefetch(nx + b);
-        }
         float *d = dst + dst_off[i];
         if (dst_stride == cols) {
             memcpy(d, s, sizeof(float) * blk);
