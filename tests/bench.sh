@@ -128,7 +128,10 @@ if [ -f "$SHARED/configs/smollm2-135m.config.json" ]; then
     F32=$(synth f32)
     echo
     echo "== ShadowKV vs dense decode, SmolLM2-135M shape f32: budget 1.56% of context, rank 48, chunk 8, outliers 0.3% of chunks =="
-    printf '%-8s %14s %14s %8s %22s\n' "context" "dense ms/step" "shadowkv ms" "speedup" "compress % of prefill"
+    echo "   (ShadowKV's step by stage, ms: select = landmark scores, softmax, top-k; rebuild = the misses'"
+    echo "    value fetch and key rebuild; attend = sparse attention; rest = weights, norms; hit % of its chunk cache)"
+    printf '%-8s %14s %14s %8s %22s %7s %8s %7s %7s %6s\n' "context" "dense ms/step" "shadowkv ms" "speedup" \
+        "compress % of prefill" "select" "rebuild" "attend" "rest" "hit %"
     for ctx in 4096 8192 16384; do
         budget=$(( (ctx * 156 / 10000 + 7) / 8 * 8 ))
         outl=$(( ctx / 8 * 3 / 1000 )); [ "$outl" -ge 1 ] || outl=1
@@ -136,7 +139,9 @@ if [ -f "$SHARED/configs/smollm2-135m.config.json" ]; then
         sline=$(bench_line "$F32" $ctx 16 --kv shadowkv --rank 48 --chunk 8 --budget $budget --outliers $outl)
         s=$(echo "$sline" | field decode_ms)
         pc=$(echo "$sline" | field compress_pct)
-        printf '%-8s %14s %14s %8s %22s\n' "$ctx" "$d" "$s" "$(ratio "$d" "$s")" "$pc"
+        printf '%-8s %14s %14s %8s %22s %7s %8s %7s %7s %6s\n' "$ctx" "$d" "$s" "$(ratio "$d" "$s")" "$pc" \
+            "$(echo "$sline" | field select_ms)" "$(echo "$sline" | field rebuild_ms)" \
+            "$(echo "$sline" | field attend_ms)" "$(echo "$sline" | field rest_ms)" "$(echo "$sline" | field hit_pct)"
         [ $ctx -ne 4096 ] || pc4k=$pc
         [ $ctx -ne 16384 ] || s16k=$s
     done

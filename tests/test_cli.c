@@ -206,6 +206,25 @@ int main(void) {
     unlink(keep);
     snprintf(args, sizeof args, "bench -m %s --trace %s/t.skvt", good, dir);
     expect_error("bench --trace (bench records none)", args, "records no trace");
+    /* ShadowKV's bench prints its stage clocks on a second line: numbers
+     * that add up to no more than the step */
+    {
+        char out[8192];
+        snprintf(args, sizeof args, "bench -m %s -t 1 --prompt-tokens 200 -n 4 --kv shadowkv --rank 8 --budget 16 "
+                 "--outliers 1 --local 1", good);
+        int rc2 = run(args, out, sizeof out);
+        double sel = -1, rb = -1, att = -1, rest = -1, hit = -1, ms = -1;
+        const char *st = strstr(out, "stages: "), *dm = strstr(out, "decode_ms=");
+        int got = st && dm && sscanf(st, "stages: select_ms=%lf rebuild_ms=%lf attend_ms=%lf rest_ms=%lf hit_pct=%lf",
+                                     &sel, &rb, &att, &rest, &hit) == 5 && sscanf(dm, "decode_ms=%lf", &ms) == 1;
+        test_cond("bench --kv shadowkv: a stages line (select, rebuild, attend, rest, hit %) that adds up to the step",
+                  rc2 == 0 && lines(out) == 2 && got && sel > 0 && rb >= 0 && att > 0 && rest > 0 && hit >= 0 &&
+                      hit <= 100 && fabs(sel + rb + att + rest - ms) < 0.01);
+        if (!got) printf("  got: %s", out);
+        snprintf(args, sizeof args, "bench -m %s -t 1 --prompt-tokens 200 -n 4", good);
+        rc2 = run(args, out, sizeof out);
+        test_cond("bench --kv dense: one line, no stages", rc2 == 0 && lines(out) == 1 && !strstr(out, "stages:"));
+    }
     rmdir(dir);
     return test_report("test_cli");
 }

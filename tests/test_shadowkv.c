@@ -263,6 +263,19 @@ static void test_policy(void) {
         test_cond(msg, Rm.rc == 0 && Rm.checksum == R0.checksum && Rm.max_decode == R0.max_decode &&
                            sm.fetch_seconds > 0 && sm.attn_seconds > 0 && sm.dense_bytes > 0 &&
                            sm.file_tier == (mode == 3) && sm.overlap == (mode >= 2));
+        /* the stage clocks split the decode attention's wall time: each
+         * stage took time, and together they are the whole of it */
+        double stages = sm.stage_seconds[0] + sm.stage_seconds[1] + sm.stage_seconds[2];
+        snprintf(msg, sizeof msg, "fetch stream mode %d: stage clocks %.3g + %.3g + %.3g s = attention's %.3g s", mode,
+                 sm.stage_seconds[0], sm.stage_seconds[1], sm.stage_seconds[2], sm.attn_seconds);
+        test_cond(msg, sm.stage_seconds[0] > 0 && sm.stage_seconds[1] > 0 && sm.stage_seconds[2] > 0 &&
+                           fabs(stages - sm.attn_seconds) <= 1e-6 * sm.attn_seconds + 1e-9);
+        if (cm && mode == 1) {
+            double sel_ms = kv_stat(cm, "select_ms"), att_ms = kv_stat(cm, "attend_ms");
+            test_cond("stats select_ms and attend_ms: the clocks per decode step",
+                      sm.steps > 0 && fabs(sel_ms - 1e3 * sm.stage_seconds[0] / sm.steps) < 1e-9 &&
+                          fabs(att_ms - 1e3 * sm.stage_seconds[2] / sm.steps) < 1e-9);
+        }
         if (mode == 3)
             test_cond("file tier: the offload file is unlinked once mapped", access(o.offload_file, F_OK) != 0);
         kv_free(cm);

@@ -23,6 +23,10 @@ static void help(FILE *o) {
                "(f32; f16 with --kv dense --f16-kv) at the mean decode context, the memory's\n"
                "read bandwidth with these threads (measured here) and the tok/s that bandwidth\n"
                "allows a dense decode.\n"
+               "ShadowKV on the CPU adds a second line, \"stages:\": the decode attention's wall\n"
+               "time per step by stage (select: landmark scores, softmax, top-k; rebuild: the\n"
+               "misses' value fetch and key rebuild; attend: the sparse attention), the rest of\n"
+               "the step (weights, norms, sampling), and the chunk cache's hit rate.\n"
                "The best of R repeats (default 1) is reported.\n\n");
     cli_gen_help(o, 0);
     fprintf(o, "  -n N                  decode steps (default 64)\n"
@@ -127,7 +131,8 @@ int cmd_bench(int argc, char **argv) {
         ids[i] = (int32_t)(x % (uint64_t)m->cfg.vocab);
     }
     double best_pp = 0, best_tg = 0, compress_pct = 0, fetch_step = NAN, read_step = NAN;
-    double fetch_gbs = NAN, equiv_gbs = NAN;
+    double fetch_gbs = NAN, equiv_gbs = NAN, stage_ms[3] = {NAN, NAN, NAN}, hit_pct = NAN;
+    static const char *const stage_key[3] = {"select_ms", "rebuild_ms", "attend_ms"};
     int rc = 0;
     /* The runs are timed with no probe bus: every probe is off. A policy's
      * setup (ShadowKV's SVD, landmarks, cos-min, outliers, offload) is the
@@ -146,6 +151,8 @@ int cmd_bench(int argc, char **argv) {
             best_tg = tg;
             fetch_gbs = kv_stat(s->kv, "fetch_gbs");
             equiv_gbs = kv_stat(s->kv, "equiv_gbs");
+            for (int k = 0; k < 3; k++) stage_ms[k] = kv_stat(s->kv, stage_key[k]);
+            hit_pct = kv_stat(s->kv, "hit_rate");
         }
         /* bytes moved per decode step: fetched from slow memory, and read
          * from resident memory where the policy counts that (Quest) */
@@ -171,6 +178,13 @@ int cmd_bench(int argc, char **argv) {
                best_tg > 0 ? 1000.0 / best_tg : 0.0, compress_pct, isnan(fetch_step) ? 0 : fetch_step,
                isnan(read_step) ? 0 : read_step, isnan(fetch_gbs) ? 0 : fetch_gbs, isnan(equiv_gbs) ? 0 : equiv_gbs,
                copy_gbs(), wb, kvb, rg, rg > 0 ? rg * 1e9 / (wb + kvb) : 0.0);
+        /* where a policy with stage clocks (ShadowKV on the CPU) spends its
+         * decode attention, per step, and its chunk cache's hit rate: a
+         * second line, so the first keeps its fields for every policy */
+        if (!isnan(stage_ms[0]))
+            printf("stages: select_ms=%.3f rebuild_ms=%.3f attend_ms=%.3f rest_ms=%.3f hit_pct=%.1f\n", stage_ms[0],
+                   stage_ms[1], stage_ms[2], 1000.0 / best_tg - stage_ms[0] - stage_ms[1] - stage_ms[2],
+                   isnan(hit_pct) ? 0 : hit_pct);
     }
     free(ids);
     model_free(m);

@@ -124,6 +124,7 @@ typedef struct {
     float *att_pm, *att_pl; /* (h*att_parts, group) and their maxima and sums (attend_group's partials) */
     double fetch_seconds;  /* time spent fetching values (either stream) */
     double attn_seconds;   /* time in decode attention (select, fetch, rebuild, attend), all layers */
+    double stage_seconds[3]; /* its wall time by stage: select, fetch and rebuild, sparse attention */
     double dense_bytes;    /* K and V bytes exact attention would have read in those steps */
     int steps;             /* decode steps (layer-0 attends) */
     uint64_t hits, misses;
@@ -683,8 +684,9 @@ static int decode_layer(kv_sk *c, int layer, const float *q, float *out) {
         c->steps++;
         c->step_hits = c->step_misses = c->step_fetches = c->step_fetch_bytes = 0;
     }
-    /* probe times: start, select done, fetch done (without overlap), rebuild done */
-    double w0 = skv_now(), t0 = probe_time(c->base.bus), ts = t0, tf = t0, tr = t0, f0 = 0;
+    /* probe times: start, select done, fetch done (without overlap), rebuild
+     * done; wall clock: start, select done, fetch and rebuild done */
+    double w0 = skv_now(), t0 = probe_time(c->base.bus), ts = t0, tf = t0, tr = t0, f0 = 0, ws = w0, wr = w0;
     int nrb = 0;
     /* landmark blocks per KV head: h*nb tasks, a multiple of the threads */
     int nb = c->n_cand >= 64 * 2 * skv_threads() ? 2 * skv_threads() : 1;
@@ -706,7 +708,7 @@ static int decode_layer(kv_sk *c, int layer, const float *q, float *out) {
                         c->rb_m[nrb++] = m;
                     }
                 tf = ts = probe_time(c->base.bus);
-                f0 = skv_now();
+                ws = f0 = skv_now();
             }
             if (!overlap && c->so.overlap == 1) {
                 /* one thread of the team is the fetch stream; the others
@@ -737,6 +739,7 @@ static int decode_layer(kv_sk *c, int layer, const float *q, float *out) {
                     fetcher_wait(c);
                     c->fetch_seconds = c->fx.seconds;
                 }
+                wr = skv_now();
                 if (spans) {
                     probe_emit_span(c->base.bus, PROBE_STREAM_COMPUTE, "select", layer, c->base.step, t0, ts);
                     int own = overlap || c->so.overlap == 1;
@@ -757,7 +760,11 @@ static int decode_layer(kv_sk *c, int layer, const float *q, float *out) {
         }
     }
     if (spans) span(c, PROBE_STREAM_COMPUTE, "sparse_attn", layer, tr);
-    c->attn_seconds += skv_now() - w0;
+    double we = skv_now();
+    c->attn_seconds += we - w0;
+    c->stage_seconds[0] += ws - w0;
+    c->stage_seconds[1] += wr - ws;
+    c->stage_seconds[2] += we - wr;
     return decode_tally(c, layer, q, out);
 }
 
@@ -1314,6 +1321,7 @@ int kv_shadowkv_stats_get(const kv_cache *base, kv_shadowkv_stats *st) {
     st->step_fetch_bytes = c->step_fetch_bytes;
     st->fetch_seconds = c->fetch_seconds;
     st->attn_seconds = c->attn_seconds;
+    memcpy(st->stage_seconds, c->stage_seconds, sizeof st->stage_seconds);
     st->dense_bytes = c->dense_bytes;
     st->file_tier = c->store.mapped;
     st->overlap = c->fx.started;
@@ -1425,12 +1433,19 @@ static const kv_stat_def sk_stat_defs[] = {
     {"equiv_gbs", "GB/s", "measured equivalent bandwidth: K and V bytes exact attention would read / wall time of "
                           "the sparse decode attention"},
     {"tier", "", "where the offloaded values live: 0 host memory, 1 a file (--offload-file)"},
+    {"select_ms", "ms", "measured, per decode step (all layers): landmark scores, softmax, top-k and cache books"},
+    {"rebuild_ms", "ms", "measured, per decode step: value fetch and key rebuild of the misses (overlapped)"},
+    {"attend_ms", "ms", "measured, per decode step: exact attention over the selected, outlier and local rows"},
 };
+
+_Static_assert(sizeof sk_stat_defs / sizeof sk_stat_defs[0] <= KV_MAX_STATS, "the stats fit kv_stat's buffer");
 
 static void sk_stats(const kv_cache *base, double *v) {
     kv_shadowkv_stats st;
     kv_shadowkv_stats_get(base, &st);
     double hm = (double)st.hits + st.misses, alpha = hm > 0 ? st.hits / hm : 0;
+    /* the stage clocks run on the CPU backend (a device's stages are queued) */
+    int staged = st.steps > 0 && !sk_dev((const kv_sk *)base);
     /* The paper's formulas (DESIGN.md), with M floats per K or V vector and the
      * paper's A100-class HBM/PCIe ratio. */
     double M = (double)base->shape.n_kv_heads * base->shape.head_dim;
@@ -1448,6 +1463,9 @@ static void sk_stats(const kv_cache *base, double *v) {
         st.prefilled ? eq_bw : NAN, st.prefilled ? saving : NAN,
         st.fetch_seconds > 0 ? st.fetch_bytes / st.fetch_seconds / 1e9 : NAN,
         st.attn_seconds > 0 ? st.dense_bytes / st.attn_seconds / 1e9 : NAN, st.file_tier,
+        staged ? 1e3 * st.stage_seconds[0] / st.steps : NAN,
+        staged ? 1e3 * st.stage_seconds[1] / st.steps : NAN,
+        staged ? 1e3 * st.stage_seconds[2] / st.steps : NAN,
     };
     _Static_assert(sizeof out / sizeof out[0] == sizeof sk_stat_defs / sizeof sk_stat_defs[0], "one value per stat");
     memcpy(v, out, sizeof out);

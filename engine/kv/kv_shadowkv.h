@@ -35,6 +35,10 @@ typedef struct {
      * attention (select, fetch, rebuild, attend; all layers), and the K and
      * V bytes exact attention over the same positions would have read. */
     double fetch_seconds, attn_seconds, dense_bytes;
+    /* attn_seconds by stage (CPU backend; 0 on a device backend): select
+     * (landmark scores, softmax, top-k, cache books), fetch and rebuild of
+     * the misses, and the sparse attention itself. */
+    double stage_seconds[3];
     int file_tier;             /* 1: the offload store is a file (--offload-file) */
     int overlap;               /* 1: fetches run on their own thread beside the rebuild */
     /* Bytes resident, by part (fp32), and offloaded. */
