@@ -18,6 +18,9 @@ OUT=build/bench
 mkdir -p "$OUT"
 T=2
 ROUNDS=${BENCH_ROUNDS:-3}
+# BENCH_ONLY=a,b runs some of the parts: engine (beside llama.cpp), shadowkv
+# (ShadowKV against dense), policies (the six side by side), probes.
+want() { case ",${BENCH_ONLY:-engine,shadowkv,policies,probes}," in *",$1,"*) return 0 ;; esac; return 1; }
 if [ -z "${LLAMA_BENCH:-}" ] && [ -x build/ref/llama-bench ]; then LLAMA_BENCH=build/ref/llama-bench; fi
 LLAMA_BENCH=${LLAMA_BENCH:-}
 
@@ -106,25 +109,27 @@ row() {
 
 HEAD=$(printf '%-58s %9s %9s %9s %9s %8s %7s %7s' "case (tok/s, $T threads, $ROUNDS rounds)" "skv min" "median" \
     "llama min" "median" "ratio" "target" "roof")
-echo "== engine: skv and llama.cpp interleaved on the same files; ratio = skv median / llama.cpp median =="
-echo "   roof: the decode tok/s this machine's memory read bandwidth allows (weights + KV per step / read GB/s;"
-echo "   the KV in f32, or in f16 on the f16-cache rows); llama-bench keeps its cache in f16 (its default)"
-if [ -n "$LLAMA_BENCH" ]; then
-    echo "llama.cpp: $LLAMA_BENCH ($(cat build/ref/commit 2>/dev/null || echo "commit unknown"); best of flash attention off/on per round)"
-else
-    echo "llama.cpp: not run (make bench-ref builds it from the pinned source; or set LLAMA_BENCH=/path/to/llama-bench)"
-fi
-echo "$HEAD"
-if [ -f "$SHARED/configs/smollm2-135m.config.json" ]; then
-    engine_case "SmolLM2-135M f32" "$(synth f32)"
-    engine_case "SmolLM2-135M q8_0" "$(synth q8_0)"
-    engine_case "Llama-3.1-8B 2 layers q8_0" "$(synth q8_0 llama-3.1-8b 2)"
-else
-    echo "(skipped: $SHARED/configs missing)"
+if want engine; then
+    echo "== engine: skv and llama.cpp interleaved on the same files; ratio = skv median / llama.cpp median =="
+    echo "   roof: the decode tok/s this machine's memory read bandwidth allows (weights + KV per step / read GB/s;"
+    echo "   the KV in f32, or in f16 on the f16-cache rows); llama-bench keeps its cache in f16 (its default)"
+    if [ -n "$LLAMA_BENCH" ]; then
+        echo "llama.cpp: $LLAMA_BENCH ($(cat build/ref/commit 2>/dev/null || echo "commit unknown"); best of flash attention off/on per round)"
+    else
+        echo "llama.cpp: not run (make bench-ref builds it from the pinned source; or set LLAMA_BENCH=/path/to/llama-bench)"
+    fi
+    echo "$HEAD"
+    if [ -f "$SHARED/configs/smollm2-135m.config.json" ]; then
+        engine_case "SmolLM2-135M f32" "$(synth f32)"
+        engine_case "SmolLM2-135M q8_0" "$(synth q8_0)"
+        engine_case "Llama-3.1-8B 2 layers q8_0" "$(synth q8_0 llama-3.1-8b 2)"
+    else
+        echo "(skipped: $SHARED/configs missing)"
+    fi
 fi
 
 
-if [ -f "$SHARED/configs/smollm2-135m.config.json" ]; then
+if want shadowkv && [ -f "$SHARED/configs/smollm2-135m.config.json" ]; then
     F32=$(synth f32)
     echo
     echo "== ShadowKV vs dense decode, SmolLM2-135M shape f32: budget 1.56% of context, rank 48, chunk 8, outliers 0.3% of chunks =="
@@ -143,13 +148,22 @@ if [ -f "$SHARED/configs/smollm2-135m.config.json" ]; then
             "$(echo "$sline" | field select_ms)" "$(echo "$sline" | field rebuild_ms)" \
             "$(echo "$sline" | field attend_ms)" "$(echo "$sline" | field rest_ms)" "$(echo "$sline" | field hit_pct)"
         [ $ctx -ne 4096 ] || pc4k=$pc
-        [ $ctx -ne 16384 ] || s16k=$s
     done
     # Sparse attention should make decode speed nearly independent of the
-    # context: ShadowKV at 16K against skv's own dense decode at 512.
-    d512=$(bench_line "$F32" 512 16 | field decode_ms)
-    line=$(printf '%-58s %9s %9s %9s %9s %8s %7s' "ShadowKV tg at 16K / dense tg at 512" "-" "${s16k}ms" "-" \
-        "${d512}ms" "$(ratio "$d512" "$s16k")" "0.8x")
+    # context: ShadowKV at 16K against skv's own dense decode at 512, ROUNDS
+    # rounds of each interleaved (64 steps a run), ratio of the medians.
+    budget=$(( (16384 * 156 / 10000 + 7) / 8 * 8 )); outl=$(( 16384 / 8 * 3 / 1000 ))
+    d512=""; s16=""; r=0
+    while [ $r -lt "$ROUNDS" ]; do
+        d512="$d512 $(bench_line "$F32" 512 64 | field decode_ms)"
+        s16="$s16 $(bench_line "$F32" 16384 64 --kv shadowkv --rank 48 --chunk 8 --budget $budget --outliers $outl |
+            field decode_ms)"
+        r=$((r + 1))
+    done
+    set -- $(minmed $s16) $(minmed $d512)
+    line=$(printf '%-58s %9s %9s %9s %9s %8s %7s' "ShadowKV ms/step at 16K / dense ms/step at 512" "$1" "$2" "$3" "$4" \
+        "$(ratio "$4" "$2")" "0.8x")
+    echo "(ms per decode step, $ROUNDS rounds of 64 steps: ShadowKV 16K min and median, then dense 512 min and median)"
     echo "$line"; echo "$line" >>"$RESULTS"
     line=$(printf '%-58s %9s %9s %9s %9s %8s %7s' "ShadowKV setup, % of a 4K prefill" "-" "$pc4k%" "-" "-" "-" "<=5%")
     echo "$line"; echo "$line" >>"$RESULTS"
@@ -161,7 +175,7 @@ fi
 # recent = 32 with layer 0 quantized (its published map), SpeCache 2 bits.
 # Bytes per step: fetched from slow memory, and read from resident memory
 # (Quest's whole cost). BENCH_PEER_CTX overrides the contexts.
-if [ -f "$SHARED/configs/smollm2-135m.config.json" ]; then
+if want policies && [ -f "$SHARED/configs/smollm2-135m.config.json" ]; then
     F32=$(synth f32)
     echo
     echo "== KV policies, SmolLM2-135M shape f32, budget 256 tokens: decode ms/step (speedup vs dense) and KV bytes per step =="
@@ -185,7 +199,7 @@ if [ -f "$SHARED/configs/smollm2-135m.config.json" ]; then
     done
 fi
 
-if [ -x build-noprobes/skv ] && [ -f "$SHARED/models/mini-smollm-f32.gguf" ]; then
+if want probes && [ -x build-noprobes/skv ] && [ -f "$SHARED/models/mini-smollm-f32.gguf" ]; then
     echo
     echo "== probe overhead with probes off: ./skv (probe points compiled in, nobody listening) vs probes compiled out =="
     M="$SHARED/models/mini-smollm-f32.gguf"
