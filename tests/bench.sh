@@ -21,6 +21,12 @@ ROUNDS=${BENCH_ROUNDS:-3}
 # BENCH_ONLY=a,b runs some of the parts: engine (beside llama.cpp), shadowkv
 # (ShadowKV against dense), policies (the six side by side), probes.
 want() { case ",${BENCH_ONLY:-engine,shadowkv,policies,probes}," in *",$1,"*) return 0 ;; esac; return 1; }
+for part in $(echo "${BENCH_ONLY:-}" | tr ',' ' '); do
+    case $part in
+        engine | shadowkv | policies | probes) ;;
+        *) echo "bench: BENCH_ONLY: no part '$part' (the parts: engine, shadowkv, policies, probes)" >&2; exit 2 ;;
+    esac
+done
 if [ -z "${LLAMA_BENCH:-}" ] && [ -x build/ref/llama-bench ]; then LLAMA_BENCH=build/ref/llama-bench; fi
 LLAMA_BENCH=${LLAMA_BENCH:-}
 
