@@ -64,6 +64,15 @@ bench_line() {
     $SKV bench -m "$bl_m" -t $T --prompt-tokens "$bl_p" -n "$bl_n" -c $((bl_p + bl_n + 8)) "$@"
 }
 
+# sk_opts CTX [BUDGET] -> ShadowKV's bench options at a CTX-token context:
+# rank 48, chunk 8, outliers 0.3% of the chunks (at least 1), and the budget
+# (default 1.56% of CTX, a multiple of the chunk)
+sk_opts() {
+    so_b=${2:-$(( ($1 * 156 / 10000 + 7) / 8 * 8 ))}
+    so_o=$(( $1 / 8 * 3 / 1000 )); [ "$so_o" -ge 1 ] || so_o=1
+    echo "--kv shadowkv --rank 48 --chunk 8 --budget $so_b --outliers $so_o"
+}
+
 # skv_run MODEL PROMPT DECODE [flags] -> "prefill_tok_s decode_tok_s dense_roof_tok_s" of one run
 skv_run() {
     line=$(bench_line "$@")
@@ -144,10 +153,8 @@ if want shadowkv && [ -f "$SHARED/configs/smollm2-135m.config.json" ]; then
     printf '%-8s %14s %14s %8s %22s %7s %8s %7s %7s %6s\n' "context" "dense ms/step" "shadowkv ms" "speedup" \
         "compress % of prefill" "select" "rebuild" "attend" "rest" "hit %"
     for ctx in 4096 8192 16384; do
-        budget=$(( (ctx * 156 / 10000 + 7) / 8 * 8 ))
-        outl=$(( ctx / 8 * 3 / 1000 )); [ "$outl" -ge 1 ] || outl=1
         d=$(bench_line "$F32" $ctx 16 | field decode_ms)
-        sline=$(bench_line "$F32" $ctx 16 --kv shadowkv --rank 48 --chunk 8 --budget $budget --outliers $outl)
+        sline=$(bench_line "$F32" $ctx 16 $(sk_opts $ctx))
         s=$(echo "$sline" | field decode_ms)
         pc=$(echo "$sline" | field compress_pct)
         printf '%-8s %14s %14s %8s %22s %7s %8s %7s %7s %6s\n' "$ctx" "$d" "$s" "$(ratio "$d" "$s")" "$pc" \
@@ -158,12 +165,10 @@ if want shadowkv && [ -f "$SHARED/configs/smollm2-135m.config.json" ]; then
     # Sparse attention should make decode speed nearly independent of the
     # context: ShadowKV at 16K against skv's own dense decode at 512, ROUNDS
     # rounds of each interleaved (64 steps a run), ratio of the medians.
-    budget=$(( (16384 * 156 / 10000 + 7) / 8 * 8 )); outl=$(( 16384 / 8 * 3 / 1000 ))
     d512=""; s16=""; r=0
     while [ $r -lt "$ROUNDS" ]; do
         d512="$d512 $(bench_line "$F32" 512 64 | field decode_ms)"
-        s16="$s16 $(bench_line "$F32" 16384 64 --kv shadowkv --rank 48 --chunk 8 --budget $budget --outliers $outl |
-            field decode_ms)"
+        s16="$s16 $(bench_line "$F32" 16384 64 $(sk_opts 16384) | field decode_ms)"
         r=$((r + 1))
     done
     set -- $(minmed $s16) $(minmed $d512)
@@ -187,16 +192,15 @@ if want policies && [ -f "$SHARED/configs/smollm2-135m.config.json" ]; then
     echo "== KV policies, SmolLM2-135M shape f32, budget 256 tokens: decode ms/step (speedup vs dense) and KV bytes per step =="
     printf '%-8s %-9s %12s %8s %16s %16s\n' "context" "policy" "ms/step" "vs dense" "fetched B/step" "read B/step"
     for ctx in ${BENCH_PEER_CTX:-4096 8192 16384}; do
-        outl=$(( ctx / 8 * 3 / 1000 )); [ "$outl" -ge 1 ] || outl=1
         d=""
         for pol in dense shadowkv quest freekv specache tailorkv; do
             case $pol in
-                shadowkv) extra="--rank 48 --chunk 8 --outliers $outl" ;;
-                freekv) extra="--kv-opt sink=32 --kv-opt window=32" ;;
-                tailorkv) extra="--kv-opt start=32 --kv-opt recent=32 --kv-opt qlayers=1" ;;
-                *) extra="" ;;
+                shadowkv) opts=$(sk_opts $ctx 256) ;;
+                freekv) opts="--kv freekv --budget 256 --kv-opt sink=32 --kv-opt window=32" ;;
+                tailorkv) opts="--kv tailorkv --budget 256 --kv-opt start=32 --kv-opt recent=32 --kv-opt qlayers=1" ;;
+                *) opts="--kv $pol --budget 256" ;;
             esac
-            line=$(bench_line "$F32" $ctx 16 --kv $pol --budget 256 $extra)
+            line=$(bench_line "$F32" $ctx 16 $opts)
             ms=$(echo "$line" | field decode_ms)
             [ -n "$d" ] || d=$ms
             printf '%-8s %-9s %12s %8s %16s %16s\n' "$ctx" "$pol" "$ms" "$(ratio "$d" "$ms")" \

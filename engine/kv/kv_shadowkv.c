@@ -685,8 +685,8 @@ static int decode_layer(kv_sk *c, int layer, const float *q, float *out) {
         c->step_hits = c->step_misses = c->step_fetches = c->step_fetch_bytes = 0;
     }
     /* probe times: start, select done, fetch done (without overlap), rebuild
-     * done; wall clock: start, select done, fetch and rebuild done */
-    double w0 = skv_now(), t0 = probe_time(c->base.bus), ts = t0, tf = t0, tr = t0, f0 = 0, ws = w0, wr = w0;
+     * done; wall clock: start, select done (f0), fetch and rebuild done */
+    double w0 = skv_now(), t0 = probe_time(c->base.bus), ts = t0, tf = t0, tr = t0, f0 = w0, wr = w0;
     int nrb = 0;
     /* landmark blocks per KV head: h*nb tasks, a multiple of the threads */
     int nb = c->n_cand >= 64 * 2 * skv_threads() ? 2 * skv_threads() : 1;
@@ -708,7 +708,7 @@ static int decode_layer(kv_sk *c, int layer, const float *q, float *out) {
                         c->rb_m[nrb++] = m;
                     }
                 tf = ts = probe_time(c->base.bus);
-                ws = f0 = skv_now();
+                f0 = skv_now();
             }
             if (!overlap && c->so.overlap == 1) {
                 /* one thread of the team is the fetch stream; the others
@@ -762,8 +762,8 @@ static int decode_layer(kv_sk *c, int layer, const float *q, float *out) {
     if (spans) span(c, PROBE_STREAM_COMPUTE, "sparse_attn", layer, tr);
     double we = skv_now();
     c->attn_seconds += we - w0;
-    c->stage_seconds[0] += ws - w0;
-    c->stage_seconds[1] += wr - ws;
+    c->stage_seconds[0] += f0 - w0;
+    c->stage_seconds[1] += wr - f0;
     c->stage_seconds[2] += we - wr;
     return decode_tally(c, layer, q, out);
 }

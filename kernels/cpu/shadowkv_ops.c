@@ -375,7 +375,7 @@ static void rebuild_4x64(const float *U, int r, const float *svt, float *o, cons
 
 void shadowkv_rebuild(const float *U, int r, const float *svt, int d, int t0, int n, const rope_ctx *rope,
                       const float *cs, const float *sn, float *out) {
-    int i = 0;
+    int i = 0, rot = 0; /* rows [0, rot) are already rotated */
 #if defined(__AVX512F__)
     if (d == 64) {
         /* RoPE in the registers when the tables cover the whole row */
@@ -383,15 +383,11 @@ void shadowkv_rebuild(const float *U, int r, const float *svt, int d, int t0, in
         for (; i + 4 <= n; i += 4)
             rebuild_4x64(U + (size_t)(t0 + i) * r, r, svt, out + (size_t)i * d, fused ? cs + (size_t)(t0 + i) * 32 : NULL,
                          fused ? sn + (size_t)(t0 + i) * 32 : NULL, rope->mode);
-        if (fused) {
-            for (int k = i; k < n; k++) rebuild_row(U + (size_t)(t0 + k) * r, r, svt, d, out + (size_t)k * d);
-            if (i < n) shadowkv_rope_rows(rope, cs, sn, out + (size_t)i * d, n - i, t0 + i);
-            return;
-        }
+        if (fused) rot = i;
     }
 #endif
     for (; i < n; i++) rebuild_row(U + (size_t)(t0 + i) * r, r, svt, d, out + (size_t)i * d);
-    if (cs) shadowkv_rope_rows(rope, cs, sn, out, n, t0);
+    if (cs) shadowkv_rope_rows(rope, cs, sn, out + (size_t)rot * d, n - rot, t0 + rot);
     else
         for (int i = 0; i < n; i++) rope_apply(rope, out + (size_t)i * d, 1, t0 + i);
 }
