@@ -4,6 +4,7 @@
 
 #include <cblas.h>
 #include <errno.h>
+#include <sys/mman.h>
 #include <sys/stat.h>
 #include <omp.h>
 #include <stdarg.h>
@@ -47,6 +48,18 @@ void skv_assert_fail(const char *expr, const char *file, int line) {
 }
 
 void *skv_malloc(size_t n) { return malloc(n ? n : 1); }
+
+void *skv_malloc_huge(size_t n) {
+    const size_t huge = (size_t)2 << 20;
+    if (n < huge) return skv_malloc(n);
+    size_t rounded = (n + huge - 1) & ~(huge - 1);
+    if (rounded < n) return NULL;
+    void *p = aligned_alloc(huge, rounded);
+#ifdef MADV_HUGEPAGE
+    if (p) (void)madvise(p, rounded, MADV_HUGEPAGE); /* a hint: without it, 4 KiB pages */
+#endif
+    return p;
+}
 
 void *skv_calloc(size_t count, size_t size) {
     if (size && count > SIZE_MAX / size) return NULL;

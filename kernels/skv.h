@@ -37,6 +37,12 @@ void skv_assert_fail(const char *expr, const char *file, int line) __attribute__
 void *skv_malloc(size_t n);
 void *skv_calloc(size_t count, size_t size);
 void *skv_aligned_alloc(size_t n);   /* 64-byte aligned, zeroed; free with free() */
+/* n bytes (not zeroed) for data read in scattered pieces (ShadowKV's
+ * landmarks, factors and offloaded values): from 2 MiB up, 2 MiB aligned
+ * and marked for transparent huge pages, so reading a piece at a random
+ * place does not also walk the page tables; below that, malloc. Free with
+ * free(). */
+void *skv_malloc_huge(size_t n);
 
 /* Reads a whole regular file of at most max bytes into a NUL-terminated
  * buffer the caller frees. SKV_EMISSING when it does not exist. */

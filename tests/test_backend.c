@@ -244,6 +244,37 @@ static void test_attention(const skv_backend *be) {
               rel(out, r, (size_t)g * d), 1e-5);
         free(q); free(K); free(V); free(out); free(po); free(r);
     }
+    /* attend_group on the CPU, head_dim 64 and 128 (the widths the
+     * register-held output path takes, groups up to 4) and groups of 1 to 6
+     * (5 and 6 take the four-row loop): near the double reference, and each
+     * head's output, whole or as a part's (out, m, l), the same bits as that
+     * head attended alone, so the two loops sum in the same order */
+    if (be == &skv_backend_cpu)
+        for (int d = 64; d <= 128; d += 64)
+            for (int n = 1; n <= 130; n += 129)
+                for (int g = 1; g <= 6; g++) {
+                    int stride = 3 * d;
+                    float *q = rnd((size_t)g * d), *K = rnd((size_t)n * stride), *V = rnd((size_t)n * stride);
+                    float *out = malloc(sizeof(float) * g * d), *po = malloc(sizeof(float) * g * d), one[128];
+                    float pm[6], pl[6], m1, l1;
+                    double *r = malloc(sizeof(double) * g * d);
+                    for (int a = 0; a < g; a++)
+                        ref_attend(q + (size_t)a * d, K + d, V + d, n, d, stride, 0.3, r + (size_t)a * d);
+                    be->attend_group(q, g, K + d, V + d, n, d, stride, 0.3f, out, NULL, NULL);
+                    be->attend_group(q, g, K + d, V + d, n, d, stride, 0.3f, po, pm, pl);
+                    int same = 1;
+                    for (int a = 0; a < g; a++) {
+                        be->attend_group(q + (size_t)a * d, 1, K + d, V + d, n, d, stride, 0.3f, one, NULL, NULL);
+                        same &= !memcmp(one, out + (size_t)a * d, sizeof(float) * d);
+                        be->attend_group(q + (size_t)a * d, 1, K + d, V + d, n, d, stride, 0.3f, one, &m1, &l1);
+                        same &= !memcmp(one, po + (size_t)a * d, sizeof(float) * d) && m1 == pm[a] && l1 == pl[a];
+                    }
+                    char msg[160];
+                    snprintf(msg, sizeof msg, "attend_group, head_dim %d, %d rows, group %d: each head as alone, bitwise",
+                             d, n, g);
+                    test_cond(msg, same && rel(out, r, (size_t)g * d) < 1e-5);
+                    free(q); free(K); free(V); free(out); free(po); free(r);
+                }
     /* attend_causal: GQA 3:1, a block of queries after a prefix */
     {
         int nh = 6, nkv = 2, d = 16, pos = 70, nq = 70, stride = nkv * d, T = pos + nq;

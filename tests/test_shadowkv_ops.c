@@ -285,6 +285,41 @@ static void test_score(void) {
     }
 }
 
+/* shadowkv_score_logits for groups of 1 to 5 query heads and several
+ * widths: near a double-precision dot, the same bits whether the landmarks
+ * come in one call or in blocks starting at multiples of 4 (as the decode's
+ * (KV head, block) tasks call it), and, for the vector kernel's groups (up
+ * to 4), the same bits for a head whatever group it is scored in. */
+static void test_score_logits(void) {
+    const int n_lm = 13, ds[] = {64, 24, 20};
+    for (int di = 0; di < 3; di++)
+        for (int G = 1; G <= 5; G++) {
+            int d = ds[di];
+            float scale = 1.0f / sqrtf((float)d), *q = rnd((size_t)G * d), *lm = rnd((size_t)n_lm * d);
+            float whole[5 * 13], blocks[5 * 13], one[13];
+            shadowkv_score_logits(q, G, d, lm, n_lm, scale, whole, n_lm);
+            shadowkv_score_logits(q, G, d, lm, 4, scale, blocks, n_lm);
+            shadowkv_score_logits(q, G, d, lm + 4 * d, n_lm - 4, scale, blocks + 4, n_lm);
+            double err = 0;
+            int same_blocks = !memcmp(whole, blocks, sizeof(float) * G * n_lm), same_head = 1;
+            for (int g = 0; g < G; g++) {
+                for (int j = 0; j < n_lm; j++) {
+                    double dot = 0;
+                    for (int e = 0; e < d; e++) dot += (double)q[g * d + e] * lm[j * d + e];
+                    err = fmax(err, fabs(dot * scale - whole[g * n_lm + j]));
+                }
+                shadowkv_score_logits(q + (size_t)g * d, 1, d, lm, n_lm, scale, one, n_lm);
+                if (G <= 4 && memcmp(one, whole + g * n_lm, sizeof one)) same_head = 0;
+            }
+            char msg[160];
+            snprintf(msg, sizeof msg, "score logits, group %d, d %d: %.1e from double; blocks and single heads bitwise",
+                     G, d, err);
+            test_cond(msg, err < 1e-5 && same_blocks && same_head);
+            free(q);
+            free(lm);
+        }
+}
+
 static const float *sort_key;
 static int cmp_better(const void *a, const void *b) {
     int x = *(const int *)a, y = *(const int *)b;
@@ -548,6 +583,7 @@ int main(void) {
     test_svd();
     test_landmarks();
     test_score();
+    test_score_logits();
     test_topk();
     test_rebuild();
     test_cache();

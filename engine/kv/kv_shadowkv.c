@@ -113,6 +113,11 @@ typedef struct {
     int n_out, n_cand, k, r;
     int row_slot, row_local, row_gen; /* first row of each part in sk_head K/V */
     float *rope_cs, *rope_sn; /* (s, rope_dim/2) RoPE tables for rebuilt keys */
+    /* On the CPU every layer's U and every KV head's candidate landmarks
+     * live in two allocations in huge pages (skv_malloc_huge): the decode
+     * reads U a chunk at a random place and scans the landmarks a layer at a
+     * time, and with 4 KiB pages both waited on page walks. */
+    float *u_arena, *lm_arena;
     shadowkv_store store;  /* V of the candidates: block (layer*h + kh)*n_cand + i is (c, d) */
     sk_layer *L;           /* (n_layers) */
     sk_scratch *scr;       /* (h) */
@@ -670,6 +675,16 @@ static void rebuild_one(kv_sk *c, sk_layer *L, int kh, int m) {
                               H->K + (size_t)(c->row_slot + S->slot_of[i] * cc) * d);
 }
 
+/* Asks the caches for what rebuild_one(kh, m) will read. */
+static void rebuild_prefetch(kv_sk *c, sk_layer *L, int kh, int m) {
+    sk_scratch *S = &c->scr[kh];
+    shadowkv_rebuild_prefetch(L->U, c->r, S->sel_id[S->miss[m]] * c->c, c->c, c->base.shape.rope, c->rope_cs,
+                              c->rope_sn);
+}
+
+/* Misses rebuilt a block at a time (decode_layer). */
+#define RB_BLOCK 8
+
 /* One layer of a decode step, in one parallel region: select per KV head;
  * then the missed values are fetched while the missed keys are rebuilt,
  * (KV head, chunk) pairs spread over the threads. With so.overlap the fetch
@@ -730,8 +745,14 @@ static int decode_layer(kv_sk *c, int layer, const float *q, float *out) {
                     tf = probe_time(c->base.bus);
                 }
             }
-            #pragma omp for schedule(dynamic, 2)
-            for (int i = 0; i < nrb; i++) rebuild_one(c, L, c->rb_kh[i], c->rb_m[i]);
+            /* blocks of RB_BLOCK misses: a block's memory asked for at once,
+             * then rebuilt, so one wait for memory a block, not a miss */
+            #pragma omp for schedule(dynamic, 1)
+            for (int b = 0; b < nrb; b += RB_BLOCK) {
+                int e = b + RB_BLOCK < nrb ? b + RB_BLOCK : nrb;
+                for (int i = b; i < e; i++) rebuild_prefetch(c, L, c->rb_kh[i], c->rb_m[i]);
+                for (int i = b; i < e; i++) rebuild_one(c, L, c->rb_kh[i], c->rb_m[i]);
+            }
             #pragma omp single
             {
                 tr = probe_time(c->base.bus);
@@ -889,13 +910,14 @@ typedef struct {
     int *outl;             /* (n_chunks) */
 } sk_build;
 
-static int alloc_head(kv_sk *c, sk_head *H) {
+static int alloc_head(kv_sk *c, int layer, int kh, sk_head *H) {
     int d = c->d;
+    size_t n_lm = (size_t)c->n_cand ? (size_t)c->n_cand : 1;
     H->cap = c->row_gen + 32;
     H->K = sk_alloc(c, sizeof(float) * (size_t)H->cap * d);
     H->V = sk_alloc(c, sizeof(float) * (size_t)H->cap * d);
     H->cand = skv_malloc(sizeof(int) * (size_t)c->n_cand);
-    H->lm = sk_alloc(c, sizeof(float) * ((size_t)c->n_cand ? (size_t)c->n_cand : 1) * d);
+    H->lm = sk_dev(c) ? sk_alloc(c, sizeof(float) * n_lm * d) : c->lm_arena + ((size_t)layer * c->h + kh) * n_lm * d;
     H->outl = skv_malloc(sizeof(int) * (size_t)c->n_out);
     if (!H->K || !H->V || !H->cand || !H->lm || !H->outl)
         return skv_error(SKV_ENOMEM, "shadowkv: out of memory for a KV head of %d rows", H->cap);
@@ -917,7 +939,7 @@ static int svd_layer(kv_sk *c, int layer, float *sv, double *t) {
     sk_layer *L = &c->L[layer];
     int s = c->s, h = c->h, d = c->d, kvd = c->kvd, r = c->r;
     t[0] = probe_time(c->base.bus);
-    L->U = sk_alloc(c, sizeof(float) * (size_t)s * r);
+    L->U = sk_dev(c) ? sk_alloc(c, sizeof(float) * (size_t)s * r) : c->u_arena + (size_t)layer * s * r;
     L->SVt = sk_alloc(c, sizeof(float) * (size_t)r * kvd);
     float *svt = sk_alloc(c, sizeof(float) * (size_t)r * kvd);
     if (c->so.plus) L->Vt = sk_alloc(c, sizeof(float) * (size_t)r * kvd);
@@ -972,7 +994,7 @@ static int build_layer(kv_sk *c, int layer, sk_build *B, const float *sv, const 
 
     for (int kh = 0; kh < h; kh++) {
         sk_head *H = &L->head[kh];
-        if ((rc = alloc_head(c, H))) return rc;
+        if ((rc = alloc_head(c, layer, kh, H))) return rc;
         int got = shadowkv_outliers(B->cm_h + (size_t)kh * nch, c->local_start, c->n_out, H->outl, B->tmp);
         SKV_ASSERT(got == c->n_out);
         int n = 0, o = 0;
@@ -1172,8 +1194,8 @@ static int sk_end_prefill(kv_cache *base) {
 
     int half = sh->rope->rope_dim / 2, rc = 0;
     size_t tab = sizeof(float) * (size_t)s * (half ? half : 1);
-    c->rope_cs = skv_malloc(tab);
-    c->rope_sn = skv_malloc(tab);
+    c->rope_cs = skv_malloc_huge(tab);
+    c->rope_sn = skv_malloc_huge(tab);
     c->proj = sk_alloc(c, sizeof(float) * (size_t)c->kvd);
     c->coef = sk_alloc(c, sizeof(float) * (size_t)c->r);
     if (!c->rope_cs || !c->rope_sn || !c->proj || !c->coef) return skv_error(SKV_ENOMEM, "out of memory");
@@ -1202,6 +1224,13 @@ static int sk_end_prefill(kv_cache *base) {
         shadowkv_store_adopt(&c->store, n_blocks, c->c, c->d, data, sh->be->host_free);
     } else if ((rc = shadowkv_store_init(&c->store, n_blocks, c->c, c->d, c->o.offload_file))) {
         return rc;
+    }
+    if (!sk_dev(c)) {
+        size_t nl = (size_t)sh->n_layers, n_lm = c->n_cand ? (size_t)c->n_cand : 1;
+        c->u_arena = skv_malloc_huge(sizeof(float) * nl * s * c->r);
+        c->lm_arena = skv_malloc_huge(sizeof(float) * nl * c->h * n_lm * c->d);
+        if (!c->u_arena || !c->lm_arena)
+            return skv_error(SKV_ENOMEM, "shadowkv: out of memory for the rank-%d factors and landmarks", c->r);
     }
     if ((rc = alloc_scratch(c))) return rc;
     if ((rc = watch_init(c))) return rc;
@@ -1354,16 +1383,19 @@ static void sk_free(kv_cache *base) {
     for (int l = 0; c->L && l < base->shape.n_layers; l++) {
         sk_layer *L = &c->L[l];
         sk_release(c, L->kpre); sk_release(c, L->k); sk_release(c, L->v);
-        sk_release(c, L->U); sk_release(c, L->SVt); sk_release(c, L->Vt);
+        if (sk_dev(c)) sk_release(c, L->U); /* else in u_arena */
+        sk_release(c, L->SVt); sk_release(c, L->Vt);
         for (int kh = 0; L->head && kh < c->h; kh++) {
             sk_head *H = &L->head[kh];
-            sk_release(c, H->K); sk_release(c, H->V); sk_release(c, H->lm);
+            sk_release(c, H->K); sk_release(c, H->V);
+            if (sk_dev(c)) sk_release(c, H->lm); /* else in lm_arena */
             free(H->cand); free(H->outl);
             shadowkv_cache_free(&H->cache);
         }
         free(L->head);
     }
     free(c->L);
+    free(c->u_arena); free(c->lm_arena);
     for (int kh = 0; c->scr && kh < c->h; kh++) {
         sk_scratch *S = &c->scr[kh];
         sk_release(c, S->tmp); sk_release(c, S->score_d); sk_release(c, S->sel_d);

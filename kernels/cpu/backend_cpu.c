@@ -257,6 +257,46 @@ static inline __attribute__((always_inline)) void rows4(const void *X, int half,
         }
     }
 }
+#if defined(__AVX512F__)
+/* 16 values of a row at element off: f32, or f16 widened (exactly). */
+static inline __attribute__((always_inline)) __m512 row16(const void *X, int half, size_t off) {
+    return half ? _mm512_cvtph_ps(_mm256_loadu_si256((const __m256i *)(const void *)((const uint16_t *)X + off)))
+                : _mm512_loadu_ps((const float *)X + off);
+}
+
+/* out (G, d) = Σ_j p[a][j]·V[j] for the G heads' weights p (G rows n
+ * apart), V rows stride apart, d a multiple of 64. Every element is summed
+ * over j in order with a fused multiply-add from zero, as the four-row loop
+ * and vec_axpy do, so the same bits; but 64 columns of every head stay in
+ * registers over all the rows (G a constant at each call: 4*G accumulators)
+ * instead of each head's output being loaded and stored every four rows, and
+ * each V row is read once for the group. */
+static inline __attribute__((always_inline)) void pv_regs(int G, const float *p, int n, const void *V, int half,
+                                                           int stride, int d, float *out) {
+    for (int e0 = 0; e0 < d; e0 += 64) {
+        __m512 acc[4][4];
+#pragma GCC unroll 4
+        for (int a = 0; a < G; a++) acc[a][0] = acc[a][1] = acc[a][2] = acc[a][3] = _mm512_setzero_ps();
+        for (int j = 0; j < n; j++) {
+            size_t off = (size_t)j * stride + e0;
+            __m512 v0 = row16(V, half, off), v1 = row16(V, half, off + 16), v2 = row16(V, half, off + 32),
+                   v3 = row16(V, half, off + 48);
+#pragma GCC unroll 4
+            for (int a = 0; a < G; a++) {
+                __m512 w = _mm512_set1_ps(p[(size_t)a * n + j]);
+                acc[a][0] = _mm512_fmadd_ps(w, v0, acc[a][0]);
+                acc[a][1] = _mm512_fmadd_ps(w, v1, acc[a][1]);
+                acc[a][2] = _mm512_fmadd_ps(w, v2, acc[a][2]);
+                acc[a][3] = _mm512_fmadd_ps(w, v3, acc[a][3]);
+            }
+        }
+#pragma GCC unroll 4
+        for (int a = 0; a < G; a++)
+            for (int c = 0; c < 4; c++) _mm512_storeu_ps(out + (size_t)a * d + e0 + 16 * c, acc[a][c]);
+    }
+}
+#endif
+
 /* K and V are f32 rows, or half-precision rows (the f16 dense cache) when
  * half: the same sums in the same order on the widened values, so the two
  * give the same bits on f16-representable data. Inlined with a constant
@@ -321,9 +361,22 @@ static inline __attribute__((always_inline)) void attend_group_t(const float *q,
     }
     memset(out, 0, sizeof(float) * (size_t)g * d);
     j = 0;
+#if defined(__AVX512F__)
+    /* groups of up to 4 heads, 64 columns at a time: the outputs held in
+     * registers over all the rows */
+    if (d % 64 == 0 && d <= 256 && g <= 4) {
+        switch (g) {
+        case 1: pv_regs(1, s, n, V, half, stride, d, out); break;
+        case 2: pv_regs(2, s, n, V, half, stride, d, out); break;
+        case 3: pv_regs(3, s, n, V, half, stride, d, out); break;
+        default: pv_regs(4, s, n, V, half, stride, d, out); break;
+        }
+        j = n;
+    }
+#endif
 #if defined(__AVX2__) && defined(__FMA__)
     /* four rows at a time: each head's output loaded and stored once per four */
-    if (d % 8 == 0 && d <= 256) {
+    if (j < n && d % 8 == 0 && d <= 256) {
         float w4[4][256] __attribute__((aligned(32)));
         for (; j + 4 <= n; j += 4) {
             const float *vr[4];
@@ -523,10 +576,18 @@ static void cpu_kv_store_h(uint16_t *cache, size_t head_stride, int n_kv, int d,
             vec_to_f16(cache + (size_t)kh * head_stride + (size_t)(pos + t) * d, src + t * row + (size_t)kh * d, d);
 }
 
+static void prefetch_block(const float *p, size_t n) {
+    for (size_t b = 0; b < sizeof(float) * n; b += 64) __builtin_prefetch((const char *)p + b, 0, 2);
+}
+
 static void cpu_gather(const float *src, int rows, int cols, const int *src_idx, int n, float *dst,
                        const size_t *dst_off, int dst_stride) {
     size_t blk = (size_t)rows * cols;
+    /* blocks sit at random places: each asked for two blocks ahead of its
+     * copy, so the copies do not wait for memory one after the other */
+    for (int i = 0; i < n && i < 2; i++) prefetch_block(src + (size_t)src_idx[i] * blk, blk);
     for (int i = 0; i < n; i++) {
+        if (i + 2 < n) prefetch_block(src + (size_t)src_idx[i + 2] * blk, blk);
         const float *s = src + (size_t)src_idx[i] * blk;
         float *d = dst + dst_off[i];
         if (dst_stride == cols) {

@@ -11,6 +11,7 @@
 #include <cblas.h>
 #include <lapacke.h>
 #include <math.h>
+#include <stdint.h>
 #include <stdlib.h>
 #include <string.h>
 #include <sys/mman.h>
@@ -168,31 +169,52 @@ int shadowkv_outliers(const float *cos_min, int n, int o, int *out, float *scrat
  * instruction. A landmark's logit does not depend on where its block of four
  * starts, so ranges that start at multiples of 4 give the bits of one call
  * over them all. */
+#if defined(__AVX2__) && defined(__FMA__)
+/* Landmarks [j0, j1) in fours for a group of G query heads, G a constant at
+ * each call so the 4*G accumulators stay in registers (indexed by a run-time
+ * group they went to the stack, a load and a store around every FMA). Each
+ * logit is the same sequence of multiply-adds either way. Returns where it
+ * stopped. */
+static inline __attribute__((always_inline)) int score_fours(const float *q, int G, int d, const float *lm, int n_lm,
+                                                             float scale, float *logit, size_t ld) {
+    int j = 0;
+    for (; j + 4 <= n_lm; j += 4) {
+        const float *l0 = lm + (size_t)j * d, *l1 = l0 + d, *l2 = l1 + d, *l3 = l2 + d;
+        __m256 acc[4][4];
+#pragma GCC unroll 4
+        for (int g = 0; g < G; g++) acc[g][0] = acc[g][1] = acc[g][2] = acc[g][3] = _mm256_setzero_ps();
+        for (int e = 0; e < d; e += 8) {
+            __m256 a = _mm256_loadu_ps(l0 + e), b = _mm256_loadu_ps(l1 + e), c = _mm256_loadu_ps(l2 + e),
+                   f = _mm256_loadu_ps(l3 + e);
+#pragma GCC unroll 4
+            for (int g = 0; g < G; g++) {
+                __m256 qv = _mm256_loadu_ps(q + (size_t)g * d + e);
+                acc[g][0] = _mm256_fmadd_ps(qv, a, acc[g][0]);
+                acc[g][1] = _mm256_fmadd_ps(qv, b, acc[g][1]);
+                acc[g][2] = _mm256_fmadd_ps(qv, c, acc[g][2]);
+                acc[g][3] = _mm256_fmadd_ps(qv, f, acc[g][3]);
+            }
+        }
+#pragma GCC unroll 4
+        for (int g = 0; g < G; g++)
+            _mm_storeu_ps(logit + (size_t)g * ld + j,
+                          _mm_mul_ps(vec_hsum4x8(acc[g][0], acc[g][1], acc[g][2], acc[g][3]), _mm_set1_ps(scale)));
+    }
+    return j;
+}
+#endif
+
 void shadowkv_score_logits(const float *q, int group, int d, const float *lm, int n_lm, float scale, float *logit,
                            size_t ld) {
     int j = 0;
 #if defined(__AVX2__) && defined(__FMA__)
-    if (d % 8 == 0 && group <= 4) {
-        for (; j + 4 <= n_lm; j += 4) {
-            const float *l0 = lm + (size_t)j * d, *l1 = l0 + d, *l2 = l1 + d, *l3 = l2 + d;
-            __m256 acc[4][4];
-            for (int g = 0; g < group; g++) acc[g][0] = acc[g][1] = acc[g][2] = acc[g][3] = _mm256_setzero_ps();
-            for (int e = 0; e < d; e += 8) {
-                __m256 a = _mm256_loadu_ps(l0 + e), b = _mm256_loadu_ps(l1 + e), c = _mm256_loadu_ps(l2 + e),
-                       f = _mm256_loadu_ps(l3 + e);
-                for (int g = 0; g < group; g++) {
-                    __m256 qv = _mm256_loadu_ps(q + (size_t)g * d + e);
-                    acc[g][0] = _mm256_fmadd_ps(qv, a, acc[g][0]);
-                    acc[g][1] = _mm256_fmadd_ps(qv, b, acc[g][1]);
-                    acc[g][2] = _mm256_fmadd_ps(qv, c, acc[g][2]);
-                    acc[g][3] = _mm256_fmadd_ps(qv, f, acc[g][3]);
-                }
-            }
-            for (int g = 0; g < group; g++)
-                _mm_storeu_ps(logit + (size_t)g * ld + j,
-                              _mm_mul_ps(vec_hsum4x8(acc[g][0], acc[g][1], acc[g][2], acc[g][3]), _mm_set1_ps(scale)));
+    if (d % 8 == 0) switch (group) {
+        case 1: j = score_fours(q, 1, d, lm, n_lm, scale, logit, ld); break;
+        case 2: j = score_fours(q, 2, d, lm, n_lm, scale, logit, ld); break;
+        case 3: j = score_fours(q, 3, d, lm, n_lm, scale, logit, ld); break;
+        case 4: j = score_fours(q, 4, d, lm, n_lm, scale, logit, ld); break;
+        default: break;
         }
-    }
 #endif
     for (; j < n_lm; j++)
         for (int g = 0; g < group; g++)
@@ -250,11 +272,18 @@ int shadowkv_topk(const float *score, int n, int k, int *idx) {
     if (k <= 0) return 0;
     for (int i = 0; i < k; i++) idx[i] = i;
     for (int i = k / 2 - 1; i >= 0; i--) sift_down(score, idx, k, i);
-    for (int i = k; i < n; i++)
-        if (better(score, i, idx[0])) {
+    /* Every index from k on is past all the heap's, so it beats the root
+     * (the worst kept) only by a greater score, or by being a number when
+     * the root is NaN: one float compare a candidate on the usual path. */
+    float worst = score[idx[0]];
+    for (int i = k; i < n; i++) {
+        float x = score[i];
+        if (x > worst || (isnan(worst) && !isnan(x))) {
             idx[0] = i;
             sift_down(score, idx, k, 0);
+            worst = score[idx[0]];
         }
+    }
     /* Pop the worst to the back: the array ends best first. */
     for (int m = k - 1; m > 0; m--) {
         int t = idx[0]; idx[0] = idx[m]; idx[m] = t;
@@ -352,12 +381,16 @@ static inline void rope_regs_64(__m512 x[4], const float *cs, const float *sn, r
  * with the bits of rope_rotate on the stored rows. */
 static void rebuild_4x64(const float *U, int r, const float *svt, float *o, const float *cs, const float *sn,
                          rope_mode mode) {
+    /* the loops over the four rows unrolled, so the 16 accumulators stay in
+     * registers (rolled, GCC kept them on the stack) */
     __m512 acc[4][4];
+#pragma GCC unroll 4
     for (int i = 0; i < 4; i++) acc[i][0] = acc[i][1] = acc[i][2] = acc[i][3] = _mm512_setzero_ps();
     for (int j = 0; j < r; j++) {
         const float *s = svt + (size_t)j * 64;
         __m512 s0 = _mm512_loadu_ps(s), s1 = _mm512_loadu_ps(s + 16), s2 = _mm512_loadu_ps(s + 32),
                s3 = _mm512_loadu_ps(s + 48);
+#pragma GCC unroll 4
         for (int i = 0; i < 4; i++) {
             __m512 b = _mm512_set1_ps(U[(size_t)i * r + j]);
             acc[i][0] = _mm512_fmadd_ps(b, s0, acc[i][0]);
@@ -366,6 +399,7 @@ static void rebuild_4x64(const float *U, int r, const float *svt, float *o, cons
             acc[i][3] = _mm512_fmadd_ps(b, s3, acc[i][3]);
         }
     }
+#pragma GCC unroll 4
     for (int i = 0; i < 4; i++) {
         if (cs) rope_regs_64(acc[i], cs + (size_t)i * 32, sn + (size_t)i * 32, mode);
         for (int c = 0; c < 4; c++) _mm512_storeu_ps(o + (size_t)i * 64 + c * 16, acc[i][c]);
@@ -390,6 +424,20 @@ void shadowkv_rebuild(const float *U, int r, const float *svt, int d, int t0, in
     if (cs) shadowkv_rope_rows(rope, cs, sn, out + (size_t)rot * d, n - rot, t0 + rot);
     else
         for (int i = 0; i < n; i++) rope_apply(rope, out + (size_t)i * d, 1, t0 + i);
+}
+
+static void prefetch_bytes(const void *p, size_t bytes) {
+    const char *a = (const char *)((uintptr_t)p & ~(uintptr_t)63), *e = (const char *)p + bytes;
+    for (; a < e; a += 64) __builtin_prefetch(a, 0, 2);
+}
+
+void shadowkv_rebuild_prefetch(const float *U, int r, int t0, int n, const rope_ctx *rope, const float *cs,
+                               const float *sn) {
+    prefetch_bytes(U + (size_t)t0 * r, sizeof(float) * (size_t)n * r);
+    if (!cs) return;
+    size_t half = rope->rope_dim / 2;
+    prefetch_bytes(cs + (size_t)t0 * half, sizeof(float) * (size_t)n * half);
+    prefetch_bytes(sn + (size_t)t0 * half, sizeof(float) * (size_t)n * half);
 }
 
 void shadowkv_project(const float *Vt, int r, int n, const float *x, float *y, float *coef) {

@@ -86,6 +86,13 @@ void shadowkv_rope_rows(const rope_ctx *rope, const float *cs, const float *sn, 
 void shadowkv_rebuild(const float *U, int r, const float *svt, int d, int t0, int n, const rope_ctx *rope,
                       const float *cs, const float *sn, float *out);
 
+/* Asks the caches for what shadowkv_rebuild of rows [t0, t0+n) will read
+ * from memory (the U rows and the RoPE table rows; cs may be NULL): a
+ * chunk's rows sit at a random place, so without it every chunk's rebuild
+ * starts with a wait for memory. Changes no value. */
+void shadowkv_rebuild_prefetch(const float *U, int r, int t0, int n, const rope_ctx *rope, const float *cs,
+                               const float *sn);
+
 /* ShadowKV+: y (n) = V_r·(V_rᵀ·x), the projection of x (n) onto the span of
  * the r right singular vectors in Vt (r, n). coef: (r) floats. y may be x. */
 void shadowkv_project(const float *Vt, int r, int n, const float *x, float *y, float *coef);
