@@ -687,7 +687,7 @@ static void rebuild_prefetch(kv_sk *c, sk_layer *L, int kh, int m) {
 
 /* One layer of a decode step, in one parallel region: select per KV head;
  * then the missed values are fetched while the missed keys are rebuilt,
- * (KV head, chunk) pairs spread over the threads. With so.overlap the fetch
+ * blocks of RB_BLOCK (KV head, chunk) pairs spread over the threads. With so.overlap the fetch
  * runs on the fetch stream's own thread, at the same time as the rebuild;
  * without it, before the rebuild on the compute threads. Then exact
  * attention per query head. Span probes time each stage on its stream. */

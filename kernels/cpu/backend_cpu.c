@@ -576,18 +576,14 @@ static void cpu_kv_store_h(uint16_t *cache, size_t head_stride, int n_kv, int d,
             vec_to_f16(cache + (size_t)kh * head_stride + (size_t)(pos + t) * d, src + t * row + (size_t)kh * d, d);
 }
 
-static void prefetch_block(const float *p, size_t n) {
-    for (size_t b = 0; b < sizeof(float) * n; b += 64) __builtin_prefetch((const char *)p + b, 0, 2);
-}
-
 static void cpu_gather(const float *src, int rows, int cols, const int *src_idx, int n, float *dst,
                        const size_t *dst_off, int dst_stride) {
     size_t blk = (size_t)rows * cols;
     /* blocks sit at random places: each asked for two blocks ahead of its
      * copy, so the copies do not wait for memory one after the other */
-    for (int i = 0; i < n && i < 2; i++) prefetch_block(src + (size_t)src_idx[i] * blk, blk);
+    for (int i = 0; i < n && i < 2; i++) vec_prefetch(src + (size_t)src_idx[i] * blk, sizeof(float) * blk);
     for (int i = 0; i < n; i++) {
-        if (i + 2 < n) prefetch_block(src + (size_t)src_idx[i + 2] * blk, blk);
+        if (i + 2 < n) vec_prefetch(src + (size_t)src_idx[i + 2] * blk, sizeof(float) * blk);
         const float *s = src + (size_t)src_idx[i] * blk;
         float *d = dst + dst_off[i];
         if (dst_stride == cols) {

@@ -11,7 +11,6 @@
 #include <cblas.h>
 #include <lapacke.h>
 #include <math.h>
-#include <stdint.h>
 #include <stdlib.h>
 #include <string.h>
 #include <sys/mman.h>
@@ -426,18 +425,13 @@ void shadowkv_rebuild(const float *U, int r, const float *svt, int d, int t0, in
         for (int i = 0; i < n; i++) rope_apply(rope, out + (size_t)i * d, 1, t0 + i);
 }
 
-static void prefetch_bytes(const void *p, size_t bytes) {
-    const char *a = (const char *)((uintptr_t)p & ~(uintptr_t)63), *e = (const char *)p + bytes;
-    for (; a < e; a += 64) __builtin_prefetch(a, 0, 2);
-}
-
 void shadowkv_rebuild_prefetch(const float *U, int r, int t0, int n, const rope_ctx *rope, const float *cs,
                                const float *sn) {
-    prefetch_bytes(U + (size_t)t0 * r, sizeof(float) * (size_t)n * r);
+    vec_prefetch(U + (size_t)t0 * r, sizeof(float) * (size_t)n * r);
     if (!cs) return;
     size_t half = rope->rope_dim / 2;
-    prefetch_bytes(cs + (size_t)t0 * half, sizeof(float) * (size_t)n * half);
-    prefetch_bytes(sn + (size_t)t0 * half, sizeof(float) * (size_t)n * half);
+    vec_prefetch(cs + (size_t)t0 * half, sizeof(float) * (size_t)n * half);
+    vec_prefetch(sn + (size_t)t0 * half, sizeof(float) * (size_t)n * half);
 }
 
 void shadowkv_project(const float *Vt, int r, int n, const float *x, float *y, float *coef) {

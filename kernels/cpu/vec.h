@@ -98,6 +98,14 @@ static inline __m128 vec_hsum4x8(__m256 a, __m256 b, __m256 c, __m256 e) {
 }
 #endif
 
+/* Asks the caches for the bytes [p, p+bytes), a line at a time, for data
+ * about to be read at a random place (a hint: no value changes, and an
+ * address past the data is harmless). */
+static inline void vec_prefetch(const void *p, size_t bytes) {
+    const char *a = (const char *)((uintptr_t)p & ~(uintptr_t)63), *e = (const char *)p + bytes;
+    for (; a < e; a += 64) __builtin_prefetch(a, 0, 2);
+}
+
 /* y += a * x */
 static inline void vec_axpy(float *y, float a, const float *x, int n) {
     int i = 0;
