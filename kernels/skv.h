@@ -38,7 +38,7 @@ void *skv_malloc(size_t n);
 void *skv_calloc(size_t count, size_t size);
 void *skv_aligned_alloc(size_t n);   /* 64-byte aligned, zeroed; free with free() */
 /* n bytes (not zeroed) for data read in scattered pieces (ShadowKV's
- * landmarks, factors and offloaded values): from 2 MiB up, 2 MiB aligned
+ * landmarks, factors and RoPE tables): from 2 MiB up, 2 MiB aligned
  * and marked for transparent huge pages, so reading a piece at a random
  * place does not also walk the page tables; below that, malloc. Free with
  * free(). */

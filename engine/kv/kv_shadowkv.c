@@ -113,10 +113,11 @@ typedef struct {
     int n_out, n_cand, k, r;
     int row_slot, row_local, row_gen; /* first row of each part in sk_head K/V */
     float *rope_cs, *rope_sn; /* (s, rope_dim/2) RoPE tables for rebuilt keys */
-    /* On the CPU every layer's U and every KV head's candidate landmarks
-     * live in two allocations in huge pages (skv_malloc_huge): the decode
-     * reads U a chunk at a random place and scans the landmarks a layer at a
-     * time, and with 4 KiB pages both waited on page walks. */
+    /* Every layer's U (s, r) and every KV head's candidate landmarks
+     * (lm_rows, d) in two allocations (sk_layer.U and sk_head.lm point into
+     * them), on the CPU in huge pages (skv_malloc_huge): the decode reads U a
+     * chunk at a random place and scans the landmarks a layer at a time, and
+     * with 4 KiB pages both waited on page walks. */
     float *u_arena, *lm_arena;
     shadowkv_store store;  /* V of the candidates: block (layer*h + kh)*n_cand + i is (c, d) */
     sk_layer *L;           /* (n_layers) */
@@ -172,6 +173,14 @@ static inline int sk_dev(const kv_sk *c) { return c->base.shape.be != &skv_backe
 static void *sk_alloc(kv_sk *c, size_t bytes) {
     return sk_dev(c) ? c->base.shape.be->alloc(bytes) : skv_malloc(bytes);
 }
+
+/* sk_alloc for a large buffer read in scattered pieces: huge pages on the CPU. */
+static void *sk_alloc_big(kv_sk *c, size_t bytes) {
+    return sk_dev(c) ? c->base.shape.be->alloc(bytes) : skv_malloc_huge(bytes);
+}
+
+/* Landmark rows a KV head keeps: its candidates (at least 1). */
+static size_t lm_rows(const kv_sk *c) { return c->n_cand ? (size_t)c->n_cand : 1; }
 
 static void sk_release(kv_sk *c, void *p) {
     if (!p) return;
@@ -912,14 +921,13 @@ typedef struct {
 
 static int alloc_head(kv_sk *c, int layer, int kh, sk_head *H) {
     int d = c->d;
-    size_t n_lm = (size_t)c->n_cand ? (size_t)c->n_cand : 1;
     H->cap = c->row_gen + 32;
     H->K = sk_alloc(c, sizeof(float) * (size_t)H->cap * d);
     H->V = sk_alloc(c, sizeof(float) * (size_t)H->cap * d);
     H->cand = skv_malloc(sizeof(int) * (size_t)c->n_cand);
-    H->lm = sk_dev(c) ? sk_alloc(c, sizeof(float) * n_lm * d) : c->lm_arena + ((size_t)layer * c->h + kh) * n_lm * d;
+    H->lm = c->lm_arena + ((size_t)layer * c->h + kh) * lm_rows(c) * d;
     H->outl = skv_malloc(sizeof(int) * (size_t)c->n_out);
-    if (!H->K || !H->V || !H->cand || !H->lm || !H->outl)
+    if (!H->K || !H->V || !H->cand || !H->outl)
         return skv_error(SKV_ENOMEM, "shadowkv: out of memory for a KV head of %d rows", H->cap);
     /* Slots are filled before they are first read; zero them for the
      * sanitizers (a device backend's alloc zeroes). */
@@ -939,11 +947,11 @@ static int svd_layer(kv_sk *c, int layer, float *sv, double *t) {
     sk_layer *L = &c->L[layer];
     int s = c->s, h = c->h, d = c->d, kvd = c->kvd, r = c->r;
     t[0] = probe_time(c->base.bus);
-    L->U = sk_dev(c) ? sk_alloc(c, sizeof(float) * (size_t)s * r) : c->u_arena + (size_t)layer * s * r;
+    L->U = c->u_arena + (size_t)layer * s * r;
     L->SVt = sk_alloc(c, sizeof(float) * (size_t)r * kvd);
     float *svt = sk_alloc(c, sizeof(float) * (size_t)r * kvd);
     if (c->so.plus) L->Vt = sk_alloc(c, sizeof(float) * (size_t)r * kvd);
-    if (!L->U || !L->SVt || !svt || (c->so.plus && !L->Vt)) {
+    if (!L->SVt || !svt || (c->so.plus && !L->Vt)) {
         sk_release(c, svt);
         return skv_error(SKV_ENOMEM, "shadowkv: out of memory for the rank-%d factors of layer %d", r, layer);
     }
@@ -1225,13 +1233,10 @@ static int sk_end_prefill(kv_cache *base) {
     } else if ((rc = shadowkv_store_init(&c->store, n_blocks, c->c, c->d, c->o.offload_file))) {
         return rc;
     }
-    if (!sk_dev(c)) {
-        size_t nl = (size_t)sh->n_layers, n_lm = c->n_cand ? (size_t)c->n_cand : 1;
-        c->u_arena = skv_malloc_huge(sizeof(float) * nl * s * c->r);
-        c->lm_arena = skv_malloc_huge(sizeof(float) * nl * c->h * n_lm * c->d);
-        if (!c->u_arena || !c->lm_arena)
-            return skv_error(SKV_ENOMEM, "shadowkv: out of memory for the rank-%d factors and landmarks", c->r);
-    }
+    c->u_arena = sk_alloc_big(c, sizeof(float) * (size_t)sh->n_layers * s * c->r);
+    c->lm_arena = sk_alloc_big(c, sizeof(float) * (size_t)sh->n_layers * c->h * lm_rows(c) * c->d);
+    if (!c->u_arena || !c->lm_arena)
+        return skv_error(SKV_ENOMEM, "shadowkv: out of memory for the rank-%d factors and landmarks", c->r);
     if ((rc = alloc_scratch(c))) return rc;
     if ((rc = watch_init(c))) return rc;
     if (!sk_dev(c) && c->so.overlap == 2 && c->n_cand > 0 && c->k > 0 && (rc = fetcher_start(c))) return rc;
@@ -1383,19 +1388,17 @@ static void sk_free(kv_cache *base) {
     for (int l = 0; c->L && l < base->shape.n_layers; l++) {
         sk_layer *L = &c->L[l];
         sk_release(c, L->kpre); sk_release(c, L->k); sk_release(c, L->v);
-        if (sk_dev(c)) sk_release(c, L->U); /* else in u_arena */
         sk_release(c, L->SVt); sk_release(c, L->Vt);
         for (int kh = 0; L->head && kh < c->h; kh++) {
             sk_head *H = &L->head[kh];
             sk_release(c, H->K); sk_release(c, H->V);
-            if (sk_dev(c)) sk_release(c, H->lm); /* else in lm_arena */
             free(H->cand); free(H->outl);
             shadowkv_cache_free(&H->cache);
         }
         free(L->head);
     }
     free(c->L);
-    free(c->u_arena); free(c->lm_arena);
+    sk_release(c, c->u_arena); sk_release(c, c->lm_arena);
     for (int kh = 0; c->scr && kh < c->h; kh++) {
         sk_scratch *S = &c->scr[kh];
         sk_release(c, S->tmp); sk_release(c, S->score_d); sk_release(c, S->sel_d);

@@ -169,7 +169,7 @@ int shadowkv_outliers(const float *cos_min, int n, int o, int *out, float *scrat
  * starts, so ranges that start at multiples of 4 give the bits of one call
  * over them all. */
 #if defined(__AVX2__) && defined(__FMA__)
-/* Landmarks [j0, j1) in fours for a group of G query heads, G a constant at
+/* Landmarks [0, n_lm) in fours for a group of G query heads, G a constant at
  * each call so the 4*G accumulators stay in registers (indexed by a run-time
  * group they went to the stack, a load and a store around every FMA). Each
  * logit is the same sequence of multiply-adds either way. Returns where it
