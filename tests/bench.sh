@@ -81,25 +81,42 @@ skv_run() {
 
 RESULTS=$OUT/ratios.txt
 : >"$RESULTS"
+
+# paired A B -> the median over rounds of A_i / B_i, A and B being the
+# rounds' values in order ("-" unless both have every round). Each pair ran
+# back to back, so a change in the host's load between rounds moves both
+# sides of a pair alike; the ratio of the medians does not pair them.
+paired() {
+    awk -v a="$1" -v b="$2" 'BEGIN {
+        na = split(a, x, " "); nb = split(b, y, " ")
+        if (!na || na != nb) { print "-"; exit }
+        for (i = 1; i <= na; i++) {
+            if (x[i] !~ /^[0-9.]+$/ || y[i] !~ /^[0-9.]+$/ || y[i] + 0 <= 0) { print "-"; exit }
+            r[i] = x[i] / y[i]
+        }
+        for (i = 2; i <= na; i++) for (j = i; j > 1 && r[j - 1] > r[j]; j--) { t = r[j]; r[j] = r[j - 1]; r[j - 1] = t }
+        printf "%.2fx\n", na % 2 ? r[(na + 1) / 2] : (r[na / 2] + r[na / 2 + 1]) / 2 }'
+}
+
 # engine_case LABEL MODEL: pp512, pp4096, tg128 and tg32 after a 4096-token
-# prompt, ROUNDS rounds, skv then llama.cpp in each. After the 4K prompt skv
-# runs twice: with its default f32 cache, and with an f16 cache (--f16-kv),
-# the cache type llama-bench uses by default: the like-for-like row.
+# prompt, ROUNDS rounds; in each round every skv run is followed at once by
+# llama.cpp's run of the same case, so the two sides of a ratio see the same
+# load. After the 4K prompt skv runs twice: with its default f32 cache, and
+# with an f16 cache (--f16-kv), the cache type llama-bench uses by default:
+# the like-for-like row.
 engine_case() {
     label=$1; m=$2
     s512=""; s4k=""; sdec=""; sdech=""; stg=""; l512=""; l4k=""; ldec=""; ltg=""; rdec=""; rdech=""; rtg=""
     r=0
     while [ $r -lt "$ROUNDS" ]; do
         set -- $(skv_run "$m" 512 0);   s512="$s512 $1"
+        [ -z "$LLAMA_BENCH" ] || l512="$l512 $(llama "$m" 512 0 0)"
         set -- $(skv_run "$m" 4096 32); s4k="$s4k $1"; sdec="$sdec $2"; rdec="$rdec $3"
+        [ -z "$LLAMA_BENCH" ] || l4k="$l4k $(llama "$m" 4096 0 0)"
+        [ -z "$LLAMA_BENCH" ] || ldec="$ldec $(llama "$m" 0 32 4096)"
         set -- $(skv_run "$m" 4096 32 --f16-kv); sdech="$sdech $2"; rdech="$rdech $3"
         set -- $(skv_run "$m" 1 128);   stg="$stg $2"; rtg="$rtg $3"
-        if [ -n "$LLAMA_BENCH" ]; then
-            l512="$l512 $(llama "$m" 512 0 0)"
-            l4k="$l4k $(llama "$m" 4096 0 0)"
-            ldec="$ldec $(llama "$m" 0 32 4096)"
-            ltg="$ltg $(llama "$m" 0 128 0)"
-        fi
+        [ -z "$LLAMA_BENCH" ] || ltg="$ltg $(llama "$m" 0 128 0)"
         r=$((r + 1))
     done
     row "$label pp512" "$s512" "$l512" "1.0x"
@@ -114,18 +131,21 @@ engine_case() {
 # decode of this model (skv bench's dense_roof_tok_s, the median of the rounds).
 row() {
     roof=$(minmed ${5:-}); roof=${roof#* }
+    pr=$(paired "$2" "${3:-}")
     set -- "$1" "$(minmed $2)" "$(minmed ${3:-})" "$4"
     sm=${2#* }; lm=${3#* }
-    [ -n "$LLAMA_BENCH" ] || lm="not run"
-    line=$(printf '%-58s %9s %9s %9s %9s %8s %7s %7s' "$1" "${2% *}" "$sm" "${3% *}" "$lm" "$(ratio "$sm" "$lm")" "$4" "$roof")
+    [ -n "$LLAMA_BENCH" ] || { lm="not run"; pr="-"; }
+    line=$(printf '%-58s %9s %9s %9s %9s %8s %7s %7s %7s' "$1" "${2% *}" "$sm" "${3% *}" "$lm" "$(ratio "$sm" "$lm")" \
+        "$pr" "$4" "$roof")
     echo "$line"
     echo "$line" >>"$RESULTS"
 }
 
-HEAD=$(printf '%-58s %9s %9s %9s %9s %8s %7s %7s' "case (tok/s, $T threads, $ROUNDS rounds)" "skv min" "median" \
-    "llama min" "median" "ratio" "target" "roof")
+HEAD=$(printf '%-58s %9s %9s %9s %9s %8s %7s %7s %7s' "case (tok/s, $T threads, $ROUNDS rounds)" "skv min" "median" \
+    "llama min" "median" "ratio" "paired" "target" "roof")
 if want engine; then
-    echo "== engine: skv and llama.cpp interleaved on the same files; ratio = skv median / llama.cpp median =="
+    echo "== engine: skv and llama.cpp interleaved on the same files; ratio = skv median / llama.cpp median;"
+    echo "   paired = the median of each round's skv / llama.cpp, the two runs of a round back to back =="
     echo "   roof: the decode tok/s this machine's memory read bandwidth allows (weights + KV per step / read GB/s;"
     echo "   the KV in f32, or in f16 on the f16-cache rows); llama-bench keeps its cache in f16 (its default)"
     if [ -n "$LLAMA_BENCH" ]; then
@@ -164,19 +184,21 @@ if want shadowkv && [ -f "$SHARED/configs/smollm2-135m.config.json" ]; then
     done
     # Sparse attention should make decode speed nearly independent of the
     # context: ShadowKV at 16K against skv's own dense decode at 512, ROUNDS
-    # rounds of each interleaved (64 steps a run), ratio of the medians.
+    # rounds of each interleaved (64 steps a run), ratio of the medians and
+    # the paired ratio (the median of the rounds' dense / ShadowKV).
     d512=""; s16=""; r=0
     while [ $r -lt "$ROUNDS" ]; do
         d512="$d512 $(bench_line "$F32" 512 64 | field decode_ms)"
         s16="$s16 $(bench_line "$F32" 16384 64 $(sk_opts 16384) | field decode_ms)"
         r=$((r + 1))
     done
+    pr=$(paired "$d512" "$s16")
     set -- $(minmed $s16) $(minmed $d512)
-    line=$(printf '%-58s %9s %9s %9s %9s %8s %7s' "ShadowKV ms/step at 16K / dense ms/step at 512" "$1" "$2" "$3" "$4" \
-        "$(ratio "$4" "$2")" "0.8x")
+    line=$(printf '%-58s %9s %9s %9s %9s %8s %7s %7s' "ShadowKV ms/step at 16K / dense ms/step at 512" "$1" "$2" "$3" "$4" \
+        "$(ratio "$4" "$2")" "$pr" "0.8x")
     echo "(ms per decode step, $ROUNDS rounds of 64 steps: ShadowKV 16K min and median, then dense 512 min and median)"
     echo "$line"; echo "$line" >>"$RESULTS"
-    line=$(printf '%-58s %9s %9s %9s %9s %8s %7s' "ShadowKV setup, % of a 4K prefill" "-" "$pc4k%" "-" "-" "-" "<=5%")
+    line=$(printf '%-58s %9s %9s %9s %9s %8s %7s %7s' "ShadowKV setup, % of a 4K prefill" "-" "$pc4k%" "-" "-" "-" "-" "<=5%")
     echo "$line"; echo "$line" >>"$RESULTS"
 fi
 

@@ -955,7 +955,11 @@ static uint8_t *xq_quantize(const float *x, size_t n, int sh, int ref, xq8 *xq) 
 }
 
 /* y[r] = row r of W . x for r < rows, the integer kernels for quantized t;
- * ref: scalar kernels on one thread. */
+ * ref: scalar kernels on one thread. The rows are handed out guided, not
+ * static: long runs first (each thread streams its rows for the hardware
+ * prefetcher), then shorter ones so a thread slowed by the host does not hold
+ * the other at the barrier (docs/PERFORMANCE.md part 6). Each row is one dot
+ * product, so the split never changes a bit. */
 static void matvec(enum ggml_type t, const void *W, size_t rows, size_t n, const float *x, float *y, int ref) {
     size_t rs = ggml_row_size(t, n);
     SKV_ASSERT(quant_supported(t) && (rs != 0 || n == 0));
@@ -971,7 +975,7 @@ static void matvec(enum ggml_type t, const void *W, size_t rows, size_t n, const
             for (size_t r = 0; r < rows; r++) y[r] = f(w + r * rs, x, n);
             return;
         }
-#pragma omp parallel for schedule(static)
+#pragma omp parallel for schedule(guided, 8)
         for (long long r = 0; r < nr; r++) y[r] = f(w + (size_t)r * rs, x, n);
         return;
     }
@@ -984,7 +988,7 @@ static void matvec(enum ggml_type t, const void *W, size_t rows, size_t n, const
     if (!team) {
         for (size_t r = 0; r < rows; r++) y[r] = qf(w + r * rs, &xq, n);
     } else {
-#pragma omp parallel for schedule(static)
+#pragma omp parallel for schedule(guided, 8)
         for (long long r = 0; r < nr; r++) y[r] = qf(w + (size_t)r * rs, &xq, n);
     }
     free(heap);
@@ -1030,7 +1034,7 @@ void quant_matvec_k(int k, const enum ggml_type *t, const void *const *W, const 
         }
     }
     long long total = (long long)off[k];
-#pragma omp parallel for schedule(static) if (off[k] * n >= 32768)
+#pragma omp parallel for schedule(guided, 8) if (off[k] * n >= 32768)
     for (long long gr = 0; gr < total; gr++) {
         int i = 0;
         while ((size_t)gr >= off[i + 1]) i++;
