@@ -332,12 +332,19 @@ static int cmp_better(const void *a, const void *b) {
 
 static void test_topk(void) {
     int ok = 1;
-    for (int trial = 0; trial < 200 && ok; trial++) {
-        int n = 1 + (int)((frand() + 1) * 150), k = (int)((frand() + 1) * 0.6 * n);
+    /* the special values: signed zeros (equal as floats), infinities and
+     * NaNs of both signs */
+    const float special[6] = {0.0f, -0.0f, INFINITY, -INFINITY, NAN, -NAN};
+    for (int trial = 0; trial < 260 && ok; trial++) {
+        /* trials 200 on: up to 1200 entries and k past the 256 keys the heap
+         * keeps on the stack */
+        int n = 1 + (int)((frand() + 1) * (trial < 200 ? 150 : 600)), k = (int)((frand() + 1) * 0.6 * n);
         float *s = malloc(sizeof(float) * n);
         int levels = trial % 3 == 0 ? 4 : 1000000; /* many ties every third trial */
-        for (int i = 0; i < n; i++) s[i] = (float)(int)((frand() + 1) * levels / 2);
+        for (int i = 0; i < n; i++) s[i] = (float)(int)((frand() + 1) * levels / 2) - (trial % 2 ? levels / 4 : 0);
         if (trial % 5 == 0) s[n / 2] = NAN;
+        if (trial % 4 == 1)
+            for (int i = 0; i < n; i += 3) s[i] = special[(i / 3 + trial) % 6];
         int *all = malloc(sizeof(int) * n), *idx = malloc(sizeof(int) * (n + 1));
         for (int i = 0; i < n; i++) all[i] = i;
         sort_key = s;
@@ -346,7 +353,7 @@ static void test_topk(void) {
         ok = got == (k < n ? k : n) && !memcmp(idx, all, sizeof(int) * got);
         free(s); free(all); free(idx);
     }
-    test_cond("top-k = first k of a full sort (ties to lower id, NaN last) on 200 random cases", ok);
+    test_cond("top-k = first k of a full sort (ties to lower id, -0 = +0, NaN last) on 260 random cases", ok);
     float t[6] = {1, 3, 3, 2, 3, 1};
     int idx[6], want[4] = {1, 2, 4, 3};
     test_cond("top-k hand case: 3,3,3 tie then 2", shadowkv_topk(t, 6, 4, idx) == 4 && !memcmp(idx, want, sizeof want));

@@ -246,48 +246,61 @@ void shadowkv_group_max(const float *gs, int group, int n, float *score) {
             if (gs[(size_t)g * n + j] > score[j]) score[j] = gs[(size_t)g * n + j];
 }
 
-/* NaN ranks below every number, -inf included. */
-static inline int better(const float *s, int a, int b) {
-    float x = s[a], y = s[b];
-    if (isnan(x)) return isnan(y) ? a < b : 0;
-    if (isnan(y)) return 1;
-    return x > y || (x == y && a < b);
+/* The top-k order as one 64-bit key, greater = better: the score's bits made
+ * to order as unsigned (NaN lowest, -0 as +0, so equal floats get equal high
+ * halves) over the complement of the index (equal scores: the lower index
+ * wins). Keys are distinct, and the heap compares them directly instead of
+ * looking the scores up through their indices. */
+static inline uint64_t topk_key(float x, int i) {
+    uint32_t u = 0;
+    if (!isnan(x)) {
+        if (x == 0) x = 0.0f;
+        memcpy(&u, &x, sizeof u);
+        u = u & 0x80000000u ? ~u : u | 0x80000000u; /* -inf gives 0x007fffff, above NaN's 0 */
+    }
+    return (uint64_t)u << 32 | (uint32_t)(0xffffffffu - (uint32_t)i);
 }
 
-/* Min-heap by `better`: the root is the worst index kept. */
-static void sift_down(const float *s, int *h, int n, int i) {
+/* Min-heap of keys: the root is the worst kept. */
+static void sift_down(uint64_t *h, int n, int i) {
+    uint64_t v = h[i];
     for (;;) {
-        int l = 2 * i + 1, r = l + 1, w = i;
-        if (l < n && better(s, h[w], h[l])) w = l;
-        if (r < n && better(s, h[w], h[r])) w = r;
-        if (w == i) return;
-        int t = h[i]; h[i] = h[w]; h[w] = t;
-        i = w;
+        int c = 2 * i + 1;
+        if (c >= n) break;
+        if (c + 1 < n && h[c + 1] < h[c]) c++;
+        if (h[c] >= v) break;
+        h[i] = h[c];
+        i = c;
     }
+    h[i] = v;
 }
 
 int shadowkv_topk(const float *score, int n, int k, int *idx) {
     if (k > n) k = n;
     if (k <= 0) return 0;
-    for (int i = 0; i < k; i++) idx[i] = i;
-    for (int i = k / 2 - 1; i >= 0; i--) sift_down(score, idx, k, i);
+    uint64_t stack[256], *h = k <= 256 ? stack : malloc(sizeof(uint64_t) * (size_t)k);
+    SKV_ASSERT(h);
+    for (int i = 0; i < k; i++) h[i] = topk_key(score[i], i);
+    for (int i = k / 2 - 1; i >= 0; i--) sift_down(h, k, i);
     /* Every index from k on is past all the heap's, so it beats the root
      * (the worst kept) only by a greater score, or by being a number when
      * the root is NaN: one float compare a candidate on the usual path. */
-    float worst = score[idx[0]];
+    float worst = score[0xffffffffu - (uint32_t)h[0]];
     for (int i = k; i < n; i++) {
         float x = score[i];
         if (x > worst || (isnan(worst) && !isnan(x))) {
-            idx[0] = i;
-            sift_down(score, idx, k, 0);
-            worst = score[idx[0]];
+            h[0] = topk_key(x, i);
+            sift_down(h, k, 0);
+            worst = score[0xffffffffu - (uint32_t)h[0]];
         }
     }
     /* Pop the worst to the back: the array ends best first. */
     for (int m = k - 1; m > 0; m--) {
-        int t = idx[0]; idx[0] = idx[m]; idx[m] = t;
-        sift_down(score, idx, m, 0);
+        uint64_t t = h[0]; h[0] = h[m]; h[m] = t;
+        sift_down(h, m, 0);
     }
+    for (int i = 0; i < k; i++) idx[i] = (int)(0xffffffffu - (uint32_t)h[i]);
+    if (h != stack) free(h);
     return k;
 }
 
