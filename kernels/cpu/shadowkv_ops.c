@@ -258,8 +258,11 @@ static inline uint64_t topk_key(float x, int i) {
         memcpy(&u, &x, sizeof u);
         u = u & 0x80000000u ? ~u : u | 0x80000000u; /* -inf gives 0x007fffff, above NaN's 0 */
     }
-    return (uint64_t)u << 32 | (uint32_t)(0xffffffffu - (uint32_t)i);
+    return (uint64_t)u << 32 | (uint32_t)~(uint32_t)i;
 }
+
+/* The index a key was made from. */
+static inline int topk_index(uint64_t key) { return (int)~(uint32_t)key; }
 
 /* Min-heap of keys: the root is the worst kept. */
 static void sift_down(uint64_t *h, int n, int i) {
@@ -285,13 +288,13 @@ int shadowkv_topk(const float *score, int n, int k, int *idx) {
     /* Every index from k on is past all the heap's, so it beats the root
      * (the worst kept) only by a greater score, or by being a number when
      * the root is NaN: one float compare a candidate on the usual path. */
-    float worst = score[0xffffffffu - (uint32_t)h[0]];
+    float worst = score[topk_index(h[0])];
     for (int i = k; i < n; i++) {
         float x = score[i];
         if (x > worst || (isnan(worst) && !isnan(x))) {
             h[0] = topk_key(x, i);
             sift_down(h, k, 0);
-            worst = score[0xffffffffu - (uint32_t)h[0]];
+            worst = score[topk_index(h[0])];
         }
     }
     /* Pop the worst to the back: the array ends best first. */
@@ -299,7 +302,7 @@ int shadowkv_topk(const float *score, int n, int k, int *idx) {
         uint64_t t = h[0]; h[0] = h[m]; h[m] = t;
         sift_down(h, m, 0);
     }
-    for (int i = 0; i < k; i++) idx[i] = (int)(0xffffffffu - (uint32_t)h[i]);
+    for (int i = 0; i < k; i++) idx[i] = topk_index(h[i]);
     if (h != stack) free(h);
     return k;
 }
