@@ -405,6 +405,10 @@ static void rebuild_4x64(const float *U, int r, const float *svt, float *o, cons
         const float *s = svt + (size_t)j * 64;
         __m512 s0 = _mm512_loadu_ps(s), s1 = _mm512_loadu_ps(s + 16), s2 = _mm512_loadu_ps(s + 32),
                s3 = _mm512_loadu_ps(s + 48);
+        /* held in registers for the four rows: left to itself, GCC folds
+         * the loads into the FMAs, four loads of each where one will do, and
+         * the loads, not the FMAs, set the pace */
+        __asm__("" : "+v"(s0), "+v"(s1), "+v"(s2), "+v"(s3));
 #pragma GCC unroll 4
         for (int i = 0; i < 4; i++) {
             __m512 b = _mm512_set1_ps(U[(size_t)i * r + j]);
