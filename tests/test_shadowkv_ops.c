@@ -6,6 +6,7 @@
 #include "shadowkv_ops.h"
 #include "skv.h"
 #include "testhelp.h"
+#include "vec.h"
 
 #include <float.h>
 #include <stdint.h>
@@ -320,6 +321,43 @@ static void test_score_logits(void) {
         }
 }
 
+/* Landmarks kept in half precision: shadowkv_round_f16 rounds to the
+ * nearest half (ties to even), and shadowkv_score_logits_h gives the bits
+ * of shadowkv_score_logits over the rounded values, in one call or in
+ * blocks starting at multiples of 4, for groups of 1 to 5 and widths the
+ * vector kernel takes (64, 24) or leaves to the scalar loop (20). */
+static void test_score_logits_h(void) {
+    float x[6] = {1.0f + 0x1p-11f, 1.0f + 0x1p-10f + 0x1p-11f, 2049.0f, -0.1f, 65504.0f, 25.25f * 0x1p-24f};
+    const float want[6] = {1.0f, 1.0f + 0x1p-9f, 2048.0f, -0.0999755859375f, 65504.0f, 25.0f * 0x1p-24f};
+    shadowkv_round_f16(x, 6);
+    test_cond("round_f16: nearest half, ties to even, subnormals kept", !memcmp(x, want, sizeof x));
+    const int n_lm = 13, ds[] = {64, 24, 20};
+    for (int di = 0; di < 3; di++)
+        for (int G = 1; G <= 5; G++) {
+            int d = ds[di];
+            float scale = 1.0f / sqrtf((float)d), *q = rnd((size_t)G * d), *lm = rnd((size_t)n_lm * d);
+            for (int i = 0; i < n_lm * d; i++) lm[i] *= 7;
+            uint16_t *h = malloc(sizeof(uint16_t) * n_lm * d);
+            vec_to_f16(h, lm, n_lm * d);
+            float *w = malloc(sizeof(float) * n_lm * d);
+            memcpy(w, lm, sizeof(float) * n_lm * d);
+            shadowkv_round_f16(w, (size_t)n_lm * d);
+            double rel = 0;
+            for (int i = 0; i < n_lm * d; i++) rel = fmax(rel, fabs(w[i] - lm[i]) / fmax(fabs(lm[i]), 0x1p-14));
+            float ref[5 * 13], whole[5 * 13], blocks[5 * 13];
+            shadowkv_score_logits(q, G, d, w, n_lm, scale, ref, n_lm);
+            shadowkv_score_logits_h(q, G, d, h, n_lm, scale, whole, n_lm);
+            shadowkv_score_logits_h(q, G, d, h, 4, scale, blocks, n_lm);
+            shadowkv_score_logits_h(q, G, d, h + 4 * d, n_lm - 4, scale, blocks + 4, n_lm);
+            char msg[200];
+            snprintf(msg, sizeof msg, "score logits over half landmarks, group %d, d %d: the bits of f32 scoring of "
+                     "the rounded values, in one call and in blocks (rounding %.1e rel.)", G, d, rel);
+            test_cond(msg, !memcmp(ref, whole, sizeof(float) * G * n_lm) &&
+                               !memcmp(ref, blocks, sizeof(float) * G * n_lm) && rel <= 0x1p-11 && rel > 0);
+            free(q); free(lm); free(h); free(w);
+        }
+}
+
 static const float *sort_key;
 static int cmp_better(const void *a, const void *b) {
     int x = *(const int *)a, y = *(const int *)b;
@@ -591,6 +629,7 @@ int main(void) {
     test_landmarks();
     test_score();
     test_score_logits();
+    test_score_logits_h();
     test_topk();
     test_rebuild();
     test_cache();

@@ -41,7 +41,13 @@ typedef struct {
     float *K, *V;          /* (cap, d) attention rows: [outliers | cache slots | local | generated] */
     int cap;               /* rows allocated */
     int *cand;             /* (n_cand) prompt chunk id of each candidate, ascending */
-    float *lm;             /* (n_cand, d) landmarks of the candidates */
+    /* (n_cand, d) landmarks of the candidates, rounded to half precision:
+     * kept so on the CPU (lm_h; lm is NULL), as f32 in a device backend's
+     * memory (lm; lm_h is NULL) for its score op. Half the bytes the decode
+     * reads to score them, a rounding far below a landmark's own error as a
+     * stand-in for its chunk's keys. */
+    float *lm;
+    uint16_t *lm_h;
     int *outl;             /* (n_out) outlier chunk ids, ascending */
     shadowkv_cache cache;  /* candidate held by each of the k slots */
 } sk_head;
@@ -118,7 +124,8 @@ typedef struct {
      * them), on the CPU in huge pages (skv_malloc_huge): the decode reads U a
      * chunk at a random place and scans the landmarks a layer at a time, and
      * with 4 KiB pages both waited on page walks. */
-    float *u_arena, *lm_arena;
+    float *u_arena;
+    void *lm_arena;        /* lm_elt bytes a value */
     shadowkv_store store;  /* V of the candidates: block (layer*h + kh)*n_cand + i is (c, d) */
     sk_layer *L;           /* (n_layers) */
     sk_scratch *scr;       /* (h) */
@@ -181,6 +188,7 @@ static void *sk_alloc_big(kv_sk *c, size_t bytes) {
 
 /* Landmark rows a KV head keeps: its candidates (at least 1). */
 static size_t lm_rows(const kv_sk *c) { return c->n_cand ? (size_t)c->n_cand : 1; }
+static size_t lm_elt(const kv_sk *c) { return sk_dev(c) ? sizeof(float) : sizeof(uint16_t); }
 
 static void sk_release(kv_sk *c, void *p) {
     if (!p) return;
@@ -312,7 +320,7 @@ static void score_block(kv_sk *c, sk_layer *L, int kh, int b, int nb, const floa
     sk_scratch *S = &c->scr[kh];
     int n = c->n_cand;
     int j0 = (int)((long long)n * b / nb) & ~3, j1 = b + 1 == nb ? n : (int)((long long)n * (b + 1) / nb) & ~3;
-    shadowkv_score_logits(q + (size_t)kh * c->group * c->d, c->group, c->d, L->head[kh].lm + (size_t)j0 * c->d,
+    shadowkv_score_logits_h(q + (size_t)kh * c->group * c->d, c->group, c->d, L->head[kh].lm_h + (size_t)j0 * c->d,
                           j1 - j0, 1.0f / sqrtf((float)c->d), S->tmp + j0, (size_t)n);
 }
 
@@ -913,6 +921,7 @@ static int sk_attend(kv_cache *base, int layer, int pos, int n, const float *q, 
 /* Prefill-time work buffers shared by the layers. */
 typedef struct {
     float *lm;             /* (h, n_chunks, d) landmarks of every full chunk */
+    float *lm_host;        /* lm in host memory (lm itself on the CPU) */
     float *cm;             /* (h, n_chunks) cosine minima */
     float *cm_h;           /* the same in host memory (cm itself on the CPU) */
     float *tmp;            /* (n_chunks) */
@@ -925,7 +934,9 @@ static int alloc_head(kv_sk *c, int layer, int kh, sk_head *H) {
     H->K = sk_alloc(c, sizeof(float) * (size_t)H->cap * d);
     H->V = sk_alloc(c, sizeof(float) * (size_t)H->cap * d);
     H->cand = skv_malloc(sizeof(int) * (size_t)c->n_cand);
-    H->lm = c->lm_arena + ((size_t)layer * c->h + kh) * lm_rows(c) * d;
+    size_t lm_off = ((size_t)layer * c->h + kh) * lm_rows(c) * d;
+    if (sk_dev(c)) H->lm = (float *)c->lm_arena + lm_off;
+    else H->lm_h = (uint16_t *)c->lm_arena + lm_off;
     H->outl = skv_malloc(sizeof(int) * (size_t)c->n_out);
     if (!H->K || !H->V || !H->cand || !H->outl)
         return skv_error(SKV_ENOMEM, "shadowkv: out of memory for a KV head of %d rows", H->cap);
@@ -1000,6 +1011,12 @@ static int build_layer(kv_sk *c, int layer, sk_build *B, const float *sv, const 
             c->w_cm[((size_t)layer * h + kh) * c->nw + i] =
                 c->wchunk[i] < nch ? B->cm_h[(size_t)kh * nch + c->wchunk[i]] : NAN;
 
+    if (sk_dev(c)) { /* the landmarks rounded to half precision (the CPU rounds them as it stores them) */
+        size_t n = (size_t)h * nch * d;
+        be->download(B->lm_host, B->lm, sizeof(float) * n);
+        shadowkv_round_f16(B->lm_host, n);
+        be->upload(B->lm, B->lm_host, sizeof(float) * n);
+    }
     for (int kh = 0; kh < h; kh++) {
         sk_head *H = &L->head[kh];
         if ((rc = alloc_head(c, layer, kh, H))) return rc;
@@ -1015,8 +1032,9 @@ static int build_layer(kv_sk *c, int layer, sk_build *B, const float *sv, const 
         for (int i = 0; i < n;) {
             int e = i + 1;
             while (e < n && H->cand[e] == H->cand[e - 1] + 1) e++;
-            sk_copy_rows(c, H->lm + (size_t)i * d, (size_t)d, B->lm + ((size_t)kh * nch + H->cand[i]) * d, (size_t)d, d,
-                         e - i);
+            const float *src = B->lm + ((size_t)kh * nch + H->cand[i]) * d;
+            if (sk_dev(c)) sk_copy_rows(c, H->lm + (size_t)i * d, (size_t)d, src, (size_t)d, d, e - i);
+            else vec_to_f16(H->lm_h + (size_t)i * d, src, (e - i) * d);
             i = e;
         }
     }
@@ -1234,7 +1252,7 @@ static int sk_end_prefill(kv_cache *base) {
         return rc;
     }
     c->u_arena = sk_alloc_big(c, sizeof(float) * (size_t)sh->n_layers * s * c->r);
-    c->lm_arena = sk_alloc_big(c, sizeof(float) * (size_t)sh->n_layers * c->h * lm_rows(c) * c->d);
+    c->lm_arena = sk_alloc_big(c, lm_elt(c) * (size_t)sh->n_layers * c->h * lm_rows(c) * c->d);
     if (!c->u_arena || !c->lm_arena)
         return skv_error(SKV_ENOMEM, "shadowkv: out of memory for the rank-%d factors and landmarks", c->r);
     if ((rc = alloc_scratch(c))) return rc;
@@ -1247,11 +1265,12 @@ static int sk_end_prefill(kv_cache *base) {
     double *t_svd = skv_malloc(sizeof(double) * 3 * (size_t)nl);
     int *rcs = skv_calloc((size_t)nl, sizeof(int));
     B.lm = sk_alloc(c, sizeof(float) * (size_t)c->h * nch * c->d);
+    B.lm_host = sk_dev(c) ? skv_malloc(sizeof(float) * (size_t)c->h * nch * c->d) : B.lm;
     B.cm = sk_alloc(c, sizeof(float) * (size_t)c->h * nch);
     B.cm_h = sk_dev(c) ? skv_malloc(sizeof(float) * (size_t)c->h * nch) : B.cm;
     B.tmp = skv_malloc(sizeof(float) * (size_t)nch);
     B.outl = skv_malloc(sizeof(int) * (size_t)nch);
-    if (!sv || !t_svd || !rcs || !B.lm || !B.cm || !B.cm_h || !B.tmp || !B.outl)
+    if (!sv || !t_svd || !rcs || !B.lm || !B.lm_host || !B.cm || !B.cm_h || !B.tmp || !B.outl)
         rc = skv_error(SKV_ENOMEM, "out of memory");
     /* The SVDs first, one layer per thread (each single-threaded BLAS);
      * errors are thread-local, so each layer keeps its message, and the
@@ -1274,6 +1293,7 @@ static int sk_end_prefill(kv_cache *base) {
     for (int l = 0; !rc && l < nl; l++)
         rc = build_layer(c, l, &B, sv + (size_t)l * max_r, t_svd + 3 * (size_t)l, t_svd[3 * (size_t)l + 2]);
     if (B.cm_h != B.cm) free(B.cm_h);
+    if (B.lm_host != B.lm) free(B.lm_host);
     sk_release(c, B.lm);
     sk_release(c, B.cm);
     free(sv); free(t_svd); free(rcs); free(B.tmp); free(B.outl);
@@ -1301,7 +1321,7 @@ static void parts(const kv_sk *c, kv_shadowkv_stats *st) {
         }
         st->b_U += (size_t)c->s * c->r * f;
         st->b_SVt += (size_t)c->r * c->kvd * f * (c->so.plus ? 2 : 1);
-        st->b_landmarks += h * c->n_cand * d * f;
+        st->b_landmarks += h * c->n_cand * d * lm_elt(c);
         st->b_outliers += 2 * h * c->n_out * cc * d * f;
         st->b_local += 2 * h * c->n_local * d * f;
         st->b_generated += 2 * h * L->n_gen * d * f;

@@ -174,17 +174,23 @@ int shadowkv_outliers(const float *cos_min, int n, int o, int *out, float *scrat
  * group they went to the stack, a load and a store around every FMA). Each
  * logit is the same sequence of multiply-adds either way. Returns where it
  * stopped. */
-static inline __attribute__((always_inline)) int score_fours(const float *q, int G, int d, const float *lm, int n_lm,
-                                                             float scale, float *logit, size_t ld) {
+static inline __attribute__((always_inline)) int score_fours(const float *q, int G, int d, const void *lmv, int half,
+                                                             int n_lm, float scale, float *logit, size_t ld) {
+    /* half (a constant at each call): landmarks in half precision, widened
+     * exactly as they load, so the same sums of the same values */
+#if defined(__F16C__)
+#define LM_LOAD(j, e) (half ? SKV_LOADH((const uint16_t *)lmv + (size_t)(j) * d + (e)) \
+                            : _mm256_loadu_ps((const float *)lmv + (size_t)(j) * d + (e)))
+#else
+#define LM_LOAD(j, e) _mm256_loadu_ps((const float *)lmv + (size_t)(j) * d + (e))
+#endif
     int j = 0;
     for (; j + 4 <= n_lm; j += 4) {
-        const float *l0 = lm + (size_t)j * d, *l1 = l0 + d, *l2 = l1 + d, *l3 = l2 + d;
         __m256 acc[4][4];
 #pragma GCC unroll 4
         for (int g = 0; g < G; g++) acc[g][0] = acc[g][1] = acc[g][2] = acc[g][3] = _mm256_setzero_ps();
         for (int e = 0; e < d; e += 8) {
-            __m256 a = _mm256_loadu_ps(l0 + e), b = _mm256_loadu_ps(l1 + e), c = _mm256_loadu_ps(l2 + e),
-                   f = _mm256_loadu_ps(l3 + e);
+            __m256 a = LM_LOAD(j, e), b = LM_LOAD(j + 1, e), c = LM_LOAD(j + 2, e), f = LM_LOAD(j + 3, e);
 #pragma GCC unroll 4
             for (int g = 0; g < G; g++) {
                 __m256 qv = _mm256_loadu_ps(q + (size_t)g * d + e);
@@ -199,6 +205,7 @@ static inline __attribute__((always_inline)) int score_fours(const float *q, int
             _mm_storeu_ps(logit + (size_t)g * ld + j,
                           _mm_mul_ps(vec_hsum4x8(acc[g][0], acc[g][1], acc[g][2], acc[g][3]), _mm_set1_ps(scale)));
     }
+#undef LM_LOAD
     return j;
 }
 #endif
@@ -208,16 +215,42 @@ void shadowkv_score_logits(const float *q, int group, int d, const float *lm, in
     int j = 0;
 #if defined(__AVX2__) && defined(__FMA__)
     if (d % 8 == 0) switch (group) {
-        case 1: j = score_fours(q, 1, d, lm, n_lm, scale, logit, ld); break;
-        case 2: j = score_fours(q, 2, d, lm, n_lm, scale, logit, ld); break;
-        case 3: j = score_fours(q, 3, d, lm, n_lm, scale, logit, ld); break;
-        case 4: j = score_fours(q, 4, d, lm, n_lm, scale, logit, ld); break;
+        case 1: j = score_fours(q, 1, d, lm, 0, n_lm, scale, logit, ld); break;
+        case 2: j = score_fours(q, 2, d, lm, 0, n_lm, scale, logit, ld); break;
+        case 3: j = score_fours(q, 3, d, lm, 0, n_lm, scale, logit, ld); break;
+        case 4: j = score_fours(q, 4, d, lm, 0, n_lm, scale, logit, ld); break;
         default: break;
         }
 #endif
     for (; j < n_lm; j++)
         for (int g = 0; g < group; g++)
             logit[(size_t)g * ld + j] = vec_dot(q + (size_t)g * d, lm + (size_t)j * d, d) * scale;
+}
+
+void shadowkv_score_logits_h(const float *q, int group, int d, const uint16_t *lm, int n_lm, float scale,
+                             float *logit, size_t ld) {
+    int j = 0;
+#if defined(__AVX2__) && defined(__FMA__) && defined(__F16C__)
+    if (d % 8 == 0) switch (group) {
+        case 1: j = score_fours(q, 1, d, lm, 1, n_lm, scale, logit, ld); break;
+        case 2: j = score_fours(q, 2, d, lm, 1, n_lm, scale, logit, ld); break;
+        case 3: j = score_fours(q, 3, d, lm, 1, n_lm, scale, logit, ld); break;
+        case 4: j = score_fours(q, 4, d, lm, 1, n_lm, scale, logit, ld); break;
+        default: break;
+        }
+#endif
+    for (; j < n_lm; j++)
+        for (int g = 0; g < group; g++)
+            logit[(size_t)g * ld + j] = vec_dot_h(q + (size_t)g * d, lm + (size_t)j * d, d) * scale;
+}
+
+void shadowkv_round_f16(float *x, size_t n) {
+    uint16_t h[256];
+    for (size_t i = 0; i < n; i += 256) {
+        int m = n - i < 256 ? (int)(n - i) : 256;
+        vec_to_f16(h, x + i, m);
+        vec_from_f16(x + i, h, m);
+    }
 }
 
 void shadowkv_softmax_add(float *lg, int n, float *acc) {
