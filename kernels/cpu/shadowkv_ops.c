@@ -210,36 +210,38 @@ static inline __attribute__((always_inline)) int score_fours(const float *q, int
 }
 #endif
 
-void shadowkv_score_logits(const float *q, int group, int d, const float *lm, int n_lm, float scale, float *logit,
-                           size_t ld) {
-    int j = 0;
+/* The vector kernel's landmarks for a group it takes (1 to 4 heads, d a
+ * multiple of 8); returns where the caller's scalar loop starts. Inlined
+ * into each caller, so half stays a constant in score_fours. */
+static inline __attribute__((always_inline)) int score_vec(const float *q, int group, int d, const void *lm, int half,
+                                                           int n_lm, float scale, float *logit, size_t ld) {
 #if defined(__AVX2__) && defined(__FMA__)
+#if !defined(__F16C__)
+    if (half) return 0;
+#endif
     if (d % 8 == 0) switch (group) {
-        case 1: j = score_fours(q, 1, d, lm, 0, n_lm, scale, logit, ld); break;
-        case 2: j = score_fours(q, 2, d, lm, 0, n_lm, scale, logit, ld); break;
-        case 3: j = score_fours(q, 3, d, lm, 0, n_lm, scale, logit, ld); break;
-        case 4: j = score_fours(q, 4, d, lm, 0, n_lm, scale, logit, ld); break;
+        case 1: return score_fours(q, 1, d, lm, half, n_lm, scale, logit, ld);
+        case 2: return score_fours(q, 2, d, lm, half, n_lm, scale, logit, ld);
+        case 3: return score_fours(q, 3, d, lm, half, n_lm, scale, logit, ld);
+        case 4: return score_fours(q, 4, d, lm, half, n_lm, scale, logit, ld);
         default: break;
         }
+#else
+    (void)q; (void)group; (void)d; (void)lm; (void)half; (void)n_lm; (void)scale; (void)logit; (void)ld;
 #endif
-    for (; j < n_lm; j++)
+    return 0;
+}
+
+void shadowkv_score_logits(const float *q, int group, int d, const float *lm, int n_lm, float scale, float *logit,
+                           size_t ld) {
+    for (int j = score_vec(q, group, d, lm, 0, n_lm, scale, logit, ld); j < n_lm; j++)
         for (int g = 0; g < group; g++)
             logit[(size_t)g * ld + j] = vec_dot(q + (size_t)g * d, lm + (size_t)j * d, d) * scale;
 }
 
 void shadowkv_score_logits_h(const float *q, int group, int d, const uint16_t *lm, int n_lm, float scale,
                              float *logit, size_t ld) {
-    int j = 0;
-#if defined(__AVX2__) && defined(__FMA__) && defined(__F16C__)
-    if (d % 8 == 0) switch (group) {
-        case 1: j = score_fours(q, 1, d, lm, 1, n_lm, scale, logit, ld); break;
-        case 2: j = score_fours(q, 2, d, lm, 1, n_lm, scale, logit, ld); break;
-        case 3: j = score_fours(q, 3, d, lm, 1, n_lm, scale, logit, ld); break;
-        case 4: j = score_fours(q, 4, d, lm, 1, n_lm, scale, logit, ld); break;
-        default: break;
-        }
-#endif
-    for (; j < n_lm; j++)
+    for (int j = score_vec(q, group, d, lm, 1, n_lm, scale, logit, ld); j < n_lm; j++)
         for (int g = 0; g < group; g++)
             logit[(size_t)g * ld + j] = vec_dot_h(q + (size_t)g * d, lm + (size_t)j * d, d) * scale;
 }

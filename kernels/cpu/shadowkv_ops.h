@@ -56,6 +56,8 @@ void shadowkv_score(const float *q, int nq, size_t q_stride, int group, int d, c
  * head, acc (n) += softmax(lg (n)), lg overwritten. */
 void shadowkv_score_logits(const float *q, int group, int d, const float *lm, int n_lm, float scale, float *logit,
                            size_t ld);
+void shadowkv_softmax_add(float *lg, int n, float *acc);
+
 /* shadowkv_score_logits over landmarks kept in half precision: the bits of
  * shadowkv_score_logits over the same values widened to f32. */
 void shadowkv_score_logits_h(const float *q, int group, int d, const uint16_t *lm, int n_lm, float scale,
@@ -64,7 +66,6 @@ void shadowkv_score_logits_h(const float *q, int group, int d, const uint16_t *l
 /* Rounds x (n) to the nearest half-precision values, kept in f32 (what the
  * landmarks hold on every backend: shadowkv_score_logits_h reads them). */
 void shadowkv_round_f16(float *x, size_t n);
-void shadowkv_softmax_add(float *lg, int n, float *acc);
 
 /* score (n) = the max over the group's query heads of gs (group, n): the
  * group score shadowkv_score ends with. */
