@@ -9,7 +9,7 @@ ifeq ($(SANITIZE),1)
 BUILD   ?= build-asan
 OPT     ?= -O1 -fno-omit-frame-pointer -march=native
 SAN     ?= -fsanitize=address,undefined -fno-sanitize-recover=undefined
-export ASAN_OPTIONS ?= detect_leaks=1:abort_on_error=0
+export ASAN_OPTIONS ?= detect_leaks=1:abort_on_error=0:detect_stack_use_after_return=1
 export UBSAN_OPTIONS ?= print_stacktrace=1
 else
 BUILD   ?= build

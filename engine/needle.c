@@ -405,7 +405,7 @@ typedef struct {
 static int case_facts(const sweep *w, needle_case *c) {
     const needle_task *t = w->task;
     uint64_t r = splitmix64(w->o->seed * 0x9e3779b97f4a7c15ull ^ ((uint64_t)c->index << 20) ^ 0x5eedull);
-    c->task = t->name;
+    snprintf(c->task, sizeof c->task, "%s", t->name);
     c->n_facts = t->facts_min + (t->facts_max > t->facts_min ? (int)(r % (uint64_t)(t->facts_max - t->facts_min + 1)) : 0);
     int pick[NEEDLE_MAX_FACTS];
     for (int i = 0; i < c->n_facts; i++) {

@@ -87,7 +87,7 @@ int needle_context_notice(const skv_model *m, const needle_opts *o, char *buf, s
 typedef struct {
     int index, length, run;    /* case number; requested length; repetition */
     float depth;               /* percent */
-    const char *task;          /* the task's name */
+    char task[NEEDLE_TASK_NAME_MAX]; /* the task's name (a copy: the case outlives the sweep's own task) */
     int prompt_len;            /* tokens (the length, BOS included) */
     int tok_begin, tok_end;    /* the asked fact's token positions [begin, end) */
     int insert_depth;          /* where the asked fact went, percent of the haystack tokens before it */

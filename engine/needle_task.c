@@ -136,6 +136,11 @@ int needle_task_custom(const char *needle, const char *question, const char *ans
         needle_task_free(t);
         return skv_error(SKV_ENOMEM, "out of memory");
     }
+    /* The default needle and question are the built-in task 'single': say so. */
+    for (size_t i = 0; i < sizeof builtin / sizeof builtin[0]; i++)
+        if (builtin[i].lo == 1 && builtin[i].hi == 1 && !strcmp(builtin[i].fact, t->fact) &&
+            !strcmp(builtin[i].question, t->question))
+            snprintf(t->name, sizeof t->name, "%s", builtin[i].name);
     return 0;
 }
 

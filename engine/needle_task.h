@@ -37,7 +37,8 @@ int needle_task_builtin(const char *name, needle_task *t);
 
 /* A single-fact task from a needle with {value}, a question and the text the
  * answer continues (NULL: the needle's text before {value}); the old
- * --needle/--question/--answer-prefix flags. */
+ * --needle/--question/--answer-prefix flags. Named "custom", or the built-in
+ * task's name when it is the same text (the defaults are "single"). */
 int needle_task_custom(const char *needle, const char *question, const char *answer_prefix, needle_task *t);
 
 /* Reads tasks from a JSON Lines file: one object per non-blank line. A bad

@@ -622,6 +622,15 @@ static void test_cli(void) {
     free(text);
     cJSON *cases = cJSON_GetObjectItem(root, "cases");
     test_cond("the JSON parses and holds all 6 cases", cJSON_GetArraySize(cases) == 6);
+    /* The case's task name once pointed into the sweep's stack frame. */
+    int named = !strcmp(cJSON_GetStringValue(cJSON_GetObjectItem(cJSON_GetObjectItem(root, "settings"), "task")) ?
+                        cJSON_GetStringValue(cJSON_GetObjectItem(cJSON_GetObjectItem(root, "settings"), "task")) : "",
+                        "single");
+    for (int i = 0; i < cJSON_GetArraySize(cases); i++) {
+        const char *tn = cJSON_GetStringValue(cJSON_GetObjectItem(cJSON_GetArrayItem(cases, i), "task"));
+        named &= tn && !strcmp(tn, "single");
+    }
+    test_cond("a sweep without --task names its task 'single' in the settings and in every case", named);
     int ok = 1, nd = 0;
     double rate[2][3][2] = { { { 0 } } };  /* [length][depth][method] */
     int cnt[2][3] = { { 0 } };

@@ -578,6 +578,67 @@ static kv_cache *make_tailor(int budget, const char *qlayers, const char *tau) {
     return kv_new(&o, &sh, &c) ? NULL : c;
 }
 
+/* The calibration figure P, worked by hand. 20 prompt tokens; every key is
+ * zero but the last, whose score q.k/sqrt(d) is ln 19 for every query. The
+ * official rule (no mask, k = int(0.05 * 20) = 1 for every row): each row
+ * sees weights 19 and nineteen 1s, the top key holds 19/38, so P = 0.5.
+ * The causal rule: row p < 19 sees p + 1 equal keys and keeps one (k 0
+ * taken as 1), 1 - 1/(p + 1); row 19 gives 0.5; the mean over the 20 rows
+ * is (19 - H(19) + 0.5) / 20 = 0.797613. */
+static float tailor_P[2];
+static void on_tailor_metric(const probe_event *ev, void *user) {
+    int *which = user;
+    if (ev->kind == PROBE_METRIC && !strcmp(ev->metric.name, "attn_spread") && ev->metric.layer == 0)
+        tailor_P[*which] = ev->metric.value;
+}
+
+static void test_tailor_calibration(void) {
+    enum { N = 20 };
+    double h19 = 0;
+    for (int i = 1; i <= 19; i++) h19 += 1.0 / i;
+    const double want[2] = { 0.5, (19 - h19 + 0.5) / N };
+    int quant[2] = { -1, -1 }, ok = 1;
+    for (int which = 0; which < 2; which++) {
+        kv_opts o;
+        kv_opts_default(&o);
+        snprintf(o.policy, sizeof o.policy, "tailorkv");
+        o.budget = 12;
+        const char *set[][2] = {{"qlayers", "-1"}, {"qtau", "0.6"}, {"start", "2"}, {"recent", "2"},
+                                {"group", "4"}, {"residual", "8"}, {"qcausal", which ? "1" : "0"}};
+        for (size_t i = 0; i < sizeof set / sizeof set[0]; i++) ok &= kv_opts_set(&o, set[i][0], set[i][1], 1) == 0;
+        kv_shape sh = {.n_layers = 1, .n_heads = NH, .n_kv_heads = NKV, .head_dim = HD, .max_ctx = CTX};
+        kv_cache *c = NULL;
+        probe_bus *bus = NULL;
+        probe_sub *sub = NULL;
+        tailor_P[which] = NAN;
+        if (!ok || kv_new(&o, &sh, &c) || probe_bus_new(&bus) ||
+            probe_subscribe_callback(bus, PROBE_MASK(PROBE_METRIC), on_tailor_metric, &which, &sub)) {
+            ok = 0;
+        } else {
+            static float k[N * KVD], v[N * KVD], qq[N * NH * HD], out[N * NH * HD];
+            memset(k, 0, sizeof k);
+            for (size_t i = 0; i < sizeof v / sizeof v[0]; i++) v[i] = 1;
+            memset(qq, 0, sizeof qq);
+            for (int t = 0; t < N; t++)
+                for (int hq = 0; hq < NH; hq++) qq[(t * NH + hq) * HD] = 1;
+            for (int kh = 0; kh < NKV; kh++) k[(N - 1) * KVD + kh * HD] = (float)(log(19.0) * sqrt((double)HD));
+            c->bus = bus;
+            ok &= c->cls->append(c, 0, 0, N, k, k, v) == 0 && c->cls->attend(c, 0, 0, N, qq, out) == 0 &&
+                  c->cls->end_prefill(c) == 0;
+            quant[which] = (int)kv_stat(c, "q_layers");
+            probe_unsubscribe(sub);
+        }
+        kv_free(c);
+        probe_bus_free(bus);
+    }
+    char msg[200];
+    snprintf(msg, sizeof msg, "tailorkv calibration, worked by hand: official rule P %.6f (want 0.5), causal rule "
+             "P %.6f (want %.6f)", tailor_P[0], tailor_P[1], want[1]);
+    test_cond(msg, ok && fabs(tailor_P[0] - want[0]) < 1e-5 && fabs(tailor_P[1] - want[1]) < 1e-5);
+    test_cond("tailorkv calibration: qtau 0.6 lies between the two rules' P, so only the causal rule quantizes",
+              quant[0] == 0 && quant[1] == 1);
+}
+
 static void test_tailorkv(void) {
     const int start = 4, recent = 4, channels = 3, budget = 20, topk = budget - start - recent, n0 = 60;
     /* a sparse layer */
@@ -698,6 +759,23 @@ static void test_tailorkv(void) {
               rc == 0 && exact && strstr(tc->notice, "covers the prompt"));
     kv_free(tc);
     kv_free(dc);
+
+    /* full budget with a quantized layer: that layer still attends its
+     * low-bit cache, so it is not reported as exact */
+    tc = make_tailor(4096, "1", "0.2");
+    rc = tc ? feed_prompt(tc, &kd, 70) : -1;
+    if (!rc) rc = decode_step(tc, &kd, q, out);
+    int kept_pos[CTX], unit = 0, nk = rc ? -1 : tc->cls->kept(tc, 0, 0, kept_pos, &unit);
+    size_t res_b = 0, off_b = 0;
+    if (tc) tc->cls->bytes(tc, &res_b, &off_b);
+    test_cond("tailorkv at a budget covering the prompt keeps its quantized layer quantized: only the exact residual "
+              "rows are reported as kept, resident bytes below dense, and the notice names the layer",
+              rc == 0 && nk > 0 && nk < kd.n && res_b < (size_t)2 * kd.n * KVD * sizeof(float) &&
+                  strstr(tc->notice, "covers the prompt") && strstr(tc->notice, "quantized layers {0}"));
+    kv_free(tc);
+
+    test_tailor_calibration();
+
     kv_opts o;
     kv_opts_default(&o);
     snprintf(o.policy, sizeof o.policy, "tailorkv");

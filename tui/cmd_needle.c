@@ -409,7 +409,10 @@ static char *json_text(const skv_model *m, const needle_opts *o, const needle_re
             cJSON_AddStringToObject(se, "question", o->task->question);
             cJSON_AddStringToObject(se, "answer", o->task->answer);
         } else {
-            cJSON_AddStringToObject(se, "task", "custom");
+            needle_task own;
+            int named = !needle_task_custom(o->needle, o->question, o->answer_prefix, &own);
+            cJSON_AddStringToObject(se, "task", named ? own.name : "custom");
+            if (named) needle_task_free(&own);
             cJSON_AddStringToObject(se, "needle", o->needle);
             cJSON_AddStringToObject(se, "question", o->question);
             if (o->answer_prefix) cJSON_AddStringToObject(se, "answer_prefix", o->answer_prefix);

@@ -26,7 +26,7 @@ cJSON *needle_case_json(const needle_opts *o, const needle_case *c) {
     cJSON *j = cJSON_CreateObject();
     if (!j) return NULL;
     cJSON_AddNumberToObject(j, "index", c->index);
-    cJSON_AddStringToObject(j, "task", c->task ? c->task : "");
+    cJSON_AddStringToObject(j, "task", c->task);
     cJSON_AddNumberToObject(j, "length", c->length);
     cJSON_AddNumberToObject(j, "depth", c->depth);
     cJSON_AddNumberToObject(j, "run", c->run);

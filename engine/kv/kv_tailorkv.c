@@ -3,8 +3,10 @@
  * Each layer is quantized (Q) or sparse (S). The map is either the first
  * `qlayers` layers, or (qlayers = -1, "auto") calibrated on the prompt: for
  * the last 32 prompt queries of a layer, P = 1 - the attention mass on the
- * top floor(0.05 n) of the n keys each one sees (causal, 1/√d softmax),
+ * top floor(0.05 n) of the n prompt keys (1/√d softmax, no causal mask, as
+ * TailorKV's search code; qcausal=1: the pos + 1 keys each query sees),
  * averaged over those queries and all query heads; P > qtau makes the layer Q.
+ * A k below 1 (prompts under 20 tokens) is taken as 1.
  *  - Q layers keep everything resident as a low-bit KIVI cache (kv_lowbit.h,
  *    plain min-max) plus the newest rows exact, and attend exactly over what
  *    it decodes to.
@@ -56,7 +58,7 @@ typedef struct {
     kv_cache base;
     kv_opts o;
     lowbit_cfg q;
-    int qlayers, start, recent, channels;
+    int qlayers, start, recent, channels, qcausal;
     float tau;
     int h, d, kvd, group, nh;
     int cap, n, prompt, budget, n_topk, dense;
@@ -116,7 +118,9 @@ static float calib_P(const kv_tk *c, const tk_layer *L, float *p, float *tmp) {
     for (int r = 0; r < CALIB_ROWS; r++) {
         int pos = L->calib_pos[r];
         if (pos < 0) continue;
-        int n = pos + 1, k = (int)(0.05 * n);
+        /* The official search code: every row sees all s prompt keys (no
+         * mask) and keeps int(0.05 s); qcausal: row pos sees pos + 1. */
+        int n = c->qcausal ? pos + 1 : c->n, k = (int)(0.05 * n);
         if (k < 1) k = 1;
         for (int hq = 0; hq < c->nh; hq++) {
             const float *qh = L->calib_q + (size_t)r * c->nh * c->d + (size_t)hq * c->d;
@@ -280,7 +284,7 @@ static int tk_end_prefill(kv_tk *c) {
             if (c->qlayers < 0) probe_emit_metric(c->base.bus, "attn_spread", -1, l, -1, c->L[l].P, 0, NULL);
             probe_emit_metric(c->base.bus, "quantized", -1, l, -1, (float)c->L[l].quant, 0, NULL);
         }
-    if (!c->dense) {
+    {   /* quantized layers stay quantized when the sparse ones attend densely */
         size_t len = strlen(c->base.notice);
         snprintf(c->base.notice + len, sizeof c->base.notice - len, "%stailorkv: quantized layers {%s} (%s)",
                  len ? "; " : "", map, c->qlayers >= 0 ? "--kv-opt qlayers" : "calibrated on the prompt");
@@ -310,8 +314,9 @@ static void tk_bytes(const kv_cache *base, size_t *resident, size_t *offloaded) 
     *resident = *offloaded = 0;
     for (int l = 0; l < base->shape.n_layers; l++) {
         const tk_layer *L = &c->L[l];
-        if (!c->prompt || c->dense) *resident += 2 * n * kvd * f;
+        if (!c->prompt) *resident += 2 * n * kvd * f;
         else if (L->quant) *resident += lowbit_bytes(&c->q, c->h, c->d, c->n, L->nq_k, L->nq_v);
+        else if (c->dense) *resident += 2 * n * kvd * f;
         else {
             *resident += 2 * ((size_t)c->start + (size_t)c->recent + (n - s)) * kvd * f + kvd * f;
             *offloaded += 3 * s * kvd * f; /* K, V and Kᵀ of the prompt */
@@ -324,13 +329,15 @@ static int tk_kept(const kv_cache *base, int layer, int hq, int *pos, int *unit)
     const tk_layer *L = &c->L[layer];
     int T = c->n, n = 0;
     *unit = 1;
-    if (!c->hd || c->dense) {
-        for (int t = 0; t < T; t++) pos[n++] = t;
-        return n;
-    }
-    if (L->quant) { /* exact rows: those not yet quantized when it attended (flushed for T - 1) */
+    /* A quantized layer attends its low-bit cache whether or not the sparse
+     * layers fall back to dense: only its unquantized rows are exact. */
+    if (c->hd && L->quant) { /* exact rows: those not yet quantized when it attended (flushed for T - 1) */
         int R = c->q.residual, L1 = T - 1, nk = L1 - L1 % R, nv = L1 > R ? L1 - R : 0;
         for (int t = nk > nv ? nk : nv; t < T; t++) pos[n++] = t;
+        return n;
+    }
+    if (!c->hd || c->dense) {
+        for (int t = 0; t < T; t++) pos[n++] = t;
         return n;
     }
     const tk_head *H = &c->hd[hq / c->group];
@@ -389,6 +396,8 @@ static void tk_free(kv_cache *base) {
 static const kv_opt_def tk_opt_defs[] = {
     {"qlayers", NULL, KV_OPT_INT, -1, -1, 1 << 16, "the first N layers quantized; -1: calibrate on the prompt (auto)"},
     {"qtau", NULL, KV_OPT_FLOAT, 0.2, 0, 1, "auto: a layer whose P (mass outside its top 5% keys) exceeds this is quantized"},
+    {"qcausal", NULL, KV_OPT_INT, 0, 0, 1, "auto: 0 calibrates as TailorKV's search code does (no mask, the top "
+                                           "int(0.05 n) of all n prompt keys for every query); 1 with the causal mask"},
     {"bits", "--bits", KV_OPT_INT, 2, 1, 8, "bits per element in quantized layers"},
     {"group", NULL, KV_OPT_INT, 64, 1, 4096, "quantization group g"},
     {"residual", NULL, KV_OPT_INT, 128, 1, 1 << 16, "newest tokens kept exact in quantized layers; a multiple of the group"},
@@ -440,6 +449,7 @@ static int tk_create(const kv_opts *o, const kv_shape *shape, kv_cache **out) {
     c->q = q;
     c->qlayers = kv_opt_int(o, p, "qlayers");
     c->tau = (float)kv_opt(o, p, "qtau");
+    c->qcausal = kv_opt_int(o, p, "qcausal");
     c->start = kv_opt_int(o, p, "start");
     c->recent = kv_opt_int(o, p, "recent");
     c->channels = kv_opt_int(o, p, "channels");
