@@ -277,7 +277,10 @@ const char *cli_prompt_text(cli_gen *g) {
         cli_msg("give either -p or -f, not both\n");
         return NULL;
     }
-    if (g->prompt) return g->prompt;
+    if (g->prompt) {
+        if (!*g->prompt) cli_msg("the prompt is empty: -p needs text\n");
+        return *g->prompt ? g->prompt : NULL;
+    }
     int from_stdin = g->prompt_file && (!strcmp(g->prompt_file, "-") || !strcmp(g->prompt_file, "/dev/stdin"));
     int implicit = !g->prompt_file && !isatty(STDIN_FILENO); /* a prompt piped in */
     from_stdin |= implicit;
@@ -292,7 +295,7 @@ const char *cli_prompt_text(cli_gen *g) {
             cli_msg("%s\n", skv_last_error());
             return NULL;
         }
-        if (implicit && !*b) {
+        if (!*b) {
             free(b);
             cli_msg("no prompt: give -p TEXT or -f FILE (standard input was empty)\n");
             return NULL;
@@ -302,6 +305,11 @@ const char *cli_prompt_text(cli_gen *g) {
     }
     if (skv_read_file(g->prompt_file, (size_t)1 << 30, &b, &n)) {
         cli_msg("%s\n", skv_last_error());
+        return NULL;
+    }
+    if (!n) {
+        free(b);
+        cli_msg("no prompt: %s is empty\n", g->prompt_file);
         return NULL;
     }
     g->prompt_buf = b;

@@ -210,6 +210,12 @@ static int timeline_draw(canvas *c, canvas_rect r, const probe_store *st, const 
         snprintf(title, sizeof title,
                  g->cells ? "Timeline, step %d: %.3g ms" : "Stream timeline of decode step %d: %.3g ms, %d spans", step,
                  total, n);
+    /* The oracle's exact attention runs inside each step it scores. */
+    const probe_ev_step *se = probe_store_step(st, step >= 0 ? step : 0);
+    if ((se && se->has_oracle) || probe_store_oracle(st, step >= 0 ? step : 0, 0, 0)) {
+        size_t tl = strlen(title);
+        snprintf(title + tl, sizeof title - tl, ", times include the oracle");
+    }
     view_fit_text(c, CANVAS_FONT_TITLE, r.w, title);
     paint_gantt gt = {
         .title = title, .rows = rows, .n_rows = PROBE_STREAM_COUNT, .ops = cats, .n_ops = ops.n,
