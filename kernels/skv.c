@@ -4,6 +4,7 @@
 
 #include <cblas.h>
 #include <errno.h>
+#include <math.h>
 #include <sys/mman.h>
 #include <sys/stat.h>
 #include <omp.h>
@@ -135,6 +136,12 @@ double skv_now(void) {
     struct timespec ts;
     clock_gettime(CLOCK_MONOTONIC, &ts);
     return ts.tv_sec + ts.tv_nsec * 1e-9;
+}
+
+const char *skv_num(char *buf, size_t n, double v, int digits) {
+    if (isfinite(v) && v == floor(v) && fabs(v) < 9007199254740992.0) snprintf(buf, n, "%.0f", v == 0 ? 0.0 : v);
+    else snprintf(buf, n, "%.*g", digits, v);
+    return buf;
 }
 
 static int n_threads;

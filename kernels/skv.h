@@ -77,6 +77,11 @@ int skv_put_text(FILE *f, void *ctx, const char *path);
 /* Monotonic clock in seconds. */
 double skv_now(void);
 
+/* v as text in buf (n bytes): a whole number below 2^53 in full ("1957888",
+ * never "1.95789e+06"), anything else with `digits` significant digits
+ * (%g). Returns buf, for use inside a printf. */
+const char *skv_num(char *buf, size_t n, double v, int digits);
+
 /* Number of worker threads the engine uses (OpenMP; OpenBLAS runs single-
  * threaded inside the engine's parallel loops). */
 int skv_threads(void);

@@ -66,7 +66,9 @@ static int parse_float(const char *flag, const char *v, double lo, double hi, fl
     errno = 0;
     double x = v ? strtod(v, &end) : 0;
     if (!v || !*v || *end || errno || !(x >= lo && x <= hi)) {
-        cli_msg("%s expects a number in [%g, %g], got '%s'\n", flag, lo, hi, v ? v : "");
+        char a[40], b[40];
+        cli_msg("%s expects a number in [%s, %s], got '%s'\n", flag, skv_num(a, sizeof a, lo, 6),
+                skv_num(b, sizeof b, hi, 6), v ? v : "");
         return -1;
     }
     *out = (float)x;
@@ -222,13 +224,19 @@ void cli_gen_help(FILE *o, int flags) {
                 shared += q > p;
                 if (d->type == KV_OPT_FLAG) wl += (size_t)snprintf(who + wl, sizeof who - wl, "%s%s", wl ? ", " : "",
                                                                    kv_policy_at(q)->name);
-                else wl += (size_t)snprintf(who + wl, sizeof who - wl, "%s%s %g", wl ? ", " : "", kv_policy_at(q)->name,
-                                            e->def);
+                else {
+                    char num[40];
+                    wl += (size_t)snprintf(who + wl, sizeof who - wl, "%s%s %s", wl ? ", " : "", kv_policy_at(q)->name,
+                                           skv_num(num, sizeof num, e->def, 6));
+                }
                 if (wl >= sizeof who) break;
             }
             snprintf(left, sizeof left, "%s%s", d->flag, d->type == KV_OPT_FLAG ? "" : " N");
             if (d->type == KV_OPT_FLAG) fprintf(o, "      %-18s%s: %s\n", left, pc->name, d->help);
-            else if (!shared) fprintf(o, "      %-18s%s: %s (default %g)\n", left, pc->name, d->help, d->def);
+            else if (!shared) {
+                char num[40];
+                fprintf(o, "      %-18s%s: %s (default %s)\n", left, pc->name, d->help, skv_num(num, sizeof num, d->def, 6));
+            }
             else fprintf(o, "      %-18s%s (default %s)\n", left, d->help, who);
         }
     }

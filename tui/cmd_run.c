@@ -77,9 +77,12 @@ static void print_kv_accounting(const skv_session *s) {
             len += snprintf(line + len, sizeof line - len, " %s %.2f MiB", p->stat_defs[i].key, val[i] / 1048576.0);
         else if (!strcmp(u, "B") && val[i] >= 1024)
             len += snprintf(line + len, sizeof line - len, " %s %.1f KiB", p->stat_defs[i].key, val[i] / 1024.0);
-        else
-            len += snprintf(line + len, sizeof line - len, " %s %.4g%s%s", p->stat_defs[i].key, val[i],
+        else {
+            char num[40];
+            len += snprintf(line + len, sizeof line - len, " %s %s%s%s", p->stat_defs[i].key,
+                            skv_num(num, sizeof num, val[i], 4),
                             !strcmp(u, "%") || !strcmp(u, "x") ? "" : u[0] ? " " : "", !strcmp(u, "B") ? "B" : u);
+        }
     }
     cli_msg("%s\n", line);
     if (s->n_compared)

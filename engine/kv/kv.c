@@ -72,9 +72,11 @@ static int parse_value(const kv_opt_def *def, const char *value, double *out) {
     errno = 0;
     double x = strtod(value, &end);
     int integral = def->type != KV_OPT_INT || (x == floor(x) && fabs(x) < 1e15);
+    char a[40], b[40];
     if (!*value || *end || errno || !isfinite(x) || !integral || x < def->lo || x > def->hi)
-        return skv_error(SKV_EINVAL, "KV option '%s' expects %s in [%g, %g], got '%s'", def->key,
-                         def->type == KV_OPT_INT ? "an integer" : "a number", def->lo, def->hi, value);
+        return skv_error(SKV_EINVAL, "KV option '%s' expects %s in [%s, %s], got '%s'", def->key,
+                         def->type == KV_OPT_INT ? "an integer" : "a number", skv_num(a, sizeof a, def->lo, 6),
+                         skv_num(b, sizeof b, def->hi, 6), value);
     *out = x;
     return 0;
 }
@@ -135,7 +137,11 @@ void kv_opts_describe(const kv_opts *o, const kv_class *p, int prompt_len, char 
     buf[0] = 0;
     if (p->budgeted) len += snprintf(buf, n, "budget=%d", kv_budget_tokens(o, prompt_len));
     for (int i = 0; i < p->n_opts && len < n; i++)
-        len += snprintf(buf + len, n - len, "%s%s=%g", len ? " " : "", p->opts[i].key, kv_opt(o, p, p->opts[i].key));
+    {
+        char num[40];
+        len += snprintf(buf + len, n - len, "%s%s=%s", len ? " " : "", p->opts[i].key,
+                        skv_num(num, sizeof num, kv_opt(o, p, p->opts[i].key), 6));
+    }
 }
 
 void kv_policies_help(FILE *out) {
@@ -154,7 +160,9 @@ void kv_policies_help(FILE *out) {
                 snprintf(range, sizeof range, "default %s", d->def != 0 ? "on" : "off");
             } else {
                 snprintf(left, sizeof left, "%s=N%s%s", d->key, d->flag ? ", " : "", d->flag ? d->flag : "");
-                snprintf(range, sizeof range, "default %g, %g..%g", d->def, d->lo, d->hi);
+                char a[40], b[40], c[40];
+                snprintf(range, sizeof range, "default %s, %s..%s", skv_num(a, sizeof a, d->def, 6),
+                         skv_num(b, sizeof b, d->lo, 6), skv_num(c, sizeof c, d->hi, 6));
             }
             fprintf(out, "    %-22s %s (%s)\n", left, d->help, range);
         }
@@ -198,7 +206,11 @@ void kv_stats_describe(const kv_cache *c, char *buf, size_t n) {
     if (!p->n_stats) return;
     c->cls->stats(c, val);
     for (int i = 0; i < p->n_stats && len < n; i++)
-        len += snprintf(buf + len, n - len, "%s%s=%.6g", len ? " " : "", p->stat_defs[i].key, val[i]);
+    {
+        char num[40];
+        len += snprintf(buf + len, n - len, "%s%s=%s", len ? " " : "", p->stat_defs[i].key,
+                        skv_num(num, sizeof num, val[i], 6));
+    }
 }
 
 int kv_attend_all(const kv_shape *sh, const float *q, const float *K, const float *V, int rows, int stride,
