@@ -86,6 +86,7 @@ int skv_temp_beside(const char *path, const char *suffix, char **tmp) {
         *tmp = NULL;
         return skv_error(SKV_EIO, "%s: cannot create a temporary file beside it: %s", path, strerror(e));
     }
+    fchmod(fd, 0644); /* mkstemp makes it 0600; every output is 0644, whoever writes it */
     return fd;
 }
 
@@ -114,7 +115,6 @@ int skv_save_atomic(const char *path, int force, int (*write)(FILE *f, void *ctx
     char *tmp;
     int fd = skv_temp_beside(path, ".tmp-", &tmp);
     if (fd < 0) return fd;
-    fchmod(fd, 0644);
     FILE *f = fdopen(fd, "wb");
     if (!f) {
         close(fd);

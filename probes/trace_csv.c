@@ -226,6 +226,13 @@ int trace_export_csv(const char *path, const char *dir, int force, int partial, 
         trace_close(r);
         return rc;
     }
+    char mp[4096];
+    snprintf(mp, sizeof mp, "%s/meta.json", dir);
+    struct stat sb;
+    if (!force && lstat(mp, &sb) == 0) { /* before any table is written */
+        trace_close(r);
+        return skv_error(SKV_EIO, "%s exists; use --force to replace it", mp);
+    }
     csv_out o;
     memset(&o, 0, sizeof o);
     o.dir = dir;
@@ -243,8 +250,6 @@ int trace_export_csv(const char *path, const char *dir, int force, int partial, 
     int tables = o.n_open;
     close_all(&o, 1, &rc);
     if (!rc) {
-        char mp[4096];
-        snprintf(mp, sizeof mp, "%s/meta.json", dir);
         rc = skv_save_atomic(mp, force, skv_put_text, (void *)trace_meta_json(r));
     }
     trace_close(r);

@@ -325,9 +325,35 @@ const char *cli_prompt_text(cli_gen *g) {
 }
 
 int cli_check_output(const char *cmd, const char *path, int force) {
-    if (!path || force || access(path, F_OK) != 0) return 0;
-    fprintf(stderr, "skv %s: %s exists; use --force to replace it\n", cmd, path);
-    return 1;
+    if (!path) return 0;
+    struct stat sb;
+    if (!*path) {
+        fprintf(stderr, "skv %s: an output file name is empty\n", cmd);
+        return 1;
+    }
+    if (stat(path, &sb) == 0 && S_ISDIR(sb.st_mode)) {
+        fprintf(stderr, "skv %s: %s is a directory; give a file name for the output\n", cmd, path);
+        return 1;
+    }
+    if (!force && lstat(path, &sb) == 0) {
+        fprintf(stderr, "skv %s: %s exists; use --force to replace it\n", cmd, path);
+        return 1;
+    }
+    /* Its folder must exist and take a new file (the temp file, then the rename). */
+    char dir[PATH_MAX];
+    const char *slash = strrchr(path, '/');
+    if (!slash) snprintf(dir, sizeof dir, ".");
+    else if (slash == path) snprintf(dir, sizeof dir, "/");
+    else snprintf(dir, sizeof dir, "%.*s", (int)(slash - path), path);
+    if (stat(dir, &sb) != 0 || !S_ISDIR(sb.st_mode)) {
+        fprintf(stderr, "skv %s: %s: the folder %s does not exist\n", cmd, path, dir);
+        return 1;
+    }
+    if (access(dir, W_OK | X_OK) != 0) {
+        fprintf(stderr, "skv %s: %s: the folder %s is not writable\n", cmd, path, dir);
+        return 1;
+    }
+    return 0;
 }
 
 void cli_ctx_warning(const cli_gen *g, const skv_model *m) {

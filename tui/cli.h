@@ -53,9 +53,10 @@ const char *cli_prompt_text(cli_gen *g);
 
 void cli_gen_free(cli_gen *g);
 
-/* 0 when path may be written: it does not exist, or force. Else prints that
- * it exists (use --force to replace it) and returns 1. The one rule for
- * every output a command writes. */
+/* 0 when path may be written: not a directory, in a writable folder that
+ * exists, and new unless force. Else prints which (an existing file: use
+ * --force to replace it) and returns 1. The one rule for every output a
+ * command writes, checked before any work starts. */
 int cli_check_output(const char *cmd, const char *path, int force);
 
 /* Warns (stderr, one line) when -c asks for more positions than the model

@@ -46,11 +46,7 @@ int cmd_convert(int argc, char **argv) {
     if (type && !strcmp(type, "f32")) o.type = GGML_F32;
     else if (type && !strcmp(type, "f16")) o.type = GGML_F16;
     else if (type) return cli_usage_error("convert", "--type expects f32 or f16, got '%s'", type);
-    struct stat st;
-    if (!force && lstat(out, &st) == 0) { /* before the (slow) load */
-        fprintf(stderr, "skv convert: %s exists; pass --force to replace it\n", out);
-        return 1;
-    }
+    if (cli_check_output("convert", out, force)) return 1; /* before the (slow) load */
     skv_model *m;
     if (model_load(src, &m)) return cli_fail();
     if (!type) o.type = convert_default_type(m);

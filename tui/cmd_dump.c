@@ -12,6 +12,7 @@
 #include "tok.h"
 
 #include <errno.h>
+#include <limits.h>
 #include <math.h>
 #include <stdlib.h>
 #include <string.h>
@@ -100,7 +101,8 @@ static void help(FILE *o) {
                "  k_pre.npy (s, kv*hd), k_post.npy, v.npy, q_last.npy (heads*hd);\n"
                "  with a low-rank block policy (--kv shadowkv) also U.npy (s, r), SVt.npy (r, kv*hd), landmarks.npy\n"
                "  (kv, chunks*hd), cos_min.npy (kv, chunks), outliers.npy (kv, O; -1 padding) and\n"
-               "  selected.npy (kv, k): the chunks chosen at the first decode step.\n\n");
+               "  selected.npy (kv, k): the chunks chosen at the first decode step.\n"
+               "An existing .npy file there is kept unless --force.\n\n");
     cli_gen_help(o, 0);
 }
 
@@ -132,6 +134,15 @@ int cmd_dump(int argc, char **argv) {
     const char *text = cli_prompt_text(&g);
     if (!text) return 2;
     if (skv_make_dir(dir)) return cli_fail();
+    /* Every file it may write, checked before the work: none is replaced
+     * without --force. */
+    static const char *const names[] = { "k_pre", "k_post", "v", "q_last", "U", "SVt", "landmarks", "cos_min",
+                                         "outliers", "selected" };
+    for (size_t i = 0; i < sizeof names / sizeof names[0]; i++) {
+        char path[PATH_MAX + 64];
+        snprintf(path, sizeof path, "%s/%s.npy", dir, names[i]);
+        if (cli_check_output("dump", path, g.force)) return 1;
+    }
     skv_model *m = NULL;
     skv_session *s = NULL;
     probe_bus *bus = NULL;

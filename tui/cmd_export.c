@@ -181,11 +181,7 @@ int cmd_export(int argc, char **argv) {
     int svg = ends_with(out, ".svg");
     if (!svg && !ends_with(out, ".png"))
         return cli_usage_error("export", "%s: the figure's name must end in .png or .svg", out);
-    struct stat sb;
-    if (!force && stat(out, &sb) == 0) {
-        fprintf(stderr, "skv export: %s exists; use --force to replace it\n", out);
-        return 1;
-    }
+    if (cli_check_output("export", out, force)) return 1;
 
     probe_lanes *lanes = NULL;
     canvas *c = NULL;

@@ -60,10 +60,7 @@ int cmd_synth(int argc, char **argv) {
     else if (!strcmp(dtype, "q8_0")) o.dtype = GGML_Q8_0;
     else if (!strcmp(dtype, "q4_0")) o.dtype = GGML_Q4_0;
     else return cli_usage_error("synth", "--dtype expects f32, f16, bf16, q8_0 or q4_0, got '%s'", dtype);
-    if (!force && access(out, F_OK) == 0) {
-        fprintf(stderr, "skv synth: %s exists; pass --force to replace it\n", out);
-        return 1;
-    }
+    if (cli_check_output("synth", out, force)) return 1;
     model_config c;
     if (hf_load_config(config, &c)) return cli_fail();
     if (layers) c.n_layers = (int)layers;
