@@ -362,6 +362,16 @@ void cli_ctx_warning(const cli_gen *g, const skv_model *m) {
                 "them are untrained and its output there is not to be trusted\n", g->s.ctx, m->cfg.ctx_train);
 }
 
+int cli_check_lengths(const char *cmd, const skv_model *m, const int *lengths, int n, int force) {
+    int mx = 0;
+    for (int i = 0; i < n; i++) mx = lengths[i] > mx ? lengths[i] : mx;
+    if (force || m->cfg.ctx_train <= 0 || mx <= 2 * m->cfg.ctx_train) return 0;
+    fprintf(stderr, "skv %s: --lengths: %d tokens is more than twice the model's trained context of %d; such a case "
+            "cannot be expected to retrieve and takes long (add --force to run it anyway)\n", cmd, mx,
+            m->cfg.ctx_train);
+    return 2;
+}
+
 /* The quit signals (SIGINT, SIGTERM, SIGHUP, SIGQUIT) are taken by one
  * thread of their own, which only waits for them: every other thread (the
  * main one, the OpenMP, oneDNN and engine threads, which inherit main's mask)
@@ -396,14 +406,20 @@ void cli_signals_own_thread(void) {
 
 static volatile sig_atomic_t stop_flag;
 static struct sigaction stop_old_int, stop_old_term;
+static char stop_line[200];
+static size_t stop_len;
 
 static void on_stop(int sig) {
     (void)sig;
     if (stop_flag) _exit(CLI_STOPPED); /* a second Ctrl-C: leave now (a trace stays readable, cut short) */
     stop_flag = 1;
+    if (stop_len) { ssize_t w = write(STDERR_FILENO, stop_line, stop_len); (void)w; } /* async-signal-safe */
 }
 
-void cli_stop_catch(void) {
+void cli_stop_catch(const char *unit) {
+    snprintf(stop_line, sizeof stop_line, "\nskv %s: stopping after the %s in flight (Ctrl-C again to quit now)\n",
+             cli_command ? cli_command : "", unit);
+    stop_len = strlen(stop_line);
     struct sigaction sa;
     memset(&sa, 0, sizeof sa);
     sa.sa_handler = on_stop;

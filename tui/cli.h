@@ -63,13 +63,19 @@ int cli_check_output(const char *cmd, const char *path, int force);
  * was trained on. */
 struct skv_model;
 void cli_ctx_warning(const cli_gen *g, const struct skv_model *m);
+/* 0, or prints that a length of the sweep is more than twice the model's
+ * trained context (its cases would take long and cannot retrieve) and
+ * returns 2; force lets it run. */
+int cli_check_lengths(const char *cmd, const struct skv_model *m, const int *lengths, int n, int force);
 
 /* Ctrl-C (SIGINT or SIGTERM) while a command works: cli_stop_catch() makes
- * the first one set a flag that cli_stop_requested() reports (the command
- * finishes the step in flight and keeps what it made; status 130), a second
- * one exits at once; cli_stop_release() restores the handlers. */
+ * the first one set a flag that cli_stop_requested() reports and say at once
+ * "stopping after the UNIT in flight (Ctrl-C again to quit now)" (the
+ * command finishes that unit, a step or a case, and keeps what it made;
+ * status 130), a second one exits at once; cli_stop_release() restores the
+ * handlers. */
 #define CLI_STOPPED 130
-void cli_stop_catch(void);
+void cli_stop_catch(const char *unit);
 /* Called first in main: a thread of its own takes the quit signals, so no
  * compute thread is ever interrupted by a handler (see cli.c). */
 void cli_signals_own_thread(void);

@@ -935,6 +935,7 @@ int cmd_eval(int argc, char **argv) {
     if (skv_read_file(hay_path, (size_t)64 << 20, &hay, &hay_n)) { rc = cli_fail(); goto out; }
     if (g.threads) skv_set_threads(g.threads);
     if (model_load(g.model, &m)) { rc = cli_fail(); goto out; }
+    if (cli_check_lengths("eval", m, e.o.lengths, e.o.n_lengths, force)) { rc = 2; goto out; }
     e.model_path = g.model;
     e.hay_path = hay_path;
     e.dir = out_dir;
@@ -958,7 +959,7 @@ int cmd_eval(int argc, char **argv) {
             e.o.n_methods, e.o.n_methods == 1 ? "y" : "ies", e.main_budget.label,
             e.n_sweep ? " and a budget sweep" : "", e.planned, e.done_before);
     e.t0 = e.t_last = skv_now();
-    cli_stop_catch();
+    cli_stop_catch("case");
     rc = run_suite(&e, m);
     cli_stop_release();
     if (isatty(2) && e.done_now) fputc('\n', stderr);

@@ -294,8 +294,11 @@ static void print_table(const needle_result *r, const needle_opts *o) {
         printf("%6g%%", o->depths[d]);
         for (int i = 0; i < o->n_lengths; i++) {
             printf("  ");
-            for (int m = 0; m < o->n_methods; m++)
-                printf("%s%4.0f", m ? " |" : " ", cell_rate(r, o->lengths[i], o->depths[d], m));
+            for (int m = 0; m < o->n_methods; m++) {
+                double v = cell_rate(r, o->lengths[i], o->depths[d], m);
+                if (v < 0) printf("%s%4s", m ? " |" : " ", "-"); /* not run: the sweep was interrupted */
+                else printf("%s%4.0f", m ? " |" : " ", v);
+            }
         }
         printf("\n");
     }
@@ -306,10 +309,14 @@ static void print_table(const needle_result *r, const needle_opts *o) {
             int n = 0, h = 0;
             for (int k = 0; k < r->n_cases; k++)
                 if (r->cases[k].length == o->lengths[i]) { n++; h += r->cases[k].hit[m]; }
-            printf("%s%4.0f", m ? " |" : " ", n ? 100.0 * h / n : 0);
+            if (n) printf("%s%4.0f", m ? " |" : " ", 100.0 * h / n);
+            else printf("%s%4s", m ? " |" : " ", "-");
         }
     }
     printf("\n");
+    int planned = o->n_lengths * o->n_depths * o->runs;
+    if (r->n_cases < planned)
+        printf("partial: %d of %d cases run; '-' marks a cell with none\n", r->n_cases, planned);
 }
 
 /* A run event with the sweep's settings (its first sparse method, at the
@@ -685,7 +692,8 @@ int cmd_needle(int argc, char **argv) {
             m->random_weights ? " (random weights: retrieval is not expected)" : "", n_len, n_len == 1 ? "" : "s", n_dep,
             n_dep == 1 ? "" : "s", o.runs, o.runs == 1 ? "" : "s", hay_path);
     needle_result res;
-    cli_stop_catch();
+    if (cli_check_lengths("needle", m, o.lengths, o.n_lengths, force)) { rc = 2; goto fail; }
+    cli_stop_catch("case");
     char ctx_note[256];
     if (needle_context_notice(m, &o, ctx_note, sizeof ctx_note)) /* before a sweep that may take minutes, and after */
         fprintf(stderr, "skv needle: warning: %s\n", ctx_note);

@@ -130,6 +130,7 @@ static int run_compare(cli_gen *g) {
     if (!rc && tok_encode(m->tok, text, strlen(text), tok_add_bos(m->tok) && !g->no_bos, 1, &ids, &n)) rc = cli_fail();
     if (!rc && n == 0) { cli_msg("the prompt is empty after tokenization\n"); rc = 1; }
     if (!rc && compare_new(m, &g->s, g->kv_list, g->n_kv, &c)) rc = cli_fail();
+    cli_stop_catch("step"); /* Ctrl-C: stop after the step in flight, then the table and the trace */
     if (!rc && compare_prefill(c, ids, n, NULL, NULL)) rc = cli_fail();
     if (!rc) {
         for (int i = 0; i < c->n; i++)
@@ -138,7 +139,8 @@ static int run_compare(cli_gen *g) {
                 c->policy[c->teacher]);
         int prev = ids[n - 1];
         char buf[256];
-        for (int i = 0; i < g->n_predict; i++) {
+        int generated = 0;
+        for (int i = 0; i < g->n_predict && !cli_stop_requested(); i++, generated++) {
             int tok = compare_next(c);
             if (tok_is_eog(m->tok, tok)) break;
             int len = tok_piece(m->tok, prev, tok, 0, buf, sizeof buf);
@@ -149,6 +151,9 @@ static int run_compare(cli_gen *g) {
         }
         printf("\n");
         fflush(stdout);
+        if (cli_stop_requested())
+            cli_msg("stopped after %d generated tokens (interrupted)%s\n", generated,
+                    g->trace ? "; the trace holds every step so far" : "");
         cli_msg("%-9s %7s %9s %11s %13s %8s %8s %9s\n", "policy", "top-1", "decode", "resident",
                 "fetched/step", "recall", "overlap", "out err");
         for (int i = 0; i < c->n && !rc; i++) {
@@ -177,11 +182,13 @@ static int run_compare(cli_gen *g) {
         }
         if (!g->s.kv.oracle) cli_msg("(--oracle adds each policy's recall, overlap and output error)\n");
     }
+    cli_stop_release();
     if (g->tw) {
         if (rc) trace_writer_abort(g->tw);
         else if (trace_writer_close(g->tw)) rc = cli_fail();
         else cli_msg("trace written to %s (skv inspect --trace shows every policy)\n", g->trace);
     }
+    if (!rc && cli_stop_requested()) rc = CLI_STOPPED;
     probe_bus_free(g->bus);
     compare_free(c);
     model_free(m);
@@ -221,12 +228,14 @@ int cmd_run(int argc, char **argv) {
     }
     if (g.n_kv > 1) return run_compare(&g);
     skv_model *m; skv_session *s; int32_t *ids; int n;
+    /* Ctrl-C from here on (the prefill too): stop after the step in flight,
+     * then the summary and the trace */
+    cli_stop_catch("step");
     int rc = setup(&g, "run", &m, &s, &ids, &n);
-    if (rc) return teardown(m, s, ids, &g, rc);
+    if (rc) { cli_stop_release(); return teardown(m, s, ids, &g, rc); }
     int prev = ids[n - 1];
     char buf[256];
     int generated = 0;
-    cli_stop_catch(); /* Ctrl-C: stop after the step in flight, then the summary and the trace */
     for (int i = 0; i < g.n_predict && !cli_stop_requested(); i++) {
         int tok = session_sample(s);
         if (tok_is_eog(m->tok, tok)) break;

@@ -137,8 +137,14 @@ static int niah_draw(canvas *c, canvas_rect r, const probe_store *st, const view
     for (int m = 0; m < g.nm; m++) {
         double pct = g.total[m] ? 100.0 * g.hits[m] / g.total[m] : 0;
         /* The budget may differ per length (--budget P%), so titles name the policy alone. */
-        snprintf(title[m], sizeof title[m], "%s: %.0f%% retrieved", m == 0 && !g.name[0][0] ? "dense" : g.name[m],
-                 pct);
+        int n = snprintf(title[m], sizeof title[m], "%s: %.0f%% retrieved", m == 0 && !g.name[0][0] ? "dense" : g.name[m],
+                         pct);
+        /* An interrupted sweep leaves cells with fewer runs than the fullest one. */
+        int most = 0;
+        for (int i = 0; i < g.nx * g.ny; i++) most = g.runs[m][i] > most ? g.runs[m][i] : most;
+        int planned = most * g.nx * g.ny;
+        if (g.total[m] < planned && n > 0 && (size_t)n < sizeof title[m])
+            snprintf(title[m] + n, sizeof title[m] - (size_t)n, ", partial (%d of %d)", g.total[m], planned);
     }
     /* One text line under the panels for the cursor's cell. */
     double line_h = geo->cells ? 1 : canvas_line_height(c, CANVAS_FONT_BODY) + geo->pad;
