@@ -138,6 +138,8 @@ static int field_int(const probe_event *e, const probe_field *f) {
 
 /* ---- encoding ------------------------------------------------------------ */
 
+#define TRACE_MAX_POLICIES 16 /* distinct "policy: options" kept for the metadata */
+
 typedef struct {
     unsigned char *p;   /* (cap) */
     size_t n, cap;
@@ -223,6 +225,8 @@ struct trace_writer {
     uint32_t crc;               /* of every byte written so far */
     double last_sync;
     probe_event *run;           /* the first PROBE_RUN, for the metadata */
+    char policies[TRACE_MAX_POLICIES][160]; /* every run event's "policy: options" (compare mode: one a lane) */
+    int n_policies;
     int n_steps, n_layers, n_heads;
     int err;                    /* first error met while recording */
     char msg[512];
@@ -323,6 +327,16 @@ int trace_writer_open(const char *path, probe_bus *bus, trace_writer **out) {
     return 0;
 }
 
+/* Adds run's "policy: options" to the list (n) unless it is there. */
+static void policy_note(char (*list)[160], int *n, const probe_ev_run *run) {
+    char one[160];
+    snprintf(one, sizeof one, "%s%s%s", run->kv_policy ? run->kv_policy : "?",
+             run->kv_opts && *run->kv_opts ? ": " : "", run->kv_opts ? run->kv_opts : "");
+    for (int i = 0; i < *n; i++)
+        if (!strcmp(list[i], one)) return;
+    if (*n < TRACE_MAX_POLICIES) snprintf(list[(*n)++], sizeof list[0], "%s", one);
+}
+
 /* Keeps the largest step, layer and head seen, for the metadata counts. */
 static void writer_see(trace_writer *w, const probe_event *ev) {
     int nf;
@@ -348,6 +362,7 @@ int trace_writer_write(trace_writer *w, const probe_event *ev) {
     if ((rc = writer_put(w, w->enc.p, w->enc.n + RECORD_CRC))) return rc;
     if (ev->kind == PROBE_RUN && !w->run && !(w->run = probe_event_dup(ev)))
         return writer_fail(w, skv_error(SKV_ENOMEM, "%s: out of memory", w->path));
+    if (ev->kind == PROBE_RUN) policy_note(w->policies, &w->n_policies, &ev->run);
     w->n_records++;
     w->count[ev->kind]++;
     writer_see(w, ev);
@@ -412,6 +427,9 @@ static cJSON *writer_meta(const trace_writer *w) {
     } else {
         cJSON_AddNullToObject(m, "run");
     }
+    /* Every policy of the run: compare mode writes a run event per lane. */
+    cJSON *pl = cJSON_AddArrayToObject(m, "policies");
+    for (int i = 0; pl && i < w->n_policies; i++) cJSON_AddItemToArray(pl, cJSON_CreateString(w->policies[i]));
     cJSON *k = cJSON_AddObjectToObject(m, "kinds");
     for (int i = 1; k && i < PROBE_KIND_COUNT; i++)
         if (w->count[i]) cJSON_AddNumberToObject(k, probe_kind_name((probe_kind)i), (double)w->count[i]);
@@ -916,14 +934,44 @@ static double meta_num(const cJSON *o, const char *key) {
     return cJSON_IsNumber(v) ? v->valuedouble : -1;
 }
 
+/* What a trace's records say when its metadata record is missing (a run
+ * cut short): every policy, the steps finished and the layers. */
+typedef struct {
+    char policies[TRACE_MAX_POLICIES][160];
+    int n_policies, steps, layers;
+    probe_event *run;   /* the first run event (owned) */
+} trace_scan;
+
+static void scan_records(trace_reader *r, trace_scan *sc) {
+    memset(sc, 0, sizeof *sc);
+    const probe_event *ev = NULL;
+    while (trace_next(r, &ev) > 0) {
+        if (ev->kind == PROBE_RUN) {
+            policy_note(sc->policies, &sc->n_policies, &ev->run);
+            if (!sc->run) sc->run = probe_event_dup(ev);
+            if (ev->run.n_layers > sc->layers) sc->layers = ev->run.n_layers;
+        } else if (ev->kind == PROBE_STEP && ev->step.step + 1 > sc->steps) {
+            sc->steps = ev->step.step + 1;
+        } else if (ev->kind == PROBE_PREFILL_LAYER && ev->prefill_layer.layer + 1 > sc->layers) {
+            sc->layers = ev->prefill_layer.layer + 1;
+        }
+    }
+}
+
 int trace_info(const char *path, FILE *out) {
     trace_reader *r;
     int rc = trace_open(path, &r);
     if (rc) return rc;
     const cJSON *m = r->meta, *created = cJSON_GetObjectItemCaseSensitive(m, "created");
-    fprintf(out, "%s: skv trace format %d, written by skv %s", path, r->version, meta_str(m, "skv_version"));
-    if (cJSON_IsObject(created)) fprintf(out, " on %s (%s)", meta_str(created, "utc"), meta_str(created, "host"));
+    if (cJSON_GetObjectItemCaseSensitive(m, "skv_version")) {
+        fprintf(out, "%s: skv trace format %d, written by skv %s", path, r->version, meta_str(m, "skv_version"));
+        if (cJSON_IsObject(created)) fprintf(out, " on %s (%s)", meta_str(created, "utc"), meta_str(created, "host"));
+    } else {
+        fprintf(out, "%s: skv trace format %d, no metadata record (the run was cut short; read from its records)", path,
+                r->version);
+    }
     fprintf(out, "\n");
+    const cJSON *pl = cJSON_GetObjectItemCaseSensitive(m, "policies");
     const cJSON *run = cJSON_GetObjectItemCaseSensitive(m, "run");
     if (cJSON_IsObject(run)) {
         fprintf(out, "  model      %s (%s, %s%s), backend %s\n", meta_str(run, "model"), meta_str(run, "arch"),
@@ -933,22 +981,32 @@ int trace_info(const char *path, FILE *out) {
                 meta_num(run, "n_layers"), meta_num(run, "n_heads"), meta_num(run, "n_kv_heads"),
                 meta_num(run, "head_dim"), meta_num(run, "max_ctx"), meta_num(run, "prompt_len"));
         const char *opts = meta_str(run, "kv_opts");
-        fprintf(out, "  kv policy  %s%s%s%s\n", meta_str(run, "kv_policy"), *opts && strcmp(opts, "?") ? ": " : "",
-                strcmp(opts, "?") ? opts : "", meta_num(run, "oracle") > 0 ? ", oracle" : "");
-    } else {
-        /* a trace cut short has no metadata: the run event itself */
-        const probe_event *ev = NULL;
-        while (trace_next(r, &ev) > 0 && ev->kind != PROBE_RUN) {}
-        if (ev && ev->kind == PROBE_RUN)
-            fprintf(out, "  model      %s (%s, %s), backend %s\n  kv policy  %s%s%s\n", ev->run.model ? ev->run.model : "?",
-                    ev->run.arch ? ev->run.arch : "?", ev->run.format ? ev->run.format : "?",
-                    ev->run.backend ? ev->run.backend : "?", ev->run.kv_policy ? ev->run.kv_policy : "?",
-                    ev->run.kv_opts && *ev->run.kv_opts ? ": " : "", ev->run.kv_opts ? ev->run.kv_opts : "");
+        if (cJSON_GetArraySize(pl) > 1) /* compare mode: every lane's policy */
+            for (int i = 0; i < cJSON_GetArraySize(pl); i++)
+                fprintf(out, "  %-10s %s%s\n", i ? "" : "policies", cJSON_GetStringValue(cJSON_GetArrayItem(pl, i)) ?
+                        cJSON_GetStringValue(cJSON_GetArrayItem(pl, i)) : "?", !i && meta_num(run, "oracle") > 0 ?
+                        ", oracle" : "");
         else
+            fprintf(out, "  kv policy  %s%s%s%s\n", meta_str(run, "kv_policy"), *opts && strcmp(opts, "?") ? ": " : "",
+                    strcmp(opts, "?") ? opts : "", meta_num(run, "oracle") > 0 ? ", oracle" : "");
+        fprintf(out, "  steps      %.0f\n  layers     %.0f\n", meta_num(m, "steps"), meta_num(m, "layers"));
+    } else {
+        /* a trace cut short has no metadata: its records say what they can */
+        trace_scan sc;
+        scan_records(r, &sc);
+        if (sc.run) {
+            const probe_ev_run *e = &sc.run->run;
+            fprintf(out, "  model      %s (%s, %s), backend %s\n", e->model ? e->model : "?", e->arch ? e->arch : "?",
+                    e->format ? e->format : "?", e->backend ? e->backend : "?");
+            for (int i = 0; i < sc.n_policies; i++)
+                fprintf(out, "  %-10s %s\n", i ? "" : sc.n_policies > 1 ? "policies" : "kv policy", sc.policies[i]);
+        } else {
             fprintf(out, "  model      (no run event recorded)\n");
+        }
+        fprintf(out, "  steps      %d finished\n  layers     %d\n", sc.steps, sc.layers);
+        free(sc.run);
     }
     if (trace_notice_buf[0]) fprintf(out, "  %s\n", trace_notice_buf);
-    fprintf(out, "  steps      %.0f\n  layers     %.0f\n", meta_num(m, "steps"), meta_num(m, "layers"));
     fprintf(out, "  records    %" PRIu64 "\n", r->n_records);
     for (int k = 1; k < PROBE_KIND_COUNT; k++)
         if (r->count[k]) fprintf(out, "    %-14s %" PRIu64 "\n", probe_kind_name((probe_kind)k), r->count[k]);
