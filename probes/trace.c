@@ -584,6 +584,7 @@ static int reader_check_v3(trace_reader *r) {
         if (stop - pos < RECORD_HEAD + RECORD_CRC) {
             snprintf(whybuf, sizeof whybuf, "record %" PRIu64 " at byte %zu is cut off", n, pos);
             why = whybuf;
+            complete = 0; /* stray bytes before the metadata record: the records do not end where it begins */
             break;
         }
         uint32_t kind = get_u32(m + pos), len = get_u32(m + pos + 4);

@@ -588,6 +588,46 @@ static void test_damage(const char *dir) {
         probe_store_free(st);
     }
     test_cond("damage: cut inside the header is refused", all);
+
+    /* 1-11 stray bytes between the header and the metadata record, with a
+     * footer that is whole: too short to be a record, so the file is not a
+     * whole run (it once passed as one and reading it ran past the map). */
+    {
+        uint64_t mo = 0;
+        for (int i = 0; i < 8; i++) mo |= (uint64_t)orig[n - 28 + 16 + i] << (8 * i);
+        size_t meta_n = n - 28 - (size_t)mo;
+        unsigned char *q = malloc(16 + 11 + meta_n + 28);
+        int stray_ok = q != NULL;
+        for (size_t k = 1; q && k <= 11; k++) {
+            size_t at = 0;
+            memcpy(q, orig, 16);
+            at = 16;
+            memset(q + at, 0xA5, k);
+            at += k;
+            memcpy(q + at, orig + mo, meta_n);
+            at += meta_n;
+            memcpy(q + at, orig + n - 28, 28);
+            for (int i = 0; i < 8; i++) q[at + 8 + i] = 0;                                   /* 0 records */
+            for (int i = 0; i < 8; i++) q[at + 16 + i] = (unsigned char)((16 + k) >> (8 * i)); /* metadata offset */
+            at += 28;
+            fix_crc(q, at);
+            spit(bad, q, at);
+            probe_store_new(&st);
+            int rc = trace_load_store(bad, st);
+            stray_ok &= rc < 0 || (rc == 0 && strstr(trace_last_notice(), "cut short") && probe_store_count(st, PROBE_STEP) == 0);
+            probe_store_free(st);
+            char *inf = NULL;
+            size_t inf_n = 0;
+            FILE *f2 = open_memstream(&inf, &inf_n);
+            int irc2 = trace_info(bad, f2);
+            fclose(f2);
+            stray_ok &= irc2 < 0 || (inf && strstr(inf, "cut short"));
+            free(inf);
+        }
+        free(q);
+        test_cond("stray bytes before the metadata record: not a whole run (cut short or refused), never read past "
+                  "the file", stray_ok);
+    }
     expect_damage("empty file", bad, orig, 0, SKV_EFORMAT);
 
     memcpy(p, orig, n);
