@@ -43,6 +43,11 @@ int needle_parse_lengths(const char *s, int **out, int *n) {
             if (!nv) { free(v); return skv_error(SKV_ENOMEM, "out of memory"); }
             v = nv;
         }
+        for (int i = 0; i < cnt; i++)
+            if (v[i] == (int)x) {
+                free(v);
+                return skv_error(SKV_EINVAL, "--lengths: %d is listed twice in '%s'", (int)x, s);
+            }
         v[cnt++] = (int)x;
         p = *end ? end + 1 : end;
         if (*end && !*p) goto bad;
@@ -94,6 +99,17 @@ int needle_parse_depths(const char *s, float **out, int *n) {
         v[cnt++] = (float)x;
         p = *end ? end + 1 : end;
     }
+    /* Depths are told apart as printed (%g: tables, case keys). */
+    for (int i = 0; i < cnt; i++)
+        for (int j = 0; j < i; j++) {
+            char a[32], b[32];
+            snprintf(a, sizeof a, "%g", v[i]);
+            snprintf(b, sizeof b, "%g", v[j]);
+            if (!strcmp(a, b)) {
+                free(v);
+                return skv_error(SKV_EINVAL, "--depths: %s is listed twice in '%s'", a, s);
+            }
+        }
     *out = v;
     *n = cnt;
     return 0;

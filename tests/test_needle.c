@@ -50,6 +50,10 @@ static void test_lists(void) {
     test_cond("depths: out of range and bad steps refused",
               needle_parse_depths("0:200:10", &d, &n) == SKV_EINVAL && needle_parse_depths("0:100:0", &d, &n) == SKV_EINVAL &&
                   needle_parse_depths("101", &d, &n) == SKV_EINVAL && !d);
+    test_cond("lengths and depths listed twice are refused (1k,1024; 50,50; 50,50.0000001)",
+              needle_parse_lengths("1k,1024", &l, &n) == SKV_EINVAL && strstr(skv_last_error(), "twice") &&
+                  needle_parse_depths("50,50", &d, &n) == SKV_EINVAL &&
+                  needle_parse_depths("50,50.0000001", &d, &n) == SKV_EINVAL && !l && !d);
     test_cond("value found as a whole number only",
               needle_contains_value(" 4821735.", "4821735") && needle_contains_value("is 4821735", "4821735") &&
                   !needle_contains_value("14821735", "4821735") && !needle_contains_value("48217356", "4821735") &&

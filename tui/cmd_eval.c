@@ -143,6 +143,16 @@ static int add_rec(eval_state *e, cJSON *r) {
     return 0;
 }
 
+/* Replaces the path in o's field key by its canonical form (realpath),
+ * when the file is there: ./skv and build/skv find the same default model
+ * through different relative paths. */
+static void canon_path(cJSON *o, const char *key) {
+    const cJSON *v = cJSON_GetObjectItemCaseSensitive(o, key);
+    char real[PATH_MAX];
+    if (!cJSON_IsString(v) || !realpath(v->valuestring, real)) return;
+    cJSON_ReplaceItemInObjectCaseSensitive(o, key, cJSON_CreateString(real));
+}
+
 /* The settings as JSON: what makes two runs the same suite. */
 static cJSON *settings_json(const eval_state *e) {
     cJSON *s = cJSON_CreateObject();
@@ -151,6 +161,8 @@ static cJSON *settings_json(const eval_state *e) {
     cJSON_AddNumberToObject(s, "format_version", 1);
     cJSON_AddStringToObject(s, "model", e->model_path);
     cJSON_AddStringToObject(s, "haystack", e->hay_path);
+    canon_path(s, "model");
+    canon_path(s, "haystack");
     cJSON *t = cJSON_AddArrayToObject(s, "tasks");
     for (int i = 0; t && i < e->n_tasks; i++) {
         cJSON *o = cJSON_CreateObject();
@@ -199,12 +211,45 @@ static int check_settings(eval_state *e, const skv_model *m, int force) {
     int fresh = rc == SKV_EMISSING;
     if (rc && !fresh) { cJSON_Delete(now); return rc; }
     rc = 0;
+    if (fresh && !force) {
+        /* A folder without eval.json: skv eval wrote none of its files, so
+         * it replaces none of them. */
+        static const char *const ours[] = { "cases.jsonl", "cases.csv", "leaderboard.md", "heatmap.png",
+                                            "heatmap.svg", "budget.png", "budget.svg" };
+        for (size_t i = 0; i < sizeof ours / sizeof ours[0] && !rc; i++) {
+            char p2[PATH_MAX];
+            struct stat sb;
+            snprintf(p2, sizeof p2, "%s/%s", e->dir, ours[i]);
+            if (lstat(p2, &sb) == 0)
+                rc = skv_error(SKV_EINVAL, "%s holds %s but no eval.json: skv eval did not write it and will not "
+                               "replace it; use another --out, or --force", e->dir, ours[i]);
+        }
+    }
     if (!fresh && !force) {
         cJSON *old = cJSON_Parse(text);
+        if (old) { canon_path(old, "model"); canon_path(old, "haystack"); }
         if (!old) rc = skv_error(SKV_EFORMAT, "%s: not JSON; remove it or use --force to start over", path);
-        else if (!cJSON_Compare(old, now, 1))
-            rc = skv_error(SKV_EINVAL, "%s holds a suite with other settings; use another --out, or --force to start "
-                           "over (the old cases are kept as cases.jsonl.prev)", e->dir);
+        else if (!cJSON_Compare(old, now, 1)) {
+            /* name the first setting that differs */
+            char what[300] = "";
+            const cJSON *it;
+            cJSON_ArrayForEach(it, now) {
+                const cJSON *was = cJSON_GetObjectItemCaseSensitive(old, it->string);
+                if (was && cJSON_Compare(was, it, 1)) continue;
+                char *a = was ? cJSON_PrintUnformatted(was) : NULL, *b = cJSON_PrintUnformatted(it);
+                snprintf(what, sizeof what, "%s was %.100s, now %.100s", it->string, a ? a : "absent", b ? b : "?");
+                free(a);
+                free(b);
+                break;
+            }
+            if (!what[0])
+                cJSON_ArrayForEach(it, old) if (!cJSON_GetObjectItemCaseSensitive(now, it->string)) {
+                    snprintf(what, sizeof what, "%s is no longer set", it->string);
+                    break;
+                }
+            rc = skv_error(SKV_EINVAL, "%s holds a suite with other settings (%s); use another --out, or --force to "
+                           "start over (the old cases are kept as cases.jsonl.prev)", e->dir, what);
+        }
         cJSON_Delete(old);
     }
     free(text);
@@ -215,6 +260,39 @@ static int check_settings(eval_state *e, const skv_model *m, int force) {
     }
     cJSON_Delete(now);
     return rc;
+}
+
+/* "" when record r is a case of this suite (its fields whole and its key
+ * the one they make), else what is wrong with it. */
+static const char *foreign_case(const eval_state *e, const cJSON *r, char *why, size_t n) {
+    const char *task = rec_str(r, "task"), *budget = rec_str(r, "budget");
+    double length = rec_num(r, "length"), depth = rec_num(r, "depth"), seed = rec_num(r, "seed");
+    if (!isfinite(seed) || seed != floor(seed) || seed < 0 || seed >= e->o.runs)
+        snprintf(why, n, "field 'seed' is missing or not a seed of this suite (0..%d)", e->o.runs - 1);
+    else if (!isfinite(length) || length != floor(length) || !isfinite(depth))
+        snprintf(why, n, "field 'length' or 'depth' is missing or not a number");
+    else {
+        int ok_task = 0, ok_budget = !strcmp(budget, e->main_budget.label), sweep = 0, ok_len = 0, ok_dep = 0;
+        for (int i = 0; i < e->n_tasks; i++) ok_task |= !strcmp(task, e->tasks[i].name);
+        for (int i = 0; i < e->n_sweep && !ok_budget; i++) sweep = ok_budget = !strcmp(budget, e->sweep[i].label);
+        for (int i = 0; i < e->o.n_lengths; i++) ok_len |= e->o.lengths[i] == (int)length;
+        if (sweep) ok_len = (int)length == e->sweep_len;
+        char a[32], b[32];
+        snprintf(a, sizeof a, "%g", depth);
+        for (int i = 0; i < e->o.n_depths; i++) {
+            snprintf(b, sizeof b, "%g", e->o.depths[i]);
+            ok_dep |= !strcmp(a, b);
+        }
+        char key[160];
+        case_key(key, sizeof key, task, (int)length, depth, (int)seed, budget);
+        if (!ok_task || !ok_budget || !ok_len || !ok_dep)
+            snprintf(why, n, "task %s, length %.0f, depth %g, budget %s is not a case of this suite", task, length,
+                     depth, budget);
+        else if (strcmp(key, rec_str(r, "case_key")))
+            snprintf(why, n, "its case_key is not the one its fields make (%.120s)", key);
+        else why[0] = 0;
+    }
+    return why;
 }
 
 /* Reads DIR/cases.jsonl: every whole line is a finished case. A last line
@@ -244,6 +322,13 @@ static int load_cases(eval_state *e, int force) {
             cJSON_Delete(r);
             rc = skv_error(SKV_EFORMAT, "%s:%d: not a case record; fix or remove the line, or use --force to start over",
                            e->jl_path, line);
+            break;
+        }
+        char why[200];
+        if (*foreign_case(e, r, why, sizeof why)) {
+            cJSON_Delete(r);
+            rc = skv_error(SKV_EFORMAT, "%s:%d: %s; fix or remove the line, or use --force to start over", e->jl_path,
+                           line, why);
             break;
         }
         if (have_key(e, rec_str(r, "case_key"))) cJSON_Delete(r); /* written twice: the first one counts */
