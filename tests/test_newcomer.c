@@ -163,10 +163,17 @@ static void test_ctrl_c(const char *dir) {
          * landed on a thread inside a oneDNN GEMM used to corrupt the heap
          * in about one run of four (now the quit signals have a thread of
          * their own, tui/cli.c). */
-        int bad = 0, first_ok = 0;
+        int bad = 0, first_ok = 0, said = 0;
         for (int k = 0; k < 8; k++) {
             unlink(json);
             int rc = interrupt_after(cmd, err, "case 1 (", 0.05 + 0.08 * k);
+            if (k == 0) {
+                char *e = NULL;
+                size_t en = 0;
+                said = skv_read_file(err, 1 << 24, &e, &en) == 0 &&
+                       strstr(e, "stopping after the case in flight (Ctrl-C again to quit now)");
+                free(e);
+            }
             unlink(err);
             char *b = NULL;
             size_t n = 0;
@@ -177,6 +184,7 @@ static void test_ctrl_c(const char *dir) {
             free(b);
         }
         test_cond("Ctrl-C in skv needle: status 130, and the JSON holds the finished cases, marked partial", first_ok);
+        test_cond("the first Ctrl-C says at once that it stops after the case in flight", said);
         char msg[160];
         snprintf(msg, sizeof msg, "Ctrl-C at 8 moments of skv needle: every run exits 130 with its partial JSON (%d did not)",
                  bad);

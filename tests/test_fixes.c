@@ -1,0 +1,221 @@
+/* test_fixes.c: the fixes from a newcomer's afternoon (issue 35), each
+ * checked where a user meets it, on the committed demo model (no ../shared
+ * needed):
+ *  - integers print as integers (skv_num; skv run's stats line, help);
+ *  - an output that is a directory, or in a missing folder, is refused
+ *    before any work; skv dump keeps existing .npy files without --force;
+ *    the CSV export checks meta.json before writing a table; outputs 0644;
+ *  - an empty prompt is an error; skv run and skv eval default to the demo
+ *    model and say so; --oracle timings say they include the oracle;
+ *  - lengths far past the trained context are refused without --force;
+ *  - the needle table marks unrun cells, trace info on a cut or compare
+ *    trace names every policy and counts the finished steps;
+ *  - skv eval: a folder it did not write is kept, a changed grid names the
+ *    setting, a foreign case line is refused, ./skv and build/skv resume the
+ *    same suite, and its tok/s gives the spread. */
+#include "skv.h"
+#include "testhelp.h"
+
+#include <math.h>
+#include <stdarg.h>
+#include <sys/stat.h>
+#include <sys/wait.h>
+
+#define DEMO "samples/model/skv-demo.gguf"
+
+static const char *skv_bin(void) {
+    const char *b = getenv("SKV_BIN");
+    return b && *b ? b : "./build/skv";
+}
+
+/* Runs sh -c cmd with stderr merged; its output into out; the exit status. */
+static int sh(char *out, size_t cap, const char *fmt, ...) __attribute__((format(printf, 3, 4)));
+static int sh(char *out, size_t cap, const char *fmt, ...) {
+    char cmd[4096];
+    va_list ap;
+    va_start(ap, fmt);
+    vsnprintf(cmd, sizeof cmd, fmt, ap);
+    va_end(ap);
+    strncat(cmd, " 2>&1", sizeof cmd - strlen(cmd) - 1);
+    FILE *p = popen(cmd, "r");
+    if (!p) return -1;
+    size_t n = fread(out, 1, cap - 1, p);
+    out[n] = 0;
+    int st = pclose(p);
+    return WIFEXITED(st) ? WEXITSTATUS(st) : -1;
+}
+
+static int file_mode(const char *path) {
+    struct stat sb;
+    return stat(path, &sb) == 0 ? (int)(sb.st_mode & 0777) : -1;
+}
+
+static void test_numbers(void) {
+    char b[40];
+    test_cond("skv_num: 1957888 in full, 16777216 in full, 0.5 and 1e-3 as %g, -0 as 0",
+              !strcmp(skv_num(b, sizeof b, 1957888, 6), "1957888") &&
+                  !strcmp(skv_num(b, sizeof b, 16777216, 6), "16777216") && !strcmp(skv_num(b, sizeof b, 0.5, 6), "0.5") &&
+                  !strcmp(skv_num(b, sizeof b, 1e-3, 6), "0.001") && !strcmp(skv_num(b, sizeof b, -0.0, 6), "0"));
+    static char out[1 << 16];
+    sh(out, sizeof out, "%s run --kv help", skv_bin());
+    test_cond("skv run --kv help: no range or default in exponent form", !strstr(out, "e+0") && strstr(out, "16777216"));
+    int rc = sh(out, sizeof out, "%s run -m " DEMO " -f samples/prompts/needle.txt --kv shadowkv --budget 64 -n 40",
+                skv_bin());
+    const char *st = strstr(out, "stats:");
+    test_cond("skv run's stats line: counts as whole numbers (hits, misses, bytes)",
+              rc == 0 && st && !strstr(st, "e+0") && strstr(st, " hits "));
+}
+
+static void test_outputs(const char *dir) {
+    static char out[1 << 16];
+    char path[1000];
+    double t0 = skv_now();
+    int rc = sh(out, sizeof out, "%s needle --lengths 1k --depths 0:100:10 --json %s --force", skv_bin(), dir);
+    test_cond("skv needle --json DIR --force: refused at once as a directory, before any case runs",
+              rc == 1 && strstr(out, "is a directory") && !strstr(out, "case 0") && skv_now() - t0 < 20);
+    rc = sh(out, sizeof out, "%s run -m " DEMO " -p hi -n 2 --trace %s --force", skv_bin(), dir);
+    test_cond("skv run --trace DIR --force: refused as a directory", rc == 1 && strstr(out, "is a directory"));
+    rc = sh(out, sizeof out, "%s run -m " DEMO " -p hi -n 2 --trace %s/no/such/t.skvtrace", skv_bin(), dir);
+    test_cond("skv run --trace in a folder that does not exist: refused, naming the folder",
+              rc == 1 && strstr(out, "does not exist"));
+
+    /* skv dump keeps what is there */
+    char dd[700];
+    snprintf(dd, sizeof dd, "%s/dump", dir);
+    rc = sh(out, sizeof out, "%s dump -m " DEMO " -p 'hello there' --layer 0 -o %s", skv_bin(), dd);
+    snprintf(path, sizeof path, "%s/k_pre.npy", dd);
+    int first = rc == 0 && file_mode(path) == 0644;
+    FILE *f = fopen(path, "w");
+    if (f) { fputs("mine", f); fclose(f); }
+    rc = sh(out, sizeof out, "%s dump -m " DEMO " -p 'hello there' --layer 0 -o %s", skv_bin(), dd);
+    char *b = NULL;
+    size_t n = 0;
+    skv_read_file(path, 1 << 20, &b, &n);
+    test_cond("skv dump writes 0644 files, and keeps an existing .npy without --force",
+              first && rc == 1 && strstr(out, "--force") && b && !strcmp(b, "mine"));
+    free(b);
+    rc = sh(out, sizeof out, "%s dump -m " DEMO " -p 'hello there' --layer 0 -o %s --force", skv_bin(), dd);
+    b = NULL;
+    skv_read_file(path, 1 << 20, &b, &n);
+    test_cond("skv dump --force replaces it", rc == 0 && b && n > 8 && !memcmp(b, "\x93NUMPY", 6));
+    free(b);
+
+    /* the CSV export: meta.json checked before any table */
+    char tr[700], csv[700];
+    snprintf(tr, sizeof tr, "%s/c.skvtrace", dir);
+    snprintf(csv, sizeof csv, "%s/csv", dir);
+    rc = sh(out, sizeof out, "%s run -m " DEMO " -p 'Once upon a time' -n 6 --kv dense,shadowkv,quest --trace %s --force",
+            skv_bin(), tr);
+    test_cond("a compare trace is written 0644 (replaced with --force too)", rc == 0 && file_mode(tr) == 0644);
+    mkdir(csv, 0755);
+    snprintf(path, sizeof path, "%s/meta.json", csv);
+    f = fopen(path, "w");
+    if (f) { fputs("{}", f); fclose(f); }
+    rc = sh(out, sizeof out, "%s export %s --format csv %s", skv_bin(), tr, csv);
+    snprintf(path, sizeof path, "%s/step.csv", csv);
+    struct stat sb;
+    test_cond("skv export --format csv into a folder with meta.json: refused before any table is written",
+              rc != 0 && strstr(out, "meta.json") && stat(path, &sb) != 0);
+    rc = sh(out, sizeof out, "%s export %s --format csv %s --force", skv_bin(), tr, csv);
+    test_cond("with --force the tables are written 0644", rc == 0 && file_mode(path) == 0644);
+
+    /* trace info on the compare trace and a cut copy */
+    rc = sh(out, sizeof out, "%s trace info %s", skv_bin(), tr);
+    test_cond("trace info on a compare trace names all three policies",
+              rc == 0 && strstr(out, "dense") && strstr(out, "shadowkv:") && strstr(out, "quest:"));
+    b = NULL;
+    if (skv_read_file(tr, 1 << 24, &b, &n) == 0 && n > 4000) {
+        snprintf(path, sizeof path, "%s/cut.skvtrace", dir);
+        f = fopen(path, "wb");
+        if (f) { fwrite(b, 1, n * 2 / 3, f); fclose(f); }
+        rc = sh(out, sizeof out, "%s trace info %s", skv_bin(), path);
+        test_cond("trace info on a cut trace: no '?' or -1, its policies and the finished steps from its records",
+                  rc == 0 && !strstr(out, "skv ?") && !strstr(out, "-1") && strstr(out, "no metadata record") &&
+                      strstr(out, "quest:") && strstr(out, "finished"));
+    }
+    free(b);
+}
+
+static void test_prompts_and_defaults(const char *dir) {
+    static char out[1 << 16];
+    char path[1000];
+    snprintf(path, sizeof path, "%s/empty.txt", dir);
+    FILE *f = fopen(path, "w");
+    if (f) fclose(f);
+    int a = sh(out, sizeof out, "%s run -m " DEMO " -f - -n 2 </dev/null", skv_bin());
+    int b = sh(out, sizeof out, "%s run -m " DEMO " -f %s -n 2", skv_bin(), path);
+    int c = sh(out, sizeof out, "%s run -m " DEMO " -p '' -n 2", skv_bin());
+    test_cond("an empty prompt (-f - on an empty pipe, an empty file, -p '') is an error", a == 2 && b == 2 && c == 2);
+    int rc = sh(out, sizeof out, "%s run -p 'Once upon a time' -n 3", skv_bin());
+    test_cond("skv run without -m runs the demo model, and says so", rc == 0 && strstr(out, "no -m: the demo model"));
+    rc = sh(out, sizeof out, "%s run -m " DEMO " -f samples/prompts/needle.txt --kv shadowkv --oracle -n 6", skv_bin());
+    test_cond("skv run --oracle says its decode rate includes the oracle, and gives the rate without it",
+              rc == 0 && strstr(out, "including the oracle's scoring") && strstr(out, "without it"));
+    double t0 = skv_now();
+    rc = sh(out, sizeof out, "timeout 60 %s needle --lengths 100k --depths 50", skv_bin());
+    test_cond("skv needle --lengths 100k on a 4096-position model: refused at once without --force",
+              rc == 2 && strstr(out, "--force") && strstr(out, "4096") && skv_now() - t0 < 30);
+}
+
+static void test_eval(const char *dir) {
+    static char out[1 << 16];
+    char ev[700], path[1000];
+    snprintf(ev, sizeof ev, "%s/ev", dir);
+    mkdir(ev, 0755);
+    snprintf(path, sizeof path, "%s/leaderboard.md", ev);
+    FILE *f = fopen(path, "w");
+    if (f) { fputs("my notes", f); fclose(f); }
+    const char *grid = "--lengths 1k --depths 30,60 --seeds 1 --kv dense,shadowkv --task single";
+    int rc = sh(out, sizeof out, "%s eval --out %s %s", skv_bin(), ev, grid);
+    char *b = NULL;
+    size_t n = 0;
+    skv_read_file(path, 1 << 20, &b, &n);
+    test_cond("skv eval --out DIR without eval.json keeps a leaderboard.md it did not write",
+              rc != 0 && strstr(out, "leaderboard.md") && b && !strcmp(b, "my notes"));
+    free(b);
+    unlink(path);
+    rc = sh(out, sizeof out, "%s eval --out %s %s", skv_bin(), ev, grid);
+    test_cond("skv eval without -m uses the demo model's preset and says so",
+              rc == 0 && strstr(out, "no -m: the demo model, with its ShadowKV preset"));
+    b = NULL;
+    skv_read_file(path, 1 << 20, &b, &n);
+    test_cond("its leaderboard gives tok/s with the slowest and fastest case", b && strstr(b, "–") && strstr(b, "noisy"));
+    free(b);
+    rc = sh(out, sizeof out, "%s eval --out %s --lengths 1k --depths 30,70 --seeds 1 --kv dense,shadowkv --task single",
+            skv_bin(), ev);
+    test_cond("a changed grid is refused, naming the setting", rc != 0 && strstr(out, "depths was"));
+    /* the same suite through ./skv, whose default model path differs from build/skv's */
+    struct stat sb;
+    if (stat("skv", &sb) == 0) {
+        rc = sh(out, sizeof out, "./skv eval --out %s %s", ev, grid);
+        test_cond("resuming through ./skv what build/skv began (the default model by another path): the same suite",
+                  rc == 0 && strstr(out, "2 done before"));
+    } else {
+        test_skip("no ./skv beside build/skv: the resume-by-another-path check");
+    }
+    rc = sh(out, sizeof out, "%s eval --out %s --depths 50,50 --lengths 1k --seeds 1", skv_bin(), ev);
+    test_cond("skv eval --depths 50,50 is refused up front", rc == 2 && strstr(out, "twice"));
+    snprintf(path, sizeof path, "%s/cases.jsonl", ev);
+    f = fopen(path, "a");
+    if (f) {
+        fputs("{\"case_key\":\"single|1024|30|0|256\",\"task\":\"single\",\"length\":1024,\"depth\":30,\"budget\":\"256\"}\n", f);
+        fclose(f);
+    }
+    rc = sh(out, sizeof out, "%s eval --out %s %s", skv_bin(), ev, grid);
+    test_cond("a case line without a seed is refused with its line and field, not counted as done",
+              rc != 0 && strstr(out, "cases.jsonl:3") && strstr(out, "'seed'"));
+}
+
+int main(void) {
+    struct stat sb;
+    if (stat(skv_bin(), &sb) != 0) test_skip("no skv binary (set SKV_BIN or run make)");
+    else if (stat(DEMO, &sb) != 0) test_skip(DEMO " is missing: run the tests from the project root");
+    else {
+        const char *dir = test_tmpdir("fixes");
+        test_numbers();
+        test_outputs(dir);
+        test_prompts_and_defaults(dir);
+        test_eval(dir);
+    }
+    return test_report("test_fixes");
+}
