@@ -172,8 +172,55 @@ def main():
             check("skvtrace.load refuses a file that is not a trace", False)
         except skvtrace.TraceError as e:
             check("skvtrace.load refuses a file that is not a trace: %s" % e, "not an skv trace" in str(e))
+        edge_cases(tmp)
     finally:
         shutil.rmtree(tmp, ignore_errors=True)
+
+
+def write_trace(path, records, meta, footer=True, meta_at=None):
+    """A format-3 trace by hand: header, records (kind, payload), the
+    metadata record (bytes, or None for none) and a footer."""
+    import struct
+    import zlib
+    b = bytearray(b"SKVTRACE" + struct.pack("<II", 3, 0))
+    for kind, payload in records:
+        rec = struct.pack("<II", kind, len(payload)) + payload
+        b += rec + struct.pack("<I", zlib.crc32(rec) & 0xFFFFFFFF)
+    at = len(b)
+    if meta is not None:
+        rec = struct.pack("<II", 0x7FFFFFFF, len(meta)) + meta
+        b += rec + struct.pack("<I", zlib.crc32(rec) & 0xFFFFFFFF)
+    if footer:
+        b += b"SKVTEND\x00" + struct.pack("<QQ", len(records), at if meta_at is None else meta_at)
+        b += struct.pack("<I", zlib.crc32(bytes(b)) & 0xFFFFFFFF)
+    open(path, "wb").write(bytes(b))
+
+
+def edge_cases(tmp):
+    """The reader's own error, never RecursionError; partial loads what skv
+    export --partial loads."""
+    deep = os.path.join(tmp, "deep.skvt")
+    write_trace(deep, [], b"[" * 100000 + b"]" * 100000)
+    try:
+        skvtrace.load(deep)
+        check("skvtrace.load refuses deeply nested metadata", False, "it loaded")
+    except skvtrace.TraceError as e:
+        check("skvtrace.load refuses deeply nested metadata with its own error: %s" % str(e)[:80], "metadata" in str(e))
+    except RecursionError:
+        check("skvtrace.load refuses deeply nested metadata with its own error", False, "RecursionError")
+    head = os.path.join(tmp, "head.skvt")
+    write_trace(head, [], None, footer=False)
+    nometa = os.path.join(tmp, "nometa.skvt")
+    write_trace(nometa, [], None, footer=True, meta_at=16)
+    for what, path in (("a header-only", head), ("a footer-without-metadata", nometa)):
+        rc, out = run(["export", path, "--format", "csv", os.path.join(tmp, what + "-csv"), "--partial"])
+        try:
+            t = skvtrace.load(path, partial=True)
+            ok = t.notice != "" and t.meta == {}
+        except skvtrace.TraceError as e:
+            ok, out = False, str(e)
+        check("skvtrace.load(partial=True) loads %s trace, as skv export --partial does (exit %d)" % (what, rc),
+              ok and rc == 0, out[-200:])
 
 
 main()

@@ -184,6 +184,20 @@ def _decode(path, kind, payload, at):
     return out
 
 
+def _meta_problem(data, meta_at, end, n_records, n_found):
+    """What is wrong with the metadata record the footer points at, or ""."""
+    if meta_at < 16 or meta_at + 12 > end:
+        return "the footer points at byte %d, where no metadata record fits" % meta_at
+    kind, ln = struct.unpack_from("<II", data, meta_at)
+    if kind != META_KIND or meta_at + 8 + ln + 4 != end:
+        return "no metadata record at byte %d, where the footer points" % meta_at
+    if zlib.crc32(data[meta_at:meta_at + 8 + ln]) & 0xFFFFFFFF != struct.unpack_from("<I", data, meta_at + 8 + ln)[0]:
+        return "the metadata record's CRC-32 does not match"
+    if n_records != n_found:
+        return "the footer counts %d records, the file holds %d" % (n_records, n_found)
+    return ""
+
+
 def load(path, partial=False):
     """Reads the trace at path. Raises TraceError for a file that is not a
     whole, valid version-3 trace (partial=True: keeps the intact part up to
@@ -192,15 +206,15 @@ def load(path, partial=False):
         data = fh.read()
     if len(data) < 8 or data[:8] != MAGIC:
         _fail(path, "not an skv trace (bad magic)")
-    if len(data) < 16 + FOOTER:
-        _fail(path, "truncated (%d bytes)" % len(data))
+    if len(data) < 16:
+        _fail(path, "truncated inside its header (%d bytes)" % len(data))
     version = struct.unpack_from("<I", data, 8)[0]
     if version != 3:
         _fail(path, "trace format version %d is not supported by skvtrace (version 3; skv export --format csv "
                     "reads version 2)" % version)
     notice = ""
     end = len(data) - FOOTER
-    closed = data[end:end + 8] == END
+    closed = end >= 16 and data[end:end + 8] == END
     n_records = meta_at = None
     if closed:
         n_records, meta_at = struct.unpack_from("<QQ", data, end + 8)
@@ -245,24 +259,23 @@ def load(path, partial=False):
         damaged = "the records end at byte %d, the footer puts the metadata at %d" % (off, meta_at)
         if not partial:
             _fail(path, damaged)
+        notice = (notice + "; " if notice else "") + damaged
     if closed and not damaged:
-        if meta_at + 12 > end:
-            _fail(path, "the metadata record at byte %d runs past the footer" % meta_at)
-        kind, ln = struct.unpack_from("<II", data, meta_at)
-        if kind != META_KIND or meta_at + 8 + ln + 4 != end:
-            _fail(path, "no metadata record at byte %d, where the footer points" % meta_at)
-        if zlib.crc32(data[meta_at:meta_at + 8 + ln]) & 0xFFFFFFFF != struct.unpack_from("<I", data, meta_at + 8 + ln)[0]:
-            _fail(path, "the metadata record's CRC-32 does not match")
-        meta = data[meta_at + 8:meta_at + 8 + ln]
-        if n_records != len(records):
-            _fail(path, "the footer counts %d records, the file holds %d" % (n_records, len(records)))
-        try:
-            meta = json.loads(meta.decode("utf-8"))
-        except (UnicodeDecodeError, ValueError) as e:
-            _fail(path, "the metadata is not JSON (%s)" % e)
-        if not isinstance(meta, dict):
-            _fail(path, "the metadata is not a JSON object")
-    else:
+        damaged = _meta_problem(data, meta_at, end, n_records, len(records))
+        if not damaged:
+            try:
+                meta = json.loads(data[meta_at + 8:end - 4].decode("utf-8"))
+            except (UnicodeDecodeError, ValueError, RecursionError) as e:
+                damaged = "the metadata is not JSON (%s)" % (
+                    "nested too deeply" if isinstance(e, RecursionError) else e)
+            else:
+                if not isinstance(meta, dict):
+                    damaged = "the metadata is not a JSON object"
+        if damaged:
+            if not partial:
+                _fail(path, damaged)
+            notice = (notice + "; " if notice else "") + damaged
+    if not closed or damaged:
         meta = {}
         if last_step_end is not None:
             records = records[:last_step_end]
