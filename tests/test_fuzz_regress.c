@@ -5,6 +5,8 @@
  * sanitizer report or a crash fails the binary. */
 #define FUZZ_NO_MAIN
 #include "fuzz/fuzz_cli.c"
+#include "fuzz/fuzz_csv.c"
+#include "fuzz/fuzz_eval.c"
 #include "fuzz/fuzz_encode.c"
 #include "fuzz/fuzz_gguf.c"
 #include "fuzz/fuzz_hf_config.c"
@@ -25,6 +27,8 @@ typedef struct {
 
 static const harness harnesses[] = {
     {"cli", fuzz_cli_init, fuzz_cli},
+    {"csv", fuzz_csv_init, fuzz_csv},
+    {"eval", fuzz_eval_init, fuzz_eval},
     {"encode", fuzz_encode_init, fuzz_encode},
     {"gguf", fuzz_gguf_init, fuzz_gguf},
     {"hf_config", fuzz_hf_config_init, fuzz_hf_config},

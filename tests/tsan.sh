@@ -25,11 +25,15 @@ session() { # name args...
         sleep 0.2
     done
     tmux -S "$SOCK" send-keys -t "$name" r
-    # the UI reads at full speed: views switch while the engine runs
+    # the UI reads at full speed: views switch while the engine runs; the
+    # run has ${SKV_TSAN_MINUTES:-20} minutes to end (a slow, loaded host
+    # takes long under TSan), counted in time, not in rounds
     k=0
+    deadline=$(( $(date +%s) + 60 * ${SKV_TSAN_MINUTES:-20} ))
     while ! tmux -S "$SOCK" capture-pane -p -t "$name" | grep -Eq "steps 48 \||end of generation"; do
         tmux -S "$SOCK" send-keys -t "$name" Tab Tab Down Right BTab
-        k=$((k + 1)); [ $k -lt 3000 ] || { echo "tsan: $name: the run did not finish"; fail=1; break; }
+        k=$((k + 1))
+        [ "$(date +%s)" -lt "$deadline" ] || { echo "tsan: $name: the run did not finish in ${SKV_TSAN_MINUTES:-20} minutes"; fail=1; break; }
     done
     tmux -S "$SOCK" send-keys -t "$name" q
     i=0

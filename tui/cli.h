@@ -111,5 +111,11 @@ int cmd_export(int argc, char **argv);
 int cmd_inspect(int argc, char **argv);
 int cmd_needle(int argc, char **argv);
 int cmd_eval(int argc, char **argv);
+/* skv eval's resume path on DIR/cases.jsonl for a fixed small suite (two
+ * tasks, two lengths, three depths, two seeds, a budget sweep), then what
+ * the leaderboard, the CSV and the figures make of it (nothing written but
+ * the file's cut last line): 0, or the error a user would see. For the fuzz
+ * harness fuzz_eval. */
+int eval_resume_check(const char *dir);
 
 #endif

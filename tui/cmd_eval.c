@@ -1068,3 +1068,49 @@ out:
     cli_gen_free(&g);
     return rc;
 }
+
+/* ---- the resume reader, for tests/fuzz/fuzz_eval.c --------------------------------- */
+
+int eval_resume_check(const char *dir) {
+    eval_state e;
+    memset(&e, 0, sizeof e);
+    needle_opts_default(&e.o);
+    static int lengths[] = { 1024, 2048 };
+    static float depths[] = { 10, 50, 90 };
+    e.o.lengths = lengths;
+    e.o.n_lengths = 2;
+    e.o.depths = depths;
+    e.o.n_depths = 3;
+    e.o.runs = 2;
+    int rc = needle_set_methods(&e.o, "dense,shadowkv,quest");
+    if (!rc) rc = parse_budget("256", &e.main_budget) || parse_budget("64", &e.sweep[0]) ? SKV_EINVAL : 0;
+    e.n_sweep = 1;
+    e.sweep_len = 2048;
+    e.dir = dir;
+    e.model_path = "model.gguf";
+    e.hay_path = "haystack.txt";
+    if (!rc && (rc = needle_tasks_choose("eval", "single,multikey", NULL, &e.tasks, &e.n_tasks))) rc = SKV_EINVAL;
+    if (!rc) rc = load_cases(&e, 0);
+    if (!rc) {
+        /* what the leaderboard, the CSV and the figures make of the records */
+        skv_model m;
+        memset(&m, 0, sizeof m);
+        snprintf(m.cfg.name, sizeof m.cfg.name, "fuzz");
+        e.planned = 2 * 3 * 2 * 2 + 3 * 2 * 2;
+        char *md = leaderboard(&e, &m, 1, 0), *csv = cases_csv(&e);
+        free(md);
+        free(csv);
+        canvas *c = NULL;
+        if (canvas_svg_new(&c, 900, 560, NULL) == 0) {
+            draw_heatmap(&e, c, 900, 560);
+            canvas_clear(c);
+            draw_budget(&e, c, 900, 560);
+            canvas_free(c);
+        }
+    }
+    if (e.jl) fclose(e.jl);
+    for (int i = 0; i < e.n_rec; i++) cJSON_Delete(e.rec[i]);
+    free(e.rec);
+    needle_tasks_free(e.tasks, e.n_tasks);
+    return rc;
+}

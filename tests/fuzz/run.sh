@@ -27,4 +27,8 @@ for b in build-fuzz/fuzz_*; do
     ft=$(grep -E '^#[0-9]+' "$log" | tail -1 | sed -n 's/.*ft: \([0-9]*\).*/\1/p')
     printf '%-12s %12s %10s %8s %8s\n' "$h" "${runs:-?}" "${speed:-?}" "${cov:-?}" "${ft:-?}"
 done
+# the Python trace reader: a bounded mutation loop of its own
+if ! tests/fuzz/fuzz_skvtrace.py "$SECS"; then
+    fail=1
+fi
 exit $fail

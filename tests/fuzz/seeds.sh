@@ -8,7 +8,7 @@ set -eu
 SKV=build-fuzz/skv
 C=build-fuzz/corpus
 SHARED=${SKV_SHARED:-../shared}
-for h in cli encode gguf hf_config hf_dir safetensors tokenizer trace tasks; do mkdir -p "$C/$h"; done
+for h in cli csv encode eval gguf hf_config hf_dir safetensors tokenizer trace tasks; do mkdir -p "$C/$h"; done
 
 # gguf: a tiny synthetic model, and the first 64 KiB of the demo model
 cat > "$C/tiny.json" <<'J'
@@ -74,6 +74,16 @@ for pol in dense shadowkv quest freekv specache tailorkv; do
         --trace "$C/trace/$pol.skvt" >/dev/null 2>&1 || true
 done
 $SKV run -m "$M" -p "$P" -n 3 --kv dense,quest,freekv --budget 8 --oracle --trace "$C/trace/compare.skvt" >/dev/null 2>&1 || true
+
+# csv: the same traces through the CSV export
+cp "$C"/trace/*.skvt "$C/csv/" 2>/dev/null || true
+
+# eval: case lines of fuzz_eval's fixed suite (eval_resume_check), a cut last line
+cat > "$C/eval/cases.jsonl" <<'J'
+{"case_key":"single|1024|10|0|256","task":"single","length":1024,"depth":10,"seed":0,"budget":"256","value":"1234567","wall_seconds":1.5,"dense":{"answer":" 1234567","hit":true,"t_decode":0.01,"decode_steps":11,"mass_recall":1,"output_error":0,"fetch_bytes":null,"resident_bytes":2119680},"shadowkv":{"answer":" 1234567","hit":true,"t_decode":0.008,"decode_steps":11,"mass_recall":0.92,"output_error":0.1,"fetch_bytes":861184,"resident_bytes":1017000},"quest":{"answer":" 7654321","hit":false,"distractor":null,"t_decode":0.02,"decode_steps":11,"mass_recall":0.5,"output_error":0.4,"fetch_bytes":0,"resident_bytes":2119680}}
+{"case_key":"multikey|2048|50|1|64","task":"multikey","length":2048,"depth":50,"seed":1,"budget":"64","value":"7654321","facts":[{"key":"heron","value":"7654321","tok_begin":3,"tok_end":9}],"dense":{"answer":"x","hit":false},"shadowkv":{"answer":"7654321","hit":true}}
+{"case_key":"single|2048|90|0|256","task":"single","length":2048,"depth":90,"seed":0,"budget":"256","dense":{"hit":tr
+J
 
 # cli: the README's lists and numbers
 printf '\0001k,2k,4000' > "$C/cli/lengths"
