@@ -13,6 +13,9 @@
  *  - skv eval: a folder it did not write is kept, a changed grid names the
  *    setting, a foreign case line is refused, ./skv and build/skv resume the
  *    same suite, and its tok/s gives the spread. */
+#include "kv.h"
+#include "model.h"
+#include "session.h"
 #include "skv.h"
 #include "testhelp.h"
 
@@ -130,7 +133,7 @@ static void test_outputs(const char *dir) {
         if (f) { fwrite(b, 1, n * 2 / 3, f); fclose(f); }
         rc = sh(out, sizeof out, "%s trace info %s", skv_bin(), path);
         test_cond("trace info on a cut trace: no '?' or -1, its policies and the finished steps from its records",
-                  rc == 0 && !strstr(out, "skv ?") && !strstr(out, "-1") && strstr(out, "no metadata record") &&
+                  rc == 0 && !strstr(out, "skv ?") && !strstr(out, "     -1") && strstr(out, "no metadata record") &&
                       strstr(out, "quest:") && strstr(out, "finished"));
     }
     free(b);
@@ -155,6 +158,33 @@ static void test_prompts_and_defaults(const char *dir) {
     rc = sh(out, sizeof out, "timeout 60 %s needle --lengths 100k --depths 50", skv_bin());
     test_cond("skv needle --lengths 100k on a 4096-position model: refused at once without --force",
               rc == 2 && strstr(out, "--force") && strstr(out, "4096") && skv_now() - t0 < 30);
+}
+
+static void test_flags(void) {
+    static char out[1 << 16];
+    int a = sh(out, sizeof out, "%s run -m " DEMO " --kv shadowkv --page 4 -p hi -n 1", skv_bin());
+    int ok_a = a == 2 && strstr(out, "--page does not apply to shadowkv") && strstr(out, "quest");
+    int b = sh(out, sizeof out, "%s run -m " DEMO " --rank 16 -p hi -n 1", skv_bin());
+    int ok_b = b == 2 && strstr(out, "--rank does not apply to dense");
+    int c = sh(out, sizeof out, "%s run -m " DEMO " --kv dense,quest --page 4 -p hi -n 1", skv_bin());
+    test_cond("a policy flag that applies to no policy in force is refused (--page with shadowkv, --rank with "
+              "dense); one that applies to a compared policy is taken", ok_a && ok_b && c == 0);
+    /* the settings in force, as the inspector shows them after the prefill */
+    skv_model *m = NULL;
+    skv_session *s = NULL;
+    session_opts so;
+    session_opts_default(&so);
+    snprintf(so.kv.policy, sizeof so.kv.policy, "shadowkv");
+    kv_opts_set(&so.kv, "rank", "160", 1);
+    int32_t ids[64];
+    for (int i = 0; i < 64; i++) ids[i] = 100 + i;
+    char d[400] = "";
+    if (model_load(DEMO, &m) == 0 && session_new(m, &so, &s) == 0 && session_prefill(s, ids, 64, NULL, NULL) == 0)
+        kv_describe_in_force(kv_unwrap(s->kv), &s->o.kv, s->n_prompt, d, sizeof d);
+    test_cond("the settings in force name a clamped option with what was asked (rank=64 (asked 160))",
+              strstr(d, "rank=64 (asked 160)") != NULL);
+    session_free(s);
+    model_free(m);
 }
 
 static void test_eval(const char *dir) {
@@ -215,6 +245,7 @@ int main(void) {
         test_numbers();
         test_outputs(dir);
         test_prompts_and_defaults(dir);
+        test_flags();
         test_eval(dir);
     }
     return test_report("test_fixes");

@@ -52,7 +52,7 @@ typedef struct app {
     int cv_cols, cv_rows;
     int view_top, view_h;       /* the view area on screen */
     int help;                   /* the help overlay is shown */
-    char msg[256];              /* a transient message for the bottom line */
+    char msg[1024];             /* a transient message for the bottom line */
     double msg_until;
     char draw_err[256];
     tui_worker_status ws;       /* last snapshot of the worker */
@@ -929,6 +929,11 @@ int app_run(const app_opts *o) {
             tui_worker_status ws;
             tui_worker_status_get(o->worker, &ws);
             if (ws.version != a.ws.version || ws.state != a.ws.state) dirty = 1;
+            /* the prefill is done: the settings in force replace those asked, with the policy's clamps */
+            if (a.ws.state == TUI_W_PREFILL && ws.state != TUI_W_PREFILL && ws.in_force[0]) {
+                set_msg(&a, "in force: %s%s%s", ws.in_force, ws.notice[0] ? " | " : "", ws.notice);
+                a.msg_until = skv_now() + 20;
+            }
             a.ws = ws;
         }
         double now = skv_now();

@@ -50,6 +50,7 @@ typedef struct tui_worker_status {
     size_t kv_resident, kv_offloaded; /* bytes */
     uint64_t hits, misses;      /* the policy's block cache, cumulative (its "hits"/"misses" stats); 0 without */
     char notice[256];           /* the KV policy's notice, or "" */
+    char in_force[600];         /* after the prefill: each lane's settings in force, or "" */
     char error[256];            /* the engine's last error when FAILED, or a stop reason */
 } tui_worker_status;
 

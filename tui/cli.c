@@ -163,10 +163,46 @@ int cli_gen_option(cli_gen *g, int argc, char **argv, int *i) {
                 cli_msg("%s: %s\n", a, skv_last_error());
                 return -1;
             }
+            int seen = 0;
+            for (int k = 0; k < g->n_flags_given; k++) seen |= !strcmp(g->flags_given[k], d->flag);
+            if (!seen && g->n_flags_given < (int)(sizeof g->flags_given / sizeof g->flags_given[0]))
+                g->flags_given[g->n_flags_given++] = d->flag;
             return 1;
         }
     }
 #undef TAKES_VALUE
+    return 0;
+}
+
+void cli_gen_forget_flags(cli_gen *g) { g->n_flags_given = 0; }
+
+int cli_check_policy_flags(const cli_gen *g, const char *cmd, const char *const *policies, int n) {
+    const char *own[8];
+    if (!policies) {
+        n = g->n_kv > 1 ? g->n_kv : 1;
+        for (int i = 0; i < n; i++) own[i] = g->n_kv > 1 ? g->kv_list[i] : g->s.kv.policy;
+        policies = own;
+    }
+    for (int f = 0; f < g->n_flags_given; f++) {
+        int applies = 0;
+        for (int i = 0; i < n && !applies; i++) {
+            const kv_class *pc = kv_policy_find(policies[i]);
+            for (int j = 0; pc && j < pc->n_opts && !applies; j++)
+                applies = pc->opts[j].flag && !strcmp(pc->opts[j].flag, g->flags_given[f]);
+        }
+        if (applies) continue;
+        char who[200] = "", in[200] = "";
+        size_t wl = 0, il = 0;
+        for (int p = 0; p < kv_policy_count(); p++) {
+            const kv_class *pc = kv_policy_at(p);
+            for (int j = 0; j < pc->n_opts; j++)
+                if (pc->opts[j].flag && !strcmp(pc->opts[j].flag, g->flags_given[f]) && wl < sizeof who)
+                    wl += (size_t)snprintf(who + wl, sizeof who - wl, "%s%s", wl ? ", " : "", pc->name);
+        }
+        for (int i = 0; i < n && il < sizeof in; i++)
+            il += (size_t)snprintf(in + il, sizeof in - il, "%s%s", i ? ", " : "", policies[i]);
+        return cli_usage_error(cmd, "%s does not apply to %s: it is an option of %s", g->flags_given[f], in, who);
+    }
     return 0;
 }
 

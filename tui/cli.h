@@ -23,7 +23,18 @@ typedef struct {
     /* --kv a,b,...: the policies to compare (n_kv > 1); s.kv.policy is the first */
     int n_kv;
     char kv_list[8][32];
+    /* the policy flags given (--rank, --page, ...), to check they apply */
+    const char *flags_given[32];
+    int n_flags_given;
 } cli_gen;
+
+/* 0 when every policy flag given (--rank, --page, ...) is an option of at
+ * least one of the n policies named; else prints which policies it belongs
+ * to and returns 2. policies NULL: those of --kv (its list, or the one). */
+int cli_check_policy_flags(const cli_gen *g, const char *cmd, const char *const *policies, int n);
+/* Forgets the policy flags seen so far: a command's preset sets them, and
+ * only the user's own are checked. */
+void cli_gen_forget_flags(cli_gen *g);
 
 void cli_gen_default(cli_gen *g);
 

@@ -112,7 +112,7 @@ int cmd_bench(int argc, char **argv) {
         if (r == CLI_DONE) return 0;
         if (r == 0) return cli_usage_error("bench", "unknown option '%s'", argv[i]);
     }
-    if (cli_single_policy(&g, "bench")) return 2;
+    if (cli_single_policy(&g, "bench") || cli_check_policy_flags(&g, "bench", NULL, 0)) return 2;
     if (cli_no_trace(&g, "bench")) return 2;
     if (!g.model) return cli_usage_error("bench", "no model: give -m MODEL");
     if (g.threads) skv_set_threads(g.threads);

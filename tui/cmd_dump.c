@@ -126,7 +126,7 @@ int cmd_dump(int argc, char **argv) {
         if (r == CLI_DONE) return 0;
         if (r == 0) return cli_usage_error("dump", "unknown option '%s'", argv[i]);
     }
-    if (cli_single_policy(&g, "dump")) return 2;
+    if (cli_single_policy(&g, "dump") || cli_check_policy_flags(&g, "dump", NULL, 0)) return 2;
     if (cli_no_trace(&g, "dump")) return 2;
     if (!g.model) return cli_usage_error("dump", "no model: give -m MODEL");
     if (layer < 0) return cli_usage_error("dump", "no --layer L");

@@ -178,6 +178,7 @@ static int use_default(cli_gen *g, int argc, char **argv, char *model, char *pro
     int na = (int)(sizeof default_flags / sizeof default_flags[0]);
     for (int i = 0; i < na; i++)
         if (cli_gen_option(g, na, args, &i) != 1) return 2;
+    cli_gen_forget_flags(g); /* the preset's flags need not apply to a --kv the user gives */
     int n_gen, help;
     int rc = parse(g, argc, argv, &n_gen, &help);
     if (rc) return rc;
@@ -420,6 +421,10 @@ int cmd_inspect(int argc, char **argv) {
         return rc;
     }
     if (user_model && (rc = use_model_preset(&g, argc, argv))) {
+        cli_gen_free(&g);
+        return rc;
+    }
+    if ((rc = cli_check_policy_flags(&g, "inspect", NULL, 0))) {
         cli_gen_free(&g);
         return rc;
     }

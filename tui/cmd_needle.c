@@ -528,6 +528,7 @@ int cmd_needle(int argc, char **argv) {
         int na = (int)(sizeof demo_flags / sizeof demo_flags[0]);
         for (int i = 0; i < na; i++)
             if (cli_gen_option(&g, na, (char **)demo_flags, &i) != 1) return 2;
+        cli_gen_forget_flags(&g); /* the preset's flags need not apply to every method of --kv */
         lengths_s = "1k,2k,3k,4000";
     }
     for (int i = 1; i < argc; i++) {
@@ -613,6 +614,14 @@ int cmd_needle(int argc, char **argv) {
         return cli_usage_error("needle", "%s", skv_last_error());
     }
     o.kv = g.s.kv;
+    const char *meth[NEEDLE_MAX_METHODS];
+    for (int i = 0; i < o.n_methods; i++) meth[i] = o.methods[i];
+    if (cli_check_policy_flags(&g, "needle", meth, o.n_methods)) {
+        free(lengths);
+        free(depths);
+        cli_gen_free(&g);
+        return 2;
+    }
     if (needle_check_kv_opts(&o)) {
         free(lengths);
         free(depths);

@@ -214,6 +214,7 @@ int cmd_run(int argc, char **argv) {
         if (r == CLI_DONE) return 0;
         if (r == 0) return cli_usage_error("run", "unknown option '%s'", argv[i]);
     }
+    if (cli_check_policy_flags(&g, "run", NULL, 0)) { cli_gen_free(&g); return 2; }
     /* No -m: the demo model, as skv inspect and skv needle, said once. */
     static char model_buf[PATH_MAX + 64];
     static const char *const model_rel[] = { "samples/model/skv-demo.gguf", "../samples/model/skv-demo.gguf" };

@@ -158,6 +158,15 @@ static void *worker_main(void *arg) {
         pthread_mutex_lock(&w->mu);
         w->st.state = TUI_W_IDLE;
         status_from_session(w);
+        /* the settings each lane's policy put in force (clamps shown) */
+        size_t len = 0;
+        for (int i = 0; i < w->c->n && len < sizeof w->st.in_force; i++) {
+            skv_session *s = w->c->s[i];
+            char d[400];
+            kv_describe_in_force(kv_unwrap(s->kv), &s->o.kv, s->n_prompt, d, sizeof d);
+            len += (size_t)snprintf(w->st.in_force + len, sizeof w->st.in_force - len, "%s%s: %s", i ? "; " : "",
+                                    w->c->policy[i], d);
+        }
         pthread_mutex_unlock(&w->mu);
         wake(w);
     }

@@ -144,6 +144,22 @@ void kv_opts_describe(const kv_opts *o, const kv_class *p, int prompt_len, char 
     }
 }
 
+void kv_describe_in_force(const kv_cache *c, const kv_opts *o, int prompt_len, char *buf, size_t n) {
+    const kv_class *p = c->policy;
+    size_t len = 0;
+    buf[0] = 0;
+    if (p->budgeted) len += snprintf(buf, n, "budget=%d", kv_budget_tokens(o, prompt_len));
+    for (int i = 0; i < p->n_opts && len < n; i++) {
+        char a[40], b[40];
+        double asked = kv_opt(o, p, p->opts[i].key), used = kv_stat(c, p->opts[i].key);
+        if (!isnan(used) && used != asked)
+            len += snprintf(buf + len, n - len, "%s%s=%s (asked %s)", len ? " " : "", p->opts[i].key,
+                            skv_num(a, sizeof a, used, 6), skv_num(b, sizeof b, asked, 6));
+        else
+            len += snprintf(buf + len, n - len, "%s%s=%s", len ? " " : "", p->opts[i].key, skv_num(a, sizeof a, asked, 6));
+    }
+}
+
 void kv_policies_help(FILE *out) {
     fprintf(out, "KV policies (--kv NAME) and their options (--kv-opt key=value, or the flag shown):\n");
     for (int i = 0; i < N_POLICIES; i++) {

@@ -189,6 +189,11 @@ int kv_new(const kv_opts *o, const kv_shape *shape, kv_cache **out);
  * policy has no such statistic. */
 double kv_stat(const kv_cache *c, const char *key);
 
+/* What kv_opts_describe says of o, with the values c put in force where a
+ * statistic of the same name differs from the option asked ("rank=64
+ * (asked 160)": clamped to what the prompt allows). After end_prefill. */
+void kv_describe_in_force(const kv_cache *c, const kv_opts *o, int prompt_len, char *buf, size_t n);
+
 /* The stats of c as "key=value ..." (values as %g), into buf. */
 void kv_stats_describe(const kv_cache *c, char *buf, size_t n);
 
