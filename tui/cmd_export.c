@@ -35,6 +35,7 @@ static void export_help(FILE *o) {
                "  -t, --trace FILE      the trace to replay\n"
                "  -v, --view NAME       the view to draw (below)\n"
                "  -o, --output FIG      the figure to write; an existing file is kept unless --force\n"
+               "      --policy NAME     of a compare trace, the one policy's lane (default: every lane, stacked)\n"
                "      --layer L         model layer (default 0)\n"
                "      --head H          KV head (default 0)\n"
                "      --step S          decode step (default: the last one)\n"
@@ -118,7 +119,7 @@ static int export_csv(const char *trace, const char *dir, int force, int partial
 }
 
 int cmd_export(int argc, char **argv) {
-    const char *trace = NULL, *view_name = NULL, *out = NULL, *format = NULL, *pos[2] = { NULL, NULL };
+    const char *trace = NULL, *view_name = NULL, *out = NULL, *format = NULL, *pos[2] = { NULL, NULL }, *policy = NULL;
     int layer = 0, head = 0, step = -1, chunk = -1, scale = 1, width = 1200, height = 700, force = 0, annotate = 0;
     int partial = 0, n_pos = 0;
     for (int i = 1; i < argc; i++) {
@@ -141,13 +142,15 @@ int cmd_export(int argc, char **argv) {
         }
         int known = !strcmp(a, "--trace") || !strcmp(a, "-t") || !strcmp(a, "--view") || !strcmp(a, "-v") ||
                     !strcmp(a, "-o") || !strcmp(a, "--output") || !strcmp(a, "--layer") || !strcmp(a, "--head") ||
-                    !strcmp(a, "--step") || !strcmp(a, "--chunk") || !strcmp(a, "--scale") || !strcmp(a, "--size");
+                    !strcmp(a, "--step") || !strcmp(a, "--chunk") || !strcmp(a, "--scale") || !strcmp(a, "--size") ||
+                    !strcmp(a, "--policy");
         if (!known) return cli_usage_error("export", "unknown option '%s'", a);
         if (!v) return cli_usage_error("export", "%s needs a value", a);
         i++;
         if (!strcmp(a, "--trace") || !strcmp(a, "-t")) trace = v;
         else if (!strcmp(a, "--view") || !strcmp(a, "-v")) view_name = v;
         else if (!strcmp(a, "-o") || !strcmp(a, "--output")) out = v;
+        else if (!strcmp(a, "--policy")) policy = v;
         else if (!strcmp(a, "--layer")) { if (parse_int_opt(a, v, 0, 1 << 20, &layer)) return 2; }
         else if (!strcmp(a, "--head")) { if (parse_int_opt(a, v, 0, 1 << 20, &head)) return 2; }
         else if (!strcmp(a, "--step")) { if (parse_int_opt(a, v, -1, 1 << 30, &step)) return 2; }
@@ -173,7 +176,11 @@ int cmd_export(int argc, char **argv) {
     if (!view_name) return cli_usage_error("export", "no view: give --view NAME");
     if (!out) return cli_usage_error("export", "no output: give -o FIG.png");
     const view_class *vc = view_find(view_name);
-    if (!vc) return cli_usage_error("export", "unknown view '%s'", view_name);
+    if (!vc) {
+        char names_all[600];
+        view_names(names_all, sizeof names_all);
+        return cli_usage_error("export", "unknown view '%s' (views: %s)", view_name, names_all);
+    }
     if (!view_available(vc)) {
         fprintf(stderr, "skv export: view '%s' is not available yet\n", view_name);
         return 1;
@@ -196,7 +203,22 @@ int cmd_export(int argc, char **argv) {
         sts[i] = probe_lanes_store(lanes, i);
         names[i] = probe_lanes_policy(lanes, i);
     }
-    probe_store *st = probe_lanes_store(lanes, 0);
+    if (policy) { /* one lane of a compare trace */
+        int k = -1;
+        char all[300] = "";
+        for (int i = 0, len = 0; i < n_lanes; i++) {
+            if (names[i] && !strcmp(names[i], policy)) k = i;
+            len += snprintf(all + len, sizeof all - (size_t)len, "%s%s", i ? ", " : "", names[i] ? names[i] : "?");
+        }
+        if (k < 0) {
+            fprintf(stderr, "skv export: --policy %s: %s has no such lane (its policies: %s)\n", policy, trace, all);
+            goto done;
+        }
+        sts[0] = sts[k];
+        names[0] = names[k];
+        n_lanes = 1;
+    }
+    probe_store *st = (probe_store *)sts[0];
     view_cursor cur;
     view_cursor_init(&cur);
     cur.layer = layer;

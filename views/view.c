@@ -8,6 +8,7 @@
 #include <math.h>
 #include <stdio.h>
 #include <string.h>
+#include <strings.h>
 
 extern const view_class view_spectrum, view_chunkmap, view_selection, view_cache, view_timeline, view_tokens;
 extern const view_class view_needle, view_niah, view_compare;
@@ -23,7 +24,22 @@ const view_class *const view_classes[] = {
 const view_class *view_find(const char *name) {
     for (int i = 0; view_classes[i]; i++)
         if (!strcmp(view_classes[i]->name, name)) return view_classes[i];
+    /* the tab's title names it too: "chunks" is chunkmap, "specache" speculation */
+    for (int i = 0; view_classes[i]; i++)
+        if (!strcasecmp(view_classes[i]->title, name)) return view_classes[i];
     return NULL;
+}
+
+void view_names(char *buf, size_t n) {
+    size_t len = 0;
+    buf[0] = 0;
+    for (int i = 0; view_classes[i] && len < n; i++) {
+        const view_class *v = view_classes[i];
+        if (strcasecmp(v->name, v->title))
+            len += (size_t)snprintf(buf + len, n - len, "%s%s (tab %s)", i ? ", " : "", v->name, v->title);
+        else
+            len += (size_t)snprintf(buf + len, n - len, "%s%s", i ? ", " : "", v->name);
+    }
 }
 
 void view_cursor_init(view_cursor *cur) {
@@ -161,6 +177,11 @@ int view_move_layer_step(view_cursor *cur, const probe_store *st, int dx, int dy
 int view_draw_lanes(const view_class *vc, canvas *c, canvas_rect r, const probe_store *const *st,
                     const char *const *names, int n, const view_cursor *cur, paint_result *res) {
     if (vc->draw_lanes) return vc->draw_lanes(c, r, st, names, n, cur, res);
+    return view_draw_lanes_each(vc, c, r, st, names, n, cur, res);
+}
+
+int view_draw_lanes_each(const view_class *vc, canvas *c, canvas_rect r, const probe_store *const *st,
+                         const char *const *names, int n, const view_cursor *cur, paint_result *res) {
     const probe_store *keep_st[PROBE_MAX_LANES];
     const char *keep_nm[PROBE_MAX_LANES];
     if (vc->metric && n > 1) {
@@ -174,6 +195,29 @@ int view_draw_lanes(const view_class *vc, canvas *c, canvas_rect r, const probe_
         st = keep_st;
         names = names ? keep_nm : NULL;
         n = k;
+    }
+    /* Panes with nothing to show are left out (a policy that does not record
+     * what the view shows): each lane is tried on a scratch canvas first. */
+    if (n > 1) {
+        canvas *probe = NULL;
+        if (canvas_cells_new(&probe, 80, 24, 0) == 0) {
+            int k = 0;
+            for (int i = 0; i < n && k < PROBE_MAX_LANES; i++) {
+                paint_result pr;
+                canvas_clear(probe);
+                if (vc->draw(probe, (canvas_rect){0, 0, 80, 24}, st[i], cur, &pr) == SKV_EMISSING) continue;
+                keep_st[k] = st[i];
+                keep_nm[k++] = names ? names[i] : NULL;
+            }
+            canvas_free(probe);
+            skv_clear_error();
+            if (k == 0) return vc->draw(c, r, st[0], cur, res); /* the first lane's reason */
+            if (k < n) {
+                st = keep_st;
+                names = names ? keep_nm : NULL;
+                n = k;
+            }
+        }
     }
     if (n <= 1) return vc->draw(c, r, st[0], cur, res);
     const canvas_geom *g = canvas_geometry(c);

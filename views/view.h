@@ -58,6 +58,11 @@ typedef struct view_class {
  * layout. Returns the first error (SKV_EMISSING when no lane had data). */
 int view_draw_lanes(const view_class *vc, canvas *c, canvas_rect r, const probe_store *const *st,
                     const char *const *names, int n, const view_cursor *cur, paint_result *res);
+/* The stacked form view_draw_lanes falls back to: one pane per lane that has
+ * data for the view (the others are left out), each drawn by vc->draw; a
+ * view's own draw_lanes may call it after setting what the panes share. */
+int view_draw_lanes_each(const view_class *vc, canvas *c, canvas_rect r, const probe_store *const *st,
+                         const char *const *names, int n, const view_cursor *cur, paint_result *res);
 
 /* Every view in tab order, NULL-terminated. A view whose draw is NULL has its
  * place reserved but is not built yet: it is listed, skipped
@@ -66,6 +71,9 @@ int view_draw_lanes(const view_class *vc, canvas *c, canvas_rect r, const probe_
 extern const view_class *const view_classes[];
 
 const view_class *view_find(const char *name);
+/* Every view's name, with its tab's title where that differs ("chunkmap
+ * (tab Chunks), ..."), into buf: for error messages. */
+void view_names(char *buf, size_t n);
 static inline int view_available(const view_class *v) { return v && v->draw != NULL; }
 
 /* The step a cursor shows: cur->step, or the latest step in the store when

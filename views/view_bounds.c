@@ -32,7 +32,7 @@ static int bounds_draw(canvas *c, canvas_rect r, const probe_store *st, const vi
     if (!ub || !mx || ub->n != mx->n || ub->n <= 0) {
         if (probe_store_has_metric(st, "page_bound") && step >= 0)
             snprintf(msg, sizeof msg, "layer %d is attended densely at step %d (no pages scored): move to another "
-                     "layer (up/down)", layer, step);
+                     "layer (%s)", layer, step, canvas_geometry(c)->cells ? "up/down" : "--layer L");
         else
             view_no_metric(st, "page_bound", 1, "page bounds", "Quest (--kv quest)", msg, sizeof msg);
         return view_message(c, r, "Quest bound gap", msg, res);

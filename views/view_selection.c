@@ -150,8 +150,13 @@ static int selection_draw(canvas *c, canvas_rect r, const probe_store *st, const
         snprintf(title, sizeof title, "Selection L%d H%d: k=%d of %d chunks, hits %.0f%% all steps", layer, head, k, n,
                  sel ? 100.0 * hits / sel : 0.0);
     else
+    {
         snprintf(title, sizeof title, "Chunks selected by layer %d, KV head %d: k = %d of %d chunks, cache hit rate %.1f%% over all steps",
                  layer, head, k, n, sel ? 100.0 * hits / sel : 0.0);
+        if (canvas_text_width(c, title, CANVAS_FONT_TITLE) > r.w) /* a shorter wording before any cut */
+            snprintf(title, sizeof title, "Layer %d, KV head %d: k = %d of %d chunks selected, hit rate %.1f%% (all steps)",
+                     layer, head, k, n, sel ? 100.0 * hits / sel : 0.0);
+    }
     describe(info, sizeof info, st, step, layer, head, chunk, now, n, g->cells);
     view_fit_text(c, CANVAS_FONT_TITLE, r.w, title);
     view_fit_text(c, CANVAS_FONT_BODY, r.w - (g->cells ? 0 : 2 * g->pad), info);

@@ -95,7 +95,7 @@ static int draw_channels(canvas *c, canvas_rect r, const probe_store *st, int la
     if (!any || d <= 0) {
         if (probe_store_has_metric(st, "channels"))
             snprintf(msg, sizeof msg, "layer %d is not sparse (or attends densely): no channels scored; move to a "
-                     "sparse layer (up/down)", layer);
+                     "sparse layer (%s)", layer, canvas_geometry(c)->cells ? "up/down" : "--layer L");
         else
             view_no_metric(st, "channels", 1, "channel measures", "TailorKV (--kv tailorkv)", msg, sizeof msg);
         return view_message(c, r, "TailorKV channels", msg, res);

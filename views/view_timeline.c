@@ -15,6 +15,7 @@
  * Keys: ←/→ previous/next decode step (→ past the last follows the latest);
  * ↑/↓ previous/next layer. A click on a bar selects that bar's layer. */
 #include "skv.h"
+#include "lanes.h"
 #include "view.h"
 
 #include <math.h>
@@ -220,7 +221,8 @@ static int timeline_draw(canvas *c, canvas_rect r, const probe_store *st, const 
     paint_gantt gt = {
         .title = title, .rows = rows, .n_rows = PROBE_STREAM_COUNT, .ops = cats, .n_ops = ops.n,
         .bars = bars, .n_bars = nb,
-        .t = { .label = g->cells ? "time" : "time from the step's first span", .unit = "ms" },
+        .t = { .label = g->cells ? "time" : "time from the step's first span", .unit = "ms",
+},
     };
     paint_result local, *pr = res ? res : &local;
     rc = paint_draw_gantt(c, r, &gt, pr);
@@ -311,6 +313,88 @@ static int timeline_click(view_cursor *cur, const probe_store *st, const paint_r
     return VIEW_HANDLED | VIEW_REDRAW;
 }
 
+/* Compare mode: one chart, a row per (policy, stream) that has spans, on
+ * one time axis with one legend, so that the policies' steps line up. */
+static int timeline_lanes(canvas *c, canvas_rect r, const probe_store *const *st, const char *const *names, int n,
+                          const view_cursor *cur, paint_result *res) {
+    if (n <= 1) return timeline_draw(c, r, st[0], cur, res);
+    enum { MAX_ROWS = PROBE_MAX_LANES * PROBE_STREAM_COUNT };
+    char row_name[MAX_ROWS][64];
+    const char *rows[MAX_ROWS];
+    int n_rows = 0, nb = 0, cap = 0, step = -1, shown = 0;
+    double longest = 0;
+    tl_ops ops = { 0 };
+    paint_bar *bars = NULL;
+    int rc = SKV_OK;
+    for (int i = 0; i < n && rc == SKV_OK; i++) {
+        int cnt, s = shown_step(st[i], cur);
+        const probe_ev_span *sp = probe_store_spans(st[i], s, &cnt);
+        if (!sp || cnt <= 0) continue;
+        step = s;
+        shown++;
+        double t0 = INFINITY, t1 = -INFINITY;
+        for (int k = 0; k < cnt; k++) { t0 = fmin(t0, sp[k].t0); t1 = fmax(t1, sp[k].t1); }
+        longest = fmax(longest, (t1 - t0) * 1e3);
+        for (int stream = 0; stream < PROBE_STREAM_COUNT && n_rows < MAX_ROWS; stream++) {
+            int any = 0;
+            for (int k = 0; k < cnt; k++) {
+                if (sp[k].stream != stream) continue;
+                if (nb == cap) {
+                    cap = cap ? 2 * cap : 256;
+                    paint_bar *nbars = realloc(bars, sizeof *bars * (size_t)cap);
+                    if (!nbars) { rc = skv_error(SKV_ENOMEM, "timeline view: out of memory"); break; }
+                    bars = nbars;
+                }
+                bars[nb++] = (paint_bar){ n_rows, op_index(&ops, sp[k].op ? sp[k].op : ""), (sp[k].t0 - t0) * 1e3,
+                                          (sp[k].t1 - t0) * 1e3 };
+                any = 1;
+            }
+            if (!any) continue;
+            snprintf(row_name[n_rows], sizeof row_name[0], "%s %s", names && names[i] ? names[i] : "?",
+                     probe_stream_name(stream));
+            rows[n_rows] = row_name[n_rows];
+            n_rows++;
+        }
+    }
+    if (rc == SKV_OK && !nb) {
+        free(bars);
+        return view_message(c, r, "Timeline", "no timing spans: record the run with --trace (or inspect it live)", res);
+    }
+    if (rc == SKV_OK) {
+        fill_colors(&ops);
+        qsort(bars, (size_t)nb, sizeof *bars, bar_cmp);
+        paint_category cats[TL_MAX_OPS];
+        for (int k = 0; k < ops.n; k++) cats[k] = (paint_category){ ops.name[k], ops.color[k], NULL };
+        const canvas_geom *g = canvas_geometry(c);
+        char title[200];
+        if (step < 0)
+            snprintf(title, sizeof title, "Timelines of the prefill, %d policies: the longest %.3g ms", shown, longest);
+        else if (g->cells)
+            snprintf(title, sizeof title, "Timelines, step %d: longest %.3g ms", step, longest);
+        else
+            snprintf(title, sizeof title, "Stream timelines of decode step %d, %d policies on one time axis: the "
+                     "longest %.3g ms", step, shown, longest);
+        int oracle = 0;
+        for (int i = 0; i < n; i++) {
+            const probe_ev_step *se = probe_store_step(st[i], step >= 0 ? step : 0);
+            oracle |= (se && se->has_oracle) || probe_store_oracle(st[i], step >= 0 ? step : 0, 0, 0) != NULL;
+        }
+        if (oracle) {
+            size_t tl = strlen(title);
+            snprintf(title + tl, sizeof title - tl, ", times include the oracle");
+        }
+        view_fit_text(c, CANVAS_FONT_TITLE, r.w, title);
+        paint_gantt gt = {
+            .title = title, .rows = rows, .n_rows = n_rows, .ops = cats, .n_ops = ops.n, .bars = bars, .n_bars = nb,
+            .t = { .label = g->cells ? "time" : "time from each step's first span", .unit = "ms" },
+        };
+        paint_result local;
+        rc = paint_draw_gantt(c, r, &gt, res ? res : &local);
+    }
+    free(bars);
+    return rc;
+}
+
 const view_class view_timeline = {
     .name = "timeline",
     .title = "Timeline",
@@ -319,6 +403,7 @@ const view_class view_timeline = {
             "the chart gives the bytes the step fetched, their bandwidth, and how much of the fetch time a key rebuild "
             "ran beside it",
     .draw = timeline_draw,
+    .draw_lanes = timeline_lanes,
     .move = view_move_layer_step,
     .click = timeline_click,
 };
