@@ -58,6 +58,7 @@ typedef struct app {
     tui_worker_status ws;       /* last snapshot of the worker */
     double t_start;
     int playing;                /* replay: stepping through recorded steps */
+    int lane;                   /* compare mode: the one lane shown (p cycles), -1 for every lane */
     double play_next;
     int tab_y, n_tabs;          /* the tab bar: its row, and each tab's columns */
     int tab_x0[MAX_TABS], tab_x1[MAX_TABS], tab_view[MAX_TABS];
@@ -162,14 +163,31 @@ static probe_store *primary(const probe_lanes *L) {
     return probe_lanes_store(L, 0);
 }
 
-/* Every lane's store and policy, for drawing; returns the count. */
+/* Every lane's store and policy for drawing (the one picked with p, when
+ * one is); returns the count. */
 static int lanes_of(const app *a, const probe_store **sts, const char **names) {
     int n = probe_lanes_count(a->o->lanes);
+    if (a->lane >= 0 && a->lane < n) {
+        sts[0] = probe_lanes_store(a->o->lanes, a->lane);
+        names[0] = probe_lanes_policy(a->o->lanes, a->lane);
+        return 1;
+    }
     for (int i = 0; i < n; i++) {
         sts[i] = probe_lanes_store(a->o->lanes, i);
         names[i] = probe_lanes_policy(a->o->lanes, i);
     }
     return n;
+}
+
+/* p: every lane, then each policy alone, then every lane again. */
+static int key_lane(app *a, int ch) {
+    (void)ch;
+    int n = probe_lanes_count(a->o->lanes);
+    if (n <= 1) { set_msg(a, "one policy in this run: p picks a policy of a compare run"); return APP_HANDLED | APP_REDRAW; }
+    a->lane = a->lane + 1 >= n ? -1 : a->lane + 1;
+    if (a->lane < 0) set_msg(a, "every policy shown");
+    else set_msg(a, "policy %s alone (p: the next)", probe_lanes_policy(a->o->lanes, a->lane));
+    return APP_HANDLED | APP_REDRAW;
 }
 
 static int n_view_classes(void) {
@@ -178,12 +196,23 @@ static int n_view_classes(void) {
     return n;
 }
 
-/* The next available view from index i in direction dir (+1/-1), or i. */
-static int next_view(int i, int dir) {
+/* A tab is shown for a view that can draw, and for a peer's own view only
+ * when some policy of the run records its measure (a ShadowKV run has no
+ * SpeCache tab). The view in front stays. */
+static int tab_shown(const app *a, const view_class *vc) {
+    if (!view_available(vc)) return 0;
+    if (!vc->metric || vc == view_classes[a->view]) return 1;
+    for (int i = 0; i < probe_lanes_count(a->o->lanes); i++)
+        if (probe_store_has_metric(probe_lanes_store(a->o->lanes, i), vc->metric)) return 1;
+    return 0;
+}
+
+/* The next view with a tab from index i in direction dir (+1/-1), or i. */
+static int next_view(const app *a, int i, int dir) {
     int n = n_view_classes();
     for (int k = 1; k <= n; k++) {
         int j = ((i + dir * k) % n + n) % n;
-        if (view_available(view_classes[j])) return j;
+        if (tab_shown(a, view_classes[j])) return j;
     }
     return i;
 }
@@ -251,16 +280,16 @@ static int key_run(app *a, int ch) {
 }
 
 static int key_view(app *a, int ch) {
-    a->view = next_view(a->view, ch == KEY_BTAB ? -1 : 1);
+    a->view = next_view(a, a->view, ch == KEY_BTAB ? -1 : 1);
     a->res_ok = 0;
     return APP_HANDLED | APP_REDRAW;
 }
 
 /* 1..9: the Nth view of the tab bar. */
 static int key_jump(app *a, int ch) {
-    int want = ch - '1', k = 0;
+    int want = ch == '0' ? 9 : ch - '1', k = 0;
     for (int i = 0; view_classes[i]; i++) {
-        if (!view_available(view_classes[i])) continue;
+        if (!tab_shown(a, view_classes[i])) continue;
         if (k++ == want) {
             a->view = i;
             a->res_ok = 0;
@@ -401,9 +430,10 @@ static const struct app_key {
     {{'h', 'j', 'k', 'l'}, "h j k l", "the same as the arrows", key_move},
     {{'g', 'G', KEY_HOME, KEY_END}, "g G Home End", "first / last step (G follows the newest)", key_first_last},
     {{',', '.', '<', '>'}, ", .", "previous / next recorded step, in every view", key_back_forth},
-    {{'1', '2', '3', '4', '5'}, "1..9", "jump to the Nth view of the tab bar", key_jump},
-    {{'6', '7', '8', '9'}, NULL, NULL, key_jump},
+    {{'1', '2', '3', '4', '5'}, "1..9 0", "jump to the Nth view of the tab bar (0: the 10th)", key_jump},
+    {{'6', '7', '8', '9', '0'}, NULL, NULL, key_jump},
     {{'e'}, "e", "export the view as PNG into the export folder", key_export},
+    {{'p'}, "p", "compare run: show one policy alone, the next, then all again", key_lane},
     {{'?'}, "?", "this help (any key closes it)", key_help},
     {{12}, "C-l", "redraw the screen", key_redraw},
     {{'q', 'Q'}, "q", "quit", key_quit},
@@ -502,7 +532,7 @@ static void draw_tabs(app *a, int y, int h) {
     int x = 0, cur_x1 = 0;
     a->n_tabs = 0;
     for (int i = 0; view_classes[i] && a->n_tabs < MAX_TABS; i++) {
-        if (!view_available(view_classes[i])) continue;
+        if (!tab_shown(a, view_classes[i])) continue;
         int w = (int)strlen(view_classes[i]->title) + 2;
         a->tab_x0[a->n_tabs] = x;
         a->tab_x1[a->n_tabs] = x + w;
@@ -523,6 +553,10 @@ static void draw_tabs(app *a, int y, int h) {
         tui_blit_text(y, x0 + skip, avail - x0 - skip, label + skip, on ? (A_REVERSE | A_BOLD) : 0,
                       on ? 0 : tui_blit_pair(CANVAS_RGB(0xb0, 0xb0, 0xb0), CANVAS_DEFAULT), a->utf8);
     }
+    /* tabs cut at either edge are marked, so none is hidden without a sign */
+    if (shift > 0) tui_blit_text(y, 0, 1, a->utf8 ? "\xc2\xab" : "<", A_BOLD, 0, a->utf8);
+    if (a->n_tabs && a->tab_x1[a->n_tabs - 1] >= avail && x - 1 - shift > avail)
+        tui_blit_text(y, avail - 1, 1, a->utf8 ? "\xc2\xbb" : ">", A_BOLD, 0, a->utf8);
     if (rw) tui_blit_text(y, avail, rw, right, A_BOLD, 0, a->utf8);
 }
 
@@ -844,8 +878,12 @@ static void init_app(app *a, const app_opts *o) {
     memset(a, 0, sizeof *a);
     a->o = o;
     a->st = primary(o->lanes);
+    a->lane = -1;
+    for (int i = 0; o->policy && i < probe_lanes_count(o->lanes); i++)
+        if (!strcmp(probe_lanes_policy(o->lanes, i), o->policy)) a->lane = i;
     view_cursor_init(&a->cur);
-    a->view = view_available(view_classes[0]) ? 0 : next_view(0, 1);
+    a->view = 0;
+    if (!view_available(view_classes[0])) a->view = next_view(a, 0, 1);
     a->t_start = skv_now();
     if (!o->worker && probe_store_n_steps(a->st) > 0) a->cur.step = 0;
     if (o->worker) tui_worker_status_get(o->worker, &a->ws);

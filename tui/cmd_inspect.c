@@ -70,6 +70,8 @@ static void inspect_help(FILE *o) {
             "  e             export the view to skv-VIEW-L#-H#-S#.png in the export folder\n"
             "                (--export-dir DIR; default skv-exports/ under the current directory,\n"
             "                made at the first export)\n"
+            "  p             compare run (--kv a,b,...): one policy alone, the next, then all again\n"
+            "                (--policy NAME starts on that one)\n"
             "  ?             help overlay\n"
             "  q             quit (also Ctrl-C)\n"
             "  mouse         click selects a chunk, layer or step; click a tab to switch views\n\n"
@@ -83,6 +85,7 @@ static void inspect_help(FILE *o) {
 /* --record FILE and --replay FILE say which one is meant; --trace FILE
  * guesses (replay an existing file, else record into it). */
 static int record_flag, replay_flag;
+static const char *policy_flag; /* --policy NAME: the lane shown at start in a compare run */
 static const char *needle_flag; /* --needle TEXT */
 static const char *export_dir = "skv-exports"; /* --export-dir DIR: where e writes figures */
 
@@ -96,6 +99,11 @@ static int parse(cli_gen *g, int argc, char **argv, int *n_gen, int *help) {
             if (i + 1 >= argc || !argv[i + 1][0]) return cli_usage_error("inspect", "--needle needs the needle's text");
             needle_flag = argv[++i];
             (*n_gen)++;
+            continue;
+        }
+        if (!strcmp(argv[i], "--policy")) {
+            if (i + 1 >= argc || !argv[i + 1][0]) return cli_usage_error("inspect", "--policy needs a policy name");
+            policy_flag = argv[++i];
             continue;
         }
         if (!strcmp(argv[i], "--export-dir")) {
@@ -225,7 +233,8 @@ static int replay(const char *path) {
         snprintf(notice, sizeof notice, "%s", trace_last_notice());
         cli_msg("warning: %s\n", notice);
     }
-    app_opts o = {.lanes = lanes, .wake_fd = -1, .replay_path = path, .notice = notice, .export_dir = export_dir};
+    app_opts o = {.lanes = lanes, .wake_fd = -1, .replay_path = path, .notice = notice, .export_dir = export_dir,
+                  .policy = policy_flag};
     int rc = app_run(&o);
     probe_lanes_free(lanes);
     return rc;
@@ -354,7 +363,8 @@ static int live(cli_gen *g) {
     char label[160];
     snprintf(label, sizeof label, "%s", m->cfg.name[0] ? m->cfg.name : m->path);
     app_opts o = {.lanes = lanes, .ring = ring, .worker = w, .wake_fd = wake[0], .model_label = label, .export_dir = export_dir,
-                  .random_weights = m->random_weights, .trace_path = g->trace, .notice = settings};
+                  .random_weights = m->random_weights, .trace_path = g->trace, .notice = settings,
+                  .policy = policy_flag};
     rc = app_run(&o);
     /* Stop listening first: the worker may be blocked on a full ring. */
     probe_unsubscribe(ring);

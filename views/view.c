@@ -80,8 +80,15 @@ static const char *no_data(const probe_store *st, int present, int per_step, con
         snprintf(buf, n, "no %s: no run recorded yet", what);
     else if (per_step && probe_store_n_steps(st) == 0)
         snprintf(buf, n, "no %s yet: generate tokens (-n N) and step (n or r)", what);
-    else if (!present && who)
-        snprintf(buf, n, "no %s: %s records them; this run's policy is %s", what, who, pol);
+    else if (!present && who) {
+        char own[48];
+        snprintf(own, sizeof own, "--kv %s)", pol);
+        if (strstr(who, own)) /* the owner ran but recorded none: it fell back to dense attention */
+            snprintf(buf, n, "no %s: %s recorded none in this run; at this budget it attends densely or selects "
+                     "nothing (its notice at the start of the run says which)", what, pol);
+        else
+            snprintf(buf, n, "no %s: %s records them; this run's policy is %s", what, who, pol);
+    }
     else if (!present)
         snprintf(buf, n, "no %s: policy %s records none (skv run --kv help lists the policies)", what, pol);
     else

@@ -131,6 +131,17 @@ static int draw_totals(canvas *c, canvas_rect r, const tl_ops *ops, const probe_
     paint_table tab = { .cols = cols, .n_cols = 6, .cells = cells, .n_rows = nt };
     paint_result pr;
     rc = paint_draw_table(c, r, &tab, &pr);
+    char more[96];
+    if (!rc && pr.shown < nt) { /* rows cut for height: say so above the table */
+        canvas_fill_rect(c, r.x, r.y, r.w, r.h, canvas_get_theme(c)->bg);
+        tab.title = more;
+        for (int pass = 0; pass < 2 && !rc; pass++) {
+            snprintf(more, sizeof more, "%d of %d operations shown (longest first); a taller window shows the rest",
+                     pass ? pr.shown : nt - 1, nt);
+            canvas_fill_rect(c, r.x, r.y, r.w, r.h, canvas_get_theme(c)->bg);
+            rc = paint_draw_table(c, r, &tab, &pr);
+        }
+    }
     double dx = floor((r.x + r.w - (pr.area.x + pr.area.w)) / 2);
     if (!rc && dx >= 1) { /* centre it: the table's width is known only once drawn */
         canvas_fill_rect(c, r.x, r.y, r.w, r.h, canvas_get_theme(c)->bg);
@@ -225,7 +236,24 @@ static int timeline_draw(canvas *c, canvas_rect r, const probe_store *st, const 
 },
     };
     paint_result local, *pr = res ? res : &local;
-    rc = paint_draw_gantt(c, r, &gt, pr);
+    /* the chart leaves room under it for the totals table, one row per
+     * (operation, stream), and the fetch line: the table is what answers
+     * "what costs the most", so the chart gives way down to about a third
+     * of the view (half on a terminal) */
+    int pairs = 0;
+    for (int i = 0; i < n; i++) {
+        int seen = 0;
+        for (int j = 0; j < i && !seen; j++)
+            seen = sp[j].stream == sp[i].stream && !strcmp(sp[j].op ? sp[j].op : "", sp[i].op ? sp[i].op : "");
+        pairs += !seen;
+    }
+    double lhb = canvas_line_height(c, CANVAS_FONT_BODY);
+    double reserve = g->cells ? pairs + 6 : (pairs + 2) * 1.7 * lhb + 5 * lhb + 3 * g->em;
+    canvas_rect rg = r;
+    double floor_h = g->cells ? floor(r.h / 2) : 0.36 * r.h; /* the chart keeps at least this */
+    rg.h = r.h - reserve > floor_h ? r.h - reserve : floor_h;
+    if (rg.h < (g->cells ? 8 : 8 * lhb)) rg.h = r.h; /* too small for both: the chart alone */
+    rc = paint_draw_gantt(c, rg, &gt, pr);
     if (rc || pr->shown <= 0 || pr->area.w <= 0) goto done;
 
     /* layer labels in the bars that have room and enclose no other bar; the cursor's layer outlined */
