@@ -683,6 +683,7 @@ static void test_cli(void) {
     paint_result res;
     view_cursor cur;
     view_cursor_init(&cur);
+    cur.clean = 1; /* as skv needle --png draws it */
     if (px && rc == 0 && canvas_png_new(&c, w, h, &po) == 0) {
         canvas_clear(c);
         rc = view_find("niah")->draw(c, (canvas_rect){ 0, 0, w, h }, st, &cur, &res);

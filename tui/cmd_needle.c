@@ -366,6 +366,7 @@ static int write_png(const char *path, int force, const skv_model *m, const need
         canvas_clear(c);
         view_cursor cur;
         view_cursor_init(&cur);
+        cur.clean = 1; /* a figure: no cursor cell or its line */
         const view_class *v = view_find("niah");
         rc = v && view_available(v) ? v->draw(c, (canvas_rect){ 0, 0, NEEDLE_PNG_W, h }, st, &cur, NULL)
                                     : skv_error(SKV_EUNSUPPORTED, "the niah view is not built into this skv");

@@ -918,10 +918,12 @@ int paint_draw_heatmap(canvas *c, canvas_rect rr, const paint_heatmap *h, paint_
     cbar cb;
     frame_vertical(&L, &f);
     cbar_setup(&L, &cb, &h->value, h->v, (long)nx * ny, f.area.h);
-    f.right_w = cbar_width(&L, &cb, f.show_rlabel ? f.rlabel : NULL);
+    f.right_w = h->no_colorbar ? 0 : cbar_width(&L, &cb, f.show_rlabel ? f.rlabel : NULL);
+    if (h->no_colorbar) f.rlabel = NULL;
     ticks xt, yt;
     double xlo, xhi, ylo, yhi;
     grid_layout(&L, &f, &xt, &yt, &h->x, &h->y, h->xticks, h->yticks, nx, ny, &xlo, &xhi, &ylo, &yhi);
+    if (h->no_colorbar) f.show_right = 0;
     if (!f.show_right) f.show_rlabel = 0;
     res->area = f.area;
     res->x0 = xlo; res->x1 = xhi; res->y0 = ylo; res->y1 = yhi; res->ydown = 1;

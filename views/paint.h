@@ -129,6 +129,7 @@ typedef struct paint_heatmap {
     const paint_cellmark *marks; int n_marks;     /* cells to outline, e.g. the needle */
     const char *mark_label; /* legend entry for the marks, e.g. "needle" */
     const char *annotate;   /* printf format taking one double, printed in each cell ("%.2f"); NULL for none */
+    int no_colorbar;        /* 1: no colour bar (panels that share one drawn beside the last) */
 } paint_heatmap;
 
 int paint_draw_heatmap(canvas *c, canvas_rect r, const paint_heatmap *h, paint_result *res);

@@ -148,15 +148,22 @@ static int niah_draw(canvas *c, canvas_rect r, const probe_store *st, const view
     }
     /* One text line under the panels for the cursor's cell. */
     double line_h = geo->cells ? 1 : canvas_line_height(c, CANVAS_FONT_BODY) + geo->pad;
-    double ph = r.h - (r.h > 4 * line_h ? line_h : 0);
+    double ph = r.h - (r.h > 4 * line_h && !cur->clean ? line_h : 0); /* a clean export: no cursor line */
     /* A figure (PNG, SVG) with more than three panels puts them on two rows;
      * the terminal keeps one row (clicks map along it). */
     int cols = geo->cells || g.nm <= 3 ? g.nm : (g.nm + 1) / 2, rows = (g.nm + cols - 1) / cols;
-    double pw = geo->cells ? floor(r.w / cols) : r.w / cols, rh = ph / rows;
+    /* A figure draws one colour bar, beside the last panel of each row (the
+     * scale is the same 0..100 for all): the others get its width back. */
+    int shared = !geo->cells && g.nm > 1;
+    double extra = shared ? canvas_text_width(c, "100", CANVAS_FONT_SMALL) + 2 * canvas_line_height(c, CANVAS_FONT_BODY) +
+                                3 * geo->em : 0;
+    double pw = geo->cells ? floor(r.w / cols) : (r.w - extra) / cols, rh = ph / rows;
     int cx, cy;
     cell_of(cur, &g, &cx, &cy);
     paint_cellmark mk = { g.mark_x, g.mark_y };
     paint_result lres, rres = {0};
+    int short_titles = 0;
+    for (int m = 0; m < g.nm; m++) short_titles |= canvas_text_width(c, title[m], CANVAS_FONT_TITLE) > pw;
     for (int m = 0; m < g.nm && !rc; m++) {
         paint_heatmap h = {
             .title = title[m], .v = g.v[m], .nx = g.nx, .ny = g.ny,
@@ -166,9 +173,21 @@ static int niah_draw(canvas *c, canvas_rect r, const probe_store *st, const view
             .marks = g.mark_x >= 0 ? &mk : NULL, .n_marks = g.mark_x >= 0 ? 1 : 0,
             .mark_label = geo->cells ? "traced" : "case recorded in detail", .annotate = "%.0f",
         };
-        int col = m % cols, row = m / cols;
-        canvas_rect pr = { r.x + col * pw, r.y + row * rh, col == cols - 1 && geo->cells ? r.w - col * pw : pw, rh };
+        int col = m % cols, row = m / cols, last = col == cols - 1 || m == g.nm - 1;
+        h.no_colorbar = shared && !last;
+        canvas_rect pr = { r.x + col * pw, r.y + row * rh,
+                           col == cols - 1 && geo->cells ? r.w - col * pw : pw + (shared && last ? extra : 0), rh };
         paint_result tmp;
+        if (short_titles) { /* narrow panels: every title in the short form */
+            char shorter[160];
+            snprintf(shorter, sizeof shorter, "%s: %.0f%%", m == 0 && !g.name[0][0] ? "dense" : g.name[m],
+                     g.total[m] ? 100.0 * g.hits[m] / g.total[m] : 0);
+            const char *part = strstr(title[m], ", partial");
+            if (part) snprintf(shorter + strlen(shorter), sizeof shorter - strlen(shorter), "%s", part);
+            snprintf(title[m], sizeof title[m], "%s", shorter);
+        }
+        if (!geo->cells && canvas_text_width(c, "context length (tokens)", CANVAS_FONT_BODY) > 0.6 * pw)
+            h.x.label = "length";
         view_fit_text(c, CANVAS_FONT_TITLE, pr.w, title[m]);
         rc = paint_draw_heatmap(c, pr, &h, m == 0 ? &lres : m == 1 ? &rres : &tmp);
     }
