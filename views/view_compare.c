@@ -63,6 +63,50 @@ static void summarise(const probe_store *st, int layer, lane_sum *o) {
     }
 }
 
+/* Mass recall per decode step (the mean over layers and KV heads) of each
+ * policy that the oracle scored, one line each. */
+static int recall_plot(canvas *c, canvas_rect r, const probe_store *const *st, const char *const *names, int n) {
+    paint_series s[CMP_MAX];
+    double *buf[CMP_MAX] = {0};
+    int ns = 0, rc = SKV_OK;
+    for (int i = 0; i < n && rc == SKV_OK; i++) {
+        int steps = probe_store_n_steps(st[i]), nl = probe_store_n_layers(st[i]), nh = probe_store_n_kv_heads(st[i]);
+        if (steps <= 0) continue;
+        double *y = malloc(sizeof *y * (size_t)steps);
+        if (!y) { rc = skv_error(SKV_ENOMEM, "compare view: out of memory"); break; }
+        int any = 0;
+        for (int t = 0; t < steps; t++) {
+            double sum = 0;
+            int cnt = 0;
+            for (int l = 0; l < nl; l++)
+                for (int h = 0; h < nh; h++) {
+                    const probe_ev_oracle *o = probe_store_oracle(st[i], t, l, h);
+                    if (o && isfinite(o->recall)) { sum += o->recall; cnt++; }
+                }
+            y[t] = cnt ? 100 * sum / cnt : NAN;
+            any |= cnt > 0;
+        }
+        if (!any) { free(y); continue; }
+        buf[ns] = y;
+        s[ns] = (paint_series){ .name = names && names[i] ? names[i] : "?", .y = y, .n = steps, .color = PAINT_AUTO };
+        ns++;
+    }
+    if (rc == SKV_OK && ns) {
+        paint_plot p = { .title = "Mass recall per decode step (mean over layers and heads)",
+                         .x = { .label = "decode step", .integer = 1 }, .y = { .label = "mass recall", .unit = "%" },
+                         .series = s, .n_series = ns };
+        char t[96];
+        snprintf(t, sizeof t, "%s", p.title);
+        if (canvas_text_width(c, t, CANVAS_FONT_TITLE) > r.w) snprintf(t, sizeof t, "Mass recall per step");
+        view_fit_text(c, CANVAS_FONT_TITLE, r.w, t);
+        p.title = t;
+        paint_result pr;
+        rc = paint_draw_plot(c, r, &p, &pr);
+    }
+    for (int i = 0; i < ns; i++) free(buf[i]);
+    return rc;
+}
+
 static int compare_lanes(canvas *c, canvas_rect r, const probe_store *const *st, const char *const *names, int n,
                          const view_cursor *cur, paint_result *res) {
     (void)cur;
@@ -114,12 +158,15 @@ static int compare_lanes(canvas *c, canvas_rect r, const probe_store *const *st,
     snprintf(title, sizeof title, "Compare: %d polic%s%s", n, n == 1 ? "y" : "ies",
              any_oracle ? " (mass recall, overlap, output error: oracle means; top-1: agreement with dense)"
                         : " (run with --oracle for recall and error)");
+    if (canvas_text_width(c, title, CANVAS_FONT_TITLE) > r.w) /* the shorter wording before any cut */
+        snprintf(title, sizeof title, "Compare: %d polic%s%s", n, n == 1 ? "y" : "ies",
+                 any_oracle ? " (oracle means; top-1 agrees with dense)" : " (--oracle adds recall and error)");
     view_fit_text(c, CANVAS_FONT_TITLE, r.w, title);
     paint_table t1 = {.title = title, .cols = pcols, .n_cols = PC, .cells = cells, .n_rows = n};
     /* per layer: the policy keeping the most exact mass, and the one with the least error */
     static const paint_column lcols[] = {
-        {"layer", PAINT_ALIGN_RIGHT}, {"most mass kept", PAINT_ALIGN_LEFT}, {"mass", PAINT_ALIGN_RIGHT},
-        {"least output error", PAINT_ALIGN_LEFT}, {"error", PAINT_ALIGN_RIGHT},
+        {"layer", PAINT_ALIGN_RIGHT}, {"most mass", PAINT_ALIGN_LEFT}, {"mass", PAINT_ALIGN_RIGHT},
+        {"least error", PAINT_ALIGN_LEFT}, {"error", PAINT_ALIGN_RIGHT},
     };
     enum { LC = sizeof lcols / sizeof lcols[0] };
     char (*lt)[LC][40] = nl > 0 ? calloc((size_t)nl, sizeof *lt) : NULL;
@@ -152,13 +199,19 @@ static int compare_lanes(canvas *c, canvas_rect r, const probe_store *const *st,
     double top_h = (n + 3) * lh + (g->cells ? 0 : 2 * g->pad);
     if (!rows || top_h > r.h) top_h = r.h;
     int rc = paint_draw_table(c, (canvas_rect){r.x, r.y, r.w, top_h}, &t1, res);
+    /* a figure: the per-layer table and, beside it, mass recall step by step */
+    int plot = !g->cells && any_oracle && r.w >= 900;
+    double tw = plot ? 0.5 * r.w : r.w;
     if (!rc && rows && r.h - top_h >= 3 * lh) {
         char t2title[96] = "Per layer (exact attention mass on the tokens each policy attended)";
-        view_fit_text(c, CANVAS_FONT_TITLE, r.w, t2title);
+        if (canvas_text_width(c, t2title, CANVAS_FONT_TITLE) > tw) snprintf(t2title, sizeof t2title, "Per layer");
+        view_fit_text(c, CANVAS_FONT_TITLE, tw, t2title);
         paint_table t2 = {.title = t2title,
                           .cols = lcols, .n_cols = LC, .cells = lcells, .n_rows = rows};
-        rc = paint_draw_table(c, (canvas_rect){r.x, r.y + top_h, r.w, r.h - top_h}, &t2, NULL);
+        rc = paint_draw_table(c, (canvas_rect){r.x, r.y + top_h, tw, r.h - top_h}, &t2, NULL);
     }
+    if (!rc && plot && r.h - top_h >= 8 * lh) rc = recall_plot(c, (canvas_rect){r.x + tw, r.y + top_h, r.w - tw, r.h - top_h},
+                                                              st, names, n);
     free(lt);
     free(lcells);
     return rc;
