@@ -711,6 +711,23 @@ static char *cases_csv(const eval_state *e) {
 #define FIG_PANEL_W 460
 #define FIG_PANEL_H 330
 
+/* "model M; budget B; depths 10-90 %; 3 seeds; oracle on": what a figure of
+ * the suite was made with, for its caption. */
+static void fig_settings(const eval_state *e, const eval_budget *b, char *buf, size_t n) {
+    double dlo = 100, dhi = 0;
+    for (int i = 0; i < e->o.n_depths; i++) { dlo = fmin(dlo, e->o.depths[i]); dhi = fmax(dhi, e->o.depths[i]); }
+    const char *model = e->model_path ? strrchr(e->model_path, '/') : NULL;
+    model = model ? model + 1 : e->model_path ? e->model_path : "?";
+    int len = snprintf(buf, n, "%s; ", model);
+    if (b && len > 0 && (size_t)len < n)
+        len += snprintf(buf + len, n - (size_t)len, "budget %s %s; ", b->label,
+                        b->pct > 0 ? "of the prompt" : "tokens per KV head");
+    if (len > 0 && (size_t)len < n)
+        snprintf(buf + len, n - (size_t)len, "%d depth%s %g-%g %%; %d seed%s%s", e->o.n_depths,
+                 e->o.n_depths == 1 ? "" : "s", dlo, dhi, e->o.runs, e->o.runs == 1 ? "" : "s",
+                 e->o.oracle ? "" : "; no oracle");
+}
+
 static int draw_heatmap(const eval_state *e, canvas *c, int W, int H) {
     int np = e->o.n_methods, cols = np < 3 ? np : 3;
     int rows = (np + cols - 1) / cols;
@@ -722,6 +739,16 @@ static int draw_heatmap(const eval_state *e, canvas *c, int W, int H) {
     for (int l = 0; l < nx; l++) { cli_len_label(e->o.lengths[l], xl[l], sizeof xl[l]); xt[l] = xl[l]; }
     for (int t = 0; t < ny; t++) yt[t] = e->tasks[t].name;
     canvas_clear(c);
+    /* the settings on a line of their own over the panels */
+    char settings[256];
+    fig_settings(e, &e->main_budget, settings, sizeof settings);
+    const canvas_geom *geo = canvas_geometry(c);
+    double top = canvas_line_height(c, CANVAS_FONT_BODY) + 2 * geo->pad;
+    canvas_text(c, W / 2.0, geo->pad, settings, CANVAS_FONT_BODY, CANVAS_CENTER | CANVAS_TOP, canvas_get_theme(c)->fg);
+    /* one colour bar per row, beside its last panel (the scale is 0..100 for all) */
+    double extra = np > 1 ? canvas_text_width(c, "100", CANVAS_FONT_SMALL) + 2 * canvas_line_height(c, CANVAS_FONT_BODY) +
+                                3 * geo->em : 0;
+    double pw = (W - extra) / cols, rh = (H - top) / rows;
     for (int k = 0; k < np && !rc; k++) {
         for (int t = 0; t < ny; t++)
             for (int l = 0; l < nx; l++) {
@@ -738,8 +765,9 @@ static int draw_heatmap(const eval_state *e, canvas *c, int W, int H) {
             .value = { .label = "accuracy", .unit = "%", .min = 0, .max = 100 },
             .annotate = "%.0f",
         };
-        canvas_rect r = { (double)(k % cols) * W / cols, (double)(k / cols) * H / rows, (double)W / cols,
-                          (double)H / rows };
+        int col = k % cols, last = col == cols - 1 || k == np - 1;
+        h.no_colorbar = np > 1 && !last;
+        canvas_rect r = { col * pw, top + (double)(k / cols) * rh, pw + (np > 1 && last ? extra : 0), rh };
         rc = paint_draw_heatmap(c, r, &h, NULL);
     }
 out:
@@ -759,7 +787,7 @@ static int draw_budget(const eval_state *e, canvas *c, int W, int H) {
     paint_series *s = malloc(sizeof *s * (size_t)(2 * np));
     if (!x || !y || !ex || !ey || !s) { rc = skv_error(SKV_ENOMEM, "out of memory"); goto out; }
     int pct = 0;
-    double xlo = INFINITY, xhi = 0;
+    double xlo = INFINITY, xhi = 0, ytop = 100, ybot = 0;
     for (int i = 0; i < nb; i++) {
         x[i] = budget_x(&e->sweep[i]);
         pct |= e->sweep[i].pct > 0;
@@ -774,25 +802,29 @@ static int draw_budget(const eval_state *e, canvas *c, int W, int H) {
             seed_stats(&a, e->o.runs, &mean, &sd);
             y[k * nb + i] = mean;
             double *px = ex + (size_t)(k * nb + i) * 3, *py = ey + (size_t)(k * nb + i) * 3;
-            px[0] = px[1] = x[i] * (1 + 0.025 * (k - (np - 1) / 2.0)); /* bars side by side */
+            px[0] = px[1] = x[i]; /* each bar at its budget */
             px[2] = NAN;
-            py[0] = isfinite(sd) ? fmax(0, mean - sd) : NAN;
-            py[1] = isfinite(sd) ? fmin(100, mean + sd) : NAN;
+            py[0] = isfinite(sd) ? mean - sd : NAN; /* the whole ± sd, even past 0 or 100 */
+            py[1] = isfinite(sd) ? mean + sd : NAN;
             py[2] = NAN;
+            if (isfinite(sd)) { ytop = fmax(ytop, mean + sd); ybot = fmin(ybot, mean - sd); }
         }
         s[k] = (paint_series){ .name = e->o.methods[k], .x = x, .y = y + k * nb, .n = nb, .color = palette_cat(k),
-                               .width = 2 };
+                               .width = 2, .markers = 1 };
         s[np + k] = (paint_series){ .name = NULL, .x = ex + (size_t)k * nb * 3, .y = ey + (size_t)k * nb * 3,
                                     .n = nb * 3, .color = palette_cat(k), .width = 1 };
     }
-    char title[128], ll[16];
+    char title[400], ll[16], settings[256];
     cli_len_label(e->sweep_len, ll, sizeof ll);
-    snprintf(title, sizeof title, "accuracy against budget at %s tokens (bars: ± sd over seeds)", ll);
+    fig_settings(e, NULL, settings, sizeof settings);
+    snprintf(title, sizeof title, "accuracy against budget at %s tokens (bars: ± sd over seeds); %s", ll, settings);
+    if (canvas_text_width(c, title, CANVAS_FONT_TITLE) > W)
+        snprintf(title, sizeof title, "accuracy against budget at %s tokens (± sd); %s", ll, settings);
     paint_plot p = {
         .title = title,
         .x = { .label = "budget", .unit = pct ? "% of the prompt" : "tokens per KV head", .log = 1,
-               .min = xlo / 1.3, .max = xhi * 1.3 },
-        .y = { .label = "accuracy", .unit = "%", .min = 0, .max = 100 },
+               .min = xlo / 1.3, .max = xhi * 1.3, .at = x, .n_at = nb },
+        .y = { .label = "accuracy", .unit = "%", .min = ybot < 0 ? ybot : 0, .max = ytop > 100 ? ytop : 100 },
         .series = s, .n_series = 2 * np,
     };
     canvas_clear(c);

@@ -282,6 +282,25 @@ static void make_ticks(lay *L, ticks *t, double lo, double hi, int lg, double le
     ticks_measure(L, t);
 }
 
+/* Ticks at the values a->at (those inside [lo, hi]), labelled %g, when they
+ * fit without colliding; 0 (t untouched) otherwise. */
+static int ticks_at(lay *L, ticks *t, const paint_axis *a, double lo, double hi, double length, int horizontal) {
+    if (!a->at || a->n_at <= 0 || !(hi > lo)) return 0;
+    ticks u;
+    memset(&u, 0, sizeof u);
+    for (int i = 0; i < a->n_at && u.n < MAX_TICKS; i++) {
+        double v = a->at[i];
+        if (!(v >= lo && v <= hi) || (a->log && v <= 0)) continue;
+        u.v[u.n] = v;
+        snprintf(u.s[u.n], sizeof u.s[0], "%g", v);
+        u.n++;
+    }
+    if (!u.n || !ticks_fit(L, &u, lo, hi, a->log, length, horizontal)) return 0;
+    ticks_measure(L, &u);
+    *t = u;
+    return 1;
+}
+
 /* Ticks at cell centres from per-cell labels, every k-th so they do not collide. */
 static void make_label_ticks(lay *L, ticks *t, const char *const *labels, int n, double length, int horizontal) {
     memset(t, 0, sizeof *t);
@@ -781,6 +800,7 @@ int paint_draw_plot(canvas *c, canvas_rect rr, const paint_plot *p, paint_result
     }
     frame_horizontal(&L, &f, yt.maxw);
     make_ticks(&L, &xt, res->x0, res->x1, p->x.log | p->x.integer << 1, f.area.w, 1);
+    ticks_at(&L, &xt, &p->x, res->x0, res->x1, f.area.w, 1);
     res->area = f.area;
     res->complete = f.complete;
     canvas_rect old = canvas_clip(c, r);
@@ -833,6 +853,12 @@ int paint_draw_plot(canvas *c, canvas_rect rr, const paint_plot *p, paint_result
             xy[2 * i + 1] = Y;
         }
         canvas_polyline(c, xy, ser->n, ser->width, pick(ser->color, palette_cat(s)));
+        if (ser->markers && !g->cells) {
+            double m = ceil(g->line_w * 3 + 2);
+            for (int i = 0; i < ser->n; i++)
+                if (isfinite(xy[2 * i]) && isfinite(xy[2 * i + 1]))
+                    canvas_fill_rect(c, xy[2 * i] - m, xy[2 * i + 1] - m, 2 * m, 2 * m, pick(ser->color, palette_cat(s)));
+        }
     }
     free(xy);
 

@@ -43,6 +43,9 @@ typedef struct paint_axis {
     int log;                /* log10 scale; values <= 0 are left out */
     double min, max;        /* range; min >= max (say both 0) takes it from the data */
     int integer;            /* 1: ticks at whole numbers only (steps, layers, counts) */
+    const double *at;       /* plot: (n_at) tick values to label (e.g. the budgets measured), or NULL for
+                               ticks of its own; used when their labels fit */
+    int n_at;
 } paint_axis;
 
 typedef struct paint_category {
@@ -88,6 +91,7 @@ typedef struct paint_series {
     int n;
     canvas_color color;     /* PAINT_AUTO: palette_cat(series index) */
     double width;           /* line width; 0: the canvas's default */
+    int markers;            /* 1: a square at each point (PNG, SVG), so single points show */
 } paint_series;
 
 typedef struct paint_marker {
