@@ -187,6 +187,77 @@ static void test_flags(void) {
     model_free(m);
 }
 
+/* An SVG figure's text elements: 1 when one of them is exactly (or, with
+ * part, contains) s. */
+static int svg_has(const char *svg, const char *s, int part) {
+    for (const char *p = svg; (p = strstr(p, "<text")); p++) {
+        const char *b = strchr(p, '>'), *e = b ? strstr(b, "</text>") : NULL;
+        if (!e) break;
+        size_t n = (size_t)(e - b - 1);
+        if (part ? memmem(b + 1, n, s, strlen(s)) != NULL : n == strlen(s) && !memcmp(b + 1, s, n)) return 1;
+    }
+    return 0;
+}
+
+/* 1 when no text of the SVG was cut with an ellipsis. */
+static int svg_uncut(const char *svg) { return !svg_has(svg, "\xe2\x80\xa6", 1); }
+
+static char *export_svg(const char *trace, const char *view, const char *extra, const char *dir, const char *name) {
+    static char out[1 << 14];
+    char path[1000];
+    snprintf(path, sizeof path, "%s/%s.svg", dir, name);
+    if (sh(out, sizeof out, "%s export --trace %s --view %s %s -o %s --force", skv_bin(), trace, view, extra, path))
+        return NULL;
+    char *b = NULL;
+    size_t n = 0;
+    return skv_read_file(path, 1 << 24, &b, &n) ? NULL : b;
+}
+
+static void test_figures(const char *dir) {
+    static char out[1 << 16];
+    char cmp[800], one[800], nd[800];
+    snprintf(cmp, sizeof cmp, "%s/six.skvtrace", dir);
+    snprintf(one, sizeof one, "%s/one.skvtrace", dir);
+    snprintf(nd, sizeof nd, "%s/needle.skvtrace", dir);
+    int rc = sh(out, sizeof out, "%s run -m " DEMO " -f samples/prompts/needle.txt -n 8 --kv "
+                "dense,shadowkv,quest,freekv,specache,tailorkv --budget 64 --rank 16 --oracle --trace %s --force",
+                skv_bin(), cmp);
+    rc |= sh(out, sizeof out, "%s run -m " DEMO " -f samples/prompts/needle.txt -n 8 --kv shadowkv --budget 64 "
+             "--rank 16 --outliers 4 --local 4 --oracle --trace %s --force", skv_bin(), one);
+    rc |= sh(out, sizeof out, "%s needle --kv dense,shadowkv,quest,freekv,specache,tailorkv --lengths 1024,2048,4000 "
+             "--depths 0,100 --budget 256 --trace %s --force", skv_bin(), nd);
+    if (rc) { test_cond("the traces for the figure checks are recorded", 0); return; }
+    char *s = export_svg(one, "selection", "--layer 3 --head 1", dir, "sel");
+    test_cond("the selection figure's title is whole (not cut) and names the hit rate",
+              s && svg_uncut(s) && svg_has(s, "hit rate", 1));
+    free(s);
+    s = export_svg(one, "timeline", "", dir, "tl");
+    test_cond("the single-policy timeline's totals table keeps its fetch_v row", s && svg_has(s, "fetch_v", 0) &&
+              svg_has(s, "rebuild_k", 0));
+    free(s);
+    s = export_svg(cmp, "timeline", "", dir, "tl6");
+    test_cond("a compare timeline is one chart on one time axis: a row per policy and stream, axis numbers, unit, "
+              "legend", s && svg_has(s, "shadowkv fetch", 0) && svg_has(s, "tailorkv compute", 0) &&
+              svg_has(s, "(ms)", 1) && svg_has(s, "0.0", 1) && svg_has(s, "sparse_attn", 0) && svg_uncut(s));
+    free(s);
+    s = export_svg(cmp, "spectrum", "", dir, "sp6");
+    test_cond("a compare spectrum leaves out the policies that record none", s && !svg_has(s, "records none", 1) &&
+              svg_has(s, "Singular values", 1));
+    free(s);
+    s = export_svg(cmp, "selection", "--policy shadowkv", dir, "sel6");
+    test_cond("skv export --policy NAME draws that lane alone", s && svg_has(s, "decode step", 0));
+    free(s);
+    s = export_svg(cmp, "compare", "", dir, "cmp6");
+    test_cond("the compare figure's title is whole, and it plots mass recall per step",
+              s && svg_uncut(s) && svg_has(s, "Compare: 6 policies", 1) && svg_has(s, "Mass recall", 1));
+    free(s);
+    s = export_svg(nd, "niah", "", dir, "niah6");
+    int ticks = s && svg_has(s, "1k", 0) && svg_has(s, "2k", 0) && svg_has(s, "4000", 0);
+    test_cond("the six-panel NIAH figure keeps every length tick (1k, 2k, 4000) and cuts no title", ticks && svg_uncut(s));
+    test_cond("a clean NIAH export has no cursor line", s && !svg_has(s, "length 1k, depth", 1));
+    free(s);
+}
+
 static void test_eval(const char *dir) {
     static char out[1 << 16];
     char ev[700], path[1000];
@@ -246,6 +317,7 @@ int main(void) {
         test_outputs(dir);
         test_prompts_and_defaults(dir);
         test_flags();
+        test_figures(dir);
         test_eval(dir);
     }
     return test_report("test_fixes");

@@ -411,6 +411,9 @@ static int timeline_lanes(canvas *c, canvas_rect r, const probe_store *const *st
             size_t tl = strlen(title);
             snprintf(title + tl, sizeof title - tl, ", times include the oracle");
         }
+        if (canvas_text_width(c, title, CANVAS_FONT_TITLE) > r.w && step >= 0) /* the shorter wording */
+            snprintf(title, sizeof title, "Timelines of step %d, %d policies: longest %.3g ms%s", step, shown, longest,
+                     oracle ? " (with the oracle)" : "");
         view_fit_text(c, CANVAS_FONT_TITLE, r.w, title);
         paint_gantt gt = {
             .title = title, .rows = rows, .n_rows = n_rows, .ops = cats, .n_ops = ops.n, .bars = bars, .n_bars = nb,
