@@ -227,6 +227,12 @@ static void test_figures(const char *dir) {
     rc |= sh(out, sizeof out, "%s needle --kv dense,shadowkv,quest,freekv,specache,tailorkv --lengths 1024,2048,4000 "
              "--depths 0,100 --budget 256 --trace %s --force", skv_bin(), nd);
     if (rc) { test_cond("the traces for the figure checks are recorded", 0); return; }
+    char fig[1000];
+    snprintf(fig, sizeof fig, "%s/small.png", dir);
+    rc = sh(out, sizeof out, "%s export --trace %s --view spectrum --size 100x50 -o %s", skv_bin(), one, fig);
+    test_cond("skv export --size 100x50 is refused (too small to draw a figure whole)", rc == 2 && strstr(out, "320x200"));
+    rc = sh(out, sizeof out, "%s run -m " DEMO " -f samples/prompts/needle.txt --kv specache --budget 64 -n 2", skv_bin());
+    test_cond("SpeCache at a budget that is all residual says it selects nothing", rc == 0 && strstr(out, "all residual"));
     char *s = export_svg(one, "selection", "--layer 3 --head 1", dir, "sel");
     test_cond("the selection figure's title is whole (not cut) and names the hit rate",
               s && svg_uncut(s) && svg_has(s, "hit rate", 1));

@@ -21,6 +21,8 @@
 #include <sys/stat.h>
 
 #define EXPORT_MAX_SIDE 8192    /* logical pixels per side */
+#define EXPORT_MIN_W 320        /* below this a figure's title, ticks and legend cannot be drawn whole */
+#define EXPORT_MIN_H 200
 #define EXPORT_MAX_SCALE 4
 
 static void export_help(FILE *o) {
@@ -74,7 +76,7 @@ static int parse_size(const char *v, int *w, int *h) {
     const char *p = end + 1;
     long b = strtol(p, &end, 10);
     if (end == p || *end || errno) return -1;
-    if (a < 16 || b < 16 || a > EXPORT_MAX_SIDE || b > EXPORT_MAX_SIDE) return -1;
+    if (a < EXPORT_MIN_W || b < EXPORT_MIN_H || a > EXPORT_MAX_SIDE || b > EXPORT_MAX_SIDE) return -1;
     *w = (int)a;
     *h = (int)b;
     return 0;
@@ -157,7 +159,8 @@ int cmd_export(int argc, char **argv) {
         else if (!strcmp(a, "--chunk")) { if (parse_int_opt(a, v, -1, 1 << 30, &chunk)) return 2; }
         else if (!strcmp(a, "--scale")) { if (parse_int_opt(a, v, 1, EXPORT_MAX_SCALE, &scale)) return 2; }
         else if (parse_size(v, &width, &height))
-            return cli_usage_error("export", "--size expects WxH with each side in [16, %d], got '%s'", EXPORT_MAX_SIDE, v);
+            return cli_usage_error("export", "--size expects WxH from %dx%d to %dx%d, got '%s'", EXPORT_MIN_W, EXPORT_MIN_H,
+                                   EXPORT_MAX_SIDE, EXPORT_MAX_SIDE, v);
     }
     if (format) {
         if (view_name) return cli_usage_error("export", "--format csv writes every record; it takes no --view");

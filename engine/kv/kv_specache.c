@@ -228,6 +228,11 @@ static int sc_end_prefill(kv_cache *base) {
     c->prompt = c->n;
     c->budget = kv_budget_tokens(&c->o, c->prompt);
     c->k = c->budget - c->q.residual > 0 ? c->budget - c->q.residual : 0;
+    if (c->k == 0)
+        snprintf(base->notice, sizeof base->notice,
+                 "specache: a budget of %d tokens is all residual (%d exact tokens): no row is selected or fetched; "
+                 "it attends the low-bit cache and the residual only (raise --budget past %d)", c->budget,
+                 c->q.residual, c->q.residual);
     int mc = sh->max_ctx, kk = c->k > 0 ? c->k : 1;
     for (int l = 0; l < sh->n_layers; l++) {
         sc_layer *L = &c->L[l];
