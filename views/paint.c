@@ -664,7 +664,9 @@ static void cbar_setup(lay *L, cbar *cb, const paint_axis *a, const float *v, lo
     cb->hi = hi;
     cb->lg = a->log;
     make_ticks(L, &cb->t, lo, hi, a->log | a->integer << 1, length, 0);
-    if (cb->t.n < 2 && length >= 2 * (L->g->cells ? 1 : L->lh_s)) { /* too short for nice ticks: label the ends */
+    /* too short for nice ticks, or (a terminal) room for two at most: label
+     * the ends, so the range shown is the range coloured */
+    if ((cb->t.n < 2 || (L->g->cells && cb->t.n < 3)) && length >= 2 * (L->g->cells ? 1 : L->lh_s)) {
         cb->t.n = 2;
         cb->t.v[0] = lo;
         cb->t.v[1] = hi;
