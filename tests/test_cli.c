@@ -138,7 +138,7 @@ int main(void) {
     expect_error("bad --budget", "run -m x.gguf -p hi --budget 3x%", "--budget expects a number");
     expect_error("--budget 0%", "run -m x.gguf -p hi --budget 0%", "--budget expects a number in");
     expect_error("--budget over 100%", "run -m x.gguf -p hi --budget 101%", "--budget expects a number in");
-    expect_error("no model", "run -p hi", "no model");
+    expect_error("no model (skv logits; skv run takes the demo model)", "logits -p hi", "no model");
     expect_error("missing model file", "run -m /nonexistent/model.gguf -p hi", "/nonexistent/model.gguf");
 
     const char *good = test_shared("models/stories260k.gguf");

@@ -57,7 +57,7 @@ def main():
         d = os.path.join(tmp, "full")
         rc, out = run(["eval", "--out", d, "--task", "single,multikey", "--lengths", "400,700", "--depths", "20,60",
                        "--seeds", "1", "--kv", "dense,shadowkv,quest,freekv,specache,tailorkv", "--budget", "100%",
-                       "--kv-opt", "qlayers=0", "--no-oracle"])
+                       "--kv-opt", "qlayers=0", "--rank", "64", "--no-oracle"])
         check("skv eval at 100% budget finishes", rc == 0, out[-400:])
         rows = list(csv.DictReader(open(os.path.join(d, "cases.csv")))) if rc == 0 else []
         by = {}

@@ -406,8 +406,8 @@ static void test_live(const char *model_args) {
     stop("live");
 }
 
-/* Compare mode, live: three policies in lockstep at w x h; every view
- * stacks them, and the Compare view tabulates them. */
+/* Compare mode, live: three policies in lockstep at w x h; the Timeline
+ * puts them on one time axis, and the Compare view tabulates them. */
 static void test_compare_live(const char *model_args, int w, int h) {
     char cmd[PATH_MAX * 3 + 1024], name[32], what[160];
     snprintf(name, sizeof name, "cmp%dx%d", w, h);
@@ -431,9 +431,10 @@ static void test_compare_live(const char *model_args, int w, int h) {
          strstr(screen, "quest") && strstr(screen, "dense");
     test_cond(what, ok);
     if (!ok) show_screen();
-    keys(name, "BTab");
-    snprintf(what, sizeof what, "compare %dx%d: the view before it stacks one band per policy", w, h);
-    ok = wait_for(name, "quest", UI_TIMEOUT) && strstr(capture(name), "shadowkv") && !strstr(screen, "[Compare]");
+    for (int i = 0; i < 32 && !strstr(capture(name), "[Timeline]"); i++) { keys(name, "BTab"); nap(0.2); }
+    snprintf(what, sizeof what, "compare %dx%d: the Timeline draws every policy's streams on one time axis", w, h);
+    ok = wait_for(name, "quest", UI_TIMEOUT) && strstr(capture(name), "shadowkv") && strstr(screen, "dense") &&
+         strstr(screen, "[Timeline]");
     test_cond(what, ok);
     if (!ok) show_screen();
     snprintf(what, sizeof what, "compare %dx%d", w, h);

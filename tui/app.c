@@ -541,22 +541,25 @@ static void draw_tabs(app *a, int y, int h) {
         a->n_tabs++;
         x += w + 1;
     }
-    int shift = cur_x1 > avail ? cur_x1 - avail : 0;
+    /* tabs that do not fit scroll to keep the current one whole; a column at
+     * each cut edge holds its marker */
+    int overflow = x - 1 > avail, lim = overflow ? avail - 1 : avail;
+    int shift = cur_x1 > lim ? cur_x1 - lim : 0;
+    if (shift > 0 && a->n_tabs && a->tab_x0[0] - shift > -1) shift = 0;
     for (int t = 0; t < a->n_tabs; t++) {
         a->tab_x0[t] -= shift;
         a->tab_x1[t] -= shift;
-        if (a->tab_x1[t] > avail) a->tab_x1[t] = avail; /* clicks past the edge miss */
+        if (a->tab_x1[t] > lim) a->tab_x1[t] = lim; /* clicks past the edge miss */
         int i = a->tab_view[t], on = i == a->view;
         snprintf(label, sizeof label, on ? "[%s]" : " %s ", view_classes[i]->title);
-        int x0 = a->tab_x0[t], skip = x0 < 0 ? -x0 : 0;
-        if (skip >= (int)strlen(label) || x0 + skip >= avail) continue;
-        tui_blit_text(y, x0 + skip, avail - x0 - skip, label + skip, on ? (A_REVERSE | A_BOLD) : 0,
+        int x0 = a->tab_x0[t], skip = x0 < 1 && shift > 0 ? 1 - x0 : x0 < 0 ? -x0 : 0;
+        if (skip >= (int)strlen(label) || x0 + skip >= lim) continue;
+        tui_blit_text(y, x0 + skip, lim - x0 - skip, label + skip, on ? (A_REVERSE | A_BOLD) : 0,
                       on ? 0 : tui_blit_pair(CANVAS_RGB(0xb0, 0xb0, 0xb0), CANVAS_DEFAULT), a->utf8);
     }
     /* tabs cut at either edge are marked, so none is hidden without a sign */
     if (shift > 0) tui_blit_text(y, 0, 1, a->utf8 ? "\xc2\xab" : "<", A_BOLD, 0, a->utf8);
-    if (a->n_tabs && a->tab_x1[a->n_tabs - 1] >= avail && x - 1 - shift > avail)
-        tui_blit_text(y, avail - 1, 1, a->utf8 ? "\xc2\xbb" : ">", A_BOLD, 0, a->utf8);
+    if (overflow && x - 1 - shift > lim) tui_blit_text(y, lim, 1, a->utf8 ? "\xc2\xbb" : ">", A_BOLD, 0, a->utf8);
     if (rw) tui_blit_text(y, avail, rw, right, A_BOLD, 0, a->utf8);
 }
 

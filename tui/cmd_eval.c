@@ -892,9 +892,6 @@ int cmd_eval(int argc, char **argv) {
         if (!strcmp(argv[i], "--suite") && i + 1 < argc) suite = argv[i + 1];
         have_model |= !strcmp(argv[i], "-m") || !strcmp(argv[i], "--model");
     }
-    if (!suite && !have_model)
-        cli_msg("no -m: the demo model, with its ShadowKV preset (--rank 16 --outliers 4 --local 4) and the peers' "
-                "windows scaled to it as in --suite demo; flags given override them\n");
     if (suite) {
         if (strcmp(suite, "demo")) return cli_usage_error("eval", "--suite: no suite '%s' (demo)", suite);
         lengths_s = "1k,2k,4000";
@@ -1074,6 +1071,9 @@ int cmd_eval(int argc, char **argv) {
     e.done_before = e.n_rec;
     char note[256];
     if (needle_context_notice(m, &e.o, note, sizeof note)) fprintf(stderr, "skv eval: warning: %s\n", note);
+    if (!suite && !have_model) /* said once the suite starts, so that an error stays one line */
+        cli_msg("no -m: the demo model, with its ShadowKV preset (--rank 16 --outliers 4 --local 4) and the peers' "
+                "windows scaled to it as in --suite demo; flags given override them\n");
     fprintf(stderr, "skv eval: %s, %d task%s x %d length%s x %d depth%s x %d seed%s, %d polic%s, budget %s%s: "
             "%d cases, %d done before\n", g.model, e.n_tasks, e.n_tasks == 1 ? "" : "s", e.o.n_lengths,
             e.o.n_lengths == 1 ? "" : "s", e.o.n_depths, e.o.n_depths == 1 ? "" : "s", seeds, seeds == 1 ? "" : "s",

@@ -67,6 +67,8 @@ static void needle_help(FILE *o) {
             "      --diagnose FILE   explain the miss recorded in a trace (from --trace), without the model\n"
             "      --trace FILE      record the explained case's probes and all results (for skv inspect\n"
             "                        --trace and skv export --view needle|niah)\n"
+            "      --case N          run case N of the sweep alone, as the full sweep runs it (same value,\n"
+            "                        depth, length and seed): the command --explain prints replays a case\n"
             "      --trace-case N    the case whose probes --trace keeps (the case numbers of --explain;\n"
             "                        default: the first miss of a sparse policy)\n"
             "      --force           replace existing output files\n"
@@ -90,7 +92,15 @@ typedef struct {
     int n_total;            /* cases in the sweep */
     const needle_opts *o;
     cJSON **diag;           /* (n_total, NEEDLE_MAX_METHODS) diagnosis per case and method, or NULL */
+    int only_case;          /* --case N: the one case run, -1 for all */
 } run_state;
+
+/* --case N: every case but N is skipped (its value, depth and seed stay
+ * those of the full sweep, which come from the case number). */
+static int skip_but(const needle_case *c, void *user) {
+    const run_state *rs = user;
+    return rs->only_case >= 0 && c->index != rs->only_case;
+}
 
 static cJSON *report_json(const needle_report *rep) {
     cJSON *d = cJSON_CreateObject();
@@ -269,7 +279,7 @@ static void print_accuracy(const needle_result *r, const needle_opts *o) {
     free(runs);
 }
 
-static void print_table(const needle_result *r, const needle_opts *o) {
+static void print_table(const needle_result *r, const needle_opts *o, int only_case) {
     char budget[48], names[256] = "";
     if (o->kv.budget_pct > 0) snprintf(budget, sizeof budget, "%g%% of the prompt", o->kv.budget_pct);
     else snprintf(budget, sizeof budget, "%d tokens", o->kv.budget);
@@ -315,7 +325,9 @@ static void print_table(const needle_result *r, const needle_opts *o) {
     }
     printf("\n");
     int planned = o->n_lengths * o->n_depths * o->runs;
-    if (r->n_cases < planned)
+    if (only_case >= 0)
+        printf("case %d of the sweep's %d, run alone (--case); '-' marks a cell with none\n", only_case, planned);
+    else if (r->n_cases < planned)
         printf("partial: %d of %d cases run; '-' marks a cell with none\n", r->n_cases, planned);
 }
 
@@ -521,7 +533,7 @@ int cmd_needle(int argc, char **argv) {
     int custom = 0;
     needle_opts o;
     needle_opts_default(&o);
-    int explain = 0, verbose = 0, force = 0, seed_given = 0, have_model = 0;
+    int explain = 0, verbose = 0, force = 0, seed_given = 0, have_model = 0, only_case = -1;
     for (int i = 1; i < argc; i++) have_model |= !strcmp(argv[i], "-m") || !strcmp(argv[i], "--model");
     if (!have_model) {
         /* The demo model's preset; the user's flags, parsed next, override it. */
@@ -547,7 +559,7 @@ int cmd_needle(int argc, char **argv) {
         if (!strcmp(a, "--force")) { force = 1; continue; }
         static const char *const valued[] = { "--lengths", "--depths", "--haystack", "--needle", "--question",
                                               "--answer-prefix", "--answer-tokens", "--runs", "--json", "--png",
-                                              "--trace", "--trace-case", "--task", "--task-file" };
+                                              "--trace", "--trace-case", "--task", "--task-file", "--case" };
         int k = -1;
         for (int j = 0; j < (int)(sizeof valued / sizeof valued[0]); j++) if (!strcmp(a, valued[j])) k = j;
         if (k >= 0) {
@@ -574,6 +586,12 @@ int cmd_needle(int argc, char **argv) {
             case 10: trace = v; break;
             case 12: task_s = v; break;
             case 13: task_file = v; break;
+            case 14:
+                x = strtol(v, &end, 10);
+                if (!*v || *end || x < 0 || x > 1000000)
+                    return cli_usage_error("needle", "--case expects a case number >= 0, got '%s'", v);
+                only_case = (int)x;
+                break;
             default:
                 x = strtol(v, &end, 10);
                 if (!*v || *end || x < 0 || x > 1000000)
@@ -627,6 +645,19 @@ int cmd_needle(int argc, char **argv) {
         free(lengths);
         free(depths);
         return cli_usage_error("needle", "%s", skv_last_error());
+    }
+    if (only_case >= 0 && (long)only_case >= (long)n_len * n_dep * o.runs) {
+        free(lengths);
+        free(depths);
+        return cli_usage_error("needle", "--case %d: the sweep has cases 0..%ld", only_case, (long)n_len * n_dep * o.runs - 1);
+    }
+    if (only_case >= 0) {
+        if (o.detail_case >= 0 && o.detail_case != only_case) {
+            free(lengths);
+            free(depths);
+            return cli_usage_error("needle", "--trace-case %d: --case %d runs that case alone", o.detail_case, only_case);
+        }
+        o.detail_case = only_case;
     }
     if (o.detail_case >= 0 && (long)o.detail_case >= (long)n_len * n_dep * o.runs) {
         free(lengths);
@@ -708,7 +739,8 @@ int cmd_needle(int argc, char **argv) {
     if (needle_context_notice(m, &o, ctx_note, sizeof ctx_note)) /* before a sweep that may take minutes, and after */
         fprintf(stderr, "skv needle: warning: %s\n", ctx_note);
     rs.t0 = skv_now();
-    rc = needle_run(m, &o, on_case, &rs, &res);
+    rs.only_case = only_case;
+    rc = needle_run_skip(m, &o, skip_but, on_case, &rs, &res);
     cli_stop_release();
     if (res.notice[0]) fprintf(stderr, "skv needle: %s\n", res.notice);
     int partial = rc == CLI_STOPPED;
@@ -719,7 +751,7 @@ int cmd_needle(int argc, char **argv) {
         rc = 0;
     }
     if (rc) { rc = cli_fail(); goto done; }
-    print_table(&res, &o);
+    print_table(&res, &o, only_case);
     print_accuracy(&res, &o);
     if (json) {
         char *text = json_text(m, &o, &res, &rs, hay_path);

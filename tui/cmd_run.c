@@ -13,6 +13,8 @@
 #include <stdlib.h>
 #include <string.h>
 
+static int demo_model; /* skv run without -m: the demo model, said once the prompt is read */
+
 /* Loads the model, tokenizes the prompt and prefills a session (recording a
  * trace when --trace was given). */
 static int setup(cli_gen *g, const char *cmd, skv_model **m, skv_session **s, int32_t **ids, int *n) {
@@ -25,6 +27,7 @@ static int setup(cli_gen *g, const char *cmd, skv_model **m, skv_session **s, in
     if (!g->model) return cli_usage_error(cmd, "no model: give -m MODEL");
     const char *text = cli_prompt_text(g);
     if (!text) return 2;
+    if (demo_model) cli_msg("no -m: the demo model %s\n", g->model);
     if (g->threads) skv_set_threads(g->threads);
     if (model_load(g->model, m)) return cli_fail();
     cli_ctx_warning(g, *m);
@@ -124,6 +127,7 @@ static int run_compare(cli_gen *g) {
     const char *text = cli_prompt_text(g);
     if (!g->model) rc = cli_usage_error("run", "no model: give -m MODEL");
     else if (!text) rc = 2;
+    else if (demo_model) cli_msg("no -m: the demo model %s\n", g->model);
     if (!rc && g->threads) skv_set_threads(g->threads);
     if (!rc && model_load(g->model, &m)) rc = cli_fail();
     if (!rc) cli_ctx_warning(g, m);
@@ -225,7 +229,7 @@ int cmd_run(int argc, char **argv) {
             return 1;
         }
         g.model = model_buf;
-        cli_msg("no -m: the demo model %s\n", model_buf);
+        demo_model = 1; /* said once the prompt is read, so that an error stays one line */
     }
     if (g.n_kv > 1) return run_compare(&g);
     skv_model *m; skv_session *s; int32_t *ids; int n;
