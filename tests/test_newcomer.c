@@ -130,7 +130,7 @@ static int interrupt_after(const char *cmd, const char *log, const char *want, d
 }
 
 static void test_ctrl_c(const char *dir) {
-    char trace[600], json[600], cmd[2048];
+    char trace[600], json[600], cmd[4096];
     snprintf(trace, sizeof trace, "%s/int.skvt", dir);
     snprintf(json, sizeof json, "%s/int.json", dir);
     struct stat sb;
@@ -156,23 +156,28 @@ static void test_ctrl_c(const char *dir) {
         char err[700];
         snprintf(err, sizeof err, "%s/needle.err", dir);
         unlink(err);
+        char table[720];
+        snprintf(table, sizeof table, "%s/needle.out", dir);
         snprintf(cmd, sizeof cmd, "exec %s needle -m samples/model/skv-demo.gguf --lengths 300 --depths 0:100:1 --runs 8 "
-                 "--json %s >/dev/null 2>%s", skv_bin(), json, err);
+                 "--json %s >%s 2>%s", skv_bin(), json, table, err);
         /* Two cases have finished; the other 806 (about 10 s) are still to
          * run. Eight interrupts at staggered moments: a Ctrl-C whose handler
          * landed on a thread inside a oneDNN GEMM used to corrupt the heap
          * in about one run of four (now the quit signals have a thread of
          * their own, tui/cli.c). */
-        int bad = 0, first_ok = 0, said = 0;
+        int bad = 0, first_ok = 0, said = 0, marked = 0;
         for (int k = 0; k < 8; k++) {
             unlink(json);
             int rc = interrupt_after(cmd, err, "case 1 (", 0.05 + 0.08 * k);
             if (k == 0) {
-                char *e = NULL;
-                size_t en = 0;
+                char *e = NULL, *t = NULL;
+                size_t en = 0, tn = 0;
                 said = skv_read_file(err, 1 << 24, &e, &en) == 0 &&
                        strstr(e, "stopping after the case in flight (Ctrl-C again to quit now)");
+                marked = skv_read_file(table, 1 << 24, &t, &tn) == 0 && strstr(t, "partial: ") &&
+                         strstr(t, "   - |   -") && !strstr(t, "-1 |");
                 free(e);
+                free(t);
             }
             unlink(err);
             char *b = NULL;
@@ -185,6 +190,7 @@ static void test_ctrl_c(const char *dir) {
         }
         test_cond("Ctrl-C in skv needle: status 130, and the JSON holds the finished cases, marked partial", first_ok);
         test_cond("the first Ctrl-C says at once that it stops after the case in flight", said);
+        test_cond("the interrupted sweep's table marks the cells not run '-' and says it is partial", marked);
         char msg[160];
         snprintf(msg, sizeof msg, "Ctrl-C at 8 moments of skv needle: every run exits 130 with its partial JSON (%d did not)",
                  bad);
