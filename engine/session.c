@@ -24,6 +24,7 @@ void session_free(skv_session *s) {
     forward_free(&s->fwd);
     kv_free(s->twin_kv);
     if (s->twin.m) forward_free(&s->twin);
+    free(s->prefill_logits);
     sampler_free(&s->smp);
     free(s);
 }
@@ -74,6 +75,11 @@ int session_new(skv_model *m, const session_opts *o, skv_session **out) {
         kv_cache *tap;
         if ((rc = kv_tap_new(s->kv, o->tap_layer, &tap))) { session_free(s); return rc; }
         s->kv = tap;
+    }
+    if (o->record_prefill) {
+        kv_cache *rec;
+        if ((rc = kv_rec_new(s->kv, &rec))) { session_free(s); return rc; }
+        s->rec = s->kv = rec;
     }
     s->top1_agree = -1;
     if (o->kv.oracle && s->kv->policy != &kv_policy_dense) {
@@ -145,7 +151,41 @@ int session_prefill(skv_session *s, const int32_t *tokens, int n, int (*progress
     s->t_end_prefill += skv_now() - te;
     s->n_prompt = s->n_past;
     s->last_token = tokens[n - 1];
+    if (s->rec) { /* what a fork starts from */
+        size_t V = (size_t)s->m->cfg.vocab;
+        free(s->prefill_logits);
+        if (!(s->prefill_logits = malloc(sizeof(float) * V))) return skv_error(SKV_ENOMEM, "out of memory");
+        memcpy(s->prefill_logits, s->fwd.logits, sizeof(float) * V);
+    }
     s->t_prefill += skv_now() - t0;
+    return 0;
+}
+
+int session_fork(const skv_session *src, const kv_opts *kv, skv_session **out) {
+    *out = NULL;
+    if (!src->rec || !src->prefill_logits || src->n_prompt <= 0)
+        return skv_error(SKV_EINVAL, "session_fork: the source did not record its prefill");
+    session_opts o = src->o;
+    o.kv = *kv;
+    o.kv.oracle = 0;
+    o.kv.watch_begin = o.kv.watch_end = 0;
+    o.kv.n_watch_more = 0;
+    o.bus = NULL;
+    o.tap_layer = -1;
+    o.record_prefill = 0;
+    skv_session *s = NULL;
+    int rc = session_new(src->m, &o, &s);
+    if (rc) return rc;
+    double t0 = skv_now();
+    if ((rc = kv_rec_replay(src->rec, s->kv))) { session_free(s); return rc; }
+    s->t_prefill = skv_now() - t0;
+    memcpy(s->fwd.logits, src->prefill_logits, sizeof(float) * (size_t)src->m->cfg.vocab);
+    if (s->fwd.logits_be != s->fwd.logits) /* a device backend reads them from its own memory */
+        s->be->upload(s->fwd.logits_be, s->fwd.logits, sizeof(float) * (size_t)src->m->cfg.vocab);
+    s->n_past = s->n_prompt = src->n_prompt;
+    s->last_token = src->last_token;
+    s->kv->step = -1;
+    *out = s;
     return 0;
 }
 

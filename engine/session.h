@@ -18,6 +18,7 @@ typedef struct {
     sampler_opts sample;
     probe_bus *bus;          /* may be NULL */
     int tap_layer;           /* >= 0: record that layer's K, V and last query (kv_tap_get) */
+    int record_prefill;      /* 1: keep the prefill's keys, values and queries for session_fork */
 } session_opts;
 
 void session_opts_default(session_opts *o);
@@ -31,6 +32,8 @@ struct skv_session {
     forward_state fwd;
     kv_cache *kv;
     kv_cache *oracle;        /* --oracle with a sparse policy: the oracle wrapper (inside kv, owned by it) */
+    kv_cache *rec;           /* record_prefill: the prefill recorder (kv itself, outermost) */
+    float *prefill_logits;   /* record_prefill: (vocab) the logits at the end of the prefill (owned) */
     sampler smp;
     int n_past;              /* positions filled */
     int n_prompt;
@@ -61,6 +64,14 @@ void session_run_event(const skv_model *m, const session_opts *o, const char *ba
  * a non-zero return cancels the prefill (SKV_EINVAL, "prefill cancelled"). */
 int session_prefill(skv_session *s, const int32_t *tokens, int n, int (*progress)(void *user, int done, int total),
                     void *user);
+
+/* A new session at the end of src's prefill with other KV options (the same
+ * policy: a budget, rank, window...): src must have been made with
+ * record_prefill. Its policy is fed src's recorded prefill (kv_rec_replay),
+ * not the model, and it takes src's last logits, so its decode is the one a
+ * prefill of the same prompt under kv would give. No oracle, probes or tap;
+ * the caller frees it. */
+int session_fork(const skv_session *src, const kv_opts *kv, skv_session **out);
 
 /* Feeds one token at the next position. */
 int session_decode(skv_session *s, int32_t token);

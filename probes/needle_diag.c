@@ -20,6 +20,7 @@ const char *needle_cause_name(int kind) {
     case NEEDLE_CAUSE_OUTLIER: return "never selected";
     case NEEDLE_CAUSE_LOCAL: return "window";
     case NEEDLE_CAUSE_RANK: return "compressed";
+    case NEEDLE_CAUSE_FLOOR: return "floor";
     default: return "unknown";
     }
 }
@@ -142,12 +143,30 @@ static int need_quantile(need_w *needs, int n, double q) {
 }
 
 static int cause_cmp(const void *a, const void *b) {
-    static const int prio[NEEDLE_N_CAUSES] = { [NEEDLE_CAUSE_DENSE] = 0, [NEEDLE_CAUSE_OUTLIER] = 1,
-                                               [NEEDLE_CAUSE_LOCAL] = 2, [NEEDLE_CAUSE_BUDGET] = 3,
-                                               [NEEDLE_CAUSE_RANK] = 4 };
+    static const int prio[NEEDLE_N_CAUSES] = { [NEEDLE_CAUSE_DENSE] = 0, [NEEDLE_CAUSE_FLOOR] = 1,
+                                               [NEEDLE_CAUSE_OUTLIER] = 2, [NEEDLE_CAUSE_LOCAL] = 3,
+                                               [NEEDLE_CAUSE_BUDGET] = 4, [NEEDLE_CAUSE_RANK] = 5 };
+    static const int check_rank[] = { [NEEDLE_CHECK_RETRIEVED] = 0, [NEEDLE_CHECK_NONE] = 1,
+                                      [NEEDLE_CHECK_MISSED] = 2 };
     const needle_cause *x = a, *y = b;
+    int fx = x->kind == NEEDLE_CAUSE_DENSE ? 0 : x->kind == NEEDLE_CAUSE_FLOOR ? 1 : 2;
+    int fy = y->kind == NEEDLE_CAUSE_DENSE ? 0 : y->kind == NEEDLE_CAUSE_FLOOR ? 1 : 2;
+    if (fx != fy) return fx - fy;
+    if (x->check != y->check) return check_rank[x->check] - check_rank[y->check];
+    if (x->dense_needed != y->dense_needed) return x->dense_needed - y->dense_needed;
+    if (x->opt[0] && !strcmp(x->opt, y->opt) && x->value != y->value) return x->value < y->value ? -1 : 1;
     if (fabs(x->score - y->score) > 1e-9) return x->score > y->score ? -1 : 1;
     return prio[x->kind] - prio[y->kind];
+}
+
+void needle_causes_sort(needle_report *rep) {
+    qsort(rep->causes, (size_t)rep->n_causes, sizeof rep->causes[0], cause_cmp);
+}
+
+/* The change a cause's fix proposes: option and value. */
+static void set_change(needle_cause *c, const char *opt, double value) {
+    snprintf(c->opt, sizeof c->opt, "%s", opt);
+    c->value = value;
 }
 
 /* Weight of needle chunk i in event e: its exact mass, or without the
@@ -396,16 +415,26 @@ static int diagnose_generic(const probe_store *st, const probe_ev_oracle *first,
         needle_cause *c = add_cause(rep, NEEDLE_CAUSE_BUDGET, rep->share_dropped - rep->share_misranked);
         c->step = ws; c->layer = sd.l; c->head = sd.h;
         snprintf(c->evidence, sizeof c->evidence,
-                 "exact attention ranks the needle's best token %d (layer %d, head %d), past the %d tokens %s "
+                 "exact attention ranks the needle's best token %d (layer %d, head %d), past the %d token(s) %s "
                  "attended per query head there (budget %d); the needle was not fully attended in %d of %d layers "
                  "(%d of %d layer-heads) at step %d; %.0f%% of its exact attention mass was dropped over %s, %.0f%% "
                  "of it ranked past what was attended",
                  sd.rank, sd.l, sd.h, sd.rank_exact, rep->policy, rep->budget, lay_drop, rep->n_layers, lh_drop,
                  lh_total, ws, 100 * rep->share_dropped, steps, 100 * (rep->share_dropped - rep->share_misranked));
-        int t = (need + u - 1) / u * u, q90 = need_quantile(needs, n_needs, 0.9);
-        snprintf(c->fix, sizeof c->fix, "raise --budget to about %d tokens (the needle's exact rank + 1, in %d-token "
-                 "blocks)", t, u);
-        if (q90 < need) cat(c->fix, sizeof c->fix, "; %d would keep 90%% of what was dropped", (q90 + u - 1) / u * u);
+        int t = (need + u - 1) / u * u, q90 = (need_quantile(needs, n_needs, 0.9) + u - 1) / u * u;
+        if (rep->budget > 0 && t <= rep->budget) t = (rep->budget / u + 1) * u; /* never below what missed */
+        set_change(c, "budget", t);
+        c->dense_needed = rep->prompt_len > 0 && t >= rep->prompt_len;
+        if (c->dense_needed)
+            snprintf(c->fix, sizeof c->fix, "dense would be needed: the needle's exact rank asks for %d tokens, the "
+                     "whole %d-token prompt", t, rep->prompt_len);
+        else if (u > 1)
+            snprintf(c->fix, sizeof c->fix, "raise --budget to %d tokens (%d pages of %d tokens; the needle's exact "
+                     "rank + 1)", t, t / u, u);
+        else
+            snprintf(c->fix, sizeof c->fix, "raise --budget to %d tokens (the needle's exact rank + 1)", t);
+        if (!c->dense_needed && q90 < t && q90 > rep->budget)
+            cat(c->fix, sizeof c->fix, "; %d would keep 90%% of what was dropped", q90);
     }
     if (rep->share_misranked >= NEEDLE_MIN_SHARE && sm.l >= 0) {
         needle_cause *c = add_cause(rep, NEEDLE_CAUSE_OUTLIER, rep->share_misranked);
@@ -416,8 +445,18 @@ static int diagnose_generic(const probe_store *st, const probe_ev_oracle *first,
                  "policy's own score left %d of its %d tokens out; %.0f%% of the needle's mass was lost this way",
                  sm.rank, e ? e->n_kept : -1, rep->policy, sm.l, sm.h, e ? e->needle_len - e->needle_kept : -1,
                  e ? e->needle_len : -1, 100 * rep->share_misranked);
-        snprintf(c->fix, sizeof c->fix, "the policy's block score misses the needle: a smaller block (unit %d) or a "
-                 "larger budget helps", u);
+        if (u > 1) {
+            set_change(c, "page", u / 2);
+            snprintf(c->fix, sizeof c->fix, "the policy's page score misses the needle: halve the page to %d tokens "
+                     "(--page %d), or raise the budget", u / 2, u / 2);
+        } else {
+            int t = rep->budget > 0 ? 2 * rep->budget : need;
+            set_change(c, "budget", t);
+            c->dense_needed = rep->prompt_len > 0 && t >= rep->prompt_len;
+            snprintf(c->fix, sizeof c->fix, c->dense_needed ? "dense would be needed: its score ranks the needle too "
+                     "low for any budget below the prompt (%d tokens)" : "its score ranks the needle too low: raise "
+                     "--budget to %d tokens (twice the budget)", c->dense_needed ? rep->prompt_len : t);
+        }
     }
     qsort(rep->causes, (size_t)rep->n_causes, sizeof rep->causes[0], cause_cmp);
     free(needs);
@@ -621,14 +660,18 @@ int needle_diagnose(const probe_store *st, int id, needle_report *rep) {
                  "over %s",
                  c->chunk, sd.rank, e->k, sd.l, sd.h, lay_drop, rep->n_layers, lh_drop, lh_total, ws,
                  100 * rep->share_dropped, rep->has_oracle ? "exact attention mass" : "tokens", steps);
-        long long kt = (long long)a.k_need * rep->chunk;
+        int kn = a.k_need > rep->k ? a.k_need : rep->k + 1; /* never below what missed */
+        long long kt = (long long)kn * rep->chunk;
         int k90 = need_quantile(a.needs, a.n_needs, 0.9);
-        if (rep->n_cand > 0 && a.k_need >= rep->n_cand)
-            snprintf(c->fix, sizeof c->fix, "raise --budget to %lld (k = %d chunks: every candidate, no sparsity left)",
-                     kt, a.k_need);
+        set_change(c, "budget", (double)kt);
+        c->dense_needed = rep->n_cand > 0 && kn >= rep->n_cand;
+        if (c->dense_needed)
+            snprintf(c->fix, sizeof c->fix, "dense would be needed: the needle's chunks rank so low that k = %d chunks "
+                     "(--budget %lld) selects every one of the %d candidates", kn, kt, rep->n_cand);
         else
-            snprintf(c->fix, sizeof c->fix, "raise --budget to %lld (k = %d chunks)", kt, a.k_need);
-        if (k90 < a.k_need)
+            snprintf(c->fix, sizeof c->fix, "raise --budget to %lld tokens (k = %d chunks of %d tokens)", kt, kn,
+                     rep->chunk);
+        if (!c->dense_needed && k90 < kn && k90 > rep->k)
             cat(c->fix, sizeof c->fix, "; %lld (k = %d) would keep 90%% of what was dropped",
                 (long long)k90 * rep->chunk, k90);
     }
@@ -649,12 +692,23 @@ int needle_diagnose(const probe_store *st, int id, needle_report *rep) {
                  "misranked in %d of %d layer-heads); %.0f%% of the needle's mass was misranked",
                  j, cm, ordinal(cosmin_order(ph, j, nb) + 1, ord, sizeof ord), nb, cuts, sm.rank, e->k, sm.rank_exact,
                  sm.l, sm.h, ws, lh_mis, lh_nonout, 100 * rep->share_misranked);
-        if (a.out_need <= nb / 2)
-            snprintf(c->fix, sizeof c->fix, "raise --outliers to %d (keeps the misranked needle chunks dense), or --budget "
-                     "to %lld", a.out_need, (long long)a.k_need * rep->chunk);
-        else
-            snprintf(c->fix, sizeof c->fix, "raise --budget to %lld (their cos-minima are not low: outliers would need "
-                     "--outliers %d of %d chunks)", (long long)a.k_need * rep->chunk, a.out_need, nb);
+        int kn = a.k_need > rep->k ? a.k_need : rep->k + 1;
+        if (a.out_need <= nb / 2 && a.out_need > rep->outliers) {
+            set_change(c, "outliers", a.out_need);
+            snprintf(c->fix, sizeof c->fix, "raise --outliers to %d chunks (keeps the misranked needle chunks dense), "
+                     "or --budget to %lld tokens", a.out_need, (long long)kn * rep->chunk);
+        } else {
+            set_change(c, "budget", (double)kn * rep->chunk);
+            c->dense_needed = rep->n_cand > 0 && kn >= rep->n_cand;
+            if (c->dense_needed)
+                snprintf(c->fix, sizeof c->fix, "dense would be needed: k = %d chunks (--budget %lld) selects every "
+                         "candidate, and outliers would need --outliers %d of %d chunks", kn, (long long)kn * rep->chunk,
+                         a.out_need, nb);
+            else
+                snprintf(c->fix, sizeof c->fix, "raise --budget to %lld tokens (k = %d chunks; their cos-minima are not "
+                         "low: outliers would need --outliers %d of %d chunks)", (long long)kn * rep->chunk, kn,
+                         a.out_need, nb);
+        }
     }
     if (rep->share_near_local >= NEEDLE_MIN_SHARE && sn.i >= 0 && a.near_min >= 0) {
         needle_cause *c = add_cause(rep, NEEDLE_CAUSE_LOCAL, rep->share_near_local);
@@ -664,8 +718,9 @@ int needle_diagnose(const probe_store *st, int id, needle_report *rep) {
                  "dropped needle chunk %d lies %d chunks before the local window (it starts at chunk %d with --local %d); "
                  "%.0f%% of the needle's mass was dropped within %d chunks of the prompt's end",
                  a.near_min, rep->local_start - a.near_min, rep->local_start, rep->local, 100 * rep->share_near_local, reach);
-        snprintf(c->fix, sizeof c->fix, "raise --local to %d (the window then starts at chunk %d and holds the needle)",
-                 rep->prompt_chunks - a.near_min, a.near_min);
+        set_change(c, "local", rep->prompt_chunks - a.near_min);
+        snprintf(c->fix, sizeof c->fix, "raise --local to %d chunks (the window then starts at chunk %d and holds the "
+                 "needle)", rep->prompt_chunks - a.near_min, a.near_min);
     }
     if (rep->share_selected >= NEEDLE_MIN_SHARE && rep->key_err_selected >= NEEDLE_RANK_ERR) {
         double score = rep->share_selected * fmin(1.0, rep->key_err_selected / 0.5);
@@ -678,13 +733,22 @@ int needle_diagnose(const probe_store *st, int id, needle_report *rep) {
         if (a.m_n)
             cat(c->evidence, sizeof c->evidence, "; there the sparse attention put %.4f of its mass on the needle where "
                 "exact keys would put %.4f", a.ms_sum / a.m_n, a.mi_sum / a.m_n);
+        /* weak: the blurred keys put about as much mass on the needle as exact keys would */
+        if (a.m_n) {
+            double ms = a.ms_sum / a.m_n, mi = a.mi_sum / a.m_n;
+            c->weak = ms >= mi * (1 - NEEDLE_WEAK_SHARE);
+        }
         int r = rank_for(st, rep->n_layers, NEEDLE_RANK_TARGET);
-        if (r > rep->rank)
+        if (r > rep->rank) {
+            set_change(c, "rank", r);
             snprintf(c->fix, sizeof c->fix, "raise --rank to %d (key error <= %.0f%% in every layer)", r,
                      100 * NEEDLE_RANK_TARGET);
-        else
+        } else {
+            set_change(c, "rank", 2 * rep->rank);
             snprintf(c->fix, sizeof c->fix, "the layers' spectra look fine at rank %d but the needle's keys lie off "
-                     "the dominant subspace: raise --rank, or keep its chunks dense with more --outliers", rep->rank);
+                     "the dominant subspace: raise --rank to %d, or keep its chunks dense with more --outliers",
+                     rep->rank, 2 * rep->rank);
+        }
     }
     qsort(rep->causes, (size_t)rep->n_causes, sizeof rep->causes[0], cause_cmp);
     free(a.drop_step);
@@ -696,6 +760,19 @@ int needle_diagnose(const probe_store *st, int id, needle_report *rep) {
 
 static const char *part_name(int p) { return p == 1 ? "outlier" : p == 2 ? "local" : "cand"; }
 
+void needle_cause_text(const needle_report *rep, const needle_cause *c, char *buf, size_t n) {
+    int len = snprintf(buf, n, "%s%s: %s: %s", c->weak ? "(weak evidence) " : "", needle_cause_name(c->kind),
+                       c->evidence, c->fix);
+    if (len < 0 || (size_t)len >= n || !c->opt[0] || c->dense_needed) return;
+    if (c->check == NEEDLE_CHECK_RETRIEVED)
+        snprintf(buf + len, n - (size_t)len, " -> retrieved (checked: answered \"%s\")", c->check_answer);
+    else if (c->check == NEEDLE_CHECK_MISSED)
+        snprintf(buf + len, n - (size_t)len, " -> still missed (checked: answered \"%s\")", c->check_answer);
+    else
+        snprintf(buf + len, n - (size_t)len, rep->checks ? " (not checked)" : " (unchecked: --explain checks it "
+                 "unless --no-check)");
+}
+
 static void print_verdict(FILE *f, const needle_report *rep) {
     fprintf(f, "  %s\n", rep->divergence);
     fprintf(f, "  verdict:\n");
@@ -703,9 +780,9 @@ static void print_verdict(FILE *f, const needle_report *rep) {
         fprintf(f, "    no cause passed its threshold: %s kept the needle; look at the divergence above (what else it "
                    "kept or dropped changed the hidden state)\n", rep->policy);
     for (int i = 0; i < rep->n_causes; i++) {
-        const needle_cause *c = &rep->causes[i];
-        fprintf(f, "    %d. %s: %s", i + 1, needle_cause_name(c->kind), c->evidence);
-        fprintf(f, ": %s\n", c->fix);
+        char line[1200];
+        needle_cause_text(rep, &rep->causes[i], line, sizeof line);
+        fprintf(f, "    %d. %s\n", i + 1, line);
     }
     fprintf(f, "  %s\n", rep->kept);
 }
@@ -796,9 +873,9 @@ void needle_report_print(FILE *f, const probe_store *st, const needle_report *re
         fprintf(f, "    no cause passed its threshold: %s kept the needle with accurate keys; look at the "
                    "divergence above (other chunks' selection changed the hidden state)\n", rep->policy);
     for (int i = 0; i < rep->n_causes; i++) {
-        const needle_cause *c = &rep->causes[i];
-        fprintf(f, "    %d. %s: %s", i + 1, needle_cause_name(c->kind), c->evidence);
-        fprintf(f, ": %s\n", c->fix);
+        char line[1200];
+        needle_cause_text(rep, &rep->causes[i], line, sizeof line);
+        fprintf(f, "    %d. %s\n", i + 1, line);
     }
     fprintf(f, "  %s\n", rep->kept);
 }

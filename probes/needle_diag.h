@@ -31,8 +31,18 @@ enum {
                                   exact attention ranks in, and nothing else kept it (not an outlier) */
     NEEDLE_CAUSE_LOCAL,        /* "window": a dropped needle block lies just before the always-kept window */
     NEEDLE_CAUSE_RANK,         /* "compressed": the compressed (low-rank, quantized) keys blurred the needle */
+    NEEDLE_CAUSE_FLOOR,        /* "floor": the budget is below the policy's floor: it selects nothing (the
+                                  harness adds it: the floor is the policy's, engine/kv) */
     NEEDLE_N_CAUSES
 };
+
+/* What rerunning the case with a cause's change gave (the harness fills it:
+ * the probes cannot rerun a model). */
+enum { NEEDLE_CHECK_NONE, NEEDLE_CHECK_RETRIEVED, NEEDLE_CHECK_MISSED };
+
+/* A cause's evidence is weak when the sparse attention's mass on the needle
+ * is within this share of what exact keys would give it (docs/NEEDLE.md). */
+#define NEEDLE_WEAK_SHARE 0.05
 
 /* Thresholds of the verdict (docs/NEEDLE.md). Shares are of the needle's
  * exact attention mass summed over the judged steps, layers and KV heads. */
@@ -41,7 +51,13 @@ enum {
 #define NEEDLE_RANK_TARGET 0.10    /* rank fix: key error the suggested rank reaches in every layer */
 #define NEEDLE_LOCAL_REACH 16      /* local: a window of max(4 x --local, this) chunks would cover it */
 
-const char *needle_cause_name(int kind);   /* "model", "budget", "never selected", "window", "compressed" */
+const char *needle_cause_name(int kind);   /* "model", "budget", "never selected", "window", "compressed", "floor" */
+
+/* Orders rep's causes: the model cause first; then fixes checked to
+ * retrieve, unchecked ones, fixes checked to miss; within each, real fixes
+ * before those that leave no sparsity, then by the smaller change for the
+ * same option, then by score (the mass a fix restores). */
+void needle_causes_sort(needle_report *rep);
 
 typedef struct {
     int kind;                  /* NEEDLE_CAUSE_* */
@@ -49,6 +65,15 @@ typedef struct {
     int step, layer, head, chunk; /* where the evidence is strongest; -1 where it does not apply */
     char evidence[480];
     char fix[200];
+    /* The change the fix proposes, for the harness to check: an option
+     * ("budget", "rank", "outliers", "local") and its value; "" when the fix
+     * is not one option (the model cause). */
+    char opt[16];
+    double value;
+    int dense_needed;          /* 1: the change leaves no sparsity: dense attention would be needed, not a fix */
+    int weak;                  /* 1: weak evidence (NEEDLE_WEAK_SHARE) */
+    int check;                 /* NEEDLE_CHECK_*: the rerun with the change */
+    char check_answer[96];     /* what that rerun answered */
 } needle_cause;
 
 struct needle_report {
@@ -81,7 +106,15 @@ struct needle_report {
     char divergence[400];
     int n_causes;              /* causes that apply, most decisive first */
     needle_cause causes[NEEDLE_N_CAUSES];
+    int checks;                /* 1: the harness reran the case with each cause's change (cause.check);
+                                  0: the fixes are unchecked (--no-check, or a trace diagnosed alone) */
+    char replay[400];          /* the command that replays the case ("" unknown) */
 };
+
+/* Cause c of rep as one line: "name: evidence: fix", then what the check
+ * gave ("retrieved (checked)", "still missed (checked)", "unchecked"), and
+ * "weak evidence" first when it is weak. */
+void needle_cause_text(const needle_report *rep, const needle_cause *c, char *buf, size_t n);
 
 /* Diagnoses needle id from st: from the PROBE_NEEDLE events of a policy
  * with a chunk-level needle watch (ShadowKV), else from the oracle's

@@ -182,6 +182,13 @@ void kv_policies_help(FILE *out) {
             }
             fprintf(out, "    %-22s %s (%s)\n", left, d->help, range);
         }
+        if (p->floor) { /* the smallest budget that selects anything, at the defaults */
+            kv_opts o;
+            kv_opts_default(&o);
+            char why[200];
+            p->floor(&o, why, sizeof why);
+            fprintf(out, "    %-22s at least %s\n", "budget floor", why);
+        }
         if (!p->budgeted && !p->n_opts) fprintf(out, "    (no options)\n");
     }
     fprintf(out, "\nEvery policy also takes --oracle: exact attention beside it, for recall and error figures.\n");

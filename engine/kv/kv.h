@@ -95,6 +95,11 @@ typedef struct kv_class {
      * against exact attention. NULL: the policy attends every position. */
     int (*kept)(const kv_cache *c, int layer, int hq, int *pos, int *unit);
     void (*free)(kv_cache *c);
+    /* The smallest --budget (tokens per KV head) at which the policy selects
+     * anything beyond what it always keeps, for the options o, and why in
+     * why (one phrase naming the units: "2 pages of 16 tokens: the last page
+     * is always kept"). NULL: no floor (dense). */
+    int (*floor)(const kv_opts *o, char *why, size_t n);
 } kv_class;
 
 struct kv_cache {
@@ -220,6 +225,14 @@ typedef struct {
     float *k_pre, *k, *v;     /* (n, n_kv_heads*head_dim) */
     float *q_last;            /* (n_heads*head_dim): the last query seen */
 } kv_tap_data;
+/* The prefill recorder (kv_rec.c): wraps inner (owned) and keeps, until
+ * end_prefill, every append's rows and every attend's queries in call
+ * order. kv_rec_replay feeds them to dst, a new cache of the same policy
+ * (other options), and ends its prefill: dst then holds what a prefill of
+ * the same prompt would have given it, without the model. */
+int kv_rec_new(kv_cache *inner, kv_cache **out);
+int kv_rec_replay(const kv_cache *rec, kv_cache *dst);
+
 int kv_tap_new(kv_cache *inner, int layer, kv_cache **out);
 const kv_tap_data *kv_tap_get(const kv_cache *c);   /* NULL if c is not a tap */
 kv_cache *kv_tap_inner(kv_cache *c);                /* the wrapped policy (c itself if not a tap) */

@@ -390,6 +390,14 @@ static void fk_free(kv_cache *base) {
 }
 
 /* Options and defaults of the FreeKV README's long-input commands (PEERS.md). */
+static int fk_floor(const kv_opts *o, char *why, size_t n) {
+    int p = kv_opt_int(o, &kv_policy_freekv, "page"), s = kv_opt_int(o, &kv_policy_freekv, "sink"),
+        w = kv_opt_int(o, &kv_policy_freekv, "window");
+    snprintf(why, n, "the sink (%d) + the window (%d) + 1 page of %d tokens (%d tokens): a smaller budget selects no "
+             "page", s, w, p, s + w + p);
+    return s + w + p;
+}
+
 static const kv_opt_def fk_opt_defs[] = {
     {"page", "--page", KV_OPT_INT, 32, 1, 4096, "tokens per page"},
     {"sink", NULL, KV_OPT_INT, 128, 0, 1 << 20, "first tokens always attended (a multiple of the page)"},
@@ -418,6 +426,7 @@ const kv_class kv_policy_freekv = {
     .stats = fk_stats,
     .kept = fk_kept,
     .free = fk_free,
+    .floor = fk_floor,
 };
 
 static int fk_create(const kv_opts *o, const kv_shape *shape, kv_cache **out) {

@@ -354,6 +354,13 @@ static void qu_free(kv_cache *base) {
 }
 
 /* Options and defaults of the Quest code (PEERS.md). */
+static int qu_floor(const kv_opts *o, char *why, size_t n) {
+    int p = kv_opt_int(o, &kv_policy_quest, "page");
+    snprintf(why, n, "2 pages of %d tokens (%d tokens): the page holding the current token is always kept, so a "
+             "smaller budget selects nothing beyond it", p, 2 * p);
+    return 2 * p;
+}
+
 static const kv_opt_def qu_opt_defs[] = {
     {"page", "--page", KV_OPT_INT, 16, 1, 4096, "tokens per page"},
     {"dense_layers", NULL, KV_OPT_INT, 2, 0, 1 << 16, "leading layers attended densely (Quest: 2)"},
@@ -379,6 +386,7 @@ const kv_class kv_policy_quest = {
     .stats = qu_stats,
     .kept = qu_kept,
     .free = qu_free,
+    .floor = qu_floor,
 };
 
 static int qu_create(const kv_opts *o, const kv_shape *shape, kv_cache **out) {

@@ -1527,6 +1527,13 @@ static void sk_stats(const kv_cache *base, double *v) {
 }
 
 /* Options and defaults of the ShadowKV reference code. */
+static int sk_floor(const kv_opts *o, char *why, size_t n) {
+    int c = kv_opt_int(o, &kv_policy_shadowkv, "chunk");
+    snprintf(why, n, "1 chunk of %d tokens: k = budget / chunk chunks are selected beside the outliers and the "
+             "local window", c);
+    return c;
+}
+
 static const kv_opt_def sk_opt_defs[] = {
     {"rank", "--rank", KV_OPT_INT, 160, 1, 1 << 16, "SVD rank of the pre-RoPE keys"},
     {"chunk", "--chunk", KV_OPT_INT, 8, 1, 4096, "tokens per chunk"},
@@ -1558,6 +1565,7 @@ const kv_class kv_policy_shadowkv = {
     .stats = sk_stats,
     .kept = sk_kept,
     .free = sk_free,
+    .floor = sk_floor,
 };
 
 int kv_shadowkv_new(const kv_opts *o, const kv_shape *shape, kv_cache **out) {

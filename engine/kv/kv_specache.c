@@ -344,6 +344,12 @@ static void sc_free(kv_cache *base) {
 }
 
 /* Options and defaults of the paper (PEERS.md). */
+static int sc_floor(const kv_opts *o, char *why, size_t n) {
+    int r = kv_opt_int(o, &kv_policy_specache, "residual");
+    snprintf(why, n, "the residual (%d exact tokens) + 1 row (%d tokens): a smaller budget fetches no row", r, r + 1);
+    return r + 1;
+}
+
 static const kv_opt_def sc_opt_defs[] = {
     {"bits", "--bits", KV_OPT_INT, 2, 1, 8, "bits per quantized element (the paper: 1 or 2)"},
     {"group", NULL, KV_OPT_INT, 64, 1, 4096, "quantization group g (tokens for keys, channels for values)"},
@@ -370,6 +376,7 @@ const kv_class kv_policy_specache = {
     .stats = sc_stats,
     .kept = sc_kept,
     .free = sc_free,
+    .floor = sc_floor,
 };
 
 static int sc_create(const kv_opts *o, const kv_shape *shape, kv_cache **out) {

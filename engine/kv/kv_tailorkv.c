@@ -392,6 +392,13 @@ static void tk_free(kv_cache *base) {
     free(c);
 }
 
+static int tk_floor(const kv_opts *o, char *why, size_t n) {
+    int s = kv_opt_int(o, &kv_policy_tailorkv, "start"), r = kv_opt_int(o, &kv_policy_tailorkv, "recent");
+    snprintf(why, n, "start (%d) + recent (%d) + 1 token (%d tokens): a smaller budget selects no token in the "
+             "sparse layers", s, r, s + r + 1);
+    return s + r + 1;
+}
+
 /* Options and defaults of TailorKV's RULER setting (PEERS.md). */
 static const kv_opt_def tk_opt_defs[] = {
     {"qlayers", NULL, KV_OPT_INT, -1, -1, 1 << 16, "the first N layers quantized; -1: calibrate on the prompt (auto)"},
@@ -425,6 +432,7 @@ const kv_class kv_policy_tailorkv = {
     .stats = tk_stats,
     .kept = tk_kept,
     .free = tk_free,
+    .floor = tk_floor,
 };
 
 static int tk_create(const kv_opts *o, const kv_shape *shape, kv_cache **out) {

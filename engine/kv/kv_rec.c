@@ -1,0 +1,176 @@
+/* kv_rec.c: a KV policy that wraps another and records its prefill: every
+ * append (pre-RoPE keys, post-RoPE keys, values) and every attend's queries,
+ * in call order, until end_prefill. kv_rec_replay feeds the same calls to a
+ * new cache of the same policy with other options, so that a changed setting
+ * (budget, rank, outliers, window) can be tried without running the prompt
+ * through the model again: the needle harness checks each proposed fix this
+ * way (engine/needle.c). The wrapped policy behaves exactly as it would
+ * alone. */
+#include "kv.h"
+#include "skv.h"
+
+#include <stdlib.h>
+#include <string.h>
+
+typedef struct { int kind, layer, pos, n; } rec_call;   /* kind 0 append, 1 attend */
+
+typedef struct {
+    kv_cache base;
+    kv_cache *inner;     /* owned */
+    int done;            /* end_prefill seen: nothing more is recorded */
+    int err;             /* a recording failed (out of memory): no replay */
+    rec_call *calls;     /* (n_calls) in call order */
+    int n_calls, cap_calls;
+    float **k_pre, **k, **v, **q; /* per layer: (cap, kvd) x 3 and (cap, qd) */
+    int cap;             /* positions allocated per layer */
+} kv_rec;
+
+static int grow(kv_rec *r, int need) {
+    if (need <= r->cap) return 0;
+    int cap = r->cap ? r->cap : 256;
+    while (cap < need) cap *= 2;
+    const kv_shape *sh = &r->base.shape;
+    size_t kvd = (size_t)sh->n_kv_heads * sh->head_dim, qd = (size_t)sh->n_heads * sh->head_dim;
+    for (int l = 0; l < sh->n_layers; l++) {
+        float **arr[4] = { &r->k_pre[l], &r->k[l], &r->v[l], &r->q[l] };
+        for (int i = 0; i < 4; i++) {
+            float *p = realloc(*arr[i], sizeof(float) * (i == 3 ? qd : kvd) * (size_t)cap);
+            if (!p) return skv_error(SKV_ENOMEM, "kv recorder: out of memory for %d positions", cap);
+            *arr[i] = p;
+        }
+    }
+    r->cap = cap;
+    return 0;
+}
+
+static int log_call(kv_rec *r, int kind, int layer, int pos, int n) {
+    if (r->n_calls == r->cap_calls) {
+        int cap = r->cap_calls ? 2 * r->cap_calls : 64;
+        rec_call *c = realloc(r->calls, sizeof *c * (size_t)cap);
+        if (!c) return skv_error(SKV_ENOMEM, "kv recorder: out of memory");
+        r->calls = c;
+        r->cap_calls = cap;
+    }
+    r->calls[r->n_calls++] = (rec_call){ kind, layer, pos, n };
+    return 0;
+}
+
+static int rec_append(kv_cache *b, int layer, int pos, int n, const float *k_pre, const float *k, const float *v) {
+    kv_rec *r = (kv_rec *)b;
+    r->inner->step = b->step;
+    int rc = r->inner->cls->append(r->inner, layer, pos, n, k_pre, k, v);
+    if (rc || r->done || r->err) return rc;
+    if (grow(r, pos + n) || log_call(r, 0, layer, pos, n)) { r->err = 1; skv_clear_error(); return 0; }
+    size_t kvd = (size_t)b->shape.n_kv_heads * b->shape.head_dim, at = (size_t)pos * kvd, len = sizeof(float) * kvd * n;
+    memcpy(r->k_pre[layer] + at, k_pre, len);
+    memcpy(r->k[layer] + at, k, len);
+    memcpy(r->v[layer] + at, v, len);
+    return 0;
+}
+
+static int rec_attend(kv_cache *b, int layer, int pos, int n, const float *q, float *out) {
+    kv_rec *r = (kv_rec *)b;
+    r->inner->step = b->step;
+    if (!r->done && !r->err) {
+        if (grow(r, pos + n) || log_call(r, 1, layer, pos, n)) { r->err = 1; skv_clear_error(); }
+        else {
+            size_t qd = (size_t)b->shape.n_heads * b->shape.head_dim;
+            memcpy(r->q[layer] + (size_t)pos * qd, q, sizeof(float) * qd * n);
+        }
+    }
+    return r->inner->cls->attend(r->inner, layer, pos, n, q, out);
+}
+
+static int rec_end_prefill(kv_cache *b) {
+    kv_rec *r = (kv_rec *)b;
+    r->done = 1;
+    int rc = r->inner->cls->end_prefill(r->inner);
+    memcpy(b->notice, r->inner->notice, sizeof b->notice);
+    return rc;
+}
+
+static void rec_bytes(const kv_cache *b, size_t *res, size_t *off) {
+    const kv_rec *r = (const kv_rec *)b;
+    r->inner->cls->bytes(r->inner, res, off);
+}
+
+static void rec_stats(const kv_cache *b, double *val) {
+    const kv_rec *r = (const kv_rec *)b;
+    if (r->inner->policy->n_stats) r->inner->cls->stats(r->inner, val);
+}
+
+static void rec_free(kv_cache *b) {
+    kv_rec *r = (kv_rec *)b;
+    kv_free(r->inner);
+    for (int l = 0; r->k && l < b->shape.n_layers; l++) {
+        free(r->k_pre[l]);
+        free(r->k[l]);
+        free(r->v[l]);
+        free(r->q[l]);
+    }
+    free(r->k_pre);
+    free(r->k);
+    free(r->v);
+    free(r->q);
+    free(r->calls);
+    free(r);
+}
+
+static const kv_class kv_rec_class = {
+    .name = "rec",
+    .stats = rec_stats,
+    .append = rec_append,
+    .attend = rec_attend,
+    .end_prefill = rec_end_prefill,
+    .bytes = rec_bytes,
+    .free = rec_free,
+};
+
+int kv_rec_new(kv_cache *inner, kv_cache **out) {
+    *out = NULL;
+    kv_rec *r = calloc(1, sizeof *r);
+    if (!r) return skv_error(SKV_ENOMEM, "out of memory");
+    r->base.cls = &kv_rec_class;
+    r->base.policy = inner->policy;
+    r->base.shape = inner->shape;
+    r->base.bus = inner->bus;
+    r->base.step = -1;
+    int nl = inner->shape.n_layers;
+    r->k_pre = calloc((size_t)nl, sizeof *r->k_pre);
+    r->k = calloc((size_t)nl, sizeof *r->k);
+    r->v = calloc((size_t)nl, sizeof *r->v);
+    r->q = calloc((size_t)nl, sizeof *r->q);
+    r->inner = r->base.wrapped = inner;
+    if (!r->k_pre || !r->k || !r->v || !r->q) {
+        r->inner = NULL;
+        rec_free(&r->base);
+        return skv_error(SKV_ENOMEM, "out of memory");
+    }
+    *out = &r->base;
+    return 0;
+}
+
+int kv_rec_replay(const kv_cache *c, kv_cache *dst) {
+    if (!c || c->cls != &kv_rec_class) return skv_error(SKV_EINVAL, "kv_rec_replay: not a prefill recorder");
+    const kv_rec *r = (const kv_rec *)c;
+    if (r->err || !r->done) return skv_error(SKV_EINVAL, "kv_rec_replay: the prefill was not recorded whole");
+    const kv_shape *sh = &c->shape;
+    size_t kvd = (size_t)sh->n_kv_heads * sh->head_dim, qd = (size_t)sh->n_heads * sh->head_dim;
+    int most = 0;
+    for (int i = 0; i < r->n_calls; i++) most = r->calls[i].n > most ? r->calls[i].n : most;
+    float *out = skv_malloc(sizeof(float) * qd * (size_t)(most > 0 ? most : 1));
+    if (!out) return skv_error(SKV_ENOMEM, "out of memory");
+    int rc = 0;
+    dst->step = -1;
+    for (int i = 0; i < r->n_calls && !rc; i++) {
+        const rec_call *k = &r->calls[i];
+        if (k->kind == 0)
+            rc = dst->cls->append(dst, k->layer, k->pos, k->n, r->k_pre[k->layer] + (size_t)k->pos * kvd,
+                                  r->k[k->layer] + (size_t)k->pos * kvd, r->v[k->layer] + (size_t)k->pos * kvd);
+        else
+            rc = dst->cls->attend(dst, k->layer, k->pos, k->n, r->q[k->layer] + (size_t)k->pos * qd, out);
+    }
+    free(out);
+    if (!rc) rc = dst->cls->end_prefill(dst);
+    return rc;
+}
