@@ -518,7 +518,7 @@ static int build_prompt(sweep *w, needle_case *c, ids_buf *out) {
 }
 
 /* One session over prompt p under method m; the answer into c->answer[m]. */
-static int run_method(sweep *w, needle_case *c, const ids_buf *p, int m, int n_answer) {
+static int run_method(sweep *w, needle_case *c, const ids_buf *p, int m, int n_answer, skv_session **keep) {
     session_opts so;
     session_opts_default(&so);
     so.ctx = w->o->ctx > 0 ? w->o->ctx : p->n + n_answer;
@@ -541,6 +541,7 @@ static int run_method(sweep *w, needle_case *c, const ids_buf *p, int m, int n_a
         so.kv.n_watch_more = i;
     }
     so.bus = probes ? w->bus : NULL;
+    so.record_prefill = keep != NULL; /* its fixes are checked from this prefill (session_fork) */
     if (probes && (!(c->top1_agree[m] = calloc((size_t)n_answer, sizeof(int))) ||
                    !(c->logit_dist[m] = calloc((size_t)n_answer, sizeof(float)))))
         return skv_error(SKV_ENOMEM, "out of memory");
@@ -566,7 +567,8 @@ static int run_method(sweep *w, needle_case *c, const ids_buf *p, int m, int n_a
         inner->cls->bytes(inner, &res, &off);
         c->resident_bytes[m] = (double)res;
     }
-    session_free(s);
+    if (!rc && keep) *keep = s;
+    else session_free(s);
     if (!rc) {
         c->hit[m] = needle_contains_value(c->answer[m], c->value);
         c->distractor[m] = -1;
@@ -605,11 +607,60 @@ static void sweep_free(sweep *w) {
     needle_task_free(&w->own);
 }
 
+/* The policy's floor as a cause, when the run's budget is under it: it
+ * selects nothing, whatever else is wrong (said first). */
+static void add_floor(const kv_opts *kv, const char *policy, int prompt_len, needle_report *rep) {
+    const kv_class *p = kv_policy_find(policy);
+    if (!p || !p->floor || !p->budgeted || rep->n_causes >= NEEDLE_N_CAUSES) return;
+    char why[200];
+    int floor = p->floor(kv, why, sizeof why), budget = kv_budget_tokens(kv, prompt_len);
+    if (budget >= floor) return;
+    needle_cause *c = &rep->causes[rep->n_causes++];
+    memset(c, 0, sizeof *c);
+    c->kind = NEEDLE_CAUSE_FLOOR;
+    c->score = 1;
+    c->step = c->layer = c->head = c->chunk = -1;
+    snprintf(c->evidence, sizeof c->evidence, "at --budget %d %s selects nothing beyond what it always keeps: it needs "
+             "at least %s", budget, policy, why);
+    snprintf(c->fix, sizeof c->fix, "raise --budget to %d tokens (its floor)", floor);
+    snprintf(c->opt, sizeof c->opt, "budget");
+    c->value = floor;
+}
+
+/* Reruns case c under method m from src's recorded prefill with cause's
+ * change (session_fork: no second prefill through the model) and records
+ * whether it retrieved the value, and what it answered. */
+static int check_fix(sweep *w, needle_case *c, const ids_buf *p, int n_answer, const skv_session *src,
+                     needle_cause *cause) {
+    kv_opts kv = src->o.kv;
+    if (!strcmp(cause->opt, "budget")) {
+        kv.budget = (int)cause->value;
+        kv.budget_pct = 0;
+    } else if (kv_opts_set_num(&kv, cause->opt, cause->value)) {
+        skv_clear_error(); /* not an option of this policy: left unchecked */
+        return 0;
+    }
+    skv_session *f = NULL;
+    char *text = NULL;
+    int rc = session_fork(src, &kv, &f);
+    if (!rc) rc = generate(f, p->v[p->n - 1], n_answer, &text, NULL, 0);
+    session_free(f);
+    (void)w;
+    if (rc) return rc;
+    cause->check = needle_contains_value(text, c->value) ? NEEDLE_CHECK_RETRIEVED : NEEDLE_CHECK_MISSED;
+    snprintf(cause->check_answer, sizeof cause->check_answer, "%s", text);
+    for (char *q = cause->check_answer; *q; q++)
+        if (*q == '\n' || *q == '\r') *q = ' ';
+    free(text);
+    return 0;
+}
+
 /* Method m of case c has run with probes: its collected events go into a
  * store with the NIAH events of dense and m, a miss is diagnosed, and the
  * events are kept in res (the first sparse miss, else case 0's first sparse
  * method) or freed. The store and report stay in c for the callback. */
-static int method_probes(sweep *w, needle_case *c, int m, needle_result *res, int *chose_miss) {
+static int method_probes(sweep *w, needle_case *c, int m, needle_result *res, int *chose_miss, const ids_buf *p,
+                         int n_answer, const skv_session *src) {
     probe_store *st = NULL;
     needle_report *rep = NULL;
     int rc = probe_store_new(&st);
@@ -625,6 +676,15 @@ static int method_probes(sweep *w, needle_case *c, int m, needle_result *res, in
             free(rep);
             rep = NULL;
             rc = 0;
+        }
+        if (!rc && rep) {
+            if (rep->dense_hit != 0 && src) add_floor(&src->o.kv, w->o->methods[m], p->n, rep);
+            /* each fix rerun from the recorded prefill; not when dense misses too (the model's cause) */
+            rep->checks = src != NULL && rep->dense_hit != 0;
+            for (int i = 0; rep->checks && !rc && i < rep->n_causes; i++)
+                if (rep->causes[i].opt[0] && !rep->causes[i].dense_needed)
+                    rc = check_fix(w, c, p, n_answer, src, &rep->causes[i]);
+            needle_causes_sort(rep);
         }
     }
     c->store[m] = st;
@@ -742,9 +802,13 @@ int needle_run_skip(skv_model *m, const needle_opts *o, needle_skip_fn skip, nee
                 res->n_cases++;
                 if ((rc = build_prompt(&w, c, &prompt))) break;
                 for (int mi = 0; !rc && mi < o->n_methods; mi++) {
-                    if (!(rc = run_method(&w, c, &prompt, mi, n_answer)) && w.col.oom)
+                    skv_session *keep = NULL; /* --explain's checks fork from this run's prefill */
+                    int checks = o->probes && o->check && mi != NEEDLE_DENSE;
+                    if (!(rc = run_method(&w, c, &prompt, mi, n_answer, checks ? &keep : NULL)) && w.col.oom)
                         rc = skv_error(SKV_ENOMEM, "needle: out of memory recording probe events");
-                    if (!rc && o->probes && mi != NEEDLE_DENSE) rc = method_probes(&w, c, mi, res, &chose_miss);
+                    if (!rc && o->probes && mi != NEEDLE_DENSE)
+                        rc = method_probes(&w, c, mi, res, &chose_miss, &prompt, n_answer, keep);
+                    session_free(keep);
                 }
                 if (!rc && fn) rc = fn(c, user);
                 case_probes_free(c);

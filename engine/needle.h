@@ -58,6 +58,8 @@ typedef struct {
     char backend[16];          /* where the math runs; "" = the default */
     kv_opts kv;                /* budget and policy options; policy, oracle and watch are set per run */
     int probes;                /* 1: oracle + needle watch on the sparse runs, misses diagnosed */
+    int check;                 /* with probes: rerun each miss with each proposed fix (from the run's
+                                  recorded prefill) and record what it gave (needle_cause.check) */
     int oracle;                /* 1: the oracle beside the sparse runs without probe events (mass recall
                                   and output error in the case's measures) */
     int detail_case;           /* with probes: the case whose events are kept (its first sparse miss,

@@ -67,6 +67,8 @@ static void needle_help(FILE *o) {
             "      --diagnose FILE   explain the miss recorded in a trace (from --trace), without the model\n"
             "      --trace FILE      record the explained case's probes and all results (for skv inspect\n"
             "                        --trace and skv export --view needle|niah)\n"
+            "      --no-check        with --explain: do not rerun each miss with its proposed fixes (the\n"
+            "                        verdict then says they are unchecked; faster for big sweeps)\n"
             "      --case N          run case N of the sweep alone, as the full sweep runs it (same value,\n"
             "                        depth, length and seed): the command --explain prints replays a case\n"
             "      --trace-case N    the case whose probes --trace keeps (the case numbers of --explain;\n"
@@ -93,7 +95,42 @@ typedef struct {
     const needle_opts *o;
     cJSON **diag;           /* (n_total, NEEDLE_MAX_METHODS) diagnosis per case and method, or NULL */
     int only_case;          /* --case N: the one case run, -1 for all */
+    char replay[1024];      /* the sweep's command line without its outputs: + "--case N" replays case N */
 } run_state;
+
+/* The sweep's command line, without what writes files or picks cases
+ * (--json, --png, --trace, --trace-case, --case, --force, --explain,
+ * --verbose), each word quoted when it needs it, into buf. */
+static void replay_base(int argc, char **argv, char *buf, size_t n) {
+    static const char *const drop_v[] = { "--json", "--png", "--trace", "--trace-case", "--case" };
+    static const char *const drop[] = { "--force", "--explain", "--verbose", "--no-check" };
+    size_t len = (size_t)snprintf(buf, n, "skv needle");
+    for (int i = 1; i < argc && len < n; i++) {
+        int skip = 0;
+        for (size_t k = 0; k < sizeof drop_v / sizeof drop_v[0]; k++)
+            if (!strcmp(argv[i], drop_v[k])) skip = 2;
+        for (size_t k = 0; k < sizeof drop / sizeof drop[0]; k++)
+            if (!strcmp(argv[i], drop[k])) skip = 1;
+        if (skip) { i += skip - 1; continue; }
+        const char *a = argv[i];
+        int plain = *a != 0;
+        for (const char *q = a; *q; q++)
+            plain &= (*q >= 'a' && *q <= 'z') || (*q >= 'A' && *q <= 'Z') || (*q >= '0' && *q <= '9') ||
+                     strchr("-_=.,:/%+", *q) != NULL;
+        if (plain) len += (size_t)snprintf(buf + len, n - len, " %s", a);
+        else {
+            len += (size_t)snprintf(buf + len, n - len, " '");
+            for (const char *q = a; *q && len < n; q++)
+                len += (size_t)snprintf(buf + len, n - len, *q == '\'' ? "'\\''" : "%c", *q);
+            if (len < n) len += (size_t)snprintf(buf + len, n - len, "'");
+        }
+    }
+}
+
+/* The command that replays case c alone, with --explain (into buf). */
+static void replay_command(const run_state *rs, int index, char *buf, size_t n) {
+    snprintf(buf, n, "%s --case %d --explain", rs->replay, index);
+}
 
 /* --case N: every case but N is skipped (its value, depth and seed stay
  * those of the full sweep, which come from the case number). */
@@ -118,6 +155,18 @@ static cJSON *report_json(const needle_report *rep) {
         cJSON_AddNumberToObject(o, "chunk", c->chunk);
         cJSON_AddStringToObject(o, "evidence", c->evidence);
         cJSON_AddStringToObject(o, "fix", c->fix);
+        if (c->opt[0]) {
+            cJSON *ch = cJSON_AddObjectToObject(o, "change");
+            if (ch) {
+                cJSON_AddStringToObject(ch, "option", c->opt);
+                cJSON_AddNumberToObject(ch, "value", c->value);
+            }
+        }
+        cJSON_AddBoolToObject(o, "dense_needed", c->dense_needed);
+        cJSON_AddBoolToObject(o, "weak_evidence", c->weak);
+        cJSON_AddStringToObject(o, "check", c->check == NEEDLE_CHECK_RETRIEVED ? "retrieved"
+                                            : c->check == NEEDLE_CHECK_MISSED ? "missed" : "unchecked");
+        if (c->check != NEEDLE_CHECK_NONE) cJSON_AddStringToObject(o, "check_answer", c->check_answer);
         cJSON_AddItemToArray(v, o);
     }
     cJSON_AddStringToObject(d, "kept", rep->kept);
@@ -208,12 +257,20 @@ static int on_case(const needle_case *c, void *user) {
                    c->length, c->depth, c->insert_depth, c->run, o->methods[m], c->value, *note ? "; it " : "", note);
             if (has_dc) printf("  distractor: %s\n", dc.text);
             needle_report_print(stdout, c->store[m], c->report[m], rs->verbose);
+            char cmd[1200];
+            replay_command(rs, c->index, cmd, sizeof cmd);
+            printf("  replay: %s\n", cmd);
             printf("\n");
             fflush(stdout);
         }
         size_t slot = (size_t)c->index * NEEDLE_MAX_METHODS + m;
         if (rs->diag && c->index < rs->n_total && !(rs->diag[slot] = report_json(c->report[m])))
             return skv_error(SKV_ENOMEM, "out of memory");
+        if (rs->diag && c->index < rs->n_total) {
+            char cmd[1200];
+            replay_command(rs, c->index, cmd, sizeof cmd);
+            cJSON_AddStringToObject(rs->diag[slot], "replay", cmd);
+        }
         if (rs->diag && c->index < rs->n_total && has_dc) {
             cJSON *dj = cJSON_AddObjectToObject(rs->diag[slot], "distractor");
             if (dj) {
@@ -533,7 +590,7 @@ int cmd_needle(int argc, char **argv) {
     int custom = 0;
     needle_opts o;
     needle_opts_default(&o);
-    int explain = 0, verbose = 0, force = 0, seed_given = 0, have_model = 0, only_case = -1;
+    int explain = 0, verbose = 0, force = 0, seed_given = 0, have_model = 0, only_case = -1, no_check = 0;
     for (int i = 1; i < argc; i++) have_model |= !strcmp(argv[i], "-m") || !strcmp(argv[i], "--model");
     if (!have_model) {
         /* The demo model's preset; the user's flags, parsed next, override it. */
@@ -555,6 +612,7 @@ int cmd_needle(int argc, char **argv) {
             return diagnose_trace(v);
         }
         if (!strcmp(a, "--explain")) { explain = 1; continue; }
+        if (!strcmp(a, "--no-check")) { no_check = 1; continue; }
         if (!strcmp(a, "--verbose")) { verbose = 1; continue; }
         if (!strcmp(a, "--force")) { force = 1; continue; }
         static const char *const valued[] = { "--lengths", "--depths", "--haystack", "--needle", "--question",
@@ -722,6 +780,7 @@ int cmd_needle(int argc, char **argv) {
     o.kv = g.s.kv;
     snprintf(o.backend, sizeof o.backend, "%s", g.s.backend);
     o.probes = explain || trace || g.s.kv.oracle;
+    o.check = explain && !no_check;
     run_state rs = { .explain = explain, .verbose = verbose, .n_total = n_len * n_dep * o.runs, .o = &o };
     rs.diag = o.probes ? calloc((size_t)rs.n_total * NEEDLE_MAX_METHODS, sizeof *rs.diag) : NULL;
     if (o.probes && !rs.diag) {
@@ -740,6 +799,7 @@ int cmd_needle(int argc, char **argv) {
         fprintf(stderr, "skv needle: warning: %s\n", ctx_note);
     rs.t0 = skv_now();
     rs.only_case = only_case;
+    replay_base(argc, argv, rs.replay, sizeof rs.replay);
     rc = needle_run_skip(m, &o, skip_but, on_case, &rs, &res);
     cli_stop_release();
     if (res.notice[0]) fprintf(stderr, "skv needle: %s\n", res.notice);
