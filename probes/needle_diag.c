@@ -216,6 +216,64 @@ static void diagnose_answers(const probe_store *st, needle_report *rep) {
     }
 }
 
+/* 1 when text holds value as a whole number (not inside a longer one). */
+static int has_number(const char *text, const char *value) {
+    size_t n = strlen(value);
+    if (!n) return 0;
+    for (const char *p = text; (p = strstr(p, value)); p++) {
+        int before = p > text && p[-1] >= '0' && p[-1] <= '9', after = p[n] >= '0' && p[n] <= '9';
+        if (!before && !after) return 1;
+    }
+    return 0;
+}
+
+/* A run without PROBE_NIAH events (the inspector's, skv run's): the value
+ * is the longest number in the watched needle's text, the policy's answer
+ * the tokens it generated, and dense answered the same when the oracle's
+ * dense twin agreed on the argmax at every step. */
+static void answers_from_tokens(const probe_store *st, needle_report *rep) {
+    char text[512] = "", ans[512] = "";
+    size_t tl = 0, al = 0;
+    for (int i = 0; i < probe_store_n_tokens(st); i++) {
+        const probe_ev_token *t = probe_store_token(st, i);
+        if (!t || !t->text) continue;
+        if (t->step < 0 && t->pos >= rep->tok_begin && t->pos < rep->tok_end && tl + (size_t)t->n_text < sizeof text) {
+            memcpy(text + tl, t->text, (size_t)t->n_text);
+            text[tl += (size_t)t->n_text] = 0;
+        } else if (t->step >= 0 && al + (size_t)t->n_text < sizeof ans) {
+            memcpy(ans + al, t->text, (size_t)t->n_text);
+            ans[al += (size_t)t->n_text] = 0;
+        }
+    }
+    size_t best = 0, at = 0;
+    for (size_t i = 0; text[i];) {
+        size_t j = i;
+        while (text[j] >= '0' && text[j] <= '9') j++;
+        if (j - i > best) { best = j - i; at = i; }
+        i = j > i ? j : i + 1;
+    }
+    if (best < 3 || best >= sizeof rep->value) return; /* no number planted: nothing to judge */
+    memcpy(rep->value, text + at, best);
+    rep->value[best] = 0;
+    clean_copy(rep->sparse_answer, sizeof rep->sparse_answer, ans);
+    int steps = probe_store_n_steps(st);
+    if (steps <= 0) return;
+    rep->sparse_hit = has_number(ans, rep->value);
+    int agree = 0, scored = 0;
+    for (int s = 0; s < steps; s++) {
+        const probe_ev_step *e = probe_store_step(st, s);
+        if (!e || !e->has_oracle) continue;
+        scored++;
+        agree += e->top1_agree != 0;
+    }
+    rep->agree_steps = agree;
+    rep->scored_steps = scored;
+    if (scored == steps && agree == steps) { /* greedy: the same argmax at every step is the same text */
+        rep->dense_hit = rep->sparse_hit;
+        clean_copy(rep->dense_answer, sizeof rep->dense_answer, ans);
+    }
+}
+
 /* Layers whose sparse attention output differs most from exact at step s. */
 static void diagnose_layers(const probe_store *st, needle_report *rep, int s) {
     rep->n_div = 0;
@@ -330,6 +388,7 @@ static int diagnose_generic(const probe_store *st, const probe_ev_oracle *first,
             rep->tok_end = e->tok_end;
         }
     }
+    if (rep->sparse_hit < 0) answers_from_tokens(st, rep);
     rep->last_step = rep->diverge_step >= 0 ? rep->diverge_step : rep->n_steps - 1;
     if (rep->diverge_step >= 0) generic_layers(st, rep, rep->diverge_step);
     double W = 0, drop = 0, mis = 0;
@@ -501,6 +560,7 @@ int needle_diagnose(const probe_store *st, int id, needle_report *rep) {
             if (e && e->mass_exact >= 0) rep->has_oracle = 1;
         }
     diagnose_answers(st, rep);
+    if (rep->sparse_hit < 0) answers_from_tokens(st, rep);
     rep->last_step = rep->diverge_step >= 0 ? rep->diverge_step : rep->n_steps - 1;
     if (rep->diverge_step >= 0) diagnose_layers(st, rep, rep->diverge_step);
 
@@ -773,8 +833,33 @@ void needle_cause_text(const needle_report *rep, const needle_cause *c, char *bu
                  "unless --no-check)");
 }
 
+static const char *hit_word(int hit) { return hit > 0 ? "hit" : hit == 0 ? "miss" : "unknown"; }
+
+void needle_headline(const needle_report *rep, char *buf, size_t n) {
+    if (rep->sparse_hit < 0 || !rep->value[0]) {
+        snprintf(buf, n, "%s: the answer is unknown (no needle result recorded, and no number in the watched needle)",
+                 rep->policy);
+    } else if (rep->sparse_hit > 0) {
+        snprintf(buf, n, "%s retrieved %s%s", rep->policy, rep->value,
+                 rep->dense_hit > 0 ? ", as dense did" : rep->dense_hit == 0 ? "; dense missed it" : "");
+        if (rep->dense_hit > 0 && rep->scored_steps > 0)
+            cat(buf, n, " (top-1 agreement with dense at %d of %d steps)", rep->agree_steps, rep->scored_steps);
+    } else {
+        snprintf(buf, n, "%s missed %s (answered \"%s\")%s", rep->policy, rep->value, rep->sparse_answer,
+                 rep->dense_hit > 0 ? "; dense retrieved it" : rep->dense_hit == 0 ? "; dense missed it too" : "");
+    }
+}
+
 static void print_verdict(FILE *f, const needle_report *rep) {
     fprintf(f, "  %s\n", rep->divergence);
+    if (rep->sparse_hit > 0) { /* a hit: what would break first, never a list of failures */
+        fprintf(f, "  margins (the needle was retrieved; what would break first):\n");
+        if (rep->n_causes == 0) fprintf(f, "    none near its threshold\n");
+        for (int i = 0; i < rep->n_causes; i++)
+            fprintf(f, "    %d. %s: %s\n", i + 1, needle_cause_name(rep->causes[i].kind), rep->causes[i].evidence);
+        fprintf(f, "  %s\n", rep->kept);
+        return;
+    }
     fprintf(f, "  verdict:\n");
     if (rep->n_causes == 0)
         fprintf(f, "    no cause passed its threshold: %s kept the needle; look at the divergence above (what else it "
@@ -791,9 +876,12 @@ static void print_generic(FILE *f, const probe_store *st, const needle_report *r
     fprintf(f, "  needle: tokens %d..%d (%d tokens); prompt %d tokens; %s attends blocks of %d tokens, budget %d\n",
             rep->tok_begin, rep->tok_end - 1, rep->tok_end - rep->tok_begin, rep->prompt_len, rep->policy, rep->unit,
             rep->budget);
+    char head[400];
+    needle_headline(rep, head, sizeof head);
+    fprintf(f, "  %s\n", head);
     if (rep->sparse_hit >= 0)
         fprintf(f, "  value %s; dense answered \"%s\" (%s); %s answered \"%s\" (%s)\n", rep->value, rep->dense_answer,
-                rep->dense_hit ? "hit" : "miss", rep->policy, rep->sparse_answer, rep->sparse_hit ? "hit" : "miss");
+                hit_word(rep->dense_hit), rep->policy, rep->sparse_answer, hit_word(rep->sparse_hit));
     if (verbose)
         fprintf(f, "  decode steps (needle tokens attended by every query head / needle tokens; the needle's best rank "
                    "under exact attention; its exact mass; tokens attended; mass recall; output error)\n");
@@ -823,10 +911,12 @@ void needle_report_print(FILE *f, const probe_store *st, const needle_report *re
     fprintf(f, "  settings: rank %d, budget %d tokens (k = %d of %d candidate chunks per KV head), outliers %d, "
                "local window from chunk %d (--local %d)\n",
             rep->rank, rep->budget, rep->k, rep->n_cand, rep->outliers, rep->local_start, rep->local);
+    char head[400];
+    needle_headline(rep, head, sizeof head);
+    fprintf(f, "  %s\n", head);
     if (rep->sparse_hit >= 0)
         fprintf(f, "  value %s; dense answered \"%s\" (%s); %s answered \"%s\" (%s)\n", rep->value,
-                rep->dense_answer, rep->dense_hit ? "hit" : "miss", rep->policy, rep->sparse_answer,
-                rep->sparse_hit ? "hit" : "miss");
+                rep->dense_answer, hit_word(rep->dense_hit), rep->policy, rep->sparse_answer, hit_word(rep->sparse_hit));
     if (!verbose) { /* the verdict; the tables behind it with --verbose */
         print_verdict(f, rep);
         return;

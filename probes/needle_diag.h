@@ -91,7 +91,9 @@ struct needle_report {
     int last_step;             /* steps 0..last_step were judged (through the first divergence) */
     int has_oracle;
     char policy[32];           /* the sparse method the report concerns */
-    int dense_hit, sparse_hit; /* -1: unknown (no PROBE_NIAH events) */
+    int dense_hit, sparse_hit; /* -1: unknown (no PROBE_NIAH events, and no number in the watched needle) */
+    int agree_steps, scored_steps; /* without PROBE_NIAH events: steps where the dense twin's argmax agreed,
+                                      of the steps it scored */
     char value[NEEDLE_VALUE_MAX];
     char dense_answer[96], sparse_answer[96];
     int diverge_step;          /* first decode step whose argmax differs from dense, -1 none */
@@ -115,6 +117,10 @@ struct needle_report {
  * gave ("retrieved (checked)", "still missed (checked)", "unchecked"), and
  * "weak evidence" first when it is weak. */
 void needle_cause_text(const needle_report *rep, const needle_cause *c, char *buf, size_t n);
+
+/* The report's first line: "shadowkv retrieved 4817093, as dense did", or
+ * "shadowkv missed 4817093 (answered "..."); dense retrieved it". */
+void needle_headline(const needle_report *rep, char *buf, size_t n);
 
 /* Diagnoses needle id from st: from the PROBE_NEEDLE events of a policy
  * with a chunk-level needle watch (ShadowKV), else from the oracle's

@@ -180,16 +180,23 @@ static int needle_draw(canvas *c, canvas_rect r, const probe_store *st, const vi
     char cur_line[1024], verdict[NEEDLE_N_CAUSES + 1][720];
     describe(cur_line, sizeof cur_line, st, rep, step, layer, head);
     int nv = rep->n_causes;
-    for (int i = 0; i < nv; i++)
-        snprintf(verdict[i], sizeof verdict[i], "%d. %s: %s: %s", i + 1, needle_cause_name(rep->causes[i].kind),
-                 rep->causes[i].evidence, rep->causes[i].fix);
-    if (!nv) snprintf(verdict[nv++], sizeof verdict[0], "no cause passed its threshold (see the divergence)");
-    /* A figure (a clean export) is mostly the heatmap: the verdict's first cause under it. The
-     * terminal gives the text up to half the view; what does not fit ends in a "more" line. */
+    for (int i = 0; i < nv; i++) {
+        if (rep->sparse_hit > 0) /* a hit: margins, what would break first, not failures */
+            snprintf(verdict[i], sizeof verdict[i], "margin %d. %s: %s", i + 1, needle_cause_name(rep->causes[i].kind),
+                     rep->causes[i].evidence);
+        else {
+            char line[1200];
+            needle_cause_text(rep, &rep->causes[i], line, sizeof line);
+            snprintf(verdict[i], sizeof verdict[i], "%d. %.700s", i + 1, line);
+        }
+    }
+    if (!nv) snprintf(verdict[nv++], sizeof verdict[0], rep->sparse_hit > 0 ? "no margin near its threshold"
+                                                                            : "no cause passed its threshold (see the divergence)");
+    /* A figure (a clean export) is mostly the heatmap with every verdict under it; the terminal
+     * gives the text up to half the view; what does not fit ends in a "more" line, never cut silently. */
     int figure = !g->cells && cur->clean;
-    int max_text = (int)floor((r.h * (g->cells ? 0.5 : figure ? 0.22 : 0.45)) / lh);
+    int max_text = (int)floor((r.h * (g->cells ? 0.5 : figure ? 0.4 : 0.45)) / lh);
     int want = 0, big = 1000;
-    if (figure && nv > 1) nv = 1;
     if (tw > 0) {
         for (int i = 0; i < nv; i++) want += wrap_text(c, verdict[i], tx, 0, tw, lh, big, 0, th->fg);
         if (!figure) {
@@ -202,21 +209,18 @@ static int needle_draw(canvas *c, canvas_rect r, const probe_store *st, const vi
     if (text_lines < 0) text_lines = 0;
     int more = want > text_lines && text_lines > 0 ? want - (text_lines - 1) : 0; /* lines the "more" line stands for */
     canvas_rect hr = { r.x, r.y, r.w, r.h - text_lines * lh - (text_lines && !g->cells ? g->pad : 0) };
-    char title[256];
+    char title[600], headline[400];
+    needle_headline(rep, headline, sizeof headline);
+    char *agree = strstr(headline, " (top-1 agreement");
+    if (agree && canvas_text_width(c, headline, CANVAS_FONT_TITLE) > 0.6 * r.w) *agree = 0; /* the title's room */
     if (rep->generic && g->cells)
         snprintf(title, sizeof title, "Needle exact rank, step %d (outlined: not attended)", step);
     else if (rep->generic)
-        snprintf(title, sizeof title, "Needle's exact-attention rank at step %d: tokens %d-%d, value %s; dense %s, %s %s",
-                 step, rep->tok_begin, rep->tok_end - 1, rep->value[0] ? rep->value : "?",
-                 rep->dense_hit < 0 ? "?" : rep->dense_hit ? "hit" : "miss", rep->policy,
-                 rep->sparse_hit < 0 ? "?" : rep->sparse_hit ? "hit" : "miss");
+        snprintf(title, sizeof title, "Needle's exact-attention rank at step %d: %s", step, headline);
     else if (g->cells)
         snprintf(title, sizeof title, "Needle ranks, step %d (k = %d; outlined: dropped)", step, k);
     else
-        snprintf(title, sizeof title, "Needle ranks at step %d (k = %d): tokens %d-%d, value %s; dense %s, %s %s",
-                 step, k, rep->tok_begin, rep->tok_end - 1, rep->value[0] ? rep->value : "?",
-                 rep->dense_hit < 0 ? "?" : rep->dense_hit ? "hit" : "miss", rep->policy,
-                 rep->sparse_hit < 0 ? "?" : rep->sparse_hit ? "hit" : "miss");
+        snprintf(title, sizeof title, "Needle ranks at step %d (k = %d): %s", step, k, headline);
     /* the scale stops at 2k so that k sits in its middle: its top colour is every rank from 2k on */
     char vlabel[64];
     if (k > 0) snprintf(vlabel, sizeof vlabel, g->cells ? "rank (top: >=%d)" : "landmark rank (top colour: %d or more)", 2 * k);
@@ -259,7 +263,8 @@ static int needle_draw(canvas *c, canvas_rect r, const probe_store *st, const vi
         }
         if (more) { /* the rest is one command away */
             char m[160];
-            snprintf(m, sizeof m, "%s %d more line%s (a taller window; or skv needle --diagnose TRACE)",
+            snprintf(m, sizeof m, figure ? "%s %d more line%s: skv needle --diagnose TRACE prints them all"
+                                         : "%s %d more line%s (a taller window; or skv needle --diagnose TRACE)",
                      g->ascii ? "v" : "\xe2\x96\xbc", more, more == 1 ? "" : "s");
             y = r.y + r.h - lh;
             wrap_text(c, m, tx, y, tw, lh, 1, 1, th->highlight);
