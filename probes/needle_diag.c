@@ -828,9 +828,11 @@ void needle_cause_text(const needle_report *rep, const needle_cause *c, char *bu
         snprintf(buf + len, n - (size_t)len, " -> retrieved (checked: answered \"%s\")", c->check_answer);
     else if (c->check == NEEDLE_CHECK_MISSED)
         snprintf(buf + len, n - (size_t)len, " -> still missed (checked: answered \"%s\")", c->check_answer);
+    else if (rep->dense_hit == 0)
+        snprintf(buf + len, n - (size_t)len, " (not checked: dense misses too)");
     else
-        snprintf(buf + len, n - (size_t)len, rep->checks ? " (not checked)" : " (unchecked: --explain checks it "
-                 "unless --no-check)");
+        snprintf(buf + len, n - (size_t)len, rep->checks ? " (not checked)" : " (unchecked: skv needle --explain "
+                 "reruns the case with it, unless --no-check)");
 }
 
 static const char *hit_word(int hit) { return hit > 0 ? "hit" : hit == 0 ? "miss" : "unknown"; }

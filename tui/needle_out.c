@@ -33,6 +33,7 @@ cJSON *needle_case_json(const needle_opts *o, const needle_case *c) {
     cJSON_AddStringToObject(j, "value", c->value);
     if (c->keys[0][0]) cJSON_AddStringToObject(j, "asked_key", c->keys[0]);
     cJSON_AddNumberToObject(j, "prompt_len", c->prompt_len);
+    cJSON_AddNumberToObject(j, "budget_tokens", kv_budget_tokens(&o->kv, c->prompt_len)); /* the budget it ran at */
     cJSON *nd = cJSON_AddObjectToObject(j, "needle");
     if (nd) {
         cJSON_AddNumberToObject(nd, "tok_begin", c->tok_begin);
