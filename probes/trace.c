@@ -227,6 +227,7 @@ struct trace_writer {
     probe_event *run;           /* the first PROBE_RUN, for the metadata */
     char policies[TRACE_MAX_POLICIES][160]; /* every run event's "policy: options" (compare mode: one a lane) */
     int n_policies;
+    cJSON *notes;               /* trace_writer_note's strings, or NULL */
     int n_steps, n_layers, n_heads;
     int err;                    /* first error met while recording */
     char msg[512];
@@ -266,6 +267,7 @@ static void writer_free(trace_writer *w) {
     free(w->fbuf);
     free(w->enc.p);
     free(w->run);
+    cJSON_Delete(w->notes);
     free(w->tmp);
     free(w->path);
     free(w);
@@ -325,6 +327,12 @@ int trace_writer_open(const char *path, probe_bus *bus, trace_writer **out) {
     }
     *out = w;
     return 0;
+}
+
+int trace_writer_note(trace_writer *w, const char *key, const char *value) {
+    if (!w->notes && !(w->notes = cJSON_CreateObject())) return skv_error(SKV_ENOMEM, "out of memory");
+    cJSON_DeleteItemFromObjectCaseSensitive(w->notes, key);
+    return cJSON_AddStringToObject(w->notes, key, value) ? 0 : skv_error(SKV_ENOMEM, "out of memory");
 }
 
 /* Adds run's "policy: options" to the list (n) unless it is there. */
@@ -439,6 +447,9 @@ static cJSON *writer_meta(const trace_writer *w) {
     cJSON_AddNumberToObject(m, "steps", w->n_steps);
     cJSON_AddNumberToObject(m, "layers", layers);
     cJSON_AddNumberToObject(m, "kv_heads", heads);
+    const cJSON *it;
+    cJSON_ArrayForEach(it, w->notes)
+        if (!cJSON_GetObjectItemCaseSensitive(m, it->string)) cJSON_AddStringToObject(m, it->string, it->valuestring);
     return m;
 }
 

@@ -39,6 +39,10 @@ int trace_writer_write(trace_writer *w, const probe_event *ev);
  * full disk) a new file is kept, cut short at its last complete step;
  * otherwise what was written is removed (an existing file at path is kept). */
 int trace_writer_close(trace_writer *w);
+/* A string to write in the metadata record as key (a producer's note: skv
+ * needle names the command that replays the traced case, "replay"); a copy
+ * is kept. Keys the writer fills itself are not replaced. 0 or SKV_ENOMEM. */
+int trace_writer_note(trace_writer *w, const char *key, const char *value);
 /* Unsubscribes, removes what was written and frees w. */
 void trace_writer_abort(trace_writer *w);
 

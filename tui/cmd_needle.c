@@ -446,10 +446,16 @@ static int write_png(const char *path, int force, const skv_model *m, const need
     return rc;
 }
 
-static int write_trace(const char *path, const skv_model *m, const needle_opts *o, const needle_result *r) {
+static int write_trace(const char *path, const skv_model *m, const needle_opts *o, const needle_result *r,
+                       const run_state *rs) {
     trace_writer *tw = NULL;
     int rc = trace_writer_open(path, NULL, &tw);
     if (rc) return rc;
+    if (r->detail >= 0) { /* the command that replays the traced case */
+        char cmd[1200];
+        replay_command(rs, r->detail, cmd, sizeof cmd);
+        if ((rc = trace_writer_note(tw, "replay", cmd))) { trace_writer_abort(tw); return rc; }
+    }
     if ((rc = emit_all(m, o, r, NULL, tw))) {
         trace_writer_abort(tw);
         return rc;
@@ -576,6 +582,15 @@ static int diagnose_trace(const char *path) {
                rep->dense_hit < 0 ? "?" : rep->dense_hit ? "hit" : "missed",
                rep->policy, rep->sparse_hit < 0 ? "?" : rep->sparse_hit ? "hit" : "missed");
         needle_report_print(stdout, st, rep, diagnose_verbose);
+        /* the metadata names the command that replays the case (skv needle --trace) */
+        trace_reader *tr = NULL;
+        if (trace_open(path, &tr) == 0) {
+            cJSON *meta = cJSON_Parse(trace_meta_json(tr));
+            const char *cmd = cJSON_GetStringValue(cJSON_GetObjectItemCaseSensitive(meta, "replay"));
+            if (cmd) printf("  replay: %s\n", cmd);
+            cJSON_Delete(meta);
+            trace_close(tr);
+        }
     }
     probe_store_free(st);
     free(rep);
@@ -826,7 +841,7 @@ int cmd_needle(int argc, char **argv) {
         fprintf(stderr, "skv needle: wrote %s\n", png);
     }
     if (trace) {
-        if (write_trace(trace, m, &o, &res)) { rc = cli_fail(); goto done; }
+        if (write_trace(trace, m, &o, &res, &rs)) { rc = cli_fail(); goto done; }
         fprintf(stderr, "skv needle: wrote %s (case %d under %s in detail)\n", trace, res.detail,
                 res.detail >= 0 ? o.methods[res.detail_method] : "-");
     }
