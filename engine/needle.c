@@ -630,28 +630,57 @@ static void add_floor(const kv_opts *kv, const char *policy, int prompt_len, nee
 /* Reruns case c under method m from src's recorded prefill with cause's
  * change (session_fork: no second prefill through the model) and records
  * whether it retrieved the value, and what it answered. */
-static int check_fix(sweep *w, needle_case *c, const ids_buf *p, int n_answer, const skv_session *src,
-                     needle_cause *cause) {
+/* One rerun of case c from src's recorded prefill with opt = value: 1 and
+ * the answer in ans when it retrieved the value, 0 when not, -1 when opt is
+ * not an option of the policy, < -1 on an error. */
+static int rerun(needle_case *c, const ids_buf *p, int n_answer, const skv_session *src, const char *opt, double value,
+                 char *ans, size_t an) {
     kv_opts kv = src->o.kv;
-    if (!strcmp(cause->opt, "budget")) {
-        kv.budget = (int)cause->value;
+    if (!strcmp(opt, "budget")) {
+        kv.budget = (int)value;
         kv.budget_pct = 0;
-    } else if (kv_opts_set_num(&kv, cause->opt, cause->value)) {
-        skv_clear_error(); /* not an option of this policy: left unchecked */
-        return 0;
+    } else if (kv_opts_set_num(&kv, opt, value)) {
+        skv_clear_error();
+        return -1;
     }
     skv_session *f = NULL;
     char *text = NULL;
     int rc = session_fork(src, &kv, &f);
     if (!rc) rc = generate(f, p->v[p->n - 1], n_answer, &text, NULL, 0);
     session_free(f);
-    (void)w;
-    if (rc) return rc;
-    cause->check = needle_contains_value(text, c->value) ? NEEDLE_CHECK_RETRIEVED : NEEDLE_CHECK_MISSED;
-    snprintf(cause->check_answer, sizeof cause->check_answer, "%s", text);
-    for (char *q = cause->check_answer; *q; q++)
+    if (rc) return rc < -1 ? rc : SKV_EINVAL;
+    snprintf(ans, an, "%s", text);
+    for (char *q = ans; *q; q++)
         if (*q == '\n' || *q == '\r') *q = ' ';
+    int hit = needle_contains_value(text, c->value);
     free(text);
+    return hit;
+}
+
+static int check_fix(needle_case *c, const ids_buf *p, int n_answer, const skv_session *src, needle_cause *cause) {
+    char ans[96];
+    if (cause->smaller > 0) { /* the smaller change first: when it retrieves, it is the fix */
+        int k = rerun(c, p, n_answer, src, cause->opt, cause->smaller, ans, sizeof ans);
+        if (k < -1) return k;
+        if (k == 1) {
+            char was[200];
+            snprintf(was, sizeof was, "%s", cause->fix);
+            snprintf(cause->fix, sizeof cause->fix, "raise --%s to %.0f%s (it keeps 90%% of what was dropped; the "
+                     "needle's whole rank asked for %.0f)", cause->opt, cause->smaller,
+                     !strcmp(cause->opt, "budget") ? " tokens" : "", cause->value);
+            cause->value = cause->smaller;
+            cause->dense_needed = 0;
+            cause->check = NEEDLE_CHECK_RETRIEVED;
+            snprintf(cause->check_answer, sizeof cause->check_answer, "%s", ans);
+            return 0;
+        }
+    }
+    if (cause->dense_needed) return 0;
+    int k = rerun(c, p, n_answer, src, cause->opt, cause->value, ans, sizeof ans);
+    if (k < -1) return k;
+    if (k < 0) return 0; /* not an option of this policy: left unchecked */
+    cause->check = k ? NEEDLE_CHECK_RETRIEVED : NEEDLE_CHECK_MISSED;
+    snprintf(cause->check_answer, sizeof cause->check_answer, "%s", ans);
     return 0;
 }
 
@@ -682,8 +711,8 @@ static int method_probes(sweep *w, needle_case *c, int m, needle_result *res, in
             /* each fix rerun from the recorded prefill; not when dense misses too (the model's cause) */
             rep->checks = src != NULL && rep->dense_hit != 0;
             for (int i = 0; rep->checks && !rc && i < rep->n_causes; i++)
-                if (rep->causes[i].opt[0] && !rep->causes[i].dense_needed)
-                    rc = check_fix(w, c, p, n_answer, src, &rep->causes[i]);
+                if (rep->causes[i].opt[0] && (!rep->causes[i].dense_needed || rep->causes[i].smaller > 0))
+                    rc = check_fix(c, p, n_answer, src, &rep->causes[i]);
             needle_causes_sort(rep);
         }
     }

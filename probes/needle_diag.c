@@ -492,8 +492,10 @@ static int diagnose_generic(const probe_store *st, const probe_ev_oracle *first,
                      "rank + 1)", t, t / u, u);
         else
             snprintf(c->fix, sizeof c->fix, "raise --budget to %d tokens (the needle's exact rank + 1)", t);
-        if (!c->dense_needed && q90 < t && q90 > rep->budget)
+        if (!c->dense_needed && q90 < t && q90 > rep->budget) {
             cat(c->fix, sizeof c->fix, "; %d would keep 90%% of what was dropped", q90);
+            c->smaller = q90;
+        }
     }
     if (rep->share_misranked >= NEEDLE_MIN_SHARE && sm.l >= 0) {
         needle_cause *c = add_cause(rep, NEEDLE_CAUSE_OUTLIER, rep->share_misranked);
@@ -731,9 +733,12 @@ int needle_diagnose(const probe_store *st, int id, needle_report *rep) {
         else
             snprintf(c->fix, sizeof c->fix, "raise --budget to %lld tokens (k = %d chunks of %d tokens)", kt, kn,
                      rep->chunk);
-        if (!c->dense_needed && k90 < kn && k90 > rep->k)
-            cat(c->fix, sizeof c->fix, "; %lld (k = %d) would keep 90%% of what was dropped",
-                (long long)k90 * rep->chunk, k90);
+        if (k90 < kn && k90 > rep->k) {
+            if (!c->dense_needed)
+                cat(c->fix, sizeof c->fix, "; %lld (k = %d) would keep 90%% of what was dropped",
+                    (long long)k90 * rep->chunk, k90);
+            c->smaller = (double)k90 * rep->chunk; /* checked first, even when the whole rank asks for dense */
+        }
     }
     if (rep->share_misranked >= NEEDLE_MIN_SHARE && sm.i >= 0) {
         needle_cause *c = add_cause(rep, NEEDLE_CAUSE_OUTLIER, rep->share_misranked);

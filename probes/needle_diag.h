@@ -70,6 +70,9 @@ typedef struct {
      * is not one option (the model cause). */
     char opt[16];
     double value;
+    double smaller;            /* a smaller value of the same option worth trying first (the budget that keeps
+                                  90% of what was dropped), 0 none: checked first, it replaces value and the fix
+                                  when it retrieves the needle */
     int dense_needed;          /* 1: the change leaves no sparsity: dense attention would be needed, not a fix */
     int weak;                  /* 1: weak evidence (NEEDLE_WEAK_SHARE) */
     int check;                 /* NEEDLE_CHECK_*: the rerun with the change */
