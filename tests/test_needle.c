@@ -536,6 +536,92 @@ static void test_watch_is_passive(void) {
     model_free(m);
 }
 
+/* ---- a hit is a hit: the inspector's default run ------------------------------- */
+
+static void store_event(const probe_event *ev, void *user) { probe_store_add(user, ev); }
+
+/* The inspector's default session, without the inspector: the demo model on
+ * samples/prompts/needle.txt under its preset, the needle watched, the
+ * oracle on, 16 greedy steps. It records no needle results, yet the report
+ * must open with the hit, with the value, and list margins, not failures;
+ * the Needle view's title says the same. */
+static void test_hit_is_hit(void) {
+    struct stat sb;
+    if (stat("samples/model/skv-demo.gguf", &sb) != 0) { test_skip("the demo model is missing: the hit checks"); return; }
+    skv_model *m = NULL;
+    char *text = NULL;
+    size_t tn = 0;
+    int32_t *ids = NULL;
+    int n = 0;
+    if (model_load("samples/model/skv-demo.gguf", &m) || skv_read_file("samples/prompts/needle.txt", 1 << 24, &text, &tn) ||
+        tok_encode(m->tok, text, tn, tok_add_bos(m->tok), 1, &ids, &n)) {
+        test_cond("the demo model and its needle prompt", 0);
+        free(text); free(ids); model_free(m);
+        return;
+    }
+    /* the needle's span: the fewest tokens whose text holds it */
+    int b0 = -1, e0 = -1;
+    for (int b = 0; b < n; b++) {
+        char acc[1024] = "";
+        size_t al = 0;
+        for (int e = b; e < n && e < b + 24; e++) {
+            char piece[64];
+            int k = tok_piece(m->tok, e ? ids[e - 1] : -1, ids[e], 1, piece, sizeof piece);
+            if (k > 0 && al + (size_t)k < sizeof acc) { memcpy(acc + al, piece, (size_t)k); acc[al += (size_t)k] = 0; }
+            if (strstr(acc, "magic number is 4817093")) {
+                if (b0 < 0 || e + 1 - b < e0 - b0) { b0 = b; e0 = e + 1; }
+                break;
+            }
+        }
+    }
+    probe_store *st = NULL;
+    probe_bus *bus = NULL;
+    probe_sub *sub = NULL;
+    session_opts so;
+    session_opts_default(&so);
+    snprintf(so.kv.policy, sizeof so.kv.policy, "shadowkv");
+    so.kv.budget = 64;
+    kv_opts_set(&so.kv, "rank", "16", 0);
+    kv_opts_set(&so.kv, "outliers", "4", 0);
+    kv_opts_set(&so.kv, "local", "4", 0);
+    so.kv.oracle = 1;
+    so.kv.watch_begin = b0;
+    so.kv.watch_end = e0;
+    skv_session *s = NULL;
+    int rc = b0 < 0 ? -1 : probe_store_new(&st);
+    if (!rc) rc = probe_bus_new(&bus);
+    if (!rc) rc = probe_subscribe_callback(bus, PROBE_ALL, store_event, st, &sub);
+    so.bus = bus;
+    if (!rc) rc = session_new(m, &so, &s);
+    if (!rc) rc = session_prefill(s, ids, n, NULL, NULL);
+    for (int t = 0; !rc && t < 16; t++) rc = session_decode(s, sampler_argmax(session_logits(s), m->cfg.vocab));
+    session_free(s);
+    probe_unsubscribe(sub);
+    needle_report rep;
+    char head[400] = "";
+    int drc = rc ? rc : needle_diagnose(st, 0, &rep);
+    if (!drc) needle_headline(&rep, head, sizeof head);
+    test_cond("the inspector's default run: the report opens 'shadowkv retrieved 4817093, as dense did'",
+              drc == 0 && strstr(head, "shadowkv retrieved 4817093, as dense did") && rep.sparse_hit == 1);
+    char *printed = NULL;
+    size_t pn = 0;
+    FILE *f = open_memstream(&printed, &pn);
+    if (f && !drc) { needle_report_print(f, st, &rep, 0); fclose(f); } else if (f) fclose(f);
+    test_cond("its causes read as margins, with no fix advice", printed && strstr(printed, "margins (the needle was "
+              "retrieved") && !strstr(printed, "verdict:") && !strstr(printed, "raise --"));
+    free(printed);
+    int vrc;
+    char *cells = drc ? NULL : needle_cells(st, &vrc);
+    test_cond("the Needle view's title carries the outcome and the value", cells && strstr(cells, "retrieved 4817093") &&
+              !strstr(cells, "value ?"));
+    free(cells);
+    probe_bus_free(bus);
+    probe_store_free(st);
+    free(text);
+    free(ids);
+    model_free(m);
+}
+
 /* ---- CLI level --------------------------------------------------------------- */
 
 static const char *skv_bin(void) {
@@ -1008,6 +1094,7 @@ static void test_checked(void) {
 }
 
 int main(void) {
+    test_hit_is_hit();
     test_checked();
     test_tasks();
     test_lists();

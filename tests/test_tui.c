@@ -403,6 +403,15 @@ static void test_live(const char *model_args) {
     struct stat sb;
     snprintf(path, sizeof path, "%s/live.trace", dir);
     test_cond("live: the recorded trace exists", stat(path, &sb) == 0 && sb.st_size > 0);
+    if (strstr(model_args, "--kv") == NULL && stat(path, &sb) == 0) {
+        /* the default session records no needle results: the diagnosis reads the value from the
+         * watched needle and the answer from the generated tokens, and says the outcome first */
+        char out[1 << 14];
+        sh_out(out, sizeof out, "%s needle --diagnose %s 2>&1", bin, path);
+        test_cond("live: skv needle --diagnose of the recording names the value and opens with the outcome",
+                  strstr(out, "value 4817093") && (strstr(out, "  shadowkv retrieved 4817093") ||
+                                                    strstr(out, "  shadowkv missed 4817093")) && !strstr(out, "value ?"));
+    }
     stop("live");
 }
 

@@ -212,13 +212,13 @@ static int needle_draw(canvas *c, canvas_rect r, const probe_store *st, const vi
     char title[600], headline[400];
     needle_headline(rep, headline, sizeof headline);
     char *agree = strstr(headline, " (top-1 agreement");
-    if (agree && canvas_text_width(c, headline, CANVAS_FONT_TITLE) > 0.6 * r.w) *agree = 0; /* the title's room */
+    if (agree && (g->cells || canvas_text_width(c, headline, CANVAS_FONT_TITLE) > 0.6 * r.w)) *agree = 0; /* room */
     if (rep->generic && g->cells)
-        snprintf(title, sizeof title, "Needle exact rank, step %d (outlined: not attended)", step);
+        snprintf(title, sizeof title, "Needle, step %d: %s (outlined: not attended)", step, headline);
     else if (rep->generic)
         snprintf(title, sizeof title, "Needle's exact-attention rank at step %d: %s", step, headline);
     else if (g->cells)
-        snprintf(title, sizeof title, "Needle ranks, step %d (k = %d; outlined: dropped)", step, k);
+        snprintf(title, sizeof title, "Needle, step %d (k = %d): %s", step, k, headline);
     else
         snprintf(title, sizeof title, "Needle ranks at step %d (k = %d): %s", step, k, headline);
     /* the scale stops at 2k so that k sits in its middle: its top colour is every rank from 2k on */
