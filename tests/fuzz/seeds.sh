@@ -70,7 +70,8 @@ M=build/default-model.gguf
 [ -f "$M" ] || $SKV synth --config samples/default-model.config.json --dtype f32 --seed 7 -o "$M" --force >/dev/null 2>&1
 P="The quick brown fox jumps over the lazy dog and a needle hides in a haystack of words."
 for pol in dense shadowkv quest freekv specache tailorkv; do
-    $SKV run -m "$M" -p "$P" -n 3 --kv $pol --budget 8 --rank 4 --outliers 1 --local 1 --oracle \
+    own=""; [ "$pol" = shadowkv ] && own="--rank 4 --outliers 1 --local 1"   # the policy's own flags
+    $SKV run -m "$M" -p "$P" -n 3 --kv $pol --budget 8 $own --oracle \
         --trace "$C/trace/$pol.skvt" >/dev/null 2>&1 || true
 done
 $SKV run -m "$M" -p "$P" -n 3 --kv dense,quest,freekv --budget 8 --oracle --trace "$C/trace/compare.skvt" >/dev/null 2>&1 || true
