@@ -97,7 +97,7 @@ void forward_free(forward_state *f) {
     const skv_backend *be = f->be;
     if (!be) return;
     if (f->logits != f->logits_be) free(f->logits);
-    float *bufs[] = {f->x, f->xn, f->q, f->att, f->k, f->k_pre, f->v, f->gate, f->up, f->logits_be};
+    float *bufs[] = {f->x, f->xn, f->q, f->att, f->k, f->k_pre, f->v, f->gate, f->up, f->logits_be, f->logits_rows};
     for (size_t i = 0; i < sizeof bufs / sizeof bufs[0]; i++)
         if (bufs[i]) be->free(bufs[i]);
     if (f->lw) {
@@ -147,20 +147,17 @@ static void device_spans(forward_state *f) {
                             sp[i].step, sp[i].t0 - off, sp[i].t1 - off);
 }
 
-int forward_batch(forward_state *f, kv_cache *kv, const int32_t *tokens, int n, int pos) {
+/* The layers over n rows already embedded in f->x. One sequence (kv[0], rows
+ * at positions pos[0]..pos[0]+n-1, its prefill or one decode token), or,
+ * with rows_apart, n sequences in one decode step: row i is sequence i's
+ * token at position pos[i] in its own cache kv[i]. The matmuls run over all
+ * n rows either way; RoPE and attention run per sequence. */
+static int run_layers(forward_state *f, kv_cache *const *kv, const int *pos, int n, int rows_apart) {
     const skv_model *m = f->m;
     const model_config *c = &m->cfg;
-    SKV_ASSERT(n >= 1 && n <= f->max_batch);
     int dim = c->dim, hd = c->head_dim;
     int qd = c->n_heads * hd, kvd = c->n_kv_heads * hd, ffn = c->ffn_dim;
     const skv_backend *be = f->be;
-    for (int i = 0; i < n; i++)
-        if (tokens[i] < 0 || tokens[i] >= c->vocab)
-            return skv_error(SKV_EINVAL, "token id %d is outside the vocabulary of %d", tokens[i], c->vocab);
-    int dspans = be->span_drain && probe_wants(f->bus, PROBE_SPAN);
-    if (be->span_enable) be->span_enable(dspans);
-    if (be->span_tag) be->span_tag(-1, f->step);
-    be->embed(f->tok_embd.type, f->tok_embd.data, dim, tokens, n, f->x);
     int rc;
     for (int l = 0; l < c->n_layers; l++) {
         const model_layer *L = &m->layers[l];
@@ -179,12 +176,23 @@ int forward_batch(forward_state *f, kv_cache *kv, const int32_t *tokens, int n, 
         add_bias(f, f->k, &W->bk, n, kvd);
         add_bias(f, f->v, &W->bv, n, kvd);
         be->copy(f->k_pre, f->k, sizeof(float) * n * kvd);
-        be->rope(&f->rope, f->q, n, c->n_heads, pos);
-        be->rope(&f->rope, f->k, n, c->n_kv_heads, pos);
+        if (!rows_apart) {
+            be->rope(&f->rope, f->q, n, c->n_heads, pos[0]);
+            be->rope(&f->rope, f->k, n, c->n_kv_heads, pos[0]);
+        } else {
+            for (int i = 0; i < n; i++) {
+                be->rope(&f->rope, f->q + (size_t)i * qd, 1, c->n_heads, pos[i]);
+                be->rope(&f->rope, f->k + (size_t)i * kvd, 1, c->n_kv_heads, pos[i]);
+            }
+        }
         span(f, "qkv", l, t0);
-        if ((rc = kv->cls->append(kv, l, pos, n, f->k_pre, f->k, f->v))) return rc;
         if (probe_wants(f->bus, PROBE_SPAN)) t0 = probe_time(f->bus);
-        if ((rc = kv->cls->attend(kv, l, pos, n, f->q, f->att))) return rc;
+        for (int i = 0; i < (rows_apart ? n : 1); i++) {
+            int r = rows_apart ? 1 : n;
+            size_t ok = (size_t)i * kvd, oq = (size_t)i * qd;
+            if ((rc = kv[i]->cls->append(kv[i], l, pos[i], r, f->k_pre + ok, f->k + ok, f->v + ok))) return rc;
+            if ((rc = kv[i]->cls->attend(kv[i], l, pos[i], r, f->q + oq, f->att + oq))) return rc;
+        }
         span(f, "attention", l, t0);
         if (probe_wants(f->bus, PROBE_SPAN)) t0 = probe_time(f->bus);
         matmul(f, &L->wo, &W->wo, f->att, n, f->xn);
@@ -202,11 +210,64 @@ int forward_batch(forward_state *f, kv_cache *kv, const int32_t *tokens, int n, 
         be->add(f->x, f->xn, (size_t)n * dim);
         span(f, "mlp", l, t0);
     }
+    return 0;
+}
+
+static int check_tokens(const model_config *c, const int32_t *tokens, int n) {
+    for (int i = 0; i < n; i++)
+        if (tokens[i] < 0 || tokens[i] >= c->vocab)
+            return skv_error(SKV_EINVAL, "token id %d is outside the vocabulary of %d", tokens[i], c->vocab);
+    return 0;
+}
+
+int forward_batch(forward_state *f, kv_cache *kv, const int32_t *tokens, int n, int pos) {
+    const skv_model *m = f->m;
+    const model_config *c = &m->cfg;
+    SKV_ASSERT(n >= 1 && n <= f->max_batch);
+    int dim = c->dim;
+    const skv_backend *be = f->be;
+    int rc = check_tokens(c, tokens, n);
+    if (rc) return rc;
+    int dspans = be->span_drain && probe_wants(f->bus, PROBE_SPAN);
+    if (be->span_enable) be->span_enable(dspans);
+    if (be->span_tag) be->span_tag(-1, f->step);
+    be->embed(f->tok_embd.type, f->tok_embd.data, dim, tokens, n, f->x);
+    if ((rc = run_layers(f, &kv, &pos, n, 0))) return rc;
     if (be->span_tag) be->span_tag(-1, f->step);
     double t0 = probe_wants(f->bus, PROBE_SPAN) ? probe_time(f->bus) : 0;
     be->rmsnorm(f->xn, f->x + (size_t)(n - 1) * dim, f->out_norm.data, 1, dim, c->norm_eps);
     matmul(f, &m->output, &f->output, f->xn, 1, f->logits_be);
     if (f->logits != f->logits_be) be->download(f->logits, f->logits_be, sizeof(float) * c->vocab);
+    if (be->sync) be->sync();
+    span(f, "logits", -1, t0);
+    if (dspans) device_spans(f);
+    return 0;
+}
+
+int forward_rows(forward_state *f, kv_cache *const *kv, const int32_t *tokens, const int *pos, int n, float *logits) {
+    const skv_model *m = f->m;
+    const model_config *c = &m->cfg;
+    if (n < 1 || n > f->max_batch)
+        return skv_error(SKV_EINVAL, "forward_rows: %d sequences, the state holds 1..%d", n, f->max_batch);
+    const skv_backend *be = f->be;
+    int rc = check_tokens(c, tokens, n);
+    if (rc) return rc;
+    if (n > f->rows_cap) { /* every row's logits, in the backend's memory */
+        if (f->logits_rows) be->free(f->logits_rows);
+        if (!(f->logits_rows = be->alloc(sizeof(float) * (size_t)n * c->vocab)))
+            return skv_error(SKV_ENOMEM, "out of memory for the logits of %d sequences", n);
+        f->rows_cap = n;
+    }
+    int dspans = be->span_drain && probe_wants(f->bus, PROBE_SPAN);
+    if (be->span_enable) be->span_enable(dspans);
+    if (be->span_tag) be->span_tag(-1, f->step);
+    be->embed(f->tok_embd.type, f->tok_embd.data, c->dim, tokens, n, f->x);
+    if ((rc = run_layers(f, kv, pos, n, 1))) return rc;
+    if (be->span_tag) be->span_tag(-1, f->step);
+    double t0 = probe_wants(f->bus, PROBE_SPAN) ? probe_time(f->bus) : 0;
+    be->rmsnorm(f->xn, f->x, f->out_norm.data, n, c->dim, c->norm_eps);
+    matmul(f, &m->output, &f->output, f->xn, n, f->logits_rows);
+    be->download(logits, f->logits_rows, sizeof(float) * (size_t)n * c->vocab);
     if (be->sync) be->sync();
     span(f, "logits", -1, t0);
     if (dspans) device_spans(f);

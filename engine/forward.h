@@ -31,6 +31,8 @@ typedef struct {
     skv_workspace ws;   /* the backend's matmul scratch */
     float *logits_be;   /* (vocab) the last token's logits in the backend's memory */
     float *logits;      /* (vocab) the same in host memory (== logits_be on the CPU) */
+    float *logits_rows; /* (rows_cap, vocab) forward_rows' logits in the backend's memory, made on demand */
+    int rows_cap;
     probe_bus *bus;     /* may be NULL: timeline spans of the forward ops */
     int step;           /* for spans; -1 during prefill */
 } forward_state;
@@ -42,5 +44,12 @@ void forward_free(forward_state *f);
 /* Runs tokens[0..n) at positions pos.. through the model; n <= max_batch.
  * Returns 0 and leaves the last token's logits in f->logits. */
 int forward_batch(forward_state *f, kv_cache *kv, const int32_t *tokens, int n, int pos);
+
+/* One decode step of n sequences together (n <= max_batch): row i is
+ * tokens[i] at position pos[i] of the sequence whose cache is kv[i]. The
+ * weights' matmuls run once over the n rows (GEMMs; q8_0 and q4_0 through
+ * the int8 GEMM); RoPE and attention per sequence, through its policy.
+ * Every row's logits go to logits (n, vocab), host memory. */
+int forward_rows(forward_state *f, kv_cache *const *kv, const int32_t *tokens, const int *pos, int n, float *logits);
 
 #endif

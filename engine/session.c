@@ -189,16 +189,25 @@ int session_fork(const skv_session *src, const kv_opts *kv, skv_session **out) {
     return 0;
 }
 
-int session_decode(skv_session *s, int32_t token) {
+int session_step_begin(skv_session *s, int32_t token) {
     if (s->n_past + 1 > s->o.ctx)
         return skv_error(SKV_ERANGE, "the context of %d positions is full", s->o.ctx);
-    double t0 = skv_now();
     s->kv->step = s->step;
     s->fwd.step = s->step;
     if (probe_wants(s->o.bus, PROBE_TOKEN)) emit_token(s, s->n_past, token, s->last_token, s->step);
-    int rc = forward_batch(&s->fwd, s->kv, &token, 1, s->n_past);
+    return 0;
+}
+
+int session_decode(skv_session *s, int32_t token) {
+    int rc = session_step_begin(s, token);
     if (rc) return rc;
-    double dt = skv_now() - t0;
+    double t0 = skv_now();
+    if ((rc = forward_batch(&s->fwd, s->kv, &token, 1, s->n_past))) return rc;
+    return session_step_end(s, token, skv_now() - t0);
+}
+
+int session_step_end(skv_session *s, int32_t token, double dt) {
+    int rc;
     if (s->twin_kv) {
         if ((rc = forward_batch(&s->twin, s->twin_kv, &token, 1, s->n_past))) return rc;
         int V = s->m->cfg.vocab;

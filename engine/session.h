@@ -76,6 +76,14 @@ int session_fork(const skv_session *src, const kv_opts *kv, skv_session **out);
 /* Feeds one token at the next position. */
 int session_decode(skv_session *s, int32_t token);
 
+/* session_decode in two halves around the forward pass, for a step that
+ * runs several sessions' rows at once (batch.c): the context check, the
+ * step numbers and the token event; then, with s->fwd.logits holding the
+ * row's logits and dt the seconds the step took, the oracle's dense twin,
+ * the step event and the counters. */
+int session_step_begin(skv_session *s, int32_t token);
+int session_step_end(skv_session *s, int32_t token, double dt);
+
 /* Logits of the last token fed, (vocab). */
 static inline const float *session_logits(const skv_session *s) { return s->fwd.logits; }
 

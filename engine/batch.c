@@ -1,0 +1,96 @@
+/* batch.c: several sequences decoded together. Each sequence is a session
+ * of its own (tokens, position, KV policy instance, sampler, probe lane:
+ * its bus); prefill runs per sequence, or once and forked (session_fork).
+ * A step feeds every sequence one token: the weights' matmuls run once over
+ * the B rows (forward_rows), RoPE and attention per sequence through its
+ * policy, and each sequence's logits land in its own session, so sampling,
+ * the oracle's twin and the step events are the session's as for one
+ * sequence. No policy names the batch: each sees one sequence. */
+#include "batch.h"
+#include "skv.h"
+
+#include <stdlib.h>
+#include <string.h>
+
+struct skv_batch {
+    int n;
+    skv_session **s;       /* (n) owned */
+    forward_state fwd;     /* the batched step's activations, (n) rows */
+    kv_cache **kv;         /* (n) each session's cache */
+    int *pos;              /* (n) */
+    float *logits;         /* (n, vocab) host */
+    int steps;
+    double t_decode;       /* seconds in batch_decode */
+};
+
+void batch_free(skv_batch *b) {
+    if (!b) return;
+    for (int i = 0; b->s && i < b->n; i++) session_free(b->s[i]);
+    free(b->s);
+    if (b->fwd.m) forward_free(&b->fwd);
+    free(b->kv);
+    free(b->pos);
+    free(b->logits);
+    free(b);
+}
+
+int batch_new(skv_session **seqs, int n, skv_batch **out) {
+    *out = NULL;
+    if (n < 1) return skv_error(SKV_EINVAL, "a batch needs at least one sequence");
+    for (int i = 1; i < n; i++)
+        if (seqs[i]->m != seqs[0]->m || seqs[i]->be != seqs[0]->be)
+            return skv_error(SKV_EINVAL, "the sequences of a batch share one model and backend");
+    skv_batch *b = calloc(1, sizeof *b);
+    if (!b) return skv_error(SKV_ENOMEM, "out of memory");
+    b->n = n;
+    const skv_model *m = seqs[0]->m;
+    b->s = calloc((size_t)n, sizeof *b->s);
+    b->kv = calloc((size_t)n, sizeof *b->kv);
+    b->pos = calloc((size_t)n, sizeof *b->pos);
+    b->logits = malloc(sizeof(float) * (size_t)n * m->cfg.vocab);
+    int rc = !b->s || !b->kv || !b->pos || !b->logits ? skv_error(SKV_ENOMEM, "out of memory for a batch of %d", n)
+                                                       : forward_init(&b->fwd, m, seqs[0]->be, n);
+    if (rc) {
+        free(b->s);
+        b->s = NULL;
+        batch_free(b);
+        return rc;
+    }
+    memcpy(b->s, seqs, sizeof *b->s * (size_t)n); /* owned from here on */
+    b->fwd.bus = seqs[0]->o.bus;
+    *out = b;
+    return 0;
+}
+
+int batch_size(const skv_batch *b) { return b->n; }
+
+skv_session *batch_seq(skv_batch *b, int i) { return i >= 0 && i < b->n ? b->s[i] : NULL; }
+
+double batch_t_decode(const skv_batch *b) { return b->t_decode; }
+
+int batch_steps(const skv_batch *b) { return b->steps; }
+
+int batch_decode(skv_batch *b, const int32_t *tokens) {
+    int rc = 0;
+    for (int i = 0; i < b->n && !rc; i++) {
+        skv_session *s = b->s[i];
+        if (s->n_prompt <= 0) return skv_error(SKV_EINVAL, "sequence %d of the batch has no prompt yet", i);
+        rc = session_step_begin(s, tokens[i]);
+        b->kv[i] = s->kv;
+        b->pos[i] = s->n_past;
+    }
+    if (rc) return rc;
+    b->fwd.step = b->s[0]->step;
+    double t0 = skv_now();
+    if ((rc = forward_rows(&b->fwd, b->kv, tokens, b->pos, b->n, b->logits))) return rc;
+    double dt = skv_now() - t0;
+    size_t V = (size_t)b->s[0]->m->cfg.vocab;
+    for (int i = 0; i < b->n && !rc; i++) {
+        skv_session *s = b->s[i];
+        memcpy(s->fwd.logits, b->logits + i * V, sizeof(float) * V);
+        rc = session_step_end(s, tokens[i], dt);
+    }
+    b->steps++;
+    b->t_decode += dt;
+    return rc;
+}
