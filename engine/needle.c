@@ -663,11 +663,11 @@ static int check_fix(needle_case *c, const ids_buf *p, int n_answer, const skv_s
         int k = rerun(c, p, n_answer, src, cause->opt, cause->smaller, ans, sizeof ans);
         if (k < -1) return k;
         if (k == 1) {
-            char was[200];
-            snprintf(was, sizeof was, "%s", cause->fix);
+            char opt[sizeof cause->opt];
+            memcpy(opt, cause->opt, sizeof opt); /* not an argument that overlaps the text written */
             snprintf(cause->fix, sizeof cause->fix, "raise --%s to %.0f%s (it keeps 90%% of what was dropped; the "
-                     "needle's whole rank asked for %.0f)", cause->opt, cause->smaller,
-                     !strcmp(cause->opt, "budget") ? " tokens" : "", cause->value);
+                     "needle's whole rank asked for %.0f)", opt, cause->smaller, !strcmp(opt, "budget") ? " tokens" : "",
+                     cause->value);
             cause->value = cause->smaller;
             cause->dense_needed = 0;
             cause->check = NEEDLE_CHECK_RETRIEVED;
