@@ -127,10 +127,61 @@ static void check_model(const char *path, const char *label, const char *const *
     model_free(m);
 }
 
+static const char *skv_bin(void) {
+    const char *b = getenv("SKV_BIN");
+    return b && *b ? b : "./build/skv";
+}
+
+static int sh(char *out, size_t cap, const char *cmd) {
+    FILE *p = popen(cmd, "r");
+    if (!p) return -1;
+    size_t n = fread(out, 1, cap - 1, p);
+    out[n] = 0;
+    return pclose(p);
+}
+
+/* skv run --parallel 4: each sequence's text is the text of skv run alone,
+ * for every policy (greedy); skv bench --parallel 4 reports its batch. */
+static void test_cli(const char *const *policies) {
+    struct stat sb;
+    if (stat(skv_bin(), &sb) != 0) { test_skip("no skv binary: the --parallel CLI checks"); return; }
+    static char one[1 << 14], four[1 << 16], cmd[2048];
+    for (int p = 0; policies[p]; p++) {
+        const char *flags = !strcmp(policies[p], "shadowkv") ? "--rank 16" : "";
+        snprintf(cmd, sizeof cmd, "%s run -f samples/prompts/needle.txt -n 12 --kv %s --budget 64 %s 2>/dev/null",
+                 skv_bin(), policies[p], flags);
+        int a = sh(one, sizeof one, cmd);
+        snprintf(cmd, sizeof cmd, "%s run -f samples/prompts/needle.txt -n 12 --kv %s --budget 64 %s --parallel 4 "
+                 "2>/dev/null", skv_bin(), policies[p], flags);
+        int b = sh(four, sizeof four, cmd);
+        /* one's text ends with a newline; each sequence's block is "--- sequence i ---\nTEXT\n" */
+        int same = a == 0 && b == 0, seen = 0;
+        for (const char *q = four; (q = strstr(q, "--- sequence ")); seen++) {
+            const char *t = strchr(q, '\n');
+            if (!t) { same = 0; break; }
+            t++;
+            same &= !strncmp(t, one, strlen(one));
+            q = t;
+        }
+        char msg[200];
+        snprintf(msg, sizeof msg, "skv run --parallel 4 --kv %s: each of the 4 sequences says what skv run says alone",
+                 policies[p]);
+        test_cond(msg, same && seen == 4);
+    }
+    snprintf(cmd, sizeof cmd, "%s bench -m samples/model/skv-demo.gguf --prompt-tokens 256 -n 8 --kv shadowkv --budget 64 "
+             "--rank 16 --parallel 4 2>&1", skv_bin());
+    int rc = sh(four, sizeof four, cmd);
+    test_cond("skv bench --parallel 4 reports the batch: parallel=4, its tok/s and the resident bytes",
+              rc == 0 && strstr(four, "parallel=4") && strstr(four, "decode_tok_s=") && strstr(four, "resident_bytes_seq="));
+}
+
 int main(void) {
     static const char *const all[] = { "dense", "shadowkv", "quest", "freekv", "specache", "tailorkv", NULL };
     struct stat sb;
-    if (stat("samples/model/skv-demo.gguf", &sb) == 0) check_model("samples/model/skv-demo.gguf", "demo model", all);
+    if (stat("samples/model/skv-demo.gguf", &sb) == 0) {
+        check_model("samples/model/skv-demo.gguf", "demo model", all);
+        test_cli(all);
+    }
     else test_skip("samples/model/skv-demo.gguf is missing: run from the project root");
     const char *shared = test_shared("models/mini-smollm-f32.gguf");
     static const char *const two[] = { "dense", "shadowkv", NULL };

@@ -2,6 +2,7 @@
  * of random token ids, for one model and KV policy per run. Side-by-side
  * comparisons (dense vs shadowkv, probes on vs off) are made by
  * tests/bench.sh, which runs this in one go and prints ratios. */
+#include "batch.h"
 #include "cli.h"
 #include "model.h"
 #include "skv.h"
@@ -31,7 +32,11 @@ static void help(FILE *o) {
     cli_gen_help(o, 0);
     fprintf(o, "  -n N                  decode steps (default 64)\n"
                "      --prompt-tokens N prompt length (default 512)\n"
-               "      --repeat R        repeats; the best is reported (default 1)\n");
+               "      --repeat R        repeats; the best is reported (default 1)\n"
+               "  -np, --parallel B     decode B sequences together: the prompt prefilled once and forked\n"
+               "                        (a shared prefix, as llama-batched-bench -pps), one pass of the weights\n"
+               "                        a step; prints parallel=B, decode_tok_s = B x steps / time, decode_ms a\n"
+               "                        step, and the KV bytes resident for all B and per sequence\n");
 }
 
 /* Host memory bandwidth, measured here: the best of 5 copies of 64 MiB
@@ -93,12 +98,77 @@ static double weight_bytes(const skv_model *m) {
     return b;
 }
 
+/* skv bench --parallel B: one prefill of the prompt, forked into B
+ * sequences, then n decode steps of all B together; the best of R repeats. */
+static int bench_parallel(cli_gen *g, skv_model *m, const int32_t *ids, int np, int B, int repeat) {
+    double best_tg = 0, best_ms = 0, pp = 0;
+    size_t res_all = 0, off_all = 0;
+    int rc = 0;
+    int32_t *tok = malloc(sizeof *tok * (size_t)B);
+    if (!tok) return cli_usage_error("bench", "out of memory");
+    for (int r = 0; r < repeat && !rc; r++) {
+        session_opts so = g->s;
+        so.record_prefill = 1;
+        skv_session *src = NULL, **seqs = calloc((size_t)B, sizeof *seqs);
+        skv_batch *b = NULL;
+        if (!seqs) rc = skv_error(SKV_ENOMEM, "out of memory");
+        if (!rc) rc = session_new(m, &so, &src);
+        if (!rc) rc = session_prefill(src, ids, np, NULL, NULL);
+        for (int i = 0; i < B && !rc; i++) rc = session_fork(src, &g->s.kv, &seqs[i]);
+        if (!rc && (rc = batch_new(seqs, B, &b)) == 0) memset(seqs, 0, sizeof *seqs * (size_t)B);
+        if (rc == SKV_ENOMEM)
+            rc = skv_error(SKV_ENOMEM, "%d sequences of %d + %d tokens do not fit in memory (%.1f MiB of weights; "
+                           "lower --parallel)", B, np, g->n_predict, weight_bytes(m) / 1048576.0);
+        for (int t = 0; t < g->n_predict && !rc; t++) {
+            for (int i = 0; i < B; i++) tok[i] = ids[(t + i) % np];
+            rc = batch_decode(b, tok);
+        }
+        if (!rc) {
+            double t = batch_t_decode(b), tg = t > 0 ? (double)B * batch_steps(b) / t : 0;
+            if (src->t_prefill > 0 && np / src->t_prefill > pp) pp = np / src->t_prefill;
+            if (tg > best_tg) {
+                best_tg = tg;
+                best_ms = batch_steps(b) ? 1000 * t / batch_steps(b) : 0;
+                res_all = off_all = 0;
+                for (int i = 0; i < B; i++) {
+                    size_t r0, o0;
+                    skv_session *s = batch_seq(b, i);
+                    s->kv->cls->bytes(s->kv, &r0, &o0);
+                    res_all += r0;
+                    off_all += o0;
+                }
+            }
+        }
+        for (int i = 0; seqs && i < B; i++) session_free(seqs[i]);
+        free(seqs);
+        batch_free(b);
+        session_free(src);
+    }
+    free(tok);
+    if (rc) return cli_fail();
+    const model_config *c = &m->cfg;
+    printf("model=%s kv=%s threads=%d prompt=%d decode=%d parallel=%d prefill_tok_s=%.1f decode_tok_s=%.2f "
+           "decode_ms=%.3f resident_bytes=%zu resident_bytes_seq=%.0f offloaded_bytes=%zu tier=%s weight_bytes=%.0f\n",
+           c->name[0] ? c->name : g->model, g->s.kv.policy, skv_threads(), np, g->n_predict, B, pp, best_tg, best_ms,
+           res_all, (double)res_all / B, off_all, g->s.kv.offload_file[0] ? "file" : "memory", weight_bytes(m));
+    return 0;
+}
+
 int cmd_bench(int argc, char **argv) {
     cli_gen g;
     cli_gen_default(&g);
-    int np = 512, repeat = 1;
+    int np = 512, repeat = 1, parallel = 0;
     for (int i = 1; i < argc; i++) {
         if (!strcmp(argv[i], "-h") || !strcmp(argv[i], "--help")) { help(stdout); return 0; }
+        if (!strcmp(argv[i], "-np") || !strcmp(argv[i], "--parallel")) {
+            char *end;
+            long v = i + 1 < argc ? strtol(argv[i + 1], &end, 10) : 0;
+            if (i + 1 >= argc || *end || v < 1 || v > 4096)
+                return cli_usage_error("bench", "%s expects a number of sequences in [1, 4096]", argv[i]);
+            parallel = (int)v;
+            i++;
+            continue;
+        }
         if ((!strcmp(argv[i], "--prompt-tokens") || !strcmp(argv[i], "--repeat")) && i + 1 < argc) {
             char *end;
             long v = strtol(argv[i + 1], &end, 10);
@@ -129,6 +199,13 @@ int cmd_bench(int argc, char **argv) {
     for (int i = 0; i < np; i++) {
         x ^= x << 13; x ^= x >> 7; x ^= x << 17;
         ids[i] = (int32_t)(x % (uint64_t)m->cfg.vocab);
+    }
+    if (parallel) {
+        int rc = bench_parallel(&g, m, ids, np, parallel, repeat);
+        free(ids);
+        model_free(m);
+        cli_gen_free(&g);
+        return rc;
     }
     double best_pp = 0, best_tg = 0, compress_pct = 0, fetch_step = NAN, read_step = NAN;
     double fetch_gbs = NAN, equiv_gbs = NAN, stage_ms[3] = {NAN, NAN, NAN}, hit_pct = NAN;

@@ -1,5 +1,6 @@
 /* cmd_run.c: `skv run` streams generated text; `skv logits` prints tokens,
  * last-position logits and greedy continuation as JSON for machine checks. */
+#include "batch.h"
 #include "cli.h"
 #include "compare.h"
 #include "model.h"
@@ -201,18 +202,124 @@ static int run_compare(cli_gen *g) {
     return rc;
 }
 
+/* skv run --parallel B: the prompt prefilled once and forked into B
+ * sequences (a shared prefix), decoded together, one step for all
+ * (engine/batch.c); sequence i samples with seed + i, so with --temp they
+ * part. Each sequence's text is printed when the run ends. */
+static int run_parallel(cli_gen *g, int B) {
+    if (g->trace) return cli_usage_error("run", "--trace records one sequence: it does not go with --parallel");
+    const char *text = cli_prompt_text(g);
+    if (!text) { cli_gen_free(g); return 2; }
+    if (demo_model) cli_msg("no -m: the demo model %s\n", g->model);
+    if (g->threads) skv_set_threads(g->threads);
+    skv_model *m = NULL;
+    int32_t *ids = NULL;
+    int n = 0, rc = 0;
+    skv_session *src = NULL, **seqs = calloc((size_t)B, sizeof *seqs);
+    skv_batch *b = NULL;
+    char **out = calloc((size_t)B, sizeof *out);
+    size_t *len = calloc((size_t)B, sizeof *len);
+    int *done = calloc((size_t)B, sizeof *done), *prev = calloc((size_t)B, sizeof *prev);
+    int32_t *tok = calloc((size_t)B, sizeof *tok);
+    if (!seqs || !out || !len || !done || !prev || !tok) { rc = skv_error(SKV_ENOMEM, "out of memory"); goto fail; }
+    if ((rc = model_load(g->model, &m))) goto fail;
+    cli_ctx_warning(g, m);
+    if ((rc = tok_encode(m->tok, text, strlen(text), tok_add_bos(m->tok) && !g->no_bos, 1, &ids, &n))) goto fail;
+    if (n == 0) { rc = skv_error(SKV_EINVAL, "the prompt is empty after tokenization"); goto fail; }
+    session_opts so = g->s;
+    so.record_prefill = 1;
+    if ((rc = session_new(m, &so, &src)) || (rc = session_prefill(src, ids, n, NULL, NULL))) goto fail;
+    if (src->notice[0]) cli_msg("%s\n", src->notice);
+    if (src->kv->notice[0]) cli_msg("%s\n", src->kv->notice);
+    for (int i = 0; i < B && !rc; i++) {
+        if ((rc = session_fork(src, &g->s.kv, &seqs[i]))) break;
+        sampler_opts sp = g->s.sample;
+        sp.seed += (uint64_t)i; /* each sequence its own draws */
+        sampler_free(&seqs[i]->smp);
+        rc = sampler_init(&seqs[i]->smp, &sp, m->cfg.vocab);
+    }
+    if (rc) goto fail;
+    if ((rc = batch_new(seqs, B, &b))) goto fail;
+    for (int i = 0; i < B; i++) { seqs[i] = NULL; prev[i] = ids[n - 1]; }
+    cli_stop_catch("step");
+    int steps = 0;
+    for (int t = 0; t < g->n_predict && !rc && !cli_stop_requested(); t++) {
+        int live = 0;
+        for (int i = 0; i < B; i++) {
+            skv_session *s = batch_seq(b, i);
+            int id = session_sample(s);
+            if (!done[i] && tok_is_eog(m->tok, id)) done[i] = 1;
+            if (!done[i]) {
+                char piece[256];
+                int k = tok_piece(m->tok, prev[i], id, 0, piece, sizeof piece);
+                if (k > (int)sizeof piece) k = sizeof piece;
+                char *grown = k > 0 ? realloc(out[i], len[i] + (size_t)k + 1) : out[i];
+                if (k > 0 && !grown) { rc = skv_error(SKV_ENOMEM, "out of memory"); break; }
+                if (k > 0) { out[i] = grown; memcpy(out[i] + len[i], piece, (size_t)k); out[i][len[i] += (size_t)k] = 0; }
+                prev[i] = id;
+                live++;
+            }
+            tok[i] = done[i] ? prev[i] : id; /* a finished sequence marks time with its last token */
+        }
+        if (rc || !live || t + 1 == g->n_predict) break;
+        rc = batch_decode(b, tok);
+        steps++;
+    }
+    cli_stop_release();
+    for (int i = 0; i < B && !rc; i++) printf("--- sequence %d ---\n%s\n", i, out[i] ? out[i] : "");
+    fflush(stdout);
+    if (!rc) {
+        size_t res_all = 0;
+        for (int i = 0; i < B; i++) {
+            size_t r0, o0;
+            skv_session *s = batch_seq(b, i);
+            s->kv->cls->bytes(s->kv, &r0, &o0);
+            res_all += r0;
+        }
+        double t = batch_t_decode(b);
+        cli_msg("prompt %d tokens, %.1f tok/s prefill (once, shared by %d sequences); %d steps of %d sequences, "
+                "%.1f tok/s decode (%.2f ms a step); KV resident %.2f MiB in all\n", n,
+                n / (src->t_prefill > 0 ? src->t_prefill : 1e-9), B, steps, B, t > 0 ? B * steps / t : 0.0,
+                steps ? 1000 * t / steps : 0.0, res_all / 1048576.0);
+    }
+    if (!rc && cli_stop_requested()) rc = CLI_STOPPED;
+fail:
+    if (rc && rc != CLI_STOPPED) rc = cli_fail();
+    for (int i = 0; seqs && i < B; i++) session_free(seqs[i]);
+    batch_free(b);
+    session_free(src);
+    for (int i = 0; out && i < B; i++) free(out[i]);
+    free(out); free(len); free(done); free(prev); free(tok); free(seqs);
+    free(ids);
+    model_free(m);
+    cli_gen_free(g);
+    return rc;
+}
+
 static void run_help(FILE *o) {
     fprintf(o, "usage: skv run [-m MODEL] (-p TEXT | -f FILE) [options]\n\n"
                "Generates text after the prompt, streaming it to stdout; speed goes to stderr.\n"
-               "Without -m: the demo model, samples/model/skv-demo.gguf.\n\n");
+               "Without -m: the demo model, samples/model/skv-demo.gguf.\n"
+               "-np, --parallel B decodes B sequences of the prompt together (one prefill, forked; one pass\n"
+               "of the weights a step; sequence i samples with seed + i) and prints each one's text.\n\n");
     cli_gen_help(o, CLI_HELP_SAMPLING | CLI_HELP_TRACE);
 }
 
 int cmd_run(int argc, char **argv) {
     cli_gen g;
     cli_gen_default(&g);
+    int parallel = 0;
     for (int i = 1; i < argc; i++) {
         if (!strcmp(argv[i], "-h") || !strcmp(argv[i], "--help")) { run_help(stdout); return 0; }
+        if (!strcmp(argv[i], "-np") || !strcmp(argv[i], "--parallel")) {
+            char *end;
+            long v = i + 1 < argc ? strtol(argv[i + 1], &end, 10) : 0;
+            if (i + 1 >= argc || *end || v < 1 || v > 4096)
+                return cli_usage_error("run", "%s expects a number of sequences in [1, 4096]", argv[i]);
+            parallel = (int)v;
+            i++;
+            continue;
+        }
         int r = cli_gen_option(&g, argc, argv, &i);
         if (r < 0) return 2;
         if (r == CLI_DONE) return 0;
@@ -231,6 +338,8 @@ int cmd_run(int argc, char **argv) {
         g.model = model_buf;
         demo_model = 1; /* said once the prompt is read, so that an error stays one line */
     }
+    if (parallel && g.n_kv > 1) return cli_usage_error("run", "--parallel decodes one policy; a --kv list compares policies");
+    if (parallel) return run_parallel(&g, parallel);
     if (g.n_kv > 1) return run_compare(&g);
     skv_model *m; skv_session *s; int32_t *ids; int n;
     /* Ctrl-C from here on (the prefill too): stop after the step in flight,
