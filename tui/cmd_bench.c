@@ -36,7 +36,11 @@ static void help(FILE *o) {
                "  -np, --parallel B     decode B sequences together: the prompt prefilled once and forked\n"
                "                        (a shared prefix, as llama-batched-bench -pps), one pass of the weights\n"
                "                        a step; prints parallel=B, decode_tok_s = B x steps / time, decode_ms a\n"
-               "                        step, and the KV bytes resident for all B and per sequence\n");
+               "                        step, and the KV bytes resident for all B and per sequence\n"
+               "      --max-parallel    the largest B that fits under --mem (one sequence's KV bytes measured on a\n"
+               "                        fork, its activations estimated, beside the weights), then the bench at it\n"
+               "      --mem GIB         the memory a batch may take (default: the machine's available memory\n"
+               "                        less a tenth); a --parallel B over it is refused, naming what it needs\n");
 }
 
 /* Host memory bandwidth, measured here: the best of 5 copies of 64 MiB
@@ -98,6 +102,41 @@ static double weight_bytes(const skv_model *m) {
     return b;
 }
 
+/* The machine's available memory (MemAvailable), bytes; 0 unknown. */
+static double mem_available(void) {
+    FILE *f = fopen("/proc/meminfo", "r");
+    char line[256];
+    double kb = 0;
+    while (f && fgets(line, sizeof line, f))
+        if (sscanf(line, "MemAvailable: %lf kB", &kb) == 1) break;
+    if (f) fclose(f);
+    return kb * 1024;
+}
+
+/* What one more sequence costs in memory under g's policy after an
+ * np-token prompt and n decode steps: the KV bytes it keeps (resident, and
+ * offloaded unless the file tier holds them), and its session's activations
+ * and logits; measured on a fork of one prefill. */
+static int seq_bytes(cli_gen *g, skv_model *m, const int32_t *ids, int np, double *per_seq) {
+    session_opts so = g->s;
+    so.record_prefill = 1;
+    skv_session *src = NULL, *one = NULL;
+    int rc = session_new(m, &so, &src);
+    if (!rc) rc = session_prefill(src, ids, np, NULL, NULL);
+    if (!rc) rc = session_fork(src, &g->s.kv, &one);
+    for (int t = 0; t < g->n_predict && !rc; t++) rc = session_decode(one, ids[t % np]);
+    if (!rc) {
+        size_t r0, o0;
+        one->kv->cls->bytes(one->kv, &r0, &o0);
+        const model_config *c = &m->cfg;
+        double act = 4.0 * ((double)c->vocab + 4.0 * c->dim + 2.0 * c->ffn_dim) * (one->o.batch > 0 ? one->o.batch : 1);
+        *per_seq = (double)r0 + (g->s.kv.offload_file[0] ? 0 : (double)o0) + act;
+    }
+    session_free(one);
+    session_free(src);
+    return rc;
+}
+
 /* skv bench --parallel B: one prefill of the prompt, forked into B
  * sequences, then n decode steps of all B together; the best of R repeats. */
 static int bench_parallel(cli_gen *g, skv_model *m, const int32_t *ids, int np, int B, int repeat) {
@@ -157,9 +196,20 @@ static int bench_parallel(cli_gen *g, skv_model *m, const int32_t *ids, int np, 
 int cmd_bench(int argc, char **argv) {
     cli_gen g;
     cli_gen_default(&g);
-    int np = 512, repeat = 1, parallel = 0;
+    int np = 512, repeat = 1, parallel = 0, max_parallel = 0;
+    double mem_gib = 0;
     for (int i = 1; i < argc; i++) {
         if (!strcmp(argv[i], "-h") || !strcmp(argv[i], "--help")) { help(stdout); return 0; }
+        if (!strcmp(argv[i], "--max-parallel")) { max_parallel = 1; continue; }
+        if (!strcmp(argv[i], "--mem")) {
+            char *end;
+            double v = i + 1 < argc ? strtod(argv[i + 1], &end) : 0;
+            if (i + 1 >= argc || *end || !(v > 0 && v <= 1 << 20))
+                return cli_usage_error("bench", "--mem expects GiB of memory, a positive number");
+            mem_gib = v;
+            i++;
+            continue;
+        }
         if (!strcmp(argv[i], "-np") || !strcmp(argv[i], "--parallel")) {
             char *end;
             long v = i + 1 < argc ? strtol(argv[i + 1], &end, 10) : 0;
@@ -200,8 +250,30 @@ int cmd_bench(int argc, char **argv) {
         x ^= x << 13; x ^= x >> 7; x ^= x << 17;
         ids[i] = (int32_t)(x % (uint64_t)m->cfg.vocab);
     }
-    if (parallel) {
-        int rc = bench_parallel(&g, m, ids, np, parallel, repeat);
+    if (parallel || max_parallel || mem_gib > 0) {
+        /* the memory a batch may take: --mem, or what the machine has free less a margin of a tenth */
+        double avail = mem_gib > 0 ? mem_gib * 1073741824.0 : 0.9 * mem_available(), per = 0;
+        double fixed = weight_bytes(m); /* mapped or copied, the weights take memory */
+        int rc = seq_bytes(&g, m, ids, np, &per) ? cli_fail() : 0;
+        if (!rc && max_parallel) {
+            parallel = per > 0 ? (int)floor((avail - fixed) / per) : 0;
+            if (parallel > 4096) parallel = 4096;
+            if (parallel < 1) {
+                cli_msg("not even one sequence of %d + %d tokens fits: it needs %.2f GiB beside %.2f GiB of weights, "
+                        "over %.2f GiB\n", np, g.n_predict, per / 1073741824.0, fixed / 1073741824.0,
+                        avail / 1073741824.0);
+                rc = 1;
+            } else {
+                printf("max_parallel=%d per_seq_bytes=%.0f mem_bytes=%.0f\n", parallel, per, avail);
+            }
+        } else if (!rc && parallel && avail > 0 && fixed + per * parallel > avail) {
+            cli_msg("%d sequences of %d + %d tokens need %.2f GiB (%.3f GiB each beside %.2f GiB of weights), over "
+                    "the %.2f GiB %s\n", parallel, np, g.n_predict, (fixed + per * parallel) / 1073741824.0,
+                    per / 1073741824.0, fixed / 1073741824.0, avail / 1073741824.0,
+                    mem_gib > 0 ? "of --mem" : "available");
+            rc = 1;
+        }
+        if (!rc) rc = bench_parallel(&g, m, ids, np, parallel ? parallel : 1, repeat);
         free(ids);
         model_free(m);
         cli_gen_free(&g);
