@@ -258,6 +258,14 @@ static void answers_from_tokens(const probe_store *st, needle_report *rep) {
     clean_copy(rep->sparse_answer, sizeof rep->sparse_answer, ans);
     int steps = probe_store_n_steps(st);
     if (steps <= 0) return;
+    /* an answer still being written (only the value's first digits so far): no verdict yet */
+    const char *a = ans;
+    while (*a == ' ' || *a == '\n' || *a == '\t') a++;
+    size_t ad = strspn(a, "0123456789");
+    if (!a[ad] && ad < strlen(rep->value) && !strncmp(a, rep->value, ad)) {
+        rep->pending = 1;
+        return;
+    }
     rep->sparse_hit = has_number(ans, rep->value);
     int agree = 0, scored = 0;
     for (int s = 0; s < steps; s++) {
@@ -843,7 +851,10 @@ void needle_cause_text(const needle_report *rep, const needle_cause *c, char *bu
 static const char *hit_word(int hit) { return hit > 0 ? "hit" : hit == 0 ? "miss" : "unknown"; }
 
 void needle_headline(const needle_report *rep, char *buf, size_t n) {
-    if (rep->sparse_hit < 0 || !rep->value[0]) {
+    if (rep->pending) {
+        snprintf(buf, n, "%s has not finished its answer: \"%s\" so far, the value is %s (step further)", rep->policy,
+                 rep->sparse_answer, rep->value);
+    } else if (rep->sparse_hit < 0 || !rep->value[0]) {
         snprintf(buf, n, "%s: the answer is unknown (no needle result recorded, and no number in the watched needle)",
                  rep->policy);
     } else if (rep->sparse_hit > 0) {

@@ -97,6 +97,7 @@ struct needle_report {
     int dense_hit, sparse_hit; /* -1: unknown (no PROBE_NIAH events, and no number in the watched needle) */
     int agree_steps, scored_steps; /* without PROBE_NIAH events: steps where the dense twin's argmax agreed,
                                       of the steps it scored */
+    int pending;               /* without PROBE_NIAH events: the answer so far is only the value's first digits */
     char value[NEEDLE_VALUE_MAX];
     char dense_answer[96], sparse_answer[96];
     int diverge_step;          /* first decode step whose argmax differs from dense, -1 none */
