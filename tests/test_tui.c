@@ -387,6 +387,16 @@ static void test_live(const char *model_args) {
     }
     keys("live", "'}'");
     check_screen("live: } selects the next KV head", "live", "H1/", UI_TIMEOUT);
+    if (strstr(model_args, "--kv") == NULL) { /* a ShadowKV run: no peer's tab, and every tab on the bar */
+        const char *scr = capture("live");
+        const char *eol = strchr(scr, '\n');
+        size_t n = eol ? (size_t)(eol - scr) : strlen(scr);
+        char bar[512];
+        snprintf(bar, sizeof bar, "%.*s", (int)(n < sizeof bar ? n : sizeof bar - 1), scr);
+        test_cond("live: a ShadowKV run's tab bar has no peer tab (Bounds, SpeCache, TailorKV) and cuts none",
+                  !strstr(bar, "Bounds") && !strstr(bar, "SpeCache") && !strstr(bar, "TailorKV") &&
+                      strstr(bar, "Compare") && !strstr(bar, "\xc2\xbb") && !strstr(bar, "\xc2\xab"));
+    }
     if (strstr(model_args, "--kv") == NULL) { /* the default session watches its needle (samples/prompts/needle.json) */
         int found = 0;
         for (int i = 0; i < 32 && !found; i++) {
