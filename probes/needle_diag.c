@@ -216,7 +216,9 @@ static void diagnose_answers(const probe_store *st, needle_report *rep) {
     }
 }
 
-/* 1 when text holds value as a whole number (not inside a longer one). */
+/* 1 when text holds value as a whole number (not inside a longer one): the
+ * rule of engine/needle.c's needle_contains_value, which the probes layer
+ * cannot call. */
 static int has_number(const char *text, const char *value) {
     size_t n = strlen(value);
     if (!n) return 0;

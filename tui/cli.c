@@ -474,6 +474,13 @@ void cli_stop_release(void) {
 
 /* ---- defaults next to the executable ---------------------------------------- */
 
+int cli_demo_model(const char *cmd, char *out, size_t cap) {
+    static const char *const rel[] = { "samples/model/skv-demo.gguf", "../samples/model/skv-demo.gguf" };
+    if (!cli_find_near_exe(rel, 2, out, cap)) return 0;
+    fprintf(stderr, "skv %s: no -m MODEL given and the default model %s is missing\n", cmd, out);
+    return 1;
+}
+
 static int file_exists(const char *p) {
     struct stat sb;
     return stat(p, &sb) == 0 && S_ISREG(sb.st_mode);

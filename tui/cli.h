@@ -98,6 +98,12 @@ void cli_stop_release(void);
  * tried) if none. How commands find samples/ without a flag. */
 int cli_find_near_exe(const char *const *rels, int n, char *out, size_t cap);
 
+/* The demo model (samples/model/skv-demo.gguf, near the executable, then in
+ * the current directory) into out: 0, or 1 with "skv CMD: no -m MODEL given
+ * and the default model ... is missing" printed. What run, needle and eval
+ * load without -m. */
+int cli_demo_model(const char *cmd, char *out, size_t cap);
+
 /* The command running ("run", "needle"), set by main; every message to
  * stderr starts "skv CMD: " (plain "skv: " before a command is known). */
 extern const char *cli_command;

@@ -1033,13 +1033,9 @@ int cmd_eval(int argc, char **argv) {
     if (needle_check_kv_opts(&e.o)) { rc = cli_usage_error("eval", "%s", skv_last_error()); goto out; }
     rc = 1;
     char model_buf[PATH_MAX + 64], hay_buf[PATH_MAX + 64];
-    static const char *const model_rel[] = { "samples/model/skv-demo.gguf", "../samples/model/skv-demo.gguf" };
     static const char *const hay_rel[] = { "samples/haystack.txt", "../samples/haystack.txt" };
     if (!g.model) {
-        if (cli_find_near_exe(model_rel, 2, model_buf, sizeof model_buf)) {
-            fprintf(stderr, "skv eval: no -m MODEL given and the default model %s is missing\n", model_buf);
-            goto out;
-        }
+        if (cli_demo_model("eval", model_buf, sizeof model_buf)) goto out;
         g.model = model_buf;
     }
     if (!hay_path) {

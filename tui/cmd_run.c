@@ -328,10 +328,8 @@ int cmd_run(int argc, char **argv) {
     if (cli_check_policy_flags(&g, "run", NULL, 0)) { cli_gen_free(&g); return 2; }
     /* No -m: the demo model, as skv inspect and skv needle, said once. */
     static char model_buf[PATH_MAX + 64];
-    static const char *const model_rel[] = { "samples/model/skv-demo.gguf", "../samples/model/skv-demo.gguf" };
     if (!g.model) {
-        if (cli_find_near_exe(model_rel, 2, model_buf, sizeof model_buf)) {
-            cli_msg("no -m MODEL given and the default model %s is missing\n", model_buf);
+        if (cli_demo_model("run", model_buf, sizeof model_buf)) {
             cli_gen_free(&g);
             return 1;
         }
