@@ -1027,9 +1027,7 @@ int cmd_eval(int argc, char **argv) {
     if (needle_tasks_choose("eval", task_s, task_file, &e.tasks, &e.n_tasks)) goto out;
     if (e.n_tasks > EVAL_MAX_TASKS) { rc = cli_usage_error("eval", "at most %d tasks", EVAL_MAX_TASKS); goto out; }
     e.o.kv = g.s.kv;
-    const char *meth[NEEDLE_MAX_METHODS];
-    for (int i = 0; i < e.o.n_methods; i++) meth[i] = e.o.methods[i];
-    if (cli_check_policy_flags(&g, "eval", meth, e.o.n_methods)) { rc = 2; goto out; }
+    if (needle_check_flags(&g, "eval", &e.o)) { rc = 2; goto out; }
     if (needle_check_kv_opts(&e.o)) { rc = cli_usage_error("eval", "%s", skv_last_error()); goto out; }
     rc = 1;
     char model_buf[PATH_MAX + 64], hay_buf[PATH_MAX + 64];

@@ -706,9 +706,7 @@ int cmd_needle(int argc, char **argv) {
         return cli_usage_error("needle", "%s", skv_last_error());
     }
     o.kv = g.s.kv;
-    const char *meth[NEEDLE_MAX_METHODS];
-    for (int i = 0; i < o.n_methods; i++) meth[i] = o.methods[i];
-    if (cli_check_policy_flags(&g, "needle", meth, o.n_methods)) {
+    if (needle_check_flags(&g, "needle", &o)) {
         free(lengths);
         free(depths);
         cli_gen_free(&g);

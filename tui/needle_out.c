@@ -22,6 +22,12 @@ void needle_answer_note(const needle_case *c, int m, char *buf, size_t n) {
     else snprintf(buf, n, "answered distractor %d's value %s", d, c->values[d]);
 }
 
+int needle_check_flags(const cli_gen *g, const char *cmd, const needle_opts *o) {
+    const char *meth[NEEDLE_MAX_METHODS];
+    for (int i = 0; i < o->n_methods; i++) meth[i] = o->methods[i];
+    return cli_check_policy_flags(g, cmd, meth, o->n_methods);
+}
+
 cJSON *needle_case_json(const needle_opts *o, const needle_case *c) {
     cJSON *j = cJSON_CreateObject();
     if (!j) return NULL;

@@ -4,6 +4,7 @@
 #ifndef SKV_NEEDLE_OUT_H
 #define SKV_NEEDLE_OUT_H
 
+#include "cli.h"
 #include "needle.h"
 
 #include <cjson/cJSON.h>
@@ -24,5 +25,8 @@ void needle_answer_note(const needle_case *c, int m, char *buf, size_t n);
  * needle_tasks_free). 0, or prints "skv CMD: ..." and returns 2 (a bad
  * name, a bad file line). */
 int needle_tasks_choose(const char *cmd, const char *names, const char *file, needle_task **out, int *n);
+
+/* cli_check_policy_flags against the methods of o (skv needle, skv eval). */
+int needle_check_flags(const cli_gen *g, const char *cmd, const needle_opts *o);
 
 #endif
