@@ -308,6 +308,29 @@ static void test_matvec(void) {
 }
 
 /* (c) */
+/* quant_matvec_rows: m vectors against one matrix at once, each row of the
+ * result bit for bit quant_matvec of its vector (a batched decode step reads
+ * the weights once and must decode as each sequence alone). */
+static void test_matvec_rows(void) {
+    int ok = 1;
+    for (size_t c = 0; c < N_CASES; c++) {
+        enum ggml_type t = cases[c].t;
+        size_t blck = ggml_blck_size(t), rows = 97, n = blck == 1 ? 600 : blck * (blck == 32 ? 20 : 3);
+        void *W = random_matrix(t, rows, n);
+        enum { M = 5 };
+        float *x = malloc(sizeof(float) * M * n), y[M * 97], one[97];
+        for (int j = 0; j < M; j++) random_x(x + (size_t)j * n, n, j & 1);
+        quant_matvec_rows(t, W, rows, n, x, M, y);
+        for (int j = 0; j < M; j++) {
+            quant_matvec(t, W, rows, n, x + (size_t)j * n, one);
+            ok &= !memcmp(one, y + (size_t)j * rows, sizeof one);
+        }
+        free(x);
+        free(W);
+    }
+    test_cond("quant_matvec_rows of 5 vectors equals quant_matvec of each, bit for bit, every type", ok);
+}
+
 static void test_roundtrip(void) {
     const size_t n = 8192;
     float *x = malloc(n * sizeof(float)), *y = malloc(n * sizeof(float));
@@ -484,6 +507,7 @@ int main(void) {
     }
 
     test_matvec();
+    test_matvec_rows();
 
     for (size_t c = 0; c < N_CASES; c++)
         if (samples[c].file && samples[c].file != ref) {

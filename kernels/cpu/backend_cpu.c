@@ -89,6 +89,12 @@ static void cpu_matmul(enum ggml_type t, const void *W, int rows, int cols, cons
         quant_matvec(t, W, rows, cols, x, y);
         return;
     }
+    if (t != GGML_F32 && n <= QUANT_ROWS_MAX && !qgemm_supported(t, n)) {
+        /* a few rows (a batched decode step): the matvec's own dots, each
+         * weight row read once for all of them */
+        quant_matvec_rows(t, W, (size_t)rows, (size_t)cols, x, n, y);
+        return;
+    }
     if (qgemm_supported(t, n)) {
         qgemm(t, W, rows, cols, x, n, y, ws);
         return;

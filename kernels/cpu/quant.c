@@ -1045,6 +1045,26 @@ void quant_matvec_k(int k, const enum ggml_type *t, const void *const *W, const 
     for (int i = 0; i < k; i++) free(heap[i]);
 }
 
+void quant_matvec_rows(enum ggml_type t, const void *W, size_t rows, size_t n, const float *x, int m, float *y) {
+    SKV_ASSERT(quant_supported(t) && m >= 1 && m <= QUANT_ROWS_MAX);
+    size_t rs = ggml_row_size(t, n);
+    int sh;
+    qdot_fn qf = qdot_for(t, 0, &sh);
+    dot_fn df = qf ? NULL : dot_for(t, 0);
+    xq8 xq[QUANT_ROWS_MAX] = {{0}};
+    uint8_t *heap[QUANT_ROWS_MAX] = {NULL};
+    for (int j = 0; qf && j < m; j++) heap[j] = xq_quantize(x + (size_t)j * n, n, sh, 0, &xq[j]);
+    long long nr = (long long)rows;
+    /* a weight row is read once and dotted with every x while it is in cache */
+#pragma omp parallel for schedule(guided, 8) if (rows * n >= 32768)
+    for (long long r = 0; r < nr; r++) {
+        const uint8_t *w = (const uint8_t *)W + (size_t)r * rs;
+        for (int j = 0; j < m; j++)
+            y[(size_t)j * rows + (size_t)r] = qf ? qf(w, &xq[j], n) : df(w, x + (size_t)j * n, n);
+    }
+    for (int j = 0; j < m; j++) free(heap[j]);
+}
+
 float quant_dot(enum ggml_type t, const void *row, const float *x, size_t n) {
     float y;
     matvec(t, row, 1, n, x, &y, 0);

@@ -37,6 +37,12 @@ float quant_dot(enum ggml_type t, const void *row, const float *x, size_t n);
  * dwarf the rest). y[r] equals quant_dot on row r. */
 void quant_matvec(enum ggml_type t, const void *W, size_t rows, size_t n, const float *x, float *y);
 
+/* quant_matvec of m (<= QUANT_ROWS_MAX) vectors x (m, n) against W at once:
+ * y (m, rows), row j of y equal to quant_matvec of x row j bit for bit, but
+ * each row of W read from memory once for all m (a batched decode step). */
+#define QUANT_ROWS_MAX 16
+void quant_matvec_rows(enum ggml_type t, const void *W, size_t rows, size_t n, const float *x, int m, float *y);
+
 /* One block of 32 activations as quant_matvec quantizes it: codes q
  * (round(x * 127/amax), nearest even), scale *d (amax/127, rounded to fp16
  * when it fits; 0 for a zero block, NaN for one holding inf or NaN) and the
