@@ -187,6 +187,9 @@ int main(void) {
     static const char *const two[] = { "dense", "shadowkv", NULL };
     if (shared) check_model(shared, "mini-smollm-f32", two);
     else test_skip("../shared/models/mini-smollm-f32.gguf is missing: the shared-model batch checks");
+    const char *q8 = test_shared("models/mini-smollm-q8_0.gguf"); /* the quantized weights' batched dots */
+    if (q8) check_model(q8, "mini-smollm-q8_0", two);
+    else test_skip("../shared/models/mini-smollm-q8_0.gguf is missing: the quantized batch checks");
     skv_session *none[1] = { NULL };
     skv_batch *b = NULL;
     test_cond("an empty batch is refused", batch_new(none, 0, &b) == SKV_EINVAL && !b);
