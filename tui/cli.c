@@ -453,8 +453,8 @@ static void on_stop(int sig) {
 }
 
 void cli_stop_catch(const char *unit) {
-    snprintf(stop_line, sizeof stop_line, "\nskv %s: stopping after the %s in flight (Ctrl-C again to quit now)\n",
-             cli_command ? cli_command : "", unit);
+    snprintf(stop_line, sizeof stop_line, "\nskv%s%s: stopping after the %s in flight (Ctrl-C again to quit now)\n",
+             cli_command ? " " : "", cli_command ? cli_command : "", unit);
     stop_len = strlen(stop_line);
     struct sigaction sa;
     memset(&sa, 0, sizeof sa);
