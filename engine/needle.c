@@ -631,8 +631,9 @@ static void add_floor(const kv_opts *kv, const char *policy, int prompt_len, nee
  * change (session_fork: no second prefill through the model) and records
  * whether it retrieved the value, and what it answered. */
 /* One rerun of case c from src's recorded prefill with opt = value: 1 and
- * the answer in ans when it retrieved the value, 0 when not, -1 when opt is
- * not an option of the policy, < -1 on an error. */
+ * the answer in ans when it retrieved the value, 0 when not, -1 when it
+ * cannot be checked (opt is not an option of the policy, or the prefill was
+ * too big to record), < -1 on an error. */
 static int rerun(needle_case *c, const ids_buf *p, int n_answer, const skv_session *src, const char *opt, double value,
                  char *ans, size_t an) {
     kv_opts kv = src->o.kv;
@@ -646,9 +647,13 @@ static int rerun(needle_case *c, const ids_buf *p, int n_answer, const skv_sessi
     skv_session *f = NULL;
     char *text = NULL;
     int rc = session_fork(src, &kv, &f);
-    if (!rc) rc = generate(f, p->v[p->n - 1], n_answer, &text, NULL, 0);
+    if (rc) { /* the prefill was not recorded whole (too big): the fix stays unchecked */
+        skv_clear_error();
+        return -1;
+    }
+    rc = generate(f, p->v[p->n - 1], n_answer, &text, NULL, 0);
     session_free(f);
-    if (rc) return rc < -1 ? rc : SKV_EINVAL;
+    if (rc) return rc;
     snprintf(ans, an, "%s", text);
     for (char *q = ans; *q; q++)
         if (*q == '\n' || *q == '\r') *q = ' ';

@@ -25,12 +25,20 @@ typedef struct {
     int cap;             /* positions allocated per layer */
 } kv_rec;
 
+/* The most a recording may hold: past it the prefill is not recorded (the
+ * fixes it would check stay unchecked) rather than the run running out of
+ * memory on a long prompt of a big model. */
+#define KV_REC_MAX_BYTES ((size_t)2 << 30)
+
 static int grow(kv_rec *r, int need) {
     if (need <= r->cap) return 0;
     int cap = r->cap ? r->cap : 256;
     while (cap < need) cap *= 2;
     const kv_shape *sh = &r->base.shape;
     size_t kvd = (size_t)sh->n_kv_heads * sh->head_dim, qd = (size_t)sh->n_heads * sh->head_dim;
+    if ((size_t)need * sh->n_layers * (3 * kvd + qd) * sizeof(float) > KV_REC_MAX_BYTES)
+        return skv_error(SKV_ENOMEM, "kv recorder: a prefill of %d positions is over %zu GiB to record", need,
+                         KV_REC_MAX_BYTES >> 30);
     for (int l = 0; l < sh->n_layers; l++) {
         float **arr[4] = { &r->k_pre[l], &r->k[l], &r->v[l], &r->q[l] };
         for (int i = 0; i < 4; i++) {
