@@ -314,6 +314,14 @@ static needle_cause *add_cause(needle_report *rep, int kind, double score) {
     return c;
 }
 
+/* ", 1 page of 16 tokens" for a budget of b tokens in blocks of u (whole
+ * blocks, named pages), "" for single tokens; into buf. */
+static const char *units_of(int b, int u, char *buf, size_t n) {
+    if (u <= 1 || b < 0) buf[0] = 0;
+    else snprintf(buf, n, ": %d page%s of %d tokens", b / u, b / u == 1 ? "" : "s", u);
+    return buf;
+}
+
 /* ---- the generic diagnosis, from the oracle's events -------------------------- */
 
 /* The first oracle event with a needle span, or NULL. */
@@ -480,16 +488,18 @@ static int diagnose_generic(const probe_store *st, const probe_ev_oracle *first,
                  "the %s settings cannot fix this", rep->policy);
     }
     int u = rep->unit > 0 ? rep->unit : 1;
+    char ubuf[64];
     if (rep->share_dropped - rep->share_misranked >= NEEDLE_MIN_SHARE && sd.l >= 0) {
         needle_cause *c = add_cause(rep, NEEDLE_CAUSE_BUDGET, rep->share_dropped - rep->share_misranked);
         c->step = ws; c->layer = sd.l; c->head = sd.h;
         snprintf(c->evidence, sizeof c->evidence,
                  "exact attention ranks the needle's best token %d (layer %d, head %d), past the %d token(s) %s "
-                 "attended per query head there (budget %d); the needle was not fully attended in %d of %d layers "
-                 "(%d of %d layer-heads) at step %d; %.0f%% of its exact attention mass was dropped over %s, %.0f%% "
-                 "of it ranked past what was attended",
-                 sd.rank, sd.l, sd.h, sd.rank_exact, rep->policy, rep->budget, lay_drop, rep->n_layers, lh_drop,
-                 lh_total, ws, 100 * rep->share_dropped, steps, 100 * (rep->share_dropped - rep->share_misranked));
+                 "attended per query head there (budget %d tokens%s); the needle was not fully attended in %d of %d "
+                 "layers (%d of %d layer-heads) at step %d; %.0f%% of its exact attention mass was dropped over %s, "
+                 "%.0f%% of it ranked past what was attended",
+                 sd.rank, sd.l, sd.h, sd.rank_exact, rep->policy, rep->budget, units_of(rep->budget, u, ubuf, sizeof ubuf),
+                 lay_drop, rep->n_layers, lh_drop, lh_total, ws, 100 * rep->share_dropped, steps,
+                 100 * (rep->share_dropped - rep->share_misranked));
         int t = (need + u - 1) / u * u, q90 = (need_quantile(needs, n_needs, 0.9) + u - 1) / u * u;
         if (rep->budget > 0 && t <= rep->budget) t = (rep->budget / u + 1) * u; /* never below what missed */
         set_change(c, "budget", t);
