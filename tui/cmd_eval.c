@@ -269,8 +269,9 @@ static const char *foreign_case(const eval_state *e, const cJSON *r, char *why, 
     double length = rec_num(r, "length"), depth = rec_num(r, "depth"), seed = rec_num(r, "seed");
     if (!isfinite(seed) || seed != floor(seed) || seed < 0 || seed >= e->o.runs)
         snprintf(why, n, "field 'seed' is missing or not a seed of this suite (0..%d)", e->o.runs - 1);
-    else if (!isfinite(length) || length != floor(length) || !isfinite(depth))
-        snprintf(why, n, "field 'length' or 'depth' is missing or not a number");
+    else if (!isfinite(length) || length != floor(length) || length < 1 || length > (1 << 24) || !isfinite(depth) ||
+             depth < 0 || depth > 100)
+        snprintf(why, n, "field 'length' or 'depth' is missing or out of range (1..16777216 tokens, 0..100 %%)");
     else {
         int ok_task = 0, ok_budget = !strcmp(budget, e->main_budget.label), sweep = 0, ok_len = 0, ok_dep = 0;
         for (int i = 0; i < e->n_tasks; i++) ok_task |= !strcmp(task, e->tasks[i].name);
