@@ -627,9 +627,6 @@ static void add_floor(const kv_opts *kv, const char *policy, int prompt_len, nee
     c->value = floor;
 }
 
-/* Reruns case c under method m from src's recorded prefill with cause's
- * change (session_fork: no second prefill through the model) and records
- * whether it retrieved the value, and what it answered. */
 /* One rerun of case c from src's recorded prefill with opt = value: 1 and
  * the answer in ans when it retrieved the value, 0 when not, -1 when it
  * cannot be checked (opt is not an option of the policy, or the prefill was
@@ -662,6 +659,10 @@ static int rerun(needle_case *c, const ids_buf *p, int n_answer, const skv_sessi
     return hit;
 }
 
+/* Reruns case c from src's recorded prefill with cause's change
+ * (session_fork: no second prefill through the model), the smaller value
+ * first when there is one, and records whether it retrieved the value and
+ * what it answered. */
 static int check_fix(needle_case *c, const ids_buf *p, int n_answer, const skv_session *src, needle_cause *cause) {
     char ans[96];
     if (cause->smaller > 0) { /* the smaller change first: when it retrieves, it is the fix */
