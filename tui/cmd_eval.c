@@ -747,8 +747,7 @@ static int draw_heatmap(const eval_state *e, canvas *c, int W, int H) {
     double top = canvas_line_height(c, CANVAS_FONT_BODY) + 2 * geo->pad;
     canvas_text(c, W / 2.0, geo->pad, settings, CANVAS_FONT_BODY, CANVAS_CENTER | CANVAS_TOP, canvas_get_theme(c)->fg);
     /* one colour bar per row, beside its last panel (the scale is 0..100 for all) */
-    double extra = np > 1 ? canvas_text_width(c, "100", CANVAS_FONT_SMALL) + 2 * canvas_line_height(c, CANVAS_FONT_BODY) +
-                                3 * geo->em : 0;
+    double extra = np > 1 ? paint_colorbar_room(c) : 0;
     double pw = (W - extra) / cols, rh = (H - top) / rows;
     for (int k = 0; k < np && !rc; k++) {
         for (int t = 0; t < ny; t++)

@@ -933,6 +933,11 @@ static void grid_layout(lay *L, frame *f, ticks *xt, ticks *yt, const paint_axis
     cell_axis_ticks(L, xt, xa, xl, nx, f->area.w, 1, xlo, xhi);
 }
 
+double paint_colorbar_room(canvas *c) {
+    return canvas_text_width(c, "100", CANVAS_FONT_SMALL) + 2 * canvas_line_height(c, CANVAS_FONT_BODY) +
+           3 * canvas_geometry(c)->em;
+}
+
 int paint_draw_heatmap(canvas *c, canvas_rect rr, const paint_heatmap *h, paint_result *res_out) {
     PAINT_BEGIN(h, "paint_draw_heatmap: no heatmap given");
     int nx = h->v ? h->nx : 0, ny = h->v ? h->ny : 0;

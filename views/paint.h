@@ -138,6 +138,11 @@ typedef struct paint_heatmap {
 
 int paint_draw_heatmap(canvas *c, canvas_rect r, const paint_heatmap *h, paint_result *res);
 
+/* The width a heatmap's colour bar takes (ramp, tick labels up to "100",
+ * its label) on c: what panels that share one bar (paint_heatmap.no_colorbar)
+ * give to the panel that draws it. */
+double paint_colorbar_room(canvas *c);
+
 /* ---- categorical raster ---- */
 
 enum { PAINT_HI_COL = 1, PAINT_HI_ROW = 2 };

@@ -155,8 +155,7 @@ static int niah_draw(canvas *c, canvas_rect r, const probe_store *st, const view
     /* A figure draws one colour bar, beside the last panel of each row (the
      * scale is the same 0..100 for all): the others get its width back. */
     int shared = !geo->cells && g.nm > 1;
-    double extra = shared ? canvas_text_width(c, "100", CANVAS_FONT_SMALL) + 2 * canvas_line_height(c, CANVAS_FONT_BODY) +
-                                3 * geo->em : 0;
+    double extra = shared ? paint_colorbar_room(c) : 0;
     double pw = geo->cells ? floor(r.w / cols) : (r.w - extra) / cols, rh = ph / rows;
     int cx, cy;
     cell_of(cur, &g, &cx, &cy);

@@ -179,6 +179,13 @@ static tl_fetch fetch_summary(const probe_store *st, int step, const probe_ev_sp
     return f;
 }
 
+/* 1 when the oracle's exact attention ran inside the step's timed spans
+ * (its dense twin's step, or its scores, recorded for the step). */
+static int timed_with_oracle(const probe_store *st, int step) {
+    const probe_ev_step *se = probe_store_step(st, step >= 0 ? step : 0);
+    return (se && se->has_oracle) || probe_store_oracle(st, step >= 0 ? step : 0, 0, 0) != NULL;
+}
+
 /* A bar's layer is kept beside it (paint_bar has no room for it). */
 typedef struct tl_bar { paint_bar b; int layer; } tl_bar;
 
@@ -222,9 +229,7 @@ static int timeline_draw(canvas *c, canvas_rect r, const probe_store *st, const 
         snprintf(title, sizeof title,
                  g->cells ? "Timeline, step %d: %.3g ms" : "Stream timeline of decode step %d: %.3g ms, %d spans", step,
                  total, n);
-    /* The oracle's exact attention runs inside each step it scores. */
-    const probe_ev_step *se = probe_store_step(st, step >= 0 ? step : 0);
-    if ((se && se->has_oracle) || probe_store_oracle(st, step >= 0 ? step : 0, 0, 0)) {
+    if (timed_with_oracle(st, step)) {
         size_t tl = strlen(title);
         snprintf(title + tl, sizeof title - tl, ", times include the oracle");
     }
@@ -403,10 +408,7 @@ static int timeline_lanes(canvas *c, canvas_rect r, const probe_store *const *st
             snprintf(title, sizeof title, "Stream timelines of decode step %d, %d policies on one time axis: the "
                      "longest %.3g ms", step, shown, longest);
         int oracle = 0;
-        for (int i = 0; i < n; i++) {
-            const probe_ev_step *se = probe_store_step(st[i], step >= 0 ? step : 0);
-            oracle |= (se && se->has_oracle) || probe_store_oracle(st[i], step >= 0 ? step : 0, 0, 0) != NULL;
-        }
+        for (int i = 0; i < n; i++) oracle |= timed_with_oracle(st[i], step);
         if (oracle) {
             size_t tl = strlen(title);
             snprintf(title + tl, sizeof title - tl, ", times include the oracle");

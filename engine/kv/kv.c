@@ -132,32 +132,30 @@ double kv_opt(const kv_opts *o, const kv_class *p, const char *key) {
     return def->def;
 }
 
-void kv_opts_describe(const kv_opts *o, const kv_class *p, int prompt_len, char *buf, size_t n) {
-    size_t len = 0;
-    buf[0] = 0;
-    if (p->budgeted) len += snprintf(buf, n, "budget=%d", kv_budget_tokens(o, prompt_len));
-    for (int i = 0; i < p->n_opts && len < n; i++)
-    {
-        char num[40];
-        len += snprintf(buf + len, n - len, "%s%s=%s", len ? " " : "", p->opts[i].key,
-                        skv_num(num, sizeof num, kv_opt(o, p, p->opts[i].key), 6));
-    }
-}
-
-void kv_describe_in_force(const kv_cache *c, const kv_opts *o, int prompt_len, char *buf, size_t n) {
-    const kv_class *p = c->policy;
+/* "budget=64 rank=16 ..." for policy p under o; with a cache c, an option
+ * whose statistic of the same name differs says the value in force and the
+ * one asked ("rank=64 (asked 160)"). */
+static void describe(const kv_opts *o, const kv_class *p, const kv_cache *c, int prompt_len, char *buf, size_t n) {
     size_t len = 0;
     buf[0] = 0;
     if (p->budgeted) len += snprintf(buf, n, "budget=%d", kv_budget_tokens(o, prompt_len));
     for (int i = 0; i < p->n_opts && len < n; i++) {
         char a[40], b[40];
-        double asked = kv_opt(o, p, p->opts[i].key), used = kv_stat(c, p->opts[i].key);
+        double asked = kv_opt(o, p, p->opts[i].key), used = c ? kv_stat(c, p->opts[i].key) : NAN;
         if (!isnan(used) && used != asked)
             len += snprintf(buf + len, n - len, "%s%s=%s (asked %s)", len ? " " : "", p->opts[i].key,
                             skv_num(a, sizeof a, used, 6), skv_num(b, sizeof b, asked, 6));
         else
             len += snprintf(buf + len, n - len, "%s%s=%s", len ? " " : "", p->opts[i].key, skv_num(a, sizeof a, asked, 6));
     }
+}
+
+void kv_opts_describe(const kv_opts *o, const kv_class *p, int prompt_len, char *buf, size_t n) {
+    describe(o, p, NULL, prompt_len, buf, n);
+}
+
+void kv_describe_in_force(const kv_cache *c, const kv_opts *o, int prompt_len, char *buf, size_t n) {
+    describe(o, c->policy, c, prompt_len, buf, n);
 }
 
 void kv_policies_help(FILE *out) {
