@@ -5,8 +5,11 @@
  * the B rows (forward_rows), RoPE and attention per sequence through its
  * policy, and each sequence's logits land in its own session, so sampling,
  * the oracle's twin and the step events are the session's as for one
- * sequence. No policy names the batch: each sees one sequence. */
+ * sequence. No policy names the batch: each sees one sequence. On a bus
+ * (the sequences' own, one for all), each sequence is a lane
+ * (probes/lanes.h): its events follow a lane event naming it. */
 #include "batch.h"
+#include "probe.h"
 #include "skv.h"
 
 #include <stdlib.h>
@@ -70,11 +73,19 @@ double batch_t_decode(const skv_batch *b) { return b->t_decode; }
 
 int batch_steps(const skv_batch *b) { return b->steps; }
 
+/* With a bus and more than one sequence, sequence i's events follow a
+ * lane event for lane i (teacher "": each is fed its own tokens). */
+static void lane(skv_batch *b, int i) {
+    if (b->n > 1) probe_emit_lane(b->fwd.bus, i, b->n, b->s[i]->o.kv.policy, "");
+}
+
 int batch_decode(skv_batch *b, const int32_t *tokens) {
     int rc = 0;
+    b->fwd.lanes = b->n > 1 && probe_wants(b->fwd.bus, PROBE_LANE);
     for (int i = 0; i < b->n && !rc; i++) {
         skv_session *s = b->s[i];
         if (s->n_prompt <= 0) return skv_error(SKV_EINVAL, "sequence %d of the batch has no prompt yet", i);
+        lane(b, i);
         rc = session_step_begin(s, tokens[i]);
         b->kv[i] = s->kv;
         b->pos[i] = s->n_past;
@@ -88,6 +99,7 @@ int batch_decode(skv_batch *b, const int32_t *tokens) {
     for (int i = 0; i < b->n && !rc; i++) {
         skv_session *s = b->s[i];
         memcpy(s->fwd.logits, b->logits + i * V, sizeof(float) * V);
+        lane(b, i);
         rc = session_step_end(s, tokens[i], dt);
     }
     b->steps++;

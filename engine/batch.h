@@ -9,7 +9,8 @@
 typedef struct skv_batch skv_batch;
 
 /* A batch of the n sessions seqs (one model and backend; prefilled, or to be
- * prefilled before the first step). Takes ownership of the sessions on
+ * prefilled before the first step). The step's events go to sequence 0's
+ * bus, which the others share (session_set_bus), one lane a sequence. Takes ownership of the sessions on
  * success; on an error they stay the caller's. */
 int batch_new(skv_session **seqs, int n, skv_batch **out);
 void batch_free(skv_batch *b);

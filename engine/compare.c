@@ -68,10 +68,7 @@ int compare_new(skv_model *m, const session_opts *base, char names[][32], int n,
 }
 
 static void emit_lane(compare_run *c, int i) {
-    if (c->n == 1 || !probe_wants(c->bus, PROBE_LANE)) return; /* a single policy's stream is one lane */
-    probe_event ev = {.kind = PROBE_LANE, .lane = {.lane = i, .n_lanes = c->n, .policy = c->policy[i],
-                                                   .teacher = c->policy[c->teacher]}};
-    probe_emit(c->bus, &ev);
+    if (c->n > 1) probe_emit_lane(c->bus, i, c->n, c->policy[i], c->policy[c->teacher]); /* one policy: one lane */
 }
 
 typedef struct {

@@ -35,6 +35,8 @@ typedef struct {
     int rows_cap;
     probe_bus *bus;     /* may be NULL: timeline spans of the forward ops */
     int step;           /* for spans; -1 during prefill */
+    int lanes;          /* forward_rows in a traced batch: row i's attention events follow a
+                           PROBE_LANE for lane i (and the shared ops' spans one for lane 0) */
 } forward_state;
 
 /* be: the backend (NULL: the CPU reference). */

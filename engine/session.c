@@ -189,6 +189,12 @@ int session_fork(const skv_session *src, const kv_opts *kv, skv_session **out) {
     return 0;
 }
 
+void session_set_bus(skv_session *s, probe_bus *bus) {
+    s->o.bus = bus;
+    s->fwd.bus = bus;
+    s->kv->bus = bus;
+}
+
 int session_step_begin(skv_session *s, int32_t token) {
     if (s->n_past + 1 > s->o.ctx)
         return skv_error(SKV_ERANGE, "the context of %d positions is full", s->o.ctx);

@@ -73,6 +73,10 @@ int session_prefill(skv_session *s, const int32_t *tokens, int n, int (*progress
  * the caller frees it. */
 int session_fork(const skv_session *src, const kv_opts *kv, skv_session **out);
 
+/* Sets the bus s and its KV policy emit on (NULL: none). A fork starts
+ * with none: a batch that is traced gives its sequences the source's. */
+void session_set_bus(skv_session *s, probe_bus *bus);
+
 /* Feeds one token at the next position. */
 int session_decode(skv_session *s, int32_t token);
 

@@ -534,6 +534,13 @@ int probe_emit_span(probe_bus *b, int stream, const char *op, int layer, int ste
     return probe_emit(b, &ev);
 }
 
+int probe_emit_lane(probe_bus *b, int lane, int n_lanes, const char *policy, const char *teacher) {
+    if (!probe_wants(b, PROBE_LANE)) return 0;
+    probe_event ev = { .kind = PROBE_LANE,
+                       .lane = { .lane = lane, .n_lanes = n_lanes, .policy = policy, .teacher = teacher } };
+    return probe_emit(b, &ev);
+}
+
 int probe_emit_metric(probe_bus *b, const char *name, int step, int layer, int head, float value, int n,
                       const float *vals) {
     if (!probe_wants(b, PROBE_METRIC)) return 0;

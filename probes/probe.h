@@ -206,11 +206,15 @@ typedef struct {
 
 /* Compare mode runs several policies in lockstep on one bus; before each
  * lane's events the runner emits this, and a reader routes what follows to
- * that lane's store (probes/lanes.h). A stream without it is one lane. */
+ * that lane's store (probes/lanes.h). A stream without it is one lane.
+ * A batched run (skv run --parallel) has one lane per sequence, all of one
+ * policy, and teacher "": each sequence is fed its own tokens. Its lanes
+ * share the prompt: the prefill's events come once, before the first lane
+ * event, and belong to every lane. */
 typedef struct {
     int lane, n_lanes;                 /* 0.. of n_lanes */
     const char *policy;                /* the lane's policy */
-    const char *teacher;               /* the policy whose tokens every lane is fed */
+    const char *teacher;               /* the policy whose tokens every lane is fed; "" in a batch */
 } probe_ev_lane;
 
 /* A policy's own measure, for the views made for it (docs/PEERS.md lists
@@ -323,6 +327,10 @@ double probe_time(const probe_bus *b);
 
 /* Emits one PROBE_SPAN if anyone wants it; returns as probe_emit. */
 int probe_emit_span(probe_bus *b, int stream, const char *op, int layer, int step, double t0, double t1);
+
+/* Emits one PROBE_LANE if anyone wants it: what follows is lane's (of
+ * n_lanes) until the next; teacher "" for a batch's sequences. */
+int probe_emit_lane(probe_bus *b, int lane, int n_lanes, const char *policy, const char *teacher);
 
 /* Emits one PROBE_METRIC (a policy's named measure) if anyone wants it;
  * vals may be NULL when n is 0. Returns as probe_emit. */

@@ -227,6 +227,7 @@ struct trace_writer {
     probe_event *run;           /* the first PROBE_RUN, for the metadata */
     char policies[TRACE_MAX_POLICIES][160]; /* every run event's "policy: options" (compare mode: one a lane) */
     int n_policies;
+    int n_lanes, batched;       /* lane events: the most lanes named; teacher "" (a batch's sequences) */
     cJSON *notes;               /* trace_writer_note's strings, or NULL */
     int n_steps, n_layers, n_heads;
     int err;                    /* first error met while recording */
@@ -371,6 +372,10 @@ int trace_writer_write(trace_writer *w, const probe_event *ev) {
     if (ev->kind == PROBE_RUN && !w->run && !(w->run = probe_event_dup(ev)))
         return writer_fail(w, skv_error(SKV_ENOMEM, "%s: out of memory", w->path));
     if (ev->kind == PROBE_RUN) policy_note(w->policies, &w->n_policies, &ev->run);
+    if (ev->kind == PROBE_LANE) {
+        if (ev->lane.n_lanes > w->n_lanes) w->n_lanes = ev->lane.n_lanes;
+        w->batched = !ev->lane.teacher || !ev->lane.teacher[0];
+    }
     w->n_records++;
     w->count[ev->kind]++;
     writer_see(w, ev);
@@ -438,6 +443,9 @@ static cJSON *writer_meta(const trace_writer *w) {
     /* Every policy of the run: compare mode writes a run event per lane. */
     cJSON *pl = cJSON_AddArrayToObject(m, "policies");
     for (int i = 0; pl && i < w->n_policies; i++) cJSON_AddItemToArray(pl, cJSON_CreateString(w->policies[i]));
+    /* Lanes: one a policy in compare mode, one a sequence in a batch. */
+    cJSON_AddNumberToObject(m, "lanes", w->n_lanes > 1 ? w->n_lanes : 1);
+    cJSON_AddBoolToObject(m, "batch", w->n_lanes > 1 && w->batched);
     cJSON *k = cJSON_AddObjectToObject(m, "kinds");
     for (int i = 1; k && i < PROBE_KIND_COUNT; i++)
         if (w->count[i]) cJSON_AddNumberToObject(k, probe_kind_name((probe_kind)i), (double)w->count[i]);
@@ -951,6 +959,7 @@ static double meta_num(const cJSON *o, const char *key) {
 typedef struct {
     char policies[TRACE_MAX_POLICIES][160];
     int n_policies, steps, layers;
+    int n_lanes, batched;
     probe_event *run;   /* the first run event (owned) */
 } trace_scan;
 
@@ -966,6 +975,9 @@ static void scan_records(trace_reader *r, trace_scan *sc) {
             sc->steps = ev->step.step + 1;
         } else if (ev->kind == PROBE_PREFILL_LAYER && ev->prefill_layer.layer + 1 > sc->layers) {
             sc->layers = ev->prefill_layer.layer + 1;
+        } else if (ev->kind == PROBE_LANE) {
+            if (ev->lane.n_lanes > sc->n_lanes) sc->n_lanes = ev->lane.n_lanes;
+            sc->batched = !ev->lane.teacher || !ev->lane.teacher[0];
         }
     }
 }
@@ -1001,6 +1013,8 @@ int trace_info(const char *path, FILE *out) {
         else
             fprintf(out, "  kv policy  %s%s%s%s\n", meta_str(run, "kv_policy"), *opts && strcmp(opts, "?") ? ": " : "",
                     strcmp(opts, "?") ? opts : "", meta_num(run, "oracle") > 0 ? ", oracle" : "");
+        if (cJSON_IsTrue(cJSON_GetObjectItemCaseSensitive(m, "batch")))
+            fprintf(out, "  batch      %.0f sequences decoded together, one lane each\n", meta_num(m, "lanes"));
         fprintf(out, "  steps      %.0f\n  layers     %.0f\n", meta_num(m, "steps"), meta_num(m, "layers"));
     } else {
         /* a trace cut short has no metadata: its records say what they can */
@@ -1015,6 +1029,8 @@ int trace_info(const char *path, FILE *out) {
         } else {
             fprintf(out, "  model      (no run event recorded)\n");
         }
+        if (sc.n_lanes > 1 && sc.batched)
+            fprintf(out, "  batch      %d sequences decoded together, one lane each\n", sc.n_lanes);
         fprintf(out, "  steps      %d finished\n  layers     %d\n", sc.steps, sc.layers);
         free(sc.run);
     }

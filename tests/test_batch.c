@@ -4,16 +4,22 @@
  * alone, and its logits stay within float rounding of it (the batched
  * matmuls add in another order than the one-row matvecs). Also the
  * shared-prefix start: one prefill forked into four sequences. On the demo
- * model, and on a shared model (../shared, skipped when absent). */
+ * model, and on a shared model (../shared, skipped when absent). A traced
+ * batch holds one lane a sequence, each with the shared prefill and its own
+ * steps, tokens, selections and attention spans. */
 #include "batch.h"
+#include "lanes.h"
 #include "model.h"
+#include "probe.h"
 #include "sampler.h"
 #include "session.h"
 #include "skv.h"
 #include "testhelp.h"
 #include "tok.h"
+#include "trace.h"
 
 #include <math.h>
+#include <unistd.h>
 #include <sys/stat.h>
 
 enum { NSEQ = 4, STEPS = 10 };
@@ -175,12 +181,93 @@ static void test_cli(const char *const *policies) {
               rc == 0 && strstr(four, "parallel=4") && strstr(four, "decode_tok_s=") && strstr(four, "resident_bytes_seq="));
 }
 
+
+/* A batch of 3 forks on one bus, traced: the trace loads as 3 lanes of a
+ * batch; each lane has the shared prompt's prefill, its own tokens (greedy,
+ * seq i fed the argmax plus i so that they part), a selection for every
+ * layer and head of every step, and its attention spans; the shared ops'
+ * spans are lane 0's. */
+static void test_lanes(const char *path) {
+    enum { B = 3, T = 4 };
+    skv_model *m = NULL;
+    probe_bus *bus = NULL;
+    trace_writer *tw = NULL;
+    char tpath[] = "/tmp/skv-test-batch-XXXXXX";
+    int fd = mkstemp(tpath);
+    if (fd < 0) { test_cond("a temp file for the batch trace", 0); return; }
+    close(fd);
+    int rc = model_load(path, &m);
+    if (!rc) rc = probe_bus_new(&bus);
+    if (!rc) rc = trace_writer_open(tpath, bus, &tw);
+    session_opts so = opts_for("shadowkv");
+    so.record_prefill = 1;
+    so.bus = bus;
+    skv_session *src = NULL, *seqs[B] = { 0 };
+    int32_t ids[40], fed[B][T];
+    for (int i = 0; i < 40; i++) ids[i] = 1 + (i * 37) % (m ? m->cfg.vocab - 1 : 1);
+    if (!rc) rc = session_new(m, &so, &src);
+    if (!rc) rc = session_prefill(src, ids, 40, NULL, NULL);
+    for (int i = 0; i < B && !rc; i++) {
+        rc = session_fork(src, &so.kv, &seqs[i]);
+        if (!rc) session_set_bus(seqs[i], bus);
+    }
+    skv_batch *b = NULL;
+    if (!rc) rc = batch_new(seqs, B, &b);
+    if (rc) for (int i = 0; i < B; i++) session_free(seqs[i]);
+    for (int t = 0; !rc && t < T; t++) {
+        int32_t tok[B];
+        for (int i = 0; i < B; i++)
+            fed[i][t] = tok[i] = (sampler_argmax(session_logits(batch_seq(b, i)), m->cfg.vocab) + i) % m->cfg.vocab;
+        rc = batch_decode(b, tok);
+    }
+    batch_free(b);
+    session_free(src);
+    if (tw && rc) trace_writer_abort(tw);
+    else if (tw) rc = trace_writer_close(tw);
+    probe_bus_free(bus);
+    test_cond("a traced batch of 3 runs and its trace closes", rc == 0);
+    probe_lanes *L = NULL;
+    if (!rc) rc = probe_lanes_new(&L) || trace_load_lanes(tpath, L);
+    test_cond("the batch trace loads as 3 lanes of a batch, named seq 0..2",
+              rc == 0 && probe_lanes_count(L) == B && probe_lanes_batched(L) && !strcmp(probe_lanes_label(L, 2), "seq 2") &&
+                  !strcmp(probe_lanes_policy(L, 1), "shadowkv"));
+    int prefill = 1, tokens = 1, sel = 1, spans = 1;
+    int nl = m ? m->cfg.n_layers : 0, nh = m ? m->cfg.n_kv_heads : 0;
+    for (int i = 0; !rc && i < B; i++) {
+        const probe_store *st = probe_lanes_store(L, i);
+        prefill &= probe_store_n_prompt(st) == 40 && (int)probe_store_count(st, PROBE_PREFILL_LAYER) == nl &&
+                   probe_store_run(st) != NULL;
+        tokens &= probe_store_n_steps(st) == T;
+        for (int t = 0; t < T; t++) {
+            const probe_ev_step *e = probe_store_step(st, t);
+            tokens &= e && e->token == fed[i][t];
+            for (int l = 0; l < nl; l++)
+                for (int h = 0; h < nh; h++) sel &= probe_store_decode(st, t, l, h) != NULL;
+            int n = 0, att = 0, qkv = 0;
+            const probe_ev_span *sp = probe_store_spans(st, t, &n);
+            for (int k = 0; sp && k < n; k++) {
+                att += !strcmp(sp[k].op, "attention");
+                qkv += !strcmp(sp[k].op, "qkv");
+            }
+            spans &= att == nl && (i == 0 ? qkv == nl : qkv == 0);
+        }
+    }
+    test_cond("each lane has the shared prompt's prefill (40 tokens, every layer's spectrum)", !rc && prefill);
+    test_cond("each lane's steps carry the tokens that sequence was fed", !rc && tokens);
+    test_cond("each lane has a selection for every layer and KV head of every step", !rc && sel);
+    test_cond("each lane has its attention span per layer; the shared matmuls' spans are lane 0's", !rc && spans);
+    probe_lanes_free(L);
+    unlink(tpath);
+    model_free(m);
+}
+
 int main(void) {
     static const char *const all[] = { "dense", "shadowkv", "quest", "freekv", "specache", "tailorkv", NULL };
     struct stat sb;
     if (stat("samples/model/skv-demo.gguf", &sb) == 0) {
         check_model("samples/model/skv-demo.gguf", "demo model", all);
         test_cli(all);
+        test_lanes("samples/model/skv-demo.gguf");
     }
     else test_skip("samples/model/skv-demo.gguf is missing: run from the project root");
     const char *shared = test_shared("models/mini-smollm-f32.gguf");

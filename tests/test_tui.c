@@ -463,6 +463,60 @@ static void test_compare_live(const char *model_args, int w, int h) {
     stop(name);
 }
 
+
+/* A batched trace (skv run --parallel 6 --trace): the inspector starts on
+ * sequence 0 of 6 (too many to stack), and p steps through the sequences
+ * in every view, each drawing without an error; --seq N starts on N and a
+ * --seq past the batch is one line. */
+static void test_batch_replay(const char *rec_args) {
+    char path[PATH_MAX + 32], cmd[PATH_MAX * 2 + 700], out[8192], what[200];
+    snprintf(path, sizeof path, "%s/batch.trace", dir);
+    int rc = sh_out(out, sizeof out, "%s run %s --temp 0.9 -n 4 --parallel 6 --trace %s 2>&1", bin, rec_args, path);
+    test_cond("skv run --parallel 6 --trace records the batch", rc == 0 && strstr(out, "trace written to"));
+    if (rc) { printf("  got: %s", out); return; }
+    rc = sh_out(out, sizeof out, "%s inspect --replay %s --seq 6 2>&1 </dev/null", bin, path);
+    test_cond("inspect --seq past the batch: one line naming the sequences there are",
+              rc == 2 && lines(out) == 1 && strstr(out, "sequences 0 to 5"));
+    const char *titles[32];
+    int nt = view_titles(titles, 32);
+    snprintf(cmd, sizeof cmd, "TERM=xterm-256color %s inspect --replay %s", bin, path);
+    if (!start("batch", 120, 40, cmd)) { test_cond("tmux starts a batch replay session", 0); return; }
+    check_screen("batch: starts on sequence 0 of 6", "batch", "seq 0 of 6", UI_TIMEOUT);
+    int ok = 1;
+    for (int v = 0; v < nt; v++) {
+        char want[64];
+        snprintf(want, sizeof want, "[%s]", titles[v]);
+        if (!wait_for("batch", want, 2.0)) { keys("batch", "Tab"); continue; } /* a tab this run does not show */
+        for (int k = 1; k <= 2; k++) {
+            keys("batch", "p");
+            snprintf(want, sizeof want, "seq %d of 6", (v * 2 + k) % 6);
+            ok &= wait_for("batch", want, UI_TIMEOUT);
+        }
+        keys("batch", "Tab");
+    }
+    snprintf(what, sizeof what, "batch: p steps to the next sequence in every view (%d tabs)", nt);
+    test_cond(what, ok);
+    if (!ok) show_screen();
+    /* each view draws each sequence: as a figure, or says it has no data (a view for another policy) */
+    int drawn = 0, bad = 0;
+    for (int v = 0; v < nt; v++)
+        for (int q = 0; q < 6; q += 5) {
+            rc = sh_out(out, sizeof out, "%s export --trace %s --view '%s' --seq %d -o %s/b.png --force 2>&1", bin, path,
+                        titles[v], q, dir);
+            if (rc == 0) drawn++;
+            else if (!strstr(out, "has no data for view")) { bad++; printf("  %s, seq %d: %s", titles[v], q, out); }
+        }
+    snprintf(what, sizeof what, "batch: every view exports sequences 0 and 5 or says it has no data (%d figures)", drawn);
+    test_cond(what, bad == 0 && drawn >= 8);
+    quit_and_check("batch", "batch");
+    stop("batch");
+    snprintf(cmd, sizeof cmd, "TERM=xterm-256color %s inspect --replay %s --seq 4", bin, path);
+    if (!start("batchseq", 120, 40, cmd)) { test_cond("tmux starts a batch replay session", 0); return; }
+    check_screen("batch: --seq 4 starts on sequence 4", "batchseq", "seq 4 of 6", UI_TIMEOUT);
+    quit_and_check("batch --seq 4", "batchseq");
+    stop("batchseq");
+}
+
 /* Too small, then resized: the message, the recovery, and SIGTERM. */
 static void test_small_and_signal(void) {
     const char *titles[32];
@@ -579,6 +633,7 @@ int main(void) {
         test_fallbacks();
     }
     if (rec_args[0]) test_live(live_args);
+    if (have_default) test_batch_replay(rec_args);
     if (have_default) {
         char cmp_args[PATH_MAX + 600];
         snprintf(cmp_args, sizeof cmp_args, "-m %s -p \"%s\" --rank 8 --budget 32 --outliers 2 --local 2", model,

@@ -163,30 +163,53 @@ static probe_store *primary(const probe_lanes *L) {
     return probe_lanes_store(L, 0);
 }
 
-/* Every lane's store and policy for drawing (the one picked with p, when
- * one is); returns the count. */
-static int lanes_of(const app *a, const probe_store **sts, const char **names) {
+/* Every lane's store and name (its policy; "seq i" in a batch) for
+ * drawing (the one picked with p, when one is); returns the count. */
+static int lanes_of(app *a, const probe_store **sts, const char **names) {
     int n = probe_lanes_count(a->o->lanes);
+    a->cur.batch = probe_lanes_batched(a->o->lanes);
     if (a->lane >= 0 && a->lane < n) {
         sts[0] = probe_lanes_store(a->o->lanes, a->lane);
-        names[0] = probe_lanes_policy(a->o->lanes, a->lane);
+        names[0] = probe_lanes_label(a->o->lanes, a->lane);
         return 1;
     }
     for (int i = 0; i < n; i++) {
         sts[i] = probe_lanes_store(a->o->lanes, i);
-        names[i] = probe_lanes_policy(a->o->lanes, i);
+        names[i] = probe_lanes_label(a->o->lanes, i);
     }
     return n;
 }
 
-/* p: every lane, then each policy alone, then every lane again. */
+/* A batch of more sequences than this shows one at a time (p steps
+ * through them): more bands than this would each be too thin to read. */
+#define BATCH_ALL_MAX 4
+
+/* The store the status line and the cursor follow: in a batch the sequence
+ * shown (sequence 0 while all are), else primary(). */
+static probe_store *followed(const app *a) {
+    const probe_lanes *L = a->o->lanes;
+    if (!probe_lanes_batched(L)) return primary(L);
+    return probe_lanes_store(L, a->lane >= 0 && a->lane < probe_lanes_count(L) ? a->lane : 0);
+}
+
+static void clamp_cursor(app *a);
+
+/* p: every lane, then each policy alone, then every lane again; in a batch
+ * each sequence in turn (and all of them, when there are few). */
 static int key_lane(app *a, int ch) {
     (void)ch;
-    int n = probe_lanes_count(a->o->lanes);
-    if (n <= 1) { set_msg(a, "one policy in this run: p picks a policy of a compare run"); return APP_HANDLED | APP_REDRAW; }
-    a->lane = a->lane + 1 >= n ? -1 : a->lane + 1;
-    if (a->lane < 0) set_msg(a, "every policy shown");
-    else set_msg(a, "policy %s alone (p: the next)", probe_lanes_policy(a->o->lanes, a->lane));
+    const probe_lanes *L = a->o->lanes;
+    int n = probe_lanes_count(L), batched = probe_lanes_batched(L);
+    if (n <= 1) {
+        set_msg(a, "one lane in this run: p picks a policy of a compare run, or a sequence of a batched run");
+        return APP_HANDLED | APP_REDRAW;
+    }
+    a->lane = a->lane + 1 < n ? a->lane + 1 : batched && n > BATCH_ALL_MAX ? 0 : -1;
+    a->st = followed(a);
+    clamp_cursor(a);
+    if (a->lane < 0) set_msg(a, batched ? "every sequence shown" : "every policy shown");
+    else if (batched) set_msg(a, "sequence %d of %d alone (p: the next)", a->lane, n);
+    else set_msg(a, "policy %s alone (p: the next)", probe_lanes_policy(L, a->lane));
     return APP_HANDLED | APP_REDRAW;
 }
 
@@ -433,7 +456,7 @@ static const struct app_key {
     {{'1', '2', '3', '4', '5'}, "1..9 0", "jump to the Nth view of the tab bar (0: the 10th)", key_jump},
     {{'6', '7', '8', '9', '0'}, NULL, NULL, key_jump},
     {{'e'}, "e", "export the view as PNG into the export folder", key_export},
-    {{'p'}, "p", "compare run: show one policy alone, the next, then all again", key_lane},
+    {{'p'}, "p", "compare run: show one policy alone, the next, then all again; batch: the next sequence", key_lane},
     {{'?'}, "?", "this help (any key closes it)", key_help},
     {{12}, "C-l", "redraw the screen", key_redraw},
     {{'q', 'Q'}, "q", "quit", key_quit},
@@ -659,6 +682,8 @@ static void draw_status(app *a, int y, int h) {
     if (live(a)) seg(&l, 2, "ctx %d/%d", a->ws.n_past, a->ws.n_ctx);
     else if (run) seg(&l, 2, "ctx %d/%d", run->prompt_len + n_steps, run->max_ctx);
     int steps = live(a) ? a->ws.steps : n_steps;
+    int n_seq = probe_lanes_batched(a->o->lanes) ? probe_lanes_count(a->o->lanes) : 1;
+    if (n_seq > 1) seg(&l, 1, a->lane >= 0 ? "seq %d of %d" : "%d seqs", a->lane >= 0 ? a->lane : n_seq, n_seq);
     if (a->cur.step >= 0 && vs >= 0) seg(&l, 1, "steps %d (at %d)", steps, vs);
     else seg(&l, 1, "steps %d", steps);
     double tps = 0;
@@ -675,6 +700,8 @@ static void draw_status(app *a, int y, int h) {
     if (tps > 0) {
         /* live: the threads doing the work (how fast it is depends on them) */
         if (live(a)) seg(&l, 6, tps >= 100 ? "%.0f tok/s (%d thr)" : "%.1f tok/s (%d thr)", tps, skv_threads());
+        else if (n_seq > 1) /* a step gives every sequence a token */
+            seg(&l, 6, "%.1f tok/s (%d x %.1f steps/s)", tps * n_seq, n_seq, tps);
         else seg(&l, 6, tps >= 100 ? "%.0f tok/s" : "%.1f tok/s", tps);
     }
     double res = se ? (double)se->kv_resident : live(a) ? (double)a->ws.kv_resident : -1;
@@ -866,7 +893,7 @@ static int drain(app *a, double budget, int *more) {
         if (skv_now() - t0 > budget) { *more = probe_ring_pending(a->o->ring) > 0; break; }
     }
     if (total) {
-        a->st = primary(a->o->lanes);
+        a->st = followed(a);
         clamp_cursor(a);
     }
     return total;
@@ -880,10 +907,12 @@ static void empty_pipe(int fd) {
 static void init_app(app *a, const app_opts *o) {
     memset(a, 0, sizeof *a);
     a->o = o;
-    a->st = primary(o->lanes);
     a->lane = -1;
     for (int i = 0; o->policy && i < probe_lanes_count(o->lanes); i++)
         if (!strcmp(probe_lanes_policy(o->lanes, i), o->policy)) a->lane = i;
+    if (o->has_seq) a->lane = o->seq;
+    else if (probe_lanes_batched(o->lanes) && probe_lanes_count(o->lanes) > BATCH_ALL_MAX) a->lane = 0;
+    a->st = followed(a);
     view_cursor_init(&a->cur);
     a->view = 0;
     if (!view_available(view_classes[0])) a->view = next_view(a, 0, 1);

@@ -38,6 +38,8 @@ static void export_help(FILE *o) {
                "  -v, --view NAME       the view to draw (below)\n"
                "  -o, --output FIG      the figure to write; an existing file is kept unless --force\n"
                "      --policy NAME     of a compare trace, the one policy's lane (default: every lane, stacked)\n"
+               "      --seq N           of a batched trace (skv run --parallel B), sequence N's lane (default:\n"
+               "                        every sequence, stacked, when there are at most 4; else sequence 0)\n"
                "      --layer L         model layer (default 0)\n"
                "      --head H          KV head (default 0)\n"
                "      --step S          decode step (default: the last one)\n"
@@ -123,7 +125,7 @@ static int export_csv(const char *trace, const char *dir, int force, int partial
 int cmd_export(int argc, char **argv) {
     const char *trace = NULL, *view_name = NULL, *out = NULL, *format = NULL, *pos[2] = { NULL, NULL }, *policy = NULL;
     int layer = 0, head = 0, step = -1, chunk = -1, scale = 1, width = 1200, height = 700, force = 0, annotate = 0;
-    int partial = 0, n_pos = 0;
+    int partial = 0, n_pos = 0, seq = -1;
     for (int i = 1; i < argc; i++) {
         const char *a = argv[i], *v = i + 1 < argc ? argv[i + 1] : NULL;
         if (!strcmp(a, "-h") || !strcmp(a, "--help")) { export_help(stdout); return 0; }
@@ -145,7 +147,7 @@ int cmd_export(int argc, char **argv) {
         int known = !strcmp(a, "--trace") || !strcmp(a, "-t") || !strcmp(a, "--view") || !strcmp(a, "-v") ||
                     !strcmp(a, "-o") || !strcmp(a, "--output") || !strcmp(a, "--layer") || !strcmp(a, "--head") ||
                     !strcmp(a, "--step") || !strcmp(a, "--chunk") || !strcmp(a, "--scale") || !strcmp(a, "--size") ||
-                    !strcmp(a, "--policy");
+                    !strcmp(a, "--policy") || !strcmp(a, "--seq");
         if (!known) return cli_usage_error("export", "unknown option '%s'", a);
         if (!v) return cli_usage_error("export", "%s needs a value", a);
         i++;
@@ -153,6 +155,7 @@ int cmd_export(int argc, char **argv) {
         else if (!strcmp(a, "--view") || !strcmp(a, "-v")) view_name = v;
         else if (!strcmp(a, "-o") || !strcmp(a, "--output")) out = v;
         else if (!strcmp(a, "--policy")) policy = v;
+        else if (!strcmp(a, "--seq")) { if (parse_int_opt(a, v, 0, PROBE_MAX_LANES - 1, &seq)) return 2; }
         else if (!strcmp(a, "--layer")) { if (parse_int_opt(a, v, 0, 1 << 20, &layer)) return 2; }
         else if (!strcmp(a, "--head")) { if (parse_int_opt(a, v, 0, 1 << 20, &head)) return 2; }
         else if (!strcmp(a, "--step")) { if (parse_int_opt(a, v, -1, 1 << 30, &step)) return 2; }
@@ -198,20 +201,34 @@ int cmd_export(int argc, char **argv) {
     int rc = 1;
     if (probe_lanes_new(&lanes) || trace_load_lanes(trace, lanes)) { rc = cli_fail(); goto done; }
     if (*trace_last_notice()) cli_msg("warning: %s\n", trace_last_notice());
-    /* a compare trace has one store per policy; the figure stacks them */
-    int n_lanes = probe_lanes_count(lanes);
+    /* a compare trace has one store per policy, a batched one one per
+     * sequence; the figure stacks them */
+    int n_lanes = probe_lanes_count(lanes), batched = probe_lanes_batched(lanes);
     const probe_store *sts[PROBE_MAX_LANES];
     const char *names[PROBE_MAX_LANES];
     for (int i = 0; i < n_lanes; i++) {
         sts[i] = probe_lanes_store(lanes, i);
-        names[i] = probe_lanes_policy(lanes, i);
+        names[i] = probe_lanes_label(lanes, i);
+    }
+    if (seq >= 0 && (!batched || seq >= n_lanes)) {
+        if (batched) fprintf(stderr, "skv export: --seq %d: %s holds sequences 0 to %d\n", seq, trace, n_lanes - 1);
+        else fprintf(stderr, "skv export: --seq %d: %s is not a batched run (skv run --parallel B --trace FILE)\n", seq,
+                     trace);
+        goto done;
+    }
+    if (batched && !policy && (seq >= 0 || n_lanes > 4)) { /* one sequence */
+        int k = seq >= 0 ? seq : 0;
+        sts[0] = sts[k];
+        names[0] = names[k];
+        n_lanes = 1;
     }
     if (policy) { /* one lane of a compare trace */
         int k = -1;
         char all[300] = "";
         for (int i = 0, len = 0; i < n_lanes; i++) {
-            if (names[i] && !strcmp(names[i], policy)) k = i;
-            len += snprintf(all + len, sizeof all - (size_t)len, "%s%s", i ? ", " : "", names[i] ? names[i] : "?");
+            const char *p = probe_lanes_policy(lanes, i);
+            if (!strcmp(p, policy)) k = i;
+            if (len < (int)sizeof all) len += snprintf(all + len, sizeof all - (size_t)len, "%s%s", i ? ", " : "", p);
         }
         if (k < 0) {
             fprintf(stderr, "skv export: --policy %s: %s has no such lane (its policies: %s)\n", policy, trace, all);
@@ -229,6 +246,7 @@ int cmd_export(int argc, char **argv) {
     cur.step = step;
     cur.chunk = chunk;
     cur.clean = !annotate;
+    cur.batch = batched;
     if (check_cursor(trace, st, &cur)) goto done;
     canvas_png_opts po = { .scale = scale };
     if (svg ? canvas_svg_new(&c, width, height, &po) : canvas_png_new(&c, width, height, &po)) {

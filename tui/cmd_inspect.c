@@ -71,7 +71,8 @@ static void inspect_help(FILE *o) {
             "                (--export-dir DIR; default skv-exports/ under the current directory,\n"
             "                made at the first export)\n"
             "  p             compare run (--kv a,b,...): one policy alone, the next, then all again\n"
-            "                (--policy NAME starts on that one)\n"
+            "                (--policy NAME starts on that one); batched run (skv run --parallel B\n"
+            "                --trace): the next sequence (--seq N starts on sequence N)\n"
             "  ?             help overlay\n"
             "  q             quit (also Ctrl-C)\n"
             "  mouse         click selects a chunk, layer or step; click a tab to switch views\n\n"
@@ -86,6 +87,7 @@ static void inspect_help(FILE *o) {
  * guesses (replay an existing file, else record into it). */
 static int record_flag, replay_flag;
 static const char *policy_flag; /* --policy NAME: the lane shown at start in a compare run */
+static int seq_flag = -1;       /* --seq N: the sequence shown at start in a batched trace */
 static const char *needle_flag; /* --needle TEXT */
 static const char *export_dir = "skv-exports"; /* --export-dir DIR: where e writes figures */
 
@@ -93,6 +95,7 @@ static int parse(cli_gen *g, int argc, char **argv, int *n_gen, int *help) {
     *n_gen = 0;
     *help = 0;
     record_flag = replay_flag = 0;
+    seq_flag = -1;
     for (int i = 1; i < argc; i++) {
         if (!strcmp(argv[i], "-h") || !strcmp(argv[i], "--help")) { *help = 1; return 0; }
         if (!strcmp(argv[i], "--needle")) {
@@ -104,6 +107,15 @@ static int parse(cli_gen *g, int argc, char **argv, int *n_gen, int *help) {
         if (!strcmp(argv[i], "--policy")) {
             if (i + 1 >= argc || !argv[i + 1][0]) return cli_usage_error("inspect", "--policy needs a policy name");
             policy_flag = argv[++i];
+            continue;
+        }
+        if (!strcmp(argv[i], "--seq")) {
+            char *end;
+            long v = i + 1 < argc ? strtol(argv[i + 1], &end, 10) : -1;
+            if (i + 1 >= argc || *end || v < 0 || v >= PROBE_MAX_LANES)
+                return cli_usage_error("inspect", "--seq expects a sequence number in [0, %d)", PROBE_MAX_LANES);
+            seq_flag = (int)v;
+            i++;
             continue;
         }
         if (!strcmp(argv[i], "--export-dir")) {
@@ -227,6 +239,14 @@ static int replay(const char *path) {
         probe_lanes_free(lanes);
         return cli_fail();
     }
+    int n = probe_lanes_count(lanes);
+    if (seq_flag >= 0 && (!probe_lanes_batched(lanes) || seq_flag >= n)) {
+        if (probe_lanes_batched(lanes)) cli_msg("--seq %d: %s holds sequences 0 to %d\n", seq_flag, path, n - 1);
+        else cli_msg("--seq %d: %s is not a batched run (skv run --parallel B --trace FILE records one)\n", seq_flag,
+                     path);
+        probe_lanes_free(lanes);
+        return 2;
+    }
     if (need_tty() || app_open()) { probe_lanes_free(lanes); return 1; }
     char notice[700] = "";
     if (*trace_last_notice()) {
@@ -234,7 +254,7 @@ static int replay(const char *path) {
         cli_msg("warning: %s\n", notice);
     }
     app_opts o = {.lanes = lanes, .wake_fd = -1, .replay_path = path, .notice = notice, .export_dir = export_dir,
-                  .policy = policy_flag};
+                  .policy = policy_flag, .has_seq = seq_flag >= 0, .seq = seq_flag};
     int rc = app_run(&o);
     probe_lanes_free(lanes);
     return rc;
@@ -437,6 +457,10 @@ int cmd_inspect(int argc, char **argv) {
     if ((rc = cli_check_policy_flags(&g, "inspect", NULL, 0))) {
         cli_gen_free(&g);
         return rc;
+    }
+    if (seq_flag >= 0) {
+        cli_gen_free(&g);
+        return cli_usage_error("inspect", "--seq picks a sequence of a batched trace: give it with --replay FILE");
     }
     rc = live(&g);
     cli_gen_free(&g);

@@ -207,9 +207,18 @@ static int run_compare(cli_gen *g) {
  * (engine/batch.c); sequence i samples with seed + i, so with --temp they
  * part. Each sequence's text is printed when the run ends. */
 static int run_parallel(cli_gen *g, int B) {
-    if (g->trace) return cli_usage_error("run", "--trace records one sequence: it does not go with --parallel");
+    if (g->s.kv.oracle) return cli_usage_error("run", "--oracle scores one sequence: it does not go with --parallel");
+    if (g->trace && B > PROBE_MAX_LANES)
+        return cli_usage_error("run", "--trace records at most %d sequences of a batch (--parallel %d)",
+                               PROBE_MAX_LANES, B);
     const char *text = cli_prompt_text(g);
     if (!text) { cli_gen_free(g); return 2; }
+    if (g->trace) { /* one lane a sequence (docs/TRACE.md) */
+        int bad = cli_check_output("run", g->trace, g->force) ? 1
+                  : probe_bus_new(&g->bus) || trace_writer_open(g->trace, g->bus, &g->tw) ? cli_fail() : 0;
+        if (bad) { probe_bus_free(g->bus); cli_gen_free(g); return bad; }
+        g->s.bus = g->bus;
+    }
     if (demo_model) cli_msg("no -m: the demo model %s\n", g->model);
     if (g->threads) skv_set_threads(g->threads);
     skv_model *m = NULL;
@@ -233,6 +242,7 @@ static int run_parallel(cli_gen *g, int B) {
     if (src->kv->notice[0]) cli_msg("%s\n", src->kv->notice);
     for (int i = 0; i < B && !rc; i++) {
         if ((rc = session_fork(src, &g->s.kv, &seqs[i]))) break;
+        session_set_bus(seqs[i], g->bus);
         sampler_opts sp = g->s.sample;
         sp.seed += (uint64_t)i; /* each sequence its own draws */
         sampler_free(&seqs[i]->smp);
@@ -285,9 +295,15 @@ static int run_parallel(cli_gen *g, int B) {
     if (!rc && cli_stop_requested()) rc = CLI_STOPPED;
 fail:
     if (rc && rc != CLI_STOPPED) rc = cli_fail();
+    if (g->tw) { /* as a single run's: all or nothing, an interrupted run keeping every step so far */
+        if (rc && rc != CLI_STOPPED) trace_writer_abort(g->tw);
+        else if (trace_writer_close(g->tw)) rc = cli_fail();
+        else cli_msg("trace written to %s (skv inspect --trace: p steps through the sequences)\n", g->trace);
+    }
     for (int i = 0; seqs && i < B; i++) session_free(seqs[i]);
     batch_free(b);
     session_free(src);
+    probe_bus_free(g->bus);
     for (int i = 0; out && i < B; i++) free(out[i]);
     free(out); free(len); free(done); free(prev); free(tok); free(seqs);
     free(ids);
@@ -301,7 +317,8 @@ static void run_help(FILE *o) {
                "Generates text after the prompt, streaming it to stdout; speed goes to stderr.\n"
                "Without -m: the demo model, samples/model/skv-demo.gguf.\n"
                "-np, --parallel B decodes B sequences of the prompt together (one prefill, forked; one pass\n"
-               "of the weights a step; sequence i samples with seed + i) and prints each one's text.\n\n");
+               "of the weights a step; sequence i samples with seed + i) and prints each one's text; its\n"
+               "--trace holds one lane a sequence (up to 64).\n\n");
     cli_gen_help(o, CLI_HELP_SAMPLING | CLI_HELP_TRACE);
 }
 

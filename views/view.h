@@ -20,6 +20,8 @@ typedef struct view_cursor {
     int token;      /* selected token position (tokens view), -1 = none */
     int scroll;     /* first row/column shown, as the view defines it */
     int clean;      /* 1: a figure (skv export without --annotate): no cursor decorations */
+    int batch;      /* 1: the lanes drawn are a batch's sequences (one step for all, on one clock),
+                       not a compare run's policies */
 } view_cursor;
 
 void view_cursor_init(view_cursor *cur);

@@ -347,18 +347,28 @@ static int timeline_click(view_cursor *cur, const probe_store *st, const paint_r
 }
 
 /* Compare mode: one chart, a row per (policy, stream) that has spans, on
- * one time axis with one legend, so that the policies' steps line up. */
+ * one time axis with one legend, so that the policies' steps line up. A
+ * batch's lanes ran one step together: their spans keep the one clock they
+ * share (from the step's first span in any lane), so the chart is the
+ * batched step, the shared matmuls on sequence 0's row between each
+ * sequence's attention. */
 static int timeline_lanes(canvas *c, canvas_rect r, const probe_store *const *st, const char *const *names, int n,
                           const view_cursor *cur, paint_result *res) {
-    if (n <= 1) return timeline_draw(c, r, st[0], cur, res);
+    /* one prefill, which every sequence of a batch shares */
+    if (n <= 1 || (cur->batch && shown_step(st[0], cur) < 0)) return timeline_draw(c, r, st[0], cur, res);
     enum { MAX_ROWS = PROBE_MAX_LANES * PROBE_STREAM_COUNT };
     char row_name[MAX_ROWS][64];
     const char *rows[MAX_ROWS];
     int n_rows = 0, nb = 0, cap = 0, step = -1, shown = 0;
-    double longest = 0;
+    double longest = 0, b0 = INFINITY, b1 = -INFINITY;
     tl_ops ops = { 0 };
     paint_bar *bars = NULL;
     int rc = SKV_OK;
+    for (int i = 0; cur->batch && i < n; i++) { /* the batched step's start and end */
+        int cnt;
+        const probe_ev_span *sp = probe_store_spans(st[i], shown_step(st[i], cur), &cnt);
+        for (int k = 0; sp && k < cnt; k++) { b0 = fmin(b0, sp[k].t0); b1 = fmax(b1, sp[k].t1); }
+    }
     for (int i = 0; i < n && rc == SKV_OK; i++) {
         int cnt, s = shown_step(st[i], cur);
         const probe_ev_span *sp = probe_store_spans(st[i], s, &cnt);
@@ -367,6 +377,7 @@ static int timeline_lanes(canvas *c, canvas_rect r, const probe_store *const *st
         shown++;
         double t0 = INFINITY, t1 = -INFINITY;
         for (int k = 0; k < cnt; k++) { t0 = fmin(t0, sp[k].t0); t1 = fmax(t1, sp[k].t1); }
+        if (cur->batch) { t0 = b0; t1 = b1; }
         longest = fmax(longest, (t1 - t0) * 1e3);
         for (int stream = 0; stream < PROBE_STREAM_COUNT && n_rows < MAX_ROWS; stream++) {
             int any = 0;
@@ -400,8 +411,12 @@ static int timeline_lanes(canvas *c, canvas_rect r, const probe_store *const *st
         for (int k = 0; k < ops.n; k++) cats[k] = (paint_category){ ops.name[k], ops.color[k], NULL };
         const canvas_geom *g = canvas_geometry(c);
         char title[200];
-        if (step < 0)
-            snprintf(title, sizeof title, "Timelines of the prefill, %d policies: the longest %.3g ms", shown, longest);
+        const char *what = cur->batch ? "sequences" : "policies";
+        if (cur->batch && !g->cells)
+            snprintf(title, sizeof title, "Stream timelines of batched decode step %d, %d sequences in one step: %.3g ms",
+                     step, shown, longest);
+        else if (step < 0)
+            snprintf(title, sizeof title, "Timelines of the prefill, %d %s: the longest %.3g ms", shown, what, longest);
         else if (g->cells)
             snprintf(title, sizeof title, "Timelines, step %d: longest %.3g ms", step, longest);
         else
@@ -414,12 +429,13 @@ static int timeline_lanes(canvas *c, canvas_rect r, const probe_store *const *st
             snprintf(title + tl, sizeof title - tl, ", times include the oracle");
         }
         if (canvas_text_width(c, title, CANVAS_FONT_TITLE) > r.w && step >= 0) /* the shorter wording */
-            snprintf(title, sizeof title, "Timelines of step %d, %d policies: longest %.3g ms%s", step, shown, longest,
-                     oracle ? " (with the oracle)" : "");
+            snprintf(title, sizeof title, "Timelines of step %d, %d %s: %s %.3g ms%s", step, shown, what,
+                     cur->batch ? "batched," : "longest", longest, oracle ? " (with the oracle)" : "");
         view_fit_text(c, CANVAS_FONT_TITLE, r.w, title);
         paint_gantt gt = {
             .title = title, .rows = rows, .n_rows = n_rows, .ops = cats, .n_ops = ops.n, .bars = bars, .n_bars = nb,
-            .t = { .label = g->cells ? "time" : "time from each step's first span", .unit = "ms" },
+            .t = { .label = g->cells ? "time" : cur->batch ? "time from the batched step's first span"
+                                                            : "time from each step's first span", .unit = "ms" },
         };
         paint_result local;
         rc = paint_draw_gantt(c, r, &gt, res ? res : &local);
