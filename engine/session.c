@@ -173,6 +173,7 @@ int session_fork(const skv_session *src, const kv_opts *kv, skv_session **out) {
     o.bus = NULL;
     o.tap_layer = -1;
     o.record_prefill = 0;
+    o.batch = 1; /* a fork only decodes: activations for one token, not a prefill batch */
     skv_session *s = NULL;
     int rc = session_new(src->m, &o, &s);
     if (rc) return rc;

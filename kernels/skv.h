@@ -77,6 +77,10 @@ int skv_put_text(FILE *f, void *ctx, const char *path);
 /* Monotonic clock in seconds. */
 double skv_now(void);
 
+/* The memory the machine has available for new work (/proc/meminfo's
+ * MemAvailable), bytes; 0 when unknown. */
+double skv_mem_available(void);
+
 /* v as text in buf (n bytes): a whole number below 2^53 in full ("1957888",
  * never "1.95789e+06"), anything else with `digits` significant digits
  * (%g). Returns buf, for use inside a printf. */

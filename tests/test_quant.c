@@ -313,22 +313,27 @@ static void test_matvec(void) {
  * the weights once and must decode as each sequence alone). */
 static void test_matvec_rows(void) {
     int ok = 1;
-    for (size_t c = 0; c < N_CASES; c++) {
-        enum ggml_type t = cases[c].t;
-        size_t blck = ggml_blck_size(t), rows = 97, n = blck == 1 ? 600 : blck * (blck == 32 ? 20 : 3);
-        void *W = random_matrix(t, rows, n);
-        enum { M = 5 };
-        float *x = malloc(sizeof(float) * M * n), y[M * 97], one[97];
-        for (int j = 0; j < M; j++) random_x(x + (size_t)j * n, n, j & 1);
-        quant_matvec_rows(t, W, rows, n, x, M, y);
-        for (int j = 0; j < M; j++) {
-            quant_matvec(t, W, rows, n, x + (size_t)j * n, one);
-            ok &= !memcmp(one, y + (size_t)j * rows, sizeof one);
+    static float y[QUANT_ROWS_MAX * 97];
+    /* 5 and 64 vectors (odd and even: the 32-block types take two at a
+     * time), rows of 20 and of 19 blocks (the kernels' tail of 4) */
+    for (int pass = 0; pass < 2; pass++)
+        for (size_t c = 0; c < N_CASES; c++) {
+            enum ggml_type t = cases[c].t;
+            size_t blck = ggml_blck_size(t), rows = 97;
+            size_t n = blck == 1 ? 600 : blck * (blck == 32 ? (pass ? 19 : 20) : 3);
+            int M = pass ? QUANT_ROWS_MAX : 5;
+            void *W = random_matrix(t, rows, n);
+            float *x = malloc(sizeof(float) * (size_t)M * n), one[97];
+            for (int j = 0; j < M; j++) random_x(x + (size_t)j * n, n, j & 1);
+            quant_matvec_rows(t, W, rows, n, x, M, y);
+            for (int j = 0; j < M; j++) {
+                quant_matvec(t, W, rows, n, x + (size_t)j * n, one);
+                ok &= !memcmp(one, y + (size_t)j * rows, sizeof one);
+            }
+            free(x);
+            free(W);
         }
-        free(x);
-        free(W);
-    }
-    test_cond("quant_matvec_rows of 5 vectors equals quant_matvec of each, bit for bit, every type", ok);
+    test_cond("quant_matvec_rows of 5 and of 64 vectors equals quant_matvec of each, bit for bit, every type", ok);
 }
 
 static void test_roundtrip(void) {

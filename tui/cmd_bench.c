@@ -102,69 +102,75 @@ static double weight_bytes(const skv_model *m) {
     return b;
 }
 
-/* The machine's available memory (MemAvailable), bytes; 0 unknown. */
-static double mem_available(void) {
-    FILE *f = fopen("/proc/meminfo", "r");
-    char line[256];
-    double kb = 0;
-    while (f && fgets(line, sizeof line, f))
-        if (sscanf(line, "MemAvailable: %lf kB", &kb) == 1) break;
-    if (f) fclose(f);
-    return kb * 1024;
+/* What one more sequence costs in memory: the KV bytes it keeps (resident,
+ * and offloaded unless the file tier holds them) and its session's
+ * activations and logits. */
+static double seq_bytes(const skv_session *one, int file_tier) {
+    size_t r0, o0;
+    one->kv->cls->bytes(one->kv, &r0, &o0);
+    const model_config *c = &one->m->cfg;
+    double act = 4.0 * ((double)c->vocab + 4.0 * c->dim + 2.0 * c->ffn_dim) * (one->o.batch > 0 ? one->o.batch : 1);
+    return (double)r0 + (file_tier ? 0 : (double)o0) + act;
 }
 
-/* What one more sequence costs in memory under g's policy after an
- * np-token prompt and n decode steps: the KV bytes it keeps (resident, and
- * offloaded unless the file tier holds them), and its session's activations
- * and logits; measured on a fork of one prefill. */
-static int seq_bytes(cli_gen *g, skv_model *m, const int32_t *ids, int np, double *per_seq) {
+/* skv bench --parallel B / --max-parallel / --mem: one prefill of the
+ * prompt; a fork of it decoded n steps alone gives what a sequence costs in
+ * memory, hence the largest B under avail bytes (--max-parallel) or the
+ * refusal of a B over it; then B forks decode n steps together, timed (the
+ * best of R repeats, each from fresh forks). */
+static int bench_parallel(cli_gen *g, skv_model *m, const int32_t *ids, int np, int B, int find_max, double avail,
+                          int mem_given, int repeat) {
+    double best_tg = 0, best_ms = 0, pp = 0, per = 0, fixed = weight_bytes(m); /* the memory taken anyway */
+    size_t res_all = 0, off_all = 0;
+    int rc = 0, file = g->s.kv.offload_file[0] != 0;
     session_opts so = g->s;
     so.record_prefill = 1;
     skv_session *src = NULL, *one = NULL;
-    int rc = session_new(m, &so, &src);
-    if (!rc) rc = session_prefill(src, ids, np, NULL, NULL);
-    if (!rc) rc = session_fork(src, &g->s.kv, &one);
+    if ((rc = session_new(m, &so, &src)) || (rc = session_prefill(src, ids, np, NULL, NULL))) goto done;
+    pp = np / (src->t_prefill > 0 ? src->t_prefill : 1e-9);
+    if ((rc = session_fork(src, &g->s.kv, &one))) goto done;
     for (int t = 0; t < g->n_predict && !rc; t++) rc = session_decode(one, ids[t % np]);
-    if (!rc) {
-        size_t r0, o0;
-        one->kv->cls->bytes(one->kv, &r0, &o0);
-        const model_config *c = &m->cfg;
-        double act = 4.0 * ((double)c->vocab + 4.0 * c->dim + 2.0 * c->ffn_dim) * (one->o.batch > 0 ? one->o.batch : 1);
-        *per_seq = (double)r0 + (g->s.kv.offload_file[0] ? 0 : (double)o0) + act;
-    }
+    if (rc) goto done;
+    per = seq_bytes(one, file);
     session_free(one);
-    session_free(src);
-    return rc;
-}
-
-/* skv bench --parallel B: one prefill of the prompt, forked into B
- * sequences, then n decode steps of all B together; the best of R repeats. */
-static int bench_parallel(cli_gen *g, skv_model *m, const int32_t *ids, int np, int B, int repeat) {
-    double best_tg = 0, best_ms = 0, pp = 0;
-    size_t res_all = 0, off_all = 0;
-    int rc = 0;
+    one = NULL;
+    fixed += seq_bytes(src, file) + (double)kv_rec_held(src->rec); /* the source and its recording stay */
+    if (find_max) {
+        B = per > 0 ? (int)floor((avail - fixed) / per) : 0;
+        if (B > 4096) B = 4096;
+        if (B < 1) {
+            rc = skv_error(SKV_ENOMEM, "not even one sequence of %d + %d tokens fits: it needs %.2f GiB beside %.2f GiB "
+                           "of weights and the prompt's source, over %.2f GiB", np, g->n_predict, per / 1073741824.0,
+                           fixed / 1073741824.0,
+                           avail / 1073741824.0);
+            goto done;
+        }
+        printf("max_parallel=%d per_seq_bytes=%.0f mem_bytes=%.0f\n", B, per, avail);
+        fflush(stdout);
+    } else if (avail > 0 && fixed + per * B > avail) {
+        rc = skv_error(SKV_ENOMEM, "%d sequences of %d + %d tokens need %.2f GiB (%.3f GiB each beside %.2f GiB of "
+                       "weights and the prompt's source), over the %.2f GiB %s", B, np, g->n_predict, (fixed + per * B) / 1073741824.0,
+                       per / 1073741824.0, fixed / 1073741824.0, avail / 1073741824.0,
+                       mem_given ? "of --mem" : "available");
+        goto done;
+    }
     int32_t *tok = malloc(sizeof *tok * (size_t)B);
-    if (!tok) return cli_usage_error("bench", "out of memory");
+    if (!tok) { rc = skv_error(SKV_ENOMEM, "out of memory"); goto done; }
     for (int r = 0; r < repeat && !rc; r++) {
-        session_opts so = g->s;
-        so.record_prefill = 1;
-        skv_session *src = NULL, **seqs = calloc((size_t)B, sizeof *seqs);
+        skv_session **seqs = calloc((size_t)B, sizeof *seqs);
         skv_batch *b = NULL;
         if (!seqs) rc = skv_error(SKV_ENOMEM, "out of memory");
-        if (!rc) rc = session_new(m, &so, &src);
-        if (!rc) rc = session_prefill(src, ids, np, NULL, NULL);
         for (int i = 0; i < B && !rc; i++) rc = session_fork(src, &g->s.kv, &seqs[i]);
         if (!rc && (rc = batch_new(seqs, B, &b)) == 0) memset(seqs, 0, sizeof *seqs * (size_t)B);
         if (rc == SKV_ENOMEM)
             rc = skv_error(SKV_ENOMEM, "%d sequences of %d + %d tokens do not fit in memory (%.1f MiB of weights; "
-                           "lower --parallel)", B, np, g->n_predict, weight_bytes(m) / 1048576.0);
+                           "lower --parallel)", B, np, g->n_predict, fixed / 1048576.0);
         for (int t = 0; t < g->n_predict && !rc; t++) {
             for (int i = 0; i < B; i++) tok[i] = ids[(t + i) % np];
             rc = batch_decode(b, tok);
         }
         if (!rc) {
             double t = batch_t_decode(b), tg = t > 0 ? (double)B * batch_steps(b) / t : 0;
-            if (src->t_prefill > 0 && np / src->t_prefill > pp) pp = np / src->t_prefill;
             if (tg > best_tg) {
                 best_tg = tg;
                 best_ms = batch_steps(b) ? 1000 * t / batch_steps(b) : 0;
@@ -181,15 +187,18 @@ static int bench_parallel(cli_gen *g, skv_model *m, const int32_t *ids, int np, 
         for (int i = 0; seqs && i < B; i++) session_free(seqs[i]);
         free(seqs);
         batch_free(b);
-        session_free(src);
     }
     free(tok);
+done:
+    session_free(one);
+    session_free(src);
     if (rc) return cli_fail();
     const model_config *c = &m->cfg;
     printf("model=%s kv=%s threads=%d prompt=%d decode=%d parallel=%d prefill_tok_s=%.1f decode_tok_s=%.2f "
-           "decode_ms=%.3f resident_bytes=%zu resident_bytes_seq=%.0f offloaded_bytes=%zu tier=%s weight_bytes=%.0f\n",
+           "decode_ms=%.3f resident_bytes=%zu resident_bytes_seq=%.0f offloaded_bytes=%zu tier=%s weight_bytes=%.0f "
+           "seq_bytes=%.0f\n",
            c->name[0] ? c->name : g->model, g->s.kv.policy, skv_threads(), np, g->n_predict, B, pp, best_tg, best_ms,
-           res_all, (double)res_all / B, off_all, g->s.kv.offload_file[0] ? "file" : "memory", weight_bytes(m));
+           res_all, (double)res_all / B, off_all, file ? "file" : "memory", weight_bytes(m), per);
     return 0;
 }
 
@@ -252,28 +261,8 @@ int cmd_bench(int argc, char **argv) {
     }
     if (parallel || max_parallel || mem_gib > 0) {
         /* the memory a batch may take: --mem, or what the machine has free less a margin of a tenth */
-        double avail = mem_gib > 0 ? mem_gib * 1073741824.0 : 0.9 * mem_available(), per = 0;
-        double fixed = weight_bytes(m); /* mapped or copied, the weights take memory */
-        int rc = seq_bytes(&g, m, ids, np, &per) ? cli_fail() : 0;
-        if (!rc && max_parallel) {
-            parallel = per > 0 ? (int)floor((avail - fixed) / per) : 0;
-            if (parallel > 4096) parallel = 4096;
-            if (parallel < 1) {
-                cli_msg("not even one sequence of %d + %d tokens fits: it needs %.2f GiB beside %.2f GiB of weights, "
-                        "over %.2f GiB\n", np, g.n_predict, per / 1073741824.0, fixed / 1073741824.0,
-                        avail / 1073741824.0);
-                rc = 1;
-            } else {
-                printf("max_parallel=%d per_seq_bytes=%.0f mem_bytes=%.0f\n", parallel, per, avail);
-            }
-        } else if (!rc && parallel && avail > 0 && fixed + per * parallel > avail) {
-            cli_msg("%d sequences of %d + %d tokens need %.2f GiB (%.3f GiB each beside %.2f GiB of weights), over "
-                    "the %.2f GiB %s\n", parallel, np, g.n_predict, (fixed + per * parallel) / 1073741824.0,
-                    per / 1073741824.0, fixed / 1073741824.0, avail / 1073741824.0,
-                    mem_gib > 0 ? "of --mem" : "available");
-            rc = 1;
-        }
-        if (!rc) rc = bench_parallel(&g, m, ids, np, parallel ? parallel : 1, repeat);
+        double avail = mem_gib > 0 ? mem_gib * 1073741824.0 : 0.9 * skv_mem_available();
+        int rc = bench_parallel(&g, m, ids, np, parallel ? parallel : 1, max_parallel, avail, mem_gib > 0, repeat);
         free(ids);
         model_free(m);
         cli_gen_free(&g);

@@ -70,6 +70,8 @@ typedef struct kv_class {
     int budgeted;             /* 1: honours the shared --budget (tokens attended per KV head) */
     int device;               /* 1: keeps its data in the backend's memory and reaches it only through
                                  the backend's ops, so it runs on any backend; 0: the CPU backend only */
+    int prefill_pure;         /* 1: attend before end_prefill only computes its output (no state, no
+                                 calibration): a fork (kv_rec_replay) replays the appends alone */
     const kv_stat_def *stat_defs; /* (n_stats <= KV_MAX_STATS) */
     int n_stats;
     /* Creates a cache of this policy; its options are read with kv_opt(). */
@@ -232,6 +234,8 @@ typedef struct {
  * the same prompt would have given it, without the model. */
 int kv_rec_new(kv_cache *inner, kv_cache **out);
 int kv_rec_replay(const kv_cache *rec, kv_cache *dst);
+/* Bytes the recording itself holds (beside the cache it wraps). */
+size_t kv_rec_held(const kv_cache *rec);
 
 int kv_tap_new(kv_cache *inner, int layer, kv_cache **out);
 const kv_tap_data *kv_tap_get(const kv_cache *c);   /* NULL if c is not a tap */

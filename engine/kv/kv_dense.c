@@ -141,6 +141,7 @@ const kv_class kv_policy_dense = {
     .opts = dense_opt_defs,
     .n_opts = sizeof dense_opt_defs / sizeof dense_opt_defs[0],
     .device = 1,
+    .prefill_pure = 1,
     .create = dense_create,
     .append = dense_append,
     .attend = dense_attend,

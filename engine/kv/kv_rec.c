@@ -18,30 +18,37 @@ typedef struct {
     kv_cache base;
     kv_cache *inner;     /* owned */
     int done;            /* end_prefill seen: nothing more is recorded */
+    int pure;            /* the policy's prefill attends keep no state (prefill_pure): they and
+                            their queries are not recorded, and a replay is the appends alone */
     int err;             /* a recording failed (out of memory): no replay */
     rec_call *calls;     /* (n_calls) in call order */
     int n_calls, cap_calls;
     float **k_pre, **k, **v, **q; /* per layer: (cap, kvd) x 3 and (cap, qd) */
     int cap;             /* positions allocated per layer */
+    size_t max_bytes;    /* rec_max_bytes() at the start */
 } kv_rec;
 
 /* The most a recording may hold: past it the prefill is not recorded (the
- * fixes it would check stay unchecked) rather than the run running out of
- * memory on a long prompt of a big model. */
-#define KV_REC_MAX_BYTES ((size_t)2 << 30)
+ * fixes it would check, the forks of a batch, fail) rather than the run
+ * running out of memory on a long prompt of a big model: 2 GiB, or a quarter
+ * of the memory available when the recorder starts if that is more. */
+static size_t rec_max_bytes(void) {
+    size_t least = (size_t)2 << 30, q = (size_t)(skv_mem_available() / 4);
+    return q > least ? q : least;
+}
 
 static int grow(kv_rec *r, int need) {
     if (need <= r->cap) return 0;
     int cap = r->cap ? r->cap : 256;
     while (cap < need) cap *= 2;
     const kv_shape *sh = &r->base.shape;
-    size_t kvd = (size_t)sh->n_kv_heads * sh->head_dim, qd = (size_t)sh->n_heads * sh->head_dim;
-    if ((size_t)need * sh->n_layers * (3 * kvd + qd) * sizeof(float) > KV_REC_MAX_BYTES)
-        return skv_error(SKV_ENOMEM, "kv recorder: a prefill of %d positions is over %zu GiB to record", need,
-                         KV_REC_MAX_BYTES >> 30);
+    size_t kvd = (size_t)sh->n_kv_heads * sh->head_dim, qd = r->pure ? 0 : (size_t)sh->n_heads * sh->head_dim;
+    if ((size_t)need * sh->n_layers * (3 * kvd + qd) * sizeof(float) > r->max_bytes)
+        return skv_error(SKV_ENOMEM, "kv recorder: a prefill of %d positions is over the %.1f GiB it may record",
+                         need, r->max_bytes / 1073741824.0);
     for (int l = 0; l < sh->n_layers; l++) {
         float **arr[4] = { &r->k_pre[l], &r->k[l], &r->v[l], &r->q[l] };
-        for (int i = 0; i < 4; i++) {
+        for (int i = 0; i < (r->pure ? 3 : 4); i++) {
             float *p = realloc(*arr[i], sizeof(float) * (i == 3 ? qd : kvd) * (size_t)cap);
             if (!p) return skv_error(SKV_ENOMEM, "kv recorder: out of memory for %d positions", cap);
             *arr[i] = p;
@@ -79,7 +86,7 @@ static int rec_append(kv_cache *b, int layer, int pos, int n, const float *k_pre
 static int rec_attend(kv_cache *b, int layer, int pos, int n, const float *q, float *out) {
     kv_rec *r = (kv_rec *)b;
     r->inner->step = b->step;
-    if (!r->done && !r->err) {
+    if (!r->done && !r->err && !r->pure) {
         if (grow(r, pos + n) || log_call(r, 1, layer, pos, n)) { r->err = 1; skv_clear_error(); }
         else {
             size_t qd = (size_t)b->shape.n_heads * b->shape.head_dim;
@@ -143,6 +150,8 @@ int kv_rec_new(kv_cache *inner, kv_cache **out) {
     r->base.shape = inner->shape;
     r->base.bus = inner->bus;
     r->base.step = -1;
+    r->pure = inner->policy->prefill_pure;
+    r->max_bytes = rec_max_bytes();
     int nl = inner->shape.n_layers;
     r->k_pre = calloc((size_t)nl, sizeof *r->k_pre);
     r->k = calloc((size_t)nl, sizeof *r->k);
@@ -162,6 +171,9 @@ int kv_rec_replay(const kv_cache *c, kv_cache *dst) {
     if (!c || c->cls != &kv_rec_class) return skv_error(SKV_EINVAL, "kv_rec_replay: not a prefill recorder");
     const kv_rec *r = (const kv_rec *)c;
     if (r->err || !r->done) return skv_error(SKV_EINVAL, "kv_rec_replay: the prefill was not recorded whole");
+    if (r->pure && !dst->policy->prefill_pure)
+        return skv_error(SKV_EINVAL, "kv_rec_replay: %s's prefill was recorded without its queries, which %s needs",
+                         r->inner->policy->name, dst->policy->name);
     const kv_shape *sh = &c->shape;
     size_t kvd = (size_t)sh->n_kv_heads * sh->head_dim, qd = (size_t)sh->n_heads * sh->head_dim;
     int most = 0;
@@ -181,4 +193,12 @@ int kv_rec_replay(const kv_cache *c, kv_cache *dst) {
     free(out);
     if (!rc) rc = dst->cls->end_prefill(dst);
     return rc;
+}
+
+size_t kv_rec_held(const kv_cache *c) {
+    if (!c || c->cls != &kv_rec_class) return 0;
+    const kv_rec *r = (const kv_rec *)c;
+    const kv_shape *sh = &c->shape;
+    size_t kvd = (size_t)sh->n_kv_heads * sh->head_dim, qd = r->pure ? 0 : (size_t)sh->n_heads * sh->head_dim;
+    return (size_t)r->cap * sh->n_layers * (3 * kvd + qd) * sizeof(float) + sizeof(rec_call) * (size_t)r->cap_calls;
 }

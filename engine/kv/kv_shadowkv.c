@@ -1554,6 +1554,7 @@ const kv_class kv_policy_shadowkv = {
     .opts = sk_opt_defs,
     .n_opts = sizeof sk_opt_defs / sizeof sk_opt_defs[0],
     .budgeted = 1,
+    .prefill_pure = 1,
     .device = 1,
     .stat_defs = sk_stat_defs,
     .n_stats = sizeof sk_stat_defs / sizeof sk_stat_defs[0],

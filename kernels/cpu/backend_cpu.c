@@ -80,6 +80,10 @@ static void cpu_kv_store(float *cache, size_t head_stride, int n_kv, int d, int 
                    sizeof(float) * d);
 }
 
+/* Up to this many rows of x, quantized weights go through quant_matvec_rows. */
+#define ROWS_DOTS_MAX 32
+_Static_assert(ROWS_DOTS_MAX <= QUANT_ROWS_MAX, "quant_matvec_rows takes at most QUANT_ROWS_MAX rows");
+
 /* Rows of W per GEMM task. */
 #define WBLOCK_ROWS 256
 
@@ -89,9 +93,13 @@ static void cpu_matmul(enum ggml_type t, const void *W, int rows, int cols, cons
         quant_matvec(t, W, rows, cols, x, y);
         return;
     }
-    if (t != GGML_F32 && n <= QUANT_ROWS_MAX && !qgemm_supported(t, n)) {
-        /* a few rows (a batched decode step): the matvec's own dots, each
-         * weight row read once for all of them */
+    if (t != GGML_F32 && n <= ROWS_DOTS_MAX) {
+        /* a batched decode step, a prefill's tail: the matvec's own dots,
+         * each weight row read once for all of them. On an AVX2 EPYC
+         * (SmolLM2 shape, q8_0, 2 threads, skv bench --parallel B) a step of
+         * 16 took 73 ms this way against 105 through the int8 GEMM, which
+         * packs the weights each call; at 32 the two were even (125-147 ms
+         * against 131-137), and at 64 the GEMM won (245 against 289). */
         quant_matvec_rows(t, W, (size_t)rows, (size_t)cols, x, n, y);
         return;
     }

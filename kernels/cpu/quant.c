@@ -774,6 +774,54 @@ static float qdot_q4_0(const uint8_t *w, const xq8 *x, size_t n) { return QDOT32
 static float qdot_q5_0(const uint8_t *w, const xq8 *x, size_t n) { return QDOT32(q5_0, Q5_0_BYTES); }
 #undef QDOT32
 
+#ifndef QUANT_AVX512
+/* Two activation vectors against one weight row (quant_matvec_rows): each
+ * block's codes, their magnitudes and its scale are loaded once for both,
+ * and each dot keeps qdot_blocks32's four sets in its order, so *y0 and *y1
+ * are bit for bit what two calls would give. (The AVX-512 kernel orders its
+ * sums otherwise; there the rows go one at a time.) */
+static inline __attribute__((always_inline)) void qdot2_blocks32(const uint8_t *w, const xq8 *x0, const xq8 *x1,
+                                                                 size_t n, size_t bytes,
+                                                                 __m256i (*wl)(const uint8_t *), float *y0,
+                                                                 float *y1) {
+    size_t nb = n / QK, i = 0;
+    __m256 a0 = _mm256_setzero_ps(), a1 = a0, a2 = a0, a3 = a0, b0 = a0, b1 = a0, b2 = a0, b3 = a0;
+#define QBLOCK2(acc, bcc, k)                                                                                     \
+    do {                                                                                                         \
+        __m256i wv = wl(w + (k) * bytes), aw = _mm256_sign_epi8(wv, wv);                                         \
+        float wd = h2f(w + (k) * bytes);                                                                         \
+        acc = lanes_fma(acc, lanes_us(aw, _mm256_sign_epi8(xq256(x0->q + QK * (i + (k))), wv)),                  \
+                        _mm256_set1_ps(wd * x0->d[i + (k)]));                                                    \
+        bcc = lanes_fma(bcc, lanes_us(aw, _mm256_sign_epi8(xq256(x1->q + QK * (i + (k))), wv)),                  \
+                        _mm256_set1_ps(wd * x1->d[i + (k)]));                                                    \
+    } while (0)
+    for (; i + 4 <= nb; i += 4, w += 4 * bytes) {
+        QBLOCK2(a0, b0, 0);
+        QBLOCK2(a1, b1, 1);
+        QBLOCK2(a2, b2, 2);
+        QBLOCK2(a3, b3, 3);
+    }
+    if (i < nb) QBLOCK2(a0, b0, 0);
+    if (i + 1 < nb) QBLOCK2(a1, b1, 1);
+    if (i + 2 < nb) QBLOCK2(a2, b2, 2);
+#undef QBLOCK2
+    *y0 = sets_sum(a0, a1, a2, a3);
+    *y1 = sets_sum(b0, b1, b2, b3);
+}
+
+typedef void (*qdot2_fn)(const uint8_t *w, const xq8 *x0, const xq8 *x1, size_t n, float *y0, float *y1);
+static void qdot2_q8_0(const uint8_t *w, const xq8 *x0, const xq8 *x1, size_t n, float *y0, float *y1) {
+    qdot2_blocks32(w, x0, x1, n, Q8_0_BYTES, w_q8_0, y0, y1);
+}
+static void qdot2_q4_0(const uint8_t *w, const xq8 *x0, const xq8 *x1, size_t n, float *y0, float *y1) {
+    qdot2_blocks32(w, x0, x1, n, Q4_0_BYTES, w_q4_0, y0, y1);
+}
+static void qdot2_q5_0(const uint8_t *w, const xq8 *x0, const xq8 *x1, size_t n, float *y0, float *y1) {
+    qdot2_blocks32(w, x0, x1, n, Q5_0_BYTES, w_q5_0, y0, y1);
+}
+#define HAVE_QDOT2 1
+#endif
+
 static float qdot_q4_K(const uint8_t *w, const xq8 *x, size_t n) {
     __m256 a0 = _mm256_setzero_ps(), a1 = a0, a2 = a0, a3 = a0, am = a0;
     const int8_t *xq = x->q;
@@ -1055,11 +1103,19 @@ void quant_matvec_rows(enum ggml_type t, const void *W, size_t rows, size_t n, c
     uint8_t *heap[QUANT_ROWS_MAX] = {NULL};
     for (int j = 0; qf && j < m; j++) heap[j] = xq_quantize(x + (size_t)j * n, n, sh, 0, &xq[j]);
     long long nr = (long long)rows;
+#ifdef HAVE_QDOT2 /* two x a pass over each weight block, where the type has the kernel */
+    qdot2_fn q2 = t == GGML_Q8_0 ? qdot2_q8_0 : t == GGML_Q4_0 ? qdot2_q4_0 : t == GGML_Q5_0 ? qdot2_q5_0 : NULL;
+#else
+    void (*q2)(const uint8_t *, const xq8 *, const xq8 *, size_t, float *, float *) = NULL;
+#endif
     /* a weight row is read once and dotted with every x while it is in cache */
-#pragma omp parallel for schedule(guided, 8) if (rows * n >= 32768)
+#pragma omp parallel for schedule(static) if (rows * n >= 32768)
     for (long long r = 0; r < nr; r++) {
         const uint8_t *w = (const uint8_t *)W + (size_t)r * rs;
-        for (int j = 0; j < m; j++)
+        int j = 0;
+        for (; q2 && j + 2 <= m; j += 2)
+            q2(w, &xq[j], &xq[j + 1], n, &y[(size_t)j * rows + (size_t)r], &y[(size_t)(j + 1) * rows + (size_t)r]);
+        for (; j < m; j++)
             y[(size_t)j * rows + (size_t)r] = qf ? qf(w, &xq[j], n) : df(w, x + (size_t)j * n, n);
     }
     for (int j = 0; j < m; j++) free(heap[j]);

@@ -39,8 +39,9 @@ void quant_matvec(enum ggml_type t, const void *W, size_t rows, size_t n, const 
 
 /* quant_matvec of m (<= QUANT_ROWS_MAX) vectors x (m, n) against W at once:
  * y (m, rows), row j of y equal to quant_matvec of x row j bit for bit, but
- * each row of W read from memory once for all m (a batched decode step). */
-#define QUANT_ROWS_MAX 16
+ * each row of W read from memory once for all m (a batched decode step;
+ * q8_0, q4_0 and q5_0 take two x a pass over each weight block). */
+#define QUANT_ROWS_MAX 64
 void quant_matvec_rows(enum ggml_type t, const void *W, size_t rows, size_t n, const float *x, int m, float *y);
 
 /* One block of 32 activations as quant_matvec quantizes it: codes q
