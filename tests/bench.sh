@@ -19,16 +19,21 @@ mkdir -p "$OUT"
 T=2
 ROUNDS=${BENCH_ROUNDS:-3}
 # BENCH_ONLY=a,b runs some of the parts: engine (beside llama.cpp), shadowkv
-# (ShadowKV against dense), policies (the six side by side), probes.
-want() { case ",${BENCH_ONLY:-engine,shadowkv,policies,probes}," in *",$1,"*) return 0 ;; esac; return 1; }
+# (ShadowKV against dense), policies (the six side by side), batch (Table 3:
+# batched decode beside llama-batched-bench), probes.
+want() { case ",${BENCH_ONLY:-engine,shadowkv,policies,batch,probes}," in *",$1,"*) return 0 ;; esac; return 1; }
 for part in $(echo "${BENCH_ONLY:-}" | tr ',' ' '); do
     case $part in
-        engine | shadowkv | policies | probes) ;;
-        *) echo "bench: BENCH_ONLY: no part '$part' (the parts: engine, shadowkv, policies, probes)" >&2; exit 2 ;;
+        engine | shadowkv | policies | batch | probes) ;;
+        *) echo "bench: BENCH_ONLY: no part '$part' (the parts: engine, shadowkv, policies, batch, probes)" >&2; exit 2 ;;
     esac
 done
 if [ -z "${LLAMA_BENCH:-}" ] && [ -x build/ref/llama-bench ]; then LLAMA_BENCH=build/ref/llama-bench; fi
 LLAMA_BENCH=${LLAMA_BENCH:-}
+if [ -z "${LLAMA_BATCHED:-}" ] && [ -x build/ref/llama-batched-bench ]; then LLAMA_BATCHED=build/ref/llama-batched-bench; fi
+LLAMA_BATCHED=${LLAMA_BATCHED:-}
+# Why llama.cpp is not run, when make bench-ref could not make it usable.
+REF_WHY=$(cat build/ref/unusable 2>/dev/null || echo "make bench-ref builds it from the pinned source")
 
 synth() { # dtype [config] [layers]
     cfg=${2:-smollm2-135m}; tag=$cfg-$1; lay=""
@@ -151,7 +156,7 @@ if want engine; then
     if [ -n "$LLAMA_BENCH" ]; then
         echo "llama.cpp: $LLAMA_BENCH ($(cat build/ref/commit 2>/dev/null || echo "commit unknown"); best of flash attention off/on per round)"
     else
-        echo "llama.cpp: not run (make bench-ref builds it from the pinned source; or set LLAMA_BENCH=/path/to/llama-bench)"
+        echo "llama.cpp: not run ($REF_WHY; or set LLAMA_BENCH=/path/to/llama-bench)"
     fi
     echo "$HEAD"
     if [ -f "$SHARED/configs/smollm2-135m.config.json" ]; then
@@ -229,6 +234,102 @@ if want policies && [ -f "$SHARED/configs/smollm2-135m.config.json" ]; then
                 "$(echo "$line" | field fetch_bytes_step)" "$(echo "$line" | field read_bytes_step)"
         done
     done
+fi
+
+# Table 3 of the paper, on this machine: for each model shape and context,
+# the largest batch of dense (f16 cache, as llama.cpp's) and of ShadowKV
+# (values in the file tier) under BENCH_MEM_GIB (default 20, at most 85% of
+# the memory free), its tok/s and ms a step, the resident bytes a sequence,
+# and the ratios: to skv's dense, and to llama-batched-bench run live at the
+# same context (a shared prompt, -pps with a unified cache: the prompt's KV
+# is stored once and read once a step for all sequences, a cheaper step
+# than distinct contexts'). llama.cpp runs at batch 1 and at dense's largest
+# batch, and its better throughput is the yardstick. The batch-1 rows are
+# the everyday question (ShadowKV at depth against llama.cpp at depth), and
+# ShadowKV's batch 8 against its batch 1 shows the weights read once a step.
+# One prefill a case, forked to every policy and batch (skv bench --kv
+# dense,shadowkv --parallel 1,8,max). BENCH_BATCH_CASES lists config:context
+# pairs; BENCH_BATCH_STEPS decode steps (default 4).
+batch_case() { # CONFIG CTX
+    cfg=$1; ctx=$2; steps=${BENCH_BATCH_STEPS:-4}
+    [ -f "$SHARED/configs/$cfg.config.json" ] || { echo "($cfg: $SHARED/configs/$cfg.config.json missing)"; return; }
+    m=$(synth q8_0 "$cfg")
+    rm -f "$OUT/batch-values.bin"
+    log=$OUT/batch-$cfg-$ctx.txt
+    # ShadowKV's options at this context, less its --kv
+    sk=$(sk_opts "$ctx"); sk=${sk#--kv shadowkv }
+    if ! $SKV bench -m "$m" -t $T --prompt-tokens "$ctx" -n "$steps" -c $((ctx + steps + 8)) --kv dense,shadowkv $sk \
+        --f16-kv --offload-file "$OUT/batch-values.bin" --parallel 1,8,max --mem "$MEM" >"$log" 2>&1; then
+        echo "$cfg $ctx: skv bench failed: $(tail -n 1 "$log")"
+        return
+    fi
+    # pick POLICY B FIELD: a field of the line for (policy, batch B)
+    pick() { grep "kv=$1 .* parallel=$2 " "$log" | head -n 1 | field "$3"; }
+    bmax() { sed -n "s/^kv=$1 max_parallel=\([0-9]*\).*bound=\([a-z]*\).*/\1 \2/p" "$log" | head -n 1; }
+    set -- $(bmax dense); bd=${1:-}; set -- $(bmax shadowkv); bs=${1:-}; bound=${2:-}
+    d1=$(pick dense 1 decode_tok_s); dmax=$(pick dense "$bd" decode_tok_s); dres=$(pick dense "$bd" resident_bytes_seq)
+    s1=$(pick shadowkv 1 decode_tok_s); s8ms=$(pick shadowkv 8 decode_ms); s1ms=$(pick shadowkv 1 decode_ms)
+    smax=$(pick shadowkv "$bs" decode_tok_s); sres=$(pick shadowkv "$bs" resident_bytes_seq)
+    smaxms=$(pick shadowkv "$bs" decode_ms); dmaxms=$(pick dense "$bd" decode_ms)
+    l1="-"; lb="-"; lbest="-"; lwhy=""
+    if [ -n "$LLAMA_BATCHED" ] && [ -n "$bd" ]; then
+        llog=$OUT/batch-llama-$cfg-$ctx.txt
+        if "$LLAMA_BATCHED" -m "$m" -c $((ctx + bd * steps + 64)) -npp "$ctx" -ntg "$steps" -npl "1,$bd" -pps -kvu \
+            -t $T --output-format jsonl >"$llog" 2>"$llog.err"; then
+            lt() { sed -n "s/.*\"pl\": $1,.*\"speed_tg\": \([0-9.]*\).*/\1/p" "$llog" | head -n 1 |
+                   awk '{ printf "%.2f", $1 }'; }
+            l1=$(lt 1); lb=$(lt "$bd"); l1=${l1:--}; lb=${lb:--}
+            lbest=$(awk -v a="$l1" -v b="$lb" 'BEGIN { if (a !~ /^[0-9.]+$/) a = 0; if (b !~ /^[0-9.]+$/) b = 0
+                m = a > b ? a : b; if (m > 0) printf "%.2f", m; else print "-" }')
+        else
+            lwhy="llama-batched-bench failed: $(tail -n 1 "$llog.err")"
+        fi
+    else
+        lwhy="not run ($REF_WHY)"
+    fi
+    mib() { awk -v b="$1" 'BEGIN { if (b ~ /^[0-9.]+$/) printf "%.1f", b / 1048576; else print "-" }'; }
+    printf '%-14s %6s %-9s %-7s %6s %8s %10s %10s %8s %11s %9s\n' "$cfg" "$ctx" dense memory "$bd" "$dmax" "$dmaxms" \
+        "$(mib "$dres")" "1.00x" "$lbest" "$(ratio "$dmax" "$lbest")"
+    printf '%-14s %6s %-9s %-7s %6s %8s %10s %10s %8s %11s %9s\n' "$cfg" "$ctx" shadowkv "file" "$bs" "$smax" "$smaxms" \
+        "$(mib "$sres")" "$(ratio "$smax" "$dmax")" "$lbest" "$(ratio "$smax" "$lbest")"
+    [ -z "$lwhy" ] || echo "   llama.cpp: $lwhy"
+    [ "$bound" != disk ] || echo "   (ShadowKV's batch bound by the free disk its offload files may take, not memory)"
+    {
+        batch_row "$cfg $ctx: dense at B=$bd / llama.cpp at B=$bd" "$dmax" "$lb" "1.0x"
+        batch_row "$cfg $ctx: ShadowKV at its largest B=$bs / llama.cpp's best" "$smax" "$lbest" "2.5x"
+        batch_row "$cfg $ctx: ShadowKV batch 1 / llama.cpp batch 1 (decode at depth)" "$s1" "$l1" \
+            "$([ "$ctx" -ge 32768 ] && echo 6x || echo -)"
+        batch_row "$cfg $ctx: ShadowKV ms/step at B=8 / at B=1 (lower is better)" "$s8ms" "$s1ms" "<=3x"
+        batch_row "$cfg $ctx: resident bytes a sequence, dense f16 / ShadowKV" "$dres" "$sres" "-"
+    } >>"$BATCH_RESULTS"
+}
+
+# batch_row LABEL A B TARGET: "label  A  B  A/B  target"
+batch_row() { printf '%-72s %10s %10s %8s %6s\n' "$1" "$2" "$3" "$(ratio "$2" "$3")" "$4"; }
+
+if want batch; then
+    avail_gib=$(awk '/^MemAvailable:/ { printf "%.1f", $2 / 1048576 * 0.85 }' /proc/meminfo)
+    MEM=$(awk -v a="${BENCH_MEM_GIB:-20}" -v b="$avail_gib" 'BEGIN { print (b > 0 && b < a) ? b : a }')
+    BATCH_RESULTS=$OUT/batch-ratios.txt
+    : >"$BATCH_RESULTS"
+    echo
+    echo "== Table 3: batched decode, q8_0 weights, $T threads, up to $MEM GiB: the largest batch of each policy and its"
+    echo "   tok/s (B x steps / time), beside llama-batched-bench (-pps -kvu: one shared prompt; the best of batch 1 and"
+    echo "   dense's largest batch). ShadowKV: budget 1.56% of the context, rank 48, chunk 8, values in the file tier =="
+    if [ -n "$LLAMA_BATCHED" ]; then
+        echo "llama.cpp: $LLAMA_BATCHED ($(cat build/ref/commit 2>/dev/null || echo "commit unknown"), $(cat build/ref/variant 2>/dev/null || echo "build unknown"))"
+    else
+        echo "llama.cpp: not run ($REF_WHY; or set LLAMA_BATCHED=/path/to/llama-batched-bench)"
+    fi
+    printf '%-14s %6s %-9s %-7s %6s %8s %10s %10s %8s %11s %9s\n' shape context policy tier "max B" "tok/s" "ms/step" \
+        "MiB/seq" "vs dense" "llama tok/s" "vs llama"
+    for c in ${BENCH_BATCH_CASES:-smollm2-135m:4096 smollm2-135m:16384 smollm2-135m:32768 llama-3.2-1b:32768}; do
+        batch_case "${c%%:*}" "${c#*:}"
+    done
+    rm -f "$OUT/batch-values.bin"
+    echo
+    printf '%-72s %10s %10s %8s %6s\n' "Table 3's ratios" "skv" "vs" "ratio" "target"
+    cat "$BATCH_RESULTS"
 fi
 
 if want probes && [ -x build-noprobes/skv ] && [ -f "$SHARED/models/mini-smollm-f32.gguf" ]; then

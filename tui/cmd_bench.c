@@ -7,9 +7,11 @@
 #include "model.h"
 #include "skv.h"
 
+#include <limits.h>
 #include <math.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/statvfs.h>
 
 static void help(FILE *o) {
     fprintf(o, "usage: skv bench -m MODEL [--prompt-tokens N] [-n N] [--repeat R] [options]\n\n"
@@ -34,11 +36,15 @@ static void help(FILE *o) {
                "      --prompt-tokens N prompt length (default 512)\n"
                "      --repeat R        repeats; the best is reported (default 1)\n"
                "  -np, --parallel B     decode B sequences together: the prompt prefilled once and forked\n"
-               "                        (a shared prefix, as llama-batched-bench -pps), one pass of the weights\n"
-               "                        a step; prints parallel=B, decode_tok_s = B x steps / time, decode_ms a\n"
-               "                        step, and the KV bytes resident for all B and per sequence\n"
+               "                        (a shared prefix, as llama-batched-bench -pps; each fork holds its own\n"
+               "                        copy), one pass of the weights a step; prints parallel=B, decode_tok_s =\n"
+               "                        B x steps / time, decode_ms a step, and the KV bytes resident for all B\n"
+               "                        and per sequence. A list (1,8,max) runs each from the one prefill, and\n"
+               "                        --kv a,b forks the prefill into each policy (one line a policy and B)\n"
                "      --max-parallel    the largest B that fits under --mem (one sequence's KV bytes measured on a\n"
-               "                        fork, its activations estimated, beside the weights), then the bench at it\n"
+               "                        fork, its activations estimated, beside the weights and the prompt's\n"
+               "                        source; with --offload-file, each fork's values in a file of their own\n"
+               "                        there, within four fifths of the free disk), then the bench at it\n"
                "      --mem GIB         the memory a batch may take (default: the machine's available memory\n"
                "                        less a tenth); a --parallel B over it is refused, naming what it needs\n");
 }
@@ -113,99 +119,163 @@ static double seq_bytes(const skv_session *one, int file_tier) {
     return (double)r0 + (file_tier ? 0 : (double)o0) + act;
 }
 
-/* skv bench --parallel B / --max-parallel / --mem: one prefill of the
- * prompt; a fork of it decoded n steps alone gives what a sequence costs in
- * memory, hence the largest B under avail bytes (--max-parallel) or the
- * refusal of a B over it; then B forks decode n steps together, timed (the
- * best of R repeats, each from fresh forks). */
-static int bench_parallel(cli_gen *g, skv_model *m, const int32_t *ids, int np, int B, int find_max, double avail,
+/* Free bytes on the file system that holds path (its folder); 0 unknown. */
+static double disk_free(const char *path) {
+    char dir[PATH_MAX];
+    snprintf(dir, sizeof dir, "%s", path);
+    char *slash = strrchr(dir, '/');
+    if (slash) *(slash == dir ? slash + 1 : slash) = 0;
+    else snprintf(dir, sizeof dir, ".");
+    struct statvfs v;
+    return statvfs(dir, &v) ? 0 : (double)v.f_bavail * v.f_frsize;
+}
+
+/* The batch sizes of --parallel: up to 16, each a count or "max". */
+#define NP_MAX_LIST 16
+#define NP_MAX (-1)
+
+/* skv bench --parallel B[,B...] / --max-parallel / --mem, for one policy or
+ * a --kv list: one prefill of the prompt (through the first policy's
+ * source, recorded), forked into each policy. For each: a fork decoded n
+ * steps alone gives what a sequence costs in memory, hence the largest B
+ * under avail bytes ("max") or the refusal of a B over it; then for each B,
+ * B forks decode n steps together, timed (the best of R repeats, each from
+ * fresh forks). One line a (policy, B). */
+static int bench_parallel(cli_gen *g, skv_model *m, const int32_t *ids, int np, const int *bs, int n_bs, double avail,
                           int mem_given, int repeat) {
-    double best_tg = 0, best_ms = 0, pp = 0, per = 0, fixed = weight_bytes(m); /* the memory taken anyway */
-    size_t res_all = 0, off_all = 0;
-    int rc = 0, file = g->s.kv.offload_file[0] != 0;
+    double pp = 0, fixed = weight_bytes(m); /* the memory taken anyway */
+    int rc = 0, file = g->s.kv.offload_file[0] != 0, n_pol = g->n_kv > 1 ? g->n_kv : 1;
     session_opts so = g->s;
     so.record_prefill = 1;
     skv_session *src = NULL, *one = NULL;
+    int32_t *tok = NULL;
     if ((rc = session_new(m, &so, &src)) || (rc = session_prefill(src, ids, np, NULL, NULL))) goto done;
     pp = np / (src->t_prefill > 0 ? src->t_prefill : 1e-9);
-    if ((rc = session_fork(src, &g->s.kv, &one))) goto done;
-    for (int t = 0; t < g->n_predict && !rc; t++) rc = session_decode(one, ids[t % np]);
-    if (rc) goto done;
-    per = seq_bytes(one, file);
-    session_free(one);
-    one = NULL;
     fixed += seq_bytes(src, file) + (double)kv_rec_held(src->rec); /* the source and its recording stay */
-    if (find_max) {
-        B = per > 0 ? (int)floor((avail - fixed) / per) : 0;
-        if (B > 4096) B = 4096;
-        if (B < 1) {
-            rc = skv_error(SKV_ENOMEM, "not even one sequence of %d + %d tokens fits: it needs %.2f GiB beside %.2f GiB "
-                           "of weights and the prompt's source, over %.2f GiB", np, g->n_predict, per / 1073741824.0,
-                           fixed / 1073741824.0,
-                           avail / 1073741824.0);
-            goto done;
+    for (int p = 0; p < n_pol && !rc; p++) {
+        kv_opts ko = g->s.kv;
+        if (g->n_kv > 1) snprintf(ko.policy, sizeof ko.policy, "%s", g->kv_list[p]);
+        for (int j = 0; j < ko.n_set; j++) ko.set[j].strict = 0; /* each policy takes the options it has */
+        if ((rc = session_fork(src, &ko, &one))) break;
+        for (int t = 0; t < g->n_predict && !rc; t++) rc = session_decode(one, ids[t % np]);
+        if (rc) break;
+        double per = seq_bytes(one, file), off_seq = 0;
+        {
+            size_t r0, o0;
+            one->kv->cls->bytes(one->kv, &r0, &o0);
+            off_seq = file ? (double)o0 : 0; /* what each fork writes to its own offload file */
         }
-        printf("max_parallel=%d per_seq_bytes=%.0f mem_bytes=%.0f\n", B, per, avail);
-        fflush(stdout);
-    } else if (avail > 0 && fixed + per * B > avail) {
-        rc = skv_error(SKV_ENOMEM, "%d sequences of %d + %d tokens need %.2f GiB (%.3f GiB each beside %.2f GiB of "
-                       "weights and the prompt's source), over the %.2f GiB %s", B, np, g->n_predict, (fixed + per * B) / 1073741824.0,
-                       per / 1073741824.0, fixed / 1073741824.0, avail / 1073741824.0,
-                       mem_given ? "of --mem" : "available");
-        goto done;
-    }
-    int32_t *tok = malloc(sizeof *tok * (size_t)B);
-    if (!tok) { rc = skv_error(SKV_ENOMEM, "out of memory"); goto done; }
-    for (int r = 0; r < repeat && !rc; r++) {
-        skv_session **seqs = calloc((size_t)B, sizeof *seqs);
-        skv_batch *b = NULL;
-        if (!seqs) rc = skv_error(SKV_ENOMEM, "out of memory");
-        for (int i = 0; i < B && !rc; i++) rc = session_fork(src, &g->s.kv, &seqs[i]);
-        if (!rc && (rc = batch_new(seqs, B, &b)) == 0) memset(seqs, 0, sizeof *seqs * (size_t)B);
-        if (rc == SKV_ENOMEM)
-            rc = skv_error(SKV_ENOMEM, "%d sequences of %d + %d tokens do not fit in memory (%.1f MiB of weights; "
-                           "lower --parallel)", B, np, g->n_predict, fixed / 1048576.0);
-        for (int t = 0; t < g->n_predict && !rc; t++) {
-            for (int i = 0; i < B; i++) tok[i] = ids[(t + i) % np];
-            rc = batch_decode(b, tok);
-        }
-        if (!rc) {
-            double t = batch_t_decode(b), tg = t > 0 ? (double)B * batch_steps(b) / t : 0;
-            if (tg > best_tg) {
-                best_tg = tg;
-                best_ms = batch_steps(b) ? 1000 * t / batch_steps(b) : 0;
-                res_all = off_all = 0;
-                for (int i = 0; i < B; i++) {
-                    size_t r0, o0;
-                    skv_session *s = batch_seq(b, i);
-                    s->kv->cls->bytes(s->kv, &r0, &o0);
-                    res_all += r0;
-                    off_all += o0;
+        session_free(one);
+        one = NULL;
+        for (int k = 0; k < n_bs && !rc; k++) {
+            int B = bs[k];
+            if (B == NP_MAX) {
+                B = per > 0 ? (int)floor((avail - fixed) / per) : 0;
+                const char *bound = "memory";
+                if (off_seq > 0) { /* the file tier: each fork's values in a file beside --offload-file's path */
+                    double disk = disk_free(g->s.kv.offload_file) * 0.8;
+                    if (disk / off_seq < B) { B = (int)floor(disk / off_seq); bound = "disk"; }
                 }
+                if (B > 4096) B = 4096;
+                if (B < 1) {
+                    rc = skv_error(SKV_ENOMEM, "%s: not even one sequence of %d + %d tokens fits: it needs %.2f GiB "
+                                   "beside %.2f GiB of weights and the prompt's source, over %.2f GiB", ko.policy, np,
+                                   g->n_predict, per / 1073741824.0, fixed / 1073741824.0, avail / 1073741824.0);
+                    break;
+                }
+                printf("kv=%s max_parallel=%d per_seq_bytes=%.0f mem_bytes=%.0f file_bytes_seq=%.0f bound=%s\n",
+                       ko.policy, B, per, avail, off_seq, bound);
+                fflush(stdout);
+            } else if (avail > 0 && fixed + per * B > avail) {
+                rc = skv_error(SKV_ENOMEM, "%s: %d sequences of %d + %d tokens need %.2f GiB (%.3f GiB each beside "
+                               "%.2f GiB of weights and the prompt's source), over the %.2f GiB %s", ko.policy, B, np,
+                               g->n_predict, (fixed + per * B) / 1073741824.0, per / 1073741824.0,
+                               fixed / 1073741824.0, avail / 1073741824.0, mem_given ? "of --mem" : "available");
+                break;
             }
+            free(tok);
+            if (!(tok = malloc(sizeof *tok * (size_t)B))) { rc = skv_error(SKV_ENOMEM, "out of memory"); break; }
+            double best_tg = 0, best_ms = 0;
+            size_t res_all = 0, off_all = 0;
+            for (int r = 0; r < repeat && !rc; r++) {
+                skv_session **seqs = calloc((size_t)B, sizeof *seqs);
+                skv_batch *b = NULL;
+                if (!seqs) rc = skv_error(SKV_ENOMEM, "out of memory");
+                for (int i = 0; i < B && !rc; i++) rc = session_fork(src, &ko, &seqs[i]);
+                if (!rc && (rc = batch_new(seqs, B, &b)) == 0) memset(seqs, 0, sizeof *seqs * (size_t)B);
+                if (rc == SKV_ENOMEM)
+                    rc = skv_error(SKV_ENOMEM, "%d sequences of %d + %d tokens do not fit in memory (%.1f MiB of "
+                                   "weights; lower --parallel)", B, np, g->n_predict, weight_bytes(m) / 1048576.0);
+                for (int t = 0; t < g->n_predict && !rc; t++) {
+                    for (int i = 0; i < B; i++) tok[i] = ids[(t + i) % np];
+                    rc = batch_decode(b, tok);
+                }
+                if (!rc) {
+                    double t = batch_t_decode(b), tg = t > 0 ? (double)B * batch_steps(b) / t : 0;
+                    if (tg > best_tg) {
+                        best_tg = tg;
+                        best_ms = batch_steps(b) ? 1000 * t / batch_steps(b) : 0;
+                        res_all = off_all = 0;
+                        for (int i = 0; i < B; i++) {
+                            size_t r0, o0;
+                            skv_session *s = batch_seq(b, i);
+                            s->kv->cls->bytes(s->kv, &r0, &o0);
+                            res_all += r0;
+                            off_all += o0;
+                        }
+                    }
+                }
+                for (int i = 0; seqs && i < B; i++) session_free(seqs[i]);
+                free(seqs);
+                batch_free(b);
+            }
+            if (rc) break;
+            const model_config *c = &m->cfg;
+            printf("model=%s kv=%s threads=%d prompt=%d decode=%d parallel=%d prefill_tok_s=%.1f decode_tok_s=%.2f "
+                   "decode_ms=%.3f resident_bytes=%zu resident_bytes_seq=%.0f offloaded_bytes=%zu tier=%s "
+                   "weight_bytes=%.0f seq_bytes=%.0f\n",
+                   c->name[0] ? c->name : g->model, ko.policy, skv_threads(), np, g->n_predict, B, pp, best_tg, best_ms,
+                   res_all, (double)res_all / B, off_all, file ? "file" : "memory", weight_bytes(m), per);
+            fflush(stdout);
         }
-        for (int i = 0; seqs && i < B; i++) session_free(seqs[i]);
-        free(seqs);
-        batch_free(b);
     }
-    free(tok);
 done:
+    free(tok);
     session_free(one);
     session_free(src);
-    if (rc) return cli_fail();
-    const model_config *c = &m->cfg;
-    printf("model=%s kv=%s threads=%d prompt=%d decode=%d parallel=%d prefill_tok_s=%.1f decode_tok_s=%.2f "
-           "decode_ms=%.3f resident_bytes=%zu resident_bytes_seq=%.0f offloaded_bytes=%zu tier=%s weight_bytes=%.0f "
-           "seq_bytes=%.0f\n",
-           c->name[0] ? c->name : g->model, g->s.kv.policy, skv_threads(), np, g->n_predict, B, pp, best_tg, best_ms,
-           res_all, (double)res_all / B, off_all, file ? "file" : "memory", weight_bytes(m), per);
-    return 0;
+    return rc ? cli_fail() : 0;
+}
+
+/* --parallel's value: counts in [1, 4096] and "max", comma-separated. */
+static int parse_parallel(const char *flag, const char *v, int *bs, int *n) {
+    *n = 0;
+    for (const char *p = v; *p;) {
+        const char *e = strchr(p, ',');
+        size_t len = e ? (size_t)(e - p) : strlen(p);
+        char item[16];
+        if (!len || len >= sizeof item || *n == NP_MAX_LIST) *n = -1;
+        else {
+            memcpy(item, p, len);
+            item[len] = 0;
+            char *end;
+            long b = strtol(item, &end, 10);
+            if (!strcmp(item, "max")) bs[(*n)++] = NP_MAX;
+            else if (*end || b < 1 || b > 4096) *n = -1;
+            else bs[(*n)++] = (int)b;
+        }
+        if (*n < 0 || !e) break;
+        p = e + 1;
+        if (!*p) *n = -1;
+    }
+    if (*n > 0) return 0;
+    return cli_usage_error("bench", "%s expects numbers of sequences in [1, 4096] or max, comma-separated (at most "
+                           "%d), got '%s'", flag, NP_MAX_LIST, v);
 }
 
 int cmd_bench(int argc, char **argv) {
     cli_gen g;
     cli_gen_default(&g);
-    int np = 512, repeat = 1, parallel = 0, max_parallel = 0;
+    int np = 512, repeat = 1, parallel = 0, max_parallel = 0, bs[NP_MAX_LIST + 1], n_bs = 0;
     double mem_gib = 0;
     for (int i = 1; i < argc; i++) {
         if (!strcmp(argv[i], "-h") || !strcmp(argv[i], "--help")) { help(stdout); return 0; }
@@ -220,11 +290,9 @@ int cmd_bench(int argc, char **argv) {
             continue;
         }
         if (!strcmp(argv[i], "-np") || !strcmp(argv[i], "--parallel")) {
-            char *end;
-            long v = i + 1 < argc ? strtol(argv[i + 1], &end, 10) : 0;
-            if (i + 1 >= argc || *end || v < 1 || v > 4096)
-                return cli_usage_error("bench", "%s expects a number of sequences in [1, 4096]", argv[i]);
-            parallel = (int)v;
+            if (i + 1 >= argc) return cli_usage_error("bench", "%s needs a number of sequences", argv[i]);
+            if (parse_parallel(argv[i], argv[i + 1], bs, &n_bs)) return 2;
+            parallel = 1;
             i++;
             continue;
         }
@@ -241,7 +309,15 @@ int cmd_bench(int argc, char **argv) {
         if (r == CLI_DONE) return 0;
         if (r == 0) return cli_usage_error("bench", "unknown option '%s'", argv[i]);
     }
-    if (cli_single_policy(&g, "bench") || cli_check_policy_flags(&g, "bench", NULL, 0)) return 2;
+    if (g.n_kv > 1 && !parallel && !max_parallel)
+        return cli_usage_error("bench", "a --kv list goes with --parallel or --max-parallel (each policy forked from one "
+                               "prefill); a single bench takes one policy");
+    if (cli_check_policy_flags(&g, "bench", NULL, 0)) return 2;
+    /* the forks replay the first policy's recorded prefill: its attention too only when that one keeps state */
+    for (int i = 1; i < g.n_kv; i++)
+        if (kv_policy_find(g.kv_list[0])->prefill_pure && !kv_policy_find(g.kv_list[i])->prefill_pure)
+            return cli_usage_error("bench", "--kv %s: its fork replays the prefill's attention, which %s's recording "
+                                   "leaves out: put %s first", g.kv_list[i], g.kv_list[0], g.kv_list[i]);
     if (cli_no_trace(&g, "bench")) return 2;
     if (!g.model) return cli_usage_error("bench", "no model: give -m MODEL");
     if (g.threads) skv_set_threads(g.threads);
@@ -262,7 +338,9 @@ int cmd_bench(int argc, char **argv) {
     if (parallel || max_parallel || mem_gib > 0) {
         /* the memory a batch may take: --mem, or what the machine has free less a margin of a tenth */
         double avail = mem_gib > 0 ? mem_gib * 1073741824.0 : 0.9 * skv_mem_available();
-        int rc = bench_parallel(&g, m, ids, np, parallel ? parallel : 1, max_parallel, avail, mem_gib > 0, repeat);
+        if (!n_bs) bs[n_bs++] = 1;
+        if (max_parallel) bs[n_bs++] = NP_MAX;
+        int rc = bench_parallel(&g, m, ids, np, bs, n_bs, avail, mem_gib > 0, repeat);
         free(ids);
         model_free(m);
         cli_gen_free(&g);
