@@ -179,6 +179,32 @@ static void test_cli(const char *const *policies) {
     int rc = sh(four, sizeof four, cmd);
     test_cond("skv bench --parallel 4 reports the batch: parallel=4, its tok/s and the resident bytes",
               rc == 0 && strstr(four, "parallel=4") && strstr(four, "decode_tok_s=") && strstr(four, "resident_bytes_seq="));
+    /* one prefill forked into two policies and three batch sizes, the last the largest that fits */
+    snprintf(cmd, sizeof cmd, "%s bench -m samples/model/skv-demo.gguf --prompt-tokens 256 -n 2 --kv dense,shadowkv "
+             "--budget 64 --rank 16 --parallel 1,3,max --mem 0.5 2>&1", skv_bin());
+    rc = sh(four, sizeof four, cmd);
+    int lines = 0, maxes = 0;
+    for (const char *q = four; (q = strstr(q, "model=")); q++) lines++;
+    for (const char *q = four; (q = strstr(q, "max_parallel=")); q++) maxes++;
+    test_cond("skv bench --kv dense,shadowkv --parallel 1,3,max: a line for each policy and batch, and each policy's "
+              "largest batch", rc == 0 && lines == 6 && maxes == 2 && strstr(four, "kv=dense threads") &&
+                                   strstr(four, "kv=shadowkv threads") && strstr(four, "parallel=3 "));
+    static const char *const bad[] = {
+        "--parallel 0", "--parallel 2,", "--parallel 2,x", "--kv dense,shadowkv", "--kv dense,quest --parallel 2",
+        "--parallel 4000 --mem 0.01",
+    };
+    for (size_t i = 0; i < sizeof bad / sizeof bad[0]; i++) {
+        snprintf(cmd, sizeof cmd, "%s bench -m samples/model/skv-demo.gguf --prompt-tokens 64 -n 2 %s 2>&1", skv_bin(),
+                 bad[i]);
+        rc = sh(four, sizeof four, cmd);
+        int nl = 0;
+        for (const char *q = four; *q; q++) nl += *q == '\n';
+        char msg[200];
+        snprintf(msg, sizeof msg, "skv bench %s: one line and a non-zero exit", bad[i]);
+        test_cond(msg, rc != 0 && nl == 1);
+        if (i + 1 == sizeof bad / sizeof bad[0])
+            test_cond("a batch over --mem names the GiB it needed", strstr(four, "need") && strstr(four, "GiB"));
+    }
 }
 
 
@@ -261,6 +287,78 @@ static void test_lanes(const char *path) {
     model_free(m);
 }
 
+/* Every policy at a full budget decodes as dense, and so does each
+ * sequence of a batch: three prompts of 300-555 tokens decoded together,
+ * each one's greedy tokens those of dense alone, its logits within float
+ * rounding of dense's (options as test_peers' full-budget cases). */
+static void test_full_budget(const char *path, const char *label) {
+    enum { NB = 3 };
+    static const int lens[NB] = { 300, 417, 555 };
+    static const struct { const char *policy, *opts[4][2]; } cases[] = {
+        {"shadowkv", {{"outliers", "0"}, {"local", "0"}}}, /* and rank = the KV width: its exact configuration */
+        {"quest", {{"dense_layers", "0"}}},
+        {"freekv", {{"dense_layers", "0"}, {"page", "16"}, {"sink", "16"}, {"window", "16"}}},
+        {"specache", {{"residual", "64"}}},
+        {"tailorkv", {{"qlayers", "0"}, {"start", "16"}, {"recent", "16"}}},
+    };
+    skv_model *m = NULL;
+    char *text = NULL;
+    size_t tn = 0;
+    int32_t *ids = NULL;
+    int n = 0;
+    if (model_load(path, &m) || skv_read_file("samples/prompts/needle.txt", 1 << 24, &text, &tn) ||
+        tok_encode(m->tok, text, tn, tok_add_bos(m->tok), 1, &ids, &n) || n < 600) {
+        test_cond("the model and the prompt", 0);
+        free(text); free(ids); model_free(m);
+        return;
+    }
+    free(text);
+    int V = m->cfg.vocab;
+    float *la = malloc(sizeof(float) * STEPS * (size_t)V * NB);
+    int32_t want[NB][STEPS];
+    session_opts dense = opts_for("dense");
+    int rc = 0;
+    for (int i = 0; i < NB && !rc; i++) rc = alone(m, &dense, ids, lens[i], want[i], la + (size_t)i * STEPS * V);
+    for (size_t c = 0; c < sizeof cases / sizeof cases[0] && !rc; c++) {
+        session_opts so = opts_for(cases[c].policy);
+        so.kv.budget = 4096;
+        for (int j = 0; j < 4 && cases[c].opts[j][0]; j++) kv_opts_set(&so.kv, cases[c].opts[j][0], cases[c].opts[j][1], 1);
+        if (!strcmp(cases[c].policy, "shadowkv")) kv_opts_set_num(&so.kv, "rank", m->cfg.n_kv_heads * m->cfg.head_dim);
+        skv_session *seqs[NB] = { 0 };
+        int r2 = 0;
+        for (int i = 0; i < NB && !r2; i++) {
+            r2 = session_new(m, &so, &seqs[i]);
+            if (!r2) r2 = session_prefill(seqs[i], ids, lens[i], NULL, NULL);
+        }
+        skv_batch *b = NULL;
+        if (!r2) r2 = batch_new(seqs, NB, &b);
+        if (r2) for (int i = 0; i < NB; i++) session_free(seqs[i]);
+        int same = 1;
+        double worst = 0;
+        for (int t = 0; !r2 && t < STEPS; t++) {
+            int32_t tok[NB];
+            for (int i = 0; i < NB; i++) {
+                const float *l = session_logits(batch_seq(b, i)), *a = la + ((size_t)i * STEPS + t) * V;
+                double num = 0, den = 0;
+                for (int v = 0; v < V; v++) { num += (l[v] - a[v]) * (l[v] - a[v]); den += a[v] * a[v]; }
+                worst = fmax(worst, sqrt(num / (den > 0 ? den : 1)));
+                tok[i] = sampler_argmax(l, V);
+                same &= tok[i] == want[i][t];
+            }
+            r2 = batch_decode(b, tok);
+        }
+        batch_free(b);
+        char msg[240];
+        snprintf(msg, sizeof msg, "%s, %s at a full budget: each of 3 sequences decoded together decodes as dense alone "
+                 "(worst rel L2 %.2g)", label, cases[c].policy, worst);
+        test_cond(msg, r2 == 0 && same && worst < 1e-4);
+    }
+    test_cond("dense alone, the full-budget reference", rc == 0);
+    free(la);
+    free(ids);
+    model_free(m);
+}
+
 int main(void) {
     static const char *const all[] = { "dense", "shadowkv", "quest", "freekv", "specache", "tailorkv", NULL };
     struct stat sb;
@@ -268,11 +366,15 @@ int main(void) {
         check_model("samples/model/skv-demo.gguf", "demo model", all);
         test_cli(all);
         test_lanes("samples/model/skv-demo.gguf");
+        test_full_budget("samples/model/skv-demo.gguf", "demo model");
     }
     else test_skip("samples/model/skv-demo.gguf is missing: run from the project root");
     const char *shared = test_shared("models/mini-smollm-f32.gguf");
     static const char *const two[] = { "dense", "shadowkv", NULL };
-    if (shared) check_model(shared, "mini-smollm-f32", two);
+    if (shared) {
+        check_model(shared, "mini-smollm-f32", two);
+        test_full_budget(shared, "mini-smollm-f32");
+    }
     else test_skip("../shared/models/mini-smollm-f32.gguf is missing: the shared-model batch checks");
     const char *q8 = test_shared("models/mini-smollm-q8_0.gguf"); /* the quantized weights' batched dots */
     if (q8) check_model(q8, "mini-smollm-q8_0", two);
