@@ -192,14 +192,14 @@ static int run_layers(forward_state *f, kv_cache *const *kv, const int *pos, int
             int r = rows_apart ? 1 : n;
             size_t ok = (size_t)i * kvd, oq = (size_t)i * qd;
             if (lanes) { /* sequence i's attention, in its lane */
-                probe_emit_lane(f->bus, i, n, kv[i]->cls->name, "");
+                probe_emit_lane(f->bus, i, n, kv[i]->policy->name, "");
                 if (probe_wants(f->bus, PROBE_SPAN)) t0 = probe_time(f->bus);
             }
             if ((rc = kv[i]->cls->append(kv[i], l, pos[i], r, f->k_pre + ok, f->k + ok, f->v + ok))) return rc;
             if ((rc = kv[i]->cls->attend(kv[i], l, pos[i], r, f->q + oq, f->att + oq))) return rc;
             if (lanes) span(f, "attention", l, t0);
         }
-        if (lanes) probe_emit_lane(f->bus, 0, n, kv[0]->cls->name, ""); /* the shared ops' spans: lane 0's */
+        if (lanes) probe_emit_lane(f->bus, 0, n, kv[0]->policy->name, ""); /* the shared ops' spans: lane 0's */
         else span(f, "attention", l, t0);
         if (probe_wants(f->bus, PROBE_SPAN)) t0 = probe_time(f->bus);
         matmul(f, &L->wo, &W->wo, f->att, n, f->xn);
@@ -268,7 +268,7 @@ int forward_rows(forward_state *f, kv_cache *const *kv, const int32_t *tokens, c
     int dspans = be->span_drain && probe_wants(f->bus, PROBE_SPAN);
     if (be->span_enable) be->span_enable(dspans);
     if (be->span_tag) be->span_tag(-1, f->step);
-    if (f->lanes) probe_emit_lane(f->bus, 0, n, kv[0]->cls->name, ""); /* the shared ops' spans: lane 0's */
+    if (f->lanes) probe_emit_lane(f->bus, 0, n, kv[0]->policy->name, ""); /* the shared ops' spans: lane 0's */
     be->embed(f->tok_embd.type, f->tok_embd.data, c->dim, tokens, n, f->x);
     if ((rc = run_layers(f, kv, pos, n, 1))) return rc;
     if (be->span_tag) be->span_tag(-1, f->step);

@@ -308,7 +308,7 @@ batch_case() { # CONFIG CTX
 batch_row() { printf '%-72s %10s %10s %8s %6s\n' "$1" "$2" "$3" "$(ratio "$2" "$3")" "$4"; }
 
 if want batch; then
-    avail_gib=$(awk '/^MemAvailable:/ { printf "%.1f", $2 / 1048576 * 0.85 }' /proc/meminfo)
+    avail_gib=$(awk '/^MemAvailable:/ { printf "%.1f", $2 / 1048576 * 0.7 }' /proc/meminfo)
     MEM=$(awk -v a="${BENCH_MEM_GIB:-20}" -v b="$avail_gib" 'BEGIN { print (b > 0 && b < a) ? b : a }')
     BATCH_RESULTS=$OUT/batch-ratios.txt
     : >"$BATCH_RESULTS"
