@@ -39,8 +39,9 @@ static void help(FILE *o) {
                "                        (a shared prefix, as llama-batched-bench -pps; each fork holds its own\n"
                "                        copy), one pass of the weights a step; prints parallel=B, decode_tok_s =\n"
                "                        B x steps / time, decode_ms a step, and the KV bytes resident for all B\n"
-               "                        and per sequence. A list (1,8,max) runs each from the one prefill, and\n"
-               "                        --kv a,b forks the prefill into each policy (one line a policy and B)\n"
+               "                        and per sequence. A list (1,8,max) runs each from the one prefill (a size\n"
+               "                        over --mem said and skipped; fit: the largest that fits, said, not run),\n"
+               "                        and --kv a,b forks the prefill into each policy (one line a policy and B)\n"
                "      --max-parallel    the largest B that fits under --mem (one sequence's KV bytes measured on a\n"
                "                        fork, its activations estimated, beside the weights and the prompt's\n"
                "                        source; with --offload-file, each fork's values in a file of their own\n"
@@ -130,9 +131,11 @@ static double disk_free(const char *path) {
     return statvfs(dir, &v) ? 0 : (double)v.f_bavail * v.f_frsize;
 }
 
-/* The batch sizes of --parallel: up to 16, each a count or "max". */
+/* The batch sizes of --parallel: up to 16, each a count, "max" (the
+ * largest that fits, then its bench) or "fit" (that size said, not run). */
 #define NP_MAX_LIST 16
 #define NP_MAX (-1)
+#define NP_FIT (-2)
 
 /* skv bench --parallel B[,B...] / --max-parallel / --mem, for one policy or
  * a --kv list: one prefill of the prompt (through the first policy's
@@ -169,7 +172,7 @@ static int bench_parallel(cli_gen *g, skv_model *m, const int32_t *ids, int np, 
         one = NULL;
         for (int k = 0; k < n_bs && !rc; k++) {
             int B = bs[k];
-            if (B == NP_MAX) {
+            if (B == NP_MAX || B == NP_FIT) {
                 B = per > 0 ? (int)floor((avail - fixed) / per) : 0;
                 const char *bound = "memory";
                 if (off_seq > 0) { /* the file tier: each fork's values in a file beside --offload-file's path */
@@ -186,6 +189,12 @@ static int bench_parallel(cli_gen *g, skv_model *m, const int32_t *ids, int np, 
                 printf("kv=%s max_parallel=%d per_seq_bytes=%.0f mem_bytes=%.0f file_bytes_seq=%.0f bound=%s\n",
                        ko.policy, B, per, avail, off_seq, bound);
                 fflush(stdout);
+                if (bs[k] == NP_FIT) continue;
+            } else if (avail > 0 && fixed + per * B > avail && n_bs > 1) { /* one size of a list: said, skipped */
+                printf("kv=%s parallel=%d over_memory=1 need_bytes=%.0f mem_bytes=%.0f\n", ko.policy, B,
+                       fixed + per * B, avail);
+                fflush(stdout);
+                continue;
             } else if (avail > 0 && fixed + per * B > avail) {
                 rc = skv_error(SKV_ENOMEM, "%s: %d sequences of %d + %d tokens need %.2f GiB (%.3f GiB each beside "
                                "%.2f GiB of weights and the prompt's source), over the %.2f GiB %s", ko.policy, B, np,
@@ -260,6 +269,7 @@ static int parse_parallel(const char *flag, const char *v, int *bs, int *n) {
             char *end;
             long b = strtol(item, &end, 10);
             if (!strcmp(item, "max")) bs[(*n)++] = NP_MAX;
+            else if (!strcmp(item, "fit")) bs[(*n)++] = NP_FIT;
             else if (*end || b < 1 || b > 4096) *n = -1;
             else bs[(*n)++] = (int)b;
         }
@@ -268,8 +278,8 @@ static int parse_parallel(const char *flag, const char *v, int *bs, int *n) {
         if (!*p) *n = -1;
     }
     if (*n > 0) return 0;
-    return cli_usage_error("bench", "%s expects numbers of sequences in [1, 4096] or max, comma-separated (at most "
-                           "%d), got '%s'", flag, NP_MAX_LIST, v);
+    return cli_usage_error("bench", "%s expects numbers of sequences in [1, 4096], max or fit, comma-separated (at "
+                           "most %d), got '%s'", flag, NP_MAX_LIST, v);
 }
 
 int cmd_bench(int argc, char **argv) {
