@@ -181,14 +181,17 @@ static void test_cli(const char *const *policies) {
               rc == 0 && strstr(four, "parallel=4") && strstr(four, "decode_tok_s=") && strstr(four, "resident_bytes_seq="));
     /* one prefill forked into two policies and three batch sizes, the last the largest that fits */
     snprintf(cmd, sizeof cmd, "%s bench -m samples/model/skv-demo.gguf --prompt-tokens 256 -n 2 --kv dense,shadowkv "
-             "--budget 64 --rank 16 --parallel 1,3,max --mem 0.5 2>&1", skv_bin());
+             "--budget 64 --rank 16 --parallel 1,3,4000,fit,max --mem 0.5 2>&1", skv_bin());
     rc = sh(four, sizeof four, cmd);
     int lines = 0, maxes = 0;
     for (const char *q = four; (q = strstr(q, "model=")); q++) lines++;
     for (const char *q = four; (q = strstr(q, "max_parallel=")); q++) maxes++;
-    test_cond("skv bench --kv dense,shadowkv --parallel 1,3,max: a line for each policy and batch, and each policy's "
-              "largest batch", rc == 0 && lines == 6 && maxes == 2 && strstr(four, "kv=dense threads") &&
-                                   strstr(four, "kv=shadowkv threads") && strstr(four, "parallel=3 "));
+    int over = 0;
+    for (const char *q = four; (q = strstr(q, "over_memory=1 need_bytes=")); q++) over++;
+    test_cond("skv bench --kv dense,shadowkv --parallel 1,3,4000,fit,max: a line for each policy and batch run, each "
+              "policy's largest batch said twice (fit, then max, run), 4000 over --mem said and skipped",
+              rc == 0 && lines == 6 && maxes == 4 && over == 2 && strstr(four, "kv=dense threads") &&
+                  strstr(four, "kv=shadowkv threads") && strstr(four, "parallel=3 "));
     static const char *const bad[] = {
         "--parallel 0", "--parallel 2,", "--parallel 2,x", "--kv dense,shadowkv", "--kv dense,quest --parallel 2",
         "--parallel 4000 --mem 0.01",
