@@ -227,7 +227,7 @@ int cmd_export(int argc, char **argv) {
         char all[300] = "";
         for (int i = 0, len = 0; i < n_lanes; i++) {
             const char *p = probe_lanes_policy(lanes, i);
-            if (!strcmp(p, policy)) k = i;
+            if (k < 0 && !strcmp(p, policy)) k = i; /* a batch: its first sequence */
             if (len < (int)sizeof all) len += snprintf(all + len, sizeof all - (size_t)len, "%s%s", i ? ", " : "", p);
         }
         if (k < 0) {
