@@ -106,7 +106,8 @@ int main(void) {
                  "not an option of policy dense");
     expect_error("a depth step so small its count overflows an int",
                  "needle --lengths 128 --depths 0:90:.00000001", "at most 1000");
-    expect_error("bench with a list of policies", "bench -m x.gguf --kv dense,quest", "takes one policy here");
+    expect_error("bench with a list of policies and no --parallel", "bench -m x.gguf --kv dense,quest",
+                 "goes with --parallel");
     expect_error("a compare list with a repeat", "run -m x.gguf -p hi --kv quest,quest", "twice");
     {
         char out[16384];

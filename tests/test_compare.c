@@ -37,7 +37,8 @@ static void test_lanes_router(void) {
     probe_lanes *L = NULL;
     test_cond("lanes start with one store", probe_lanes_new(&L) == 0 && probe_lanes_count(L) == 1);
     if (!L) return;
-    probe_event bad = {.kind = PROBE_LANE, .lane = {.lane = 9, .n_lanes = 10, .policy = "x"}};
+    probe_event bad = {.kind = PROBE_LANE,
+                       .lane = {.lane = PROBE_MAX_LANES, .n_lanes = PROBE_MAX_LANES + 1, .policy = "x"}};
     test_cond("a lane past the maximum is refused", probe_lanes_add(L, &bad) == SKV_ERANGE);
     probe_event l1 = {.kind = PROBE_LANE, .lane = {.lane = 1, .n_lanes = 2, .policy = "quest", .teacher = "dense"}};
     probe_event run = {.kind = PROBE_RUN, .run = {.model = "m", .n_layers = 2, .n_kv_heads = 1, .max_ctx = 64,
