@@ -337,6 +337,13 @@ int trace_writer_note(trace_writer *w, const char *key, const char *value) {
 }
 
 /* Adds run's "policy: options" to the list (n) unless it is there. */
+/* A lane event into the lanes seen: the most named, and whether they are a
+ * batch's sequences (teacher ""). */
+static void lane_note(const probe_ev_lane *e, int *n_lanes, int *batched) {
+    if (e->n_lanes > *n_lanes) *n_lanes = e->n_lanes;
+    *batched = !e->teacher || !e->teacher[0];
+}
+
 static void policy_note(char (*list)[160], int *n, const probe_ev_run *run) {
     char one[160];
     snprintf(one, sizeof one, "%s%s%s", run->kv_policy ? run->kv_policy : "?",
@@ -372,10 +379,7 @@ int trace_writer_write(trace_writer *w, const probe_event *ev) {
     if (ev->kind == PROBE_RUN && !w->run && !(w->run = probe_event_dup(ev)))
         return writer_fail(w, skv_error(SKV_ENOMEM, "%s: out of memory", w->path));
     if (ev->kind == PROBE_RUN) policy_note(w->policies, &w->n_policies, &ev->run);
-    if (ev->kind == PROBE_LANE) {
-        if (ev->lane.n_lanes > w->n_lanes) w->n_lanes = ev->lane.n_lanes;
-        w->batched = !ev->lane.teacher || !ev->lane.teacher[0];
-    }
+    if (ev->kind == PROBE_LANE) lane_note(&ev->lane, &w->n_lanes, &w->batched);
     w->n_records++;
     w->count[ev->kind]++;
     writer_see(w, ev);
@@ -976,8 +980,7 @@ static void scan_records(trace_reader *r, trace_scan *sc) {
         } else if (ev->kind == PROBE_PREFILL_LAYER && ev->prefill_layer.layer + 1 > sc->layers) {
             sc->layers = ev->prefill_layer.layer + 1;
         } else if (ev->kind == PROBE_LANE) {
-            if (ev->lane.n_lanes > sc->n_lanes) sc->n_lanes = ev->lane.n_lanes;
-            sc->batched = !ev->lane.teacher || !ev->lane.teacher[0];
+            lane_note(&ev->lane, &sc->n_lanes, &sc->batched);
         }
     }
 }

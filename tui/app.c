@@ -180,10 +180,6 @@ static int lanes_of(app *a, const probe_store **sts, const char **names) {
     return n;
 }
 
-/* A batch of more sequences than this shows one at a time (p steps
- * through them): more bands than this would each be too thin to read. */
-#define BATCH_ALL_MAX 4
-
 /* The store the status line and the cursor follow: in a batch the sequence
  * shown (sequence 0 while all are), else primary(). */
 static probe_store *followed(const app *a) {
@@ -204,7 +200,7 @@ static int key_lane(app *a, int ch) {
         set_msg(a, "one lane in this run: p picks a policy of a compare run, or a sequence of a batched run");
         return APP_HANDLED | APP_REDRAW;
     }
-    a->lane = a->lane + 1 < n ? a->lane + 1 : batched && n > BATCH_ALL_MAX ? 0 : -1;
+    a->lane = a->lane + 1 < n ? a->lane + 1 : batched && n > VIEW_BATCH_STACK_MAX ? 0 : -1;
     a->st = followed(a);
     clamp_cursor(a);
     if (a->lane < 0) set_msg(a, batched ? "every sequence shown" : "every policy shown");
@@ -911,7 +907,7 @@ static void init_app(app *a, const app_opts *o) {
     for (int i = 0; o->policy && i < probe_lanes_count(o->lanes); i++)
         if (!strcmp(probe_lanes_policy(o->lanes, i), o->policy)) a->lane = i;
     if (o->has_seq) a->lane = o->seq;
-    else if (probe_lanes_batched(o->lanes) && probe_lanes_count(o->lanes) > BATCH_ALL_MAX) a->lane = 0;
+    else if (probe_lanes_batched(o->lanes) && probe_lanes_count(o->lanes) > VIEW_BATCH_STACK_MAX) a->lane = 0;
     a->st = followed(a);
     view_cursor_init(&a->cur);
     a->view = 0;

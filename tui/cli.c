@@ -1,6 +1,7 @@
 /* cli.c: the generation options every generating command takes (model,
  * prompt, context, sampling, KV policy), parsed the same way everywhere. */
 #include "cli.h"
+#include "lanes.h"
 #include "compare.h"
 #include "backend.h"
 #include "skv.h"
@@ -377,10 +378,7 @@ int cli_check_output(const char *cmd, const char *path, int force) {
     }
     /* Its folder must exist and take a new file (the temp file, then the rename). */
     char dir[PATH_MAX];
-    const char *slash = strrchr(path, '/');
-    if (!slash) snprintf(dir, sizeof dir, ".");
-    else if (slash == path) snprintf(dir, sizeof dir, "/");
-    else snprintf(dir, sizeof dir, "%.*s", (int)(slash - path), path);
+    cli_dir_of(path, dir, sizeof dir);
     if (stat(dir, &sb) != 0 || !S_ISDIR(sb.st_mode)) {
         fprintf(stderr, "skv %s: %s: the folder %s does not exist\n", cmd, path, dir);
         return 1;
@@ -390,6 +388,22 @@ int cli_check_output(const char *cmd, const char *path, int force) {
         return 1;
     }
     return 0;
+}
+
+void cli_dir_of(const char *path, char *dir, size_t cap) {
+    const char *slash = strrchr(path, '/');
+    if (!slash) snprintf(dir, cap, ".");
+    else if (slash == path) snprintf(dir, cap, "/");
+    else snprintf(dir, cap, "%.*s", (int)(slash - path), path);
+}
+
+int cli_check_seq(const char *cmd, const probe_lanes *lanes, const char *path, int seq) {
+    int n = probe_lanes_count(lanes);
+    if (probe_lanes_batched(lanes) && seq < n) return 0;
+    if (probe_lanes_batched(lanes)) fprintf(stderr, "skv %s: --seq %d: %s holds sequences 0 to %d\n", cmd, seq, path, n - 1);
+    else fprintf(stderr, "skv %s: --seq %d: %s is not a batched run (skv run --parallel B --trace FILE records one)\n",
+                 cmd, seq, path);
+    return 1;
 }
 
 void cli_ctx_warning(const cli_gen *g, const skv_model *m) {

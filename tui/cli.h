@@ -70,6 +70,15 @@ void cli_gen_free(cli_gen *g);
  * command writes, checked before any work starts. */
 int cli_check_output(const char *cmd, const char *path, int force);
 
+/* The folder holding path ("." for a bare name, "/" at the root) into dir. */
+void cli_dir_of(const char *path, char *dir, size_t cap);
+
+/* --seq N of a trace loaded into lanes (path): 0 when N names one of its
+ * batch's sequences, else 1 after one line saying which it has or that it is
+ * not a batched run. */
+struct probe_lanes;
+int cli_check_seq(const char *cmd, const struct probe_lanes *lanes, const char *path, int seq);
+
 /* Warns (stderr, one line) when -c asks for more positions than the model
  * was trained on. */
 struct skv_model;

@@ -111,10 +111,11 @@ static double weight_bytes(const skv_model *m) {
 
 /* What one more sequence costs in memory: the KV bytes it keeps (resident,
  * and offloaded unless the file tier holds them) and its session's
- * activations and logits. */
-static double seq_bytes(const skv_session *one, int file_tier) {
+ * activations and logits. *file gets what the file tier holds (0 without). */
+static double seq_bytes(const skv_session *one, int file_tier, double *file) {
     size_t r0, o0;
     one->kv->cls->bytes(one->kv, &r0, &o0);
+    if (file) *file = file_tier ? (double)o0 : 0;
     const model_config *c = &one->m->cfg;
     double act = 4.0 * ((double)c->vocab + 4.0 * c->dim + 2.0 * c->ffn_dim) * (one->o.batch > 0 ? one->o.batch : 1);
     return (double)r0 + (file_tier ? 0 : (double)o0) + act;
@@ -123,10 +124,7 @@ static double seq_bytes(const skv_session *one, int file_tier) {
 /* Free bytes on the file system that holds path (its folder); 0 unknown. */
 static double disk_free(const char *path) {
     char dir[PATH_MAX];
-    snprintf(dir, sizeof dir, "%s", path);
-    char *slash = strrchr(dir, '/');
-    if (slash) *(slash == dir ? slash + 1 : slash) = 0;
-    else snprintf(dir, sizeof dir, ".");
+    cli_dir_of(path, dir, sizeof dir);
     struct statvfs v;
     return statvfs(dir, &v) ? 0 : (double)v.f_bavail * v.f_frsize;
 }
@@ -154,7 +152,7 @@ static int bench_parallel(cli_gen *g, skv_model *m, const int32_t *ids, int np, 
     int32_t *tok = NULL;
     if ((rc = session_new(m, &so, &src)) || (rc = session_prefill(src, ids, np, NULL, NULL))) goto done;
     pp = np / (src->t_prefill > 0 ? src->t_prefill : 1e-9);
-    fixed += seq_bytes(src, file) + (double)kv_rec_held(src->rec); /* the source and its recording stay */
+    fixed += seq_bytes(src, file, NULL) + (double)kv_rec_held(src->rec); /* the source and its recording stay */
     for (int p = 0; p < n_pol && !rc; p++) {
         kv_opts ko = g->s.kv;
         if (g->n_kv > 1) snprintf(ko.policy, sizeof ko.policy, "%s", g->kv_list[p]);
@@ -162,12 +160,8 @@ static int bench_parallel(cli_gen *g, skv_model *m, const int32_t *ids, int np, 
         if ((rc = session_fork(src, &ko, &one))) break;
         for (int t = 0; t < g->n_predict && !rc; t++) rc = session_decode(one, ids[t % np]);
         if (rc) break;
-        double per = seq_bytes(one, file), off_seq = 0;
-        {
-            size_t r0, o0;
-            one->kv->cls->bytes(one->kv, &r0, &o0);
-            off_seq = file ? (double)o0 : 0; /* what each fork writes to its own offload file */
-        }
+        double off_seq; /* what each fork writes to its own offload file */
+        double per = seq_bytes(one, file, &off_seq);
         session_free(one);
         one = NULL;
         for (int k = 0; k < n_bs && !rc; k++) {

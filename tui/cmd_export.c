@@ -210,13 +210,8 @@ int cmd_export(int argc, char **argv) {
         sts[i] = probe_lanes_store(lanes, i);
         names[i] = probe_lanes_label(lanes, i);
     }
-    if (seq >= 0 && (!batched || seq >= n_lanes)) {
-        if (batched) fprintf(stderr, "skv export: --seq %d: %s holds sequences 0 to %d\n", seq, trace, n_lanes - 1);
-        else fprintf(stderr, "skv export: --seq %d: %s is not a batched run (skv run --parallel B --trace FILE)\n", seq,
-                     trace);
-        goto done;
-    }
-    if (batched && !policy && (seq >= 0 || n_lanes > 4)) { /* one sequence */
+    if (seq >= 0 && cli_check_seq("export", lanes, trace, seq)) goto done;
+    if (batched && !policy && (seq >= 0 || n_lanes > VIEW_BATCH_STACK_MAX)) { /* one sequence */
         int k = seq >= 0 ? seq : 0;
         sts[0] = sts[k];
         names[0] = names[k];

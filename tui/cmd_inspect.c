@@ -239,11 +239,7 @@ static int replay(const char *path) {
         probe_lanes_free(lanes);
         return cli_fail();
     }
-    int n = probe_lanes_count(lanes);
-    if (seq_flag >= 0 && (!probe_lanes_batched(lanes) || seq_flag >= n)) {
-        if (probe_lanes_batched(lanes)) cli_msg("--seq %d: %s holds sequences 0 to %d\n", seq_flag, path, n - 1);
-        else cli_msg("--seq %d: %s is not a batched run (skv run --parallel B --trace FILE records one)\n", seq_flag,
-                     path);
+    if (seq_flag >= 0 && cli_check_seq("inspect", lanes, path, seq_flag)) {
         probe_lanes_free(lanes);
         return 2;
     }

@@ -16,15 +16,34 @@
 
 static int demo_model; /* skv run without -m: the demo model, said once the prompt is read */
 
+/* With --trace: checks the output, opens the writer on a new bus and
+ * gives the sessions that bus. 0, or the exit status after a message. */
+static int trace_begin(cli_gen *g, const char *cmd) {
+    if (!g->trace) return 0;
+    if (cli_check_output(cmd, g->trace, g->force)) return 1;
+    if (probe_bus_new(&g->bus) || trace_writer_open(g->trace, g->bus, &g->tw)) return cli_fail();
+    g->s.bus = g->bus;
+    return 0;
+}
+
+/* Closes the trace, all or nothing: a run that failed leaves none, an
+ * interrupted one (130) keeps every step so far; says where it went, with
+ * hint. Returns rc, or the failure to close. */
+static int trace_end(cli_gen *g, int rc, const char *hint) {
+    if (!g->tw) return rc;
+    if (rc && rc != CLI_STOPPED) trace_writer_abort(g->tw);
+    else if (trace_writer_close(g->tw)) rc = cli_fail();
+    else cli_msg("trace written to %s%s\n", g->trace, hint);
+    g->tw = NULL;
+    return rc;
+}
+
 /* Loads the model, tokenizes the prompt and prefills a session (recording a
  * trace when --trace was given). */
 static int setup(cli_gen *g, const char *cmd, skv_model **m, skv_session **s, int32_t **ids, int *n) {
     *m = NULL; *s = NULL; *ids = NULL;
-    if (g->trace) {
-        if (cli_check_output(cmd, g->trace, g->force)) return 1;
-        if (probe_bus_new(&g->bus) || trace_writer_open(g->trace, g->bus, &g->tw)) return cli_fail();
-        g->s.bus = g->bus;
-    }
+    int rc = trace_begin(g, cmd);
+    if (rc) return rc;
     if (!g->model) return cli_usage_error(cmd, "no model: give -m MODEL");
     const char *text = cli_prompt_text(g);
     if (!text) return 2;
@@ -44,12 +63,7 @@ static int setup(cli_gen *g, const char *cmd, skv_model **m, skv_session **s, in
 
 /* Closes the trace (atomically: all or nothing), then frees everything. */
 static int teardown(skv_model *m, skv_session *s, int32_t *ids, cli_gen *g, int rc) {
-    if (g->tw) {
-        /* an interrupted run (130) keeps its trace: every step so far */
-        if (rc && rc != CLI_STOPPED) trace_writer_abort(g->tw);
-        else if (trace_writer_close(g->tw)) rc = cli_fail();
-        else cli_msg("trace written to %s\n", g->trace);
-    }
+    rc = trace_end(g, rc, "");
     probe_bus_free(g->bus);
     session_free(s);
     model_free(m);
@@ -116,11 +130,8 @@ static void print_kv_accounting(const skv_session *s) {
 /* skv run --kv a,b,...: the policies in lockstep on the teacher's tokens;
  * the teacher's text on stdout, one line per policy on stderr. */
 static int run_compare(cli_gen *g) {
-    if (g->trace) {
-        if (cli_check_output("run", g->trace, g->force)) return 1;
-        if (probe_bus_new(&g->bus) || trace_writer_open(g->trace, g->bus, &g->tw)) return cli_fail();
-        g->s.bus = g->bus;
-    }
+    int trc = trace_begin(g, "run");
+    if (trc) return trc;
     skv_model *m = NULL;
     compare_run *c = NULL;
     int32_t *ids = NULL;
@@ -188,11 +199,7 @@ static int run_compare(cli_gen *g) {
         if (!g->s.kv.oracle) cli_msg("(--oracle adds each policy's recall, overlap and output error)\n");
     }
     cli_stop_release();
-    if (g->tw) {
-        if (rc) trace_writer_abort(g->tw);
-        else if (trace_writer_close(g->tw)) rc = cli_fail();
-        else cli_msg("trace written to %s (skv inspect --trace shows every policy)\n", g->trace);
-    }
+    rc = trace_end(g, rc, " (skv inspect --trace shows every policy)");
     if (!rc && cli_stop_requested()) rc = CLI_STOPPED;
     probe_bus_free(g->bus);
     compare_free(c);
@@ -213,12 +220,8 @@ static int run_parallel(cli_gen *g, int B) {
                                PROBE_MAX_LANES, B);
     const char *text = cli_prompt_text(g);
     if (!text) { cli_gen_free(g); return 2; }
-    if (g->trace) { /* one lane a sequence (docs/TRACE.md) */
-        int bad = cli_check_output("run", g->trace, g->force) ? 1
-                  : probe_bus_new(&g->bus) || trace_writer_open(g->trace, g->bus, &g->tw) ? cli_fail() : 0;
-        if (bad) { probe_bus_free(g->bus); cli_gen_free(g); return bad; }
-        g->s.bus = g->bus;
-    }
+    int trc = trace_begin(g, "run"); /* one lane a sequence (docs/TRACE.md) */
+    if (trc) { probe_bus_free(g->bus); cli_gen_free(g); return trc; }
     if (demo_model) cli_msg("no -m: the demo model %s\n", g->model);
     if (g->threads) skv_set_threads(g->threads);
     skv_model *m = NULL;
@@ -295,11 +298,7 @@ static int run_parallel(cli_gen *g, int B) {
     if (!rc && cli_stop_requested()) rc = CLI_STOPPED;
 fail:
     if (rc && rc != CLI_STOPPED) rc = cli_fail();
-    if (g->tw) { /* as a single run's: all or nothing, an interrupted run keeping every step so far */
-        if (rc && rc != CLI_STOPPED) trace_writer_abort(g->tw);
-        else if (trace_writer_close(g->tw)) rc = cli_fail();
-        else cli_msg("trace written to %s (skv inspect --trace: p steps through the sequences)\n", g->trace);
-    }
+    rc = trace_end(g, rc, " (skv inspect --trace: p steps through the sequences)");
     for (int i = 0; seqs && i < B; i++) session_free(seqs[i]);
     batch_free(b);
     session_free(src);

@@ -26,6 +26,11 @@ typedef struct view_cursor {
 
 void view_cursor_init(view_cursor *cur);
 
+/* A batch of more sequences than this is shown one sequence at a time (the
+ * inspector's p, skv export --seq): more stacked bands would each be too
+ * thin to read. */
+#define VIEW_BATCH_STACK_MAX 4
+
 /* Bits returned by move and click. */
 enum { VIEW_HANDLED = 1, VIEW_REDRAW = 2 };
 
