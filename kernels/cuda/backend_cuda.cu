@@ -65,15 +65,34 @@ void cuda_scratch_free(void *p) {
     if (p) CK(cudaFreeAsync(p, cuda_get()->compute));
 }
 
+/* Keyed by the values, not by the host pointer: a rope_ctx freed and another
+ * made at the same address (or the same array rewritten) must not get the
+ * first one's frequencies, nor a device array of the wrong length. The copy
+ * is queued on the compute stream and waited for, so the ops queued after it
+ * there (and on the fetch stream, which starts after a sync) see it whole;
+ * a plain cudaMemcpy would run on the legacy stream, which the two
+ * non-blocking streams are not ordered with. */
+struct const_entry {
+    std::vector<float> host;
+    float *dev;
+};
+
 const float *cuda_const_upload(const float *host, size_t n) {
-    static std::unordered_map<const float *, float *> uploaded;
+    static std::vector<const_entry> uploaded;
+    cuda_ctx *c = cuda_get();
     std::lock_guard<std::mutex> lock(g_mu);
-    auto it = uploaded.find(host);
-    if (it != uploaded.end()) return it->second;
+    for (const const_entry &e : uploaded)
+        if (e.host.size() == n && (n == 0 || memcmp(e.host.data(), host, sizeof(float) * n) == 0)) return e.dev;
     float *d = NULL;
     CK(cudaMalloc(&d, sizeof(float) * (n ? n : 1)));
-    if (n) CK(cudaMemcpy(d, host, sizeof(float) * n, cudaMemcpyHostToDevice));
-    uploaded[host] = d;
+    if (n) {
+        CK(cudaMemcpyAsync(d, host, sizeof(float) * n, cudaMemcpyHostToDevice, c->compute));
+        CK(cudaStreamSynchronize(c->compute));
+    }
+    const_entry e;
+    e.host.assign(host, host + n);
+    e.dev = d;
+    uploaded.push_back(e);
     return d;
 }
 
@@ -96,7 +115,12 @@ void *cu_alloc(size_t bytes) {
         cudaGetLastError();
         return NULL;
     }
-    CK(cudaMemset(p, 0, bytes ? bytes : 16));
+    /* Zeroed on the compute stream and waited for: cudaMemset would queue on
+     * the legacy default stream, which the two non-blocking streams are not
+     * ordered with, so a row an op writes right after could be zeroed after. */
+    cudaStream_t st = cuda_after_fetch();
+    CK(cudaMemsetAsync(p, 0, bytes ? bytes : 16, st));
+    CK(cudaStreamSynchronize(st));
     return p;
 }
 

@@ -22,7 +22,9 @@ int cu_weight_load(enum ggml_type t, const void *host, int rows, int cols, skv_w
     if (!quant_supported(t))
         return skv_error(SKV_EUNSUPPORTED, "cuda: tensors of type %s cannot be loaded", ggml_type_name(t));
     size_t row_bytes = ggml_row_size(t, cols);
-    /* converted a block of rows at a time on the host, then uploaded */
+    /* converted a block of rows at a time on the host, then uploaded on the
+     * compute stream (cu_upload waits for it; cudaMemcpy would use the legacy
+     * stream, which the compute stream is not ordered with) */
     int chunk = (int)(((size_t)1 << 22) / (cols ? cols : 1));
     if (chunk < 1) chunk = 1;
     float *f = (float *)malloc(sizeof(float) * (size_t)chunk * cols);
@@ -40,10 +42,9 @@ int cu_weight_load(enum ggml_type t, const void *host, int rows, int cols, skv_w
         quant_dequant_row(t, (const uint8_t *)host + row_bytes * r0, f, (size_t)nr * cols);
         if (rows > 1) {
             for (size_t i = 0; i < (size_t)nr * cols; i++) h[i] = km_f32_to_bf16(f[i]);
-            CK(cudaMemcpy((uint16_t *)dev + (size_t)r0 * cols, h, sizeof(uint16_t) * (size_t)nr * cols,
-                          cudaMemcpyHostToDevice));
+            cu_upload((uint16_t *)dev + (size_t)r0 * cols, h, sizeof(uint16_t) * (size_t)nr * cols);
         } else {
-            CK(cudaMemcpy(dev, f, sizeof(float) * (size_t)nr * cols, cudaMemcpyHostToDevice));
+            cu_upload(dev, f, sizeof(float) * (size_t)nr * cols);
         }
     }
     free(f);

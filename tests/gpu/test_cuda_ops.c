@@ -150,6 +150,55 @@ static void t_elementwise(void) {
         rope_free(&rc);
         free(x); free(xg);
     }
+    /* The device frequencies follow the values, not the host pointer: the
+     * same rope_ctx rewritten in place for another theta (as a freed ctx's
+     * address reused by the next one would be) must rotate by the new ones. */
+    {
+        int nh = 2, hd = 32;
+        rope_params p1 = {.mode = ROPE_NEOX, .head_dim = hd, .rope_dim = hd, .theta = 10000};
+        rope_params p2 = p1;
+        p2.theta = 500000;
+        rope_ctx r1, r2;
+        rope_init(&r1, &p1, NULL);
+        rope_init(&r2, &p2, NULL);
+        size_t l = (size_t)n * nh * hd;
+        float *x = rnd(l), *dx = dev(x, sizeof(float) * l);
+        cu->rope(&r1, dx, n, nh, 900);
+        cu->free(dx);
+        memcpy(r1.inv_freq, r2.inv_freq, sizeof(float) * (size_t)(hd / 2));
+        dx = dev(x, sizeof(float) * l);
+        cpu->rope(&r2, x, n, nh, 900);
+        cu->rope(&r1, dx, n, nh, 900);
+        float *xg = back(dx, l);
+        cmp("rope after its frequencies changed at the same address", xg, x, l, 1e-6);
+        cu->free(dx);
+        rope_free(&r1);
+        rope_free(&r2);
+        free(x); free(xg);
+    }
+    /* A buffer written right after alloc keeps what was written: alloc's
+     * zero fill is ordered before the compute stream's work (a fill on the
+     * legacy stream could land after the write). Many small rounds, so a
+     * race has chances to show. */
+    {
+        int nkv = 2, d = 64, cap = 64, nt = 64, bad = 0;
+        size_t sl = (size_t)nt * nkv * d;
+        float *src = rnd(sl), *ds = dev(src, sizeof(float) * sl);
+        for (int round = 0; round < 200 && !bad; round++) {
+            float *dc = cu->alloc(sizeof(float) * (size_t)nkv * cap * d);
+            SKV_ASSERT(dc);
+            cu->kv_store(dc, (size_t)cap * d, nkv, d, 0, nt, ds);
+            float *got = back(dc, (size_t)nkv * cap * d);
+            for (int t = 0; t < nt && !bad; t++)
+                for (int h = 0; h < nkv && !bad; h++)
+                    bad = memcmp(got + ((size_t)h * cap + t) * d, src + ((size_t)t * nkv + h) * d, sizeof(float) * d) != 0;
+            free(got);
+            cu->free(dc);
+        }
+        test_cond("cuda alloc: rows written right after alloc are not zeroed afterwards (200 rounds)", !bad);
+        cu->free(ds);
+        free(src);
+    }
     /* kv_store into a head-major cache */
     {
         int nkv = 2, d = 16, cap = 40, pos = 7, nt = 6;
