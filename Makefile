@@ -146,7 +146,7 @@ fuzz: fuzz-build
 # Tests run from the project root so that ../shared and samples/ resolve.
 # The Python tests drive the skv binary (skv eval, the CSV export against
 # probes/python/skvtrace) with Debian's python3 and numpy.
-PY_TESTS = tests/test_eval.py tests/test_skvtrace.py
+PY_TESTS = tests/test_eval.py tests/test_skvtrace.py tests/test_gpu_check.py
 test: $(TEST_BIN) $(BUILD)/skv $(BUILD)/default-model.gguf
 	@SKV_BIN=$(abspath $(BUILD))/skv sh tests/run.sh $(TEST_BIN) $(PY_TESTS)
 
@@ -159,10 +159,13 @@ bench: skv
 	@$(MAKE) --no-print-directory BUILD=build-noprobes EXTRA_CFLAGS=-DSKV_NO_PROBES build-noprobes/skv >/dev/null
 	@sh tests/bench.sh
 
-# What tests/gpu/run.sh needs on a device machine, in build/gpu-pack/ (under
-# 64 MiB with its libraries): a portable build with OpenBLAS GEMMs.
-.PHONY: gpu-pack
-gpu-pack:
+# One prepared command for a device machine (tests/gpu/run.sh: every step
+# under a timeout, done within 8 minutes, results in $OUT): a portable build
+# with OpenBLAS GEMMs packed by tests/gpu/pack.sh into build/gpu-check/
+# (skv-gpu.tar.xz under 20 MiB with its libraries, and gpu-check.sh). Needs
+# ../shared/configs/llama-3.1-8b.config.json for the 8B shape's benches.
+.PHONY: gpu-check
+gpu-check:
 	@$(MAKE) --no-print-directory BUILD=build-gpu DNNL=0 OPT="-O2 -march=x86-64-v3 -fvect-cost-model=dynamic" \
 	  build-gpu/skv build-gpu/tests/gpu/test_cuda_ops build-gpu/tests/gpu/test_cuda_model
 	@sh tests/gpu/pack.sh

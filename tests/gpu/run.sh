@@ -1,52 +1,212 @@
 #!/bin/sh
 # run.sh: every check and measurement of the CUDA backend that needs a GPU,
-# in one call on the device machine. `make gpu-pack` builds what travels
-# (build/gpu-pack/: bin/ with skv and the GPU tests, lib/ with the shared
-# libraries ldd lists that the box lacks, configs/, this script); on the
-# box, from that folder:
-#     sh run.sh            # log and figures into ./out (or $OUT)
-# It needs the CUDA 13 runtime, cuBLAS and cuSOLVER of the box. Models are
-# synthesized on the box (../shared does not travel): random weights change
-# no speed, and the tests compare the GPU with the CPU on the same weights.
-# Steps: device info; the op tests (every kernel against its CPU twin); the
-# whole-model test (CPU vs GPU logits) on a small model and on the
-# Llama-3.1-8B shape with 2 layers; decode throughput of the dense path on
-# the full 8B shape at 60K and 122K tokens; a timeline of one decode step.
+# in one call on the device machine, within a time budget it cannot overrun.
+# `make gpu-check` packs it with everything it needs (build/gpu-check/:
+# skv-gpu.tar.xz and gpu-check.sh, which unpacks the bundle and runs this);
+# on the box:
+#     OUT=/some/dir sh gpu-check.sh
+# Environment:
+#   OUT                where the results go (default ./out): at most 8 files,
+#                      each cut to 16 MiB
+#   SKV_GPU_BUDGET     seconds for everything (default 450: done within 8 min
+#                      even if a step hangs; each step has its own timeout,
+#                      never past what is left)
+#   SKV_GPU_CHECK_CPU  1: the CPU fallback with tiny sizes, to try the script
+#                      where no GPU is (tests/test_gpu_check.py)
+#   SKV_GPU_CHECK_HANG a step's name: that step hangs instead (tests the timeouts)
+# Models are synthesized on the box (../shared does not travel): random
+# weights change no speed, and the tests compare the GPU with the CPU on the
+# same weights. The 8B model is written in the background while the tests run.
+# Order: device info; the op tests (every kernel against its CPU twin); the
+# whole-model tests (CPU vs GPU logits) on a small model and on the
+# Llama-3.1-8B shape with 2 layers; a traced decode step and its timeline PNG;
+# benches of dense and ShadowKV on the full 8B shape at 8K and 32K (122K only
+# when the prefill speed measured at 8K and 32K says it fits); then
+# compute-sanitizer on the op tests if time remains.
+# Results: run.log (every step's output), summary.txt (a line a step: ok,
+# FAILED rc, TIMED OUT, skipped, with seconds; then the bench lines),
+# bench.txt, gpu.trace, timeline.png, sanitizer.log.
 set -u
 cd "$(dirname "$0")"
+HERE=$PWD
 OUT=${OUT:-out}
-mkdir -p "$OUT"
-export LD_LIBRARY_PATH="$PWD/lib:${LD_LIBRARY_PATH:-}"
-SKV=bin/skv
-log() { echo "== $*"; }
-if $SKV info --backends | grep -A1 '^  cuda' | grep -q 'not available'; then
-    $SKV info --backends
-    echo "run.sh: no usable CUDA device here; nothing run (the models and benches are for a GPU machine)"
+mkdir -p "$OUT" || { echo "run.sh: cannot make $OUT" >&2; exit 2; }
+OUT=$(cd "$OUT" && pwd)
+BUDGET=${SKV_GPU_BUDGET:-450}
+CPU=${SKV_GPU_CHECK_CPU:-0}
+START=$(date +%s)
+DEADLINE=$((START + BUDGET))
+RESERVE=5 # kept back for the summary and the cut of the files
+LOG=$OUT/run.log
+SUM=$OUT/summary.txt
+: > "$LOG"
+: > "$SUM"
+: > "$OUT/bench.txt"
+export LD_LIBRARY_PATH="$HERE/lib:${LD_LIBRARY_PATH:-}"
+SKV=$HERE/bin/skv
+FAILS=0
+
+now() { date +%s; }
+say() { echo "$*" | tee -a "$LOG"; }
+# note NAME STATUS SECONDS: a line of the summary
+note() { printf '%-22s %-34s %4ss\n' "$1" "$2" "$3" | tee -a "$SUM" >> "$LOG"; }
+
+# step NAME CAP CMD...: runs CMD under a timeout of CAP seconds, or of what
+# is left of the budget when that is less; output into the log. Returns CMD's
+# status (124: timed out; 125: no time left to start it). A process that
+# does not die after its SIGKILL (stuck in the driver) is left behind, so
+# the script still ends on time.
+step() {
+    name=$1 cap=$2
+    shift 2
+    left=$(($DEADLINE - $(now) - RESERVE))
+    t=$cap
+    [ "$left" -lt "$t" ] && t=$left
+    if [ "$t" -lt 3 ]; then
+        note "$name" "skipped: no time left" 0
+        return 125
+    fi
+    [ "${SKV_GPU_CHECK_HANG:-}" = "$name" ] && set -- sleep 100000
+    echo "== $name (timeout ${t}s): $*" >> "$LOG"
+    t0=$(now)
+    timeout -k 3 "$t" "$@" >> "$LOG" 2>&1 &
+    pid=$!
+    hard=$((t0 + t + 8))
+    while kill -0 "$pid" 2>/dev/null && [ "$(now)" -le "$hard" ]; do sleep 0.2; done
+    if kill -0 "$pid" 2>/dev/null; then
+        rc=124
+        note "$name" "TIMED OUT after ${t}s (left running)" $(($(now) - t0))
+    else
+        wait "$pid"
+        rc=$?
+        case $rc in
+        0) note "$name" ok $(($(now) - t0)) ;;
+        124 | 137) rc=124; note "$name" "TIMED OUT after ${t}s" $(($(now) - t0)) ;;
+        *) note "$name" "FAILED (exit $rc)" $(($(now) - t0)) ;;
+        esac
+    fi
+    [ "$rc" -ne 0 ] && FAILS=$((FAILS + 1))
+    return "$rc"
+}
+
+# The shapes: the 8B config on a GPU; the small demo config, tiny, on the CPU.
+if [ "$CPU" = 1 ]; then
+    BE=cpu
+    BIG_CFG=configs/default-model.config.json BIG_DT=f32
+    CTXS="128 256" CTX_BIG=1024 NDEC=4
+    SKOPT="--rank 16 --budget 32 --outliers 2"
+    TRACE_OPT="--rank 16 --budget 32"
+else
+    BE=cuda
+    BIG_CFG=configs/llama-3.1-8b.config.json BIG_DT=bf16
+    CTXS="8192 32768" CTX_BIG=122880 NDEC=32
+    SKOPT="" # the paper's settings: rank 160, chunk 8, budget 2048, 48 outliers
+    TRACE_OPT="--rank 32 --budget 64"
+fi
+
+say "skv gpu-check: budget ${BUDGET}s, backend $BE, results in $OUT"
+step device 30 sh -c "(nvidia-smi || echo 'nvidia-smi: not found'); uname -a; nproc; free -g; \
+    '$SKV' --version; '$SKV' info --backends"
+if [ "$CPU" != 1 ] && "$SKV" info --backends 2>&1 | grep -A1 '^  cuda' | grep -q 'not available'; then
+    say "run.sh: no usable CUDA device here (skv info --backends above says why); nothing else run"
+    note device-usable "FAILED (no CUDA device)" 0
     exit 1
 fi
-{
-    log "device"
-    nvidia-smi || echo "nvidia-smi: not found"
-    $SKV --version
-    $SKV info --backends
-    log "models (synthesized here, seeded)"
-    [ -f small.gguf ] || $SKV synth --config configs/default-model.config.json --dtype f32 --seed 7 -o small.gguf
-    [ -f l8b-2l.gguf ] || $SKV synth --config configs/llama-3.1-8b.config.json --dtype bf16 --layers 2 --seed 1 -o l8b-2l.gguf
-    log "op tests: every CUDA kernel against its CPU twin"
-    bin/test_cuda_ops
-    log "whole model: CPU vs GPU logits"
-    SKV_GPU_MODEL=small.gguf bin/test_cuda_model
-    SKV_GPU_MODEL=l8b-2l.gguf bin/test_cuda_model
-    log "decode throughput, dense and ShadowKV, Llama-3.1-8B shape (bf16 weights, f32 KV), batch 1"
-    [ -f l8b.gguf ] || $SKV synth --config configs/llama-3.1-8b.config.json --dtype bf16 --seed 1 -o l8b.gguf
-    for ctx in 61440 122880; do
-        $SKV bench --backend cuda -m l8b.gguf --prompt-tokens $ctx -n 32 -c $((ctx + 64)) || echo "bench at $ctx failed"
-        # ShadowKV with the paper's settings: rank 160, chunk 8, budget 2048, 48 outliers
-        $SKV bench --backend cuda --kv shadowkv -m l8b.gguf --prompt-tokens $ctx -n 32 -c $((ctx + 64)) ||
-            echo "shadowkv bench at $ctx failed"
-    done
-    log "a traced decode step on the GPU (timeline spans from CUDA events)"
-    $SKV run --backend cuda -m l8b-2l.gguf --kv shadowkv --rank 32 --budget 64 -f configs/default-model.config.json -n 4 \
-        --trace "$OUT/gpu.trace" --force &&
-        $SKV export --trace "$OUT/gpu.trace" --view timeline --step 2 -o "$OUT/timeline.png" --force
-} 2>&1 | tee "$OUT/run.log"
+
+# the full-size model, written in the background while the tests run
+BIG=$HERE/big.gguf
+if [ ! -f "$BIG" ]; then
+    echo "== synth-big (background): $SKV synth --config $BIG_CFG --dtype $BIG_DT" >> "$LOG"
+    ( timeout -k 3 $((BUDGET / 2)) "$SKV" synth --config "$BIG_CFG" --dtype "$BIG_DT" --seed 1 -o "$BIG.part" \
+        > "$OUT/.synth.log" 2>&1 && mv "$BIG.part" "$BIG" ) &
+    SYNTH_PID=$!
+else
+    SYNTH_PID=
+fi
+
+step synth-small 60 "$SKV" synth --config configs/default-model.config.json --dtype f32 --seed 7 -o small.gguf --force
+step synth-2layer 90 "$SKV" synth --config "$BIG_CFG" --dtype "$BIG_DT" --layers 2 --seed 1 -o big-2l.gguf --force
+
+step op-tests 120 bin/test_cuda_ops
+step model-small 60 env SKV_GPU_MODEL=small.gguf bin/test_cuda_model
+step model-2layer 90 env SKV_GPU_MODEL=big-2l.gguf bin/test_cuda_model
+
+rm -f "$OUT/gpu.trace" "$OUT/timeline.png"
+step traced-step 60 "$SKV" run --backend $BE -m big-2l.gguf --kv shadowkv $TRACE_OPT -f configs/default-model.config.json \
+    -n 4 --trace "$OUT/gpu.trace" &&
+    step timeline-png 30 "$SKV" export --trace "$OUT/gpu.trace" --view timeline --step 2 -o "$OUT/timeline.png"
+
+# wait for the background model (never past the budget)
+t0=$(now)
+if [ -n "$SYNTH_PID" ]; then
+    while kill -0 "$SYNTH_PID" 2>/dev/null && [ "$(now)" -lt $((DEADLINE - RESERVE)) ]; do sleep 0.5; done
+    cat "$OUT/.synth.log" >> "$LOG" 2>/dev/null
+    rm -f "$OUT/.synth.log"
+fi
+if [ -f "$BIG" ]; then
+    note synth-big ok $(($(now) - START))
+else
+    note synth-big "FAILED (not written in time)" $(($(now) - START))
+    FAILS=$((FAILS + 1))
+fi
+
+# bench CTX CAP: dense and ShadowKV from one prefill at CTX tokens; the
+# prefill's seconds go to PRE_CTX for the 122K estimate
+bench() {
+    ctx=$1 cap=$2
+    [ -f "$BIG" ] || { note "bench-$ctx" "skipped: no model" 0; return 1; }
+    b0=$(wc -l < "$OUT/bench.txt")
+    # the bench lines straight into bench.txt (a line a policy, as each ends), the rest into the log
+    step "bench-$ctx" "$cap" sh -c "exec '$SKV' bench --backend $BE -m '$BIG' --prompt-tokens $ctx -n $NDEC \
+        -c $((ctx + NDEC + 16)) --kv dense,shadowkv --parallel 1 $SKOPT >> '$OUT/bench.txt'"
+    rc=$?
+    sed -n "$((b0 + 1)),\$p" "$OUT/bench.txt" | tee -a "$LOG" >> "$SUM"
+    return $rc
+}
+# prefill seconds at ctx, from its bench line (empty when none)
+pre_secs() {
+    grep "prompt=$1 " "$OUT/bench.txt" | head -1 | sed -n 's/.*prefill_tok_s=\([0-9.]*\).*/\1/p' |
+        awk -v n="$1" '$1 > 0 { printf "%.1f\n", n / $1 }'
+}
+set -- $CTXS
+bench "$1" 150
+bench "$2" 200
+p1=$(pre_secs "$1")
+p2=$(pre_secs "$2")
+if [ -n "$p1" ] && [ -n "$p2" ]; then
+    # t(n) = a n + b n^2 through both points, at CTX_BIG, with a quarter more for the decode and the forks
+    est=$(awk -v n1="$1" -v n2="$2" -v t1="$p1" -v t2="$p2" -v n="$CTX_BIG" 'BEGIN {
+        b = (t2 / n2 - t1 / n1) / (n2 - n1); if (b < 0) b = 0; a = t1 / n1 - b * n1; if (a < 0) a = 0;
+        printf "%d\n", 1.25 * (a * n + b * n * n) + 10 }')
+    left=$(($DEADLINE - $(now) - RESERVE - 30))
+    say "bench-$CTX_BIG: prefill ${p1}s at $1, ${p2}s at $2: about ${est}s needed, ${left}s left"
+    if [ "$est" -le "$left" ]; then
+        bench "$CTX_BIG" "$left"
+    else
+        note "bench-$CTX_BIG" "skipped: needs ~${est}s, ${left}s left" 0
+    fi
+else
+    note "bench-$CTX_BIG" "skipped: no prefill speed measured" 0
+fi
+
+# compute-sanitizer on the op tests, in what is left
+if command -v compute-sanitizer > /dev/null 2>&1 || [ -x /usr/local/cuda/bin/compute-sanitizer ]; then
+    CS=$(command -v compute-sanitizer || echo /usr/local/cuda/bin/compute-sanitizer)
+    step sanitizer $(($DEADLINE - $(now))) sh -c "'$CS' --tool memcheck --leak-check full bin/test_cuda_ops > '$OUT/sanitizer.log' 2>&1; \
+        rc=\$?; tail -5 '$OUT/sanitizer.log'; exit \$rc"
+else
+    note sanitizer "skipped: compute-sanitizer not found" 0
+fi
+
+# no file over 16 MiB, nothing but the results
+rm -f "$OUT/.synth.log"
+for f in "$OUT"/*; do
+    [ -f "$f" ] || continue
+    if [ "$(wc -c < "$f")" -gt 16777216 ]; then
+        truncate -s 16776000 "$f"
+        echo "run.sh: $(basename "$f") cut to 16 MiB" >> "$SUM"
+    fi
+done
+say "run.sh: $FAILS step(s) not ok, $(($(now) - START))s of ${BUDGET}s"
+cat "$SUM"
+[ "$FAILS" -eq 0 ]

@@ -1,0 +1,126 @@
+#!/usr/bin/python3
+"""test_gpu_check: make gpu-check's pack and run script, tried on the CPU
+fallback with tiny sizes (tests/gpu/pack.sh with SKV_GPU_PACK_CPU=1, then
+gpu-check.sh with SKV_GPU_CHECK_CPU=1): every step runs in order and says
+ok, the results are at most 8 files under 16 MiB (a PNG timeline, a trace skv
+reads, the bench lines of both policies at each size); a step made to hang
+is cut by its timeout and the script still ends within its budget; the pack
+refuses a bundle over its size limit and a missing 8B config. Needs the
+build's CUDA test binaries (a build with nvcc). Prints PASS/FAIL/SKIP."""
+import os
+import shutil
+import subprocess
+import sys
+import tempfile
+import time
+
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+SKV = os.environ.get("SKV_BIN") or os.path.join(ROOT, "build", "skv")
+BIN = os.path.dirname(os.path.abspath(SKV))
+passed = failed = 0
+
+
+def check(descr, ok, detail=""):
+    global passed, failed
+    if ok:
+        passed += 1
+        print("PASS " + descr)
+    else:
+        failed += 1
+        print("FAIL " + descr + (": " + detail if detail else ""))
+    sys.stdout.flush()
+
+
+if not os.access(os.path.join(BIN, "tests", "gpu", "test_cuda_ops"), os.X_OK):
+    print("SKIP gpu-check: %s has no CUDA test binaries (a build without nvcc)" % BIN)
+    sys.exit(0)
+for tool in ("xz", "timeout", "ldd", "strip"):
+    if not shutil.which(tool):
+        print("SKIP gpu-check: %s not found" % tool)
+        sys.exit(0)
+
+STEPS = ["device", "synth-small", "synth-2layer", "op-tests", "model-small", "model-2layer", "traced-step",
+         "timeline-png", "synth-big", "bench-128", "bench-256", "bench-1024", "sanitizer"]
+
+
+def pack(dest, **env):
+    e = dict(os.environ, SKV_GPU_BIN=BIN, SKV_GPU_PACK=dest, SKV_GPU_PACK_XZ="0", **env)
+    return subprocess.run(["sh", "tests/gpu/pack.sh"], cwd=ROOT, env=e, capture_output=True, text=True)
+
+
+def summary(out):
+    rows = {}
+    with open(os.path.join(out, "summary.txt")) as f:
+        for line in f:
+            parts = line.split(None, 1)
+            if parts and parts[0] in STEPS:
+                rows[parts[0]] = parts[1].strip()
+    return rows
+
+
+def run_check(packdir, out, budget, **env):
+    e = dict(os.environ, OUT=out, SKV_GPU_CHECK_CPU="1", SKV_GPU_BUDGET=str(budget), **env)
+    t0 = time.time()
+    p = subprocess.run(["sh", os.path.join(packdir, "gpu-check.sh")], env=e, capture_output=True, text=True)
+    return p, time.time() - t0
+
+
+tmp = tempfile.mkdtemp(prefix="skv-gpucheck-")
+try:
+    # refusals first: they leave nothing to carry
+    p = pack(os.path.join(tmp, "nocfg"), SKV_SHARED=os.path.join(tmp, "absent"))
+    check("gpu-check pack: a missing 8B config is refused with one line naming it",
+          p.returncode != 0 and "llama-3.1-8b.config.json" in p.stderr and p.stderr.count("\n") == 1, p.stderr)
+    big = os.path.join(tmp, "big")
+    p = pack(big, SKV_GPU_PACK_CPU="1", SKV_GPU_PACK_MAX_MIB="1")
+    check("gpu-check pack: a bundle over the size limit is refused and removed",
+          p.returncode != 0 and "over the 1 MiB" in p.stderr and not os.path.exists(os.path.join(big, "skv-gpu.tar.xz")),
+          p.stderr)
+
+    pk = os.path.join(tmp, "pack")
+    p = pack(pk, SKV_GPU_PACK_CPU="1", SKV_GPU_PACK_MAX_MIB="400")
+    names = sorted(os.listdir(pk)) if os.path.isdir(pk) else []
+    check("gpu-check pack: a bundle and its run script, nothing else", p.returncode == 0 and
+          names == ["gpu-check.sh", "skv-gpu.tar.xz"], p.stdout + p.stderr + " " + str(names))
+    if p.returncode == 0:
+        lst = subprocess.run(["sh", "-c", "xz -dc '%s' | tar -tf -" % os.path.join(pk, "skv-gpu.tar.xz")],
+                             capture_output=True, text=True).stdout.split()
+        want = ["./bin/skv", "./bin/test_cuda_ops", "./bin/test_cuda_model", "./run.sh",
+                "./configs/default-model.config.json"]
+        check("gpu-check bundle: the binaries, run.sh, the configs and their libraries",
+              all(w in lst for w in want) and any(x.startswith("./lib/lib") for x in lst), " ".join(lst))
+
+        out = os.path.join(tmp, "out")
+        p, secs = run_check(pk, out, 240)
+        rows = summary(out) if os.path.exists(os.path.join(out, "summary.txt")) else {}
+        check("gpu-check on the CPU fallback: exit 0, every step in order, each ok (sanitizer: not found here)",
+              p.returncode == 0 and list(rows) == STEPS and
+              all(rows[s].startswith("ok") for s in STEPS[:-1]) and rows["sanitizer"].split()[0] in ("ok", "skipped:"),
+              p.stdout[-2000:] + p.stderr[-2000:])
+        files = os.listdir(out) if os.path.isdir(out) else []
+        check("gpu-check results: at most 8 files, each under 16 MiB", 0 < len(files) <= 8 and
+              all(os.path.getsize(os.path.join(out, f)) < 16 << 20 for f in files), str(files))
+        png = os.path.join(out, "timeline.png")
+        check("gpu-check results: the timeline is a PNG", os.path.exists(png) and
+              open(png, "rb").read(8) == b"\x89PNG\r\n\x1a\n")
+        tr = subprocess.run([SKV, "trace", "info", os.path.join(out, "gpu.trace")], capture_output=True, text=True)
+        check("gpu-check results: skv trace info reads the traced step", tr.returncode == 0, tr.stderr)
+        lines = open(os.path.join(out, "bench.txt")).read().splitlines() if "bench.txt" in files else []
+        got = sorted((l.split(" kv=")[1].split()[0], l.split(" prompt=")[1].split()[0]) for l in lines if " kv=" in l)
+        check("gpu-check results: dense and shadowkv benched at each size",
+              got == sorted((k, n) for k in ("dense", "shadowkv") for n in ("128", "256", "1024")), str(got))
+
+        out2 = os.path.join(tmp, "out-hang")
+        budget = 25
+        p, secs = run_check(pk, out2, budget, SKV_GPU_CHECK_HANG="synth-small")
+        rows = summary(out2) if os.path.exists(os.path.join(out2, "summary.txt")) else {}
+        check("gpu-check: a hung step is cut by its timeout, the later ones are skipped, and the run ends in its "
+              "budget (%.0f s of %d)" % (secs, budget),
+              p.returncode != 0 and rows.get("synth-small", "").startswith("TIMED OUT") and
+              rows.get("traced-step", "").startswith("skipped: no time left") and secs < budget + 10,
+              str(rows))
+finally:
+    shutil.rmtree(tmp, ignore_errors=True)
+
+print("test_gpu_check: %d passed, %d failed" % (passed, failed))
+sys.exit(1 if failed else 0)
