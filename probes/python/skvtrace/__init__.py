@@ -28,8 +28,9 @@ import zlib
 
 import numpy as np
 
-__all__ = ["load", "Trace", "TraceError", "SCHEMA"]
-__version__ = "3"
+__all__ = ["load", "events", "Trace", "TraceError", "TraceValueError", "SCHEMA", "TraceWriter", "rewrite", "Recorder"]
+__version__ = "3"          # the trace format this package reads and writes
+WRITER_VERSION = "1.0"     # the Python writer's own version, in the metadata it writes
 
 MAGIC = b"SKVTRACE"
 END = b"SKVTEND\x00"
@@ -198,10 +199,10 @@ def _meta_problem(data, meta_at, end, n_records, n_found):
     return ""
 
 
-def load(path, partial=False):
-    """Reads the trace at path. Raises TraceError for a file that is not a
-    whole, valid version-3 trace (partial=True: keeps the intact part up to
-    the last complete decode step and says so in Trace.notice)."""
+def _scan(path, partial):
+    """The file's framing checked: (version, records [(kind, payload, offset)],
+    metadata (dict; {} when cut short or damaged), the metadata record's
+    JSON bytes (None when absent), notice)."""
     with open(path, "rb") as fh:
         data = fh.read()
     if len(data) < 8 or data[:8] != MAGIC:
@@ -230,6 +231,7 @@ def load(path, partial=False):
     records = []  # (kind, payload, offset)
     off, limit = 16, (meta_at if closed else len(data))
     meta = None
+    meta_json = None
     last_step_end = None
     damaged = ""
     while off < limit:
@@ -263,8 +265,9 @@ def load(path, partial=False):
     if closed and not damaged:
         damaged = _meta_problem(data, meta_at, end, n_records, len(records))
         if not damaged:
+            meta_json = data[meta_at + 8:end - 4]
             try:
-                meta = json.loads(data[meta_at + 8:end - 4].decode("utf-8"))
+                meta = json.loads(meta_json.decode("utf-8", "surrogateescape"))
             except (UnicodeDecodeError, ValueError, RecursionError) as e:
                 damaged = "the metadata is not JSON (%s)" % (
                     "nested too deeply" if isinstance(e, RecursionError) else e)
@@ -277,9 +280,35 @@ def load(path, partial=False):
             notice = (notice + "; " if notice else "") + damaged
     if not closed or damaged:
         meta = {}
+        meta_json = None
         if last_step_end is not None:
             records = records[:last_step_end]
         notice += "; loaded %d intact records" % len(records)
+    return version, records, meta, meta_json, notice
+
+
+def events(path, partial=False):
+    """The trace's records in file order, as (kind, name, fields): fields a
+    dict of the kind's values by name (arrays as numpy arrays, str as str,
+    the token text as bytes), as TraceWriter.write takes them. A kind this
+    reader does not know comes as (kind, None, payload bytes). Raises
+    TraceError as load does; the metadata is load(path).meta."""
+    version, records, meta, meta_json, notice = _scan(path, partial)
+    rec = 0
+    for kind, payload, at in records:
+        if kind not in SCHEMA:
+            yield kind, None, payload
+            continue
+        vals = _decode(path, kind, payload, (rec, at))
+        yield kind, SCHEMA[kind][0], {fn: (bytes(v) if ft == "bytes" else v) for fn, ft, v in vals}
+        rec += 1
+
+
+def load(path, partial=False):
+    """Reads the trace at path. Raises TraceError for a file that is not a
+    whole, valid version-3 trace (partial=True: keeps the intact part up to
+    the last complete decode step and says so in Trace.notice)."""
+    version, records, meta, meta_json, notice = _scan(path, partial)
 
     tables, arrays = {}, {}
     for kind, (name, fields) in SCHEMA.items():
@@ -337,3 +366,7 @@ def load(path, partial=False):
                 parts = a[col]
                 a[col] = np.concatenate(parts) if parts else np.zeros(0, dt if col == fn else np.int64)
     return Trace(path, meta, tables, arrays, version, notice)
+
+
+from .writer import TraceValueError, TraceWriter, rewrite  # noqa: E402  (the writer uses the schema above)
+from .recorder import Recorder  # noqa: E402
