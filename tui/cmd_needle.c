@@ -573,10 +573,11 @@ static int diagnose_trace(const char *path) {
     int rc = rep ? probe_store_new(&st) : skv_error(SKV_ENOMEM, "out of memory");
     if (!rc) rc = trace_load_store(path, st);
     if (!rc && *trace_last_notice()) cli_msg("warning: %s\n", trace_last_notice());
-    if (!rc && probe_store_n_needles(st) == 0)
-        rc = skv_error(SKV_EMISSING, "%s: the trace holds no needle events (record one with skv needle --explain "
-                       "--trace FILE)", path);
-    if (!rc) rc = needle_diagnose(st, 0, rep);
+    /* the needle events of a policy's needle watch, or else the oracle's
+     * needle measures (any policy, and traces skv did not record) */
+    if (!rc && (rc = needle_diagnose(st, 0, rep)) == SKV_EMISSING)
+        rc = skv_error(SKV_EMISSING, "%s: the trace holds no needle events and no oracle events with a needle span "
+                       "(record one with skv needle --explain --trace FILE, or the oracle with a needle named)", path);
     if (!rc) {
         printf("%s: %s, value %s: dense %s, %s %s\n", path, rep->policy, rep->value,
                rep->dense_hit < 0 ? "?" : rep->dense_hit ? "hit" : "missed",

@@ -11,6 +11,7 @@ A method is an object with
     name, opts, budget                 for the run record
 See quest_torch.py and shadowkv_torch.py; record_demo.py is the command line.
 """
+import contextlib
 import math
 import os
 import sys
@@ -122,17 +123,22 @@ class DemoModel:
     def decode(self, token, pos, method, rec=None):
         """One token at position pos; returns its logits. With rec, each
         layer's attention is recorded (the method calls rec.select)."""
+        span = rec.span if rec is not None else (lambda op, layer=-1, stream=0: contextlib.nullcontext())
         x = self.m.embed_tokens(torch.tensor([token]))
         p = torch.tensor([pos])
         for layer, blk in enumerate(self.m.layers):
-            q, k_pre, k, v = self._qkv(blk, x, p)
-            method.append(layer, k_pre[0], k[0], v[0])
-            out = method.attend(layer, q[0], rec)
+            with span("qkv", layer):
+                q, k_pre, k, v = self._qkv(blk, x, p)
+            with span("attention", layer):
+                method.append(layer, k_pre[0], k[0], v[0])
+                out = method.attend(layer, q[0], rec)
             if rec is not None:
                 K, V = method.full_kv(layer) if rec.oracle else (None, None)
                 rec.attention(layer, q[0], out, K, V)
-            x = self._mlp(blk, x + blk.o_proj(out.reshape(1, -1)))
-        return self.m.norm(x[0]) @ self.m.embed_tokens.weight.T
+            with span("mlp", layer):
+                x = self._mlp(blk, x + blk.o_proj(out.reshape(1, -1)))
+        with span("logits"):
+            return self.m.norm(x[0]) @ self.m.embed_tokens.weight.T
 
 
 def run(model, method, ids, n_steps, rec=None, feed=None, twin=None):

@@ -35,6 +35,7 @@ def main(argv=None):
     ap.add_argument("--feed", action="store_true", help="feed the tokens that trace's steps fed")
     ap.add_argument("--oracle", action="store_true")
     ap.add_argument("--needle", help="B:E, the needle's token span")
+    ap.add_argument("--value", help="the value planted in the needle: the answers are scored (skv needle --diagnose)")
     ap.add_argument("-o", required=True, help="the trace to write")
     a = ap.parse_args(argv)
     t = skvtrace.load(a.ids_from)
@@ -60,7 +61,14 @@ def main(argv=None):
                             model="skv-demo", producer="record_demo.py (%s_torch)" %
                             a.kv)
     try:
-        run(m, meth, ids, a.n, rec=rec, feed=feed, twin=Dense(m.n_layers) if a.oracle else None)
+        fed = run(m, meth, ids, a.n, rec=rec, feed=feed, twin=Dense(m.n_layers) if a.oracle else None)
+        if a.value:
+            # the answer: what the method generated after the prompt (the fed
+            # tokens after the first, and the token its last step chose is not kept);
+            # dense's own greedy answer on the same prompt beside it
+            dense = run(m, Dense(m.n_layers), ids, a.n)
+            text = lambda toks: b"".join(m.text(t) for t in toks).decode("utf-8", "replace")
+            rec.niah(a.value, text(fed), dense_answer=text(dense))
     except BaseException:
         rec.cut()
         raise

@@ -10,6 +10,7 @@ values would be offloaded. Each decode step, per KV head: landmark scores
 candidates (ties: the lower), their keys rebuilt as RoPE(U Sigma V^T), and
 exact attention over [outliers | selected | local | generated]. A chunk
 selected at the last step is a cache hit, the others misses (fetched)."""
+import contextlib
 import math
 
 import torch
@@ -92,21 +93,26 @@ class ShadowKV:
         out = torch.empty_like(q)
         scale = 1.0 / math.sqrt(d)
         tail = torch.arange(self.local_start * c, T)
+        span = rec.span if rec is not None else (lambda op, layer=-1, stream=0: contextlib.nullcontext())
         for kh in range(kv):
-            lg = (q[kh * g:(kh + 1) * g] @ self.lm[layer][kh].T) * scale  # (g, n_cand)
-            score = lg.softmax(-1).amax(0)
-            sel = torch.sort(score, descending=True, stable=True).indices[:self.k]
-            sel_id = self.cand[layer][kh][sel]
-            prev = self.prev.get((layer, kh), set())
-            misses = sum(1 for j in sel_id.tolist() if j not in prev)
-            self.prev[(layer, kh)] = set(sel_id.tolist())
-            opos = (self.outl[layer][kh][:, None] * c + torch.arange(c)).reshape(-1)
-            kr, spos = self._rebuilt(layer, kh, sel_id)
-            keys = torch.cat([K[opos, kh], kr, K[tail, kh]])
-            vals = torch.cat([V[opos, kh], V[spos, kh], V[tail, kh]])
-            for j in range(g):
-                hq = kh * g + j
-                out[hq] = ((keys @ q[hq]) * scale).softmax(-1) @ vals
+            with span("select", layer, 0):  # landmark scores, softmax, group max, top-k
+                lg = (q[kh * g:(kh + 1) * g] @ self.lm[layer][kh].T) * scale  # (g, n_cand)
+                score = lg.softmax(-1).amax(0)
+                sel = torch.sort(score, descending=True, stable=True).indices[:self.k]
+                sel_id = self.cand[layer][kh][sel]
+                prev = self.prev.get((layer, kh), set())
+                misses = sum(1 for j in sel_id.tolist() if j not in prev)
+                self.prev[(layer, kh)] = set(sel_id.tolist())
+            with span("rebuild_k", layer, 2):  # the selected chunks' keys from the low-rank factors
+                opos = (self.outl[layer][kh][:, None] * c + torch.arange(c)).reshape(-1)
+                kr, spos = self._rebuilt(layer, kh, sel_id)
+                keys = torch.cat([K[opos, kh], kr, K[tail, kh]])
+            with span("fetch_v", layer, 1):  # the values (offloaded in ShadowKV; here in memory)
+                vals = torch.cat([V[opos, kh], V[spos, kh], V[tail, kh]])
+            with span("sparse_attn", layer, 0):
+                for j in range(g):
+                    hq = kh * g + j
+                    out[hq] = ((keys @ q[hq]) * scale).softmax(-1) @ vals
             if rec is not None:
                 rec.select(layer, kh, pages=sel_id, page_size=c, scores=score[sel], also=torch.cat([opos, tail]),
                            fetch_bytes=misses * c * d * 4, hits=self.k - misses, misses=misses,

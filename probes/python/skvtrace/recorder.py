@@ -496,6 +496,29 @@ class Recorder:
                      kv_stats=kv_stats)
         self.in_step = False
 
+    def niah(self, value, answer, dense_answer=None, top1_agree=(), logit_dist=()):
+        """The needle case's results, as skv needle records them (kind niah):
+        the value planted in the needle span, the method's answer text and,
+        when known, dense attention's answer on the same prompt. A hit is the
+        value in the answer, not inside a longer number. `skv needle
+        --diagnose` reads them beside the oracle's needle measures."""
+        if self.needle is None:
+            raise TraceValueError("niah: the recorder has no needle span (Recorder(needle=(begin, end)))")
+        self._need_prompt("niah")
+        value = str(value)
+        if not value:
+            raise TraceValueError("niah: the value is empty")
+        b, e = self.needle
+        rows = [] if dense_answer is None else [(0, "dense", dense_answer, (), ())]
+        rows.append((1, self._run["kv_policy"], answer, top1_agree, logit_dist))
+        for method, pol, ans, agree, dist in rows:
+            ans = ans.decode("utf-8", "replace") if isinstance(ans, bytes) else str(ans)
+            self.w.write("niah", index=0, length=self.prompt_len, depth=100.0 * b / self.prompt_len, run=0,
+                         method=method, hit=int(_found(ans, value)), prompt_len=self.prompt_len, tok_begin=b,
+                         tok_end=e, detail=1, policy=pol, value=value, answer=ans.replace("\0", ""),
+                         top1_agree=np.asarray(agree, np.int32).reshape(-1),
+                         logit_dist=np.asarray(dist, np.float32).reshape(-1))
+
     def close(self):
         if self.in_step:
             raise TraceValueError("close: step %d has not ended (end_step)" % self.step)
@@ -514,6 +537,18 @@ class Recorder:
         else:
             self.cut()
         return False
+
+
+def _found(text, value):
+    """value in text, not as part of a longer number (skv needle's rule)."""
+    i = text.find(value)
+    while i >= 0:
+        before = i > 0 and text[i - 1].isdigit()
+        after = i + len(value) < len(text) and text[i + len(value)].isdigit()
+        if not before and not after:
+            return True
+        i = text.find(value, i + 1)
+    return False
 
 
 def _rank(score):
