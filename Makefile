@@ -146,7 +146,7 @@ fuzz: fuzz-build
 # Tests run from the project root so that ../shared and samples/ resolve.
 # The Python tests drive the skv binary (skv eval, the CSV export against
 # probes/python/skvtrace) with Debian's python3 and numpy.
-PY_TESTS = tests/test_eval.py tests/test_skvtrace.py tests/test_gpu_check.py
+PY_TESTS = tests/test_eval.py tests/test_skvtrace.py tests/test_pywriter.py tests/test_pytorch_recorder.py tests/test_gpu_check.py
 test: $(TEST_BIN) $(BUILD)/skv $(BUILD)/default-model.gguf
 	@SKV_BIN=$(abspath $(BUILD))/skv sh tests/run.sh $(TEST_BIN) $(PY_TESTS)
 
@@ -201,7 +201,7 @@ deps:
 	$$SUDO env DEBIAN_FRONTEND=noninteractive apt-get install -y -qq --no-install-recommends \
 	  build-essential pkg-config libncurses-dev libcjson-dev libpng-dev libopenblas-dev \
 	  liblapacke-dev libpcre2-dev libfreetype-dev fonts-dejavu-core tmux clang libclang-rt-14-dev libomp-dev \
-	  python3 python3-numpy python3-pandas libdnnl-dev
+	  python3 python3-numpy python3-pandas python3-torch python3-regex libdnnl-dev
 
 clean:
 	rm -rf build build-asan build-noprobes build-fuzz build-tsan build-gpu skv

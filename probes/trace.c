@@ -985,13 +985,29 @@ static void scan_records(trace_reader *r, trace_scan *sc) {
     }
 }
 
+int trace_writer_label(const trace_reader *r, char *buf, size_t n) {
+    const cJSON *m = r->meta;
+    const char *w = cJSON_GetStringValue(cJSON_GetObjectItemCaseSensitive(m, "writer"));
+    if (!w) {
+        const char *v = cJSON_GetStringValue(cJSON_GetObjectItemCaseSensitive(m, "skv_version"));
+        snprintf(buf, n, "skv%s%s", v ? " " : "", v ? v : "");
+        return 0;
+    }
+    const char *v = cJSON_GetStringValue(cJSON_GetObjectItemCaseSensitive(m, "writer_version"));
+    const char *p = cJSON_GetStringValue(cJSON_GetObjectItemCaseSensitive(m, "producer"));
+    snprintf(buf, n, "%.100s%s%.20s%s%.120s", w, v ? " " : "", v ? v : "", p ? ", producer " : "", p ? p : "");
+    return 1;
+}
+
 int trace_info(const char *path, FILE *out) {
     trace_reader *r;
     int rc = trace_open(path, &r);
     if (rc) return rc;
     const cJSON *m = r->meta, *created = cJSON_GetObjectItemCaseSensitive(m, "created");
-    if (cJSON_GetObjectItemCaseSensitive(m, "skv_version")) {
-        fprintf(out, "%s: skv trace format %d, written by skv %s", path, r->version, meta_str(m, "skv_version"));
+    char who[300];
+    int foreign = trace_writer_label(r, who, sizeof who);
+    if (cJSON_GetObjectItemCaseSensitive(m, "skv_version") || foreign) {
+        fprintf(out, "%s: skv trace format %d, written by %s", path, r->version, who);
         if (cJSON_IsObject(created)) fprintf(out, " on %s (%s)", meta_str(created, "utc"), meta_str(created, "host"));
     } else {
         fprintf(out, "%s: skv trace format %d, no metadata record (the run was cut short; read from its records)", path,

@@ -59,6 +59,11 @@ const char *trace_last_notice(void);
 int trace_next(trace_reader *r, const probe_event **ev);
 /* The metadata block as JSON text (NUL-terminated, owned by r). */
 const char *trace_meta_json(const trace_reader *r);
+/* Who wrote the trace, from its metadata: "skv 0.1.0-dev", or for a trace
+ * from another writer (the metadata's "writer", as probes/python/skvtrace
+ * writes it) "skvtrace (Python 3.11) 1.0, producer P". Returns 1 for another
+ * writer, 0 for skv (or no metadata: "skv"). */
+int trace_writer_label(const trace_reader *r, char *buf, size_t n);
 /* Records in the file (known and unknown kinds). */
 uint64_t trace_n_records(const trace_reader *r);
 void trace_close(trace_reader *r);

@@ -220,6 +220,8 @@ static int n_view_classes(void) {
  * SpeCache tab). The view in front stays. */
 static int tab_shown(const app *a, const view_class *vc) {
     if (!view_available(vc)) return 0;
+    for (int i = 0; view_classes[i] && i < 32; i++)
+        if (view_classes[i] == vc && (a->o->hidden >> i & 1u)) return 0;
     if (!vc->metric || vc == view_classes[a->view]) return 1;
     for (int i = 0; i < probe_lanes_count(a->o->lanes); i++)
         if (probe_store_has_metric(probe_lanes_store(a->o->lanes, i), vc->metric)) return 1;
@@ -911,7 +913,7 @@ static void init_app(app *a, const app_opts *o) {
     a->st = followed(a);
     view_cursor_init(&a->cur);
     a->view = 0;
-    if (!view_available(view_classes[0])) a->view = next_view(a, 0, 1);
+    if (!tab_shown(a, view_classes[0])) a->view = next_view(a, 0, 1);
     a->t_start = skv_now();
     if (!o->worker && probe_store_n_steps(a->st) > 0) a->cur.step = 0;
     if (o->worker) tui_worker_status_get(o->worker, &a->ws);

@@ -106,6 +106,7 @@ typedef struct app_opts {
     const char *export_dir;     /* where e writes figures (made at the first export); NULL: the current directory */
     const char *policy;         /* compare mode: the one lane shown at start (--policy NAME), or NULL for all */
     int has_seq, seq;           /* a batched trace: the sequence shown at start (--seq N) */
+    unsigned hidden;            /* bit i: view_classes[i] has no tab (a foreign trace without its events) */
 } app_opts;
 
 /* Takes over the terminal: quit-signal handlers (a flag and a self-pipe),

@@ -232,6 +232,39 @@ static int need_tty(void) {
     return 1;
 }
 
+/* A trace from another writer (probes/python/skvtrace, say) may hold only
+ * some kinds of events: the views that draw from a kind none of its lanes
+ * holds get no tab. Returns their bits (view_classes order) and appends one
+ * line to notice: who wrote the trace, and which views are left out for
+ * want of which events (also printed before the inspector starts). A trace
+ * skv wrote keeps every tab (its views say what they miss). */
+static unsigned foreign_views(const char *path, const probe_lanes *lanes, char *notice, size_t n) {
+    trace_reader *r = NULL;
+    if (trace_open(path, &r)) return 0;
+    char who[300], line[900];
+    int foreign = trace_writer_label(r, who, sizeof who);
+    trace_close(r);
+    if (!foreign) return 0;
+    unsigned hidden = 0;
+    size_t at = (size_t)snprintf(line, sizeof line, "trace written by %s", who);
+    int nh = 0;
+    for (int i = 0; view_classes[i] && i < 32; i++) {
+        const view_class *vc = view_classes[i];
+        if (!view_available(vc) || !vc->needs) continue;
+        uint64_t have = 0;
+        for (int l = 0; l < probe_lanes_count(lanes); l++) have += probe_store_count(probe_lanes_store(lanes, l), vc->needs);
+        if (have) continue;
+        hidden |= 1u << i;
+        if (at < sizeof line)
+            at += (size_t)snprintf(line + at, sizeof line - at, "%s%s (no %s events)", nh++ ? ", " : "; no tab for ",
+                                   vc->title, probe_kind_name(vc->needs));
+    }
+    cli_msg("%s\n", line);
+    size_t k = strlen(notice);
+    if (k + 4 < n) snprintf(notice + k, n - k, "%s%s", k ? " | " : "", line);
+    return hidden;
+}
+
 static int replay(const char *path) {
     probe_lanes *lanes = NULL;
     if (probe_lanes_new(&lanes)) return cli_fail();
@@ -243,14 +276,15 @@ static int replay(const char *path) {
         probe_lanes_free(lanes);
         return 2;
     }
-    if (need_tty() || app_open()) { probe_lanes_free(lanes); return 1; }
-    char notice[700] = "";
+    char notice[1400] = "";
     if (*trace_last_notice()) {
         snprintf(notice, sizeof notice, "%s", trace_last_notice());
         cli_msg("warning: %s\n", notice);
     }
+    unsigned hidden = foreign_views(path, lanes, notice, sizeof notice);
+    if (need_tty() || app_open()) { probe_lanes_free(lanes); return 1; }
     app_opts o = {.lanes = lanes, .wake_fd = -1, .replay_path = path, .notice = notice, .export_dir = export_dir,
-                  .policy = policy_flag, .has_seq = seq_flag >= 0, .seq = seq_flag};
+                  .policy = policy_flag, .has_seq = seq_flag >= 0, .seq = seq_flag, .hidden = hidden};
     int rc = app_run(&o);
     probe_lanes_free(lanes);
     return rc;

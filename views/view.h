@@ -56,6 +56,10 @@ typedef struct view_class {
     /* A view of one policy's own measures names the PROBE_METRIC it reads:
      * in compare mode only the lanes that have it are drawn. May be NULL. */
     const char *metric;
+    /* The event kind the view draws from (0: none in particular): the
+     * inspector leaves out the tab of a trace from another writer that holds
+     * none of it, and says so (tui/cmd_inspect.c). */
+    probe_kind needs;
 } view_class;
 
 /* Draws vc for n lanes (compare mode): its draw_lanes when it has one, else

@@ -134,4 +134,5 @@ const view_class view_cache = {
     .draw = cache_draw,
     .move = view_move_layer_step,
     .click = cache_click,
+    .needs = PROBE_STEP,
 };

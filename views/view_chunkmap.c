@@ -267,4 +267,5 @@ const view_class view_chunkmap = {
     .draw = chunkmap_draw,
     .move = chunkmap_move,
     .click = chunkmap_click,
+    .needs = PROBE_PREFILL_HEAD,
 };

@@ -230,4 +230,5 @@ const view_class view_compare = {
             "per layer, the policy that keeps the most mass (skv run/inspect --kv a,b,...)",
     .draw = compare_draw,
     .draw_lanes = compare_lanes,
+    .needs = PROBE_ORACLE,
 };

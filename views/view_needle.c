@@ -319,4 +319,5 @@ const view_class view_needle = {
     .draw = needle_draw,
     .move = view_move_layer_step,
     .click = needle_click,
+    .needs = PROBE_NEEDLE,
 };

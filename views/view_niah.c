@@ -256,4 +256,5 @@ const view_class view_niah = {
     .draw = niah_draw,
     .move = niah_move,
     .click = niah_click,
+    .needs = PROBE_NIAH,
 };

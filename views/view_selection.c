@@ -263,4 +263,5 @@ const view_class view_selection = {
     .draw = selection_draw,
     .move = selection_move,
     .click = selection_click,
+    .needs = PROBE_DECODE_HEAD,
 };

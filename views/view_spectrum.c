@@ -152,4 +152,5 @@ const view_class view_spectrum = {
     .draw = spectrum_draw,
     .move = spectrum_move,
     .click = spectrum_click,
+    .needs = PROBE_PREFILL_LAYER,
 };

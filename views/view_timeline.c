@@ -455,4 +455,5 @@ const view_class view_timeline = {
     .draw_lanes = timeline_lanes,
     .move = view_move_layer_step,
     .click = timeline_click,
+    .needs = PROBE_SPAN,
 };

@@ -446,4 +446,5 @@ const view_class view_tokens = {
     .draw = tokens_draw,
     .move = tokens_move,
     .click = tokens_click,
+    .needs = PROBE_TOKEN,
 };
