@@ -26,6 +26,11 @@ sys.path.insert(0, os.path.join(ROOT, "probes", "python"))
 import train  # noqa: E402  (the demo model's PyTorch definition)
 
 
+def spans(rec):
+    """rec.span, or a span that records nothing when there is no recorder."""
+    return rec.span if rec is not None else (lambda op, layer=-1, stream=0: contextlib.nullcontext())
+
+
 def attend_exact(q, K, V):
     """Softmax attention of q (heads, d) over K, V (n, kv, d), GQA by head // group."""
     H, d = q.shape
@@ -123,7 +128,7 @@ class DemoModel:
     def decode(self, token, pos, method, rec=None):
         """One token at position pos; returns its logits. With rec, each
         layer's attention is recorded (the method calls rec.select)."""
-        span = rec.span if rec is not None else (lambda op, layer=-1, stream=0: contextlib.nullcontext())
+        span = spans(rec)
         x = self.m.embed_tokens(torch.tensor([token]))
         p = torch.tensor([pos])
         for layer, blk in enumerate(self.m.layers):

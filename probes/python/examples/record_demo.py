@@ -36,8 +36,11 @@ def main(argv=None):
     ap.add_argument("--oracle", action="store_true")
     ap.add_argument("--needle", help="B:E, the needle's token span")
     ap.add_argument("--value", help="the value planted in the needle: the answers are scored (skv needle --diagnose)")
-    ap.add_argument("-o", required=True, help="the trace to write")
+    ap.add_argument("-o", required=True, help="the trace to write (an existing file is kept unless --force)")
+    ap.add_argument("--force", action="store_true", help="replace an existing -o")
     a = ap.parse_args(argv)
+    if os.path.exists(a.o) and not a.force:
+        sys.exit("record_demo.py: %s exists (--force replaces it)" % a.o)
     t = skvtrace.load(a.ids_from)
     tk = t["token"]
     ids = [int(i) for i, s in zip(tk["id"], tk["step"]) if s < 0]
@@ -77,4 +80,7 @@ def main(argv=None):
 
 
 if __name__ == "__main__":
-    main()
+    try:
+        main()
+    except (skvtrace.TraceError, skvtrace.TraceValueError, OSError) as e:
+        sys.exit("record_demo.py: %s" % (str(e).splitlines()[0] if str(e) else type(e).__name__))

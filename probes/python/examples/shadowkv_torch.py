@@ -10,7 +10,6 @@ values would be offloaded. Each decode step, per KV head: landmark scores
 candidates (ties: the lower), their keys rebuilt as RoPE(U Sigma V^T), and
 exact attention over [outliers | selected | local | generated]. A chunk
 selected at the last step is a cache hit, the others misses (fetched)."""
-import contextlib
 import math
 
 import torch
@@ -82,7 +81,7 @@ class ShadowKV:
         return self.rope(k[:, None, :], pos)[:, 0, :], pos
 
     def attend(self, layer, q, rec):
-        from demo_model import attend_exact
+        from demo_model import attend_exact, spans
         K, V = self.K[layer], self.V[layer]
         T, kv, d = K.shape
         H = q.shape[0]
@@ -93,7 +92,7 @@ class ShadowKV:
         out = torch.empty_like(q)
         scale = 1.0 / math.sqrt(d)
         tail = torch.arange(self.local_start * c, T)
-        span = rec.span if rec is not None else (lambda op, layer=-1, stream=0: contextlib.nullcontext())
+        span = spans(rec)
         for kh in range(kv):
             with span("select", layer, 0):  # landmark scores, softmax, group max, top-k
                 lg = (q[kh * g:(kh + 1) * g] @ self.lm[layer][kh].T) * scale  # (g, n_cand)
