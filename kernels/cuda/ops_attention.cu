@@ -8,7 +8,8 @@
  * - attend_rows / attend_group: one block (a row set, ShadowKV's sparse set);
  * - attend_decode: flash-decoding, blocks over (KV head, part of the rows),
  *   then a merge kernel (km_osm_merge, attend_merge's rule);
- * - attend_causal: a block per (query, head) over the causal prefix.
+ * - attend_causal: a prefill on tensor cores (flash attention, WMMA bf16, below);
+ *   a few queries (a block per (query, head) over the causal prefix) in f32.
  * The CPU twins are kernels/cpu/backend_cpu.c's ops of the same names. */
 #include "cuda_util.h"
 
@@ -207,13 +208,160 @@ __global__ void k_attend_causal(const float *q, int pos, int n_heads, int grp, i
                  out + qo, NULL, NULL, 1);
 }
 
+/* ---- prefill on tensor cores: flash attention ------------------------------
+ *
+ * Block (query tile, head): FL_BM queries of one head against key tiles of
+ * FL_BN rows up to the tile's last position (causal), on WMMA bf16 16x16x16
+ * fragments with f32 accumulation. Per key tile: S = Q Kᵀ (each of the 4
+ * warps owns 16 query rows), the online softmax per row in f32 (a warp a
+ * row at a time: running max m, sum l, and the factor the output rows are
+ * rescaled by), then O = O·f + P V with O kept in shared memory as f32 (the
+ * accumulator fragments are loaded from and stored back to it, so the
+ * per-row rescale is a plain multiply). GQA: head h reads KV head h / grp's
+ * rows in place (no repeated K/V). Q, K and V are rounded to bf16 as they
+ * are staged, P is rounded to bf16 for the P V product: the CPU twin's
+ * result within bf16 bounds (tests/gpu/test_cuda_ops.c). */
+#include <mma.h>
+#include <cuda_bf16.h>
+
+#define FL_BM 64
+#define FL_BN 64
+#define FL_WARPS 4
+#define FL_DMAX 128
+
+static size_t flash_smem(int d) {
+    return sizeof(__nv_bfloat16) * ((size_t)FL_BM * d + 2 * (size_t)FL_BN * d + (size_t)FL_BM * FL_BN) +
+           sizeof(float) * ((size_t)FL_BM * FL_BN + (size_t)FL_BM * d + 3 * FL_BM);
+}
+
+__global__ void __launch_bounds__(FL_WARPS * 32)
+k_flash_causal(const float *q, int nq, int pos, int n_heads, int grp, int d, const float *K, const float *V,
+               int stride, size_t head_stride, float scale, float *out) {
+    using namespace nvcuda;
+    extern __shared__ __align__(32) unsigned char smem[];
+    __nv_bfloat16 *Qs = (__nv_bfloat16 *)smem;           /* (BM, d) */
+    __nv_bfloat16 *Ks = Qs + (size_t)FL_BM * d;          /* (BN, d) */
+    __nv_bfloat16 *Vs = Ks + (size_t)FL_BN * d;          /* (BN, d) */
+    __nv_bfloat16 *Ps = Vs + (size_t)FL_BN * d;          /* (BM, BN) */
+    float *Ss = (float *)(Ps + (size_t)FL_BM * FL_BN);   /* (BM, BN) */
+    float *Os = Ss + (size_t)FL_BM * FL_BN;              /* (BM, d) */
+    float *Ms = Os + (size_t)FL_BM * d, *Ls = Ms + FL_BM, *Fs = Ls + FL_BM;
+    int i0 = blockIdx.x * FL_BM, h = blockIdx.y, kh = h / grp;
+    int tid = threadIdx.x, warp = tid / 32, lane = tid % 32, nt = FL_WARPS * 32;
+    int rows_q = nq - i0 < FL_BM ? nq - i0 : FL_BM;
+    const float *Kh = K + (size_t)kh * head_stride, *Vh = V + (size_t)kh * head_stride;
+    for (int x = tid; x < FL_BM * d; x += nt) {
+        int r = x / d, e = x % d;
+        Qs[x] = __float2bfloat16(r < rows_q ? q[((size_t)(i0 + r) * n_heads + h) * d + e] : 0.0f);
+        Os[x] = 0.0f;
+    }
+    for (int r = tid; r < FL_BM; r += nt) {
+        Ms[r] = -INFINITY;
+        Ls[r] = 0.0f;
+    }
+    int last = pos + i0 + rows_q; /* rows [0, last) are seen by some query of the tile */
+    for (int t0 = 0; t0 < last; t0 += FL_BN) {
+        int nk = last - t0 < FL_BN ? last - t0 : FL_BN;
+        __syncthreads();
+        for (int x = tid; x < FL_BN * d; x += nt) {
+            int r = x / d, e = x % d;
+            size_t off = (size_t)(t0 + r) * stride + e;
+            Ks[x] = __float2bfloat16(r < nk ? Kh[off] : 0.0f);
+            Vs[x] = __float2bfloat16(r < nk ? Vh[off] : 0.0f);
+        }
+        __syncthreads();
+        /* S = Q Kᵀ: warp w, query rows [16w, 16w+16) against the BN keys */
+        for (int c = 0; c < FL_BN / 16; c++) {
+            wmma::fragment<wmma::accumulator, 16, 16, 16, float> acc;
+            wmma::fill_fragment(acc, 0.0f);
+            for (int k = 0; k < d; k += 16) {
+                wmma::fragment<wmma::matrix_a, 16, 16, 16, __nv_bfloat16, wmma::row_major> a;
+                wmma::fragment<wmma::matrix_b, 16, 16, 16, __nv_bfloat16, wmma::col_major> b;
+                wmma::load_matrix_sync(a, Qs + (size_t)warp * 16 * d + k, d);
+                wmma::load_matrix_sync(b, Ks + (size_t)c * 16 * d + k, d);
+                wmma::mma_sync(acc, a, b, acc);
+            }
+            wmma::store_matrix_sync(Ss + (size_t)warp * 16 * FL_BN + c * 16, acc, FL_BN, wmma::mem_row_major);
+        }
+        __syncwarp();
+        /* the online softmax of the warp's 16 rows, a row at a time over its 32 lanes */
+        for (int rr = 0; rr < 16; rr++) {
+            int r = warp * 16 + rr, qpos = pos + i0 + r;
+            float v[FL_BN / 32], mx = -INFINITY;
+            for (int u = 0; u < FL_BN / 32; u++) {
+                int j = lane + 32 * u;
+                float x = (r < rows_q && j < nk && t0 + j <= qpos) ? Ss[(size_t)r * FL_BN + j] * scale : -INFINITY;
+                v[u] = x;
+                mx = fmaxf(mx, x);
+            }
+            for (int o = 16; o; o >>= 1) mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, o));
+            float m_old = Ms[r], m_new = fmaxf(m_old, mx);
+            float sum = 0.0f;
+            for (int u = 0; u < FL_BN / 32; u++) {
+                float p = m_new == -INFINITY ? 0.0f : __expf(v[u] - m_new);
+                Ps[(size_t)r * FL_BN + lane + 32 * u] = __float2bfloat16(p);
+                sum += p;
+            }
+            for (int o = 16; o; o >>= 1) sum += __shfl_xor_sync(0xffffffffu, sum, o);
+            if (lane == 0) {
+                float f = m_old == -INFINITY ? 0.0f : __expf(m_old - m_new);
+                Fs[r] = f;
+                Ls[r] = Ls[r] * f + sum;
+                Ms[r] = m_new;
+            }
+        }
+        __syncwarp();
+        /* O = O f + P V for the warp's rows */
+        for (int x = lane; x < 16 * d; x += 32) {
+            int r = warp * 16 + x / d;
+            Os[(size_t)r * d + x % d] *= Fs[r];
+        }
+        __syncwarp();
+        for (int c = 0; c < d / 16; c++) {
+            wmma::fragment<wmma::accumulator, 16, 16, 16, float> acc;
+            wmma::load_matrix_sync(acc, Os + (size_t)warp * 16 * d + c * 16, d, wmma::mem_row_major);
+            for (int k = 0; k < FL_BN; k += 16) {
+                wmma::fragment<wmma::matrix_a, 16, 16, 16, __nv_bfloat16, wmma::row_major> a;
+                wmma::fragment<wmma::matrix_b, 16, 16, 16, __nv_bfloat16, wmma::row_major> b;
+                wmma::load_matrix_sync(a, Ps + (size_t)warp * 16 * FL_BN + k, FL_BN);
+                wmma::load_matrix_sync(b, Vs + (size_t)k * d + c * 16, d);
+                wmma::mma_sync(acc, a, b, acc);
+            }
+            wmma::store_matrix_sync(Os + (size_t)warp * 16 * d + c * 16, acc, d, wmma::mem_row_major);
+        }
+    }
+    __syncthreads();
+    for (int x = tid; x < rows_q * d; x += nt) {
+        int r = x / d;
+        float l = Ls[r];
+        out[((size_t)(i0 + r) * n_heads + h) * d + x % d] = l > 0 ? Os[x] / l : 0.0f;
+    }
+}
+
+/* Whether attend_causal takes the tensor-core path: a prefill of at least
+ * a fragment's rows, a head dim in whole fragments up to FL_DMAX, and a
+ * device whose shared memory holds the tiles. */
+static int flash_ok(int nq, int d) {
+    static int max_smem = -1;
+    if (max_smem < 0) CK(cudaDeviceGetAttribute(&max_smem, cudaDevAttrMaxSharedMemoryPerBlockOptin, 0));
+    return nq >= 16 && d % 16 == 0 && d <= FL_DMAX && flash_smem(d) <= (size_t)max_smem;
+}
+
 void cu_attend_causal(const float *q, int nq, int pos, int n_heads, int n_kv_heads, int d, const float *K,
                       const float *V, int stride, size_t head_stride, float *out) {
     SKV_ASSERT(d <= D_MAX);
     cudaStream_t st = cuda_after_fetch();
     cuda_span_mark sp = cuda_span_begin(0);
-    k_attend_causal<<<dim3(nq, n_heads), THREADS, 0, st>>>(
-        q, pos, n_heads, n_heads / n_kv_heads, d, K, V, stride, head_stride, 1.0f / sqrtf((float)d), out);
+    float scale = 1.0f / sqrtf((float)d);
+    if (flash_ok(nq, d)) {
+        size_t sm = flash_smem(d);
+        CK(cudaFuncSetAttribute(k_flash_causal, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)sm));
+        k_flash_causal<<<dim3((nq + FL_BM - 1) / FL_BM, n_heads), FL_WARPS * 32, sm, st>>>(
+            q, nq, pos, n_heads, n_heads / n_kv_heads, d, K, V, stride, head_stride, scale, out);
+    } else {
+        k_attend_causal<<<dim3(nq, n_heads), THREADS, 0, st>>>(q, pos, n_heads, n_heads / n_kv_heads, d, K, V, stride,
+                                                               head_stride, scale, out);
+    }
     CKL();
     cuda_span_end(sp, 0, "attention");
 }

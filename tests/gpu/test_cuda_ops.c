@@ -260,19 +260,32 @@ static void t_attention(void) {
         cu->free(dq); cu->free(dK); cu->free(dV); cu->free(dout);
         free(q); free(K); free(V); free(oc); free(og);
     }
-    /* attend_causal, token-major rows, GQA 3:1 */
+    /* attend_causal: a few queries in f32 (token-major rows, GQA 3:1), and
+     * prefills on tensor cores (bf16 inputs, f32 sums): token-major and
+     * head-major rows, head dims 64 and 128, a start past 0 and a query
+     * count that is not a whole tile */
     {
-        int nh = 6, nkv = 2, dd = 64, pos = 100, nq = 90, stride = nkv * dd, T = pos + nq;
-        size_t ql = (size_t)nq * nh * dd;
-        float *q = rnd(ql), *K = rnd((size_t)T * stride), *V = rnd((size_t)T * stride), *oc = malloc(sizeof(float) * ql);
-        float *dq = dev(q, sizeof(float) * ql), *dK = dev(K, sizeof(float) * T * stride),
-              *dV = dev(V, sizeof(float) * T * stride), *dout = dev(NULL, sizeof(float) * ql);
-        cpu->attend_causal(q, nq, pos, nh, nkv, dd, K, V, stride, (size_t)dd, oc);
-        cu->attend_causal(dq, nq, pos, nh, nkv, dd, dK, dV, stride, (size_t)dd, dout);
-        float *og = back(dout, ql);
-        cmp("attend_causal", og, oc, ql, 1e-5);
-        cu->free(dq); cu->free(dK); cu->free(dV); cu->free(dout);
-        free(q); free(K); free(V); free(oc); free(og);
+        struct { int nh, nkv, d, pos, nq, head_major; double tol; } cs[] = {
+            {6, 2, 64, 100, 8, 0, 1e-5},  {6, 2, 64, 100, 90, 0, 2e-2}, {8, 2, 128, 0, 300, 1, 2e-2},
+            {4, 4, 32, 37, 129, 0, 2e-2}, {32, 8, 128, 0, 1024, 1, 2e-2},
+        };
+        for (size_t c = 0; c < sizeof cs / sizeof cs[0]; c++) {
+            int nh = cs[c].nh, nkv = cs[c].nkv, dd = cs[c].d, pos = cs[c].pos, nq = cs[c].nq, T = pos + nq;
+            int stride = cs[c].head_major ? dd : nkv * dd;
+            size_t hs = cs[c].head_major ? (size_t)T * dd : (size_t)dd, ql = (size_t)nq * nh * dd, kl = (size_t)T * nkv * dd;
+            float *q = rnd(ql), *K = rnd(kl), *V = rnd(kl), *oc = malloc(sizeof(float) * ql);
+            float *dq = dev(q, sizeof(float) * ql), *dK = dev(K, sizeof(float) * kl), *dV = dev(V, sizeof(float) * kl),
+                  *dout = dev(NULL, sizeof(float) * ql);
+            cpu->attend_causal(q, nq, pos, nh, nkv, dd, K, V, stride, hs, oc);
+            cu->attend_causal(dq, nq, pos, nh, nkv, dd, dK, dV, stride, hs, dout);
+            float *og = back(dout, ql);
+            char name[128];
+            snprintf(name, sizeof name, "attend_causal (%d queries from %d, %d:%d heads, dim %d, %s rows%s)", nq, pos,
+                     nh, nkv, dd, cs[c].head_major ? "head-major" : "token-major", nq >= 16 ? ", tensor cores" : "");
+            cmp(name, og, oc, ql, cs[c].tol);
+            cu->free(dq); cu->free(dK); cu->free(dV); cu->free(dout);
+            free(q); free(K); free(V); free(oc); free(og);
+        }
     }
 }
 
