@@ -4,7 +4,8 @@
 
 const skv_backend skv_backend_cuda = {
     .name = "cuda",
-    .summary = "NVIDIA GPUs (sm_80, sm_90): cuBLAS BF16 GEMMs, flash-decoding, ShadowKV's stages "
+    .summary = "NVIDIA GPUs (sm_80, sm_90): cuBLAS BF16 GEMMs, tensor-core flash-attention prefill, "
+               "flash-decoding, an f16 dense cache (--f16-kv), ShadowKV's stages "
                "(cuSOLVER Gram-route SVD, zero-copy gather of pinned values on its own stream, fused "
                "rebuild + RoPE); built, not yet verified on hardware",
     .available = cu_available,
@@ -33,6 +34,9 @@ const skv_backend skv_backend_cuda = {
     .attend_causal = cu_attend_causal,
     .kv_store = cu_kv_store,
     .attend_decode = cu_attend_decode,
+    .kv_store_h = cu_kv_store_h,
+    .attend_decode_h = cu_attend_decode_h,
+    .attend_causal_h = cu_attend_causal_h,
     .svd = cu_svd,
     .landmarks = cu_landmarks,
     .cos_min = cu_cos_min,

@@ -38,6 +38,11 @@ void cu_add_bias(float *y, const float *b, int n, int width);
 void cu_add(float *y, const float *x, size_t len);
 void cu_swiglu(float *gate, const float *up, size_t len);
 void cu_kv_store(float *cache, size_t head_stride, int n_kv, int d, int pos, int n, const float *src);
+void cu_kv_store_h(uint16_t *cache, size_t head_stride, int n_kv, int d, int pos, int n, const float *src);
+int cu_attend_decode_h(const float *q, int n_heads, int n_kv, int d, const uint16_t *K, const uint16_t *V, int rows,
+                       int stride, size_t head_stride, float *out);
+void cu_attend_causal_h(const float *q, int nq, int pos, int n_heads, int n_kv_heads, int d, const uint16_t *K,
+                        const uint16_t *V, int stride, size_t head_stride, float *out);
 int cu_weight_load(enum ggml_type t, const void *host, int rows, int cols, skv_weight *w);
 void cu_weight_free(skv_weight *w);
 /* ops_attention.cu */

@@ -18,11 +18,19 @@
 #define THREADS 256
 #define D_MAX 256
 
+#include <cuda_fp16.h>
+
+/* A cache element as f32: the f32 cache's own, or a half-precision
+ * (--f16-kv) element widened exactly. */
+__device__ __forceinline__ float ld(const float *p) { return *p; }
+__device__ __forceinline__ float ld(const __half *p) { return __half2float(*p); }
+
 /* Attends q (G heads, rows q_stride floats apart) over rows [r0, r1) of K
- * and V (rows `stride` apart). Writes, per head, the accumulated output
+ * and V (rows `stride` elements apart, f32 or half). Writes, per head, the accumulated output
  * (normalized when norm, else unnormalized) to out + g*d, and the state to
  * m_out[g], l_out[g] when given. */
-__device__ void attend_block(const float *q, int G, size_t q_stride, const float *K, const float *V, int r0, int r1,
+template <typename T>
+__device__ void attend_block(const float *q, int G, size_t q_stride, const T *K, const T *V, int r0, int r1,
                              int stride, int d, float scale, float *out, float *m_out, float *l_out, int norm) {
     __shared__ float qs[G_MAX * D_MAX];
     __shared__ float s[G_MAX][TILE];
@@ -40,9 +48,9 @@ __device__ void attend_block(const float *q, int G, size_t q_stride, const float
             int g = idx / TILE, j = idx % TILE;
             float v = -INFINITY;
             if (j < nt) {
-                const float *k = K + (size_t)(t0 + j) * stride;
+                const T *k = K + (size_t)(t0 + j) * stride;
                 float dot = 0.0f;
-                for (int e = 0; e < d; e++) dot += qs[g * d + e] * k[e];
+                for (int e = 0; e < d; e++) dot += qs[g * d + e] * ld(k + e);
                 v = dot * scale;
             }
             s[g][j] = v;
@@ -69,7 +77,7 @@ __device__ void attend_block(const float *q, int G, size_t q_stride, const float
         if (tid < d) {
             for (int g = 0; g < G; g++) acc[g] *= fac[g];
             for (int j = 0; j < nt; j++) {
-                float v = V[(size_t)(t0 + j) * stride + tid];
+                float v = ld(V + (size_t)(t0 + j) * stride + tid);
                 for (int g = 0; g < G; g++) acc[g] += s[g][j] * v;
             }
         }
@@ -142,12 +150,13 @@ void cu_attend_merge(int parts, int g, int d, const float *o, const float *m, co
 
 /* Flash-decoding: block (kh, p) attends KV head kh's group over part p of
  * the rows into the partial buffers (or out, with one part). */
-__global__ void k_attend_decode(const float *q, int G, const float *K, const float *V, int rows, int parts, int stride,
+template <typename T>
+__global__ void k_attend_decode(const float *q, int G, const T *K, const T *V, int rows, int parts, int stride,
                                 size_t head_stride, int d, float scale, float *po, float *pm, float *pl, float *out) {
     int kh = blockIdx.x, p = blockIdx.y;
     int r0 = (int)((long long)rows * p / parts), r1 = (int)((long long)rows * (p + 1) / parts);
     const float *qg = q + (size_t)kh * G * d;
-    const float *Kh = K + kh * head_stride, *Vh = V + kh * head_stride;
+    const T *Kh = K + kh * head_stride, *Vh = V + kh * head_stride;
     if (parts == 1) {
         attend_block(qg, G, (size_t)d, Kh, Vh, r0, r1, stride, d, scale, out + (size_t)kh * G * d, NULL, NULL, 1);
     } else {
@@ -165,8 +174,9 @@ __global__ void k_decode_merge(int parts, int G, int d, const float *po, const f
             merge_dim(parts, a, e, d, po + t0 * G * d, (size_t)G * d, pm + t0 * G, pl + t0 * G, (size_t)G);
 }
 
-int cu_attend_decode(const float *q, int n_heads, int n_kv, int d, const float *K, const float *V, int rows,
-                     int stride, size_t head_stride, float *out) {
+template <typename T>
+static int attend_decode_t(const float *q, int n_heads, int n_kv, int d, const T *K, const T *V, int rows, int stride,
+                           size_t head_stride, float *out) {
     int G = n_heads / n_kv;
     if (G > G_MAX || d > D_MAX)
         return skv_error(SKV_EUNSUPPORTED, "cuda: attention of %d query heads per KV head of dim %d (at most %d and %d)",
@@ -187,7 +197,7 @@ int cu_attend_decode(const float *q, int n_heads, int n_kv, int d, const float *
         pm = po + tasks * G * d;
         pl = pm + tasks * G;
     }
-    k_attend_decode<<<dim3(n_kv, parts), THREADS, 0, st>>>(q, G, K, V, rows, parts, stride, head_stride, d, scale, po,
+    k_attend_decode<T><<<dim3(n_kv, parts), THREADS, 0, st>>>(q, G, K, V, rows, parts, stride, head_stride, d, scale, po,
                                                            pm, pl, out);
     CKL();
     if (parts > 1) {
@@ -199,8 +209,19 @@ int cu_attend_decode(const float *q, int n_heads, int n_kv, int d, const float *
     return 0;
 }
 
+int cu_attend_decode(const float *q, int n_heads, int n_kv, int d, const float *K, const float *V, int rows,
+                     int stride, size_t head_stride, float *out) {
+    return attend_decode_t(q, n_heads, n_kv, d, K, V, rows, stride, head_stride, out);
+}
+
+int cu_attend_decode_h(const float *q, int n_heads, int n_kv, int d, const uint16_t *K, const uint16_t *V, int rows,
+                       int stride, size_t head_stride, float *out) {
+    return attend_decode_t(q, n_heads, n_kv, d, (const __half *)K, (const __half *)V, rows, stride, head_stride, out);
+}
+
 /* Causal attention: block (i, h) for query i (position pos+i) of head h. */
-__global__ void k_attend_causal(const float *q, int pos, int n_heads, int grp, int d, const float *K, const float *V,
+template <typename T>
+__global__ void k_attend_causal(const float *q, int pos, int n_heads, int grp, int d, const T *K, const T *V,
                                 int stride, size_t head_stride, float scale, float *out) {
     int i = blockIdx.x, h = blockIdx.y, kh = h / grp;
     size_t qo = (size_t)i * n_heads * d + (size_t)h * d;
@@ -234,8 +255,9 @@ static size_t flash_smem(int d) {
            sizeof(float) * ((size_t)FL_BM * FL_BN + (size_t)FL_BM * d + 3 * FL_BM);
 }
 
+template <typename T>
 __global__ void __launch_bounds__(FL_WARPS * 32)
-k_flash_causal(const float *q, int nq, int pos, int n_heads, int grp, int d, const float *K, const float *V,
+k_flash_causal(const float *q, int nq, int pos, int n_heads, int grp, int d, const T *K, const T *V,
                int stride, size_t head_stride, float scale, float *out) {
     using namespace nvcuda;
     extern __shared__ __align__(32) unsigned char smem[];
@@ -249,7 +271,7 @@ k_flash_causal(const float *q, int nq, int pos, int n_heads, int grp, int d, con
     int i0 = blockIdx.x * FL_BM, h = blockIdx.y, kh = h / grp;
     int tid = threadIdx.x, warp = tid / 32, lane = tid % 32, nt = FL_WARPS * 32;
     int rows_q = nq - i0 < FL_BM ? nq - i0 : FL_BM;
-    const float *Kh = K + (size_t)kh * head_stride, *Vh = V + (size_t)kh * head_stride;
+    const T *Kh = K + (size_t)kh * head_stride, *Vh = V + (size_t)kh * head_stride;
     for (int x = tid; x < FL_BM * d; x += nt) {
         int r = x / d, e = x % d;
         Qs[x] = __float2bfloat16(r < rows_q ? q[((size_t)(i0 + r) * n_heads + h) * d + e] : 0.0f);
@@ -266,8 +288,8 @@ k_flash_causal(const float *q, int nq, int pos, int n_heads, int grp, int d, con
         for (int x = tid; x < FL_BN * d; x += nt) {
             int r = x / d, e = x % d;
             size_t off = (size_t)(t0 + r) * stride + e;
-            Ks[x] = __float2bfloat16(r < nk ? Kh[off] : 0.0f);
-            Vs[x] = __float2bfloat16(r < nk ? Vh[off] : 0.0f);
+            Ks[x] = __float2bfloat16(r < nk ? ld(Kh + off) : 0.0f);
+            Vs[x] = __float2bfloat16(r < nk ? ld(Vh + off) : 0.0f);
         }
         __syncthreads();
         /* S = Q Kᵀ: warp w, query rows [16w, 16w+16) against the BN keys */
@@ -347,21 +369,33 @@ static int flash_ok(int nq, int d) {
     return nq >= 16 && d % 16 == 0 && d <= FL_DMAX && flash_smem(d) <= (size_t)max_smem;
 }
 
-void cu_attend_causal(const float *q, int nq, int pos, int n_heads, int n_kv_heads, int d, const float *K,
-                      const float *V, int stride, size_t head_stride, float *out) {
+template <typename T>
+static void attend_causal_t(const float *q, int nq, int pos, int n_heads, int n_kv_heads, int d, const T *K,
+                            const T *V, int stride, size_t head_stride, float *out) {
     SKV_ASSERT(d <= D_MAX);
     cudaStream_t st = cuda_after_fetch();
     cuda_span_mark sp = cuda_span_begin(0);
     float scale = 1.0f / sqrtf((float)d);
     if (flash_ok(nq, d)) {
         size_t sm = flash_smem(d);
-        CK(cudaFuncSetAttribute(k_flash_causal, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)sm));
-        k_flash_causal<<<dim3((nq + FL_BM - 1) / FL_BM, n_heads), FL_WARPS * 32, sm, st>>>(
+        CK(cudaFuncSetAttribute(k_flash_causal<T>, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)sm));
+        k_flash_causal<T><<<dim3((nq + FL_BM - 1) / FL_BM, n_heads), FL_WARPS * 32, sm, st>>>(
             q, nq, pos, n_heads, n_heads / n_kv_heads, d, K, V, stride, head_stride, scale, out);
     } else {
-        k_attend_causal<<<dim3(nq, n_heads), THREADS, 0, st>>>(q, pos, n_heads, n_heads / n_kv_heads, d, K, V, stride,
-                                                               head_stride, scale, out);
+        k_attend_causal<T><<<dim3(nq, n_heads), THREADS, 0, st>>>(q, pos, n_heads, n_heads / n_kv_heads, d, K, V,
+                                                                  stride, head_stride, scale, out);
     }
     CKL();
     cuda_span_end(sp, 0, "attention");
+}
+
+void cu_attend_causal(const float *q, int nq, int pos, int n_heads, int n_kv_heads, int d, const float *K,
+                      const float *V, int stride, size_t head_stride, float *out) {
+    attend_causal_t(q, nq, pos, n_heads, n_kv_heads, d, K, V, stride, head_stride, out);
+}
+
+void cu_attend_causal_h(const float *q, int nq, int pos, int n_heads, int n_kv_heads, int d, const uint16_t *K,
+                        const uint16_t *V, int stride, size_t head_stride, float *out) {
+    attend_causal_t(q, nq, pos, n_heads, n_kv_heads, d, (const __half *)K, (const __half *)V, stride, head_stride,
+                    out);
 }

@@ -5,6 +5,8 @@
  * ops of kernels/cpu/backend_cpu.c (tests/gpu/test_cuda_ops.c compares). */
 #include "cuda_util.h"
 
+#include <cuda_fp16.h>
+
 #include <cuda_bf16.h>
 #include <stdlib.h>
 #include <string.h>
@@ -228,6 +230,22 @@ __global__ void k_kv_store(float *cache, size_t head_stride, int n_kv, int d, in
     if (i >= (size_t)n * row) return;
     int t = (int)(i / row), kh = (int)(i % row) / d, e = (int)(i % d);
     cache[(size_t)kh * head_stride + (size_t)(pos + t) * d + e] = src[i];
+}
+
+/* The same into a half-precision cache (--f16-kv): rounded to nearest even, as the CPU's. */
+__global__ void k_kv_store_h(__half *cache, size_t head_stride, int n_kv, int d, int pos, int n, const float *src) {
+    size_t i = blockIdx.x * (size_t)blockDim.x + threadIdx.x;
+    size_t row = (size_t)n_kv * d;
+    if (i >= (size_t)n * row) return;
+    int t = (int)(i / row), kh = (int)(i % row) / d, e = (int)(i % d);
+    cache[(size_t)kh * head_stride + (size_t)(pos + t) * d + e] = __float2half_rn(src[i]);
+}
+
+void cu_kv_store_h(uint16_t *cache, size_t head_stride, int n_kv, int d, int pos, int n, const float *src) {
+    size_t total = (size_t)n * n_kv * d;
+    k_kv_store_h<<<cuda_blocks(total, 256), 256, 0, cuda_after_fetch()>>>((__half *)cache, head_stride, n_kv, d, pos,
+                                                                          n, src);
+    CKL();
 }
 
 void cu_kv_store(float *cache, size_t head_stride, int n_kv, int d, int pos, int n, const float *src) {

@@ -88,6 +88,33 @@ int main(void) {
     test_cond(msg, agree == decided);
     session_free(sc);
     session_free(sg);
+    /* the dense cache in half precision (--f16-kv) on both */
+    kv_opts_set_num(&o.kv, "f16", 1);
+    snprintf(o.backend, sizeof o.backend, "cpu");
+    sc = sg = NULL;
+    rc = session_new(m, &o, &sc);
+    snprintf(o.backend, sizeof o.backend, "cuda");
+    if (!rc) rc = session_new(m, &o, &sg);
+    if (!rc) {
+        session_prefill(sc, ids, np, NULL, NULL);
+        session_prefill(sg, ids, np, NULL, NULL);
+        double w = test_rel_l2(session_logits(sg), session_logits(sc), V);
+        for (int s = 0; s < steps; s++) {
+            int tc = sampler_argmax(session_logits(sc), V);
+            session_decode(sc, tc);
+            session_decode(sg, tc);
+            double e = test_rel_l2(session_logits(sg), session_logits(sc), V);
+            if (e > w) w = e;
+        }
+        snprintf(msg, sizeof msg, "%s dense --f16-kv: GPU logits within rel L2 %.2e of the CPU's (bound 3e-2)", path, w);
+        test_cond(msg, w <= 3e-2);
+    } else {
+        snprintf(msg, sizeof msg, "dense --f16-kv sessions on cpu and cuda: %s", skv_last_error());
+        test_cond(msg, 0);
+    }
+    session_free(sc);
+    session_free(sg);
+    kv_opts_set_num(&o.kv, "f16", 0);
     /* ShadowKV on both: the GPU path (decode_layer_dev over the CUDA ops)
      * against the CPU's; the selection may part where BF16 moves a landmark
      * score past its neighbour, so the bound is looser */

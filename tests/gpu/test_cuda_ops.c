@@ -260,6 +260,46 @@ static void t_attention(void) {
         cu->free(dq); cu->free(dK); cu->free(dV); cu->free(dout);
         free(q); free(K); free(V); free(oc); free(og);
     }
+    /* the half-precision cache (--f16-kv): the stored bits equal the CPU's,
+     * decode attention within f32 bounds of the CPU's over the same widened
+     * values, a prefill on tensor cores within bf16 bounds */
+    {
+        int nh = 8, nkv = 2, dd = 64, cap = 512, T = 400;
+        size_t hs = (size_t)cap * dd, cl = (size_t)nkv * hs, sl = (size_t)T * nkv * dd;
+        float *src = rnd(sl);
+        uint16_t *hc = calloc(cl, 2), *hv = calloc(cl, 2), *gk = malloc(cl * 2);
+        uint16_t *dk = dev(NULL, cl * 2), *dv = dev(NULL, cl * 2);
+        float *ds = dev(src, sizeof(float) * sl);
+        cpu->kv_store_h(hc, hs, nkv, dd, 0, T, src);
+        cu->kv_store_h(dk, hs, nkv, dd, 0, T, ds);
+        cu->download(gk, dk, cl * 2);
+        test_cond("cuda kv_store_h: the half-precision rows are the CPU's bit for bit", !memcmp(gk, hc, cl * 2));
+        float *vsrc = rnd(sl), *dvs = dev(vsrc, sizeof(float) * sl);
+        cpu->kv_store_h(hv, hs, nkv, dd, 0, T, vsrc);
+        cu->kv_store_h(dv, hs, nkv, dd, 0, T, dvs);
+        float *q = rnd((size_t)nh * dd), *oc = malloc(sizeof(float) * nh * dd);
+        float *dq = dev(q, sizeof(float) * nh * dd), *dout = dev(NULL, sizeof(float) * nh * dd);
+        cpu->attend_decode_h(q, nh, nkv, dd, hc, hv, T, dd, hs, oc);
+        SKV_ASSERT(cu->attend_decode_h(dq, nh, nkv, dd, dk, dv, T, dd, hs, dout) == 0);
+        float *og = back(dout, (size_t)nh * dd);
+        cmp("attend_decode_h (400 rows, 4:1 heads)", og, oc, (size_t)nh * dd, 1e-5);
+        free(og);
+        for (int nq = 8; nq <= 200; nq += 192) {
+            int pos = T - nq;
+            size_t ql = (size_t)nq * nh * dd;
+            float *qq = rnd(ql), *occ = malloc(sizeof(float) * ql), *dqq = dev(qq, sizeof(float) * ql),
+                  *dcc = dev(NULL, sizeof(float) * ql);
+            cpu->attend_causal_h(qq, nq, pos, nh, nkv, dd, hc, hv, dd, hs, occ);
+            cu->attend_causal_h(dqq, nq, pos, nh, nkv, dd, dk, dv, dd, hs, dcc);
+            float *ogg = back(dcc, ql);
+            cmp(nq < 16 ? "attend_causal_h (8 queries, f32)" : "attend_causal_h (200 queries, tensor cores)", ogg, occ,
+                ql, nq < 16 ? 1e-5 : 2e-2);
+            cu->free(dqq); cu->free(dcc);
+            free(qq); free(occ); free(ogg);
+        }
+        cu->free(dk); cu->free(dv); cu->free(ds); cu->free(dvs); cu->free(dq); cu->free(dout);
+        free(src); free(vsrc); free(hc); free(hv); free(gk); free(q); free(oc);
+    }
     /* attend_causal: a few queries in f32 (token-major rows, GQA 3:1), and
      * prefills on tensor cores (bf16 inputs, f32 sums): token-major and
      * head-major rows, head dims 64 and 128, a start past 0 and a query
