@@ -179,6 +179,21 @@ typedef struct skv_backend {
      * cs/sn (or NULL for rope_apply). */
     void (*rebuild)(const float *U, int r, const float *svt, int d, int t0, int n, const rope_ctx *rope,
                     const float *cs, const float *sn, float *out);
+    /* ShadowKV's decode of a layer with its books in the backend's memory
+     * (kernels/cpu/shadowkv_ops.h has the shapes and the CPU twins): the
+     * chunk caches of every KV head take their selections (sk_books); the
+     * misses' values come from the offload store (host_alloc's memory; on
+     * a device, its fetch stream) and their keys are rebuilt, every head's
+     * in one call each. V and K are host arrays of h pointers to the heads'
+     * rows. NULL on a backend without them (the engine then keeps the books
+     * on the host). */
+    void (*sk_books)(int h, int k, int n_cand, const int *sel, int *slot_id, int *where, unsigned *stamp,
+                     unsigned *epoch, int *slot_of, int *miss, int *n_miss);
+    void (*sk_gather_misses)(const float *store, int c, int d, int h, int k, int n_cand, size_t blk0, const int *sel,
+                             const int *slot_of, const int *miss, const int *n_miss, float *const *V, int row_slot);
+    void (*sk_rebuild_misses)(const float *U, int r, const float *SVt, int d, int c, int h, int k, int n_cand,
+                              const int *cand, const int *sel, const int *slot_of, const int *miss, const int *n_miss,
+                              const rope_ctx *rope, const float *cs, const float *sn, float *const *K, int row_slot);
     /* y (n) = V_r·(V_rᵀ·x) for Vt (r, n); coef (r) scratch; y may be x. */
     void (*project)(const float *Vt, int r, int n, const float *x, float *y, float *coef);
     /* Page bounds (Quest, FreeKV): min/max of the keys t0..t0+n-1 into rows

@@ -181,4 +181,45 @@ KM_HD float km_kivi_decode(int code, float scale, float zero, float lo, float hi
     return hi == lo ? lo : zero + (float)code * scale;
 }
 
+/* ---- ShadowKV's chunk cache ---- */
+
+/* One (layer, KV head)'s cache of n_slots slots takes a new selection sel
+ * (k distinct candidate ids): an id already cached is a hit and keeps its
+ * slot; each miss (in order) takes the first slot no selected id claimed in
+ * this epoch, evicting what it held. slot_id (n_slots): the id each slot
+ * holds (-1 empty); where (ids): each id's slot (-1 none); stamp (n_slots):
+ * the epoch a slot was last claimed in; *epoch advances by one (restarting
+ * the stamps when it wraps). slot_of (k) gets each sel[i]'s slot, miss the
+ * indices i that missed; returns their count. The one rule of
+ * shadowkv_cache_update (CPU) and the device books (sk_books). */
+KM_HD int km_cache_update(int n_slots, int *slot_id, int *where, unsigned *stamp, unsigned *epoch, const int *sel,
+                          int k, int *slot_of, int *miss) {
+    if (++*epoch == 0) {
+        for (int s = 0; s < n_slots; s++) stamp[s] = 0;
+        *epoch = 1;
+    }
+    unsigned ep = *epoch;
+    int n_miss = 0;
+    for (int i = 0; i < k; i++) {
+        int s = where[sel[i]];
+        if (s >= 0) {
+            slot_of[i] = s;
+            stamp[s] = ep;
+        } else {
+            miss[n_miss++] = i;
+        }
+    }
+    int free_slot = 0;
+    for (int m = 0; m < n_miss; m++) {
+        while (stamp[free_slot] == ep) free_slot++;
+        int i = miss[m], s = free_slot++;
+        if (slot_id[s] >= 0) where[slot_id[s]] = -1;
+        slot_id[s] = sel[i];
+        where[sel[i]] = s;
+        stamp[s] = ep;
+        slot_of[i] = s;
+    }
+    return n_miss;
+}
+
 #endif

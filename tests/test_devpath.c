@@ -20,7 +20,15 @@
 
 #include <stdint.h>
 
-static skv_backend devsim;
+static skv_backend devsim, devsim_host_books;
+
+/* The fused books, counted: the device path with them must call them. */
+static int n_fused_books;
+static void books_counted(int h, int k, int n_cand, const int *sel, int *slot_id, int *where, unsigned *stamp,
+                          unsigned *epoch, int *slot_of, int *miss, int *n_miss) {
+    n_fused_books++;
+    skv_backend_cpu.sk_books(h, k, n_cand, sel, slot_id, where, stamp, epoch, slot_of, miss, n_miss);
+}
 
 typedef struct {
     double worst_prefill, worst_decode;
@@ -72,6 +80,13 @@ static void run(skv_model *m, const skv_backend *be, const char *policy, const i
 int main(void) {
     devsim = skv_backend_cpu;
     devsim.name = "devsim";
+    devsim.sk_books = books_counted;
+    /* the device path that keeps the books on the host (a backend without the fused ops) */
+    devsim_host_books = skv_backend_cpu;
+    devsim_host_books.name = "devsim-host-books";
+    devsim_host_books.sk_books = NULL;
+    devsim_host_books.sk_gather_misses = NULL;
+    devsim_host_books.sk_rebuild_misses = NULL;
     const char *path = "build/default-model.gguf";
     skv_model *m;
     if (model_load(path, &m)) {
@@ -107,6 +122,16 @@ int main(void) {
                      (unsigned long long)oc.fetch_bytes, (unsigned long long)od.fetch_bytes);
             test_cond(msg, oc.misses > 0 && oc.hits == od.hits && oc.misses == od.misses &&
                       oc.fetch_bytes == od.fetch_bytes);
+            snprintf(msg, sizeof msg, "shadowkv: the device path kept its books in the device's memory (fused books "
+                     "called %d times: once a layer a step)", n_fused_books);
+            test_cond(msg, n_fused_books == steps * m->cfg.n_layers);
+            run_out oh;
+            run(m, &devsim_host_books, pol[p], ids, n, steps, b, &oh);
+            snprintf(msg, sizeof msg, "shadowkv: without the fused ops the device path keeps the books on the host, "
+                     "with the same logits and books (hits %llu, misses %llu)", (unsigned long long)oh.hits,
+                     (unsigned long long)oh.misses);
+            test_cond(msg, oh.rc == 0 && !memcmp(a, b, sizeof(float) * (steps + 1) * V) && oh.hits == oc.hits &&
+                      oh.misses == oc.misses && oh.fetch_bytes == oc.fetch_bytes);
         }
     }
     /* the policies that read host memory are refused there, in one line */

@@ -63,6 +63,10 @@ typedef struct {
     float rel_err;         /* ‖K − U·ΣVᵀ‖/‖K‖ of the pre-RoPE keys */
     int n_gen;             /* generated tokens appended */
     sk_head *head;         /* (h) */
+    /* a device backend with the fused books (be->sk_books): in its memory,
+     * every head's candidates (h, n_cand) and chunk cache (cache_d: slot_id
+     * (h, k), where (h, n_cand), stamp (h, k), epoch (h), as ints) */
+    int *cand_d, *cache_d;
 } sk_layer;
 
 /* Per KV head decode scratch, reused by every layer (layers run in turn). */
@@ -132,6 +136,14 @@ typedef struct {
     float *proj, *coef;    /* (kvd), (r): ShadowKV+ scratch */
     sk_fetcher fx;         /* the fetch stream (so.overlap) */
     int *rb_kh, *rb_m;     /* (h*k) the misses of a layer as (KV head, miss) pairs, for the rebuild */
+    /* the fused device books (be->sk_books): one buffer in the device's
+     * memory, read back once a layer into pack_h: scores (h, n_cand) as
+     * floats, then sel, slot_of, miss (h, k) and n_miss (h) as ints; and
+     * the heads' K and V row pointers handed to the fused ops */
+    float *pack_d;
+    void *pack_h;
+    size_t pack_bytes;
+    float **kp, **vp;
     int att_parts;         /* the most parts a KV head's attention rows split into (about two tasks a thread) */
     float *att_po;         /* (h*att_parts, group, d) partial results of the attention tasks, */
     float *att_pm, *att_pl; /* (h*att_parts, group) and their maxima and sums (attend_group's partials) */
@@ -176,6 +188,11 @@ static void notice_add(kv_sk *c, const char *fmt, ...) {
  * (scores, the selection, cosine minima) is downloaded, and the decode
  * stages are queued in order instead of spread over OpenMP threads. */
 static inline int sk_dev(const kv_sk *c) { return c->base.shape.be != &skv_backend_cpu; }
+/* The decode books stay in a device backend's memory (its fused ops). */
+static inline int sk_fused(const kv_sk *c) {
+    const skv_backend *be = c->base.shape.be;
+    return sk_dev(c) && be->sk_books && be->sk_gather_misses && be->sk_rebuild_misses && c->n_cand > 0 && c->k > 0;
+}
 
 static void *sk_alloc(kv_sk *c, size_t bytes) {
     return sk_dev(c) ? c->base.shape.be->alloc(bytes) : skv_malloc(bytes);
@@ -806,6 +823,64 @@ static int decode_layer(kv_sk *c, int layer, const float *q, float *out) {
     return decode_tally(c, layer, q, out);
 }
 
+/* A layer's selection, books, value fetch and key rebuild queued on a
+ * device with its fused ops: per KV head the landmark scores and top-k into
+ * the pack buffer, then every head's chunk cache, the missed values (the
+ * device's fetch stream) and the missed keys, one call each. Nothing comes
+ * back to the host here: fused_books reads the pack once the layer's
+ * attention is queued. */
+static void fused_select(kv_sk *c, int layer, const float *q) {
+    sk_layer *L = &c->L[layer];
+    const skv_backend *be = c->base.shape.be;
+    int h = c->h, nh = c->base.shape.n_heads, k = c->k, nc = c->n_cand;
+    float *scores = c->pack_d;
+    int *sel = (int *)(scores + (size_t)h * nc), *slot_of = sel + (size_t)h * k, *miss = slot_of + (size_t)h * k;
+    int *n_miss = miss + (size_t)h * k, *cache = L->cache_d;
+    for (int kh = 0; kh < h; kh++) {
+        be->score(q + (size_t)kh * c->group * c->d, 1, (size_t)nh * c->d, c->group, c->d, L->head[kh].lm, nc,
+                  1.0f / sqrtf((float)c->d), c->scr[kh].tmp, scores + (size_t)kh * nc);
+        int got = be->topk(scores + (size_t)kh * nc, nc, k, sel + (size_t)kh * k);
+        SKV_ASSERT(got == k);
+    }
+    int *slot_id = cache, *where = slot_id + (size_t)h * k;
+    unsigned *stamp = (unsigned *)(where + (size_t)h * nc), *epoch = stamp + (size_t)h * k;
+    be->sk_books(h, k, nc, sel, slot_id, where, stamp, epoch, slot_of, miss, n_miss);
+    for (int kh = 0; kh < h; kh++) {
+        c->kp[kh] = L->head[kh].K;
+        c->vp[kh] = L->head[kh].V;
+    }
+    be->sk_gather_misses(c->store.data, c->c, c->d, h, k, nc, (size_t)layer * h * nc, sel, slot_of, miss, n_miss,
+                         c->vp, c->row_slot);
+    be->sk_rebuild_misses(L->U, c->r, L->SVt, c->d, c->c, h, k, nc, L->cand_d, sel, slot_of, miss, n_miss,
+                          c->base.shape.rope, c->rope_cs, c->rope_sn, c->kp, c->row_slot);
+}
+
+/* The layer's books back on the host, in one read: each head's scores,
+ * selection, slots and misses, as select_books and fetch_head leave them. */
+static void fused_books(kv_sk *c, sk_layer *L) {
+    int h = c->h, k = c->k, nc = c->n_cand, total = 0;
+    c->base.shape.be->download(c->pack_h, c->pack_d, c->pack_bytes);
+    const float *scores = c->pack_h;
+    const int *sel = (const int *)(scores + (size_t)h * nc), *slot_of = sel + (size_t)h * k;
+    const int *miss = slot_of + (size_t)h * k, *n_miss = miss + (size_t)h * k;
+    for (int kh = 0; kh < h; kh++) {
+        sk_scratch *S = &c->scr[kh];
+        memcpy(S->score, scores + (size_t)kh * nc, sizeof(float) * (size_t)nc);
+        memcpy(S->sel, sel + (size_t)kh * k, sizeof(int) * (size_t)k);
+        memcpy(S->slot_of, slot_of + (size_t)kh * k, sizeof(int) * (size_t)k);
+        memcpy(S->miss, miss + (size_t)kh * k, sizeof(int) * (size_t)k);
+        S->n_miss = n_miss[kh];
+        SKV_ASSERT(S->n_miss >= 0 && S->n_miss <= k);
+        for (int i = 0; i < k; i++) {
+            SKV_ASSERT(S->sel[i] >= 0 && S->sel[i] < nc);
+            S->sel_id[i] = L->head[kh].cand[S->sel[i]];
+            S->sel_score[i] = S->score[S->sel[i]];
+        }
+        total += S->n_miss;
+    }
+    shadowkv_store_count(&c->store, total);
+}
+
 /* A decode step's layer on a device backend: the same stages queued in
  * order from this thread (the device runs them; the gathers of missed values
  * on its fetch stream beside the key rebuild on its compute stream). The
@@ -819,7 +894,9 @@ static int decode_layer_dev(kv_sk *c, int layer, const float *q, float *out) {
         c->step_hits = c->step_misses = c->step_fetches = c->step_fetch_bytes = 0;
     }
     double w0 = skv_now();
-    if (c->n_cand > 0) {
+    if (sk_fused(c)) {
+        fused_select(c, layer, q);
+    } else if (c->n_cand > 0) {
         for (int kh = 0; kh < h; kh++) {
             sk_scratch *S = &c->scr[kh];
             be->score(q + (size_t)kh * c->group * c->d, 1, (size_t)nh * c->d, c->group, c->d, L->head[kh].lm,
@@ -843,6 +920,7 @@ static int decode_layer_dev(kv_sk *c, int layer, const float *q, float *out) {
     for (int t = 0; t < h * parts; t++) attend_task(c, L, t, parts, q, out);
     if (parts > 1)
         for (int kh = 0; kh < h; kh++) attend_merge_head(c, kh, parts, out);
+    if (sk_fused(c)) fused_books(c, L);
     c->attn_seconds += skv_now() - w0;
     return decode_tally(c, layer, q, out);
 }
@@ -982,6 +1060,27 @@ static int svd_layer(kv_sk *c, int layer, float *sv, double *t) {
     return 0;
 }
 
+/* A layer's candidates and empty chunk caches in the device's memory, for
+ * the fused books (sk_fused). */
+static int fused_init(kv_sk *c, sk_layer *L) {
+    size_t h = (size_t)c->h, nc = (size_t)c->n_cand, k = (size_t)c->k;
+    size_t n_cache = 2 * h * k + h * nc + h;
+    int *host = skv_malloc(sizeof(int) * (h * nc > n_cache ? h * nc : n_cache));
+    L->cand_d = sk_alloc(c, sizeof(int) * h * nc);
+    L->cache_d = sk_alloc(c, sizeof(int) * n_cache);
+    if (!host || !L->cand_d || !L->cache_d) {
+        free(host);
+        return skv_error(SKV_ENOMEM, "shadowkv: out of device memory for the chunk caches");
+    }
+    for (size_t kh = 0; kh < h; kh++) memcpy(host + kh * nc, L->head[kh].cand, sizeof(int) * nc);
+    c->base.shape.be->upload(L->cand_d, host, sizeof(int) * h * nc);
+    /* slot_id and where -1 (empty), stamp and epoch 0 */
+    for (size_t i = 0; i < n_cache; i++) host[i] = i < h * k + h * nc ? -1 : 0;
+    c->base.shape.be->upload(L->cache_d, host, sizeof(int) * n_cache);
+    free(host);
+    return 0;
+}
+
 /* Landmarks, cosine minima, outliers and offload of one layer, after its
  * SVD (sv its spectrum, t_svd its probe times and wall seconds). */
 static int build_layer(kv_sk *c, int layer, sk_build *B, const float *sv, const double *t_svd, double svd_seconds) {
@@ -1038,6 +1137,7 @@ static int build_layer(kv_sk *c, int layer, sk_build *B, const float *sv, const 
             i = e;
         }
     }
+    if (sk_fused(c) && (rc = fused_init(c, L))) return rc;
     t[4] = skv_now();
     if (spans) span(c, PROBE_STREAM_COMPUTE, "outliers", layer, p0), p0 = probe_time(bus);
 
@@ -1108,6 +1208,15 @@ static int alloc_scratch(kv_sk *c) {
     c->att_pm = sk_alloc(c, sizeof(float) * tasks * c->group);
     c->att_pl = sk_alloc(c, sizeof(float) * tasks * c->group);
     if (!c->att_po || !c->att_pm || !c->att_pl) return skv_error(SKV_ENOMEM, "out of memory");
+    if (sk_fused(c)) {
+        c->pack_bytes = sizeof(float) * ((size_t)c->h * nc + 3 * (size_t)c->h * k + (size_t)c->h);
+        c->pack_d = sk_alloc(c, c->pack_bytes);
+        c->pack_h = skv_malloc(c->pack_bytes);
+        c->kp = skv_malloc(sizeof(float *) * (size_t)c->h);
+        c->vp = skv_malloc(sizeof(float *) * (size_t)c->h);
+        if (!c->pack_d || !c->pack_h || !c->kp || !c->vp)
+            return skv_error(SKV_ENOMEM, "shadowkv: out of memory for the device books");
+    }
     c->rb_kh = skv_malloc(sizeof(int) * (size_t)c->h * (k ? k : 1));
     c->rb_m = skv_malloc(sizeof(int) * (size_t)c->h * (k ? k : 1));
     if (!c->scr || !c->rb_kh || !c->rb_m) return skv_error(SKV_ENOMEM, "out of memory");
@@ -1404,11 +1513,14 @@ static void sk_free(kv_cache *base) {
     kv_sk *c = (kv_sk *)base;
     fetcher_stop(c);
     free(c->rb_kh); free(c->rb_m);
+    sk_release(c, c->pack_d);
+    free(c->pack_h); free(c->kp); free(c->vp);
     sk_release(c, c->att_po); sk_release(c, c->att_pm); sk_release(c, c->att_pl);
     for (int l = 0; c->L && l < base->shape.n_layers; l++) {
         sk_layer *L = &c->L[l];
         sk_release(c, L->kpre); sk_release(c, L->k); sk_release(c, L->v);
         sk_release(c, L->SVt); sk_release(c, L->Vt);
+        sk_release(c, L->cand_d); sk_release(c, L->cache_d);
         for (int kh = 0; L->head && kh < c->h; kh++) {
             sk_head *H = &L->head[kh];
             sk_release(c, H->K); sk_release(c, H->V);

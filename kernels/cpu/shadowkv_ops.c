@@ -3,6 +3,8 @@
  * tests check each one against a brute force; a CUDA backend checks its
  * kernels against these. */
 #include "shadowkv_ops.h"
+
+#include "kmath.h"
 #include "skv.h"
 #include "vec.h"
 
@@ -522,34 +524,44 @@ void shadowkv_cache_free(shadowkv_cache *c) {
 
 int shadowkv_cache_update(shadowkv_cache *c, const int *sel, int k, int *slot_of, int *miss) {
     SKV_ASSERT(k <= c->n_slots);
-    if (++c->epoch == 0) { /* wrapped: restart the stamps */
-        memset(c->stamp, 0, sizeof(unsigned) * c->n_slots);
-        c->epoch = 1;
-    }
-    int n_miss = 0;
-    for (int i = 0; i < k; i++) {
-        SKV_ASSERT(sel[i] >= 0 && sel[i] < c->n_ids);
-        int s = c->where[sel[i]];
-        if (s >= 0) {
-            slot_of[i] = s;
-            c->stamp[s] = c->epoch;
-        } else {
-            miss[n_miss++] = i;
-        }
-    }
-    int free_slot = 0;
-    for (int m = 0; m < n_miss; m++) {
-        while (c->stamp[free_slot] == c->epoch) free_slot++;
-        int i = miss[m], s = free_slot++;
-        if (c->slot_id[s] >= 0) c->where[c->slot_id[s]] = -1;
-        c->slot_id[s] = sel[i];
-        c->where[sel[i]] = s;
-        c->stamp[s] = c->epoch;
-        slot_of[i] = s;
-    }
+    for (int i = 0; i < k; i++) SKV_ASSERT(sel[i] >= 0 && sel[i] < c->n_ids);
+    int n_miss = km_cache_update(c->n_slots, c->slot_id, c->where, c->stamp, &c->epoch, sel, k, slot_of, miss);
     c->hits += (uint64_t)(k - n_miss);
     c->misses += (uint64_t)n_miss;
     return n_miss;
+}
+
+/* ---- a layer's decode books, misses and rebuild for all KV heads at once -- */
+
+void shadowkv_books(int h, int k, int n_cand, const int *sel, int *slot_id, int *where, unsigned *stamp,
+                    unsigned *epoch, int *slot_of, int *miss, int *n_miss) {
+    for (int kh = 0; kh < h; kh++)
+        n_miss[kh] = km_cache_update(k, slot_id + (size_t)kh * k, where + (size_t)kh * n_cand, stamp + (size_t)kh * k,
+                                     epoch + kh, sel + (size_t)kh * k, k, slot_of + (size_t)kh * k,
+                                     miss + (size_t)kh * k);
+}
+
+void shadowkv_gather_misses(const float *store, int c, int d, int h, int k, int n_cand, size_t blk0, const int *sel,
+                            const int *slot_of, const int *miss, const int *n_miss, float *const *V, int row_slot) {
+    size_t blk = (size_t)c * d;
+    for (int kh = 0; kh < h; kh++)
+        for (int m = 0; m < n_miss[kh]; m++) {
+            int i = miss[(size_t)kh * k + m];
+            const float *src = store + (blk0 + (size_t)kh * n_cand + sel[(size_t)kh * k + i]) * blk;
+            memcpy(V[kh] + (size_t)(row_slot + slot_of[(size_t)kh * k + i] * c) * d, src, sizeof(float) * blk);
+        }
+}
+
+void shadowkv_rebuild_misses(const float *U, int r, const float *SVt, int d, int c, int h, int k, int n_cand,
+                             const int *cand, const int *sel, const int *slot_of, const int *miss, const int *n_miss,
+                             const rope_ctx *rope, const float *cs, const float *sn, float *const *K, int row_slot) {
+    for (int kh = 0; kh < h; kh++)
+        for (int m = 0; m < n_miss[kh]; m++) {
+            int i = miss[(size_t)kh * k + m];
+            int chunk = cand[(size_t)kh * n_cand + sel[(size_t)kh * k + i]];
+            shadowkv_rebuild(U, r, SVt + (size_t)kh * r * d, d, chunk * c, c, rope, cs, sn,
+                             K[kh] + (size_t)(row_slot + slot_of[(size_t)kh * k + i] * c) * d);
+        }
 }
 
 /* ---- offload store ------------------------------------------------------ */

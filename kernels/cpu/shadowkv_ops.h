@@ -129,6 +129,29 @@ void shadowkv_cache_free(shadowkv_cache *c);
  * hits and misses; returns the number of misses. O(k + n_slots). */
 int shadowkv_cache_update(shadowkv_cache *c, const int *sel, int k, int *slot_of, int *miss);
 
+/* ---- a layer's decode books, misses and rebuild, every KV head at once ---
+ * (the backend ops sk_books, sk_gather_misses, sk_rebuild_misses: on a
+ * device these run in its memory with no host in between; these are their
+ * CPU twins.) Head kh's part of an (h, k) array is at kh*k, of an (h,
+ * n_cand) array at kh*n_cand. */
+
+/* Each head's chunk cache (slot_id, stamp (h, k); where (h, n_cand); epoch
+ * (h)) takes its selection sel (h, k) by km_cache_update's rule: slot_of
+ * (h, k), miss (h, k) and n_miss (h) as shadowkv_cache_update gives them. */
+void shadowkv_books(int h, int k, int n_cand, const int *sel, int *slot_id, int *where, unsigned *stamp,
+                    unsigned *epoch, int *slot_of, int *miss, int *n_miss);
+/* The misses' values: head kh's miss m (i = miss[kh][m]) copies block
+ * blk0 + kh*n_cand + sel[kh][i] of the store ((c, d) floats each, blocks
+ * back to back) to rows row_slot + slot_of[kh][i]*c.. of V[kh]. */
+void shadowkv_gather_misses(const float *store, int c, int d, int h, int k, int n_cand, size_t blk0, const int *sel,
+                            const int *slot_of, const int *miss, const int *n_miss, float *const *V, int row_slot);
+/* The misses' keys: the c positions of chunk cand[kh][sel[kh][i]] rebuilt
+ * (shadowkv_rebuild with SVt + kh*r*d) into rows row_slot + slot_of[kh][i]*c..
+ * of K[kh]. */
+void shadowkv_rebuild_misses(const float *U, int r, const float *SVt, int d, int c, int h, int k, int n_cand,
+                             const int *cand, const int *sel, const int *slot_of, const int *miss, const int *n_miss,
+                             const rope_ctx *rope, const float *cs, const float *sn, float *const *K, int row_slot);
+
 /* ---- offload store ---------------------------------------------------- */
 
 /* Slow memory (host RAM behind PCIe on a GPU build): n_blocks blocks of

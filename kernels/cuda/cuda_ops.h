@@ -66,6 +66,13 @@ void cu_gather(const float *src, int rows, int cols, const int *src_idx, int n, 
                int dst_stride);
 void cu_rebuild(const float *U, int r, const float *svt, int d, int t0, int n, const rope_ctx *rope, const float *cs,
                 const float *sn, float *out);
+void cu_sk_books(int h, int k, int n_cand, const int *sel, int *slot_id, int *where, unsigned *stamp, unsigned *epoch,
+                 int *slot_of, int *miss, int *n_miss);
+void cu_sk_gather_misses(const float *store, int c, int d, int h, int k, int n_cand, size_t blk0, const int *sel,
+                         const int *slot_of, const int *miss, const int *n_miss, float *const *V, int row_slot);
+void cu_sk_rebuild_misses(const float *U, int r, const float *SVt, int d, int c, int h, int k, int n_cand,
+                          const int *cand, const int *sel, const int *slot_of, const int *miss, const int *n_miss,
+                          const rope_ctx *rope, const float *cs, const float *sn, float *const *K, int row_slot);
 void cu_project(const float *Vt, int r, int n, const float *x, float *y, float *coef);
 void cu_page_bounds(const float *K, int stride, int d, int p, int t0, int n, float *mn, float *mx, int bstride);
 void cu_page_score(const float *q, int d, const float *mn, const float *mx, int bstride, int n_pages, float *U);

@@ -379,6 +379,145 @@ void cu_rebuild(const float *U, int r, const float *svt, int d, int t0, int n, c
     cuda_span_end(sp, 0, "rebuild_k");
 }
 
+/* ---- a layer's books, fetch and rebuild for every KV head at once ----
+ *
+ * The selection never leaves the device: the chunk caches take it in one
+ * launch (a thread per KV head runs km_cache_update, the CPU's rule), the
+ * missed values come over the bus on the fetch stream with a small grid
+ * (16 blocks: a grid that fills every SM with warps waiting on PCIe hides
+ * nothing, ../shared/GPU.md), and the missed keys are rebuilt, RoPE
+ * included, in one launch on the compute stream beside the fetch. The
+ * launches have fixed shapes (h x k misses at most): a miss past a head's
+ * count is skipped on the device. The heads' row pointers go by value in
+ * the launch's parameters. */
+
+__global__ void k_sk_books(int h, int k, int n_cand, const int *sel, int *slot_id, int *where, unsigned *stamp,
+                           unsigned *epoch, int *slot_of, int *miss, int *n_miss) {
+    int kh = blockIdx.x * blockDim.x + threadIdx.x;
+    if (kh >= h) return;
+    n_miss[kh] = km_cache_update(k, slot_id + (size_t)kh * k, where + (size_t)kh * n_cand, stamp + (size_t)kh * k,
+                                 epoch + kh, sel + (size_t)kh * k, k, slot_of + (size_t)kh * k, miss + (size_t)kh * k);
+}
+
+void cu_sk_books(int h, int k, int n_cand, const int *sel, int *slot_id, int *where, unsigned *stamp, unsigned *epoch,
+                 int *slot_of, int *miss, int *n_miss) {
+    cuda_span_mark sp = cuda_span_begin(0);
+    k_sk_books<<<cuda_blocks((size_t)h, 32), 32, 0, cuda_after_fetch()>>>(h, k, n_cand, sel, slot_id, where, stamp,
+                                                                          epoch, slot_of, miss, n_miss);
+    CKL();
+    cuda_span_end(sp, 0, "books");
+}
+
+/* The row pointers of up to SK_PTRS heads, passed by value with the launch
+ * (no copy, no staging of pageable memory, no sync); more heads take more
+ * launches of SK_PTRS each. */
+#define SK_PTRS 64
+typedef struct { float *p[SK_PTRS]; } sk_ptrs;
+
+static sk_ptrs ptrs_from(float *const *host, int h0, int n) {
+    sk_ptrs v;
+    memset(&v, 0, sizeof v);
+    for (int i = 0; i < n; i++) v.p[i] = host[h0 + i];
+    return v;
+}
+
+/* Heads h0..h0+n-1 (V.p[j] the rows of head h0+j). */
+__global__ void k_gather_misses(const float *store, int c, int d, int h0, int n, int k, int n_cand, size_t blk0,
+                                const int *sel, const int *slot_of, const int *miss, const int *n_miss, sk_ptrs V,
+                                int row_slot) {
+    int lane = threadIdx.x % 32, warps = gridDim.x * blockDim.x / 32;
+    size_t blk = (size_t)c * d;
+    for (int w = (blockIdx.x * blockDim.x + threadIdx.x) / 32; w < n * k; w += warps) {
+        int j = w / k, kh = h0 + j, m = w % k;
+        if (m >= n_miss[kh]) continue;
+        int i = miss[(size_t)kh * k + m];
+        const float *src = store + (blk0 + (size_t)kh * n_cand + sel[(size_t)kh * k + i]) * blk;
+        float *dst = V.p[j] + (size_t)(row_slot + slot_of[(size_t)kh * k + i] * c) * d;
+        for (size_t e = lane; e < blk; e += 32) dst[e] = src[e];
+    }
+}
+
+void cu_sk_gather_misses(const float *store, int c, int d, int h, int k, int n_cand, size_t blk0, const int *sel,
+                         const int *slot_of, const int *miss, const int *n_miss, float *const *V, int row_slot) {
+    cuda_ctx *cx = cuda_get();
+    const float *dsrc = NULL;
+    CK(cudaHostGetDevicePointer((void **)&dsrc, (void *)store, 0));
+    /* after the books (and the attention still reading these rows) on the compute stream */
+    cudaEvent_t ev;
+    CK(cudaEventCreateWithFlags(&ev, cudaEventDisableTiming));
+    CK(cudaEventRecord(ev, cx->compute));
+    CK(cudaStreamWaitEvent(cx->fetch, ev, 0));
+    CK(cudaEventDestroy(ev));
+    cuda_span_mark sp = cuda_span_begin(1);
+    for (int h0 = 0; h0 < h; h0 += SK_PTRS) {
+        int n = h - h0 < SK_PTRS ? h - h0 : SK_PTRS;
+        k_gather_misses<<<16, 256, 0, cx->fetch>>>(dsrc, c, d, h0, n, k, n_cand, blk0, sel, slot_of, miss, n_miss,
+                                                    ptrs_from(V, h0, n), row_slot);
+        CKL();
+    }
+    CK(cudaEventRecord(cx->fetched, cx->fetch));
+    cx->fetch_pending = 1;
+    cuda_span_end(sp, 1, "fetch_v");
+}
+
+/* Block (j, m): head h0+j's miss m, its c rows one after the other. */
+__global__ void k_rebuild_misses(const float *U, int r, const float *SVt, int d, int c, int h0, int k, int n_cand,
+                                 const int *cand, const int *sel, const int *slot_of, const int *miss,
+                                 const int *n_miss, int rope_dim, int mode, const float *inv_freq, const float *cs,
+                                 const float *sn, sk_ptrs K, int row_slot) {
+    extern __shared__ float row[];
+    int j = blockIdx.x, kh = h0 + j, m = blockIdx.y;
+    if (m >= n_miss[kh]) return;
+    int i = miss[(size_t)kh * k + m];
+    int t0 = cand[(size_t)kh * n_cand + sel[(size_t)kh * k + i]] * c;
+    const float *svt = SVt + (size_t)kh * r * d;
+    float *out = K.p[j] + (size_t)(row_slot + slot_of[(size_t)kh * k + i] * c) * d;
+    int half = rope_dim / 2;
+    for (int tt = 0; tt < c; tt++) {
+        int t = t0 + tt;
+        const float *u = U + (size_t)t * r;
+        for (int e = threadIdx.x; e < d; e += blockDim.x) {
+            float s = 0.0f;
+            for (int j = 0; j < r; j++) s += u[j] * svt[(size_t)j * d + e];
+            row[e] = s;
+        }
+        __syncthreads();
+        for (int p = threadIdx.x; p < half; p += blockDim.x) {
+            float co, si;
+            if (cs) {
+                co = cs[(size_t)t * half + p];
+                si = sn[(size_t)t * half + p];
+            } else {
+                km_rope_cs(inv_freq[p], t, &co, &si);
+            }
+            int a, b;
+            km_rope_pair_index(mode, p, rope_dim, &a, &b);
+            km_rotate(&row[a], &row[b], co, si);
+        }
+        __syncthreads();
+        for (int e = threadIdx.x; e < d; e += blockDim.x) out[(size_t)tt * d + e] = row[e];
+        __syncthreads();
+    }
+}
+
+void cu_sk_rebuild_misses(const float *U, int r, const float *SVt, int d, int c, int h, int k, int n_cand,
+                          const int *cand, const int *sel, const int *slot_of, const int *miss, const int *n_miss,
+                          const rope_ctx *rope, const float *cs, const float *sn, float *const *K, int row_slot) {
+    if (h <= 0 || k <= 0) return;
+    cudaStream_t st = cuda_get()->compute; /* beside the fetch: the rebuild reads no value rows */
+    const float *inv = cuda_const_upload(rope->inv_freq, (size_t)(rope->rope_dim / 2));
+    cuda_span_mark sp = cuda_span_begin(0);
+    for (int h0 = 0; h0 < h; h0 += SK_PTRS) {
+        int n = h - h0 < SK_PTRS ? h - h0 : SK_PTRS;
+        k_rebuild_misses<<<dim3(n, k), 128, sizeof(float) * d, st>>>(U, r, SVt, d, c, h0, k, n_cand, cand, sel,
+                                                                     slot_of, miss, n_miss, rope->rope_dim,
+                                                                     (int)rope->mode, inv, cs, sn,
+                                                                     ptrs_from(K, h0, n), row_slot);
+        CKL();
+    }
+    cuda_span_end(sp, 0, "rebuild_k");
+}
+
 /* ---- ShadowKV+: y = V_r·(V_rᵀ·x) ---- */
 
 __global__ void k_project_coef(const float *Vt, int r, int n, const float *x, float *coef) {
