@@ -9,6 +9,8 @@
  * (the sequences' own, one for all), each sequence is a lane
  * (probes/lanes.h): its events follow a lane event naming it. */
 #include "batch.h"
+
+#include <math.h>
 #include "probe.h"
 #include "skv.h"
 
@@ -105,4 +107,11 @@ int batch_decode(skv_batch *b, const int32_t *tokens) {
     b->steps++;
     b->t_decode += dt;
     return rc;
+}
+
+int batch_fit(double per_a, double avail_a, double per_b, double avail_b, int *bound) {
+    double a = per_a > 0 ? floor(avail_a / per_a) : 4096, b = per_b > 0 ? floor(avail_b / per_b) : 4096;
+    *bound = per_b > 0 && b < a;
+    double n = b < a ? b : a;
+    return n < 0 ? 0 : n > 4096 ? 4096 : (int)n;
 }

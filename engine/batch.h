@@ -25,4 +25,12 @@ double batch_t_decode(const skv_batch *b);     /* seconds in batch_decode */
  * session_decode: sample from them for the next step. */
 int batch_decode(skv_batch *b, const int32_t *tokens);
 
+/* The largest batch whose sequences fit two pools of memory: each takes
+ * per_a bytes of pool a (avail_a free) and per_b of pool b (avail_b free;
+ * per_b 0: none). On a device, a is its memory (the resident KV and the
+ * activations) and b the host's (ShadowKV's offloaded values, pinned); on
+ * the CPU, one pool. *bound gets the pool that limits it: 0 a, 1 b. At most
+ * 4096; 0 when not one fits. */
+int batch_fit(double per_a, double avail_a, double per_b, double avail_b, int *bound);
+
 #endif

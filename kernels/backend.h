@@ -205,6 +205,11 @@ typedef struct skv_backend {
     void (*kivi)(const float *x, int n, int stride, int bits, int midpoint, float *y, uint8_t *codes, float *scale,
                  float *zero);
 
+    /* Free and total bytes of the backend's own memory (a device's); NULL on
+     * the CPU, whose memory is the host's (skv bench --max-parallel then
+     * fits a batch in two pools). 0 or SKV_E*. */
+    int (*mem_info)(size_t *free_bytes, size_t *total_bytes);
+
     /* ---- timeline (device backends; NULL on the CPU, whose ops the engine
      * times with the host clock) ---- */
     /* Tags the ops queued from now on with a layer and decode step. */

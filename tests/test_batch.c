@@ -363,6 +363,17 @@ static void test_full_budget(const char *path, const char *label) {
 }
 
 int main(void) {
+    /* batch_fit: the batch that fits two pools, and which one bounds it */
+    {
+        int pool = -1, n1 = batch_fit(2.0, 100.0, 7.5, 2000.0, &pool), p1 = pool;
+        int n2 = batch_fit(2.0, 100.0, 7.5, 100.0, &pool), p2 = pool;
+        int n3 = batch_fit(3.0, 1e9, 0.0, 0.0, &pool), p3 = pool;
+        int n4 = batch_fit(200.0, 100.0, 1.0, 100.0, &pool);
+        test_cond("batch_fit: the device pool bounds 50 of 2 B in 100 B, the host pool 13 of 7.5 B in 100 B, at most "
+                  "4096, 0 when one does not fit", n1 == 50 && p1 == 0 && n2 == 13 && p2 == 1 && n3 == 4096 &&
+                  p3 == 0 && n4 == 0);
+    }
+
     static const char *const all[] = { "dense", "shadowkv", "quest", "freekv", "specache", "tailorkv", NULL };
     struct stat sb;
     if (stat("samples/model/skv-demo.gguf", &sb) == 0) {

@@ -40,7 +40,7 @@ for tool in ("xz", "timeout", "ldd", "strip"):
         sys.exit(0)
 
 STEPS = ["device", "synth-small", "synth-2layer", "op-tests", "model-small", "model-2layer", "traced-step",
-         "timeline-png", "synth-big", "bench-128", "bench-256", "bench-1024", "sanitizer"]
+         "timeline-png", "synth-big", "bench-128", "bench-batch-128", "bench-256", "bench-1024", "sanitizer"]
 
 
 def pack(dest, **env):
@@ -106,9 +106,13 @@ try:
         tr = subprocess.run([SKV, "trace", "info", os.path.join(out, "gpu.trace")], capture_output=True, text=True)
         check("gpu-check results: skv trace info reads the traced step", tr.returncode == 0, tr.stderr)
         lines = open(os.path.join(out, "bench.txt")).read().splitlines() if "bench.txt" in files else []
-        got = sorted((l.split(" kv=")[1].split()[0], l.split(" prompt=")[1].split()[0]) for l in lines if " kv=" in l)
-        check("gpu-check results: dense and shadowkv benched at each size",
-              got == sorted((k, n) for k in ("dense", "shadowkv") for n in ("128", "256", "1024")), str(got))
+        got = sorted((l.split(" kv=")[1].split()[0], l.split(" prompt=")[1].split()[0]) for l in lines
+                     if " kv=" in l and " prompt=" in l and " parallel=1 " in l and "max_parallel" not in l)
+        batch = [l for l in lines if "prompt=128 " in l and " parallel=4 " in l]
+        fit = [l for l in lines if l.startswith("kv=") and "max_parallel=" in l]
+        check("gpu-check results: dense and shadowkv benched at each size, a batch of 4 and the largest that fits",
+              got == sorted((k, n) for k in ("dense", "shadowkv") for n in ("128", "128", "256", "1024")) and
+              len(batch) == 2 and len(fit) == 2, "\n".join(lines))
 
         out2 = os.path.join(tmp, "out-hang")
         budget = 25

@@ -45,7 +45,9 @@ static void help(FILE *o) {
                "      --max-parallel    the largest B that fits under --mem (one sequence's KV bytes measured on a\n"
                "                        fork, its activations estimated, beside the weights and the prompt's\n"
                "                        source; with --offload-file, each fork's values in a file of their own\n"
-               "                        there, within four fifths of the free disk), then the bench at it\n"
+               "                        there, within four fifths of the free disk), then the bench at it;\n"
+               "                        with --backend cuda, within nine tenths of the device's free memory\n"
+               "                        (resident KV, activations) and --mem of the host's (offloaded values)\n"
                "      --mem GIB         the memory a batch may take (default: the machine's available memory\n"
                "                        less a tenth); a --parallel B over it is refused, naming what it needs\n");
 }
@@ -112,13 +114,17 @@ static double weight_bytes(const skv_model *m) {
 /* What one more sequence costs in memory: the KV bytes it keeps (resident,
  * and offloaded unless the file tier holds them) and its session's
  * activations and logits. *file gets what the file tier holds (0 without). */
+/* A session's activations and logits (estimated from the shape). */
+static double seq_act(const skv_session *one) {
+    const model_config *c = &one->m->cfg;
+    return 4.0 * ((double)c->vocab + 4.0 * c->dim + 2.0 * c->ffn_dim) * (one->o.batch > 0 ? one->o.batch : 1);
+}
+
 static double seq_bytes(const skv_session *one, int file_tier, double *file) {
     size_t r0, o0;
     one->kv->cls->bytes(one->kv, &r0, &o0);
     if (file) *file = file_tier ? (double)o0 : 0;
-    const model_config *c = &one->m->cfg;
-    double act = 4.0 * ((double)c->vocab + 4.0 * c->dim + 2.0 * c->ffn_dim) * (one->o.batch > 0 ? one->o.batch : 1);
-    return (double)r0 + (file_tier ? 0 : (double)o0) + act;
+    return (double)r0 + (file_tier ? 0 : (double)o0) + seq_act(one);
 }
 
 /* Free bytes on the file system that holds path (its folder); 0 unknown. */
@@ -153,6 +159,20 @@ static int bench_parallel(cli_gen *g, skv_model *m, const int32_t *ids, int np, 
     if ((rc = session_new(m, &so, &src)) || (rc = session_prefill(src, ids, np, NULL, NULL))) goto done;
     pp = np / (src->t_prefill > 0 ? src->t_prefill : 1e-9);
     fixed += seq_bytes(src, file, NULL) + (double)kv_rec_held(src->rec); /* the source and its recording stay */
+    /* On a device the batch fits two pools: its memory (each sequence's
+     * resident KV and activations; read now, the weights and the source
+     * already in it) and the host's (the offloaded values, pinned, beside
+     * the source's and its recording). */
+    const skv_backend *be = src->be;
+    double dev_avail = 0, host_avail = 0;
+    if (be->mem_info) {
+        size_t fr = 0, tot = 0;
+        if ((rc = be->mem_info(&fr, &tot))) goto done;
+        size_t r0, o0;
+        src->kv->cls->bytes(src->kv, &r0, &o0);
+        dev_avail = 0.9 * (double)fr;
+        host_avail = avail - (double)o0 - (double)kv_rec_held(src->rec);
+    }
     for (int p = 0; p < n_pol && !rc; p++) {
         kv_opts ko = g->s.kv;
         if (g->n_kv > 1) snprintf(ko.policy, sizeof ko.policy, "%s", g->kv_list[p]);
@@ -161,12 +181,48 @@ static int bench_parallel(cli_gen *g, skv_model *m, const int32_t *ids, int np, 
         for (int t = 0; t < g->n_predict && !rc; t++) rc = session_decode(one, ids[t % np]);
         if (rc) break;
         double off_seq; /* what each fork writes to its own offload file */
-        double per = seq_bytes(one, file, &off_seq);
+        double per = seq_bytes(one, file, &off_seq), per_dev = 0, per_host = 0;
+        if (be->mem_info) {
+            size_t r0, o0;
+            one->kv->cls->bytes(one->kv, &r0, &o0);
+            per_dev = (double)r0 + seq_act(one);
+            per_host = (double)o0;
+        }
         session_free(one);
         one = NULL;
         for (int k = 0; k < n_bs && !rc; k++) {
             int B = bs[k];
-            if (B == NP_MAX || B == NP_FIT) {
+            int pool = 0, dev_fit = be->mem_info ? batch_fit(per_dev, dev_avail, per_host, host_avail, &pool) : 0;
+            if (be->mem_info && (B == NP_MAX || B == NP_FIT)) {
+                B = dev_fit;
+                if (B < 1) {
+                    rc = skv_error(SKV_ENOMEM, "%s: not even one sequence of %d + %d tokens fits on %s: it needs %.2f "
+                                   "GiB of device memory (%.2f GiB free) and %.2f GiB of host memory (%.2f GiB)",
+                                   ko.policy, np, g->n_predict, be->name, per_dev / 1073741824.0,
+                                   dev_avail / 1073741824.0, per_host / 1073741824.0, host_avail / 1073741824.0);
+                    break;
+                }
+                printf("kv=%s max_parallel=%d per_seq_bytes=%.0f mem_bytes=%.0f file_bytes_seq=0 bound=%s "
+                       "device_bytes_seq=%.0f device_free_bytes=%.0f host_bytes_seq=%.0f host_free_bytes=%.0f\n",
+                       ko.policy, B, per_dev + per_host, dev_avail + host_avail, pool ? "host" : "device", per_dev,
+                       dev_avail, per_host, host_avail);
+                fflush(stdout);
+                if (bs[k] == NP_FIT) continue;
+            } else if (be->mem_info && B > dev_fit) {
+                if (n_bs > 1) { /* one size of a list: said, skipped */
+                    printf("kv=%s parallel=%d over_memory=1 need_bytes=%.0f mem_bytes=%.0f bound=%s\n", ko.policy, B,
+                           (per_dev + per_host) * B, dev_avail + host_avail, pool ? "host" : "device");
+                    fflush(stdout);
+                    continue;
+                }
+                rc = skv_error(SKV_ENOMEM, "%s: %d sequences of %d + %d tokens do not fit on %s: %.3f GiB of device "
+                               "memory each (%.2f GiB free) and %.3f GiB of host memory each (%.2f GiB); at most %d",
+                               ko.policy, B, np, g->n_predict, be->name, per_dev / 1073741824.0,
+                               dev_avail / 1073741824.0, per_host / 1073741824.0, host_avail / 1073741824.0, dev_fit);
+                break;
+            } else if (be->mem_info) {
+                /* fits both pools: run it */
+            } else if (B == NP_MAX || B == NP_FIT) {
                 B = per > 0 ? (int)floor((avail - fixed) / per) : 0;
                 const char *bound = "memory";
                 if (off_seq > 0) { /* the file tier: each fork's values in a file beside --offload-file's path */

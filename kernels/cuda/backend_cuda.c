@@ -10,6 +10,7 @@ const skv_backend skv_backend_cuda = {
                "rebuild + RoPE); built, not yet verified on hardware",
     .available = cu_available,
     .alloc = cu_alloc,
+    .mem_info = cu_mem_info,
     .free = cu_free,
     .upload = cu_upload,
     .download = cu_download,

@@ -109,6 +109,15 @@ int cu_available(char *why, size_t n) {
     return 1;
 }
 
+int cu_mem_info(size_t *free_bytes, size_t *total_bytes) {
+    cuda_get();
+    if (cudaMemGetInfo(free_bytes, total_bytes) != cudaSuccess) {
+        cudaGetLastError();
+        return skv_error(SKV_EIO, "cuda: cannot read the device's free memory");
+    }
+    return 0;
+}
+
 void *cu_alloc(size_t bytes) {
     void *p = NULL;
     if (cudaMalloc(&p, bytes ? bytes : 16) != cudaSuccess) {

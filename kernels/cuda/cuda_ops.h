@@ -15,6 +15,7 @@ extern "C" {
 /* backend_cuda.cu */
 int cu_available(char *why, size_t n);
 void *cu_alloc(size_t bytes);
+int cu_mem_info(size_t *free_bytes, size_t *total_bytes);
 void cu_free(void *p);
 void cu_upload(void *dst, const void *host_src, size_t bytes);
 void cu_download(void *host_dst, const void *src, size_t bytes);

@@ -20,8 +20,9 @@
 # Order: device info; the op tests (every kernel against its CPU twin); the
 # whole-model tests (CPU vs GPU logits) on a small model and on the
 # Llama-3.1-8B shape with 2 layers; a traced decode step and its timeline PNG;
-# benches of dense and ShadowKV on the full 8B shape at 8K and 32K (122K only
-# when the prefill speed measured at 8K and 32K says it fits); then
+# benches of dense and ShadowKV on the full 8B shape at 8K and 32K, and a
+# batch of 1, 4 and the largest that fits at 8K (122K only when the prefill
+# speed measured at 8K and 32K says it fits); then
 # compute-sanitizer on the op tests if time remains.
 # Results: run.log (every step's output), summary.txt (a line a step: ok,
 # FAILED rc, TIMED OUT, skipped, with seconds; then the bench lines),
@@ -170,6 +171,16 @@ pre_secs() {
 }
 set -- $CTXS
 bench "$1" 150
+# batches at the first size: 1 and 4 sequences and the largest that fits in the
+# device's memory and the host's (said, not run), dense and ShadowKV
+if [ -f "$BIG" ]; then
+    b0=$(wc -l < "$OUT/bench.txt")
+    step "bench-batch-$1" 150 sh -c "exec '$SKV' bench --backend $BE -m '$BIG' --prompt-tokens $1 -n $NDEC \
+        -c $(($1 + NDEC + 16)) --kv dense,shadowkv --parallel 1,4,fit $SKOPT >> '$OUT/bench.txt'"
+    sed -n "$((b0 + 1)),\$p" "$OUT/bench.txt" | tee -a "$LOG" >> "$SUM"
+else
+    note "bench-batch-$1" "skipped: no model" 0
+fi
 bench "$2" 200
 p1=$(pre_secs "$1")
 p2=$(pre_secs "$2")
