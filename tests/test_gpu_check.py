@@ -40,7 +40,8 @@ for tool in ("xz", "timeout", "ldd", "strip"):
         sys.exit(0)
 
 STEPS = ["device", "synth-small", "synth-2layer", "op-tests", "model-small", "model-2layer", "traced-step",
-         "timeline-png", "synth-big", "bench-128", "bench-batch-128", "bench-256", "bench-1024", "sanitizer"]
+         "timeline-png", "synth-big", "bench-128", "bench-batch-128", "synth-1layer", "prefill-1layer-dense",
+         "prefill-1layer-shadowkv", "bench-256", "bench-1024", "sanitizer"]
 
 
 def pack(dest, **env):
@@ -105,6 +106,9 @@ try:
               open(png, "rb").read(8) == b"\x89PNG\r\n\x1a\n")
         tr = subprocess.run([SKV, "trace", "info", os.path.join(out, "gpu.trace")], capture_output=True, text=True)
         check("gpu-check results: skv trace info reads the traced step", tr.returncode == 0, tr.stderr)
+        summ = open(os.path.join(out, "summary.txt")).read()
+        check("gpu-check summary: one layer's prefill, dense against ShadowKV, with the overhead",
+              "prefill of one layer at 1024 tokens: dense" in summ and "overhead" in summ, summ)
         lines = open(os.path.join(out, "bench.txt")).read().splitlines() if "bench.txt" in files else []
         got = sorted((l.split(" kv=")[1].split()[0], l.split(" prompt=")[1].split()[0]) for l in lines
                      if " kv=" in l and " prompt=" in l and " parallel=1 " in l and "max_parallel" not in l)

@@ -21,8 +21,10 @@
 # whole-model tests (CPU vs GPU logits) on a small model and on the
 # Llama-3.1-8B shape with 2 layers; a traced decode step and its timeline PNG;
 # benches of dense and ShadowKV on the full 8B shape at 8K and 32K, and a
-# batch of 1, 4 and the largest that fits at 8K (122K only when the prefill
-# speed measured at 8K and 32K says it fits); then
+# batch of 1, 4 and the largest that fits at 8K; one layer prefilled at
+# 122K, dense and ShadowKV (the prefill attention's speed and ShadowKV's
+# prefill overhead); 122K on the whole model only when the prefill speed
+# measured at 8K and 32K says it fits; then
 # compute-sanitizer on the op tests if time remains.
 # Results: run.log (every step's output), summary.txt (a line a step: ok,
 # FAILED rc, TIMED OUT, skipped, with seconds; then the bench lines),
@@ -181,6 +183,27 @@ if [ -f "$BIG" ]; then
 else
     note "bench-batch-$1" "skipped: no model" 0
 fi
+# one layer of the shape prefilled at the long context, dense and ShadowKV:
+# the prefill attention on tensor cores (target: within 2x of PyTorch SDPA's
+# 311 ms a layer at 122,880 on an H100) and ShadowKV's prefill overhead (SVD,
+# landmarks, offload; target 6% or less)
+step synth-1layer 60 "$SKV" synth --config "$BIG_CFG" --dtype "$BIG_DT" --layers 1 --seed 1 -o big-1l.gguf --force &&
+    for kv in dense shadowkv; do
+        b0=$(wc -l < "$OUT/bench.txt")
+        opts=""
+        [ "$kv" = shadowkv ] && opts=$SKOPT
+        step "prefill-1layer-$kv" 90 sh -c "exec '$SKV' bench --backend $BE -m big-1l.gguf --prompt-tokens $CTX_BIG \
+            -n 2 -c $((CTX_BIG + 16)) --kv $kv $opts >> '$OUT/bench.txt'"
+        sed -n "$((b0 + 1)),\$p" "$OUT/bench.txt" | tee -a "$LOG" >> "$SUM"
+    done
+p_dense=$(grep "kv=dense .*prompt=$CTX_BIG " "$OUT/bench.txt" | grep -v "parallel=[2-9]" | tail -1 |
+    sed -n 's/.*prefill_tok_s=\([0-9.]*\).*/\1/p')
+p_sk=$(grep "kv=shadowkv .*prompt=$CTX_BIG " "$OUT/bench.txt" | tail -1 | sed -n 's/.*prefill_tok_s=\([0-9.]*\).*/\1/p')
+if [ -n "$p_dense" ] && [ -n "$p_sk" ]; then
+    awk -v n="$CTX_BIG" -v a="$p_dense" -v b="$p_sk" 'BEGIN { printf "prefill of one layer at %d tokens: dense %.1f ms, shadowkv %.1f ms (overhead %.1f%%)\n", n, 1000 * n / a, 1000 * n / b, 100 * (a / b - 1) }' |
+        tee -a "$LOG" >> "$SUM"
+fi
+
 bench "$2" 200
 p1=$(pre_secs "$1")
 p2=$(pre_secs "$2")
