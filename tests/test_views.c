@@ -95,6 +95,7 @@ static int fill_store(probe_store *st) {
                 selection_of(s, l, h, sel);
                 bad += add(st, (probe_event){ .kind = PROBE_DECODE_HEAD,
                                               .decode_head = { .step = s, .layer = l, .head = h, .n_sel = K,
+                                                               .fetch_bytes = 1000000,
                                                                .hits = hits_of(s, l), .misses = K - hits_of(s, l),
                                                                .has_oracle = 1, .recall = 0.5f, .n_chunks = NCH, .sel = sel,
                                                                .score = sc, .rank_exact = rank_exact,
@@ -496,6 +497,15 @@ static void test_timeline(const probe_store *st) {
               t && strstr(t, "compute") && strstr(t, "fetch") && strstr(t, "rebuild") && strstr(t, "sparse_attn") &&
                   strstr(t, "total ms"));
     free(t);
+    /* a wide fetch bar says the rate it achieved: H KV heads x 1 MB in 2 ms */
+    canvas *w = cells(400, 24, 0);
+    draw(v, w, st, &cur, &res);
+    t = text_of(w);
+    char want[32];
+    snprintf(want, sizeof want, "%.3g GB/s", H * 1e6 / 0.002 / 1e9);
+    test_cond("timeline: a fetch bar wide enough names its GB/s (layer bytes over its time)", t && strstr(t, want));
+    free(t);
+    canvas_free(w);
     /* prefill is shown when there are no decode steps */
     probe_store *pre;
     probe_store_new(&pre);

@@ -179,6 +179,12 @@ static tl_fetch fetch_summary(const probe_store *st, int step, const probe_ev_sp
     return f;
 }
 
+/* The host-to-device limits a fetch on a GPU is held against, measured on
+ * the lent H100 (../shared/GPU.md): a copy from pinned memory, and the
+ * zero-copy gather (a warp per chunk) ShadowKV's fetch is. */
+#define GPU_H2D_PINNED_GBS 53.6
+#define GPU_GATHER_GBS 48.0
+
 /* 1 when the oracle's exact attention ran inside the step's timed spans
  * (its dense twin's step, or its scores, recorded for the step). */
 static int timed_with_oracle(const probe_store *st, int step) {
@@ -188,6 +194,17 @@ static int timed_with_oracle(const probe_store *st, int step) {
 
 /* A bar's layer is kept beside it (paint_bar has no room for it). */
 typedef struct tl_bar { paint_bar b; int layer; } tl_bar;
+
+/* The rate of a value-fetch bar: its layer's bytes fetched at the step
+ * (every KV head's decode-head events) over the bar's time; 0 unknown. */
+static double fetch_gbs(const probe_store *st, int step, const tl_bar *b) {
+    double bytes = 0, secs = (b->b.t1 - b->b.t0) * 1e-3;
+    for (int h = 0; step >= 0 && h < probe_store_n_kv_heads(st); h++) {
+        const probe_ev_decode_head *d = probe_store_decode(st, step, b->layer, h);
+        if (d) bytes += (double)d->fetch_bytes;
+    }
+    return bytes > 0 && secs > 0 ? bytes / secs / 1e9 : 0;
+}
 
 static int tl_bar_cmp(const void *a, const void *b) { return bar_cmp(&((const tl_bar *)a)->b, &((const tl_bar *)b)->b); }
 
@@ -283,9 +300,20 @@ static int timeline_draw(canvas *c, canvas_rect r, const probe_store *st, const 
             encloses = j != i && tb[j].b.row == b->b.row && tb[j].b.t0 >= b->b.t0 && tb[j].b.t1 <= b->b.t1 &&
                        tb[j].b.t1 - tb[j].b.t0 < b->b.t1 - b->b.t0;
         if (encloses) continue;
-        char lab[16];
+        char lab[40];
         snprintf(lab, sizeof lab, "L%d", b->layer);
+        /* a value fetch: the rate it achieved (the layer's fetched bytes of the step over the bar's time) */
+        double gbs = b->b.op >= 0 && !strcmp(ops.name[b->b.op], "fetch_v") ? fetch_gbs(st, step, b) : 0;
         double tw = canvas_text_width(c, lab, CANVAS_FONT_SMALL);
+        if (gbs > 0) {
+            char wide[40];
+            snprintf(wide, sizeof wide, "L%d %.3g GB/s", b->layer, gbs);
+            double ww = canvas_text_width(c, wide, CANVAS_FONT_SMALL);
+            if (ww + (g->cells ? 0 : 2 * g->pad) <= x1 - x0) {
+                snprintf(lab, sizeof lab, "%s", wide);
+                tw = ww;
+            }
+        }
         if (tw + (g->cells ? 0 : 2 * g->pad) > x1 - x0) continue;
         canvas_color bc = b->b.op >= 0 ? ops.color[b->b.op] : th->muted;
         canvas_color ink = canvas_luma(bc) > 0.3 ? CANVAS_RGB(0, 0, 0) : CANVAS_RGB(0xff, 0xff, 0xff);
@@ -302,10 +330,15 @@ static int timeline_draw(canvas *c, canvas_rect r, const probe_store *st, const 
     double left = r.y + r.h - used;
     tl_fetch fx = fetch_summary(st, step, sp, n);
     if (fx.bytes > 0 && fx.seconds > 0 && left >= (g->cells ? 6 : 9 * lh_b)) {
-        char line[200];
-        snprintf(line, sizeof line, "Fetched %.3g %s of values in %.3g ms (%.3g GB/s); a key rebuild ran beside %.0f%% of it",
+        char line[320];
+        const probe_ev_run *run = probe_store_run(st);
+        char lim[120] = "";
+        if (run && run->backend && !strcmp(run->backend, "cuda"))
+            snprintf(lim, sizeof lim, " (H100: %.3g GB/s pinned H2D, %.3g gathered)", GPU_H2D_PINNED_GBS,
+                     GPU_GATHER_GBS);
+        snprintf(line, sizeof line, "Fetched %.3g %s of values in %.3g ms (%.3g GB/s%s); a key rebuild ran beside %.0f%% of it",
                  fx.bytes >= 1048576 ? fx.bytes / 1048576 : fx.bytes / 1024, fx.bytes >= 1048576 ? "MiB" : "KiB",
-                 fx.seconds * 1e3, fx.bytes / fx.seconds / 1e9, 100 * fx.beside / fx.seconds);
+                 fx.seconds * 1e3, fx.bytes / fx.seconds / 1e9, lim, 100 * fx.beside / fx.seconds);
         view_fit_text(c, CANVAS_FONT_BODY, r.w, line);
         double tw = canvas_text_width(c, line, CANVAS_FONT_BODY);
         canvas_text(c, g->cells ? r.x + floor((r.w - tw) / 2) : r.x + r.w / 2, used, line, CANVAS_FONT_BODY,
