@@ -215,6 +215,7 @@ int session_decode(skv_session *s, int32_t token) {
 
 int session_step_end(skv_session *s, int32_t token, double dt) {
     int rc;
+    if ((rc = kv_end_step(s->kv))) return rc;
     if (s->twin_kv) {
         if ((rc = forward_batch(&s->twin, s->twin_kv, &token, 1, s->n_past))) return rc;
         int V = s->m->cfg.vocab;

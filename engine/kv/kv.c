@@ -208,6 +208,12 @@ int kv_new(const kv_opts *o, const kv_shape *shape, kv_cache **out) {
     return rc;
 }
 
+int kv_end_step(kv_cache *c) {
+    for (kv_cache *k = c; k; k = k->wrapped)
+        if (k->cls->end_step) return k->cls->end_step(k);
+    return 0;
+}
+
 double kv_stat(const kv_cache *c, const char *key) {
     const kv_class *p = c->policy ? c->policy : c->cls;
     double val[KV_MAX_STATS];

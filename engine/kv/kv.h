@@ -102,6 +102,12 @@ typedef struct kv_class {
      * why (one phrase naming the units: "2 pages of 16 tokens: the last page
      * is always kept"). NULL: no floor (dense). */
     int (*floor)(const kv_opts *o, char *why, size_t n);
+    /* After a decode step's forward pass, before its step event: a policy
+     * that queued the step's work on a device without waiting for it reads
+     * back what its books and events need (one wait a step). NULL: nothing
+     * pending. The session calls it (kv_end_step); a policy also settles
+     * before its next step and when its stats are read. */
+    int (*end_step)(kv_cache *c);
 } kv_class;
 
 struct kv_cache {
@@ -195,6 +201,10 @@ int kv_new(const kv_opts *o, const kv_shape *shape, kv_cache **out);
 /* The statistic key of c (by the policy's stats table), or NaN when the
  * policy has no such statistic. */
 double kv_stat(const kv_cache *c, const char *key);
+
+/* The end of a decode step for c, or for the policy a wrapper wraps
+ * (kv_class.end_step); 0 when nothing is pending. */
+int kv_end_step(kv_cache *c);
 
 /* What kv_opts_describe says of o, with the values c put in force where a
  * statistic of the same name differs from the option asked ("rank=64

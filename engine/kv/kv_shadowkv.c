@@ -140,9 +140,10 @@ typedef struct {
      * memory, read back once a layer into pack_h: scores (h, n_cand) as
      * floats, then sel, slot_of, miss (h, k) and n_miss (h) as ints; and
      * the heads' K and V row pointers handed to the fused ops */
-    float *pack_d;
-    void *pack_h;
-    size_t pack_bytes;
+    float *pack_d;         /* (n_layers) packs, one a layer */
+    void *pack_h;          /* the same in host_alloc's (pinned) memory, copied without a wait */
+    size_t pack_bytes;     /* one layer's */
+    int pend_first, pend_n; /* layers of the step whose books are queued, not yet read (sk_settle) */
     float **kp, **vp;
     int att_parts;         /* the most parts a KV head's attention rows split into (about two tasks a thread) */
     float *att_po;         /* (h*att_parts, group, d) partial results of the attention tasks, */
@@ -833,7 +834,7 @@ static void fused_select(kv_sk *c, int layer, const float *q) {
     sk_layer *L = &c->L[layer];
     const skv_backend *be = c->base.shape.be;
     int h = c->h, nh = c->base.shape.n_heads, k = c->k, nc = c->n_cand;
-    float *scores = c->pack_d;
+    float *scores = (float *)((char *)c->pack_d + c->pack_bytes * (size_t)layer);
     int *sel = (int *)(scores + (size_t)h * nc), *slot_of = sel + (size_t)h * k, *miss = slot_of + (size_t)h * k;
     int *n_miss = miss + (size_t)h * k, *cache = L->cache_d;
     for (int kh = 0; kh < h; kh++) {
@@ -855,12 +856,14 @@ static void fused_select(kv_sk *c, int layer, const float *q) {
                           c->base.shape.rope, c->rope_cs, c->rope_sn, c->kp, c->row_slot);
 }
 
-/* The layer's books back on the host, in one read: each head's scores,
- * selection, slots and misses, as select_books and fetch_head leave them. */
-static void fused_books(kv_sk *c, sk_layer *L) {
+/* A layer's books from its pack (copied to the host's pinned memory after
+ * its attention was queued, read once the step is done): each head's
+ * scores, selection, slots and misses, as select_books and fetch_head leave
+ * them. */
+static void fused_books(kv_sk *c, int layer) {
+    sk_layer *L = &c->L[layer];
     int h = c->h, k = c->k, nc = c->n_cand, total = 0;
-    c->base.shape.be->download(c->pack_h, c->pack_d, c->pack_bytes);
-    const float *scores = c->pack_h;
+    const float *scores = (const float *)((const char *)c->pack_h + c->pack_bytes * (size_t)layer);
     const int *sel = (const int *)(scores + (size_t)h * nc), *slot_of = sel + (size_t)h * k;
     const int *miss = slot_of + (size_t)h * k, *n_miss = miss + (size_t)h * k;
     for (int kh = 0; kh < h; kh++) {
@@ -881,6 +884,27 @@ static void fused_books(kv_sk *c, sk_layer *L) {
     shadowkv_store_count(&c->store, total);
 }
 
+
+/* Reads back the books of the layers queued with the fused ops (one wait
+ * for the device) and tallies them in layer order: stats and the probe
+ * events. At the end of a step (kv_end_step), before the next step's first
+ * layer, and before stats are read. q and out are not needed: the oracle
+ * and the needle watch, which read them, are refused on a device. */
+static int sk_settle(kv_sk *c) {
+    if (!c->pend_n) return 0;
+    const skv_backend *be = c->base.shape.be;
+    if (be->sync) be->sync();
+    int rc = 0, first = c->pend_first, n = c->pend_n;
+    c->pend_n = 0;
+    for (int l = first; l < first + n && !rc; l++) {
+        fused_books(c, l);
+        rc = decode_tally(c, l, NULL, NULL);
+    }
+    return rc;
+}
+
+static int sk_end_step(kv_cache *base) { return sk_settle((kv_sk *)base); }
+
 /* A decode step's layer on a device backend: the same stages queued in
  * order from this thread (the device runs them; the gathers of missed values
  * on its fetch stream beside the key rebuild on its compute stream). The
@@ -888,8 +912,9 @@ static void fused_books(kv_sk *c, sk_layer *L) {
 static int decode_layer_dev(kv_sk *c, int layer, const float *q, float *out) {
     sk_layer *L = &c->L[layer];
     const skv_backend *be = c->base.shape.be;
-    int h = c->h, nh = c->base.shape.n_heads;
+    int h = c->h, nh = c->base.shape.n_heads, rc;
     if (layer == 0) {
+        if ((rc = sk_settle(c))) return rc; /* the last step's, if its end was not called */
         c->steps++;
         c->step_hits = c->step_misses = c->step_fetches = c->step_fetch_bytes = 0;
     }
@@ -920,8 +945,18 @@ static int decode_layer_dev(kv_sk *c, int layer, const float *q, float *out) {
     for (int t = 0; t < h * parts; t++) attend_task(c, L, t, parts, q, out);
     if (parts > 1)
         for (int kh = 0; kh < h; kh++) attend_merge_head(c, kh, parts, out);
-    if (sk_fused(c)) fused_books(c, L);
     c->attn_seconds += skv_now() - w0;
+    if (sk_fused(c)) {
+        /* the layer's books to the host's pinned memory, queued behind its
+         * attention; read at the step's end (sk_settle): no wait here */
+        char *ph = (char *)c->pack_h + c->pack_bytes * (size_t)layer;
+        be->copy2d(ph, c->pack_bytes, (char *)c->pack_d + c->pack_bytes * (size_t)layer, c->pack_bytes,
+                   c->pack_bytes, 1);
+        if (!c->pend_n) c->pend_first = layer;
+        SKV_ASSERT(c->pend_first + c->pend_n == layer);
+        c->pend_n++;
+        return 0;
+    }
     return decode_tally(c, layer, q, out);
 }
 
@@ -1210,8 +1245,9 @@ static int alloc_scratch(kv_sk *c) {
     if (!c->att_po || !c->att_pm || !c->att_pl) return skv_error(SKV_ENOMEM, "out of memory");
     if (sk_fused(c)) {
         c->pack_bytes = sizeof(float) * ((size_t)c->h * nc + 3 * (size_t)c->h * k + (size_t)c->h);
-        c->pack_d = sk_alloc(c, c->pack_bytes);
-        c->pack_h = skv_malloc(c->pack_bytes);
+        size_t nl = (size_t)c->base.shape.n_layers;
+        c->pack_d = sk_alloc(c, c->pack_bytes * nl);
+        c->pack_h = c->base.shape.be->host_alloc(c->pack_bytes * nl);
         c->kp = skv_malloc(sizeof(float *) * (size_t)c->h);
         c->vp = skv_malloc(sizeof(float *) * (size_t)c->h);
         if (!c->pack_d || !c->pack_h || !c->kp || !c->vp)
@@ -1453,6 +1489,9 @@ int kv_shadowkv_stats_get(const kv_cache *base, kv_shadowkv_stats *st) {
     while (base && base->wrapped) base = base->wrapped;
     if (!base || base->cls != &kv_policy_shadowkv)
         return skv_error(SKV_EINVAL, "KV stats: the cache is not a shadowkv cache");
+    /* books still on the device are read first (the cache is the caller's
+     * to change: stats are read between steps) */
+    sk_settle((kv_sk *)(uintptr_t)base);
     const kv_sk *c = (const kv_sk *)base;
     memset(st, 0, sizeof *st);
     st->prefilled = c->prefilled;
@@ -1514,7 +1553,8 @@ static void sk_free(kv_cache *base) {
     fetcher_stop(c);
     free(c->rb_kh); free(c->rb_m);
     sk_release(c, c->pack_d);
-    free(c->pack_h); free(c->kp); free(c->vp);
+    if (c->pack_h) c->base.shape.be->host_free(c->pack_h);
+    free(c->kp); free(c->vp);
     sk_release(c, c->att_po); sk_release(c, c->att_pm); sk_release(c, c->att_pl);
     for (int l = 0; c->L && l < base->shape.n_layers; l++) {
         sk_layer *L = &c->L[l];
@@ -1678,6 +1718,7 @@ const kv_class kv_policy_shadowkv = {
     .stats = sk_stats,
     .kept = sk_kept,
     .free = sk_free,
+    .end_step = sk_end_step,
     .floor = sk_floor,
 };
 
