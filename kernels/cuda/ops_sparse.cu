@@ -203,37 +203,50 @@ __device__ float block_reduce(float v, int is_max) {
     return r;
 }
 
-/* Block g: P_g[j] = Σ_i softmax_j(q_{i,g}·lm_j·scale). */
-__global__ void k_score_head(const float *q, int nq, size_t q_stride, int d, const float *lm, int n_lm, float scale,
-                             float *P) {
-    int g = blockIdx.x;
-    float *Pg = P + (size_t)g * n_lm;
-    for (int j = threadIdx.x; j < n_lm; j += blockDim.x) Pg[j] = 0.0f;
-    for (int i = 0; i < nq; i++) {
-        const float *qi = q + (size_t)i * q_stride + (size_t)g * d;
-        float mx = -INFINITY;
-        for (int j = threadIdx.x; j < n_lm; j += blockDim.x) {
-            float z = 0.0f;
-            for (int e = 0; e < d; e++) z += qi[e] * lm[(size_t)j * d + e];
-            z *= scale;
-            mx = z > mx ? z : mx;
-        }
-        mx = block_reduce(mx, 1);
-        float sum = 0.0f;
-        for (int j = threadIdx.x; j < n_lm; j += blockDim.x) {
-            float z = 0.0f;
-            for (int e = 0; e < d; e++) z += qi[e] * lm[(size_t)j * d + e];
-            sum += expf(z * scale - mx);
-        }
-        sum = block_reduce(sum, 0);
-        float inv = 1.0f / sum;
-        for (int j = threadIdx.x; j < n_lm; j += blockDim.x) {
-            float z = 0.0f;
-            for (int e = 0; e < d; e++) z += qi[e] * lm[(size_t)j * d + e];
-            Pg[j] += expf(z * scale - mx) * inv;
-        }
-        __syncthreads();
+/* Landmark scores with the whole GPU (the old form, a block per query head
+ * recomputing every dot product thrice, ran on 4 SMs at the 8B shape):
+ * - k_score_logits: a warp per landmark, its lanes along the dimensions, the
+ *   G heads' dot products at once: L (G, n_lm) = q_g·lm_j·scale, n_lm/8 blocks;
+ * - k_score_stats: a block per head, its max and Σ exp over the landmarks;
+ * - k_score_accum: P (G, n_lm) += the softmax, for each of the nq positions;
+ * - k_score_max: score_j = max over the group of P. */
+__global__ void k_score_logits(const float *q, int G, int d, const float *lm, int n_lm, float scale, float *L) {
+    int warp = (blockIdx.x * blockDim.x + threadIdx.x) / 32, lane = threadIdx.x % 32;
+    if (warp >= n_lm) return;
+    const float *l = lm + (size_t)warp * d;
+    float acc[8];
+    for (int g = 0; g < 8; g++) acc[g] = 0.0f;
+    for (int e = lane; e < d; e += 32) {
+        float v = l[e];
+        for (int g = 0; g < G && g < 8; g++) acc[g] += q[(size_t)g * d + e] * v;
     }
+    for (int g = 0; g < G && g < 8; g++) {
+        float v = acc[g];
+        for (int o = 16; o; o >>= 1) v += __shfl_xor_sync(0xffffffffu, v, o);
+        if (lane == 0) L[(size_t)g * n_lm + warp] = v * scale;
+    }
+}
+
+__global__ void k_score_stats(const float *L, int n_lm, float *m, float *s) {
+    const float *Lg = L + (size_t)blockIdx.x * n_lm;
+    float mx = -INFINITY;
+    for (int j = threadIdx.x; j < n_lm; j += blockDim.x) mx = Lg[j] > mx ? Lg[j] : mx;
+    mx = block_reduce(mx, 1);
+    float sum = 0.0f;
+    for (int j = threadIdx.x; j < n_lm; j += blockDim.x) sum += expf(Lg[j] - mx);
+    sum = block_reduce(sum, 0);
+    if (threadIdx.x == 0) {
+        m[blockIdx.x] = mx;
+        s[blockIdx.x] = sum;
+    }
+}
+
+__global__ void k_score_accum(const float *L, int G, int n_lm, const float *m, const float *s, int first, float *P) {
+    size_t i = blockIdx.x * (size_t)blockDim.x + threadIdx.x;
+    if (i >= (size_t)G * n_lm) return;
+    int g = (int)(i / n_lm);
+    float p = expf(L[i] - m[g]) * (1.0f / s[g]);
+    P[i] = first ? p : P[i] + p;
 }
 
 __global__ void k_score_max(const float *P, int group, int n_lm, float *score) {
@@ -247,15 +260,25 @@ __global__ void k_score_max(const float *P, int group, int n_lm, float *score) {
 void cu_score(const float *q, int nq, size_t q_stride, int group, int d, const float *lm, int n_lm, float scale,
               float *tmp, float *score) {
     (void)tmp;
-    if (n_lm <= 0) return;
+    if (n_lm <= 0 || nq <= 0) return;
+    SKV_ASSERT(group >= 1 && group <= 8);
     cudaStream_t st = cuda_after_fetch();
     cuda_span_mark sp = cuda_span_begin(0);
-    float *P = (float *)cuda_scratch(sizeof(float) * (size_t)group * n_lm);
-    k_score_head<<<group, 256, 0, st>>>(q, nq, q_stride, d, lm, n_lm, scale, P);
-    CKL();
+    size_t gn = (size_t)group * n_lm;
+    float *L = (float *)cuda_scratch(sizeof(float) * (2 * gn + 2 * (size_t)group));
+    float *P = L + gn, *m = P + gn, *s = m + group;
+    for (int i = 0; i < nq; i++) {
+        k_score_logits<<<cuda_blocks((size_t)n_lm * 32, 256), 256, 0, st>>>(q + (size_t)i * q_stride, group, d, lm,
+                                                                           n_lm, scale, L);
+        CKL();
+        k_score_stats<<<group, 256, 0, st>>>(L, n_lm, m, s);
+        CKL();
+        k_score_accum<<<cuda_blocks(gn, 256), 256, 0, st>>>(L, group, n_lm, m, s, i == 0, P);
+        CKL();
+    }
     k_score_max<<<cuda_blocks((size_t)n_lm, 256), 256, 0, st>>>(P, group, n_lm, score);
     CKL();
-    cuda_scratch_free(P);
+    cuda_scratch_free(L);
     cuda_span_end(sp, 0, "score");
 }
 

@@ -385,6 +385,20 @@ static void t_sparse(void) {
         cu->score(dq, 1, (size_t)group * d, group, d, dlm, nch, 0.0884f, dtmp, dsc);
         g = back(dsc, nch);
         cmp("score (softmax per head, GQA max)", g, sc, nch, 1e-5);
+        free(g);
+        { /* three positions summed (the q rows a stride apart), a group of 7 */
+            int nq = 3, G7 = 7;
+            size_t qs = (size_t)G7 * d + 16;
+            float *q3 = rnd(qs * nq), *sc3 = malloc(sizeof(float) * nch), *t3 = malloc(sizeof(float) * 2 * G7 * nch);
+            float *dq3 = dev(q3, sizeof(float) * qs * nq), *ds3 = dev(NULL, sizeof(float) * nch);
+            cpu->score(q3, nq, qs, G7, d, lm, nch, 0.0884f, t3, sc3);
+            cu->score(dq3, nq, qs, G7, d, dlm, nch, 0.0884f, NULL, ds3);
+            float *g3 = back(ds3, nch);
+            cmp("score (3 positions, a group of 7)", g3, sc3, nch, 1e-5);
+            cu->free(dq3); cu->free(ds3);
+            free(q3); free(sc3); free(t3); free(g3);
+        }
+        g = back(dsc, nch);
         /* topk on the CPU's scores (so the order is the same input), with ties and a NaN */
         sc[5] = sc[9] = sc[100];
         sc[200] = NAN;
