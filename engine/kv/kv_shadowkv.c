@@ -144,6 +144,7 @@ typedef struct {
     void *pack_h;          /* the same in host_alloc's (pinned) memory, copied without a wait */
     size_t pack_bytes;     /* one layer's */
     int pend_first, pend_n; /* layers of the step whose books are queued, not yet read (sk_settle) */
+    int pend_step;         /* that step's number, for its events */
     float **kp, **vp;
     int att_parts;         /* the most parts a KV head's attention rows split into (about two tasks a thread) */
     float *att_po;         /* (h*att_parts, group, d) partial results of the attention tasks, */
@@ -894,12 +895,14 @@ static int sk_settle(kv_sk *c) {
     if (!c->pend_n) return 0;
     const skv_backend *be = c->base.shape.be;
     if (be->sync) be->sync();
-    int rc = 0, first = c->pend_first, n = c->pend_n;
+    int rc = 0, first = c->pend_first, n = c->pend_n, step = c->base.step;
     c->pend_n = 0;
+    c->base.step = c->pend_step; /* settled late (the next step began): the events keep their own step */
     for (int l = first; l < first + n && !rc; l++) {
         fused_books(c, l);
         rc = decode_tally(c, l, NULL, NULL);
     }
+    c->base.step = step;
     return rc;
 }
 
@@ -952,7 +955,10 @@ static int decode_layer_dev(kv_sk *c, int layer, const float *q, float *out) {
         char *ph = (char *)c->pack_h + c->pack_bytes * (size_t)layer;
         be->copy2d(ph, c->pack_bytes, (char *)c->pack_d + c->pack_bytes * (size_t)layer, c->pack_bytes,
                    c->pack_bytes, 1);
-        if (!c->pend_n) c->pend_first = layer;
+        if (!c->pend_n) {
+            c->pend_first = layer;
+            c->pend_step = c->base.step;
+        }
         SKV_ASSERT(c->pend_first + c->pend_n == layer);
         c->pend_n++;
         return 0;
