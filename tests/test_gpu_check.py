@@ -119,7 +119,7 @@ try:
               len(batch) == 2 and len(fit) == 2, "\n".join(lines))
 
         out2 = os.path.join(tmp, "out-hang")
-        budget = 25
+        budget = 15
         p, secs = run_check(pk, out2, budget, SKV_GPU_CHECK_HANG="synth-small")
         rows = summary(out2) if os.path.exists(os.path.join(out2, "summary.txt")) else {}
         check("gpu-check: a hung step is cut by its timeout, the later ones are skipped, and the run ends in its "
