@@ -107,9 +107,12 @@ try:
               same_keys and len(keys(oa)) == STEPS * 4 * 2 and
               all(worst[f] <= 2e-5 for f in ("recall", "overlap", "out_err", "mass_kept")) and
               all(worst[f] == 0 for f in ("n_kept", "n_gen", "ctx", "unit")), worst or (len(keys(oa)), len(keys(ob))))
-        check("PyTorch %s: the steps feed the same tokens and agree with dense as skv's do" % pol,
+        books = all(a["step"][f].tolist() == b["step"][f].tolist() for f in ("n_fetch", "fetch_bytes", "hit_rate"))
+        check("PyTorch %s: the steps feed the same tokens, agree with dense, and fetch and hit what skv's do "
+              "(misses a step: %s)" % (pol, b["step"]["n_fetch"].tolist()),
               a["step"]["token"].tolist() == b["step"]["token"].tolist() and
-              b["step"]["has_oracle"].tolist() == [1] * STEPS, (a["step"]["token"], b["step"]["token"]))
+              b["step"]["has_oracle"].tolist() == [1] * STEPS and books,
+              (a["step"]["token"], b["step"]["token"], a["step"]["n_fetch"], b["step"]["n_fetch"]))
 
     # ---- the views draw from the Python traces
     want = {"quest": ["selection", "cache", "timeline", "tokens", "compare", "bounds"],

@@ -492,7 +492,7 @@ class Recorder:
         self.w.write("step", step=self.step, token=self._token, seconds=time.perf_counter() - self._t_step,
                      kv_resident=int(kv_resident), kv_offloaded=int(kv_offloaded), hit_rate=float(hit_rate),
                      has_oracle=int(top1_agree is not None), top1_agree=int(bool(top1_agree)),
-                     n_fetch=sum(1 for s in self._sel.values() if s["misses"]), fetch_bytes=self._fetch,
+                     n_fetch=miss, fetch_bytes=self._fetch,
                      kv_stats=kv_stats)
         self.in_step = False
 
