@@ -55,6 +55,20 @@ cudaStream_t cuda_after_fetch(void) {
     return c->compute;
 }
 
+cudaStream_t cuda_fetch_begin(void) {
+    cuda_ctx *c = cuda_get();
+    if (!c->compute_done) CK(cudaEventCreateWithFlags(&c->compute_done, cudaEventDisableTiming));
+    CK(cudaEventRecord(c->compute_done, c->compute));
+    CK(cudaStreamWaitEvent(c->fetch, c->compute_done, 0));
+    return c->fetch;
+}
+
+void cuda_fetch_end(void) {
+    cuda_ctx *c = cuda_get();
+    CK(cudaEventRecord(c->fetched, c->fetch));
+    c->fetch_pending = 1;
+}
+
 void *cuda_scratch(size_t bytes) {
     void *p = NULL;
     CK(cudaMallocAsync(&p, bytes ? bytes : 16, cuda_get()->compute));

@@ -37,6 +37,7 @@ typedef struct {
     int ready;
     cudaStream_t compute, fetch;
     cudaEvent_t fetched;          /* recorded after each gather on the fetch stream */
+    cudaEvent_t compute_done;     /* recorded on the compute stream when a gather is forked (cuda_fetch_begin) */
     int fetch_pending;            /* a gather was queued since the compute stream last waited */
     cublasHandle_t blas;
     cusolverDnHandle_t solver;
@@ -48,6 +49,13 @@ cuda_ctx *cuda_get(void);
 
 /* The compute stream, after making it wait for a queued gather. */
 cudaStream_t cuda_after_fetch(void);
+
+/* A gather's fork and join: the fetch stream after what the compute stream
+ * has queued (the selection it reads, the attention still reading the rows
+ * it overwrites), returned; then the event the attention ops wait for
+ * (cuda_after_fetch). */
+cudaStream_t cuda_fetch_begin(void);
+void cuda_fetch_end(void);
 
 /* Stream-ordered scratch on the compute stream: freed with cuda_scratch_free
  * once the work that uses it is queued. */

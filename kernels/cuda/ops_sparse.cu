@@ -333,38 +333,33 @@ __global__ void k_gather(const float *src, int rows, int cols, const int *src_id
 void cu_gather(const float *src, int rows, int cols, const int *src_idx, int n, float *dst, const size_t *dst_off,
                int dst_stride) {
     if (n <= 0) return;
-    cuda_ctx *c = cuda_get();
     const float *dsrc = NULL;
     CK(cudaHostGetDevicePointer((void **)&dsrc, (void *)src, 0));
     int *d_idx = NULL;
     size_t *d_off = NULL;
-    CK(cudaMallocAsync((void **)&d_idx, sizeof(int) * n, c->fetch));
-    CK(cudaMallocAsync((void **)&d_off, sizeof(size_t) * n, c->fetch));
-    CK(cudaMemcpyAsync(d_idx, src_idx, sizeof(int) * n, cudaMemcpyHostToDevice, c->fetch));
-    CK(cudaMemcpyAsync(d_off, dst_off, sizeof(size_t) * n, cudaMemcpyHostToDevice, c->fetch));
     /* the destination rows may still be read by queued attention */
-    cudaEvent_t ev;
-    CK(cudaEventCreateWithFlags(&ev, cudaEventDisableTiming));
-    CK(cudaEventRecord(ev, c->compute));
-    CK(cudaStreamWaitEvent(c->fetch, ev, 0));
-    CK(cudaEventDestroy(ev));
+    cudaStream_t fs = cuda_fetch_begin();
+    CK(cudaMallocAsync((void **)&d_idx, sizeof(int) * n, fs));
+    CK(cudaMallocAsync((void **)&d_off, sizeof(size_t) * n, fs));
+    CK(cudaMemcpyAsync(d_idx, src_idx, sizeof(int) * n, cudaMemcpyHostToDevice, fs));
+    CK(cudaMemcpyAsync(d_off, dst_off, sizeof(size_t) * n, cudaMemcpyHostToDevice, fs));
     cuda_span_mark sp = cuda_span_begin(1);
-    k_gather<<<cuda_blocks((size_t)n * 32, 256), 256, 0, c->fetch>>>(dsrc, rows, cols, d_idx, n, dst, d_off,
+    k_gather<<<cuda_blocks((size_t)n * 32, 256), 256, 0, fs>>>(dsrc, rows, cols, d_idx, n, dst, d_off,
                                                                      dst_stride);
     CKL();
-    CK(cudaFreeAsync(d_idx, c->fetch));
-    CK(cudaFreeAsync(d_off, c->fetch));
-    CK(cudaEventRecord(c->fetched, c->fetch));
-    c->fetch_pending = 1;
+    CK(cudaFreeAsync(d_idx, fs));
+    CK(cudaFreeAsync(d_off, fs));
+    cuda_fetch_end();
     cuda_span_end(sp, 1, "fetch_v");
 }
 
 /* ---- key rebuild fused with RoPE: a block per row ---- */
 
-__global__ void k_rebuild(const float *U, int r, const float *svt, int d, int t0, int rope_dim, int mode,
-                          const float *inv_freq, const float *cs, const float *sn, float *out) {
-    extern __shared__ float row[];
-    int i = blockIdx.x, t = t0 + i;
+/* Key row t rebuilt by the block into out (d): U[t]·svt into the shared row,
+ * RoPE at t (tables cs/sn, or inv_freq), written out. The one row of both
+ * rebuild kernels. */
+__device__ void rebuild_row_dev(const float *U, int r, const float *svt, int d, int t, int rope_dim, int mode,
+                                const float *inv_freq, const float *cs, const float *sn, float *row, float *out) {
     const float *u = U + (size_t)t * r;
     for (int e = threadIdx.x; e < d; e += blockDim.x) {
         float s = 0.0f;
@@ -386,7 +381,15 @@ __global__ void k_rebuild(const float *U, int r, const float *svt, int d, int t0
         km_rotate(&row[a], &row[b], c, s);
     }
     __syncthreads();
-    for (int e = threadIdx.x; e < d; e += blockDim.x) out[(size_t)i * d + e] = row[e];
+    for (int e = threadIdx.x; e < d; e += blockDim.x) out[e] = row[e];
+    __syncthreads();
+}
+
+__global__ void k_rebuild(const float *U, int r, const float *svt, int d, int t0, int rope_dim, int mode,
+                          const float *inv_freq, const float *cs, const float *sn, float *out) {
+    extern __shared__ float row[];
+    int i = blockIdx.x;
+    rebuild_row_dev(U, r, svt, d, t0 + i, rope_dim, mode, inv_freq, cs, sn, row, out + (size_t)i * d);
 }
 
 void cu_rebuild(const float *U, int r, const float *svt, int d, int t0, int n, const rope_ctx *rope, const float *cs,
@@ -462,24 +465,17 @@ __global__ void k_gather_misses(const float *store, int c, int d, int h0, int n,
 
 void cu_sk_gather_misses(const float *store, int c, int d, int h, int k, int n_cand, size_t blk0, const int *sel,
                          const int *slot_of, const int *miss, const int *n_miss, float *const *V, int row_slot) {
-    cuda_ctx *cx = cuda_get();
     const float *dsrc = NULL;
     CK(cudaHostGetDevicePointer((void **)&dsrc, (void *)store, 0));
-    /* after the books (and the attention still reading these rows) on the compute stream */
-    cudaEvent_t ev;
-    CK(cudaEventCreateWithFlags(&ev, cudaEventDisableTiming));
-    CK(cudaEventRecord(ev, cx->compute));
-    CK(cudaStreamWaitEvent(cx->fetch, ev, 0));
-    CK(cudaEventDestroy(ev));
+    cudaStream_t fs = cuda_fetch_begin(); /* after the books, and the attention still reading these rows */
     cuda_span_mark sp = cuda_span_begin(1);
     for (int h0 = 0; h0 < h; h0 += SK_PTRS) {
         int n = h - h0 < SK_PTRS ? h - h0 : SK_PTRS;
-        k_gather_misses<<<16, 256, 0, cx->fetch>>>(dsrc, c, d, h0, n, k, n_cand, blk0, sel, slot_of, miss, n_miss,
+        k_gather_misses<<<16, 256, 0, fs>>>(dsrc, c, d, h0, n, k, n_cand, blk0, sel, slot_of, miss, n_miss,
                                                     ptrs_from(V, h0, n), row_slot);
         CKL();
     }
-    CK(cudaEventRecord(cx->fetched, cx->fetch));
-    cx->fetch_pending = 1;
+    cuda_fetch_end();
     cuda_span_end(sp, 1, "fetch_v");
 }
 
@@ -495,32 +491,8 @@ __global__ void k_rebuild_misses(const float *U, int r, const float *SVt, int d,
     int t0 = cand[(size_t)kh * n_cand + sel[(size_t)kh * k + i]] * c;
     const float *svt = SVt + (size_t)kh * r * d;
     float *out = K.p[j] + (size_t)(row_slot + slot_of[(size_t)kh * k + i] * c) * d;
-    int half = rope_dim / 2;
-    for (int tt = 0; tt < c; tt++) {
-        int t = t0 + tt;
-        const float *u = U + (size_t)t * r;
-        for (int e = threadIdx.x; e < d; e += blockDim.x) {
-            float s = 0.0f;
-            for (int j = 0; j < r; j++) s += u[j] * svt[(size_t)j * d + e];
-            row[e] = s;
-        }
-        __syncthreads();
-        for (int p = threadIdx.x; p < half; p += blockDim.x) {
-            float co, si;
-            if (cs) {
-                co = cs[(size_t)t * half + p];
-                si = sn[(size_t)t * half + p];
-            } else {
-                km_rope_cs(inv_freq[p], t, &co, &si);
-            }
-            int a, b;
-            km_rope_pair_index(mode, p, rope_dim, &a, &b);
-            km_rotate(&row[a], &row[b], co, si);
-        }
-        __syncthreads();
-        for (int e = threadIdx.x; e < d; e += blockDim.x) out[(size_t)tt * d + e] = row[e];
-        __syncthreads();
-    }
+    for (int tt = 0; tt < c; tt++)
+        rebuild_row_dev(U, r, svt, d, t0 + tt, rope_dim, mode, inv_freq, cs, sn, row, out + (size_t)tt * d);
 }
 
 void cu_sk_rebuild_misses(const float *U, int r, const float *SVt, int d, int c, int h, int k, int n_cand,
