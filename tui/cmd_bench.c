@@ -190,66 +190,72 @@ static int bench_parallel(cli_gen *g, skv_model *m, const int32_t *ids, int np, 
         }
         session_free(one);
         one = NULL;
+        /* The largest batch that fits, and the pool that bounds it: on a
+         * device its memory (resident KV, activations) and the host's (the
+         * offloaded values); on the CPU the memory beside the weights and
+         * the source, and with the file tier the disk (each fork's values
+         * in a file of their own beside --offload-file's path). */
+        int pool = 0, fit = 4096;
+        const char *bound;
+        if (be->mem_info) {
+            fit = batch_fit(per_dev, dev_avail, per_host, host_avail, &pool);
+            bound = pool ? "host" : "device";
+        } else {
+            if (avail > 0)
+                fit = batch_fit(per, avail - fixed, off_seq, off_seq > 0 ? disk_free(g->s.kv.offload_file) * 0.8 : 0,
+                                &pool);
+            bound = pool ? "disk" : "memory";
+        }
         for (int k = 0; k < n_bs && !rc; k++) {
             int B = bs[k];
-            int pool = 0, dev_fit = be->mem_info ? batch_fit(per_dev, dev_avail, per_host, host_avail, &pool) : 0;
-            if (be->mem_info && (B == NP_MAX || B == NP_FIT)) {
-                B = dev_fit;
-                if (B < 1) {
+            if (B == NP_MAX || B == NP_FIT) {
+                B = fit;
+                if (B < 1 && be->mem_info) {
                     rc = skv_error(SKV_ENOMEM, "%s: not even one sequence of %d + %d tokens fits on %s: it needs %.2f "
                                    "GiB of device memory (%.2f GiB free) and %.2f GiB of host memory (%.2f GiB)",
                                    ko.policy, np, g->n_predict, be->name, per_dev / 1073741824.0,
                                    dev_avail / 1073741824.0, per_host / 1073741824.0, host_avail / 1073741824.0);
                     break;
                 }
-                printf("kv=%s max_parallel=%d per_seq_bytes=%.0f mem_bytes=%.0f file_bytes_seq=0 bound=%s "
-                       "device_bytes_seq=%.0f device_free_bytes=%.0f host_bytes_seq=%.0f host_free_bytes=%.0f\n",
-                       ko.policy, B, per_dev + per_host, dev_avail + host_avail, pool ? "host" : "device", per_dev,
-                       dev_avail, per_host, host_avail);
-                fflush(stdout);
-                if (bs[k] == NP_FIT) continue;
-            } else if (be->mem_info && B > dev_fit) {
-                if (n_bs > 1) { /* one size of a list: said, skipped */
-                    printf("kv=%s parallel=%d over_memory=1 need_bytes=%.0f mem_bytes=%.0f bound=%s\n", ko.policy, B,
-                           (per_dev + per_host) * B, dev_avail + host_avail, pool ? "host" : "device");
-                    fflush(stdout);
-                    continue;
-                }
-                rc = skv_error(SKV_ENOMEM, "%s: %d sequences of %d + %d tokens do not fit on %s: %.3f GiB of device "
-                               "memory each (%.2f GiB free) and %.3f GiB of host memory each (%.2f GiB); at most %d",
-                               ko.policy, B, np, g->n_predict, be->name, per_dev / 1073741824.0,
-                               dev_avail / 1073741824.0, per_host / 1073741824.0, host_avail / 1073741824.0, dev_fit);
-                break;
-            } else if (be->mem_info) {
-                /* fits both pools: run it */
-            } else if (B == NP_MAX || B == NP_FIT) {
-                B = per > 0 ? (int)floor((avail - fixed) / per) : 0;
-                const char *bound = "memory";
-                if (off_seq > 0) { /* the file tier: each fork's values in a file beside --offload-file's path */
-                    double disk = disk_free(g->s.kv.offload_file) * 0.8;
-                    if (disk / off_seq < B) { B = (int)floor(disk / off_seq); bound = "disk"; }
-                }
-                if (B > 4096) B = 4096;
                 if (B < 1) {
                     rc = skv_error(SKV_ENOMEM, "%s: not even one sequence of %d + %d tokens fits: it needs %.2f GiB "
                                    "beside %.2f GiB of weights and the prompt's source, over %.2f GiB", ko.policy, np,
                                    g->n_predict, per / 1073741824.0, fixed / 1073741824.0, avail / 1073741824.0);
                     break;
                 }
-                printf("kv=%s max_parallel=%d per_seq_bytes=%.0f mem_bytes=%.0f file_bytes_seq=%.0f bound=%s\n",
-                       ko.policy, B, per, avail, off_seq, bound);
+                if (be->mem_info)
+                    printf("kv=%s max_parallel=%d per_seq_bytes=%.0f mem_bytes=%.0f file_bytes_seq=0 bound=%s "
+                           "device_bytes_seq=%.0f device_free_bytes=%.0f host_bytes_seq=%.0f host_free_bytes=%.0f\n",
+                           ko.policy, B, per_dev + per_host, dev_avail + host_avail, bound, per_dev, dev_avail,
+                           per_host, host_avail);
+                else
+                    printf("kv=%s max_parallel=%d per_seq_bytes=%.0f mem_bytes=%.0f file_bytes_seq=%.0f bound=%s\n",
+                           ko.policy, B, per, avail, off_seq, bound);
                 fflush(stdout);
                 if (bs[k] == NP_FIT) continue;
-            } else if (avail > 0 && fixed + per * B > avail && n_bs > 1) { /* one size of a list: said, skipped */
-                printf("kv=%s parallel=%d over_memory=1 need_bytes=%.0f mem_bytes=%.0f\n", ko.policy, B,
-                       fixed + per * B, avail);
-                fflush(stdout);
-                continue;
-            } else if (avail > 0 && fixed + per * B > avail) {
-                rc = skv_error(SKV_ENOMEM, "%s: %d sequences of %d + %d tokens need %.2f GiB (%.3f GiB each beside "
-                               "%.2f GiB of weights and the prompt's source), over the %.2f GiB %s", ko.policy, B, np,
-                               g->n_predict, (fixed + per * B) / 1073741824.0, per / 1073741824.0,
-                               fixed / 1073741824.0, avail / 1073741824.0, mem_given ? "of --mem" : "available");
+            } else if (B > fit) {
+                double need = be->mem_info ? (per_dev + per_host) * B : fixed + per * B;
+                double have = be->mem_info ? dev_avail + host_avail : avail;
+                if (n_bs > 1) { /* one size of a list: said, skipped */
+                    printf("kv=%s parallel=%d over_memory=1 need_bytes=%.0f mem_bytes=%.0f bound=%s\n", ko.policy, B,
+                           need, have, bound);
+                    fflush(stdout);
+                    continue;
+                }
+                if (be->mem_info)
+                    rc = skv_error(SKV_ENOMEM, "%s: %d sequences of %d + %d tokens do not fit on %s: %.3f GiB of "
+                                   "device memory each (%.2f GiB free) and %.3f GiB of host memory each (%.2f GiB); "
+                                   "at most %d", ko.policy, B, np, g->n_predict, be->name, per_dev / 1073741824.0,
+                                   dev_avail / 1073741824.0, per_host / 1073741824.0, host_avail / 1073741824.0, fit);
+                else if (pool)
+                    rc = skv_error(SKV_ENOMEM, "%s: %d sequences of %d + %d tokens need %.2f GiB of disk for their "
+                                   "values (%.3f GiB each), over four fifths of the free disk; at most %d", ko.policy,
+                                   B, np, g->n_predict, off_seq * B / 1073741824.0, off_seq / 1073741824.0, fit);
+                else
+                    rc = skv_error(SKV_ENOMEM, "%s: %d sequences of %d + %d tokens need %.2f GiB (%.3f GiB each beside "
+                                   "%.2f GiB of weights and the prompt's source), over the %.2f GiB %s", ko.policy, B,
+                                   np, g->n_predict, need / 1073741824.0, per / 1073741824.0, fixed / 1073741824.0,
+                                   avail / 1073741824.0, mem_given ? "of --mem" : "available");
                 break;
             }
             free(tok);
