@@ -64,6 +64,8 @@ class Quest:
                 order = torch.sort(U, descending=True, stable=True).indices[:self.k]
                 pages.append(order)
                 scores.append(U[order])
+                if j == 0:
+                    U0 = U  # the group's first query head's bounds, for the bound gap below
                 rows = torch.cat([(order[:, None] * self.page + torch.arange(self.page)).reshape(-1), cur])
                 s = (K[rows, kh] @ qh) / math.sqrt(d)
                 out[hq] = s.softmax(-1) @ V[rows, kh]
@@ -71,10 +73,8 @@ class Quest:
                 rec.select(layer, kh, pages=pages, page_size=self.page, scores=scores, also=cur)
                 # the bound gap of the group's first query head (skv's page_bound and page_max):
                 # each page's bound U and true max q.k, and where the best page ranks under U
-                q0 = q[kh * g]
-                U = torch.maximum(q0 * mn[:last, kh], q0 * mx[:last, kh]).sum(-1)
-                true = (K[:last * self.page, kh] @ q0).view(last, self.page).amax(1)
+                true = (K[:last * self.page, kh] @ q[kh * g]).view(last, self.page).amax(1)
                 best = int(torch.sort(true, descending=True, stable=True).indices[0])
-                rec.metric("page_bound", float((U > U[best]).sum()), layer, kh, U)
+                rec.metric("page_bound", float((U0 > U0[best]).sum()), layer, kh, U0)
                 rec.metric("page_max", float(best), layer, kh, true)
         return out

@@ -51,17 +51,12 @@ import time
 
 import numpy as np
 
-from .writer import TraceValueError, TraceWriter
+from .writer import TraceValueError, TraceWriter, host_array
 
 
 def _np(x, what, dtype=np.float32):
-    """x (a torch tensor or an array) as a numpy array on the CPU."""
-    if hasattr(x, "detach"):
-        x = x.detach()
-        if getattr(x, "dtype", None) is not None and str(x.dtype) in ("torch.bfloat16", "torch.float16"):
-            x = x.float()
-        x = x.cpu().numpy()
-    a = np.asarray(x)
+    """x (a torch tensor or an array) as a float numpy array on the CPU."""
+    a = host_array(x)
     if dtype is not None:
         if a.dtype.kind not in "f":
             raise TraceValueError("%s: expected floats, got dtype %s" % (what, a.dtype))
@@ -236,14 +231,14 @@ class Recorder:
         if sum(given) != 1:
             raise TraceValueError("%s: give one of indices, mask or pages" % what)
         if mask is not None:
-            m = np.asarray(mask.detach().cpu().numpy() if hasattr(mask, "detach") else mask)
+            m = host_array(mask)
             if m.dtype != np.bool_:
                 raise TraceValueError("%s: mask must be boolean, got dtype %s" % (what, m.dtype))
             _shape(m, (T,), what + " mask")
             pos = np.nonzero(m)[0]
             return pos, pos
         src = indices if indices is not None else pages
-        a = np.asarray(src.detach().cpu().numpy() if hasattr(src, "detach") else src)
+        a = host_array(src)
         if a.size and a.dtype.kind not in "iu":
             raise TraceValueError("%s: %s must be integers, got dtype %s" % (what, "indices" if indices is not None
                                                                             else "pages", a.dtype))
@@ -287,9 +282,9 @@ class Recorder:
             heads.append(self._positions(T, page_size=page_size, what=what, **kw))
         extra = np.zeros(0, np.int64)
         if also is not None:
-            extra, _ = self._positions(T, **({"mask": also} if np.asarray(
-                also.detach().cpu().numpy() if hasattr(also, "detach") else also).dtype == np.bool_ else
-                {"indices": also}), what=what + " also")
+            also = host_array(also)
+            extra, _ = self._positions(T, **({"mask": also} if also.dtype == np.bool_ else {"indices": also}),
+                                       what=what + " also")
         block = page_size if pages is not None else 1
         # the event: the union of the chosen blocks (first seen first), each with its best score
         order, best = [], {}

@@ -139,14 +139,24 @@ def _float(kind, fname, v, f32):
     return struct.pack("<d", d)
 
 
+def host_array(x):
+    """x as a numpy array in host memory: a torch tensor on any device
+    (bfloat16 and float16 widened to float32; torch is not imported), or
+    anything numpy takes."""
+    if hasattr(x, "detach"):
+        x = x.detach()
+        if str(getattr(x, "dtype", "")) in ("torch.bfloat16", "torch.float16"):
+            x = x.float()
+        x = x.cpu().numpy()
+    return np.asarray(x)
+
+
 def _array(kind, fname, v, ftype):
     """A 1-D array field as little-endian bytes and its length."""
     if isinstance(v, (str, bytes)) or v is None:
         raise TraceValueError("%s.%s: expected a 1-D array of %s, got %s" % (
             kind, fname, "integers" if ftype == "i32s" else "numbers", _show(v)))
-    if hasattr(v, "detach"):  # a torch tensor, without importing torch
-        v = v.detach().cpu().numpy()
-    a = np.asarray(v)
+    a = host_array(v)
     if a.ndim != 1:
         if a.size == 0:
             a = a.reshape(0)
