@@ -159,14 +159,20 @@ done:
  * a key rebuild of the same layer ran beside it. */
 typedef struct tl_fetch { double bytes, seconds, beside; } tl_fetch;
 
+/* The value bytes layer fetched at step (every KV head's decode-head events). */
+static double layer_fetch_bytes(const probe_store *st, int step, int layer) {
+    double bytes = 0;
+    for (int h = 0; step >= 0 && h < probe_store_n_kv_heads(st); h++) {
+        const probe_ev_decode_head *d = probe_store_decode(st, step, layer, h);
+        if (d) bytes += (double)d->fetch_bytes;
+    }
+    return bytes;
+}
+
 static tl_fetch fetch_summary(const probe_store *st, int step, const probe_ev_span *sp, int n) {
     tl_fetch f = { 0, 0, 0 };
     if (step < 0) return f;
-    for (int l = 0; l < probe_store_n_layers(st); l++)
-        for (int h = 0; h < probe_store_n_kv_heads(st); h++) {
-            const probe_ev_decode_head *d = probe_store_decode(st, step, l, h);
-            if (d) f.bytes += (double)d->fetch_bytes;
-        }
+    for (int l = 0; l < probe_store_n_layers(st); l++) f.bytes += layer_fetch_bytes(st, step, l);
     for (int i = 0; i < n; i++) {
         if (sp[i].stream != PROBE_STREAM_FETCH || !sp[i].op || strcmp(sp[i].op, "fetch_v")) continue;
         f.seconds += sp[i].t1 - sp[i].t0;
@@ -196,13 +202,9 @@ static int timed_with_oracle(const probe_store *st, int step) {
 typedef struct tl_bar { paint_bar b; int layer; } tl_bar;
 
 /* The rate of a value-fetch bar: its layer's bytes fetched at the step
- * (every KV head's decode-head events) over the bar's time; 0 unknown. */
+ * over the bar's time; 0 unknown. */
 static double fetch_gbs(const probe_store *st, int step, const tl_bar *b) {
-    double bytes = 0, secs = (b->b.t1 - b->b.t0) * 1e-3;
-    for (int h = 0; step >= 0 && h < probe_store_n_kv_heads(st); h++) {
-        const probe_ev_decode_head *d = probe_store_decode(st, step, b->layer, h);
-        if (d) bytes += (double)d->fetch_bytes;
-    }
+    double bytes = layer_fetch_bytes(st, step, b->layer), secs = (b->b.t1 - b->b.t0) * 1e-3;
     return bytes > 0 && secs > 0 ? bytes / secs / 1e9 : 0;
 }
 

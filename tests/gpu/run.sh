@@ -153,18 +153,23 @@ else
     FAILS=$((FAILS + 1))
 fi
 
-# bench CTX CAP: dense and ShadowKV from one prefill at CTX tokens; the
-# prefill's seconds go to PRE_CTX for the 122K estimate
-bench() {
-    ctx=$1 cap=$2
-    [ -f "$BIG" ] || { note "bench-$ctx" "skipped: no model" 0; return 1; }
+# bench_step NAME CAP MODEL CTX ARGS...: skv bench of MODEL at CTX prompt
+# tokens as step NAME; its lines straight into bench.txt (a line a policy, as
+# each ends), then into the summary; the rest of its output into the log
+bench_step() {
+    bname=$1 bcap=$2 bmodel=$3 bctx=$4
+    shift 4
     b0=$(wc -l < "$OUT/bench.txt")
-    # the bench lines straight into bench.txt (a line a policy, as each ends), the rest into the log
-    step "bench-$ctx" "$cap" sh -c "exec '$SKV' bench --backend $BE -m '$BIG' --prompt-tokens $ctx -n $NDEC \
-        -c $((ctx + NDEC + 16)) --kv dense,shadowkv --parallel 1 $SKOPT >> '$OUT/bench.txt'"
-    rc=$?
+    step "$bname" "$bcap" sh -c "exec '$SKV' bench --backend $BE -m '$bmodel' --prompt-tokens $bctx \
+        -c $((bctx + NDEC + 16)) $* >> '$OUT/bench.txt'"
+    brc=$?
     sed -n "$((b0 + 1)),\$p" "$OUT/bench.txt" | tee -a "$LOG" >> "$SUM"
-    return $rc
+    return $brc
+}
+# bench CTX CAP: dense and ShadowKV from one prefill at CTX tokens
+bench() {
+    [ -f "$BIG" ] || { note "bench-$1" "skipped: no model" 0; return 1; }
+    bench_step "bench-$1" "$2" "$BIG" "$1" -n $NDEC --kv dense,shadowkv --parallel 1 $SKOPT
 }
 # prefill seconds at ctx, from its bench line (empty when none)
 pre_secs() {
@@ -176,10 +181,7 @@ bench "$1" 150
 # batches at the first size: 1 and 4 sequences and the largest that fits in the
 # device's memory and the host's (said, not run), dense and ShadowKV
 if [ -f "$BIG" ]; then
-    b0=$(wc -l < "$OUT/bench.txt")
-    step "bench-batch-$1" 150 sh -c "exec '$SKV' bench --backend $BE -m '$BIG' --prompt-tokens $1 -n $NDEC \
-        -c $(($1 + NDEC + 16)) --kv dense,shadowkv --parallel 1,4,fit $SKOPT >> '$OUT/bench.txt'"
-    sed -n "$((b0 + 1)),\$p" "$OUT/bench.txt" | tee -a "$LOG" >> "$SUM"
+    bench_step "bench-batch-$1" 150 "$BIG" "$1" -n $NDEC --kv dense,shadowkv --parallel 1,4,fit $SKOPT
 else
     note "bench-batch-$1" "skipped: no model" 0
 fi
@@ -189,12 +191,9 @@ fi
 # landmarks, offload; target 6% or less)
 step synth-1layer 60 "$SKV" synth --config "$BIG_CFG" --dtype "$BIG_DT" --layers 1 --seed 1 -o big-1l.gguf --force &&
     for kv in dense shadowkv; do
-        b0=$(wc -l < "$OUT/bench.txt")
         opts=""
         [ "$kv" = shadowkv ] && opts=$SKOPT
-        step "prefill-1layer-$kv" 90 sh -c "exec '$SKV' bench --backend $BE -m big-1l.gguf --prompt-tokens $CTX_BIG \
-            -n 2 -c $((CTX_BIG + 16)) --kv $kv $opts >> '$OUT/bench.txt'"
-        sed -n "$((b0 + 1)),\$p" "$OUT/bench.txt" | tee -a "$LOG" >> "$SUM"
+        bench_step "prefill-1layer-$kv" 90 big-1l.gguf "$CTX_BIG" -n 2 --kv $kv $opts
     done
 p_dense=$(grep "kv=dense .*prompt=$CTX_BIG " "$OUT/bench.txt" | grep -v "parallel=[2-9]" | tail -1 |
     sed -n 's/.*prefill_tok_s=\([0-9.]*\).*/\1/p')
