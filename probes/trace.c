@@ -915,10 +915,11 @@ const char *trace_meta_json(const trace_reader *r) { return r->json; }
 uint64_t trace_n_records(const trace_reader *r) { return r->n_records; }
 
 /* Replays into lanes when L is set, else into st (lane 0 of a compare trace). */
-static int load(const char *path, probe_store *st, probe_lanes *L) {
+static int load(const char *path, probe_store *st, probe_lanes *L, char *who, size_t who_n, int *foreign) {
     trace_reader *r;
     int rc = trace_open(path, &r);
     if (rc) return rc;
+    if (who) *foreign = trace_writer_label(r, who, who_n);
     const probe_event *ev;
     int lane = 0;
     while ((rc = trace_next(r, &ev)) > 0) {
@@ -942,9 +943,13 @@ static int load(const char *path, probe_store *st, probe_lanes *L) {
     return rc < 0 ? rc : 0;
 }
 
-int trace_load_store(const char *path, probe_store *st) { return load(path, st, NULL); }
+int trace_load_store(const char *path, probe_store *st) { return load(path, st, NULL, NULL, 0, NULL); }
 
-int trace_load_lanes(const char *path, probe_lanes *L) { return load(path, NULL, L); }
+int trace_load_lanes(const char *path, probe_lanes *L) { return load(path, NULL, L, NULL, 0, NULL); }
+
+int trace_load_lanes_writer(const char *path, probe_lanes *L, char *who, size_t n, int *foreign) {
+    return load(path, NULL, L, who, n, foreign);
+}
 
 /* ---- info ------------------------------------------------------------------- */
 

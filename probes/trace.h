@@ -73,6 +73,8 @@ void trace_close(trace_reader *r);
 int trace_load_store(const char *path, probe_store *st);
 /* Replays a trace into one store per lane (a single run is lane 0). */
 int trace_load_lanes(const char *path, probe_lanes *L);
+/* The same, and who wrote it (trace_writer_label into who, *foreign its result). */
+int trace_load_lanes_writer(const char *path, probe_lanes *L, char *who, size_t n, int *foreign);
 
 /* Writes the trace at path as tidy CSV tables into dir (made if missing):
  * KIND.csv per record kind, KIND__FIELD.csv per array field (long: record,

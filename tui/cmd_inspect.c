@@ -235,16 +235,11 @@ static int need_tty(void) {
 /* A trace from another writer (probes/python/skvtrace, say) may hold only
  * some kinds of events: the views that draw from a kind none of its lanes
  * holds get no tab. Returns their bits (view_classes order) and appends one
- * line to notice: who wrote the trace, and which views are left out for
- * want of which events (also printed before the inspector starts). A trace
- * skv wrote keeps every tab (its views say what they miss). */
-static unsigned foreign_views(const char *path, const probe_lanes *lanes, char *notice, size_t n) {
-    trace_reader *r = NULL;
-    if (trace_open(path, &r)) return 0;
-    char who[300], line[900];
-    int foreign = trace_writer_label(r, who, sizeof who);
-    trace_close(r);
-    if (!foreign) return 0;
+ * line to notice: who wrote the trace (who), and which views are left out
+ * for want of which events (also printed before the inspector starts). A
+ * trace skv wrote keeps every tab (its views say what they miss). */
+static unsigned foreign_views(const char *who, const probe_lanes *lanes, char *notice, size_t n) {
+    char line[900];
     unsigned hidden = 0;
     size_t at = (size_t)snprintf(line, sizeof line, "trace written by %s", who);
     int nh = 0;
@@ -268,7 +263,9 @@ static unsigned foreign_views(const char *path, const probe_lanes *lanes, char *
 static int replay(const char *path) {
     probe_lanes *lanes = NULL;
     if (probe_lanes_new(&lanes)) return cli_fail();
-    if (trace_load_lanes(path, lanes)) {
+    char who[300];
+    int foreign = 0;
+    if (trace_load_lanes_writer(path, lanes, who, sizeof who, &foreign)) {
         probe_lanes_free(lanes);
         return cli_fail();
     }
@@ -281,7 +278,7 @@ static int replay(const char *path) {
         snprintf(notice, sizeof notice, "%s", trace_last_notice());
         cli_msg("warning: %s\n", notice);
     }
-    unsigned hidden = foreign_views(path, lanes, notice, sizeof notice);
+    unsigned hidden = foreign ? foreign_views(who, lanes, notice, sizeof notice) : 0;
     if (need_tty() || app_open()) { probe_lanes_free(lanes); return 1; }
     app_opts o = {.lanes = lanes, .wake_fd = -1, .replay_path = path, .notice = notice, .export_dir = export_dir,
                   .policy = policy_flag, .has_seq = seq_flag >= 0, .seq = seq_flag, .hidden = hidden};
