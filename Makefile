@@ -63,6 +63,7 @@ CU_SRC   =
 CU_C_SRC =
 endif
 ifneq ($(CU_SRC),)
+SIM_LDLIBS := $(LDLIBS)
 CFLAGS  += -DSKV_HAVE_CUDA -I$(CUDA_INC)
 LDLIBS  += -L$(CUDA_LIB) -lcudart -lcublas -lcusolver -Wl,-rpath,$(CUDA_LIB) -lstdc++
 endif
@@ -72,6 +73,23 @@ NVCCFLAGS = -O2 -std=c++17 -gencode arch=compute_80,code=sm_80 -gencode arch=com
             -Werror all-warnings -Xcompiler -Wall,-Wextra,-Werror -DSKV_HAVE_CUDA
 
 LIB_OBJ  = $(LIB_SRC:%.c=$(BUILD)/%.o) $(CU_C_SRC:%.c=$(BUILD)/%.o) $(CU_SRC:%.cu=$(BUILD)/%.cu.o)
+
+# The CUDA simulator (tests/cusim/, docs/TESTING.md): the unchanged .cu files
+# compiled by clang++ as C++ against the simulator's stand-in headers, every
+# load and store of a kernel hooked (trace-loads/stores) for the checks, no
+# nvcc or GPU needed. $(BUILD)/sim/libskv.a is the library with the CUDA
+# backend on the simulator; the tests in tests/gpu/ and tests/sim/ link it.
+SIM_CXX     ?= clang++
+SIM_LDLIBS  ?= $(LDLIBS)
+SIM_DIR      = $(BUILD)/sim
+SIM_CU_OBJ   = $(patsubst kernels/cuda/%.cu,$(SIM_DIR)/cuda/%.o,$(wildcard kernels/cuda/*.cu))
+SIM_RT_OBJ   = $(SIM_DIR)/cusim.o $(SIM_DIR)/cusim_libs.o
+SIM_C_OBJ    = $(SIM_DIR)/backend.o $(SIM_DIR)/backend_cuda.o
+SIM_BASE_OBJ = $(filter-out $(BUILD)/kernels/backend.o $(BUILD)/kernels/cuda/%,$(LIB_SRC:%.c=$(BUILD)/%.o))
+SIM_CXXFLAGS = -std=c++17 -O2 -g -Wall -Wextra -Werror -D_GNU_SOURCE -Itests/cusim/include -Itests/cusim \
+               $(addprefix -I,$(INC_DIRS)) $(shell pkg-config --cflags openblas lapacke 2>/dev/null)
+SIM_TEST_SRC = $(wildcard tests/gpu/test_*.c) $(wildcard tests/sim/test_*.c)
+SIM_TEST_BIN = $(SIM_TEST_SRC:tests/%.c=$(SIM_DIR)/tests/%)
 TUI_OBJ  = $(TUI_SRC:%.c=$(BUILD)/%.o)
 TEST_BIN = $(TEST_SRC:tests/%.c=$(BUILD)/tests/%)
 
@@ -105,6 +123,31 @@ $(BUILD)/%.cu.o: %.cu kernels/cuda/cuda_util.h kernels/cuda/cuda_ops.h kernels/k
 $(BUILD)/tests/%: tests/%.c tests/testhelp.h $(BUILD)/libskv.a $(TUI_OBJ)
 	@mkdir -p $(dir $@)
 	$(CC) $(CFLAGS) -Itests -o $@ $< $(BUILD)/libskv.a $(LDLIBS)
+
+$(SIM_DIR)/cuda/%.o: kernels/cuda/%.cu kernels/cuda/cuda_util.h kernels/cuda/cuda_ops.h kernels/kmath.h \
+                     kernels/backend.h $(wildcard tests/cusim/*.h tests/cusim/include/*.h tests/cusim/include/cub/*)
+	@mkdir -p $(dir $@)
+	$(SIM_CXX) $(SIM_CXXFLAGS) -fsanitize-coverage=edge,trace-loads,trace-stores -x c++ -c $< -o $@
+
+$(SIM_DIR)/%.o: tests/cusim/%.cpp $(wildcard tests/cusim/*.h tests/cusim/include/*.h tests/cusim/include/cub/*)
+	@mkdir -p $(dir $@)
+	$(SIM_CXX) $(SIM_CXXFLAGS) -c $< -o $@
+
+$(SIM_DIR)/backend.o: kernels/backend.c
+	@mkdir -p $(dir $@)
+	$(CC) $(CFLAGS) -DSKV_HAVE_CUDA -c $< -o $@
+
+$(SIM_DIR)/backend_cuda.o: kernels/cuda/backend_cuda.c
+	@mkdir -p $(dir $@)
+	$(CC) $(CFLAGS) -DSKV_HAVE_CUDA -c $< -o $@
+
+$(SIM_DIR)/libskv.a: $(SIM_BASE_OBJ) $(SIM_C_OBJ) $(SIM_CU_OBJ) $(SIM_RT_OBJ)
+	@rm -f $@
+	ar rcs $@ $^
+
+$(SIM_DIR)/tests/%: tests/%.c tests/testhelp.h tests/cusim/cusim_api.h $(SIM_DIR)/libskv.a
+	@mkdir -p $(dir $@)
+	$(CC) $(CFLAGS) -DSKV_HAVE_CUDA -DSKV_CUSIM -Itests -Itests/cusim -o $@ $< $(SIM_DIR)/libskv.a $(SIM_LDLIBS) -lstdc++
 
 # The fuzz harnesses' regression corpus, replayed by make test: the harnesses
 # are included whole, and fuzz_cli needs the command line's parsers (tui/).
@@ -146,7 +189,7 @@ fuzz: fuzz-build
 # Tests run from the project root so that ../shared and samples/ resolve.
 # The Python tests drive the skv binary (skv eval, the CSV export against
 # probes/python/skvtrace) with Debian's python3 and numpy.
-PY_TESTS = tests/test_eval.py tests/test_skvtrace.py tests/test_pywriter.py tests/test_pytorch_recorder.py tests/test_gpu_check.py
+PY_TESTS = tests/test_eval.py tests/test_skvtrace.py tests/test_pywriter.py tests/test_pytorch_recorder.py tests/test_gpu_check.py tests/test_chrome.py
 test: $(TEST_BIN) $(BUILD)/skv $(BUILD)/default-model.gguf
 	@SKV_BIN=$(abspath $(BUILD))/skv sh tests/run.sh $(TEST_BIN) $(PY_TESTS)
 
@@ -201,7 +244,11 @@ deps:
 	$$SUDO env DEBIAN_FRONTEND=noninteractive apt-get install -y -qq --no-install-recommends \
 	  build-essential pkg-config libncurses-dev libcjson-dev libpng-dev libopenblas-dev \
 	  liblapacke-dev libpcre2-dev libfreetype-dev fonts-dejavu-core tmux clang libclang-rt-14-dev libomp-dev \
-	  python3 python3-numpy python3-pandas python3-torch python3-regex libdnnl-dev
+	  python3 python3-numpy python3-pandas python3-torch python3-regex libdnnl-dev nodejs && \
+	{ command -v npm >/dev/null 2>&1 || $$SUDO env DEBIAN_FRONTEND=noninteractive apt-get install -y -qq --no-install-recommends npm; }
+	@# Chrome DevTools' trace engine, which tests/test_chrome.py loads the Perfetto/Chrome export with
+	@# (pinned by tests/trace-consumer/package-lock.json; a NodeSource nodejs brings its own npm)
+	@npm ci --prefix tests/trace-consumer --ignore-scripts --no-audit --no-fund --loglevel=error
 
 clean:
 	rm -rf build build-asan build-noprobes build-fuzz build-tsan build-gpu skv

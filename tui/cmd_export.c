@@ -7,14 +7,20 @@
  * The trace is replayed into a probe store, the view draws on a PNG canvas
  * (an SVG one when FIG ends in .svg), and the file is saved atomically; an
  * existing file is replaced only with --force. Every failure is one line on
- * stderr and a non-zero exit: 2 for a bad command line, 1 for bad input. */
+ * stderr and a non-zero exit: 2 for a bad command line, 1 for bad input.
+ *
+ *   skv export TRACE --format csv DIR                 every record as CSV tables (probes/trace_csv.c)
+ *   skv export TRACE --format chrome|perfetto OUT.json the whole run as a Perfetto / chrome://tracing
+ *                                                     timeline (probes/trace_chrome.c) */
 #include "cli.h"
 #include "skv.h"
 #include "store.h"
 #include "trace.h"
+#include "trace_chrome.h"
 #include "view.h"
 
 #include <errno.h>
+#include <inttypes.h>
 #include <stdlib.h>
 #include <string.h>
 #include <strings.h>
@@ -27,11 +33,17 @@
 
 static void export_help(FILE *o) {
     fprintf(o, "usage: skv export --trace FILE --view NAME -o FIG.png [options]\n"
-               "       skv export TRACE --format csv DIR [--partial] [--force]\n\n"
+               "       skv export TRACE --format csv DIR [--partial] [--force]\n"
+               "       skv export TRACE --format chrome OUT.json [--partial] [--force]\n\n"
                "The second form writes the trace as tidy CSV tables into DIR: KIND.csv per record kind\n"
                "(a row per record), KIND__FIELD.csv per array field (a row per element, keyed by record,\n"
-               "step, layer, head and index) and meta.json; docs/TRACE.md lists the columns. A trace cut\n"
-               "short is refused unless --partial (then what is intact is written).\n\n"
+               "step, layer, head and index) and meta.json; docs/TRACE.md lists the columns.\n"
+               "The third (--format perfetto is the same) writes every step of the run as a timeline for\n"
+               "ui.perfetto.dev or chrome://tracing (Trace Event Format JSON): a process per policy or\n"
+               "sequence, a thread per stream, every span with its layer and step (and bytes and GB/s for\n"
+               "a fetch), each step's start, and per-step counters (hit rate, bytes fetched, mass recall,\n"
+               "output error, needle rank). A trace cut short is refused by both unless --partial (then\n"
+               "what is intact is written).\n\n"
                "Draws one view of a recorded trace (skv run --trace FILE) into a PNG figure,\n"
                "or an SVG one when FIG ends in .svg, and prints the path written.\n\n"
                "  -t, --trace FILE      the trace to replay\n"
@@ -112,6 +124,23 @@ static int check_cursor(const char *trace, const probe_store *st, const view_cur
     return 0;
 }
 
+/* skv export TRACE --format chrome OUT.json */
+static int export_chrome(const char *trace, const char *out, int force, int partial) {
+    if (cli_check_output("export", out, force)) return 1;
+    trace_chrome_stats cs;
+    if (trace_export_chrome(trace, out, force, partial, &cs)) return cli_fail();
+    if (*trace_last_notice()) cli_msg("warning: %s\n", trace_last_notice());
+    fprintf(stderr, "skv export: wrote %" PRIu64 " spans of %d decode steps, %d process%s and %d thread%s (%" PRIu64
+            " events) into %s", cs.spans, cs.steps, cs.processes, cs.processes == 1 ? "" : "es", cs.threads,
+            cs.threads == 1 ? "" : "s", cs.events, out);
+    if (cs.overflow)
+        fprintf(stderr, "; %d span%s overlapped another on its stream without nesting and went on an overlap track",
+                cs.overflow, cs.overflow == 1 ? "" : "s");
+    fprintf(stderr, "\n");
+    printf("%s\n", out);
+    return 0;
+}
+
 /* skv export TRACE --format csv DIR */
 static int export_csv(const char *trace, const char *dir, int force, int partial) {
     int n = 0;
@@ -138,9 +167,11 @@ int cmd_export(int argc, char **argv) {
             continue;
         }
         if (!strcmp(a, "--format")) {
-            if (!v) return cli_usage_error("export", "--format needs a value (csv)");
-            if (strcmp(v, "csv")) return cli_usage_error("export", "--format: '%s' is not a format (csv; figures take -o FIG.png)", v);
-            format = v;
+            if (!v) return cli_usage_error("export", "--format needs a value (csv, chrome)");
+            if (strcmp(v, "csv") && strcmp(v, "chrome") && strcmp(v, "perfetto"))
+                return cli_usage_error("export", "--format: '%s' is not a format (csv, chrome or perfetto; figures take "
+                                       "-o FIG.png)", v);
+            format = !strcmp(v, "csv") ? "csv" : "chrome";
             i++;
             continue;
         }
@@ -166,18 +197,23 @@ int cmd_export(int argc, char **argv) {
                                    EXPORT_MAX_SIDE, EXPORT_MAX_SIDE, v);
     }
     if (format) {
-        if (view_name) return cli_usage_error("export", "--format csv writes every record; it takes no --view");
+        int csv = !strcmp(format, "csv");
+        const char *usage = csv ? "skv export TRACE --format csv DIR" : "skv export TRACE --format chrome OUT.json";
+        if (view_name) return cli_usage_error("export", "--format %s writes every record; it takes no --view", format);
+        if (policy || seq >= 0)
+            return cli_usage_error("export", "--format %s writes every lane; it takes no --%s", format,
+                                   policy ? "policy" : "seq");
         const char *dir = out;
         int at = 0;
         if (!trace && at < n_pos) trace = pos[at++];
         if (!dir && at < n_pos) dir = pos[at++];
         if (at < n_pos) return cli_usage_error("export", "unexpected argument '%s'", pos[at]);
-        if (!trace) return cli_usage_error("export", "no trace: skv export TRACE --format csv DIR");
-        if (!dir) return cli_usage_error("export", "no folder: skv export TRACE --format csv DIR");
-        return export_csv(trace, dir, force, partial);
+        if (!trace) return cli_usage_error("export", "no trace: %s", usage);
+        if (!dir) return cli_usage_error("export", "%s: %s", csv ? "no folder" : "no output file", usage);
+        return csv ? export_csv(trace, dir, force, partial) : export_chrome(trace, dir, force, partial);
     }
     if (n_pos) return cli_usage_error("export", "unexpected argument '%s' (a figure takes --trace FILE --view NAME -o FIG)", pos[0]);
-    if (partial) return cli_usage_error("export", "--partial goes with --format csv");
+    if (partial) return cli_usage_error("export", "--partial goes with --format csv or chrome");
     if (!trace) return cli_usage_error("export", "no trace: give --trace FILE");
     if (!view_name) return cli_usage_error("export", "no view: give --view NAME");
     if (!out) return cli_usage_error("export", "no output: give -o FIG.png");

@@ -16,6 +16,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <unistd.h>
 #include <unordered_map>
 #include <vector>
 
@@ -116,7 +117,14 @@ int cu_available(char *why, size_t n) {
     int count = 0;
     cudaError_t e = cudaGetDeviceCount(&count);
     if (e != cudaSuccess || count == 0) {
-        if (n) snprintf(why, n, "no CUDA device: %s", e != cudaSuccess ? cudaGetErrorString(e) : "none found");
+        /* The runtime says "driver version is insufficient" when there is no
+         * driver at all: no GPU here, not an old driver to upgrade. */
+        int driver = access("/proc/driver/nvidia/version", F_OK) == 0;
+        if (n && (e == cudaErrorNoDevice || (e == cudaSuccess && count == 0) ||
+                  (e == cudaErrorInsufficientDriver && !driver)))
+            snprintf(why, n, driver ? "no NVIDIA GPU found (the driver sees none)" : "no NVIDIA GPU or driver found");
+        else if (n)
+            snprintf(why, n, "no CUDA device: %s", cudaGetErrorString(e));
         cudaGetLastError(); /* clear the sticky status of a failed query */
         return 0;
     }

@@ -76,6 +76,19 @@ typedef struct {
 cuda_span_mark cuda_span_begin(int stream);
 void cuda_span_end(cuda_span_mark m, int stream, const char *op);
 
+/* A kernel launch, `SKV_LAUNCH(kernel, grid, block, smem, stream)(args...)`:
+ * nvcc's <<<>>> under nvcc, and the CUDA simulator's launch when the file is
+ * compiled by the host compiler for the tests (tests/cusim/, docs/TESTING.md).
+ * SKV_DYN_SHARED declares a kernel's dynamic shared memory the same way. */
+#ifdef __CUDACC__
+#define SKV_LAUNCH(kernel, grid, block, smem, stream) kernel<<<(grid), (block), (smem), (stream)>>>
+#define SKV_DYN_SHARED(type, name) extern __shared__ __align__(32) type name[]
+#else
+#define SKV_LAUNCH(kernel, grid, block, smem, stream) \
+    cusim::launcher(#kernel, kernel, (grid), (block), (smem), (stream))
+#define SKV_DYN_SHARED(type, name) type *name = (type *)cusim::dyn_smem()
+#endif
+
 /* Threads per block and a grid that covers n items. */
 static inline int cuda_blocks(size_t n, int threads) { return (int)((n + threads - 1) / threads); }
 

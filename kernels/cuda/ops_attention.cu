@@ -104,7 +104,7 @@ void cu_attend_rows(const float *q, const float *K, const float *V, int n, int d
     SKV_ASSERT(d <= D_MAX);
     cudaStream_t st = cuda_after_fetch();
     cuda_span_mark sp = cuda_span_begin(0);
-    k_attend_group<<<1, THREADS, 0, st>>>(q, 1, K, V, n, d, stride, scale, out, NULL, NULL);
+    SKV_LAUNCH(k_attend_group, 1, THREADS, 0, st)(q, 1, K, V, n, d, stride, scale, out, NULL, NULL);
     CKL();
     cuda_span_end(sp, 0, "attend");
 }
@@ -114,7 +114,7 @@ void cu_attend_group(const float *q, int g, const float *K, const float *V, int 
     SKV_ASSERT(g >= 1 && g <= G_MAX && d <= D_MAX);
     cudaStream_t st = cuda_after_fetch();
     cuda_span_mark sp = cuda_span_begin(0);
-    k_attend_group<<<1, THREADS, 0, st>>>(q, g, K, V, n, d, stride, scale, out, m, l);
+    SKV_LAUNCH(k_attend_group, 1, THREADS, 0, st)(q, g, K, V, n, d, stride, scale, out, m, l);
     CKL();
     cuda_span_end(sp, 0, "attend");
 }
@@ -144,7 +144,7 @@ __global__ void k_attend_merge(int parts, int g, int d, const float *o, const fl
 }
 
 void cu_attend_merge(int parts, int g, int d, const float *o, const float *m, const float *l, float *out) {
-    k_attend_merge<<<g, d <= 32 ? 32 : (d + 31) / 32 * 32, 0, cuda_after_fetch()>>>(parts, g, d, o, m, l, out);
+    SKV_LAUNCH(k_attend_merge, g, d <= 32 ? 32 : (d + 31) / 32 * 32, 0, cuda_after_fetch())(parts, g, d, o, m, l, out);
     CKL();
 }
 
@@ -197,11 +197,11 @@ static int attend_decode_t(const float *q, int n_heads, int n_kv, int d, const T
         pm = po + tasks * G * d;
         pl = pm + tasks * G;
     }
-    k_attend_decode<T><<<dim3(n_kv, parts), THREADS, 0, st>>>(q, G, K, V, rows, parts, stride, head_stride, d, scale, po,
+    SKV_LAUNCH(k_attend_decode<T>, dim3(n_kv, parts), THREADS, 0, st)(q, G, K, V, rows, parts, stride, head_stride, d, scale, po,
                                                            pm, pl, out);
     CKL();
     if (parts > 1) {
-        k_decode_merge<<<dim3(n_kv, G), (d + 31) / 32 * 32, 0, st>>>(parts, G, d, po, pm, pl, out);
+        SKV_LAUNCH(k_decode_merge, dim3(n_kv, G), (d + 31) / 32 * 32, 0, st)(parts, G, d, po, pm, pl, out);
         CKL();
         cuda_scratch_free(po);
     }
@@ -260,7 +260,7 @@ __global__ void __launch_bounds__(FL_WARPS * 32)
 k_flash_causal(const float *q, int nq, int pos, int n_heads, int grp, int d, const T *K, const T *V,
                int stride, size_t head_stride, float scale, float *out) {
     using namespace nvcuda;
-    extern __shared__ __align__(32) unsigned char smem[];
+    SKV_DYN_SHARED(unsigned char, smem);
     __nv_bfloat16 *Qs = (__nv_bfloat16 *)smem;           /* (BM, d) */
     __nv_bfloat16 *Ks = Qs + (size_t)FL_BM * d;          /* (BN, d) */
     __nv_bfloat16 *Vs = Ks + (size_t)FL_BN * d;          /* (BN, d) */
@@ -379,10 +379,10 @@ static void attend_causal_t(const float *q, int nq, int pos, int n_heads, int n_
     if (flash_ok(nq, d)) {
         size_t sm = flash_smem(d);
         CK(cudaFuncSetAttribute(k_flash_causal<T>, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)sm));
-        k_flash_causal<T><<<dim3((nq + FL_BM - 1) / FL_BM, n_heads), FL_WARPS * 32, sm, st>>>(
+        SKV_LAUNCH(k_flash_causal<T>, dim3((nq + FL_BM - 1) / FL_BM, n_heads), FL_WARPS * 32, sm, st)(
             q, nq, pos, n_heads, n_heads / n_kv_heads, d, K, V, stride, head_stride, scale, out);
     } else {
-        k_attend_causal<T><<<dim3(nq, n_heads), THREADS, 0, st>>>(q, pos, n_heads, n_heads / n_kv_heads, d, K, V,
+        SKV_LAUNCH(k_attend_causal<T>, dim3(nq, n_heads), THREADS, 0, st)(q, pos, n_heads, n_heads / n_kv_heads, d, K, V,
                                                                   stride, head_stride, scale, out);
     }
     CKL();

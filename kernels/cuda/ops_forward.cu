@@ -89,7 +89,7 @@ void cu_matmul(enum ggml_type t, const void *W, int rows, int cols, const float 
     if (t == GGML_BF16) {
         size_t nx = (size_t)n * cols;
         __nv_bfloat16 *xb = (__nv_bfloat16 *)cuda_scratch(sizeof(__nv_bfloat16) * nx);
-        k_to_bf16<<<cuda_blocks(nx, 256), 256, 0, st>>>(x, xb, nx);
+        SKV_LAUNCH(k_to_bf16, cuda_blocks(nx, 256), 256, 0, st)(x, xb, nx);
         CKL();
         CKB(cublasGemmEx(c->blas, CUBLAS_OP_T, CUBLAS_OP_N, rows, n, cols, &one, W, CUDA_R_16BF, cols, xb,
                          CUDA_R_16BF, cols, &zero, y, CUDA_R_32F, rows, CUBLAS_COMPUTE_32F, CUBLAS_GEMM_DEFAULT));
@@ -129,9 +129,9 @@ void cu_embed(enum ggml_type t, const void *table, int dim, const int32_t *ids, 
     CK(cudaMemcpyAsync(d_ids, ids, sizeof(int32_t) * n, cudaMemcpyHostToDevice, st));
     size_t total = (size_t)n * dim;
     if (t == GGML_BF16)
-        k_embed<<<cuda_blocks(total, 256), 256, 0, st>>>((const uint16_t *)table, dim, d_ids, n, x);
+        SKV_LAUNCH(k_embed, cuda_blocks(total, 256), 256, 0, st)((const uint16_t *)table, dim, d_ids, n, x);
     else
-        k_embed_f32<<<cuda_blocks(total, 256), 256, 0, st>>>((const float *)table, dim, d_ids, n, x);
+        SKV_LAUNCH(k_embed_f32, cuda_blocks(total, 256), 256, 0, st)((const float *)table, dim, d_ids, n, x);
     CKL();
     cuda_scratch_free(d_ids);
 }
@@ -156,7 +156,7 @@ __global__ void k_rmsnorm(float *out, const float *x, const float *w, int dim, f
 
 void cu_rmsnorm(float *out, const float *x, const float *w, int n, int dim, float eps) {
     cuda_span_mark sp = cuda_span_begin(0);
-    k_rmsnorm<<<n, 256, 0, cuda_after_fetch()>>>(out, x, w, dim, eps);
+    SKV_LAUNCH(k_rmsnorm, n, 256, 0, cuda_after_fetch())(out, x, w, dim, eps);
     CKL();
     cuda_span_end(sp, 0, "rmsnorm");
 }
@@ -184,7 +184,7 @@ void cu_rope(const rope_ctx *r, float *x, int n, int n_heads, int pos0) {
     if (!half || !n) return;
     const float *inv = cuda_const_upload(r->inv_freq, (size_t)half);
     size_t total = (size_t)n * n_heads * half;
-    k_rope<<<cuda_blocks(total, 256), 256, 0, cuda_after_fetch()>>>(x, n, n_heads, r->head_dim, r->rope_dim,
+    SKV_LAUNCH(k_rope, cuda_blocks(total, 256), 256, 0, cuda_after_fetch())(x, n, n_heads, r->head_dim, r->rope_dim,
                                                                     (int)r->mode, inv, pos0);
     CKL();
 }
@@ -198,7 +198,7 @@ __global__ void k_add_bias(float *y, const float *b, size_t total, int width) {
 
 void cu_add_bias(float *y, const float *b, int n, int width) {
     size_t total = (size_t)n * width;
-    k_add_bias<<<cuda_blocks(total, 256), 256, 0, cuda_after_fetch()>>>(y, b, total, width);
+    SKV_LAUNCH(k_add_bias, cuda_blocks(total, 256), 256, 0, cuda_after_fetch())(y, b, total, width);
     CKL();
 }
 
@@ -208,7 +208,7 @@ __global__ void k_add(float *y, const float *x, size_t len) {
 }
 
 void cu_add(float *y, const float *x, size_t len) {
-    k_add<<<cuda_blocks(len, 256), 256, 0, cuda_after_fetch()>>>(y, x, len);
+    SKV_LAUNCH(k_add, cuda_blocks(len, 256), 256, 0, cuda_after_fetch())(y, x, len);
     CKL();
 }
 
@@ -218,7 +218,7 @@ __global__ void k_swiglu(float *g, const float *u, size_t len) {
 }
 
 void cu_swiglu(float *gate, const float *up, size_t len) {
-    k_swiglu<<<cuda_blocks(len, 256), 256, 0, cuda_after_fetch()>>>(gate, up, len);
+    SKV_LAUNCH(k_swiglu, cuda_blocks(len, 256), 256, 0, cuda_after_fetch())(gate, up, len);
     CKL();
 }
 
@@ -243,13 +243,13 @@ __global__ void k_kv_store_h(__half *cache, size_t head_stride, int n_kv, int d,
 
 void cu_kv_store_h(uint16_t *cache, size_t head_stride, int n_kv, int d, int pos, int n, const float *src) {
     size_t total = (size_t)n * n_kv * d;
-    k_kv_store_h<<<cuda_blocks(total, 256), 256, 0, cuda_after_fetch()>>>((__half *)cache, head_stride, n_kv, d, pos,
+    SKV_LAUNCH(k_kv_store_h, cuda_blocks(total, 256), 256, 0, cuda_after_fetch())((__half *)cache, head_stride, n_kv, d, pos,
                                                                           n, src);
     CKL();
 }
 
 void cu_kv_store(float *cache, size_t head_stride, int n_kv, int d, int pos, int n, const float *src) {
     size_t total = (size_t)n * n_kv * d;
-    k_kv_store<<<cuda_blocks(total, 256), 256, 0, cuda_after_fetch()>>>(cache, head_stride, n_kv, d, pos, n, src);
+    SKV_LAUNCH(k_kv_store, cuda_blocks(total, 256), 256, 0, cuda_after_fetch())(cache, head_stride, n_kv, d, pos, n, src);
     CKL();
 }

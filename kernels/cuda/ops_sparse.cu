@@ -63,7 +63,7 @@ int cu_svd(const float *K, int s, int n, int r, float *U, float *SVt, float *Vt,
     double *vr = (double *)cuda_scratch(sizeof(double) * (size_t)n * r);
     double *us = (double *)cuda_scratch(sizeof(double) * (size_t)s * r);
     int *info = (int *)cuda_scratch(sizeof(int));
-    k_to_double<<<cuda_blocks(sn, 256), 256, 0, st>>>(K, kd, sn);
+    SKV_LAUNCH(k_to_double, cuda_blocks(sn, 256), 256, 0, st)(K, kd, sn);
     CKL();
     double fro = 0;
     CKB(cublasSetPointerMode(c->blas, CUBLAS_POINTER_MODE_HOST));
@@ -93,7 +93,7 @@ int cu_svd(const float *K, int s, int n, int r, float *U, float *SVt, float *Vt,
                            n, h_info);
             goto done;
         }
-        k_top_vectors<<<cuda_blocks((size_t)n * r, 256), 256, 0, st>>>(G, n, r, vr);
+        SKV_LAUNCH(k_top_vectors, cuda_blocks((size_t)n * r, 256), 256, 0, st)(G, n, r, vr);
         CKL();
         /* us (r, s) column-major = V_rᵀ·Kᵀ, i.e. K·V_r row-major (s, r) */
         CKB(cublasDgemm(c->blas, CUBLAS_OP_T, CUBLAS_OP_N, r, s, n, &one, vr, n, kd, n, &zero, us, r));
@@ -103,7 +103,7 @@ int cu_svd(const float *K, int s, int n, int r, float *U, float *SVt, float *Vt,
         CKB(cublasDnrm2(c->blas, (int)sn, kd, 1, &res));
         *rel_err = fro > 0 ? (float)(res / sqrt(fro)) : 0.0f;
         size_t big = (size_t)s * r > (size_t)r * n ? (size_t)s * r : (size_t)r * n;
-        k_svd_out<<<cuda_blocks(big, 256), 256, 0, st>>>(us, vr, w, s, n, r, U, SVt, Vt);
+        SKV_LAUNCH(k_svd_out, cuda_blocks(big, 256), 256, 0, st)(us, vr, w, s, n, r, U, SVt, Vt);
         CKL();
         std::vector<double> hw((size_t)n);
         CK(cudaMemcpyAsync(hw.data(), w, sizeof(double) * n, cudaMemcpyDeviceToHost, st));
@@ -136,7 +136,7 @@ __global__ void k_landmarks(const float *K, int stride, int d, int c, float *lm)
 
 void cu_landmarks(const float *K, int stride, int d, int c, int n_chunks, float *lm) {
     if (n_chunks <= 0) return;
-    k_landmarks<<<n_chunks, 128, 0, cuda_after_fetch()>>>(K, stride, d, c, lm);
+    SKV_LAUNCH(k_landmarks, n_chunks, 128, 0, cuda_after_fetch())(K, stride, d, c, lm);
     CKL();
 }
 
@@ -180,7 +180,7 @@ __global__ void k_cos_min(const float *K, int stride, int d, int c, const float 
 
 void cu_cos_min(const float *K, int stride, int d, int c, int n_chunks, const float *lm, float *cos_min) {
     if (n_chunks <= 0) return;
-    k_cos_min<<<n_chunks, 256, 0, cuda_after_fetch()>>>(K, stride, d, c, lm, cos_min);
+    SKV_LAUNCH(k_cos_min, n_chunks, 256, 0, cuda_after_fetch())(K, stride, d, c, lm, cos_min);
     CKL();
 }
 
@@ -268,15 +268,15 @@ void cu_score(const float *q, int nq, size_t q_stride, int group, int d, const f
     float *L = (float *)cuda_scratch(sizeof(float) * (2 * gn + 2 * (size_t)group));
     float *P = L + gn, *m = P + gn, *s = m + group;
     for (int i = 0; i < nq; i++) {
-        k_score_logits<<<cuda_blocks((size_t)n_lm * 32, 256), 256, 0, st>>>(q + (size_t)i * q_stride, group, d, lm,
+        SKV_LAUNCH(k_score_logits, cuda_blocks((size_t)n_lm * 32, 256), 256, 0, st)(q + (size_t)i * q_stride, group, d, lm,
                                                                            n_lm, scale, L);
         CKL();
-        k_score_stats<<<group, 256, 0, st>>>(L, n_lm, m, s);
+        SKV_LAUNCH(k_score_stats, group, 256, 0, st)(L, n_lm, m, s);
         CKL();
-        k_score_accum<<<cuda_blocks(gn, 256), 256, 0, st>>>(L, group, n_lm, m, s, i == 0, P);
+        SKV_LAUNCH(k_score_accum, cuda_blocks(gn, 256), 256, 0, st)(L, group, n_lm, m, s, i == 0, P);
         CKL();
     }
-    k_score_max<<<cuda_blocks((size_t)n_lm, 256), 256, 0, st>>>(P, group, n_lm, score);
+    SKV_LAUNCH(k_score_max, cuda_blocks((size_t)n_lm, 256), 256, 0, st)(P, group, n_lm, score);
     CKL();
     cuda_scratch_free(L);
     cuda_span_end(sp, 0, "score");
@@ -301,13 +301,13 @@ int cu_topk(const float *score, int n, int k, int *idx) {
     cuda_span_mark sp = cuda_span_begin(0);
     unsigned long long *keys = (unsigned long long *)cuda_scratch(sizeof(unsigned long long) * 2 * (size_t)n);
     unsigned long long *sorted = keys + n;
-    k_topk_keys<<<cuda_blocks((size_t)n, 256), 256, 0, st>>>(score, n, keys);
+    SKV_LAUNCH(k_topk_keys, cuda_blocks((size_t)n, 256), 256, 0, st)(score, n, keys);
     CKL();
     size_t tmp_bytes = 0;
     CK(cub::DeviceRadixSort::SortKeys(NULL, tmp_bytes, keys, sorted, n, 0, 64, st));
     void *tmp = cuda_scratch(tmp_bytes);
     CK(cub::DeviceRadixSort::SortKeys(tmp, tmp_bytes, keys, sorted, n, 0, 64, st));
-    k_topk_take<<<cuda_blocks((size_t)m, 256), 256, 0, st>>>(sorted, m, idx);
+    SKV_LAUNCH(k_topk_take, cuda_blocks((size_t)m, 256), 256, 0, st)(sorted, m, idx);
     CKL();
     cuda_scratch_free(tmp);
     cuda_scratch_free(keys);
@@ -344,7 +344,7 @@ void cu_gather(const float *src, int rows, int cols, const int *src_idx, int n, 
     CK(cudaMemcpyAsync(d_idx, src_idx, sizeof(int) * n, cudaMemcpyHostToDevice, fs));
     CK(cudaMemcpyAsync(d_off, dst_off, sizeof(size_t) * n, cudaMemcpyHostToDevice, fs));
     cuda_span_mark sp = cuda_span_begin(1);
-    k_gather<<<cuda_blocks((size_t)n * 32, 256), 256, 0, fs>>>(dsrc, rows, cols, d_idx, n, dst, d_off,
+    SKV_LAUNCH(k_gather, cuda_blocks((size_t)n * 32, 256), 256, 0, fs)(dsrc, rows, cols, d_idx, n, dst, d_off,
                                                                      dst_stride);
     CKL();
     CK(cudaFreeAsync(d_idx, fs));
@@ -387,7 +387,7 @@ __device__ void rebuild_row_dev(const float *U, int r, const float *svt, int d, 
 
 __global__ void k_rebuild(const float *U, int r, const float *svt, int d, int t0, int rope_dim, int mode,
                           const float *inv_freq, const float *cs, const float *sn, float *out) {
-    extern __shared__ float row[];
+    SKV_DYN_SHARED(float, row);
     int i = blockIdx.x;
     rebuild_row_dev(U, r, svt, d, t0 + i, rope_dim, mode, inv_freq, cs, sn, row, out + (size_t)i * d);
 }
@@ -399,7 +399,7 @@ void cu_rebuild(const float *U, int r, const float *svt, int d, int t0, int n, c
     const float *inv = cuda_const_upload(rope->inv_freq, (size_t)(rope->rope_dim / 2));
     /* the compute stream does not wait for a queued gather here: the
      * rebuild reads no value rows, so it runs beside the fetch */
-    k_rebuild<<<n, 128, sizeof(float) * d, cuda_get()->compute>>>(U, r, svt, d, t0, rope->rope_dim, (int)rope->mode,
+    SKV_LAUNCH(k_rebuild, n, 128, sizeof(float) * d, cuda_get()->compute)(U, r, svt, d, t0, rope->rope_dim, (int)rope->mode,
                                                                   inv, cs, sn, out);
     CKL();
     cuda_span_end(sp, 0, "rebuild_k");
@@ -428,7 +428,7 @@ __global__ void k_sk_books(int h, int k, int n_cand, const int *sel, int *slot_i
 void cu_sk_books(int h, int k, int n_cand, const int *sel, int *slot_id, int *where, unsigned *stamp, unsigned *epoch,
                  int *slot_of, int *miss, int *n_miss) {
     cuda_span_mark sp = cuda_span_begin(0);
-    k_sk_books<<<cuda_blocks((size_t)h, 32), 32, 0, cuda_after_fetch()>>>(h, k, n_cand, sel, slot_id, where, stamp,
+    SKV_LAUNCH(k_sk_books, cuda_blocks((size_t)h, 32), 32, 0, cuda_after_fetch())(h, k, n_cand, sel, slot_id, where, stamp,
                                                                           epoch, slot_of, miss, n_miss);
     CKL();
     cuda_span_end(sp, 0, "books");
@@ -471,7 +471,7 @@ void cu_sk_gather_misses(const float *store, int c, int d, int h, int k, int n_c
     cuda_span_mark sp = cuda_span_begin(1);
     for (int h0 = 0; h0 < h; h0 += SK_PTRS) {
         int n = h - h0 < SK_PTRS ? h - h0 : SK_PTRS;
-        k_gather_misses<<<16, 256, 0, fs>>>(dsrc, c, d, h0, n, k, n_cand, blk0, sel, slot_of, miss, n_miss,
+        SKV_LAUNCH(k_gather_misses, 16, 256, 0, fs)(dsrc, c, d, h0, n, k, n_cand, blk0, sel, slot_of, miss, n_miss,
                                                     ptrs_from(V, h0, n), row_slot);
         CKL();
     }
@@ -484,7 +484,7 @@ __global__ void k_rebuild_misses(const float *U, int r, const float *SVt, int d,
                                  const int *cand, const int *sel, const int *slot_of, const int *miss,
                                  const int *n_miss, int rope_dim, int mode, const float *inv_freq, const float *cs,
                                  const float *sn, sk_ptrs K, int row_slot) {
-    extern __shared__ float row[];
+    SKV_DYN_SHARED(float, row);
     int j = blockIdx.x, kh = h0 + j, m = blockIdx.y;
     if (m >= n_miss[kh]) return;
     int i = miss[(size_t)kh * k + m];
@@ -504,7 +504,7 @@ void cu_sk_rebuild_misses(const float *U, int r, const float *SVt, int d, int c,
     cuda_span_mark sp = cuda_span_begin(0);
     for (int h0 = 0; h0 < h; h0 += SK_PTRS) {
         int n = h - h0 < SK_PTRS ? h - h0 : SK_PTRS;
-        k_rebuild_misses<<<dim3(n, k), 128, sizeof(float) * d, st>>>(U, r, SVt, d, c, h0, k, n_cand, cand, sel,
+        SKV_LAUNCH(k_rebuild_misses, dim3(n, k), 128, sizeof(float) * d, st)(U, r, SVt, d, c, h0, k, n_cand, cand, sel,
                                                                      slot_of, miss, n_miss, rope->rope_dim,
                                                                      (int)rope->mode, inv, cs, sn,
                                                                      ptrs_from(K, h0, n), row_slot);
@@ -516,6 +516,7 @@ void cu_sk_rebuild_misses(const float *U, int r, const float *SVt, int d, int c,
 /* ---- ShadowKV+: y = V_r·(V_rᵀ·x) ---- */
 
 __global__ void k_project_coef(const float *Vt, int r, int n, const float *x, float *coef) {
+    (void)r; /* the grid has r blocks */
     int i = blockIdx.x;
     float s = 0.0f;
     for (int e = threadIdx.x; e < n; e += blockDim.x) s += Vt[(size_t)i * n + e] * x[e];
@@ -533,9 +534,9 @@ __global__ void k_project_out(const float *Vt, int r, int n, const float *coef, 
 
 void cu_project(const float *Vt, int r, int n, const float *x, float *y, float *coef) {
     cudaStream_t st = cuda_after_fetch();
-    k_project_coef<<<r, 256, 0, st>>>(Vt, r, n, x, coef);
+    SKV_LAUNCH(k_project_coef, r, 256, 0, st)(Vt, r, n, x, coef);
     CKL();
-    k_project_out<<<cuda_blocks((size_t)n, 256), 256, 0, st>>>(Vt, r, n, coef, y);
+    SKV_LAUNCH(k_project_out, cuda_blocks((size_t)n, 256), 256, 0, st)(Vt, r, n, coef, y);
     CKL();
 }
 
@@ -562,7 +563,7 @@ __global__ void k_page_bounds(const float *K, int stride, int d, int p, int t0, 
 
 void cu_page_bounds(const float *K, int stride, int d, int p, int t0, int n, float *mn, float *mx, int bstride) {
     if (n <= 0) return;
-    k_page_bounds<<<cuda_blocks((size_t)d, 128), 128, 0, cuda_after_fetch()>>>(K, stride, d, p, t0, n, mn, mx,
+    SKV_LAUNCH(k_page_bounds, cuda_blocks((size_t)d, 128), 128, 0, cuda_after_fetch())(K, stride, d, p, t0, n, mn, mx,
                                                                               bstride);
     CKL();
 }
@@ -579,7 +580,7 @@ __global__ void k_page_score(const float *q, int d, const float *mn, const float
 
 void cu_page_score(const float *q, int d, const float *mn, const float *mx, int bstride, int n_pages, float *U) {
     if (n_pages <= 0) return;
-    k_page_score<<<cuda_blocks((size_t)n_pages, 128), 128, 0, cuda_after_fetch()>>>(q, d, mn, mx, bstride, n_pages,
+    SKV_LAUNCH(k_page_score, cuda_blocks((size_t)n_pages, 128), 128, 0, cuda_after_fetch())(q, d, mn, mx, bstride, n_pages,
                                                                                     U);
     CKL();
 }
@@ -613,6 +614,6 @@ __global__ void k_kivi(const float *x, int n, int stride, int bits, int midpoint
 
 void cu_kivi(const float *x, int n, int stride, int bits, int midpoint, float *y, uint8_t *codes, float *scale,
              float *zero) {
-    k_kivi<<<1, 256, 0, cuda_after_fetch()>>>(x, n, stride, bits, midpoint, y, codes, scale, zero);
+    SKV_LAUNCH(k_kivi, 1, 256, 0, cuda_after_fetch())(x, n, stride, bits, midpoint, y, codes, scale, zero);
     CKL();
 }

@@ -4,19 +4,28 @@ written in PyTorch (quest_torch.py, shadowkv_torch.py, or dense) into an skv
 trace, which `skv inspect --replay`, `skv export` and `skv needle --diagnose`
 read as they read skv's own.
 
-    python3 probes/python/examples/record_demo.py --kv shadowkv --budget 64 --rank 16 \\
+    /usr/bin/python3 probes/python/examples/record_demo.py --kv shadowkv --budget 64 --rank 16 \\
         --ids-from skv.trace -n 8 --oracle -o torch.trace
 
 The prompt's token ids (and, with --feed, the tokens each step feeds) come
 from a trace skv recorded of the same prompt (--ids-from), so both runs see
 the same tokens; without --feed the steps decode greedily. --needle B:E
-names the needle's token span for the oracle's needle measures."""
+names the needle's token span for the oracle's needle measures.
+
+It needs numpy and torch: Debian's /usr/bin/python3 has them (make deps
+installs python3-numpy and python3-torch); another python3 earlier on PATH
+(pyenv's, a venv's) may not, and the script says so in one line."""
 import argparse
+import importlib.util
 import os
 import sys
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 sys.path.insert(0, HERE)
+_missing = [m for m in ("numpy", "torch") if importlib.util.find_spec(m) is None]
+if _missing:
+    sys.exit("record_demo.py: %s cannot import %s: run it with Debian's /usr/bin/python3 (make deps installs "
+             "python3-numpy and python3-torch)" % (sys.executable, " and ".join(_missing)))
 from demo_model import ROOT, Dense, DemoModel, run  # noqa: E402
 import skvtrace  # noqa: E402  (demo_model put probes/python on the path)
 

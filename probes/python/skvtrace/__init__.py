@@ -1,6 +1,6 @@
 """skvtrace: read skv traces (docs/TRACE.md, format version 3) into numpy.
 
-    import skvtrace
+    import skvtrace             # from the repository root: PYTHONPATH=probes/python
     t = skvtrace.load("run.skvtrace")
     t.meta                      # the metadata record (a dict)
     t["oracle"]["recall"]       # a numpy array, one value per oracle record
@@ -20,13 +20,25 @@ payload is consumed exactly. A truncated or damaged trace raises
 TraceError; load(path, partial=True) keeps what is intact up to the last
 complete decode step instead, as skv's own reader does, and sets
 Trace.notice.
+
+It needs numpy (Debian's python3-numpy, which `make deps` installs for
+/usr/bin/python3): without it the import fails with one line that says so
+and names the interpreter, instead of a traceback from deep inside.
 """
 
 import json
 import struct
+import sys
 import zlib
 
-import numpy as np
+try:
+    import numpy as np
+except ImportError as e:
+    _why = ("skvtrace needs numpy, which %s cannot import (%s): run it with Debian's /usr/bin/python3 "
+            "(make deps installs python3-numpy)" % (sys.executable, e))
+    if sys.argv[:1] == ["-m"]:  # python3 -m skvtrace (argv[0] is "-m" while the module is located): one line
+        sys.exit("skvtrace: " + _why)
+    raise ImportError(_why) from None
 
 __all__ = ["load", "events", "Trace", "TraceError", "TraceValueError", "SCHEMA", "TraceWriter", "rewrite", "Recorder"]
 __version__ = "3"          # the trace format this package reads and writes

@@ -1,4 +1,7 @@
-"""python3 -m skvtrace: the trace tools of the Python package.
+"""python3 -m skvtrace: the trace tools of the Python package. From the
+repository root, with Debian's python3 (it has numpy):
+
+    PYTHONPATH=probes/python /usr/bin/python3 -m skvtrace info run.skvtrace
 
     python3 -m skvtrace rewrite IN OUT [--force]
         reads the trace IN and writes it again at OUT through the Python

@@ -267,6 +267,7 @@ class TraceWriter:
         self.path = os.fspath(path)
         self.producer = producer
         self._tmp = None
+        _check_output(self.path)
         try:
             fd = os.open(self.path, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_CLOEXEC, 0o644)
         except FileExistsError:
@@ -399,8 +400,13 @@ class TraceWriter:
             raise TraceError("%s: cannot write the trace: %s" % (self.path, e.strerror)) from None
         self._f = None
         if self._tmp:
-            os.replace(self._tmp, self.path)
-            self._tmp = None
+            try:
+                os.replace(self._tmp, self.path)
+            except OSError as e:  # the temporary file never stays behind
+                os.unlink(self._tmp)
+                raise TraceError("%s: cannot put the trace in place: %s" % (self.path, e.strerror)) from None
+            finally:
+                self._tmp = None
         return self.path
 
     def abort(self):
@@ -409,7 +415,9 @@ class TraceWriter:
             self._f.close()
             self._f = None
             os.unlink(self._tmp or self.path)
-            self._tmp = None
+        elif self._tmp and os.path.exists(self._tmp):
+            os.unlink(self._tmp)
+        self._tmp = None
 
     def cut(self):
         """Stops without the metadata and footer, as a crash would: a new file
@@ -434,11 +442,21 @@ class TraceWriter:
         return False
 
 
+def _check_output(path):
+    """A trace's path, before any work: not a folder, in a folder that exists."""
+    if os.path.isdir(path):
+        raise TraceError("%s: is a directory; give a file name for the trace" % path)
+    d = os.path.dirname(os.path.abspath(path))
+    if not os.path.isdir(d):
+        raise TraceError("%s: the folder %s does not exist" % (path, d))
+
+
 def rewrite(src, dst, force=False):
     """Reads the trace at src and writes it again at dst through TraceWriter,
     every record re-encoded from its decoded values and the metadata from
     its decoded JSON: for a trace skv wrote, dst is src byte for byte. An
     existing dst is refused unless force. Returns the records written."""
+    _check_output(dst)
     if os.path.exists(dst) and not force:
         raise TraceError("%s: exists (force=True replaces it)" % dst)
     _, _, meta, meta_json, _ = _scan(src, False)
