@@ -20,7 +20,7 @@
 struct skv_batch {
     int n;
     skv_session **s;       /* (n) owned */
-    forward_state fwd;     /* the batched step's activations, (n) rows */
+    forward_state fwd;     /* the batched step's activations, (n) rows; the weights borrowed (forward.h) */
     kv_cache **kv;         /* (n) each session's cache */
     int *pos;              /* (n) */
     float *logits;         /* (n, vocab) host */
@@ -109,8 +109,9 @@ int batch_decode(skv_batch *b, const int32_t *tokens) {
     return rc;
 }
 
-int batch_fit(double per_a, double avail_a, double per_b, double avail_b, int *bound) {
-    double a = per_a > 0 ? floor(avail_a / per_a) : 4096, b = per_b > 0 ? floor(avail_b / per_b) : 4096;
+int batch_fit(double once_a, double per_a, double avail_a, double per_b, double avail_b, int *bound) {
+    double left = avail_a - once_a; /* the weights, counted once */
+    double a = left < 0 ? 0 : per_a > 0 ? floor(left / per_a) : 4096, b = per_b > 0 ? floor(avail_b / per_b) : 4096;
     *bound = per_b > 0 && b < a;
     double n = b < a ? b : a;
     return n < 0 ? 0 : n > 4096 ? 4096 : (int)n;

@@ -7,42 +7,116 @@
 #include "probe.h"
 #include "skv.h"
 
+#include <pthread.h>
 #include <stdlib.h>
 #include <string.h>
 
+/* ---- the shared weights ------------------------------------------------
+ * One copy per (model, backend) in the process (forward.h: ownership). */
+
+static pthread_mutex_t weights_lock = PTHREAD_MUTEX_INITIALIZER;
+static forward_weights *weights_list; /* under weights_lock */
+
 /* One tensor into the backend (skipped when the model has none, as for
  * absent biases). */
-static int load_one(forward_state *f, const skv_tensor *t, skv_weight *w) {
-    memset(w, 0, sizeof *w);
+static int load_one(forward_weights *w, const skv_tensor *t, skv_weight *out) {
+    memset(out, 0, sizeof *out);
     if (!t->data) return 0;
-    return f->be->weight_load(t->type, t->data, t->rows, t->cols, w);
+    w->bytes += ggml_row_size(t->type, (uint64_t)t->cols) * (size_t)t->rows;
+    return w->be->weight_load(t->type, t->data, t->rows, t->cols, out);
+}
+
+static void weights_free(forward_weights *w) {
+    const skv_backend *be = w->be;
+    if (w->lw) {
+        for (int l = 0; l < w->m->cfg.n_layers; l++) {
+            forward_layer *W = &w->lw[l];
+            skv_weight *ws[] = {&W->attn_norm, &W->wq, &W->wk, &W->wv, &W->wo, &W->bq, &W->bk, &W->bv,
+                                &W->ffn_norm, &W->w_gate, &W->w_up, &W->w_down};
+            for (size_t i = 0; i < sizeof ws / sizeof ws[0]; i++) be->weight_free(ws[i]);
+        }
+        free(w->lw);
+    }
+    be->weight_free(&w->tok_embd);
+    be->weight_free(&w->out_norm);
+    be->weight_free(&w->output);
+    free(w);
 }
 
 /* Every weight of the model as the backend computes on it: the CPU's are
  * the model's own blocks; a device backend holds copies. */
-static int load_weights(forward_state *f) {
-    const skv_model *m = f->m;
-    int rc;
-    if (!(f->lw = calloc((size_t)m->cfg.n_layers, sizeof *f->lw))) return skv_error(SKV_ENOMEM, "out of memory");
-    for (int l = 0; l < m->cfg.n_layers; l++) {
+static int weights_load(const skv_model *m, const skv_backend *be, forward_weights **out) {
+    *out = NULL;
+    forward_weights *w = calloc(1, sizeof *w);
+    if (!w || !(w->lw = calloc((size_t)m->cfg.n_layers, sizeof *w->lw))) {
+        free(w);
+        return skv_error(SKV_ENOMEM, "out of memory");
+    }
+    w->m = m;
+    w->be = be;
+    int rc = 0;
+    for (int l = 0; l < m->cfg.n_layers && !rc; l++) {
         const model_layer *L = &m->layers[l];
-        forward_layer *W = &f->lw[l];
-        if ((rc = load_one(f, &L->attn_norm, &W->attn_norm)) || (rc = load_one(f, &L->wq, &W->wq)) ||
-            (rc = load_one(f, &L->wk, &W->wk)) || (rc = load_one(f, &L->wv, &W->wv)) ||
-            (rc = load_one(f, &L->wo, &W->wo)) || (rc = load_one(f, &L->bq, &W->bq)) ||
-            (rc = load_one(f, &L->bk, &W->bk)) || (rc = load_one(f, &L->bv, &W->bv)) ||
-            (rc = load_one(f, &L->ffn_norm, &W->ffn_norm)) || (rc = load_one(f, &L->w_gate, &W->w_gate)) ||
-            (rc = load_one(f, &L->w_up, &W->w_up)) || (rc = load_one(f, &L->w_down, &W->w_down)))
-            return rc;
+        forward_layer *W = &w->lw[l];
+        if ((rc = load_one(w, &L->attn_norm, &W->attn_norm)) || (rc = load_one(w, &L->wq, &W->wq)) ||
+            (rc = load_one(w, &L->wk, &W->wk)) || (rc = load_one(w, &L->wv, &W->wv)) ||
+            (rc = load_one(w, &L->wo, &W->wo)) || (rc = load_one(w, &L->bq, &W->bq)) ||
+            (rc = load_one(w, &L->bk, &W->bk)) || (rc = load_one(w, &L->bv, &W->bv)) ||
+            (rc = load_one(w, &L->ffn_norm, &W->ffn_norm)) || (rc = load_one(w, &L->w_gate, &W->w_gate)) ||
+            (rc = load_one(w, &L->w_up, &W->w_up)) || (rc = load_one(w, &L->w_down, &W->w_down)))
+            break;
     }
-    if ((rc = load_one(f, &m->tok_embd, &f->tok_embd)) || (rc = load_one(f, &m->out_norm, &f->out_norm)))
+    if (!rc) rc = load_one(w, &m->tok_embd, &w->tok_embd);
+    if (!rc) rc = load_one(w, &m->out_norm, &w->out_norm);
+    if (!rc && m->output.data == m->tok_embd.data) { /* tied: share the embedding's copy */
+        w->output = w->tok_embd;
+        w->output.owned = NULL;
+    } else if (!rc) {
+        rc = load_one(w, &m->output, &w->output);
+    }
+    if (rc) {
+        weights_free(w);
         return rc;
-    if (m->output.data == m->tok_embd.data) { /* tied: share the embedding's copy */
-        f->output = f->tok_embd;
-        f->output.owned = NULL;
-        return 0;
     }
-    return load_one(f, &m->output, &f->output);
+    *out = w;
+    return 0;
+}
+
+int forward_weights_get(const skv_model *m, const skv_backend *be, forward_weights **out) {
+    if (!be) be = &skv_backend_cpu;
+    *out = NULL;
+    pthread_mutex_lock(&weights_lock);
+    forward_weights *w = weights_list;
+    while (w && (w->m != m || w->be != be)) w = w->next;
+    int rc = 0;
+    if (w) w->refs++;
+    else if (!(rc = weights_load(m, be, &w))) { /* the first user loads them, under the lock */
+        w->refs = 1;
+        w->next = weights_list;
+        weights_list = w;
+    }
+    pthread_mutex_unlock(&weights_lock);
+    *out = w;
+    return rc;
+}
+
+void forward_weights_put(forward_weights *w) {
+    if (!w) return;
+    pthread_mutex_lock(&weights_lock);
+    int last = --w->refs == 0;
+    if (last) { /* out of the registry, then freed by this last owner */
+        forward_weights **p = &weights_list;
+        while (*p != w) p = &(*p)->next;
+        *p = w->next;
+    }
+    pthread_mutex_unlock(&weights_lock);
+    if (last) weights_free(w);
+}
+
+size_t forward_act_bytes(const model_config *c, int rows) {
+    size_t B = (size_t)rows, qd = (size_t)c->n_heads * c->head_dim, kvd = (size_t)c->n_kv_heads * c->head_dim;
+    size_t dim = (size_t)c->dim, xn = dim > qd ? dim : qd;
+    return sizeof(float) * (B * (dim + xn + 2 * qd + 3 * kvd + 2 * (size_t)c->ffn_dim) + (size_t)c->vocab);
 }
 
 int forward_init(forward_state *f, const skv_model *m, const skv_backend *be, int max_batch) {
@@ -67,7 +141,7 @@ int forward_init(forward_state *f, const skv_model *m, const skv_backend *be, in
     int rc = rope_init(&f->rope, &rp, factors);
     free(tmp);
     if (rc) return rc;
-    if ((rc = load_weights(f))) {
+    if ((rc = forward_weights_get(m, f->be, &f->w))) {
         forward_free(f);
         return rc;
     }
@@ -100,18 +174,7 @@ void forward_free(forward_state *f) {
     float *bufs[] = {f->x, f->xn, f->q, f->att, f->k, f->k_pre, f->v, f->gate, f->up, f->logits_be, f->logits_rows};
     for (size_t i = 0; i < sizeof bufs / sizeof bufs[0]; i++)
         if (bufs[i]) be->free(bufs[i]);
-    if (f->lw) {
-        for (int l = 0; l < f->m->cfg.n_layers; l++) {
-            forward_layer *W = &f->lw[l];
-            skv_weight *ws[] = {&W->attn_norm, &W->wq, &W->wk, &W->wv, &W->wo, &W->bq, &W->bk, &W->bv,
-                                &W->ffn_norm, &W->w_gate, &W->w_up, &W->w_down};
-            for (size_t i = 0; i < sizeof ws / sizeof ws[0]; i++) be->weight_free(ws[i]);
-        }
-        free(f->lw);
-    }
-    be->weight_free(&f->tok_embd);
-    be->weight_free(&f->out_norm);
-    be->weight_free(&f->output);
+    forward_weights_put(f->w);
     skv_workspace_free(&f->ws);
     rope_free(&f->rope);
     memset(f, 0, sizeof *f);
@@ -161,7 +224,7 @@ static int run_layers(forward_state *f, kv_cache *const *kv, const int *pos, int
     int rc;
     for (int l = 0; l < c->n_layers; l++) {
         const model_layer *L = &m->layers[l];
-        const forward_layer *W = &f->lw[l];
+        const forward_layer *W = &f->w->lw[l];
         if (be->span_tag) be->span_tag(l, f->step);
         double t0 = probe_wants(f->bus, PROBE_SPAN) ? probe_time(f->bus) : 0;
         be->rmsnorm(f->xn, f->x, W->attn_norm.data, n, dim, c->norm_eps);
@@ -238,12 +301,12 @@ int forward_batch(forward_state *f, kv_cache *kv, const int32_t *tokens, int n, 
     int dspans = be->span_drain && probe_wants(f->bus, PROBE_SPAN);
     if (be->span_enable) be->span_enable(dspans);
     if (be->span_tag) be->span_tag(-1, f->step);
-    be->embed(f->tok_embd.type, f->tok_embd.data, dim, tokens, n, f->x);
+    be->embed(f->w->tok_embd.type, f->w->tok_embd.data, dim, tokens, n, f->x);
     if ((rc = run_layers(f, &kv, &pos, n, 0))) return rc;
     if (be->span_tag) be->span_tag(-1, f->step);
     double t0 = probe_wants(f->bus, PROBE_SPAN) ? probe_time(f->bus) : 0;
-    be->rmsnorm(f->xn, f->x + (size_t)(n - 1) * dim, f->out_norm.data, 1, dim, c->norm_eps);
-    matmul(f, &m->output, &f->output, f->xn, 1, f->logits_be);
+    be->rmsnorm(f->xn, f->x + (size_t)(n - 1) * dim, f->w->out_norm.data, 1, dim, c->norm_eps);
+    matmul(f, &m->output, &f->w->output, f->xn, 1, f->logits_be);
     if (f->logits != f->logits_be) be->download(f->logits, f->logits_be, sizeof(float) * c->vocab);
     if (be->sync) be->sync();
     span(f, "logits", -1, t0);
@@ -269,12 +332,12 @@ int forward_rows(forward_state *f, kv_cache *const *kv, const int32_t *tokens, c
     if (be->span_enable) be->span_enable(dspans);
     if (be->span_tag) be->span_tag(-1, f->step);
     if (f->lanes) probe_emit_lane(f->bus, 0, n, kv[0]->policy->name, ""); /* the shared ops' spans: lane 0's */
-    be->embed(f->tok_embd.type, f->tok_embd.data, c->dim, tokens, n, f->x);
+    be->embed(f->w->tok_embd.type, f->w->tok_embd.data, c->dim, tokens, n, f->x);
     if ((rc = run_layers(f, kv, pos, n, 1))) return rc;
     if (be->span_tag) be->span_tag(-1, f->step);
     double t0 = probe_wants(f->bus, PROBE_SPAN) ? probe_time(f->bus) : 0;
-    be->rmsnorm(f->xn, f->x, f->out_norm.data, n, c->dim, c->norm_eps);
-    matmul(f, &m->output, &f->output, f->xn, n, f->logits_rows);
+    be->rmsnorm(f->xn, f->x, f->w->out_norm.data, n, c->dim, c->norm_eps);
+    matmul(f, &m->output, &f->w->output, f->xn, n, f->logits_rows);
     be->download(logits, f->logits_rows, sizeof(float) * (size_t)n * c->vocab);
     if (be->sync) be->sync();
     span(f, "logits", -1, t0);

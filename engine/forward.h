@@ -18,14 +18,39 @@ typedef struct {
     skv_weight attn_norm, wq, wk, wv, wo, bq, bk, bv, ffn_norm, w_gate, w_up, w_down;
 } forward_layer;
 
+/* A model's weights as one backend holds them (the CPU's are the model's
+ * own blocks; a device backend's are copies in its memory): loaded once per
+ * (model, backend) in the process and shared by every forward state on that
+ * pair, a session's, a fork's, a batch's, the oracle's twin.
+ *
+ * Ownership: the process's registry (forward.c) holds each entry while it
+ * has references; forward_init takes one (the first one loads the weights),
+ * forward_free gives it back, and whoever gives back the last one frees the
+ * copies (weight_free). Nobody else frees them. The model must outlive every
+ * forward state made on it (as before). Thread-safe (one lock). */
+typedef struct forward_weights {
+    const skv_model *m;
+    const skv_backend *be;
+    forward_layer *lw;      /* (n_layers) */
+    skv_weight tok_embd, out_norm, output;
+    size_t bytes;           /* the model's weight bytes handed to weight_load (once, however many borrow them) */
+    int refs;               /* forward states holding it (under the registry's lock) */
+    struct forward_weights *next; /* the registry's list */
+} forward_weights;
+
+/* The weights of m on be, loaded on the first call (be NULL: the CPU) with
+ * one reference taken; forward_weights_put gives it back. 0 or SKV_E*. */
+int forward_weights_get(const skv_model *m, const skv_backend *be, forward_weights **out);
+void forward_weights_put(forward_weights *w);
+
 typedef struct {
     const skv_model *m;
     const skv_backend *be;  /* where the math runs */
     rope_ctx rope;
     int max_batch;
-    /* weights in the backend's memory (the CPU's are the model's own) */
-    forward_layer *lw;      /* (n_layers) */
-    skv_weight tok_embd, out_norm, output;
+    /* the weights in the backend's memory: borrowed (one reference), shared
+     * with every other forward state of the same model and backend */
+    forward_weights *w;
     /* activations in the backend's memory, (max_batch, width) */
     float *x, *xn, *q, *k, *k_pre, *v, *att, *gate, *up;
     skv_workspace ws;   /* the backend's matmul scratch */
@@ -39,9 +64,18 @@ typedef struct {
                            PROBE_LANE for lane i (and the shared ops' spans one for lane 0) */
 } forward_state;
 
-/* be: the backend (NULL: the CPU reference). */
+/* be: the backend (NULL: the CPU reference). The weights are borrowed from
+ * the process's shared copy (forward_weights_get): only the first state of a
+ * model on a backend loads them. The activations, (max_batch) rows of each
+ * buffer, are the state's own: forward_act_bytes. */
 int forward_init(forward_state *f, const skv_model *m, const skv_backend *be, int max_batch);
+/* Frees the activations and gives the weights back (the last one frees them). */
 void forward_free(forward_state *f);
+
+/* Bytes of the backend's memory forward_init allocates for activations of
+ * rows rows (the weights not included: they are shared); forward_rows adds
+ * (rows, vocab) floats of logits for a batch of rows. */
+size_t forward_act_bytes(const model_config *c, int rows);
 
 /* Runs tokens[0..n) at positions pos.. through the model; n <= max_batch.
  * Returns 0 and leaves the last token's logits in f->logits. */

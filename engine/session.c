@@ -39,7 +39,8 @@ int session_new(skv_model *m, const session_opts *o, skv_session **out) {
     if (s->o.batch <= 0) s->o.batch = 512;
     skv_threads();
     char notice[256];
-    if (!(s->be = skv_backend_pick(o->backend, notice, sizeof notice))) {
+    notice[0] = 0;
+    if (!(s->be = o->be ? o->be : skv_backend_pick(o->backend, notice, sizeof notice))) {
         free(s);
         return SKV_EINVAL;
     }

@@ -12,6 +12,8 @@
 
 typedef struct {
     char backend[16];        /* where the math runs ("cpu"); "" = the default */
+    const skv_backend *be;   /* non-NULL: this backend table itself, not backend's by name (tests: a
+                                stand-in device, tests/test_devpath.c); forks take it over */
     int ctx;                 /* positions; 0 = the model's trained context */
     int batch;               /* prefill batch; 0 = 512 */
     kv_opts kv;
@@ -29,7 +31,8 @@ struct skv_session {
     session_opts o;
     const skv_backend *be;   /* the backend in use (after any fallback) */
     char notice[256];        /* a message for the user (backend fallback), or "" */
-    forward_state fwd;
+    forward_state fwd;       /* its activations own; the weights borrowed from the process's one copy
+                                (forward_weights), shared with forks, batches and the twin */
     kv_cache *kv;
     kv_cache *oracle;        /* --oracle with a sparse policy: the oracle wrapper (inside kv, owned by it) */
     kv_cache *rec;           /* record_prefill: the prefill recorder (kv itself, outermost) */
@@ -69,8 +72,11 @@ int session_prefill(skv_session *s, const int32_t *tokens, int n, int (*progress
  * policy: a budget, rank, window...): src must have been made with
  * record_prefill. Its policy is fed src's recorded prefill (kv_rec_replay),
  * not the model, and it takes src's last logits, so its decode is the one a
- * prefill of the same prompt under kv would give. No oracle, probes or tap;
- * the caller frees it. */
+ * prefill of the same prompt under kv would give. On a device backend the
+ * replay moves the recorded rows through the backend's upload (kv_rec.c);
+ * the fork borrows src's weights (one copy in the process, forward.h) and
+ * adds only its own KV cache and one row of activations. No oracle, probes
+ * or tap; the caller frees it. */
 int session_fork(const skv_session *src, const kv_opts *kv, skv_session **out);
 
 /* Sets the bus s and its KV policy emit on (NULL: none). A fork starts

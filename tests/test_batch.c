@@ -365,13 +365,21 @@ static void test_full_budget(const char *path, const char *label) {
 int main(void) {
     /* batch_fit: the batch that fits two pools, and which one bounds it */
     {
-        int pool = -1, n1 = batch_fit(2.0, 100.0, 7.5, 2000.0, &pool), p1 = pool;
-        int n2 = batch_fit(2.0, 100.0, 7.5, 100.0, &pool), p2 = pool;
-        int n3 = batch_fit(3.0, 1e9, 0.0, 0.0, &pool), p3 = pool;
-        int n4 = batch_fit(200.0, 100.0, 1.0, 100.0, &pool);
+        int pool = -1, n1 = batch_fit(0.0, 2.0, 100.0, 7.5, 2000.0, &pool), p1 = pool;
+        int n2 = batch_fit(0.0, 2.0, 100.0, 7.5, 100.0, &pool), p2 = pool;
+        int n3 = batch_fit(0.0, 3.0, 1e9, 0.0, 0.0, &pool), p3 = pool;
+        int n4 = batch_fit(0.0, 200.0, 100.0, 1.0, 100.0, &pool);
         test_cond("batch_fit: the device pool bounds 50 of 2 B in 100 B, the host pool 13 of 7.5 B in 100 B, at most "
                   "4096, 0 when one does not fit", n1 == 50 && p1 == 0 && n2 == 13 && p2 == 1 && n3 == 4096 &&
                   p3 == 0 && n4 == 0);
+        /* the weights once: 16 B of weights and 3 B a sequence fit 4 sequences in 30 B (16 + 4 x 3 = 28), where
+         * weights counted per sequence would fit 1 (30 / 19); none when the weights alone are over the pool */
+        int n5 = batch_fit(16.0, 3.0, 30.0, 0.0, 0.0, &pool), p5 = pool;
+        int n6 = batch_fit(16.0, 3.0, 31.0, 0.0, 0.0, &pool), n7 = batch_fit(40.0, 3.0, 30.0, 0.0, 0.0, &pool);
+        int n8 = batch_fit(16.0, 3.0, 30.0, 1.0, 2.0, &pool), p8 = pool;
+        test_cond("batch_fit: the weights count once (16 B of weights + 4 x 3 B in 30 B: 4, 5 in 31 B; 0 when the "
+                  "weights alone are over; the host pool still bounds 2)", n5 == 4 && p5 == 0 && n6 == 5 && n7 == 0 &&
+                  n8 == 2 && p8 == 1);
     }
 
     static const char *const all[] = { "dense", "shadowkv", "quest", "freekv", "specache", "tailorkv", NULL };

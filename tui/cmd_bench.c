@@ -30,7 +30,10 @@ static void help(FILE *o) {
                "time per step by stage (select: landmark scores, softmax, top-k; rebuild: the\n"
                "misses' value fetch and key rebuild; attend: the sparse attention), the rest of\n"
                "the step (weights, norms, sampling), and the chunk cache's hit rate.\n"
-               "The best of R repeats (default 1) is reported.\n\n");
+               "The best of R repeats (default 1) is reported.\n"
+               "A long run says on stderr how far it is (the prefill, the forks, the steps). Ctrl-C stops after\n"
+               "the decode step (or prefill chunk) in flight and prints what it measured: a run cut short says\n"
+               "decode=<steps made> and partial=1 (exit status 130); a second Ctrl-C quits at once.\n\n");
     cli_gen_help(o, 0);
     fprintf(o, "  -n N                  decode steps (default 64)\n"
                "      --prompt-tokens N prompt length (default 512)\n"
@@ -41,13 +44,17 @@ static void help(FILE *o) {
                "                        B x steps / time, decode_ms a step, and the KV bytes resident for all B\n"
                "                        and per sequence. A list (1,8,max) runs each from the one prefill (a size\n"
                "                        over --mem said and skipped; fit: the largest that fits, said, not run),\n"
-               "                        and --kv a,b forks the prefill into each policy (one line a policy and B)\n"
+               "                        and --kv a,b forks the first policy's prefill into each policy (one line a\n"
+               "                        policy and B; a \"note:\" line says a later policy's figures are approximate:\n"
+               "                        its cache holds keys and values made through the first's prefill attention)\n"
                "      --max-parallel    the largest B that fits under --mem (one sequence's KV bytes measured on a\n"
                "                        fork, its activations estimated, beside the weights and the prompt's\n"
                "                        source; with --offload-file, each fork's values in a file of their own\n"
                "                        there, within four fifths of the free disk), then the bench at it;\n"
                "                        with --backend cuda, within nine tenths of the device's free memory\n"
-               "                        (resident KV, activations) and --mem of the host's (offloaded values)\n"
+               "                        (resident KV, activations) and --mem of the host's (offloaded values);\n"
+               "                        at most 4096: bound= says what set it (memory, disk, device, host, or cap,\n"
+               "                        the 4096 limit, said on stderr with what memory would hold)\n"
                "      --mem GIB         the memory a batch may take (default: the machine's available memory\n"
                "                        less a tenth); a --parallel B over it is refused, naming what it needs\n");
 }
@@ -136,10 +143,60 @@ static double disk_free(const char *path) {
 }
 
 /* The batch sizes of --parallel: up to 16, each a count, "max" (the
- * largest that fits, then its bench) or "fit" (that size said, not run). */
+ * largest that fits, then its bench) or "fit" (that size said, not run).
+ * NP_CAP is the most any of them may be: "max" stops there when memory
+ * (and disk) would take more, and says so (bound=cap). */
 #define NP_MAX_LIST 16
 #define NP_MAX (-1)
 #define NP_FIT (-2)
+#define NP_CAP 4096
+
+/* What set the largest batch: the cap when both pools would take more than
+ * it (batch_fit stops at NP_CAP), else the pool that bounds it. n_a, n_b:
+ * how many sequences each pool holds (a negative count: no limit). */
+static const char *bound_name(int fit, double n_a, double n_b, int pool, const char *a, const char *b) {
+    if (fit >= NP_CAP && (n_a < 0 || n_a > NP_CAP) && (n_b < 0 || n_b > NP_CAP)) return "cap";
+    return pool ? b : a;
+}
+
+/* Progress on stderr while a long part runs (a prefill, the forks of a big
+ * batch, its steps): nothing in a part's first 2 s, then a line every 5 s at
+ * most, so a short bench stays silent and a long one is never mute. */
+typedef struct { double t0, last; } tick_clock;
+static void tick_start(tick_clock *c) {
+    c->t0 = skv_now();
+    c->last = 0;
+}
+static int tick_due(tick_clock *c) {
+    double now = skv_now();
+    if (now - c->t0 < 2 || (c->last > 0 && now - c->last < 5)) return 0;
+    c->last = now;
+    return 1;
+}
+
+/* session_prefill's progress: a line now and then, and Ctrl-C cancels. */
+static int prefill_tick(void *user, int done, int total) {
+    tick_clock *c = user;
+    if (done < total && tick_due(c)) {
+        double t = skv_now() - c->t0;
+        cli_msg("prefill: %d of %d tokens in %.0f s, about %.0f s left\n", done, total, t,
+                done > 0 ? t * (total - done) / done : 0.0);
+    }
+    return cli_stop_requested();
+}
+
+/* A prefill with progress lines; Ctrl-C during it is said and returns
+ * CLI_STOPPED (nothing measured yet), another failure its message and 1. */
+static int bench_prefill(skv_session *s, const int32_t *ids, int np) {
+    tick_clock c;
+    tick_start(&c);
+    if (!session_prefill(s, ids, np, prefill_tick, &c)) return 0;
+    if (cli_stop_requested()) {
+        cli_msg("interrupted during the prefill: nothing was measured\n");
+        return CLI_STOPPED;
+    }
+    return cli_fail();
+}
 
 /* skv bench --parallel B[,B...] / --max-parallel / --mem, for one policy or
  * a --kv list: one prefill of the prompt (through the first policy's
@@ -147,17 +204,31 @@ static double disk_free(const char *path) {
  * steps alone gives what a sequence costs in memory, hence the largest B
  * under avail bytes ("max") or the refusal of a B over it; then for each B,
  * B forks decode n steps together, timed (the best of R repeats, each from
- * fresh forks). One line a (policy, B). */
+ * fresh forks). One line a (policy, B).
+ *
+ * A fork into another policy than the first replays the first's recorded
+ * prefill: its keys and values past layer 0 were computed through the
+ * first policy's prefill attention (dense --f16-kv: over a half-precision
+ * cache), not its own, so they differ slightly from its own prefill's (rel
+ * L2 2.4e-4 for shadowkv from dense --f16-kv). Its figures are then said to
+ * be approximate (a "note:" line); a policy benched alone forks its own
+ * prefill, bit-exact (tests/bench.sh runs Table 3 so).
+ *
+ * Ctrl-C stops after the decode step in flight: the batch in flight gets
+ * its line for the steps it made (partial=1), and nothing more runs. */
 static int bench_parallel(cli_gen *g, skv_model *m, const int32_t *ids, int np, const int *bs, int n_bs, double avail,
                           int mem_given, int repeat) {
     double pp = 0, fixed = weight_bytes(m); /* the memory taken anyway */
-    int rc = 0, file = g->s.kv.offload_file[0] != 0, n_pol = g->n_kv > 1 ? g->n_kv : 1;
+    int rc = 0, out = 0, file = g->s.kv.offload_file[0] != 0, n_pol = g->n_kv > 1 ? g->n_kv : 1;
+    int stopped = 0, runs = 0, src_half = 0;
     session_opts so = g->s;
     so.record_prefill = 1;
     skv_session *src = NULL, *one = NULL;
     int32_t *tok = NULL;
-    if ((rc = session_new(m, &so, &src)) || (rc = session_prefill(src, ids, np, NULL, NULL))) goto done;
+    if ((rc = session_new(m, &so, &src))) goto done;
+    if ((out = bench_prefill(src, ids, np))) goto done;
     pp = np / (src->t_prefill > 0 ? src->t_prefill : 1e-9);
+    src_half = !strcmp(src->o.kv.policy, "dense") && kv_opt(&src->o.kv, &kv_policy_dense, "f16") != 0;
     fixed += seq_bytes(src, file, NULL) + (double)kv_rec_held(src->rec); /* the source and its recording stay */
     /* On a device the batch fits two pools: its memory (each sequence's
      * resident KV and activations; read now, the weights and the source
@@ -173,13 +244,29 @@ static int bench_parallel(cli_gen *g, skv_model *m, const int32_t *ids, int np, 
         dev_avail = 0.9 * (double)fr;
         host_avail = avail - (double)o0 - (double)kv_rec_held(src->rec);
     }
-    for (int p = 0; p < n_pol && !rc; p++) {
+    for (int p = 0; p < n_pol && !rc && !stopped; p++) {
         kv_opts ko = g->s.kv;
         if (g->n_kv > 1) snprintf(ko.policy, sizeof ko.policy, "%s", g->kv_list[p]);
         for (int j = 0; j < ko.n_set; j++) ko.set[j].strict = 0; /* each policy takes the options it has */
+        if (strcmp(ko.policy, src->o.kv.policy)) {
+            printf("note: kv=%s forks %s's recorded prefill%s: its keys and values past layer 0 were computed through "
+                   "%s's prefill attention, not its own, so its figures below are approximate (not bit-exact with "
+                   "its own prefill; shadowkv from dense --f16-kv: rel L2 2.4e-4); bench --kv %s alone for exact "
+                   "ones\n", ko.policy, src->o.kv.policy, src_half ? " (with an f16 cache)" : "", src->o.kv.policy,
+                   ko.policy);
+            fflush(stdout);
+        }
         if ((rc = session_fork(src, &ko, &one))) break;
-        for (int t = 0; t < g->n_predict && !rc; t++) rc = session_decode(one, ids[t % np]);
+        tick_clock c1;
+        tick_start(&c1);
+        for (int t = 0; t < g->n_predict && !rc && !cli_stop_requested(); t++) {
+            rc = session_decode(one, ids[t % np]);
+            if (!rc && t + 1 < g->n_predict && tick_due(&c1))
+                cli_msg("kv=%s: one sequence alone (what a sequence takes in memory): step %d of %d, about %.0f s "
+                        "left\n", ko.policy, t + 1, g->n_predict, one->t_decode / one->step * (g->n_predict - t - 1));
+        }
         if (rc) break;
+        if (cli_stop_requested()) { stopped = 1; break; }
         double off_seq; /* what each fork writes to its own offload file */
         double per = seq_bytes(one, file, &off_seq), per_dev = 0, per_host = 0;
         if (be->mem_info) {
@@ -190,23 +277,30 @@ static int bench_parallel(cli_gen *g, skv_model *m, const int32_t *ids, int np, 
         }
         session_free(one);
         one = NULL;
-        /* The largest batch that fits, and the pool that bounds it: on a
-         * device its memory (resident KV, activations) and the host's (the
-         * offloaded values); on the CPU the memory beside the weights and
-         * the source, and with the file tier the disk (each fork's values
-         * in a file of their own beside --offload-file's path). */
-        int pool = 0, fit = 4096;
+        /* The largest batch that fits, and what bounds it: on a device its
+         * memory (resident KV, activations) and the host's (the offloaded
+         * values); on the CPU the memory beside the weights and the source,
+         * and with the file tier the disk (each fork's values in a file of
+         * their own beside --offload-file's path); or the cap of NP_CAP when
+         * they would take more. */
+        int pool = 0, fit = NP_CAP;
+        double n_a = -1, n_b = -1; /* sequences each pool holds (-1: no limit) */
         const char *bound;
         if (be->mem_info) {
-            fit = batch_fit(per_dev, dev_avail, per_host, host_avail, &pool);
-            bound = pool ? "host" : "device";
+            fit = batch_fit(0, per_dev, dev_avail, per_host, host_avail, &pool); /* read with the weights in */
+            if (per_dev > 0) n_a = floor(dev_avail / per_dev);
+            if (per_host > 0) n_b = floor(host_avail / per_host);
+            bound = bound_name(fit, n_a, n_b, pool, "device", "host");
         } else {
-            if (avail > 0)
-                fit = batch_fit(per, avail - fixed, off_seq, off_seq > 0 ? disk_free(g->s.kv.offload_file) * 0.8 : 0,
-                                &pool);
-            bound = pool ? "disk" : "memory";
+            double disk = off_seq > 0 ? disk_free(g->s.kv.offload_file) * 0.8 : 0;
+            if (avail > 0) {
+                fit = batch_fit(fixed, per, avail, off_seq, disk, &pool);
+                if (per > 0) n_a = floor((avail - fixed) / per);
+                if (off_seq > 0) n_b = floor(disk / off_seq);
+            }
+            bound = bound_name(fit, n_a, n_b, pool, "memory", "disk");
         }
-        for (int k = 0; k < n_bs && !rc; k++) {
+        for (int k = 0; k < n_bs && !rc && !stopped; k++) {
             int B = bs[k];
             if (B == NP_MAX || B == NP_FIT) {
                 B = fit;
@@ -232,6 +326,15 @@ static int bench_parallel(cli_gen *g, skv_model *m, const int32_t *ids, int np, 
                     printf("kv=%s max_parallel=%d per_seq_bytes=%.0f mem_bytes=%.0f file_bytes_seq=%.0f bound=%s\n",
                            ko.policy, B, per, avail, off_seq, bound);
                 fflush(stdout);
+                if (!strcmp(bound, "cap")) {
+                    char held[64] = "more";
+                    double n = n_a < 0 ? n_b : n_b < 0 ? n_a : n_a < n_b ? n_a : n_b;
+                    if (n > 0) snprintf(held, sizeof held, "%.0f", n);
+                    cli_msg("kv=%s: %s would hold %s sequences; %s stops at the cap of %d (give --parallel N or --mem "
+                            "GIB for fewer)\n", ko.policy, mem_given ? "--mem" : be->mem_info ? "the memory free" :
+                            avail > 0 ? "the memory available" : "the memory (not known here)", held,
+                            bs[k] == NP_FIT ? "fit" : "max", NP_CAP);
+                }
                 if (bs[k] == NP_FIT) continue;
             } else if (B > fit) {
                 double need = be->mem_info ? (per_dev + per_host) * B : fixed + per * B;
@@ -261,25 +364,42 @@ static int bench_parallel(cli_gen *g, skv_model *m, const int32_t *ids, int np, 
             free(tok);
             if (!(tok = malloc(sizeof *tok * (size_t)B))) { rc = skv_error(SKV_ENOMEM, "out of memory"); break; }
             double best_tg = 0, best_ms = 0;
+            int best_steps = 0;
             size_t res_all = 0, off_all = 0;
-            for (int r = 0; r < repeat && !rc; r++) {
+            for (int r = 0; r < repeat && !rc && !stopped; r++) {
                 skv_session **seqs = calloc((size_t)B, sizeof *seqs);
                 skv_batch *b = NULL;
+                tick_clock c;
+                tick_start(&c);
                 if (!seqs) rc = skv_error(SKV_ENOMEM, "out of memory");
-                for (int i = 0; i < B && !rc; i++) rc = session_fork(src, &ko, &seqs[i]);
-                if (!rc && (rc = batch_new(seqs, B, &b)) == 0) memset(seqs, 0, sizeof *seqs * (size_t)B);
+                for (int i = 0; i < B && !rc && !stopped; i++) {
+                    rc = session_fork(src, &ko, &seqs[i]);
+                    if (cli_stop_requested()) stopped = 1;
+                    else if (i + 1 < B && tick_due(&c))
+                        cli_msg("kv=%s parallel=%d: %d of %d sequences forked in %.0f s\n", ko.policy, B, i + 1, B,
+                                skv_now() - c.t0);
+                }
+                if (!rc && !stopped && (rc = batch_new(seqs, B, &b)) == 0) memset(seqs, 0, sizeof *seqs * (size_t)B);
                 if (rc == SKV_ENOMEM)
                     rc = skv_error(SKV_ENOMEM, "%d sequences of %d + %d tokens do not fit in memory (%.1f MiB of "
                                    "weights; lower --parallel)", B, np, g->n_predict, weight_bytes(m) / 1048576.0);
-                for (int t = 0; t < g->n_predict && !rc; t++) {
+                tick_start(&c);
+                for (int t = 0; t < g->n_predict && !rc && !stopped; t++) {
                     for (int i = 0; i < B; i++) tok[i] = ids[(t + i) % np];
                     rc = batch_decode(b, tok);
+                    if (!rc && cli_stop_requested()) stopped = 1;
+                    else if (!rc && t + 1 < g->n_predict && tick_due(&c)) {
+                        double ts = batch_steps(b) ? batch_t_decode(b) / batch_steps(b) : 0;
+                        cli_msg("kv=%s parallel=%d: step %d of %d, %.1f s a step, about %.0f s left\n", ko.policy, B,
+                                t + 1, g->n_predict, ts, ts * (g->n_predict - t - 1));
+                    }
                 }
-                if (!rc) {
+                if (!rc && b && batch_steps(b) > 0) { /* a run cut short by Ctrl-C keeps the steps it made */
                     double t = batch_t_decode(b), tg = t > 0 ? (double)B * batch_steps(b) / t : 0;
-                    if (tg > best_tg) {
+                    if (tg > best_tg && (!stopped || !best_steps)) {
                         best_tg = tg;
-                        best_ms = batch_steps(b) ? 1000 * t / batch_steps(b) : 0;
+                        best_steps = batch_steps(b);
+                        best_ms = 1000 * t / batch_steps(b);
                         res_all = off_all = 0;
                         for (int i = 0; i < B; i++) {
                             size_t r0, o0;
@@ -294,21 +414,32 @@ static int bench_parallel(cli_gen *g, skv_model *m, const int32_t *ids, int np, 
                 free(seqs);
                 batch_free(b);
             }
-            if (rc) break;
+            if (rc || !best_steps) break;
             const model_config *c = &m->cfg;
             printf("model=%s kv=%s threads=%d prompt=%d decode=%d parallel=%d prefill_tok_s=%.1f decode_tok_s=%.2f "
                    "decode_ms=%.3f resident_bytes=%zu resident_bytes_seq=%.0f offloaded_bytes=%zu tier=%s "
-                   "weight_bytes=%.0f seq_bytes=%.0f\n",
-                   c->name[0] ? c->name : g->model, ko.policy, skv_threads(), np, g->n_predict, B, pp, best_tg, best_ms,
-                   res_all, (double)res_all / B, off_all, file ? "file" : "memory", weight_bytes(m), per);
+                   "weight_bytes=%.0f seq_bytes=%.0f%s\n",
+                   c->name[0] ? c->name : g->model, ko.policy, skv_threads(), np, best_steps, B, pp, best_tg, best_ms,
+                   res_all, (double)res_all / B, off_all, file ? "file" : "memory", weight_bytes(m), per,
+                   best_steps < g->n_predict ? " partial=1" : "");
             fflush(stdout);
+            runs++;
+            if (best_steps < g->n_predict)
+                cli_msg("kv=%s parallel=%d: interrupted after %d of %d steps; its line above says decode=%d and "
+                        "partial=1\n", ko.policy, B, best_steps, g->n_predict, best_steps);
         }
+    }
+    if (!rc && (stopped || cli_stop_requested())) {
+        cli_msg("interrupted: %d batch run%s measured (the lines above); nothing more was run\n", runs,
+                runs == 1 ? "" : "s");
+        out = CLI_STOPPED;
     }
 done:
     free(tok);
     session_free(one);
     session_free(src);
-    return rc ? cli_fail() : 0;
+    if (rc) return cli_stop_requested() ? (cli_fail(), CLI_STOPPED) : cli_fail();
+    return out;
 }
 
 /* --parallel's value: counts in [1, 4096] and "max", comma-separated. */
@@ -406,7 +537,9 @@ int cmd_bench(int argc, char **argv) {
         double avail = mem_gib > 0 ? mem_gib * 1073741824.0 : 0.9 * skv_mem_available();
         if (!n_bs) bs[n_bs++] = 1;
         if (max_parallel) bs[n_bs++] = NP_MAX;
+        cli_stop_catch("decode step (or prefill chunk)");
         int rc = bench_parallel(&g, m, ids, np, bs, n_bs, avail, mem_gib > 0, repeat);
+        cli_stop_release();
         free(ids);
         model_free(m);
         cli_gen_free(&g);
@@ -415,17 +548,29 @@ int cmd_bench(int argc, char **argv) {
     double best_pp = 0, best_tg = 0, compress_pct = 0, fetch_step = NAN, read_step = NAN;
     double fetch_gbs = NAN, equiv_gbs = NAN, stage_ms[3] = {NAN, NAN, NAN}, hit_pct = NAN;
     static const char *const stage_key[3] = {"select_ms", "rebuild_ms", "attend_ms"};
-    int rc = 0;
+    int rc = 0, steps = g.n_predict, stopped = 0;
     /* The runs are timed with no probe bus: every probe is off. A policy's
      * setup (ShadowKV's SVD, landmarks, cos-min, outliers, offload) is the
-     * session's end_prefill time. */
-    for (int r = 0; r < repeat && !rc; r++) {
+     * session's end_prefill time. Ctrl-C stops after the step in flight:
+     * the line then says the steps made (decode=) and partial=1. */
+    cli_stop_catch("decode step (or prefill chunk)");
+    for (int r = 0; r < repeat && !rc && !stopped; r++) {
         skv_session *s;
         if (session_new(m, &g.s, &s)) { rc = cli_fail(); break; }
-        if (session_prefill(s, ids, np, NULL, NULL)) { rc = cli_fail(); session_free(s); break; }
-        for (int i = 0; i < g.n_predict; i++)
+        if ((rc = bench_prefill(s, ids, np))) { session_free(s); break; }
+        tick_clock tc;
+        tick_start(&tc);
+        for (int i = 0; i < g.n_predict && !rc; i++) {
             if (session_decode(s, ids[i % np])) { rc = cli_fail(); break; }
+            if (cli_stop_requested()) { stopped = 1; break; }
+            if (i + 1 < g.n_predict && tick_due(&tc))
+                cli_msg("step %d of %d, %.0f ms a step, about %.0f s left\n", i + 1, g.n_predict,
+                        1000 * s->t_decode / s->step, s->t_decode / s->step * (g.n_predict - i - 1));
+        }
+        if (rc) { session_free(s); break; }
+        if (stopped && (best_tg > 0 || !s->step)) { session_free(s); break; } /* a finished repeat stands */
         double pp = np / s->t_prefill, tg = s->step ? s->step / s->t_decode : 0;
+        if (stopped) steps = s->step;
         /* the policy's setup: end_prefill's wall time (its layers may run in
          * parallel, so the probe's per-layer times would add past it) */
         if (pp > best_pp) best_pp = pp, compress_pct = 100 * s->t_end_prefill / s->t_prefill;
@@ -444,6 +589,11 @@ int cmd_bench(int argc, char **argv) {
         }
         session_free(s);
     }
+    cli_stop_release();
+    if (!rc && stopped && best_tg <= 0) {
+        cli_msg("interrupted before a decode step finished: nothing was measured\n");
+        rc = CLI_STOPPED;
+    }
     if (!rc) {
         /* what a dense decode step must read: the weights, and the K and V of
          * every layer at the run's mean decode context (f32, or f16 for a
@@ -455,11 +605,11 @@ int cmd_bench(int argc, char **argv) {
         double rg = g.n_predict > 0 ? read_gbs() : 0;
         printf("model=%s kv=%s threads=%d prompt=%d decode=%d prefill_tok_s=%.1f decode_tok_s=%.2f decode_ms=%.3f "
                "compress_pct=%.2f fetch_bytes_step=%.0f read_bytes_step=%.0f fetch_gbs=%.2f equiv_gbs=%.2f copy_gbs=%.2f "
-               "weight_bytes=%.0f dense_kv_bytes_step=%.0f read_gbs=%.2f dense_roof_tok_s=%.2f\n",
-               c->name[0] ? c->name : g.model, g.s.kv.policy, skv_threads(), np, g.n_predict, best_pp, best_tg,
+               "weight_bytes=%.0f dense_kv_bytes_step=%.0f read_gbs=%.2f dense_roof_tok_s=%.2f%s\n",
+               c->name[0] ? c->name : g.model, g.s.kv.policy, skv_threads(), np, steps, best_pp, best_tg,
                best_tg > 0 ? 1000.0 / best_tg : 0.0, compress_pct, isnan(fetch_step) ? 0 : fetch_step,
                isnan(read_step) ? 0 : read_step, isnan(fetch_gbs) ? 0 : fetch_gbs, isnan(equiv_gbs) ? 0 : equiv_gbs,
-               copy_gbs(), wb, kvb, rg, rg > 0 ? rg * 1e9 / (wb + kvb) : 0.0);
+               copy_gbs(), wb, kvb, rg, rg > 0 ? rg * 1e9 / (wb + kvb) : 0.0, steps < g.n_predict ? " partial=1" : "");
         /* where a policy with stage clocks (ShadowKV on the CPU) spends its
          * decode attention, per step, and its chunk cache's hit rate: a
          * second line, so the first keeps its fields for every policy */
@@ -467,6 +617,14 @@ int cmd_bench(int argc, char **argv) {
             printf("stages: select_ms=%.3f rebuild_ms=%.3f attend_ms=%.3f rest_ms=%.3f hit_pct=%.1f\n", stage_ms[0],
                    stage_ms[1], stage_ms[2], 1000.0 / best_tg - stage_ms[0] - stage_ms[1] - stage_ms[2],
                    isnan(hit_pct) ? 0 : hit_pct);
+        if (stopped) {
+            if (steps < g.n_predict)
+                cli_msg("interrupted after %d of %d decode steps: the line above says decode=%d and partial=1\n",
+                        steps, g.n_predict, steps);
+            else
+                cli_msg("interrupted: the line above is the best of the repeats that finished\n");
+            rc = CLI_STOPPED;
+        }
     }
     free(ids);
     model_free(m);

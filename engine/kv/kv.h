@@ -241,7 +241,10 @@ typedef struct {
  * end_prefill, every append's rows and every attend's queries in call
  * order. kv_rec_replay feeds them to dst, a new cache of the same policy
  * (other options), and ends its prefill: dst then holds what a prefill of
- * the same prompt would have given it, without the model. */
+ * the same prompt would have given it, without the model. The recording is
+ * host memory, read from the rows' backend (inner's shape.be) with its
+ * download; a replay onto a device backend stages each call's rows in its
+ * memory with upload, so neither side reads device memory on the host. */
 int kv_rec_new(kv_cache *inner, kv_cache **out);
 int kv_rec_replay(const kv_cache *rec, kv_cache *dst);
 /* Bytes the recording itself holds (beside the cache it wraps). */

@@ -4,8 +4,15 @@
  * new cache of the same policy with other options, so that a changed setting
  * (budget, rank, outliers, window) can be tried without running the prompt
  * through the model again: the needle harness checks each proposed fix this
- * way (engine/needle.c). The wrapped policy behaves exactly as it would
- * alone. */
+ * way (engine/needle.c), and a batch's sequences start from one prefill
+ * (session_fork). The wrapped policy behaves exactly as it would alone.
+ *
+ * The rows the forward pass hands a policy are in the backend's memory (on
+ * a device, its activation buffers): the recording is kept in host memory
+ * and read from them with the backend's download, and a replay onto a device
+ * hands the new cache rows staged in the device's memory by its upload. On
+ * the CPU both are plain copies, and a replay onto the CPU passes the
+ * recording itself. */
 #include "kv.h"
 #include "skv.h"
 
@@ -70,6 +77,9 @@ static int log_call(kv_rec *r, int kind, int layer, int pos, int n) {
     return 0;
 }
 
+/* The backend whose memory the cache's rows are in. */
+static const skv_backend *be_of(const kv_cache *c) { return c->shape.be ? c->shape.be : &skv_backend_cpu; }
+
 static int rec_append(kv_cache *b, int layer, int pos, int n, const float *k_pre, const float *k, const float *v) {
     kv_rec *r = (kv_rec *)b;
     r->inner->step = b->step;
@@ -77,9 +87,10 @@ static int rec_append(kv_cache *b, int layer, int pos, int n, const float *k_pre
     if (rc || r->done || r->err) return rc;
     if (grow(r, pos + n) || log_call(r, 0, layer, pos, n)) { r->err = 1; skv_clear_error(); return 0; }
     size_t kvd = (size_t)b->shape.n_kv_heads * b->shape.head_dim, at = (size_t)pos * kvd, len = sizeof(float) * kvd * n;
-    memcpy(r->k_pre[layer] + at, k_pre, len);
-    memcpy(r->k[layer] + at, k, len);
-    memcpy(r->v[layer] + at, v, len);
+    const skv_backend *be = be_of(b); /* the rows are the backend's: downloaded (the CPU's: copied) */
+    be->download(r->k_pre[layer] + at, k_pre, len);
+    be->download(r->k[layer] + at, k, len);
+    be->download(r->v[layer] + at, v, len);
     return 0;
 }
 
@@ -90,7 +101,7 @@ static int rec_attend(kv_cache *b, int layer, int pos, int n, const float *q, fl
         if (grow(r, pos + n) || log_call(r, 1, layer, pos, n)) { r->err = 1; skv_clear_error(); }
         else {
             size_t qd = (size_t)b->shape.n_heads * b->shape.head_dim;
-            memcpy(r->q[layer] + (size_t)pos * qd, q, sizeof(float) * qd * n);
+            be_of(b)->download(r->q[layer] + (size_t)pos * qd, q, sizeof(float) * qd * n);
         }
     }
     return r->inner->cls->attend(r->inner, layer, pos, n, q, out);
@@ -178,19 +189,48 @@ int kv_rec_replay(const kv_cache *c, kv_cache *dst) {
     size_t kvd = (size_t)sh->n_kv_heads * sh->head_dim, qd = (size_t)sh->n_heads * sh->head_dim;
     int most = 0;
     for (int i = 0; i < r->n_calls; i++) most = r->calls[i].n > most ? r->calls[i].n : most;
-    float *out = skv_malloc(sizeof(float) * qd * (size_t)(most > 0 ? most : 1));
-    if (!out) return skv_error(SKV_ENOMEM, "out of memory");
-    int rc = 0;
+    size_t rows = (size_t)(most > 0 ? most : 1);
+    /* On the CPU dst reads the recording where it is; a device backend gets
+     * each call's rows uploaded into staging buffers of its own memory
+     * (k_pre, k, v, q and the attend's output: one call's rows each). */
+    const skv_backend *be = be_of(dst);
+    int staged = be != &skv_backend_cpu;
+    float *out = NULL, *st[4] = {NULL, NULL, NULL, NULL};
+    if (!staged) out = skv_malloc(sizeof(float) * qd * rows);
+    else {
+        out = be->alloc(sizeof(float) * qd * rows);
+        for (int i = 0; i < 4; i++) st[i] = be->alloc(sizeof(float) * (i == 3 ? qd : kvd) * rows);
+    }
+    int rc = !out || (staged && (!st[0] || !st[1] || !st[2] || !st[3]))
+                 ? skv_error(SKV_ENOMEM, "kv_rec_replay: out of memory for %zu rows on %s", rows, be->name)
+                 : 0;
     dst->step = -1;
     for (int i = 0; i < r->n_calls && !rc; i++) {
         const rec_call *k = &r->calls[i];
-        if (k->kind == 0)
-            rc = dst->cls->append(dst, k->layer, k->pos, k->n, r->k_pre[k->layer] + (size_t)k->pos * kvd,
-                                  r->k[k->layer] + (size_t)k->pos * kvd, r->v[k->layer] + (size_t)k->pos * kvd);
-        else
-            rc = dst->cls->attend(dst, k->layer, k->pos, k->n, r->q[k->layer] + (size_t)k->pos * qd, out);
+        size_t at_kv = (size_t)k->pos * kvd, at_q = (size_t)k->pos * qd;
+        if (k->kind == 0 && !staged)
+            rc = dst->cls->append(dst, k->layer, k->pos, k->n, r->k_pre[k->layer] + at_kv, r->k[k->layer] + at_kv,
+                                  r->v[k->layer] + at_kv);
+        else if (k->kind == 0) {
+            size_t len = sizeof(float) * kvd * (size_t)k->n;
+            be->upload(st[0], r->k_pre[k->layer] + at_kv, len);
+            be->upload(st[1], r->k[k->layer] + at_kv, len);
+            be->upload(st[2], r->v[k->layer] + at_kv, len);
+            rc = dst->cls->append(dst, k->layer, k->pos, k->n, st[0], st[1], st[2]);
+        } else if (!staged)
+            rc = dst->cls->attend(dst, k->layer, k->pos, k->n, r->q[k->layer] + at_q, out);
+        else {
+            be->upload(st[3], r->q[k->layer] + at_q, sizeof(float) * qd * (size_t)k->n);
+            rc = dst->cls->attend(dst, k->layer, k->pos, k->n, st[3], out);
+        }
     }
-    free(out);
+    if (!staged) free(out);
+    else {
+        if (be->sync) be->sync(); /* the queued appends may still read the staging buffers */
+        if (out) be->free(out);
+        for (int i = 0; i < 4; i++)
+            if (st[i]) be->free(st[i]);
+    }
     if (!rc) rc = dst->cls->end_prefill(dst);
     return rc;
 }
