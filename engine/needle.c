@@ -660,33 +660,33 @@ static int rerun(needle_case *c, const ids_buf *p, int n_answer, const skv_sessi
 }
 
 /* Reruns case c from src's recorded prefill with cause's change
- * (session_fork: no second prefill through the model), the smaller value
- * first when there is one, and records whether it retrieved the value and
- * what it answered. */
+ * (session_fork: no second prefill through the model): the smaller value
+ * first when there is one, then the value the fix names (unless it leaves no
+ * sparsity), then, while they miss, twice the last value up to the cause's
+ * limit. The first that retrieves ends it and becomes the cause's value;
+ * every rerun is kept in cause->tries, so the verdict says what each gave. */
 static int check_fix(needle_case *c, const ids_buf *p, int n_answer, const skv_session *src, needle_cause *cause) {
-    char ans[96];
-    if (cause->smaller > 0) { /* the smaller change first: when it retrieves, it is the fix */
-        int k = rerun(c, p, n_answer, src, cause->opt, cause->smaller, ans, sizeof ans);
+    double next = cause->smaller > 0 ? cause->smaller : cause->dense_needed ? 0 : cause->value;
+    while (next > 0 && cause->n_tries < NEEDLE_MAX_TRIES) {
+        needle_try *t = &cause->tries[cause->n_tries];
+        int k = rerun(c, p, n_answer, src, cause->opt, next, t->answer, sizeof t->answer);
         if (k < -1) return k;
-        if (k == 1) {
-            char opt[sizeof cause->opt];
-            memcpy(opt, cause->opt, sizeof opt); /* not an argument that overlaps the text written */
-            snprintf(cause->fix, sizeof cause->fix, "raise --%s to %.0f%s (it keeps 90%% of what was dropped; the "
-                     "needle's whole rank asked for %.0f)", opt, cause->smaller, !strcmp(opt, "budget") ? " tokens" : "",
-                     cause->value);
-            cause->value = cause->smaller;
+        if (k < 0) break; /* not an option of this policy, or no recorded prefill: left unchecked */
+        t->value = next;
+        t->hit = k;
+        cause->n_tries++;
+        cause->check = k ? NEEDLE_CHECK_RETRIEVED : NEEDLE_CHECK_MISSED;
+        snprintf(cause->check_answer, sizeof cause->check_answer, "%s", t->answer);
+        if (k) {
+            cause->value = next;
             cause->dense_needed = 0;
-            cause->check = NEEDLE_CHECK_RETRIEVED;
-            snprintf(cause->check_answer, sizeof cause->check_answer, "%s", ans);
-            return 0;
+            break;
         }
+        double prev = next;
+        if (prev < cause->proposed && !cause->dense_needed) next = cause->proposed; /* the smaller missed: the value */
+        else next = 2 * prev <= cause->limit ? 2 * prev : 0;                      /* the ladder */
+        if (next > 0 && next <= prev) next = 0;
     }
-    if (cause->dense_needed) return 0;
-    int k = rerun(c, p, n_answer, src, cause->opt, cause->value, ans, sizeof ans);
-    if (k < -1) return k;
-    if (k < 0) return 0; /* not an option of this policy: left unchecked */
-    cause->check = k ? NEEDLE_CHECK_RETRIEVED : NEEDLE_CHECK_MISSED;
-    snprintf(cause->check_answer, sizeof cause->check_answer, "%s", ans);
     return 0;
 }
 
@@ -713,11 +713,12 @@ static int method_probes(sweep *w, needle_case *c, int m, needle_result *res, in
             rc = 0;
         }
         if (!rc && rep) {
+            needle_fit_options(rep);
             if (rep->dense_hit != 0 && src) add_floor(&src->o.kv, w->o->methods[m], p->n, rep);
             /* each fix rerun from the recorded prefill; not when dense misses too (the model's cause) */
             rep->checks = src != NULL && rep->dense_hit != 0;
             for (int i = 0; rep->checks && !rc && i < rep->n_causes; i++)
-                if (rep->causes[i].opt[0] && (!rep->causes[i].dense_needed || rep->causes[i].smaller > 0))
+                if (rep->causes[i].opt[0])
                     rc = check_fix(c, p, n_answer, src, &rep->causes[i]);
             needle_causes_sort(rep);
         }
@@ -751,6 +752,21 @@ static void case_probes_free(needle_case *c) {
         probe_store_free((probe_store *)c->store[m]);
         c->report[m] = NULL;
         c->store[m] = NULL;
+    }
+}
+
+void needle_fit_options(needle_report *rep) {
+    const kv_class *p = kv_policy_find(rep->policy);
+    for (int i = 0; p && i < rep->n_causes; i++) {
+        needle_cause *c = &rep->causes[i];
+        if (!c->opt[0] || !strcmp(c->opt, "budget")) continue;
+        int has = 0;
+        for (int j = 0; j < p->n_opts && !has; j++) has = !strcmp(p->opts[j].key, c->opt);
+        if (has) continue;
+        snprintf(c->fix, sizeof c->fix, "no change is proposed: the trace recorded a %s option, which skv's %s does not "
+                 "have", c->opt, p->name);
+        c->opt[0] = 0;
+        c->smaller = c->limit = 0;
     }
 }
 

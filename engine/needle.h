@@ -81,6 +81,12 @@ int needle_set_methods(needle_opts *o, const char *list);
  * SKV_EINVAL with a message. needle_run checks it too. */
 int needle_check_kv_opts(const needle_opts *o);
 
+/* A diagnosis names only options its policy has: a cause whose change is an
+ * option that rep's policy (one of skv's, engine/kv) does not take keeps its
+ * evidence and proposes no change. Policies skv does not know are left as
+ * their recorded options made them (needle_diagnose). */
+void needle_fit_options(needle_report *rep);
+
 /* 1 and a one-line notice in buf when some length of o runs past m's trained
  * context (needle_run puts it in res->notice; callers may say it before). */
 int needle_context_notice(const skv_model *m, const needle_opts *o, char *buf, size_t n);

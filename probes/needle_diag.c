@@ -108,10 +108,10 @@ typedef struct {
     double W, drop, mis, near, sel, outl, loc, ke;   /* weights */
     double *drop_step;          /* (n_steps) dropped weight per step */
     int n_ev, n_ev_kept;        /* (step, layer, head) events judged, with every chunk kept */
-    int k_need;                 /* largest rank among dropped chunks, + 1 */
     need_w *needs;              /* (n_needs) every dropped chunk's rank + 1 and weight */
     int n_needs, cap_needs;
-    int out_need;               /* outliers that would cover every misranked chunk */
+    need_w *outs;               /* (n_outs) every misranked chunk's place by cos-min + 1 and weight */
+    int n_outs, cap_outs;
     int near_min;               /* lowest dropped chunk near the local window, -1 */
     double worst_ke; int ke_l, ke_h; /* worst key error among selected */
     double ms_sum, mi_sum; int m_n;  /* mass sparse / ideal where selected */
@@ -166,7 +166,34 @@ void needle_causes_sort(needle_report *rep) {
 /* The change a cause's fix proposes: option and value. */
 static void set_change(needle_cause *c, const char *opt, double value) {
     snprintf(c->opt, sizeof c->opt, "%s", opt);
-    c->value = value;
+    c->value = c->proposed = value;
+}
+
+/* The largest k among needs whose weight is at least NEEDLE_NEGLIGIBLE of
+ * their total (a chunk attention barely looks at does not set a fix); the
+ * largest of all when none is. */
+static int need_max(const need_w *needs, int n) {
+    double total = 0;
+    int k = 0, all = 0;
+    for (int i = 0; i < n; i++) total += needs[i].w;
+    for (int i = 0; i < n; i++) {
+        if (needs[i].k > all) all = needs[i].k;
+        if (needs[i].w >= NEEDLE_NEGLIGIBLE * total && needs[i].k > k) k = needs[i].k;
+    }
+    return k ? k : all;
+}
+
+/* Appends (k, w) to a growing list; SKV_ENOMEM when it cannot grow. */
+static int need_push(need_w **v, int *n, int *cap, int k, double w) {
+    if (*n == *cap) {
+        int c = *cap ? 2 * *cap : 256;
+        need_w *nn = realloc(*v, sizeof *nn * (size_t)c);
+        if (!nn) return skv_error(SKV_ENOMEM, "out of memory");
+        *v = nn;
+        *cap = c;
+    }
+    (*v)[(*n)++] = (need_w){ k, w };
+    return 0;
 }
 
 /* Weight of needle chunk i in event e: its exact mass, or without the
@@ -324,6 +351,17 @@ static const char *units_of(int b, int u, char *buf, size_t n) {
 
 /* ---- the generic diagnosis, from the oracle's events -------------------------- */
 
+/* The option that sets the policy's block size, as the run recorded its
+ * options ("page" for Quest and FreeKV, "chunk" for ShadowKV), or NULL when
+ * it recorded neither: advice names only an option the policy has. */
+static const char *block_option(const probe_store *st) {
+    const probe_ev_run *run = probe_store_run(st);
+    if (!run || !run->kv_opts) return NULL;
+    if (probe_pairs_get(run->kv_opts, "page", -1) >= 1) return "page";
+    if (probe_pairs_get(run->kv_opts, "chunk", -1) >= 1) return "chunk";
+    return NULL;
+}
+
 /* The first oracle event with a needle span, or NULL. */
 static const probe_ev_oracle *oracle_needle(const probe_store *st) {
     int L = probe_store_n_layers(st), H = probe_store_n_kv_heads(st);
@@ -410,7 +448,7 @@ static int diagnose_generic(const probe_store *st, const probe_ev_oracle *first,
     rep->last_step = rep->diverge_step >= 0 ? rep->diverge_step : rep->n_steps - 1;
     if (rep->diverge_step >= 0) generic_layers(st, rep, rep->diverge_step);
     double W = 0, drop = 0, mis = 0;
-    int n_ev = 0, n_kept = 0, need = 0, lay_drop = 0, lh_drop = 0, lh_total = 0;
+    int n_ev = 0, n_kept = 0, lay_drop = 0, lh_drop = 0, lh_total = 0;
     need_w *needs = NULL;
     int n_needs = 0, cap = 0;
     spot sd = {0, -1, -1, -1, -1, -1}, sm = sd;
@@ -440,14 +478,7 @@ static int diagnose_generic(const probe_store *st, const probe_ev_oracle *first,
                 } else {
                     spot_take(&sd, d + 1e-12, l, h, 0, e->needle_rank, (int)lround(B));
                 }
-                if (want > need) need = want;
-                if (n_needs == cap) {
-                    cap = cap ? 2 * cap : 256;
-                    need_w *nn = realloc(needs, sizeof *nn * (size_t)cap);
-                    if (!nn) { free(needs); return skv_error(SKV_ENOMEM, "out of memory"); }
-                    needs = nn;
-                }
-                needs[n_needs++] = (need_w){want, d};
+                if (need_push(&needs, &n_needs, &cap, want, d)) { free(needs); return SKV_ENOMEM; }
             }
         if (step_drop > ws_w) { ws_w = step_drop; ws = s; }
     }
@@ -500,10 +531,13 @@ static int diagnose_generic(const probe_store *st, const probe_ev_oracle *first,
                  sd.rank, sd.l, sd.h, sd.rank_exact, rep->policy, rep->budget, units_of(rep->budget, u, ubuf, sizeof ubuf),
                  lay_drop, rep->n_layers, lh_drop, lh_total, ws, 100 * rep->share_dropped, steps,
                  100 * (rep->share_dropped - rep->share_misranked));
+        int need = need_max(needs, n_needs);
         int t = (need + u - 1) / u * u, q90 = (need_quantile(needs, n_needs, 0.9) + u - 1) / u * u;
         if (rep->budget > 0 && t <= rep->budget) t = (rep->budget / u + 1) * u; /* never below what missed */
         set_change(c, "budget", t);
         c->dense_needed = rep->prompt_len > 0 && t >= rep->prompt_len;
+        c->limit = rep->prompt_len > u ? (rep->prompt_len - 1) / u * u : 0; /* the ladder stays under the prompt */
+        if (c->dense_needed && rep->budget > 0 && 2 * rep->budget < c->limit) c->smaller = (2 * rep->budget + u - 1) / u * u;
         if (c->dense_needed)
             snprintf(c->fix, sizeof c->fix, "dense would be needed: the needle's exact rank asks for %d tokens, the "
                      "whole %d-token prompt", t, rep->prompt_len);
@@ -512,8 +546,8 @@ static int diagnose_generic(const probe_store *st, const probe_ev_oracle *first,
                      "rank + 1)", t, t / u, u);
         else
             snprintf(c->fix, sizeof c->fix, "raise --budget to %d tokens (the needle's exact rank + 1)", t);
-        if (!c->dense_needed && q90 < t && q90 > rep->budget) {
-            cat(c->fix, sizeof c->fix, "; %d would keep 90%% of what was dropped", q90);
+        if (q90 < t && q90 > rep->budget) {
+            if (!c->dense_needed) cat(c->fix, sizeof c->fix, "; %d would keep 90%% of what was dropped", q90);
             c->smaller = q90;
         }
     }
@@ -526,14 +560,17 @@ static int diagnose_generic(const probe_store *st, const probe_ev_oracle *first,
                  "policy's own score left %d of its %d tokens out; %.0f%% of the needle's mass was lost this way",
                  sm.rank, e ? e->n_kept : -1, rep->policy, sm.l, sm.h, e ? e->needle_len - e->needle_kept : -1,
                  e ? e->needle_len : -1, 100 * rep->share_misranked);
-        if (u > 1) {
-            set_change(c, "page", u / 2);
-            snprintf(c->fix, sizeof c->fix, "the policy's page score misses the needle: halve the page to %d tokens "
-                     "(--page %d), or raise the budget", u / 2, u / 2);
+        const char *block = block_option(st);
+        if (u > 1 && block) {
+            set_change(c, block, u / 2);
+            snprintf(c->fix, sizeof c->fix, "the policy's %s score misses the needle: halve the %s to %d tokens "
+                     "(--%s %d)", block, block, u / 2, block, u / 2);
         } else {
-            int t = rep->budget > 0 ? 2 * rep->budget : need;
+            int t = rep->budget > 0 ? 2 * rep->budget : need_max(needs, n_needs);
+            t = (t + u - 1) / u * u;
             set_change(c, "budget", t);
             c->dense_needed = rep->prompt_len > 0 && t >= rep->prompt_len;
+            c->limit = rep->prompt_len > u ? (rep->prompt_len - 1) / u * u : 0;
             snprintf(c->fix, sizeof c->fix, c->dense_needed ? "dense would be needed: its score ranks the needle too "
                      "low for any budget below the prompt (%d tokens)" : "its score ranks the needle too low: raise "
                      "--budget to %d tokens (twice the budget)", c->dense_needed ? rep->prompt_len : t);
@@ -616,21 +653,19 @@ int needle_diagnose(const probe_store *st, int id, needle_report *rep) {
                     all_kept = 0;
                     a.drop += w;
                     a.drop_step[s] += w;
-                    if (e->rank[i] + 1 > a.k_need) a.k_need = e->rank[i] + 1;
-                    if (a.n_needs == a.cap_needs) {
-                        int cap = a.cap_needs ? 2 * a.cap_needs : 256;
-                        need_w *nn = realloc(a.needs, sizeof *nn * (size_t)cap);
-                        if (!nn) { free(a.needs); free(a.drop_step); return skv_error(SKV_ENOMEM, "out of memory"); }
-                        a.needs = nn;
-                        a.cap_needs = cap;
+                    if (need_push(&a.needs, &a.n_needs, &a.cap_needs, e->rank[i] + 1, w)) {
+                        free(a.needs); free(a.outs); free(a.drop_step);
+                        return SKV_ENOMEM;
                     }
-                    a.needs[a.n_needs++] = (need_w){ e->rank[i] + 1, w };
                     int j = e->chunks[i];
                     if (e->rank_exact[i] >= 0 && e->rank_exact[i] < e->k) {
                         a.mis += w;
                         int ord = cosmin_order(probe_store_prefill_head(st, l, h), j,
                                                rep->local_start >= 0 ? rep->local_start : rep->prompt_chunks);
-                        if (ord + 1 > a.out_need) a.out_need = ord + 1;
+                        if (ord >= 0 && need_push(&a.outs, &a.n_outs, &a.cap_outs, ord + 1, w)) {
+                            free(a.needs); free(a.outs); free(a.drop_step);
+                            return SKV_ENOMEM;
+                        }
                     }
                     if (rep->prompt_chunks - j <= reach) {
                         a.near += w;
@@ -742,22 +777,26 @@ int needle_diagnose(const probe_store *st, int id, needle_report *rep) {
                  "over %s",
                  c->chunk, sd.rank, e->k, sd.l, sd.h, lay_drop, rep->n_layers, lh_drop, lh_total, ws,
                  100 * rep->share_dropped, rep->has_oracle ? "exact attention mass" : "tokens", steps);
-        int kn = a.k_need > rep->k ? a.k_need : rep->k + 1; /* never below what missed */
+        int k_need = need_max(a.needs, a.n_needs);
+        int kn = k_need > rep->k ? k_need : rep->k + 1; /* never below what missed */
         long long kt = (long long)kn * rep->chunk;
         int k90 = need_quantile(a.needs, a.n_needs, 0.9);
         set_change(c, "budget", (double)kt);
         c->dense_needed = rep->n_cand > 0 && kn >= rep->n_cand;
+        if (rep->n_cand > 1) c->limit = (double)(rep->n_cand - 1) * rep->chunk; /* the ladder stays sparse */
         if (c->dense_needed)
-            snprintf(c->fix, sizeof c->fix, "dense would be needed: the needle's chunks rank so low that k = %d chunks "
-                     "(--budget %lld) selects every one of the %d candidates", kn, kt, rep->n_cand);
+            snprintf(c->fix, sizeof c->fix, "dense would be needed for all of it: the needle's chunks rank so low that "
+                     "k = %d chunks (--budget %lld) selects every one of the %d candidates", kn, kt, rep->n_cand);
         else
             snprintf(c->fix, sizeof c->fix, "raise --budget to %lld tokens (k = %d chunks of %d tokens)", kt, kn,
                      rep->chunk);
         if (k90 < kn && k90 > rep->k) {
-            if (!c->dense_needed)
-                cat(c->fix, sizeof c->fix, "; %lld (k = %d) would keep 90%% of what was dropped",
-                    (long long)k90 * rep->chunk, k90);
+            cat(c->fix, sizeof c->fix, "; %lld (k = %d) would keep 90%% of what was dropped",
+                (long long)k90 * rep->chunk, k90);
             c->smaller = (double)k90 * rep->chunk; /* checked first, even when the whole rank asks for dense */
+        } else if (c->dense_needed && 2 * rep->k < rep->n_cand - 1) {
+            cat(c->fix, sizeof c->fix, "; twice the budget (%lld) is checked first", 2LL * rep->k * rep->chunk);
+            c->smaller = 2.0 * rep->k * rep->chunk;
         }
     }
     if (rep->share_misranked >= NEEDLE_MIN_SHARE && sm.i >= 0) {
@@ -777,22 +816,34 @@ int needle_diagnose(const probe_store *st, int id, needle_report *rep) {
                  "misranked in %d of %d layer-heads); %.0f%% of the needle's mass was misranked",
                  j, cm, ordinal(cosmin_order(ph, j, nb) + 1, ord, sizeof ord), nb, cuts, sm.rank, e->k, sm.rank_exact,
                  sm.l, sm.h, ws, lh_mis, lh_nonout, 100 * rep->share_misranked);
-        int kn = a.k_need > rep->k ? a.k_need : rep->k + 1;
-        if (a.out_need <= nb / 2 && a.out_need > rep->outliers) {
-            set_change(c, "outliers", a.out_need);
-            snprintf(c->fix, sizeof c->fix, "raise --outliers to %d chunks (keeps the misranked needle chunks dense), "
-                     "or --budget to %lld tokens", a.out_need, (long long)kn * rep->chunk);
+        /* the outliers that keep dense every misranked chunk of weight (need_max), and the named chunk's own */
+        int k_need = need_max(a.needs, a.n_needs), kn = k_need > rep->k ? k_need : rep->k + 1;
+        int out_need = need_max(a.outs, a.n_outs), named = cosmin_order(ph, j, nb) + 1;
+        if (named > out_need) out_need = named;
+        if (out_need <= nb / 2 && out_need > rep->outliers) {
+            set_change(c, "outliers", out_need);
+            c->limit = nb / 2;
+            if (out_need == named)
+                snprintf(c->fix, sizeof c->fix, "raise --outliers to %d chunks (chunk %d is the %s lowest, so %d "
+                         "outliers keep it dense)", out_need, j, ord, out_need);
+            else
+                snprintf(c->fix, sizeof c->fix, "raise --outliers to %d chunks (it keeps dense every misranked needle "
+                         "chunk with 1%% or more of the dropped mass; chunk %d alone, the %s lowest, needs %d)",
+                         out_need, j, ord, named);
+            if (named < out_need && named > rep->outliers) c->smaller = named;
         } else {
             set_change(c, "budget", (double)kn * rep->chunk);
             c->dense_needed = rep->n_cand > 0 && kn >= rep->n_cand;
+            if (rep->n_cand > 1) c->limit = (double)(rep->n_cand - 1) * rep->chunk;
             if (c->dense_needed)
-                snprintf(c->fix, sizeof c->fix, "dense would be needed: k = %d chunks (--budget %lld) selects every "
-                         "candidate, and outliers would need --outliers %d of %d chunks", kn, (long long)kn * rep->chunk,
-                         a.out_need, nb);
+                snprintf(c->fix, sizeof c->fix, "dense would be needed for all of it: k = %d chunks (--budget %lld) "
+                         "selects every candidate, and keeping the misranked chunks dense would take --outliers %d of "
+                         "%d chunks", kn, (long long)kn * rep->chunk, out_need, nb);
             else
                 snprintf(c->fix, sizeof c->fix, "raise --budget to %lld tokens (k = %d chunks; their cos-minima are not "
-                         "low: outliers would need --outliers %d of %d chunks)", (long long)kn * rep->chunk, kn,
-                         a.out_need, nb);
+                         "low: keeping the misranked chunks dense would take --outliers %d of %d chunks)",
+                         (long long)kn * rep->chunk, kn, out_need, nb);
+            if (c->dense_needed && 2 * rep->k < rep->n_cand - 1) c->smaller = 2.0 * rep->k * rep->chunk;
         }
     }
     if (rep->share_near_local >= NEEDLE_MIN_SHARE && sn.i >= 0 && a.near_min >= 0) {
@@ -838,6 +889,7 @@ int needle_diagnose(const probe_store *st, int id, needle_report *rep) {
     qsort(rep->causes, (size_t)rep->n_causes, sizeof rep->causes[0], cause_cmp);
     free(a.drop_step);
     free(a.needs);
+    free(a.outs);
     return 0;
 }
 
@@ -845,15 +897,40 @@ int needle_diagnose(const probe_store *st, int id, needle_report *rep) {
 
 static const char *part_name(int p) { return p == 1 ? "outlier" : p == 2 ? "local" : "cand"; }
 
+/* "--budget 320 tokens (k = 40 chunks)" for a try's value, into buf. */
+static const char *try_label(const needle_report *rep, const needle_cause *c, double v, char *buf, size_t n) {
+    int u = rep->generic ? rep->unit : rep->chunk;
+    if (strcmp(c->opt, "budget")) snprintf(buf, n, "--%s %.0f", c->opt, v);
+    else if (u <= 1) snprintf(buf, n, "--budget %.0f tokens", v);
+    else if (rep->generic) snprintf(buf, n, "--budget %.0f tokens (%.0f pages of %d)", v, floor(v / u), u);
+    else snprintf(buf, n, "--budget %.0f tokens (k = %.0f chunks)", v, floor(v / u));
+    return buf;
+}
+
 void needle_cause_text(const needle_report *rep, const needle_cause *c, char *buf, size_t n) {
     int len = snprintf(buf, n, "%s%s: %s: %s", c->weak ? "(weak evidence) " : "", needle_cause_name(c->kind),
                        c->evidence, c->fix);
-    if (len < 0 || (size_t)len >= n || !c->opt[0] || c->dense_needed) return;
-    if (c->check == NEEDLE_CHECK_RETRIEVED)
-        snprintf(buf + len, n - (size_t)len, " -> retrieved (checked: answered \"%s\")", c->check_answer);
-    else if (c->check == NEEDLE_CHECK_MISSED)
-        snprintf(buf + len, n - (size_t)len, " -> still missed (checked: answered \"%s\")", c->check_answer);
-    else if (rep->dense_hit == 0)
+    if (len < 0 || (size_t)len >= n || !c->opt[0]) return;
+    if (c->n_tries == 1 && c->tries[0].value == c->proposed) { /* the change the fix names, checked */
+        snprintf(buf + len, n - (size_t)len, " -> %s (checked: answered \"%s\")",
+                 c->tries[0].hit ? "retrieved" : "still missed", c->tries[0].answer);
+        return;
+    }
+    if (c->n_tries > 0) { /* every rerun in order, the last one the verdict */
+        for (int i = 0; i < c->n_tries && (size_t)len < n; i++) {
+            char lab[96] = "";
+            if (i || c->tries[i].value != c->proposed) { /* the value the fix names goes unnamed */
+                try_label(rep, c, c->tries[i].value, lab, sizeof lab);
+                strcat(lab, ": ");
+            }
+            int k = snprintf(buf + len, n - (size_t)len, "%s%s%s (checked: answered \"%s\")", i ? "; then " : " -> ",
+                             lab, c->tries[i].hit ? "retrieved" : "still missed", c->tries[i].answer);
+            if (k < 0) return;
+            len += k;
+        }
+        return;
+    }
+    if (rep->dense_hit == 0)
         snprintf(buf + len, n - (size_t)len, " (not checked: dense misses too)");
     else
         snprintf(buf + len, n - (size_t)len, rep->checks ? " (not checked)" : " (unchecked: skv needle --explain "
@@ -895,7 +972,7 @@ static void print_verdict(FILE *f, const needle_report *rep) {
         fprintf(f, "    no cause passed its threshold: %s kept the needle; look at the divergence above (what else it "
                    "kept or dropped changed the hidden state)\n", rep->policy);
     for (int i = 0; i < rep->n_causes; i++) {
-        char line[1200];
+        char line[2400];
         needle_cause_text(rep, &rep->causes[i], line, sizeof line);
         fprintf(f, "    %d. %s\n", i + 1, line);
     }
@@ -993,7 +1070,7 @@ void needle_report_print(FILE *f, const probe_store *st, const needle_report *re
         fprintf(f, "    no cause passed its threshold: %s kept the needle with accurate keys; look at the "
                    "divergence above (other chunks' selection changed the hidden state)\n", rep->policy);
     for (int i = 0; i < rep->n_causes; i++) {
-        char line[1200];
+        char line[2400];
         needle_cause_text(rep, &rep->causes[i], line, sizeof line);
         fprintf(f, "    %d. %s\n", i + 1, line);
     }
@@ -1001,6 +1078,30 @@ void needle_report_print(FILE *f, const probe_store *st, const needle_report *re
 }
 
 /* ---- two policies on the same needle ---------------------------------------- */
+
+/* 1 when the event's policy attended every position (a dense layer, or a
+ * context its budget covers): nothing was selected there. */
+static int attended_all(const probe_ev_oracle *e) { return e->ctx > 0 && e->n_kept >= e->ctx; }
+
+/* " (layers 0-1, which quest attended densely, are left out)" for the layers
+ * flagged in dense (n of them), into buf; "" when none. */
+static void dense_note(const unsigned char *dense, int n, const char *name, char *buf, size_t cap) {
+    buf[0] = 0;
+    int cnt = 0;
+    for (int l = 0; l < n; l++) cnt += dense[l];
+    if (!cnt) return;
+    cat(buf, cap, " (layer%s", cnt > 1 ? "s" : "");
+    for (int l = 0, first = 1; l < n; l++) {
+        if (!dense[l]) continue;
+        int e = l;
+        while (e + 1 < n && dense[e + 1]) e++;
+        if (e > l) cat(buf, cap, "%s %d-%d", first ? "" : ",", l, e);
+        else cat(buf, cap, "%s %d", first ? "" : ",", l);
+        first = 0;
+        l = e;
+    }
+    cat(buf, cap, ", which %s attended densely, %s left out: a dense layer selects nothing)", name, cnt > 1 ? "are" : "is");
+}
 
 int needle_diverge(const probe_store *a, const char *name_a, const probe_store *b, const char *name_b,
                    needle_split *out) {
@@ -1013,8 +1114,11 @@ int needle_diverge(const probe_store *a, const char *name_a, const probe_store *
         return SKV_EMISSING;
     }
     /* Pass 0: where a kept more of the needle than b, weighed by the exact
-     * mass at stake; pass 1 (none such): any difference. */
+     * mass at stake; pass 1 (none such): any difference. A (step, layer,
+     * head) that either attended whole is not compared: a dense layer is
+     * not a policy's selection, and it is never named as one. */
     int seen = 0;
+    unsigned char dense_a[256] = {0}, dense_b[256] = {0};
     for (int pass = 0; pass < 2 && out->step < 0; pass++)
         for (int s = 0; s < ns && out->step < 0; s++) {
             double best = 0;
@@ -1023,6 +1127,13 @@ int needle_diverge(const probe_store *a, const char *name_a, const probe_store *
                     const probe_ev_oracle *ea = probe_store_oracle(a, s, l, h), *eb = probe_store_oracle(b, s, l, h);
                     if (!ea || !eb || ea->needle_len <= 0 || ea->needle_len != eb->needle_len) continue;
                     seen = 1;
+                    if (attended_all(ea) || attended_all(eb)) {
+                        if (l < 256) {
+                            dense_a[l] |= attended_all(ea) && !attended_all(eb);
+                            dense_b[l] |= attended_all(eb) && !attended_all(ea);
+                        }
+                        continue;
+                    }
                     if (s + 1 > out->steps_compared) out->steps_compared = s + 1;
                     double m = ea->needle_mass > 0 ? ea->needle_mass : 0, d = ea->needle_kept - eb->needle_kept;
                     double v = pass == 0 ? d / ea->needle_len * m : fabs(d) * (m + 1e-6);
@@ -1044,13 +1155,17 @@ int needle_diverge(const probe_store *a, const char *name_a, const probe_store *
                  "watching the needle: skv needle --explain)", name_a, name_b);
         return SKV_EMISSING;
     }
+    char dn[200], dn_b[200];
+    dense_note(dense_a, nl < 256 ? nl : 256, name_a, dn, sizeof dn);
+    dense_note(dense_b, nl < 256 ? nl : 256, name_b, dn_b, sizeof dn_b);
+    if (strlen(dn) + strlen(dn_b) < sizeof dn) strcat(dn, dn_b);
     if (out->step < 0) {
         snprintf(out->text, sizeof out->text, "%s and %s kept the same share of the needle's tokens in every layer "
-                 "and KV head over %d step%s: they parted after the attention, not in what they kept", name_a, name_b,
-                 out->steps_compared, out->steps_compared == 1 ? "" : "s");
+                 "and KV head both selected in over %d step%s: they parted after the attention, not in what they "
+                 "kept%s", name_a, name_b, out->steps_compared, out->steps_compared == 1 ? "" : "s", dn);
         return SKV_EMISSING;
     }
-    char rk[64] = "", q[160] = "";
+    char rk[64] = "", q[400] = "";
     if (out->rank >= 0) snprintf(rk, sizeof rk, "; exact attention ranks the needle %d there", out->rank);
     /* a layer kept at low precision: its needle tokens were read, not dropped */
     const char *qn = NULL;
@@ -1060,6 +1175,7 @@ int needle_diverge(const probe_store *a, const char *name_a, const probe_store *
     else if (qa && qa->value > 0.5f) qn = name_a;
     if (qn) snprintf(q, sizeof q, "; %s quantizes layer %d, so it read those tokens at low precision rather than "
                      "dropping them", qn, out->layer);
+    if (strlen(q) + strlen(dn) < sizeof q) strcat(q, dn);
     if (out->kept_a < out->kept_b && qn == name_a && out->kept_b < out->needle_len)
         snprintf(out->text, sizeof out->text,
                  "%s and %s diverged on the needle at step %d, layer %d, KV head %d: %s quantizes that layer and read "
@@ -1071,13 +1187,13 @@ int needle_diverge(const probe_store *a, const char *name_a, const probe_store *
                  "%s and %s diverged on the needle at step %d, layer %d, KV head %d: %s attended %d of its %d tokens, "
                  "%s %d (exact mass on the needle %.1f%%%s)%s", name_a, name_b, out->step, out->layer, out->head, name_a,
                  out->kept_a, out->needle_len, name_b, out->kept_b, 100.0 * (out->mass > 0 ? out->mass : 0), rk, q);
-    else
-        snprintf(out->text, sizeof out->text,
+    else if (snprintf(out->text, sizeof out->text,
                  "%s attended as much of the needle as %s or more in every layer and KV head; they differ most at "
                  "step %d, layer %d, KV head %d (%s %d of %d tokens, %s %d; exact mass %.1f%%%s), so %s's miss "
                  "came from the rest of what it kept or its precision, not from dropping the needle%s",
                  name_b, name_a, out->step, out->layer, out->head, name_b, out->kept_b, out->needle_len, name_a,
-                 out->kept_a, 100.0 * (out->mass > 0 ? out->mass : 0), rk, name_b, q);
+                 out->kept_a, 100.0 * (out->mass > 0 ? out->mass : 0), rk, name_b, q) >= (int)sizeof out->text)
+        memcpy(out->text + sizeof out->text - 4, "...", 4); /* cut: say so */
     return 0;
 }
 

@@ -50,6 +50,9 @@ enum { NEEDLE_CHECK_NONE, NEEDLE_CHECK_RETRIEVED, NEEDLE_CHECK_MISSED };
 #define NEEDLE_RANK_ERR 0.20       /* rank: mass-weighted key error of the selected needle chunks */
 #define NEEDLE_RANK_TARGET 0.10    /* rank fix: key error the suggested rank reaches in every layer */
 #define NEEDLE_LOCAL_REACH 16      /* local: a window of max(4 x --local, this) chunks would cover it */
+#define NEEDLE_NEGLIGIBLE 0.01     /* a dropped chunk with less than this share of the dropped weight does not
+                                      set the budget or outliers a fix proposes (attention barely looks there) */
+#define NEEDLE_MAX_TRIES 6         /* reruns of one cause's change (the smaller value, the value, the ladder) */
 
 const char *needle_cause_name(int kind);   /* "model", "budget", "never selected", "window", "compressed", "floor" */
 
@@ -59,24 +62,34 @@ const char *needle_cause_name(int kind);   /* "model", "budget", "never selected
  * same option, then by score (the mass a fix restores). */
 void needle_causes_sort(needle_report *rep);
 
+/* One rerun of a cause's change (the harness's). */
+typedef struct {
+    double value;              /* the option's value */
+    int hit;                   /* 1: it retrieved the needle */
+    char answer[96];           /* what it answered */
+} needle_try;
+
 typedef struct {
     int kind;                  /* NEEDLE_CAUSE_* */
     double score;              /* decisiveness in [0, 1]; the dense cause always comes first */
     int step, layer, head, chunk; /* where the evidence is strongest; -1 where it does not apply */
     char evidence[480];
-    char fix[200];
+    char fix[320];
     /* The change the fix proposes, for the harness to check: an option
      * ("budget", "rank", "outliers", "local") and its value; "" when the fix
      * is not one option (the model cause). */
     char opt[16];
-    double value;
+    double value;              /* after the checks: the value that retrieved, else the one proposed */
+    double proposed;           /* the value the fix text names */
     double smaller;            /* a smaller value of the same option worth trying first (the budget that keeps
-                                  90% of what was dropped), 0 none: checked first, it replaces value and the fix
-                                  when it retrieves the needle */
+                                  90% of what was dropped, the outliers that keep the named chunk), 0 none */
+    double limit;              /* when the value misses, the harness doubles it up to this (0: no ladder) */
     int dense_needed;          /* 1: the change leaves no sparsity: dense attention would be needed, not a fix */
     int weak;                  /* 1: weak evidence (NEEDLE_WEAK_SHARE) */
-    int check;                 /* NEEDLE_CHECK_*: the rerun with the change */
+    int check;                 /* NEEDLE_CHECK_*: the final rerun (a retrieval ends the ladder) */
     char check_answer[96];     /* what that rerun answered */
+    int n_tries;               /* the reruns, in order: every one but the last missed */
+    needle_try tries[NEEDLE_MAX_TRIES];
 } needle_cause;
 
 struct needle_report {

@@ -85,10 +85,13 @@ SMOKE=$REF/smoke-q8_0.gguf
     fail "$SKV synth could not make the smoke model (see $REF/smoke.log)"
 smoke() {
     bin=$SRC/$1/bin
-    for run in "llama-bench -m $SMOKE -p 16 -n 2 -t 2 -r 1" \
-               "llama-batched-bench -m $SMOKE -c 128 -npp 16 -ntg 2 -npl 1,2 -t 2"; do
+    # with the flash-attention flags make bench gives (this version: llama-bench
+    # -fa 0,1, a list; llama-batched-bench -fa on|off|auto)
+    for run in "llama-bench -m $SMOKE -p 16 -n 2 -t 2 -r 1 -fa 0,1" \
+               "llama-batched-bench -m $SMOKE -c 128 -npp 16 -ntg 2 -npl 1,2 -t 2 -fa off" \
+               "llama-batched-bench -m $SMOKE -c 128 -npp 16 -ntg 2 -npl 1,2 -t 2 -fa on"; do
         set +e
-        timeout 300 "$bin"/$run >"$REF/smoke.log" 2>&1
+        timeout -k 10 300 "$bin"/$run >"$REF/smoke.log" 2>&1
         rc=$?
         set -e
         if [ $rc -ne 0 ]; then

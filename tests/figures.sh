@@ -6,7 +6,7 @@ set -eu
 SKV=${SKV:-./skv}
 M=samples/model/skv-demo.gguf
 P=samples/prompts/needle.txt
-D=build/figures
+D=${FIGURES_DIR:-build/figures}  # the traces behind the figures
 mkdir -p "$D"
 # ShadowKV stepping through the demo needle prompt (the inspector's preset)
 $SKV run -m $M -f $P -n 16 --kv shadowkv --rank 16 --budget 64 --outliers 4 --local 4 --oracle \

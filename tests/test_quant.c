@@ -310,10 +310,64 @@ static void test_matvec(void) {
 /* (c) */
 /* quant_matvec_rows: m vectors against one matrix at once, each row of the
  * result bit for bit quant_matvec of its vector (a batched decode step reads
- * the weights once and must decode as each sequence alone). */
+ * the weights once and must decode as each sequence alone).
+ *
+ * Where the build has the two-row AVX2 kernel (q8_0, q4_0, q5_0 without the
+ * AVX-512 VNNI kernels) that comparison sets two kernels against each other.
+ * Where it is compiled out, quant_matvec_rows runs quant_matvec's own kernel
+ * and the comparison checks only the rows' layout; so every type is also
+ * checked against references that share no code with the kernels under test:
+ * the scalar quant_matvec_ref (bit for bit for the quantized types, whose
+ * kernels all sum in one order; within 1e-5 relative for the fp types, whose
+ * SIMD sums in another order), and a plain double-precision dot product of
+ * the dequantized row, within rows_bound(). */
+
+/* The most |y[r] - sum_j w[j] x[j]| may be for one row w (n, dequantized)
+ * and x, from what the kernels do on purpose plus fp32 rounding:
+ *  - the quantized types (quant) quantize x to int8 codes per block of 32,
+ *    q = round(x * 127/amax), with the scale dx = amax/127 stored rounded to
+ *    fp16: |x - q dx| <= dx/2 for the rounding to a code, plus |q| <= 127
+ *    times the fp16 rounding of dx (<= dx 2^-11), i.e. at most
+ *    (0.5 + 127 * 2^-11) dx = 0.562 dx, taken as 0.57 dx, times sum |w| of
+ *    the block's 32 weights;
+ *  - fp32 arithmetic: each term rounded a few times and summed over at most
+ *    n terms in some order, |error| <= gamma_(n+8) sum |terms| with
+ *    gamma_k ~ k 2^-24 (the textbook bound for a sum of k rounded terms),
+ *    taken 4x over for the quantized types, where the kernel scales a block
+ *    by (weight scale * dx) while the dequantized weight rounds
+ *    (scale * code) on its own, and q4_K subtracts its min term separately;
+ *    |terms| <= |w| (|x| + dx).
+ * A kernel that mixes up a block, a scale or a row misses by whole terms,
+ * far outside this. */
+static double rows_bound(const float *w, const float *x, size_t n, int quant) {
+    double b = 0, terms = 0;
+    for (size_t j0 = 0; j0 < n; j0 += 32) {
+        size_t j1 = j0 + 32 < n ? j0 + 32 : n;
+        double amax = 0, sw = 0;
+        for (size_t j = j0; j < j1; j++) {
+            amax = fmax(amax, fabs(x[j]));
+            sw += fabs(w[j]);
+        }
+        double dx = quant ? amax / 127 : 0;
+        b += 0.57 * dx * sw;
+        for (size_t j = j0; j < j1; j++) terms += fabs(w[j]) * (fabs(x[j]) + dx);
+    }
+    return b + (quant ? 4 : 1) * (double)(n + 8) * 0x1p-24 * terms;
+}
+
 static void test_matvec_rows(void) {
-    int ok = 1;
+    int same = 1, same_ref = 1, in_bound = 1;
+    double worst = 0; /* the largest |y - exact| / bound seen */
     static float y[QUANT_ROWS_MAX * 97];
+    char info[512];
+    int ni = snprintf(info, sizeof info, "INFO quant_matvec_rows' kernels:"), paired = 0;
+    for (size_t c = 0; c < N_CASES && ni > 0 && (size_t)ni < sizeof info; c++) {
+        const char *k = quant_rows_kernel(cases[c].t);
+        paired |= !strcmp(k, "two-row AVX2");
+        ni += snprintf(info + ni, sizeof info - (size_t)ni, "%s %s %s", c ? "," : "", ggml_type_name(cases[c].t), k);
+    }
+    printf("%s; %s\n", info, paired ? "the two-row kernel compared with the one-row one, bit for bit"
+                                    : "no two-row kernel in this build: each compared with scalar references");
     /* 5 and 64 vectors (odd and even: the 32-block types take two at a
      * time), rows of 20 and of 19 blocks (the kernels' tail of 4) */
     for (int pass = 0; pass < 2; pass++)
@@ -321,19 +375,36 @@ static void test_matvec_rows(void) {
             enum ggml_type t = cases[c].t;
             size_t blck = ggml_blck_size(t), rows = 97;
             size_t n = blck == 1 ? 600 : blck * (blck == 32 ? (pass ? 19 : 20) : 3);
-            int M = pass ? QUANT_ROWS_MAX : 5;
-            void *W = random_matrix(t, rows, n);
-            float *x = malloc(sizeof(float) * (size_t)M * n), one[97];
+            size_t rs = ggml_row_size(t, n);
+            int M = pass ? QUANT_ROWS_MAX : 5, quant = blck > 1;
+            uint8_t *W = random_matrix(t, rows, n);
+            float *x = malloc(sizeof(float) * (size_t)M * n), *wr = malloc(sizeof(float) * n), one[97], ref[97];
+            if (!W || !x || !wr) { same = 0; free(W); free(x); free(wr); continue; }
             for (int j = 0; j < M; j++) random_x(x + (size_t)j * n, n, j & 1);
             quant_matvec_rows(t, W, rows, n, x, M, y);
             for (int j = 0; j < M; j++) {
-                quant_matvec(t, W, rows, n, x + (size_t)j * n, one);
-                ok &= !memcmp(one, y + (size_t)j * rows, sizeof one);
+                const float *xj = x + (size_t)j * n, *yj = y + (size_t)j * rows;
+                quant_matvec(t, W, rows, n, xj, one);
+                same &= !memcmp(one, yj, sizeof one);
+                quant_matvec_ref(t, W, rows, n, xj, ref);
+                same_ref &= quant ? !memcmp(ref, yj, sizeof ref) : test_rel_l2(yj, ref, rows) <= 1e-5;
+                for (size_t r = 0; r < rows; r++) {
+                    quant_dequant_row(t, W + r * rs, wr, n);
+                    double exact = 0;
+                    for (size_t i = 0; i < n; i++) exact += (double)wr[i] * xj[i];
+                    double e = fabs(yj[r] - exact), b = rows_bound(wr, xj, n, quant);
+                    in_bound &= e <= b;
+                    if (b > 0 && e / b > worst) worst = e / b;
+                }
             }
             free(x);
+            free(wr);
             free(W);
         }
-    test_cond("quant_matvec_rows of 5 and of 64 vectors equals quant_matvec of each, bit for bit, every type", ok);
+    test_cond("quant_matvec_rows of 5 and of 64 vectors equals quant_matvec of each, bit for bit, every type", same);
+    test_cond("... and the scalar quant_matvec_ref of each (bit for bit for the quantized types, 1e-5 for fp)", same_ref);
+    printf("INFO quant_matvec_rows against a double dot of the dequantized rows: worst error %.3g of its bound\n", worst);
+    test_cond("... and a double-precision dot of the dequantized rows, every row within its error bound", in_bound);
 }
 
 static void test_roundtrip(void) {

@@ -407,6 +407,7 @@ static int key_export(app *a, int ch) {
     const probe_store *sts[PROBE_MAX_LANES];
     const char *names[PROBE_MAX_LANES];
     int nl = lanes_of(a, sts, names);
+    a->cur.unfinished = live(a) && a->ws.state != TUI_W_FAILED && !a->ws.eog && a->ws.n_past < a->ws.n_ctx;
     int rc = view_draw_lanes(vc, pc, (canvas_rect){0, 0, EXPORT_W, EXPORT_H}, sts, names, nl, &a->cur, NULL);
     char name[PATH_MAX + 32];
     if (rc == SKV_EMISSING) set_msg(a, "nothing to export: the %s view has no data yet", vc->name);
@@ -454,7 +455,7 @@ static const struct app_key {
     {{'1', '2', '3', '4', '5'}, "1..9 0", "jump to the Nth view of the tab bar (0: the 10th)", key_jump},
     {{'6', '7', '8', '9', '0'}, NULL, NULL, key_jump},
     {{'e'}, "e", "export the view as PNG into the export folder", key_export},
-    {{'p'}, "p", "compare run: show one policy alone, the next, then all again; batch: the next sequence", key_lane},
+    {{'p'}, "p", "a policy (compare run) or sequence (batch) alone, the next, then all again", key_lane},
     {{'?'}, "?", "this help (any key closes it)", key_help},
     {{12}, "C-l", "redraw the screen", key_redraw},
     {{'q', 'Q'}, "q", "quit", key_quit},
@@ -613,7 +614,16 @@ static void draw_view(app *a, int y, int h) {
     const probe_store *sts[PROBE_MAX_LANES];
     const char *names[PROBE_MAX_LANES];
     int nl = lanes_of(a, sts, names);
+    a->cur.unfinished = live(a) && a->ws.state != TUI_W_FAILED && !a->ws.eog && a->ws.n_past < a->ws.n_ctx;
     int rc = view_draw_lanes(vc, a->cv, (canvas_rect){0, 0, a->cols, a->view_h}, sts, names, nl, &a->cur, &a->res);
+    if (rc == SKV_EMISSING && live(a) && a->ws.state == TUI_W_PREFILL) {
+        /* nothing can exist yet: not "records none", which is only known once the prefill ends */
+        char msg[200];
+        snprintf(msg, sizeof msg, "prefill in progress (%d of %d prompt tokens): the view fills in when it ends",
+                 a->ws.prefill_done, a->ws.prefill_total);
+        canvas_clear(a->cv);
+        rc = view_message(a->cv, (canvas_rect){0, 0, a->cols, a->view_h}, vc->title, msg, &a->res);
+    }
     a->res_ok = rc == 0;
     if (rc < 0 && rc != SKV_EMISSING) snprintf(a->draw_err, sizeof a->draw_err, "%s: %s", vc->name, skv_last_error());
     else a->draw_err[0] = 0;
@@ -804,6 +814,17 @@ static int wrap_text(const char *text, int width, char out[][256], int max) {
     return n;
 }
 
+/* What p does in this run, for the help: its meaning for the run loaded
+ * first (one line in an 80-column box), the table's line when it has one lane. */
+static const char *lane_help(const app *a) {
+    const probe_lanes *L = a->o->lanes;
+    int n = probe_lanes_count(L);
+    if (n <= 1) return "compare or batched run: a policy or a sequence alone (this run has one)";
+    if (!probe_lanes_batched(L)) return "show one policy alone, the next, then all again";
+    return n > VIEW_BATCH_STACK_MAX ? "show the next sequence of the batch"
+                                    : "show one sequence alone, the next, then all again";
+}
+
 /* A framed box over the view area listing the key table and the view's help. */
 static void draw_help(app *a) {
     int bw = a->cols - 4 < 84 ? a->cols - 4 : 84;
@@ -827,7 +848,8 @@ static void draw_help(app *a) {
     tui_blit_text(y0, x0 + 2, tw, " skv inspect: keys ", A_BOLD, 0, a->utf8);
     for (int i = 0; i < N_APP_KEYS && y < y0 + bh - 1; i++, y++) {
         if (!app_keys[i].label) { y--; continue; } /* a row that continues the one above */
-        snprintf(line, sizeof line, "%-13s %s", app_keys[i].label, app_keys[i].help);
+        snprintf(line, sizeof line, "%-13s %s", app_keys[i].label,
+                 app_keys[i].fn == key_lane ? lane_help(a) : app_keys[i].help);
         tui_blit_text(y, x0 + 2, tw, line, 0, 0, a->utf8);
     }
     char view_line[512], wrapped[4][256];

@@ -414,17 +414,18 @@ static int bench_parallel(cli_gen *g, skv_model *m, const int32_t *ids, int np, 
                 free(seqs);
                 batch_free(b);
             }
-            if (rc || !best_steps) break;
+            if (rc || (stopped && !best_steps)) break;
+            int cut = stopped && best_steps < g->n_predict; /* the line is of a run cut short */
             const model_config *c = &m->cfg;
             printf("model=%s kv=%s threads=%d prompt=%d decode=%d parallel=%d prefill_tok_s=%.1f decode_tok_s=%.2f "
                    "decode_ms=%.3f resident_bytes=%zu resident_bytes_seq=%.0f offloaded_bytes=%zu tier=%s "
                    "weight_bytes=%.0f seq_bytes=%.0f%s\n",
                    c->name[0] ? c->name : g->model, ko.policy, skv_threads(), np, best_steps, B, pp, best_tg, best_ms,
                    res_all, (double)res_all / B, off_all, file ? "file" : "memory", weight_bytes(m), per,
-                   best_steps < g->n_predict ? " partial=1" : "");
+                   cut ? " partial=1" : "");
             fflush(stdout);
             runs++;
-            if (best_steps < g->n_predict)
+            if (cut)
                 cli_msg("kv=%s parallel=%d: interrupted after %d of %d steps; its line above says decode=%d and "
                         "partial=1\n", ko.policy, B, best_steps, g->n_predict, best_steps);
         }

@@ -133,12 +133,18 @@ int cmd_dump(int argc, char **argv) {
     if (!dir) return cli_usage_error("dump", "no -o DIR");
     const char *text = cli_prompt_text(&g);
     if (!text) return 2;
-    if (skv_make_dir(dir)) return cli_fail();
     /* Every file it may write, checked before the work: none is replaced
-     * without --force. */
+     * without --force. The folder is made only once the model has the
+     * layer, so a refused command leaves nothing behind. */
+    struct stat dsb;
+    int dir_exists = stat(dir, &dsb) == 0;
+    if (dir_exists && !S_ISDIR(dsb.st_mode)) {
+        fprintf(stderr, "skv dump: -o %s: not a folder\n", dir);
+        return 1;
+    }
     static const char *const names[] = { "k_pre", "k_post", "v", "q_last", "U", "SVt", "landmarks", "cos_min",
                                          "outliers", "selected" };
-    for (size_t i = 0; i < sizeof names / sizeof names[0]; i++) {
+    for (size_t i = 0; dir_exists && i < sizeof names / sizeof names[0]; i++) {
         char path[PATH_MAX + 64];
         snprintf(path, sizeof path, "%s/%s.npy", dir, names[i]);
         if (cli_check_output("dump", path, g.force)) return 1;
@@ -157,6 +163,7 @@ int cmd_dump(int argc, char **argv) {
         cli_msg("--layer %d is out of range (the model has %d layers)\n", layer, m->cfg.n_layers);
         goto out;
     }
+    if (skv_make_dir(dir)) { cli_fail(); goto out; }
     if (tok_encode(m->tok, text, strlen(text), tok_add_bos(m->tok) && !g.no_bos, 1, &ids, &n)) { cli_fail(); goto out; }
     if (probe_bus_new(&bus) ||
         probe_subscribe_callback(bus, PROBE_MASK(PROBE_PREFILL_HEAD) | PROBE_MASK(PROBE_DECODE_HEAD), on_event, &cap,

@@ -260,6 +260,24 @@ static unsigned foreign_views(const char *who, const probe_lanes *lanes, char *n
     return hidden;
 }
 
+/* --policy NAME against the policies a replayed trace holds: 0 when one of
+ * its lanes ran it, else one line listing them (a policy once) and 2. */
+static int check_policy_lane(const probe_lanes *lanes, const char *path) {
+    if (!policy_flag) return 0;
+    char all[400] = "";
+    size_t len = 0;
+    for (int i = 0; i < probe_lanes_count(lanes); i++) {
+        const char *p = probe_lanes_policy(lanes, i);
+        if (!strcmp(p, policy_flag)) return 0;
+        int seen = 0;
+        for (int j = 0; j < i && !seen; j++) seen = !strcmp(probe_lanes_policy(lanes, j), p);
+        if (!seen && len < sizeof all)
+            len += (size_t)snprintf(all + len, sizeof all - len, "%s%s", len ? ", " : "", p[0] ? p : "?");
+    }
+    fprintf(stderr, "skv inspect: --policy %s: %s has no such policy (it has: %s)\n", policy_flag, path, all);
+    return 2;
+}
+
 static int replay(const char *path) {
     probe_lanes *lanes = NULL;
     if (probe_lanes_new(&lanes)) return cli_fail();
@@ -269,7 +287,7 @@ static int replay(const char *path) {
         probe_lanes_free(lanes);
         return cli_fail();
     }
-    if (seq_flag >= 0 && cli_check_seq("inspect", lanes, path, seq_flag)) {
+    if ((seq_flag >= 0 && cli_check_seq("inspect", lanes, path, seq_flag)) || check_policy_lane(lanes, path)) {
         probe_lanes_free(lanes);
         return 2;
     }
@@ -488,6 +506,20 @@ int cmd_inspect(int argc, char **argv) {
     if (seq_flag >= 0) {
         cli_gen_free(&g);
         return cli_usage_error("inspect", "--seq picks a sequence of a batched trace: give it with --replay FILE");
+    }
+    if (policy_flag) { /* the lane shown first: one of the run's policies */
+        int found = g.n_kv <= 1 ? !strcmp(g.s.kv.policy, policy_flag) : 0;
+        char all[300] = "";
+        size_t len = 0;
+        for (int i = 0; i < g.n_kv && !found; i++) found = !strcmp(g.kv_list[i], policy_flag);
+        for (int i = 0; i < (g.n_kv > 1 ? g.n_kv : 1) && !found && len < sizeof all; i++)
+            len += (size_t)snprintf(all + len, sizeof all - len, "%s%s", i ? ", " : "",
+                                    g.n_kv > 1 ? g.kv_list[i] : g.s.kv.policy);
+        if (!found) {
+            cli_gen_free(&g);
+            return cli_usage_error("inspect", "--policy %s: this run's policies are %s (--kv a,b,... sets them)",
+                                   policy_flag, all);
+        }
     }
     rc = live(&g);
     cli_gen_free(&g);

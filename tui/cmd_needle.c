@@ -167,6 +167,16 @@ static cJSON *report_json(const needle_report *rep) {
         cJSON_AddStringToObject(o, "check", c->check == NEEDLE_CHECK_RETRIEVED ? "retrieved"
                                             : c->check == NEEDLE_CHECK_MISSED ? "missed" : "unchecked");
         if (c->check != NEEDLE_CHECK_NONE) cJSON_AddStringToObject(o, "check_answer", c->check_answer);
+        if (c->opt[0] && c->value != c->proposed) cJSON_AddNumberToObject(o, "proposed", c->proposed);
+        cJSON *tr = c->n_tries ? cJSON_AddArrayToObject(o, "tries") : NULL; /* every rerun, in order */
+        for (int t = 0; tr && t < c->n_tries; t++) {
+            cJSON *one = cJSON_CreateObject();
+            if (!one) break;
+            cJSON_AddNumberToObject(one, "value", c->tries[t].value);
+            cJSON_AddBoolToObject(one, "retrieved", c->tries[t].hit);
+            cJSON_AddStringToObject(one, "answer", c->tries[t].answer);
+            cJSON_AddItemToArray(tr, one);
+        }
         cJSON_AddItemToArray(v, o);
     }
     cJSON_AddStringToObject(d, "kept", rep->kept);
@@ -242,8 +252,10 @@ static int on_case(const needle_case *c, void *user) {
                         c->hit[m] ? "hit" : "miss", *note ? " (" : "", note, *note ? ")" : "");
     }
     if (len >= (int)sizeof line) len = (int)sizeof line - 1;
-    double el = skv_now() - rs->t0, eta = el / (c->index + 1) * (rs->n_total - c->index - 1);
-    fprintf(stderr, "skv needle: %s (%.0f s elapsed, about %.0f s left)\n", line, el, eta);
+    int done = rs->only_case >= 0 ? 1 : c->index + 1, todo = rs->only_case >= 0 ? 1 : rs->n_total; /* --case: one */
+    double el = skv_now() - rs->t0, eta = el / done * (todo - done);
+    if (todo > done) fprintf(stderr, "skv needle: %s (%.0f s elapsed, about %.0f s left)\n", line, el, eta);
+    else fprintf(stderr, "skv needle: %s (%.0f s elapsed, done)\n", line, el);
     for (int m = 1; m < o->n_methods; m++) {
         if (!c->report[m]) continue;
         needle_distractor dc;
@@ -402,10 +414,15 @@ static probe_event settings_event(const skv_model *m, const needle_opts *o, char
     return ev;
 }
 
+/* The cases the command set out to run: the sweep's, or 1 with --case. */
+static int cases_planned(const run_state *rs) { return rs->only_case >= 0 ? 1 : rs->n_total; }
+
 /* Adds the sweep's events (the kept case's probes, or a settings event,
- * then every NIAH event) to a store or a trace writer. */
-static int emit_all(const skv_model *m, const needle_opts *o, const needle_result *r, probe_store *st,
-                    trace_writer *tw) {
+ * then every NIAH event, then the "sweep_planned" metric: the cases it set
+ * out to run, so that a figure or a trace of an interrupted sweep says it
+ * was cut short) to a store or a trace writer. */
+static int emit_all(const skv_model *m, const needle_opts *o, const needle_result *r, const run_state *rs,
+                    probe_store *st, trace_writer *tw) {
     int rc = 0;
     if (r->n_ev) {
         for (int i = 0; !rc && i < r->n_ev; i++) rc = st ? probe_store_add(st, r->ev[i]) : trace_writer_write(tw, r->ev[i]);
@@ -420,15 +437,20 @@ static int emit_all(const skv_model *m, const needle_opts *o, const needle_resul
             probe_event ev = needle_niah_event(o, &r->cases[i], k, detail);
             rc = st ? probe_store_add(st, &ev) : trace_writer_write(tw, &ev);
         }
+    probe_event pl = { .kind = PROBE_METRIC };
+    pl.metric = (probe_ev_metric){ .step = -1, .layer = 0, .head = -1, .name = "sweep_planned",
+                                   .value = (float)cases_planned(rs) };
+    if (!rc) rc = st ? probe_store_add(st, &pl) : trace_writer_write(tw, &pl);
     return rc;
 }
 
-static int write_png(const char *path, int force, const skv_model *m, const needle_opts *o, const needle_result *r) {
+static int write_png(const char *path, int force, const skv_model *m, const needle_opts *o, const needle_result *r,
+                     const run_state *rs) {
     probe_store *st = NULL;
     canvas *c = NULL;
     canvas_png_opts po = { .scale = 1 };
     int rc = probe_store_new(&st);
-    if (!rc) rc = emit_all(m, o, r, st, NULL);
+    if (!rc) rc = emit_all(m, o, r, rs, st, NULL);
     int h = o->n_methods > 3 ? 2 * NEEDLE_PNG_H : NEEDLE_PNG_H; /* the niah view puts 4+ panels on two rows */
     if (!rc) rc = canvas_png_new(&c, NEEDLE_PNG_W, h, &po);
     if (!rc) {
@@ -456,7 +478,12 @@ static int write_trace(const char *path, const skv_model *m, const needle_opts *
         replay_command(rs, r->detail, cmd, sizeof cmd);
         if ((rc = trace_writer_note(tw, "replay", cmd))) { trace_writer_abort(tw); return rc; }
     }
-    if ((rc = emit_all(m, o, r, NULL, tw))) {
+    if (rs->partial) { /* Ctrl-C: the trace says so (skv trace info, the inspector, --diagnose) */
+        char note[96];
+        snprintf(note, sizeof note, "after %d of %d cases", r->n_cases, cases_planned(rs));
+        if ((rc = trace_writer_note(tw, "interrupted", note))) { trace_writer_abort(tw); return rc; }
+    }
+    if ((rc = emit_all(m, o, r, rs, NULL, tw))) {
         trace_writer_abort(tw);
         return rc;
     }
@@ -579,6 +606,7 @@ static int diagnose_trace(const char *path) {
         rc = skv_error(SKV_EMISSING, "%s: the trace holds no needle events and no oracle events with a needle span "
                        "(record one with skv needle --explain --trace FILE, or the oracle with a needle named)", path);
     if (!rc) {
+        needle_fit_options(rep); /* advice names only options the policy has */
         printf("%s: %s, value %s: dense %s, %s %s\n", path, rep->policy, rep->value,
                rep->dense_hit < 0 ? "?" : rep->dense_hit ? "hit" : "missed",
                rep->policy, rep->sparse_hit < 0 ? "?" : rep->sparse_hit ? "hit" : "missed");
@@ -832,7 +860,7 @@ int cmd_needle(int argc, char **argv) {
         fprintf(stderr, "skv needle: wrote %s\n", json);
     }
     if (png) {
-        if (write_png(png, force, m, &o, &res)) { rc = cli_fail(); goto done; }
+        if (write_png(png, force, m, &o, &res, &rs)) { rc = cli_fail(); goto done; }
         fprintf(stderr, "skv needle: wrote %s\n", png);
     }
     if (trace) {

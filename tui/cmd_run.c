@@ -27,10 +27,17 @@ static int trace_begin(cli_gen *g, const char *cmd) {
 }
 
 /* Closes the trace, all or nothing: a run that failed leaves none, an
- * interrupted one (130) keeps every step so far; says where it went, with
- * hint. Returns rc, or the failure to close. */
-static int trace_end(cli_gen *g, int rc, const char *hint) {
+ * interrupted one (130) keeps every step so far and says in its metadata
+ * ("interrupted": "at step done of planned", which skv trace info and the
+ * inspector show) that it was cut short; says where it went, with hint.
+ * done < 0: no steps to count. Returns rc, or the failure to close. */
+static int trace_end(cli_gen *g, int rc, const char *hint, int done, int planned) {
     if (!g->tw) return rc;
+    if ((!rc || rc == CLI_STOPPED) && cli_stop_requested() && done >= 0) {
+        char note[96];
+        snprintf(note, sizeof note, "at step %d of %d", done, planned);
+        if (trace_writer_note(g->tw, "interrupted", note)) rc = cli_fail();
+    }
     if (rc && rc != CLI_STOPPED) trace_writer_abort(g->tw);
     else if (trace_writer_close(g->tw)) rc = cli_fail();
     else cli_msg("trace written to %s%s\n", g->trace, hint);
@@ -62,8 +69,8 @@ static int setup(cli_gen *g, const char *cmd, skv_model **m, skv_session **s, in
 }
 
 /* Closes the trace (atomically: all or nothing), then frees everything. */
-static int teardown(skv_model *m, skv_session *s, int32_t *ids, cli_gen *g, int rc) {
-    rc = trace_end(g, rc, "");
+static int teardown(skv_model *m, skv_session *s, int32_t *ids, cli_gen *g, int rc, int done, int planned) {
+    rc = trace_end(g, rc, "", done, planned);
     probe_bus_free(g->bus);
     session_free(s);
     model_free(m);
@@ -135,7 +142,7 @@ static int run_compare(cli_gen *g) {
     skv_model *m = NULL;
     compare_run *c = NULL;
     int32_t *ids = NULL;
-    int n = 0, rc = 0;
+    int n = 0, rc = 0, generated = 0;
     const char *text = cli_prompt_text(g);
     if (!g->model) rc = cli_usage_error("run", "no model: give -m MODEL");
     else if (!text) rc = 2;
@@ -155,7 +162,6 @@ static int run_compare(cli_gen *g) {
                 c->policy[c->teacher]);
         int prev = ids[n - 1];
         char buf[256];
-        int generated = 0;
         for (int i = 0; i < g->n_predict && !cli_stop_requested(); i++, generated++) {
             int tok = compare_next(c);
             if (tok_is_eog(m->tok, tok)) break;
@@ -199,7 +205,7 @@ static int run_compare(cli_gen *g) {
         if (!g->s.kv.oracle) cli_msg("(--oracle adds each policy's recall, overlap and output error)\n");
     }
     cli_stop_release();
-    rc = trace_end(g, rc, " (skv inspect --trace shows every policy)");
+    rc = trace_end(g, rc, " (skv inspect --trace shows every policy)", generated, g->n_predict);
     if (!rc && cli_stop_requested()) rc = CLI_STOPPED;
     probe_bus_free(g->bus);
     compare_free(c);
@@ -226,7 +232,7 @@ static int run_parallel(cli_gen *g, int B) {
     if (g->threads) skv_set_threads(g->threads);
     skv_model *m = NULL;
     int32_t *ids = NULL;
-    int n = 0, rc = 0;
+    int n = 0, rc = 0, steps = 0;
     skv_session *src = NULL, **seqs = calloc((size_t)B, sizeof *seqs);
     skv_batch *b = NULL;
     char **out = calloc((size_t)B, sizeof *out);
@@ -255,7 +261,6 @@ static int run_parallel(cli_gen *g, int B) {
     if ((rc = batch_new(seqs, B, &b))) goto fail;
     for (int i = 0; i < B; i++) { seqs[i] = NULL; prev[i] = ids[n - 1]; }
     cli_stop_catch("step");
-    int steps = 0;
     for (int t = 0; t < g->n_predict && !rc && !cli_stop_requested(); t++) {
         int live = 0;
         for (int i = 0; i < B; i++) {
@@ -290,15 +295,17 @@ static int run_parallel(cli_gen *g, int B) {
             res_all += r0;
         }
         double t = batch_t_decode(b);
-        cli_msg("prompt %d tokens, %.1f tok/s prefill (once, shared by %d sequences); %d steps of %d sequences, "
+        const char *seqs = B == 1 ? "sequence" : "sequences";
+        cli_msg("prompt %d tokens, %.1f tok/s prefill (once, shared by %d %s); %d step%s of %d %s, "
                 "%.1f tok/s decode (%.2f ms a step); KV resident %.2f MiB in all\n", n,
-                n / (src->t_prefill > 0 ? src->t_prefill : 1e-9), B, steps, B, t > 0 ? B * steps / t : 0.0,
+                n / (src->t_prefill > 0 ? src->t_prefill : 1e-9), B, seqs, steps, steps == 1 ? "" : "s", B, seqs,
+                t > 0 ? B * steps / t : 0.0,
                 steps ? 1000 * t / steps : 0.0, res_all / 1048576.0);
     }
     if (!rc && cli_stop_requested()) rc = CLI_STOPPED;
 fail:
     if (rc && rc != CLI_STOPPED) rc = cli_fail();
-    rc = trace_end(g, rc, " (skv inspect --trace: p steps through the sequences)");
+    rc = trace_end(g, rc, " (skv inspect --trace: p steps through the sequences)", steps, g->n_predict);
     for (int i = 0; seqs && i < B; i++) session_free(seqs[i]);
     batch_free(b);
     session_free(src);
@@ -360,7 +367,7 @@ int cmd_run(int argc, char **argv) {
      * then the summary and the trace */
     cli_stop_catch("step");
     int rc = setup(&g, "run", &m, &s, &ids, &n);
-    if (rc) { cli_stop_release(); return teardown(m, s, ids, &g, rc); }
+    if (rc) { cli_stop_release(); return teardown(m, s, ids, &g, rc, 0, g.n_predict); }
     int prev = ids[n - 1];
     char buf[256];
     int generated = 0;
@@ -398,7 +405,7 @@ int cmd_run(int argc, char **argv) {
             s->step ? s->step / (s->t_decode > 0 ? s->t_decode : 1e-9) : 0.0, own);
     print_kv_accounting(s);
     if (!rc && cli_stop_requested()) rc = CLI_STOPPED; /* interrupted: after the summary and the trace */
-    return teardown(m, s, ids, &g, rc);
+    return teardown(m, s, ids, &g, rc, generated, g.n_predict);
 }
 
 static void logits_help(FILE *o) {
@@ -426,7 +433,7 @@ int cmd_logits(int argc, char **argv) {
     if (cli_single_policy(&g, "logits")) return 2;
     skv_model *m; skv_session *s; int32_t *ids; int n;
     int rc = setup(&g, "logits", &m, &s, &ids, &n);
-    if (rc) return teardown(m, s, ids, &g, rc);
+    if (rc) return teardown(m, s, ids, &g, rc, -1, 0);
     printf("{\"tokens\":[");
     for (int i = 0; i < n; i++) printf("%s%d", i ? "," : "", ids[i]);
     printf("],\"last_logits\":[");
@@ -440,5 +447,5 @@ int cmd_logits(int argc, char **argv) {
         if (i + 1 < g.n_predict && session_decode(s, tok)) { rc = cli_fail(); break; }
     }
     printf("]}\n");
-    return teardown(m, s, ids, &g, rc);
+    return teardown(m, s, ids, &g, rc, -1, 0);
 }

@@ -1339,7 +1339,10 @@ int paint_draw_gantt(canvas *c, canvas_rect rr, const paint_gantt *gt, paint_res
         /* a hairline gap at the start of wide bars shows where one op ends and the next begins */
         double sep = !g->cells && x1 - x0 > 4 * g->hair ? g->hair : 0;
         canvas_color col = b->op >= 0 && b->op < nops ? cat_color(gt->ops, nops, b->op) : L.th->muted;
-        canvas_fill_rect(c, x0 + sep, y + inset, fmax(x1 - x0 - sep, g->fill_w), g->cells ? (row_h >= 2 ? row_h - 0.5 : row_h) : row_h - 2 * inset, col);
+        /* a terminal leaves the bottom half of a row's last line empty: bars
+         * end in half blocks (a whole-cell fill is only a background colour,
+         * blank in a copy or a screen capture), with a gap between rows */
+        canvas_fill_rect(c, x0 + sep, y + inset, fmax(x1 - x0 - sep, g->fill_w), g->cells ? row_h - 0.5 : row_h - 2 * inset, col);
     }
     canvas_clip(c, r);
     for (int k = 0; k < shown; k++) {

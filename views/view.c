@@ -69,6 +69,44 @@ void view_fit_text(canvas *c, int font, double w, char *buf) {
     buf[0] = 0;
 }
 
+int view_wrap(canvas *c, int font, double w, const char *text, char (*lines)[VIEW_LINE_MAX], int max) {
+    int n = 0;
+    const char *p = text;
+    while (*p == ' ') p++;
+    while (*p && n < max) {
+        size_t len = strlen(p), best = 0;
+        if (len >= VIEW_LINE_MAX) len = VIEW_LINE_MAX - 1;
+        if (n == max - 1 || canvas_text_width(c, p, font) <= w) { /* the last line: the rest, cut when too long */
+            memcpy(lines[n], p, len);
+            lines[n][len] = 0;
+            view_fit_text(c, font, w, lines[n]);
+            return n + 1;
+        }
+        size_t clause = 0;
+        for (size_t i = 1; i < len; i++) { /* the longest prefix ending before a space that fits */
+            if (p[i] != ' ') continue;
+            memcpy(lines[n], p, i);
+            lines[n][i] = 0;
+            if (canvas_text_width(c, lines[n], font) > w) break;
+            best = i;
+            if (p[i - 1] == ';') clause = i;
+        }
+        if (clause * 2 >= best) best = clause; /* break after a clause when that keeps half the line or more */
+        if (!best) { /* one word wider than the line: cut it */
+            memcpy(lines[n], p, len);
+            lines[n][len] = 0;
+            view_fit_text(c, font, w, lines[n]);
+            return n + 1;
+        }
+        memcpy(lines[n], p, best);
+        lines[n][best] = 0;
+        n++;
+        p += best;
+        while (*p == ' ') p++;
+    }
+    return n;
+}
+
 /* Why there is nothing to draw: no run yet, no decode steps yet (per_step),
  * nothing of this kind from the run's policy (who: NULL, or who records it),
  * or nothing at the cursor. */
@@ -187,8 +225,35 @@ int view_draw_lanes(const view_class *vc, canvas *c, canvas_rect r, const probe_
     return view_draw_lanes_each(vc, c, r, st, names, n, cur, res);
 }
 
+/* A batch's prefill view: one pane, under a line naming what it shows. */
+static int draw_shared_prefill(const view_class *vc, canvas *c, canvas_rect r, const probe_store *st, int n,
+                               const view_cursor *cur, paint_result *res) {
+    const canvas_geom *g = canvas_geometry(c);
+    double lh = g->cells ? 1 : canvas_line_height(c, CANVAS_FONT_BOLD);
+    char label[160];
+    for (int form = 0; form < 2; form++) { /* the shorter wording when the long one does not fit */
+        if (form == 0)
+            snprintf(label, sizeof label, "the prefill, shared by all %d sequences%s", n,
+                     vc->prefill == 2 ? "; the selection shown is sequence 0's (p: each sequence)" : "");
+        else
+            snprintf(label, sizeof label, "prefill shared by %d sequences%s", n,
+                     vc->prefill == 2 ? "; selection: seq 0 (p: each)" : "");
+        if (canvas_text_width(c, label, CANVAS_FONT_BOLD) <= r.w - (g->cells ? 0 : 2 * g->pad)) break;
+    }
+    view_fit_text(c, CANVAS_FONT_BOLD, r.w - (g->cells ? 0 : 2 * g->pad), label);
+    canvas_text(c, r.x + (g->cells ? 0 : g->pad), r.y, label, CANVAS_FONT_BOLD, CANVAS_LEFT | CANVAS_TOP,
+                canvas_get_theme(c)->fg);
+    canvas_rect br = { r.x, r.y + lh, r.w, r.h - lh };
+    if (br.h < 1) return vc->draw(c, r, st, cur, res);
+    canvas_rect old = canvas_clip(c, br);
+    int rc = vc->draw(c, br, st, cur, res);
+    canvas_clip(c, old);
+    return rc;
+}
+
 int view_draw_lanes_each(const view_class *vc, canvas *c, canvas_rect r, const probe_store *const *st,
                          const char *const *names, int n, const view_cursor *cur, paint_result *res) {
+    if (cur->batch && vc->prefill && n > 1) return draw_shared_prefill(vc, c, r, st[0], n, cur, res);
     const probe_store *keep_st[PROBE_MAX_LANES];
     const char *keep_nm[PROBE_MAX_LANES];
     if (vc->metric && n > 1) {

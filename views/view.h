@@ -22,6 +22,8 @@ typedef struct view_cursor {
     int clean;      /* 1: a figure (skv export without --annotate): no cursor decorations */
     int batch;      /* 1: the lanes drawn are a batch's sequences (one step for all, on one clock),
                        not a compare run's policies */
+    int unfinished; /* 1: a live run that can still generate: an answer without the needle's value may
+                       be unfinished, so it is not yet a miss */
 } view_cursor;
 
 void view_cursor_init(view_cursor *cur);
@@ -60,6 +62,11 @@ typedef struct view_class {
      * inspector leaves out the tab of a trace from another writer that holds
      * none of it, and says so (tui/cmd_inspect.c). */
     probe_kind needs;
+    /* 1: the view draws what the prefill made (a key spectrum); 2: that and
+     * the step's selection (the chunks). A batch's sequences share one
+     * prefill, so a batch gets one pane, not one per sequence (with 2, the
+     * selection of sequence 0, and says so). */
+    int prefill;
 } view_class;
 
 /* Draws vc for n lanes (compare mode): its draw_lanes when it has one, else
@@ -71,7 +78,9 @@ int view_draw_lanes(const view_class *vc, canvas *c, canvas_rect r, const probe_
                     const char *const *names, int n, const view_cursor *cur, paint_result *res);
 /* The stacked form view_draw_lanes falls back to: one pane per lane that has
  * data for the view (the others are left out), each drawn by vc->draw; a
- * view's own draw_lanes may call it after setting what the panes share. */
+ * view's own draw_lanes may call it after setting what the panes share. A
+ * batch (cur->batch) of a prefill view draws sequence 0's pane alone, under
+ * a line saying that the prefill is shared. */
 int view_draw_lanes_each(const view_class *vc, canvas *c, canvas_rect r, const probe_store *const *st,
                          const char *const *names, int n, const view_cursor *cur, paint_result *res);
 
@@ -93,6 +102,12 @@ int view_step(const probe_store *st, const view_cursor *cur);
 
 /* Cuts buf (in place) with an ellipsis so that it is at most w wide in font. */
 void view_fit_text(canvas *c, int font, double w, char *buf);
+
+#define VIEW_LINE_MAX 512
+/* Wraps text into at most max lines (each < VIEW_LINE_MAX bytes) at most w
+ * wide in font, breaking at spaces; the last line ends in an ellipsis when
+ * the text does not fit. Returns the number of lines (0 for empty text). */
+int view_wrap(canvas *c, int font, double w, const char *text, char (*lines)[VIEW_LINE_MAX], int max);
 
 /* Clears res, draws title and a centred message in r, records the message as
  * the last error and returns SKV_EMISSING: what a view draws when the store

@@ -185,7 +185,14 @@ static int chunkmap_draw(canvas *c, canvas_rect r, const probe_store *st, const 
     snprintf(xlabel, sizeof xlabel, "chunk (%d tokens each)", ph->chunk);
     describe(info, sizeof info, ph, d, step, chunk, g->ascii);
     view_fit_text(c, CANVAS_FONT_TITLE, r.w, title);
-    view_fit_text(c, CANVAS_FONT_BODY, r.w - (g->cells ? 0 : 2 * g->pad), info);
+    /* the line under the figure: a terminal cuts it, a figure wraps it (up to three lines) */
+    char info_l[3][VIEW_LINE_MAX];
+    int n_info = 1;
+    if (g->cells) {
+        view_fit_text(c, CANVAS_FONT_BODY, r.w, info);
+        snprintf(info_l[0], sizeof info_l[0], "%s", info);
+    } else
+        n_info = view_wrap(c, CANVAS_FONT_BODY, r.w - 2 * g->pad, info, info_l, 3);
     paint_strip sp = {
         .title = title, .v = v, .n = n,
         .x = { .label = xlabel, .min = -0.5, .max = n - 0.5 },
@@ -194,7 +201,7 @@ static int chunkmap_draw(canvas *c, canvas_rect r, const probe_store *st, const 
     };
 
     /* layout: strip panel, optional plot panel, one info line at the bottom */
-    double lh = canvas_line_height(c, CANVAS_FONT_BODY), info_h = g->cells ? 1 : ceil(lh + 2 * g->pad);
+    double lh = canvas_line_height(c, CANVAS_FONT_BODY), info_h = g->cells ? 1 : ceil(n_info * lh + 2 * g->pad);
     canvas_rect body = { r.x, r.y, r.w, fmax(0, r.h - info_h) };
     double strip_h = g->cells ? nc + 7 : round(body.h * 0.5);
     int two = g->cells ? body.h - strip_h >= 8 : body.h - strip_h >= 12 * g->em;
@@ -225,8 +232,9 @@ static int chunkmap_draw(canvas *c, canvas_rect r, const probe_store *st, const 
     }
     if (rc) goto done;
     canvas_rect old = canvas_clip(c, r);
-    canvas_text(c, r.x + (g->cells ? 0 : g->pad), g->cells ? r.y + r.h - 1 : r.y + r.h - info_h / 2, info,
-                CANVAS_FONT_BODY, CANVAS_LEFT | (g->cells ? CANVAS_TOP : CANVAS_MIDDLE), th->fg);
+    for (int i = 0; i < n_info; i++)
+        canvas_text(c, r.x + (g->cells ? 0 : g->pad), g->cells ? r.y + r.h - 1 : r.y + r.h - info_h + g->pad + i * lh,
+                    info_l[i], CANVAS_FONT_BODY, CANVAS_LEFT | CANVAS_TOP, th->fg);
     canvas_clip(c, old);
 done:
     free(spans);
@@ -268,4 +276,5 @@ const view_class view_chunkmap = {
     .move = chunkmap_move,
     .click = chunkmap_click,
     .needs = PROBE_PREFILL_HEAD,
+    .prefill = 2,
 };

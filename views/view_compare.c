@@ -6,8 +6,11 @@
  * KV head; --oracle), KV bytes fetched per decode step, bytes resident at
  * the last step, decode time per step, and top-1 agreement with dense where
  * the run had the oracle. Per layer: which policy kept the most exact
- * attention mass and which had the smallest output error. A single run
- * shows its one policy. No keys. */
+ * attention mass and which had the smallest output error, among the
+ * policies that selected there; a policy that attended the layer whole at
+ * every step (Quest's and FreeKV's dense_layers, a budget covering the
+ * context) is listed as dense, never crowned. A single run shows its one
+ * policy. No keys. */
 #include "skv.h"
 #include "view.h"
 
@@ -21,6 +24,7 @@
 typedef struct {
     double recall, overlap, err, mass;   /* means over the oracle events */
     int n_or;
+    int n_dense;                         /* oracle events that attended every position (nothing selected) */
     double fetch, seconds;               /* per step */
     int n_steps, agree, compared;
     double resident;
@@ -39,6 +43,7 @@ static void summarise(const probe_store *st, int layer, lane_sum *o) {
                 o->err += e->out_err;
                 o->mass += e->mass_kept;
                 o->n_or++;
+                o->n_dense += e->ctx > 0 && e->n_kept >= e->ctx;
             }
         const probe_ev_step *e = probe_store_step(st, s);
         if (!e) continue;
@@ -126,7 +131,7 @@ static int compare_lanes(canvas *c, canvas_rect r, const probe_store *const *st,
     }
     /* per policy */
     static const paint_column pcols[] = {
-        {"policy", PAINT_ALIGN_LEFT}, {"recall", PAINT_ALIGN_RIGHT}, {"overlap", PAINT_ALIGN_RIGHT},
+        {"policy", PAINT_ALIGN_LEFT}, {"mass recall", PAINT_ALIGN_RIGHT}, {"overlap", PAINT_ALIGN_RIGHT},
         {"out err", PAINT_ALIGN_RIGHT}, {"fetch/step", PAINT_ALIGN_RIGHT}, {"resident", PAINT_ALIGN_RIGHT},
         {"ms/step", PAINT_ALIGN_RIGHT}, {"top-1", PAINT_ALIGN_RIGHT},
     };
@@ -157,16 +162,16 @@ static int compare_lanes(canvas *c, canvas_rect r, const probe_store *const *st,
     char title[160];
     snprintf(title, sizeof title, "Compare: %d polic%s%s", n, n == 1 ? "y" : "ies",
              any_oracle ? " (mass recall, overlap, output error: oracle means; top-1: agreement with dense)"
-                        : " (run with --oracle for recall and error)");
+                        : " (run with --oracle for mass recall and error)");
     if (canvas_text_width(c, title, CANVAS_FONT_TITLE) > r.w) /* the shorter wording before any cut */
         snprintf(title, sizeof title, "Compare: %d polic%s%s", n, n == 1 ? "y" : "ies",
-                 any_oracle ? " (oracle means; top-1 agrees with dense)" : " (--oracle adds recall and error)");
+                 any_oracle ? " (oracle means; top-1 agrees with dense)" : " (--oracle adds mass recall, error)");
     view_fit_text(c, CANVAS_FONT_TITLE, r.w, title);
     paint_table t1 = {.title = title, .cols = pcols, .n_cols = PC, .cells = cells, .n_rows = n};
     /* per layer: the policy keeping the most exact mass, and the one with the least error */
     static const paint_column lcols[] = {
         {"layer", PAINT_ALIGN_RIGHT}, {"most mass", PAINT_ALIGN_LEFT}, {"mass", PAINT_ALIGN_RIGHT},
-        {"least error", PAINT_ALIGN_LEFT}, {"error", PAINT_ALIGN_RIGHT},
+        {"least error", PAINT_ALIGN_LEFT}, {"error", PAINT_ALIGN_RIGHT}, {"dense", PAINT_ALIGN_LEFT},
     };
     enum { LC = sizeof lcols / sizeof lcols[0] };
     char (*lt)[LC][40] = nl > 0 ? calloc((size_t)nl, sizeof *lt) : NULL;
@@ -176,22 +181,33 @@ static int compare_lanes(canvas *c, canvas_rect r, const probe_store *const *st,
         free(lcells);
         return skv_error(SKV_ENOMEM, "compare view: out of memory");
     }
-    int rows = 0;
+    int rows = 0, any_dense = 0;
     for (int l = 0; any_oracle && l < nl; l++) {
-        int bm = -1, be = -1;
+        int bm = -1, be = -1, any = 0;
         lane_sum ls[CMP_MAX];
+        lt[rows][5][0] = 0;
         for (int i = 0; i < n; i++) {
             summarise(st[i], l, &ls[i]);
             if (!ls[i].n_or) continue;
+            any = 1;
+            if (ls[i].n_dense == ls[i].n_or) { /* attended whole: not its selection, never crowned */
+                size_t at = strlen(lt[rows][5]);
+                snprintf(lt[rows][5] + at, 40 - at, "%s%s", at ? ", " : "", txt[i][0]);
+                continue;
+            }
             if (bm < 0 || ls[i].mass > ls[bm].mass) bm = i;
             if (be < 0 || ls[i].err < ls[be].err) be = i;
         }
-        if (bm < 0) continue;
+        if (!any) continue;
+        any_dense |= lt[rows][5][0] != 0;
+        if (!lt[rows][5][0]) snprintf(lt[rows][5], 40, "-");
         snprintf(lt[rows][0], 40, "%d", l);
-        snprintf(lt[rows][1], 40, "%s", txt[bm][0]);
-        snprintf(lt[rows][2], 40, "%.1f%%", 100 * ls[bm].mass);
-        snprintf(lt[rows][3], 40, "%s", txt[be][0]);
-        snprintf(lt[rows][4], 40, "%.2f%%", 100 * ls[be].err);
+        snprintf(lt[rows][1], 40, "%s", bm >= 0 ? txt[bm][0] : "(all dense)");
+        if (bm >= 0) snprintf(lt[rows][2], 40, "%.1f%%", 100 * ls[bm].mass);
+        else snprintf(lt[rows][2], 40, "-");
+        snprintf(lt[rows][3], 40, "%s", be >= 0 ? txt[be][0] : "(all dense)");
+        if (be >= 0) snprintf(lt[rows][4], 40, "%.2f%%", 100 * ls[be].err);
+        else snprintf(lt[rows][4], 40, "-");
         for (int j = 0; j < LC; j++) lcells[rows * LC + j] = lt[rows][j];
         rows++;
     }
@@ -201,13 +217,18 @@ static int compare_lanes(canvas *c, canvas_rect r, const probe_store *const *st,
     int rc = paint_draw_table(c, (canvas_rect){r.x, r.y, r.w, top_h}, &t1, res);
     /* a figure: the per-layer table and, beside it, mass recall step by step */
     int plot = !g->cells && any_oracle && r.w >= 900;
-    double tw = plot ? 0.5 * r.w : r.w;
+    double tw = plot ? (any_dense ? 0.6 : 0.5) * r.w : r.w;
     if (!rc && rows && r.h - top_h >= 3 * lh) {
-        char t2title[96] = "Per layer (exact attention mass on the tokens each policy attended)";
+        char t2title[120] = "Per layer (exact attention mass on the tokens each policy attended)";
+        if (any_dense) snprintf(t2title, sizeof t2title, "Per layer (dense: attended whole, not ranked)");
         if (canvas_text_width(c, t2title, CANVAS_FONT_TITLE) > tw) snprintf(t2title, sizeof t2title, "Per layer");
         view_fit_text(c, CANVAS_FONT_TITLE, tw, t2title);
+        /* the dense column only when some policy attended a layer whole */
+        if (!any_dense)
+            for (int i = 0; i < rows; i++)
+                for (int j = 0; j < LC - 1; j++) lcells[i * (LC - 1) + j] = lt[i][j];
         paint_table t2 = {.title = t2title,
-                          .cols = lcols, .n_cols = LC, .cells = lcells, .n_rows = rows};
+                          .cols = lcols, .n_cols = any_dense ? LC : LC - 1, .cells = lcells, .n_rows = rows};
         rc = paint_draw_table(c, (canvas_rect){r.x, r.y + top_h, tw, r.h - top_h}, &t2, NULL);
     }
     if (!rc && plot && r.h - top_h >= 8 * lh) rc = recall_plot(c, (canvas_rect){r.x + tw, r.y + top_h, r.w - tw, r.h - top_h},
@@ -226,7 +247,8 @@ static int compare_draw(canvas *c, canvas_rect r, const probe_store *st, const v
 const view_class view_compare = {
     .name = "compare",
     .title = "Compare",
-    .help = "the policies of a compare run side by side: recall, overlap, output error, bytes and time per step; "
+    .help = "the policies of a compare run side by side: mass recall (the exact attention mass on the tokens "
+            "attended, against the most that as many tokens could hold), overlap, output error, bytes and time per step; "
             "per layer, the policy that keeps the most mass (skv run/inspect --kv a,b,...)",
     .draw = compare_draw,
     .draw_lanes = compare_lanes,

@@ -15,7 +15,7 @@
  * figure) keeps only the first cause under the heatmap.
  *
  * res holds the heatmap's layout, except legend (the verdict block) and
- * marker_x[i] (the top y of verdict item i, n_markers of them).
+ * marker_x[i] (the top y of the line of cause i, n_markers of them).
  *
  * Keys: ←/→ previous/next decode step, ↑/↓ previous/next layer. A click on a
  * heatmap cell selects its layer, KV head and chunk; a click on a verdict
@@ -71,6 +71,19 @@ static int wrap_text(canvas *c, const char *text, double x, double y, double w, 
         p = q + best;
     }
     return lines;
+}
+
+/* Takes the command-line hints out of a verdict line, for a figure: a
+ * parenthesis that starts "(unchecked: " (how to check it) keeps only
+ * "(unchecked)". */
+static void strip_hints(char *s) {
+    char *p;
+    while ((p = strstr(s, "(unchecked: ")) != NULL) {
+        char *q = strchr(p, ')');
+        if (!q) { strcpy(p, "(unchecked)"); return; }
+        memmove(p + strlen("(unchecked)"), q + 1, strlen(q + 1) + 1);
+        memcpy(p, "(unchecked)", strlen("(unchecked)"));
+    }
 }
 
 /* The cursor's (layer, head) at step s in one line. */
@@ -180,8 +193,23 @@ static int needle_draw(canvas *c, canvas_rect r, const probe_store *st, const vi
     char cur_line[1024], verdict[NEEDLE_N_CAUSES + 1][720];
     describe(cur_line, sizeof cur_line, st, rep, step, layer, head);
     int nv = rep->n_causes;
+    /* no answer yet (step 0 of a live run, an answer half written) or none
+     * known: what the policy did with the needle so far, and no fix for a
+     * miss that has not happened */
+    int open = cur->unfinished && rep->sparse_hit == 0 && probe_store_n_niah(st) == 0 && rep->value[0];
+    int no_answer = rep->pending || rep->sparse_hit < 0 || open, off = 0;
+    if (no_answer) {
+        snprintf(verdict[0], sizeof verdict[0], rep->pending || open
+                     ? "No verdict until the answer is written (step further); the needle so far:"
+                     : "No verdict: whether it retrieved the needle is unknown; the needle so far:");
+        off = 1;
+        if (nv > NEEDLE_N_CAUSES) nv = NEEDLE_N_CAUSES;
+    }
     for (int i = 0; i < nv; i++) {
-        if (rep->sparse_hit > 0) /* a hit: margins, what would break first, not failures */
+        if (no_answer)
+            snprintf(verdict[off + i], sizeof verdict[0], "- %s: %s", needle_cause_name(rep->causes[i].kind),
+                     rep->causes[i].evidence);
+        else if (rep->sparse_hit > 0) /* a hit: margins, what would break first, not failures */
             snprintf(verdict[i], sizeof verdict[i], "margin %d. %s: %s", i + 1, needle_cause_name(rep->causes[i].kind),
                      rep->causes[i].evidence);
         else {
@@ -190,14 +218,42 @@ static int needle_draw(canvas *c, canvas_rect r, const probe_store *st, const vi
             snprintf(verdict[i], sizeof verdict[i], "%d. %.700s", i + 1, line);
         }
     }
-    if (!nv) snprintf(verdict[nv++], sizeof verdict[0], rep->sparse_hit > 0 ? "no margin near its threshold"
-                                                                            : "no cause passed its threshold (see the divergence)");
+    nv += off;
+    if (nv == off)
+        snprintf(verdict[nv++], sizeof verdict[0], no_answer ? "- nothing near a threshold yet"
+                 : rep->sparse_hit > 0 ? "no margin near its threshold"
+                                       : "no cause passed its threshold (see the divergence)");
     /* A figure (a clean export) is mostly the heatmap with every verdict under it; the terminal
      * gives the text up to half the view; what does not fit ends in a "more" line, never cut silently. */
     int figure = !g->cells && cur->clean;
+    if (figure) /* a figure holds findings, not the command lines to check them */
+        for (int i = 0; i < nv; i++) strip_hints(verdict[i]);
+    char title[600], headline[400], head_text[400] = "";
+    if (open) /* not a miss yet: the run goes on */
+        snprintf(headline, sizeof headline, "%s has answered \"%s\" so far, the value is %s (step further)",
+                 rep->policy, rep->sparse_answer, rep->value);
+    else needle_headline(rep, headline, sizeof headline);
+    char *agree = strstr(headline, " (top-1 agreement");
+    if (agree && (g->cells || canvas_text_width(c, headline, CANVAS_FONT_TITLE) > 0.6 * r.w)) *agree = 0; /* room */
+    if (rep->generic && g->cells)
+        snprintf(title, sizeof title, "Needle, step %d: %s (outlined: not attended)", step, headline);
+    else if (rep->generic)
+        snprintf(title, sizeof title, "Needle's exact-attention rank at step %d: %s", step, headline);
+    else if (g->cells)
+        snprintf(title, sizeof title, "Needle, step %d (k = %d): %s", step, k, headline);
+    else
+        snprintf(title, sizeof title, "Needle ranks at step %d (k = %d): %s", step, k, headline);
+    if (g->cells) view_fit_text(c, CANVAS_FONT_TITLE, r.w, title);
+    else if (canvas_text_width(c, title, CANVAS_FONT_TITLE) > r.w) {
+        /* too wide for one line: the title names the chart, the outcome opens the text under it */
+        if (rep->generic) snprintf(title, sizeof title, "Needle's exact-attention rank at step %d", step);
+        else snprintf(title, sizeof title, "Needle ranks at step %d (k = %d)", step, k);
+        snprintf(head_text, sizeof head_text, "%s", headline);
+    }
     int max_text = (int)floor((r.h * (g->cells ? 0.5 : figure ? 0.4 : 0.45)) / lh);
     int want = 0, big = 1000;
     if (tw > 0) {
+        if (head_text[0]) want += wrap_text(c, head_text, tx, 0, tw, lh, big, 0, th->fg);
         for (int i = 0; i < nv; i++) want += wrap_text(c, verdict[i], tx, 0, tw, lh, big, 0, th->fg);
         if (!figure) {
             want += wrap_text(c, cur_line, tx, 0, tw, lh, big, 0, th->fg);
@@ -209,18 +265,6 @@ static int needle_draw(canvas *c, canvas_rect r, const probe_store *st, const vi
     if (text_lines < 0) text_lines = 0;
     int more = want > text_lines && text_lines > 0 ? want - (text_lines - 1) : 0; /* lines the "more" line stands for */
     canvas_rect hr = { r.x, r.y, r.w, r.h - text_lines * lh - (text_lines && !g->cells ? g->pad : 0) };
-    char title[600], headline[400];
-    needle_headline(rep, headline, sizeof headline);
-    char *agree = strstr(headline, " (top-1 agreement");
-    if (agree && (g->cells || canvas_text_width(c, headline, CANVAS_FONT_TITLE) > 0.6 * r.w)) *agree = 0; /* room */
-    if (rep->generic && g->cells)
-        snprintf(title, sizeof title, "Needle, step %d: %s (outlined: not attended)", step, headline);
-    else if (rep->generic)
-        snprintf(title, sizeof title, "Needle's exact-attention rank at step %d: %s", step, headline);
-    else if (g->cells)
-        snprintf(title, sizeof title, "Needle, step %d (k = %d): %s", step, k, headline);
-    else
-        snprintf(title, sizeof title, "Needle ranks at step %d (k = %d): %s", step, k, headline);
     /* the scale stops at 2k so that k sits in its middle: its top colour is every rank from 2k on */
     char vlabel[64];
     if (k > 0) snprintf(vlabel, sizeof vlabel, g->cells ? "rank (top: >=%d)" : "landmark rank (top colour: %d or more)", 2 * k);
@@ -246,9 +290,13 @@ static int needle_draw(canvas *c, canvas_rect r, const probe_store *st, const vi
         canvas_rect old = canvas_clip(c, r);
         double y = r.y + r.h - text_lines * lh;
         int left = text_lines - (more ? 1 : 0), used;
+        if (head_text[0] && left > 0) { /* the outcome, when the title had no room for it */
+            used = wrap_text(c, head_text, tx, y, tw, lh, left, 1, th->fg);
+            y += used * lh; left -= used;
+        }
         hres.legend = (canvas_rect){ tx, y, tw, 0 };
         for (int i = 0; i < nv && left > 0; i++) {
-            if (i < PAINT_MAX_MARKERS) { hres.marker_x[i] = y; hres.n_markers = i + 1; }
+            if (i >= off && i - off < PAINT_MAX_MARKERS) { hres.marker_x[i - off] = y; hres.n_markers = i - off + 1; }
             used = wrap_text(c, verdict[i], tx, y, tw, lh, left, 1, th->fg);
             y += used * lh; left -= used;
         }
@@ -263,7 +311,7 @@ static int needle_draw(canvas *c, canvas_rect r, const probe_store *st, const vi
         }
         if (more) { /* the rest is one command away */
             char m[160];
-            snprintf(m, sizeof m, figure ? "%s %d more line%s: skv needle --diagnose TRACE prints them all"
+            snprintf(m, sizeof m, figure ? "%s %d more line%s of the diagnosis not shown"
                                          : "%s %d more line%s (a taller window; or skv needle --diagnose TRACE)",
                      g->ascii ? "v" : "\xe2\x96\xbc", more, more == 1 ? "" : "s");
             y = r.y + r.h - lh;

@@ -5,8 +5,10 @@
  * held the needle's value (0-100%), lengths across, depths down (0% = the
  * needle at the start of the haystack, at the top).
  *
- * It reads only PROBE_NIAH events (skv needle --trace FILE writes them after
- * the probe events of the one case it records in detail); every panel
+ * It reads the PROBE_NIAH events (skv needle --trace FILE writes them after
+ * the probe events of the one case it records in detail) and the
+ * "sweep_planned" metric (the cases the sweep set out to run): a sweep cut
+ * short by Ctrl-C titles every panel "cut short: N of M cases"; every panel
  * outlines that case's cell, so they keep the same layout. res describes the
  * first panel (area, axes, colour bar), except res->legend, which holds the
  * second panel's data area (panels are equally wide, so it gives the pitch).
@@ -134,6 +136,10 @@ static int niah_draw(canvas *c, canvas_rect r, const probe_store *st, const view
     for (int i = 0; i < g.nx; i++) { len_label(g.len[i], xl[i], sizeof xl[i]); xt[i] = xl[i]; }
     for (int i = 0; i < g.ny; i++) { snprintf(yl[i], sizeof yl[i], "%g%%", g.dep[i]); yt[i] = yl[i]; }
     char title[NIAH_MAX_METHODS][160];
+    /* the cases the sweep set out to run (skv needle's "sweep_planned"): an
+     * interrupted sweep's figure says it was cut short, whatever cells it reached */
+    const probe_ev_metric *pm = probe_store_metric(st, "sweep_planned", -1, 0, -1);
+    int planned_cases = pm && pm->value >= 1 && pm->value < 1e9 ? (int)pm->value : 0;
     for (int m = 0; m < g.nm; m++) {
         double pct = g.total[m] ? 100.0 * g.hits[m] / g.total[m] : 0;
         /* The budget may differ per length (--budget P%), so titles name the policy alone. */
@@ -143,7 +149,9 @@ static int niah_draw(canvas *c, canvas_rect r, const probe_store *st, const view
         int most = 0;
         for (int i = 0; i < g.nx * g.ny; i++) most = g.runs[m][i] > most ? g.runs[m][i] : most;
         int planned = most * g.nx * g.ny;
-        if (g.total[m] < planned && n > 0 && (size_t)n < sizeof title[m])
+        if (planned_cases && g.total[0] < planned_cases && n > 0 && (size_t)n < sizeof title[m])
+            snprintf(title[m] + n, sizeof title[m] - (size_t)n, ", cut short: %d of %d cases", g.total[0], planned_cases);
+        else if (g.total[m] < planned && n > 0 && (size_t)n < sizeof title[m])
             snprintf(title[m] + n, sizeof title[m] - (size_t)n, ", partial (%d of %d)", g.total[m], planned);
     }
     /* One text line under the panels for the cursor's cell. */
@@ -176,12 +184,15 @@ static int niah_draw(canvas *c, canvas_rect r, const probe_store *st, const view
         h.no_colorbar = shared && !last;
         canvas_rect pr = { r.x + col * pw, r.y + row * rh,
                            col == cols - 1 && geo->cells ? r.w - col * pw : pw + (shared && last ? extra : 0), rh };
+        if (geo->cells && col < cols - 1) pr.w -= 2; /* a gap, so one panel's header does not run into the next's */
+        if (geo->cells && cols > 1) h.y.label = "depth";
         paint_result tmp;
         if (short_titles) { /* narrow panels: every title in the short form */
             char shorter[160];
             snprintf(shorter, sizeof shorter, "%s: %.0f%%", m == 0 && !g.name[0][0] ? "dense" : g.name[m],
                      g.total[m] ? 100.0 * g.hits[m] / g.total[m] : 0);
             const char *part = strstr(title[m], ", partial");
+            if (!part) part = strstr(title[m], ", cut short");
             if (part) snprintf(shorter + strlen(shorter), sizeof shorter - strlen(shorter), "%s", part);
             snprintf(title[m], sizeof title[m], "%s", shorter);
         }

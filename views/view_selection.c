@@ -6,7 +6,9 @@
  * fetched (a miss), not selected, or never a candidate because it stays
  * dense (an outlier, or part of the local window). The cache holds exactly
  * the previous step's selection (k slots for k chunks), so a selected chunk
- * is a hit when the same head also selected it one step earlier. The
+ * is a hit when the same head also selected it one step earlier (a step
+ * with no misses is all hits; a policy with no cache, as Quest, has
+ * neither: its chunks are only "selected"). The
  * current step's row and the cursor's chunk column are outlined; the last
  * line gives the counts of the current step (or the cursor chunk's story).
  *
@@ -16,7 +18,9 @@
  * When more chunks than columns fit (a terminal, or a very long prompt) the
  * raster shows a window of chunks starting at cursor.scroll, moved so that
  * the cursor's chunk stays inside; when more steps than rows fit it shows
- * the steps up to the current one.
+ * the steps up to the current one. A terminal gives every step the same
+ * whole number of rows, the last one drawn in half blocks over a gap, so
+ * that each step reads as its own line even without colour.
  *
  * Keys: ←/→ move the cursor's chunk (the window follows); ↑/↓ go to the
  * previous/next decode step. A click selects the chunk and step under it. */
@@ -34,7 +38,18 @@ static int clampi(int v, int lo, int hi) { return v < lo ? lo : v > hi ? hi : v;
 
 
 /* Cell categories; where cells share a pixel the highest wins. */
-enum { CAT_NONE, CAT_LOCAL, CAT_OUTLIER, CAT_HIT, CAT_MISS, CAT_N, CAT_EMPTY = 255 };
+enum { CAT_NONE, CAT_LOCAL, CAT_OUTLIER, CAT_SEL, CAT_HIT, CAT_MISS, CAT_N, CAT_EMPTY = 255 };
+
+/* 1 when the policy keeps a cache of selected chunks (ShadowKV): some step
+ * of (layer, head) counted hits or misses. Quest, say, selects without one:
+ * its selections are neither. */
+static int has_cache(const probe_store *st, int layer, int head) {
+    for (int s = 0; s < probe_store_n_steps(st); s++) {
+        const probe_ev_decode_head *d = probe_store_decode(st, s, layer, head);
+        if (d && d->hits + d->misses > 0) return 1;
+    }
+    return 0;
+}
 
 /* Chunks of the prompt for (layer, head): from the prefill event, else the
  * largest selected id + 1 over all steps. */
@@ -50,9 +65,12 @@ static int chunk_count(const probe_store *st, int layer, int head) {
     return n;
 }
 
-/* The category of every chunk at one step: (n) into out. */
+/* The category of every chunk at one step: (n) into out. Without a cache
+ * (cached 0) a selected chunk is just selected; with one, a step that
+ * fetched nothing (0 misses) has only hits, one that kept nothing only
+ * misses. */
 static void classify_step(const probe_store *st, int step, int layer, int head, const probe_ev_prefill_head *ph,
-                          int n, uint8_t *out) {
+                          int n, int cached, uint8_t *out) {
     const probe_ev_decode_head *d = probe_store_decode(st, step, layer, head);
     if (!d) { memset(out, CAT_EMPTY, (size_t)n); return; }
     memset(out, CAT_NONE, (size_t)n);
@@ -65,8 +83,9 @@ static void classify_step(const probe_store *st, int step, int layer, int head, 
     for (int i = 0; i < d->n_sel; i++) {
         int c = d->sel[i];
         if (c < 0 || c >= n) continue;
+        if (!cached) { out[c] = CAT_SEL; continue; }
         int hit = 0;
-        if (d->hits >= d->n_sel) hit = 1;
+        if (d->hits >= d->n_sel || d->misses == 0) hit = 1;
         else if (d->hits > 0 && prev)
             for (int j = 0; j < prev->n_sel && !hit; j++) hit = prev->sel[j] == c;
         out[c] = hit ? CAT_HIT : CAT_MISS;
@@ -94,13 +113,13 @@ static void chunk_window(int n, int cols, int scroll, int chunk, int *c0, int *n
 }
 
 static void describe(char *buf, size_t n, const probe_store *st, int step, int layer, int head, int chunk,
-                     const uint8_t *cats_now, int n_chunks, int cells) {
+                     const uint8_t *cats_now, int n_chunks, int cells, int cached) {
     const probe_ev_decode_head *d = probe_store_decode(st, step, layer, head);
     size_t k = 0;
 #define ADD(...) do { if (k < n) k += (size_t)snprintf(buf + k, n - k, __VA_ARGS__); } while (0)
     if (!d) { ADD("step %d: no selection recorded for layer %d, KV head %d", step, layer, head); return; }
     if (chunk >= 0 && chunk < n_chunks) {
-        static const char *what[CAT_N] = { "not selected", "local window (dense)", "outlier (dense)",
+        static const char *what[CAT_N] = { "not selected", "local window (dense)", "outlier (dense)", "selected",
                                            "selected, cache hit", "selected, fetched (miss)" };
         int cat = cats_now[chunk];
         ADD("chunk %d at step %d: %s", chunk, step, cat < CAT_N ? what[cat] : "no data");
@@ -111,9 +130,13 @@ static void describe(char *buf, size_t n, const probe_store *st, int step, int l
                 d->rank_landmark[chunk], d->rank_exact[chunk]);
         return;
     }
-    ADD("step %d: %d selected, %d hits, %d misses (this step's hit rate %.0f%%)", step, d->n_sel, d->hits, d->misses,
-        d->n_sel ? 100.0 * d->hits / d->n_sel : 0.0);
-    if (d->has_oracle) ADD(cells ? "; recall %.1f%%" : "; selection holds %.1f%% of the exact attention", 100 * d->recall);
+    if (cached)
+        ADD("step %d: %d selected, %d hits, %d misses (this step's hit rate %.0f%%)", step, d->n_sel, d->hits,
+            d->misses, d->n_sel ? 100.0 * d->hits / d->n_sel : 0.0);
+    else ADD(cells ? "step %d: %d selected (no chunk cache)" : "step %d: %d selected (the policy keeps no chunk cache)",
+             step, d->n_sel);
+    if (d->has_oracle)
+        ADD(cells ? "; sel. mass %.1f%%" : "; the selected chunks hold %.1f%% of the exact attention mass", 100 * d->recall);
 #undef ADD
 }
 
@@ -135,7 +158,8 @@ static int selection_draw(canvas *c, canvas_rect r, const probe_store *st, const
 
     uint8_t *now = malloc((size_t)n), *cat = NULL;
     if (!now) return skv_error(SKV_ENOMEM, "selection view: out of memory");
-    classify_step(st, step, layer, head, ph, n, now);
+    int cached = has_cache(st, layer, head);
+    classify_step(st, step, layer, head, ph, n, cached, now);
 
     int k = 0, hits = 0, sel = 0;
     for (int s = 0; s < n_steps; s++) {
@@ -146,69 +170,102 @@ static int selection_draw(canvas *c, canvas_rect r, const probe_store *st, const
         sel += d->n_sel;
     }
     char title[200], info[300];
-    if (g->cells)
+    if (!cached) { /* no cache: no hit rate to give */
+        snprintf(title, sizeof title, g->cells ? "Selection L%d H%d: k=%d of %d chunks (no chunk cache)"
+                                               : "Chunks selected by layer %d, KV head %d: k = %d of %d chunks "
+                                                 "(the policy keeps no chunk cache)",
+                 layer, head, k, n);
+        if (!g->cells && canvas_text_width(c, title, CANVAS_FONT_TITLE) > r.w) /* the shorter wording */
+            snprintf(title, sizeof title, "Layer %d, KV head %d: k = %d of %d chunks selected (no chunk cache)", layer,
+                     head, k, n);
+    } else if (g->cells)
         snprintf(title, sizeof title, "Selection L%d H%d: k=%d of %d chunks, hits %.0f%% all steps", layer, head, k, n,
                  sel ? 100.0 * hits / sel : 0.0);
-    else
-    {
+    else {
         snprintf(title, sizeof title, "Chunks selected by layer %d, KV head %d: k = %d of %d chunks, cache hit rate %.1f%% over all steps",
                  layer, head, k, n, sel ? 100.0 * hits / sel : 0.0);
         if (canvas_text_width(c, title, CANVAS_FONT_TITLE) > r.w) /* a shorter wording before any cut */
             snprintf(title, sizeof title, "Layer %d, KV head %d: k = %d of %d chunks selected, hit rate %.1f%% (all steps)",
                      layer, head, k, n, sel ? 100.0 * hits / sel : 0.0);
     }
-    describe(info, sizeof info, st, step, layer, head, chunk, now, n, g->cells);
+    describe(info, sizeof info, st, step, layer, head, chunk, now, n, g->cells, cached);
     view_fit_text(c, CANVAS_FONT_TITLE, r.w, title);
-    view_fit_text(c, CANVAS_FONT_BODY, r.w - (g->cells ? 0 : 2 * g->pad), info);
+    /* the line under the raster: a terminal cuts it, a figure wraps it (two lines at most) */
+    char info_l[2][VIEW_LINE_MAX];
+    int n_info = 1;
+    if (g->cells) {
+        view_fit_text(c, CANVAS_FONT_BODY, r.w, info);
+        snprintf(info_l[0], sizeof info_l[0], "%s", info);
+    } else
+        n_info = view_wrap(c, CANVAS_FONT_BODY, r.w - 2 * g->pad, info, info_l, 2);
 
-    static const char *names[CAT_N] = { "not selected", "local window (dense)", "outlier (dense)", "selected, cache hit",
-                                        "selected, fetched (miss)" };
-    static const char *short_names[CAT_N] = { "not sel.", "local", "outlier", "hit", "miss" };
+    static const char *names[CAT_N] = { "not selected", "local window (dense)", "outlier (dense)", "selected",
+                                        "selected, cache hit", "selected, fetched (miss)" };
+    static const char *short_names[CAT_N] = { "not sel.", "local", "outlier", "selected", "hit", "miss" };
     paint_category cats[CAT_N] = {
         /* glyphs for a terminal without colour: one per category */
         [CAT_NONE] = { g->cells ? short_names[CAT_NONE] : names[CAT_NONE], CANVAS_NONE, " " },
         [CAT_LOCAL] = { g->cells ? short_names[CAT_LOCAL] : names[CAT_LOCAL],
                         g->cells ? CANVAS_RGB(0x5a, 0x5a, 0x5a) : CANVAS_RGB(0xd0, 0xd0, 0xd0), "-" },
         [CAT_OUTLIER] = { g->cells ? short_names[CAT_OUTLIER] : names[CAT_OUTLIER], palette_cat(5), "o" },
+        [CAT_SEL] = { g->cells ? short_names[CAT_SEL] : names[CAT_SEL], g->cells ? palette_cat(4) : palette_cat(0), "*" },
         [CAT_HIT] = { g->cells ? short_names[CAT_HIT] : names[CAT_HIT], g->cells ? palette_cat(4) : palette_cat(0), "#" },
         [CAT_MISS] = { g->cells ? short_names[CAT_MISS] : names[CAT_MISS], palette_cat(1), "x" },
     };
     if (!ph) cats[CAT_LOCAL].name = cats[CAT_OUTLIER].name = NULL;
+    if (cached) cats[CAT_SEL].name = NULL; /* the legend names what the figure can hold */
+    else cats[CAT_HIT].name = cats[CAT_MISS].name = NULL;
 
-    double lh = canvas_line_height(c, CANVAS_FONT_BODY), info_h = g->cells ? 1 : ceil(lh + 2 * g->pad);
+    double lh = canvas_line_height(c, CANVAS_FONT_BODY), info_h = g->cells ? 1 : ceil(n_info * lh + 2 * g->pad);
     canvas_rect body = { r.x, r.y, r.w, fmax(0, r.h - info_h) };
+    /* A terminal gives every step the same whole number of rows, with the
+     * bottom half of its last row left empty: steps stretched over a row and
+     * a half would fall on row boundaries, and a step that fills whole cells
+     * shows only as a background colour, blank in a copy or a screen
+     * capture; this way every step ends in a row of half blocks, a gap
+     * below. The raster then has per = 2 x rows rows per step (half rows),
+     * the last one empty. */
+    int per = g->cells ? 2 : 1;
     /* first pass with everything, to learn how many columns and rows fit */
     int c0 = 0, nc = n, s0 = 0, nsw = n_steps, rc = SKV_OK;
     paint_result local, *pr = res ? res : &local;
     for (int pass = 0; pass < 2; pass++) {
         free(cat);
-        cat = malloc((size_t)nc * (nsw > 0 ? nsw : 1));
+        cat = malloc((size_t)nc * (nsw > 0 ? nsw : 1) * per);
         if (!cat) { rc = skv_error(SKV_ENOMEM, "selection view: out of memory"); goto done; }
         uint8_t *row = malloc((size_t)n);
         if (!row) { rc = skv_error(SKV_ENOMEM, "selection view: out of memory"); goto done; }
+        memset(cat, CAT_EMPTY, (size_t)nc * (nsw > 0 ? nsw : 1) * per);
         for (int j = 0; j < nsw; j++) {
-            classify_step(st, s0 + j, layer, head, ph, n, row);
-            memcpy(cat + (size_t)j * nc, row + c0, (size_t)nc);
+            classify_step(st, s0 + j, layer, head, ph, n, cached, row);
+            for (int q = 0; q < (per > 1 ? per - 1 : 1); q++)
+                memcpy(cat + ((size_t)j * per + q) * nc, row + c0, (size_t)nc);
         }
         free(row);
         paint_raster ras = {
-            .title = title, .cat = cat, .nx = nc, .ny = nsw, .cats = cats, .n_cats = CAT_N,
+            .title = title, .cat = cat, .nx = nc, .ny = nsw * per, .cats = cats, .n_cats = CAT_N,
             .x = { .label = g->cells ? "chunk" : "chunk (prompt position / chunk size)",
                    .min = c0 - 0.5, .max = c0 + nc - 0.5, .integer = 1 },
             .y = { .label = "decode step", .min = s0 - 0.5, .max = s0 + nsw - 0.5, .integer = 1 },
             .highlight = cur->clean ? 0 : PAINT_HI_ROW | (chunk >= c0 && chunk < c0 + nc ? PAINT_HI_COL : 0),
-            .hi_row = step - s0, .hi_col = chunk - c0,
+            .hi_row = (step - s0) * per, .hi_col = chunk - c0,
         };
-        if (pass == 1) canvas_fill_rect(c, body.x, body.y, body.w, body.h, th->bg);
+        if (pass == 1) canvas_fill_rect(c, r.x, r.y, r.w, r.h, th->bg);
         rc = paint_draw_raster(c, body, &ras, pr);
         if (rc) goto done;
         if (pass == 1) break;
-        int cols = (int)floor(pr->area.w / g->fill_w + 1e-9), rows = (int)floor(pr->area.h / g->fill_h + 1e-9);
+        int cols = (int)floor(pr->area.w / g->fill_w + 1e-9);
+        int rows = (int)floor(pr->area.h / (g->cells ? 1 : g->fill_h) + 1e-9);
         int nc2, c02, ns2, s02;
         chunk_window(n, cols, cur->scroll, chunk, &c02, &nc2);
         step_window(n_steps, step, rows, &s02, &ns2);
-        if (nc2 == nc && ns2 == nsw) break;
-        c0 = c02; nc = nc2; s0 = s02; nsw = ns2;
+        /* a terminal: the area only as tall as the steps' rows, the rest of
+         * the body left blank below the info line */
+        int per2 = g->cells ? 2 * (ns2 > 0 && rows > ns2 ? rows / ns2 : 1) : 1;
+        double spare = g->cells && rows > ns2 * per2 / 2 ? rows - ns2 * per2 / 2 : 0;
+        if (nc2 == nc && ns2 == nsw && per2 == per && spare == 0) break;
+        body.h -= spare;
+        c0 = c02; nc = nc2; s0 = s02; nsw = ns2; per = per2;
         if (nc < n) { /* only part of the chunks fit: say which, and that it scrolls */
             const char *arrows = g->ascii ? "<- ->" : "\xe2\x86\x90/\xe2\x86\x92";
             if (g->cells)
@@ -221,8 +278,10 @@ static int selection_draw(canvas *c, canvas_rect r, const probe_store *st, const
         }
     }
     canvas_rect old = canvas_clip(c, r);
-    canvas_text(c, r.x + (g->cells ? 0 : g->pad), g->cells ? r.y + r.h - 1 : r.y + r.h - info_h / 2, info,
-                CANVAS_FONT_BODY, CANVAS_LEFT | (g->cells ? CANVAS_TOP : CANVAS_MIDDLE), th->fg);
+    for (int i = 0; i < n_info; i++)
+        canvas_text(c, r.x + (g->cells ? 0 : g->pad),
+                    g->cells ? body.y + body.h : r.y + r.h - info_h / 2 + (i - (n_info - 1) / 2.0) * lh, info_l[i],
+                    CANVAS_FONT_BODY, CANVAS_LEFT | (g->cells ? CANVAS_TOP : CANVAS_MIDDLE), th->fg);
     canvas_clip(c, old);
 done:
     free(cat);
@@ -256,10 +315,13 @@ static int selection_click(view_cursor *cur, const probe_store *st, const paint_
 const view_class view_selection = {
     .name = "selection",
     .title = "Selection",
-    .help = "chunks x decode steps for one layer and KV head: selected (cache hit or fetched), dense, not selected. "
+    .help = "chunks x decode steps for one layer and KV head: selected (cache hit or fetched; a policy without a "
+            "chunk cache, as Quest, only selected), dense, not selected. "
             "Hit rate in the title: over every step; in the line below: this step. \"rank N lm / M exact\": the chunk's "
-            "rank by landmark score (what ShadowKV selects on) and by exact attention (the oracle's); \"recall\": the "
-            "share of the exact attention mass the selection holds",
+            "rank by landmark score (what ShadowKV selects on) and by exact attention (the oracle's); \"sel. mass\": the "
+            "share of the exact attention mass in the selected chunks (not the outliers or the local window; the "
+            "Compare view's \"mass recall\" is another measure: the mass of all the attended tokens against the "
+            "most that as many tokens could hold)",
     .draw = selection_draw,
     .move = selection_move,
     .click = selection_click,

@@ -153,4 +153,5 @@ const view_class view_spectrum = {
     .move = spectrum_move,
     .click = spectrum_click,
     .needs = PROBE_PREFILL_LAYER,
+    .prefill = 1,
 };

@@ -79,6 +79,11 @@ static int bar_cmp(const void *a, const void *b) {
     return x->t0 < y->t0 ? -1 : x->t0 > y->t0;
 }
 
+/* A time in ms with three significant digits, and no exponent: "16.3", "1205". */
+static void ms_text(double ms, char *buf, size_t n) {
+    snprintf(buf, n, "%.*f", ms >= 100 ? 0 : ms >= 10 ? 1 : ms >= 1 ? 2 : 3, ms);
+}
+
 /* The step shown: the cursor's, or the prefill (-1) when no decode step has spans. */
 static int shown_step(const probe_store *st, const view_cursor *cur) {
     int s = view_step(st, cur), n;
@@ -86,8 +91,54 @@ static int shown_step(const probe_store *st, const view_cursor *cur) {
     return -1;
 }
 
-/* Totals of one operation on one stream over the step. */
-typedef struct tl_total { int op, stream, count; double ms; } tl_total;
+/* Totals of one operation on one stream over the step: ms is the spans'
+ * whole time, self_ms the part not inside a span nested in them. */
+typedef struct tl_total { int op, stream, count; double ms, self_ms; } tl_total;
+
+static int iv_cmp(const void *a, const void *b) {
+    const double *x = a, *y = b;
+    return x[0] < y[0] ? -1 : x[0] > y[0];
+}
+
+/* The length of the union of n intervals (t0, t1) pairs in iv (sorted here). */
+static double union_len(double (*iv)[2], int n) {
+    qsort(iv, (size_t)n, sizeof *iv, iv_cmp);
+    double len = 0, a = 0, b = -INFINITY;
+    for (int k = 0; k < n; k++) {
+        if (iv[k][0] > b) {
+            if (b > a) len += b - a;
+            a = iv[k][0];
+            b = iv[k][1];
+        } else if (iv[k][1] > b) b = iv[k][1];
+    }
+    if (b > a) len += b - a;
+    return len;
+}
+
+/* Span i's own time, in seconds: its length less the time covered by the
+ * spans of its stream nested in it (an attention's select and sparse_attn),
+ * so that a stream's own times add up to the time it was busy. scratch
+ * holds n intervals. */
+static double span_self(const probe_ev_span *sp, int n, int i, double (*scratch)[2]) {
+    int m = 0;
+    double d = sp[i].t1 - sp[i].t0;
+    for (int j = 0; j < n; j++) {
+        if (j == i || sp[j].stream != sp[i].stream || sp[j].t0 < sp[i].t0 || sp[j].t1 > sp[i].t1) continue;
+        double dj = sp[j].t1 - sp[j].t0;
+        if (dj < d || (dj == d && j > i)) { scratch[m][0] = sp[j].t0; scratch[m][1] = sp[j].t1; m++; }
+    }
+    return d - union_len(scratch, m);
+}
+
+/* The share of the step (seconds) each stream was busy: the union of its spans. */
+static void stream_busy(const probe_ev_span *sp, int n, double (*scratch)[2], double busy[PROBE_STREAM_COUNT]) {
+    for (int s = 0; s < PROBE_STREAM_COUNT; s++) {
+        int m = 0;
+        for (int i = 0; i < n; i++)
+            if (sp[i].stream == s) { scratch[m][0] = sp[i].t0; scratch[m][1] = sp[i].t1; m++; }
+        busy[s] = union_len(scratch, m);
+    }
+}
 
 static int total_cmp(const void *a, const void *b) {
     const tl_total *x = a, *y = b;
@@ -96,13 +147,18 @@ static int total_cmp(const void *a, const void *b) {
 }
 
 /* A table of the time per operation and stream under the chart: the
- * question after "what overlaps" is "what costs the most". */
+ * question after "what overlaps" is "what costs the most". Its "self %"
+ * column leaves out nested spans, so a stream's rows add up to the share of
+ * the step it was busy; a line under the table gives those shares, which
+ * together pass 100 % when the streams run side by side. */
 static int draw_totals(canvas *c, canvas_rect r, const tl_ops *ops, const probe_ev_span *sp, int n, double step_ms) {
+    const canvas_geom *g = canvas_geometry(c);
     tl_total *t = calloc((size_t)n, sizeof *t);
     char (*txt)[6][32] = calloc((size_t)n, sizeof *txt);
     const char **cells = calloc((size_t)n * 6, sizeof *cells);
+    double (*scratch)[2] = calloc((size_t)n, sizeof *scratch);
     int rc = SKV_OK, nt = 0;
-    if (!t || !txt || !cells) { rc = skv_error(SKV_ENOMEM, "timeline view: out of memory"); goto done; }
+    if (!t || !txt || !cells || !scratch) { rc = skv_error(SKV_ENOMEM, "timeline view: out of memory"); goto done; }
     for (int i = 0; i < n; i++) {
         if (sp[i].stream < 0 || sp[i].stream >= PROBE_STREAM_COUNT) continue;
         int op = -1;
@@ -110,24 +166,50 @@ static int draw_totals(canvas *c, canvas_rect r, const tl_ops *ops, const probe_
             if (!strcmp(ops->name[k], sp[i].op ? sp[i].op : "")) op = k;
         int j = 0;
         while (j < nt && (t[j].op != op || t[j].stream != sp[i].stream)) j++;
-        if (j == nt) t[nt++] = (tl_total){ op, sp[i].stream, 0, 0 };
+        if (j == nt) t[nt++] = (tl_total){ op, sp[i].stream, 0, 0, 0 };
         t[j].count++;
         t[j].ms += (sp[i].t1 - sp[i].t0) * 1e3;
+        t[j].self_ms += span_self(sp, n, i, scratch) * 1e3;
     }
+    double busy[PROBE_STREAM_COUNT];
+    stream_busy(sp, n, scratch, busy);
     qsort(t, (size_t)nt, sizeof *t, total_cmp);
     for (int j = 0; j < nt; j++) {
         snprintf(txt[j][0], 32, "%s", t[j].op >= 0 ? ops->name[t[j].op] : "?");
         snprintf(txt[j][1], 32, "%s", probe_stream_name(t[j].stream));
         snprintf(txt[j][2], 32, "%d", t[j].count);
         snprintf(txt[j][3], 32, "%.4g", t[j].ms);
-        snprintf(txt[j][4], 32, "%.1f", step_ms > 0 ? 100 * t[j].ms / step_ms : 0.0);
+        snprintf(txt[j][4], 32, "%.1f", step_ms > 0 ? 100 * t[j].self_ms / step_ms : 0.0);
         snprintf(txt[j][5], 32, "%.3g", t[j].ms / t[j].count);
         for (int k = 0; k < 6; k++) cells[j * 6 + k] = txt[j][k];
     }
     static const paint_column cols[6] = {
         { "operation", PAINT_ALIGN_LEFT }, { "stream", PAINT_ALIGN_LEFT }, { "spans", PAINT_ALIGN_RIGHT },
-        { "total ms", PAINT_ALIGN_RIGHT }, { "% of step", PAINT_ALIGN_RIGHT }, { "ms per span", PAINT_ALIGN_RIGHT },
+        { "total ms", PAINT_ALIGN_RIGHT }, { "self %", PAINT_ALIGN_RIGHT }, { "ms per span", PAINT_ALIGN_RIGHT },
     };
+    /* the line under the table: each stream's busy share of the step */
+    char note[320] = "";
+    int streams = 0;
+    for (int k = 0; k < PROBE_STREAM_COUNT; k++) streams += busy[k] > 0;
+    if (streams > 1 && step_ms > 0) {
+        char shares[160] = "";
+        for (int k = 0, len = 0; k < PROBE_STREAM_COUNT; k++)
+            if (busy[k] > 0 && len < (int)sizeof shares)
+                len += snprintf(shares + len, sizeof shares - (size_t)len, "%s%s %.1f%%", len ? ", " : "",
+                                probe_stream_name(k), 100 * busy[k] * 1e3 / step_ms);
+        const char *forms[3] = {
+            "self %%: the time not inside a nested span. Each stream's rows add up to its busy share of the step "
+            "(%s); the streams overlap, fetch and rebuild running beside compute",
+            "self %% leaves out nested spans; busy: %s (the streams overlap)",
+            "streams overlap, busy: %s" };
+        for (int f = 0; f < 3; f++) {
+            snprintf(note, sizeof note, forms[f], shares);
+            if (canvas_text_width(c, note, CANVAS_FONT_SMALL) <= r.w) break;
+        }
+        view_fit_text(c, CANVAS_FONT_SMALL, r.w, note);
+    }
+    double note_h = note[0] ? (g->cells ? 1 : canvas_line_height(c, CANVAS_FONT_SMALL) + g->pad) : 0;
+    if (note_h) r.h -= note_h;
     paint_table tab = { .cols = cols, .n_cols = 6, .cells = cells, .n_rows = nt };
     paint_result pr;
     rc = paint_draw_table(c, r, &tab, &pr);
@@ -143,14 +225,23 @@ static int draw_totals(canvas *c, canvas_rect r, const tl_ops *ops, const probe_
         }
     }
     double dx = floor((r.x + r.w - (pr.area.x + pr.area.w)) / 2);
+    if (tab.title) /* the "N of M shown" line, wider than the table, stays whole */
+        dx = fmin(dx, floor(r.w - canvas_text_width(c, tab.title, CANVAS_FONT_TITLE)));
     if (!rc && dx >= 1) { /* centre it: the table's width is known only once drawn */
         canvas_fill_rect(c, r.x, r.y, r.w, r.h, canvas_get_theme(c)->bg);
         rc = paint_draw_table(c, (canvas_rect){ r.x + dx, r.y, r.w - dx, r.h }, &tab, &pr);
+    }
+    if (!rc && note[0] && pr.shown > 0) {
+        double tw = canvas_text_width(c, note, CANVAS_FONT_SMALL);
+        canvas_text(c, g->cells ? r.x + floor((r.w - tw) / 2) : r.x + r.w / 2,
+                    pr.area.y + pr.area.h + (g->cells ? 0 : g->pad), note, CANVAS_FONT_SMALL,
+                    (g->cells ? CANVAS_LEFT : CANVAS_CENTER) | CANVAS_TOP, canvas_get_theme(c)->muted);
     }
 done:
     free(t);
     free(txt);
     free(cells);
+    free(scratch);
     return rc;
 }
 
@@ -241,13 +332,15 @@ static int timeline_draw(canvas *c, canvas_rect r, const probe_store *st, const 
     char title[200];
     int layer = cur->layer;
     double total = (t1 - t0) * 1e3;
+    char tms[32];
+    ms_text(total, tms, sizeof tms);
     if (step < 0)
         snprintf(title, sizeof title,
-                 g->cells ? "Timeline, prefill: %.3g ms" : "Stream timeline of the prefill: %.3g ms, %d spans", total, n);
+                 g->cells ? "Timeline, prefill: %s ms" : "Stream timeline of the prefill: %s ms, %d spans", tms, n);
     else
         snprintf(title, sizeof title,
-                 g->cells ? "Timeline, step %d: %.3g ms" : "Stream timeline of decode step %d: %.3g ms, %d spans", step,
-                 total, n);
+                 g->cells ? "Timeline, step %d: %s ms" : "Stream timeline of decode step %d: %s ms, %d spans", step,
+                 tms, n);
     if (timed_with_oracle(st, step)) {
         size_t tl = strlen(title);
         snprintf(title + tl, sizeof title - tl, ", times include the oracle");
@@ -272,7 +365,7 @@ static int timeline_draw(canvas *c, canvas_rect r, const probe_store *st, const 
         pairs += !seen;
     }
     double lhb = canvas_line_height(c, CANVAS_FONT_BODY);
-    double reserve = g->cells ? pairs + 6 : (pairs + 2) * 1.7 * lhb + 5 * lhb + 3 * g->em;
+    double reserve = g->cells ? pairs + 7 : (pairs + 3) * 1.7 * lhb + 5 * lhb + 3 * g->em;
     canvas_rect rg = r;
     double floor_h = g->cells ? floor(r.h / 2) : 0.36 * r.h; /* the chart keeps at least this */
     rg.h = r.h - reserve > floor_h ? r.h - reserve : floor_h;
@@ -338,9 +431,14 @@ static int timeline_draw(canvas *c, canvas_rect r, const probe_store *st, const 
         if (run && run->backend && !strcmp(run->backend, "cuda"))
             snprintf(lim, sizeof lim, " (H100: %.3g GB/s pinned H2D, %.3g gathered)", GPU_H2D_PINNED_GBS,
                      GPU_GATHER_GBS);
-        snprintf(line, sizeof line, "Fetched %.3g %s of values in %.3g ms (%.3g GB/s%s); a key rebuild ran beside %.0f%% of it",
-                 fx.bytes >= 1048576 ? fx.bytes / 1048576 : fx.bytes / 1024, fx.bytes >= 1048576 ? "MiB" : "KiB",
-                 fx.seconds * 1e3, fx.bytes / fx.seconds / 1e9, lim, 100 * fx.beside / fx.seconds);
+        for (int form = 0; form < 2; form++) { /* the shorter wording when the long one does not fit */
+            snprintf(line, sizeof line,
+                     form ? "Fetched %.3g %s in %.3g ms (%.3g GB/s%s); key rebuild beside %.0f%% of it"
+                          : "Fetched %.3g %s of values in %.3g ms (%.3g GB/s%s); a key rebuild ran beside %.0f%% of it",
+                     fx.bytes >= 1048576 ? fx.bytes / 1048576 : fx.bytes / 1024, fx.bytes >= 1048576 ? "MiB" : "KiB",
+                     fx.seconds * 1e3, fx.bytes / fx.seconds / 1e9, lim, 100 * fx.beside / fx.seconds);
+            if (canvas_text_width(c, line, CANVAS_FONT_BODY) <= r.w) break;
+        }
         view_fit_text(c, CANVAS_FONT_BODY, r.w, line);
         double tw = canvas_text_width(c, line, CANVAS_FONT_BODY);
         canvas_text(c, g->cells ? r.x + floor((r.w - tw) / 2) : r.x + r.w / 2, used, line, CANVAS_FONT_BODY,
@@ -381,12 +479,24 @@ static int timeline_click(view_cursor *cur, const probe_store *st, const paint_r
     return VIEW_HANDLED | VIEW_REDRAW;
 }
 
+/* 1 when no lane but the first has an operation op at the shown step: in a
+ * batch, work done once for every sequence. */
+static int batch_shared(const probe_store *const *st, int n, const view_cursor *cur, const char *op) {
+    for (int i = 1; i < n; i++) {
+        int cnt;
+        const probe_ev_span *sp = probe_store_spans(st[i], shown_step(st[i], cur), &cnt);
+        for (int k = 0; sp && k < cnt; k++)
+            if (!strcmp(sp[k].op ? sp[k].op : "", op ? op : "")) return 0;
+    }
+    return 1;
+}
+
 /* Compare mode: one chart, a row per (policy, stream) that has spans, on
  * one time axis with one legend, so that the policies' steps line up. A
  * batch's lanes ran one step together: their spans keep the one clock they
  * share (from the step's first span in any lane), so the chart is the
- * batched step, the shared matmuls on sequence 0's row between each
- * sequence's attention. */
+ * batched step: the shared matmuls on the "all seqs" row, between each
+ * sequence's attention on its own rows. */
 static int timeline_lanes(canvas *c, canvas_rect r, const probe_store *const *st, const char *const *names, int n,
                           const view_cursor *cur, paint_result *res) {
     /* one prefill, which every sequence of a batch shares */
@@ -404,12 +514,18 @@ static int timeline_lanes(canvas *c, canvas_rect r, const probe_store *const *st
         const probe_ev_span *sp = probe_store_spans(st[i], shown_step(st[i], cur), &cnt);
         for (int k = 0; sp && k < cnt; k++) { b0 = fmin(b0, sp[k].t0); b1 = fmax(b1, sp[k].t1); }
     }
+    /* A batch's shared work (the matmuls of every sequence at once: qkv,
+     * mlp, logits) is recorded in sequence 0's lane; an operation no other
+     * sequence has is drawn on rows of its own, "all seqs", above them. */
+    int shared_rows = cur->batch && n > 1;
+    for (int pass = shared_rows ? 0 : 1; pass < 2 && rc == SKV_OK; pass++)
     for (int i = 0; i < n && rc == SKV_OK; i++) {
+        if (pass == 0 && i > 0) break;
         int cnt, s = shown_step(st[i], cur);
         const probe_ev_span *sp = probe_store_spans(st[i], s, &cnt);
         if (!sp || cnt <= 0) continue;
         step = s;
-        shown++;
+        if (pass == 1) shown++;
         double t0 = INFINITY, t1 = -INFINITY;
         for (int k = 0; k < cnt; k++) { t0 = fmin(t0, sp[k].t0); t1 = fmax(t1, sp[k].t1); }
         if (cur->batch) { t0 = b0; t1 = b1; }
@@ -418,6 +534,7 @@ static int timeline_lanes(canvas *c, canvas_rect r, const probe_store *const *st
             int any = 0;
             for (int k = 0; k < cnt; k++) {
                 if (sp[k].stream != stream) continue;
+                if (shared_rows && i == 0 && batch_shared(st, n, cur, sp[k].op) != (pass == 0)) continue;
                 if (nb == cap) {
                     cap = cap ? 2 * cap : 256;
                     paint_bar *nbars = realloc(bars, sizeof *bars * (size_t)cap);
@@ -429,8 +546,8 @@ static int timeline_lanes(canvas *c, canvas_rect r, const probe_store *const *st
                 any = 1;
             }
             if (!any) continue;
-            snprintf(row_name[n_rows], sizeof row_name[0], "%s %s", names && names[i] ? names[i] : "?",
-                     probe_stream_name(stream));
+            snprintf(row_name[n_rows], sizeof row_name[0], "%s %s",
+                     pass == 0 ? "all seqs" : names && names[i] ? names[i] : "?", probe_stream_name(stream));
             rows[n_rows] = row_name[n_rows];
             n_rows++;
         }
@@ -447,16 +564,19 @@ static int timeline_lanes(canvas *c, canvas_rect r, const probe_store *const *st
         const canvas_geom *g = canvas_geometry(c);
         char title[200];
         const char *what = cur->batch ? "sequences" : "policies";
+        char tms[32];
+        ms_text(longest, tms, sizeof tms);
         if (cur->batch && !g->cells)
-            snprintf(title, sizeof title, "Stream timelines of batched decode step %d, %d sequences in one step: %.3g ms",
-                     step, shown, longest);
+            snprintf(title, sizeof title, "Stream timelines of batched decode step %d, %d sequences in one step: %s ms",
+                     step, shown, tms);
         else if (step < 0)
-            snprintf(title, sizeof title, "Timelines of the prefill, %d %s: the longest %.3g ms", shown, what, longest);
+            snprintf(title, sizeof title, "Timelines of the prefill, %d %s: the longest %s ms", shown, what, tms);
         else if (g->cells)
-            snprintf(title, sizeof title, "Timelines, step %d: longest %.3g ms", step, longest);
+            snprintf(title, sizeof title, cur->batch ? "Timelines, batched step %d: %s ms" : "Timelines, step %d: longest %s ms",
+                     step, tms);
         else
             snprintf(title, sizeof title, "Stream timelines of decode step %d, %d policies on one time axis: the "
-                     "longest %.3g ms", step, shown, longest);
+                     "longest %s ms", step, shown, tms);
         int oracle = 0;
         for (int i = 0; i < n; i++) oracle |= timed_with_oracle(st[i], step);
         if (oracle) {
@@ -464,8 +584,8 @@ static int timeline_lanes(canvas *c, canvas_rect r, const probe_store *const *st
             snprintf(title + tl, sizeof title - tl, ", times include the oracle");
         }
         if (canvas_text_width(c, title, CANVAS_FONT_TITLE) > r.w && step >= 0) /* the shorter wording */
-            snprintf(title, sizeof title, "Timelines of step %d, %d %s: %s %.3g ms%s", step, shown, what,
-                     cur->batch ? "batched," : "longest", longest, oracle ? " (with the oracle)" : "");
+            snprintf(title, sizeof title, "Timelines of step %d, %d %s: %s %s ms%s", step, shown, what,
+                     cur->batch ? "batched," : "longest", tms, oracle ? " (with the oracle)" : "");
         view_fit_text(c, CANVAS_FONT_TITLE, r.w, title);
         paint_gantt gt = {
             .title = title, .rows = rows, .n_rows = n_rows, .ops = cats, .n_ops = ops.n, .bars = bars, .n_bars = nb,
@@ -483,9 +603,11 @@ const view_class view_timeline = {
     .name = "timeline",
     .title = "Timeline",
     .help = "Gantt chart of one step's timed spans per stream (compute, fetch, rebuild), in ms. Spans nest (attention "
-            "holds select, fetch and rebuild), so the table's \"% of step\" column sums past 100. A line under "
-            "the chart gives the bytes the step fetched, their bandwidth, and how much of the fetch time a key rebuild "
-            "ran beside it",
+            "holds select and sparse_attn): the table's \"total ms\" counts a span whole, \"self %\" only its time "
+            "outside the spans nested in it, so a stream's rows add up to its busy share of the step, given under "
+            "the table; the streams overlap (fetch and rebuild run beside compute), so together they can pass 100 %. "
+            "A line under the chart gives the bytes the step fetched, their bandwidth, and how much of the fetch "
+            "time a key rebuild ran beside it",
     .draw = timeline_draw,
     .draw_lanes = timeline_lanes,
     .move = view_move_layer_step,

@@ -403,7 +403,7 @@ static const kv_opt_def fk_opt_defs[] = {
     {"sink", NULL, KV_OPT_INT, 128, 0, 1 << 20, "first tokens always attended (a multiple of the page)"},
     {"window", NULL, KV_OPT_INT, 128, 0, 1 << 20, "recent tokens always attended (a multiple of the page)"},
     {"tau", NULL, KV_OPT_FLOAT, 0.8, -1, 1, "correct a KV head when its query cosine with the last step's is below this"},
-    {"dense_layers", NULL, KV_OPT_INT, 1, 0, 1 << 16, "leading layers attended densely (FreeKV: 1)"},
+    {"dense_layers", NULL, KV_OPT_INT, 0, 0, 1 << 16, "leading layers attended densely (the paper: 1; 0 so every layer is compared, docs/PEERS.md)"},
     {"avg_raw", NULL, KV_OPT_FLAG, 0, 0, 1, "average raw page scores over the group (avgS) instead of softmaxes (avgSM)"},
 };
 

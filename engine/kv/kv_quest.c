@@ -363,7 +363,7 @@ static int qu_floor(const kv_opts *o, char *why, size_t n) {
 
 static const kv_opt_def qu_opt_defs[] = {
     {"page", "--page", KV_OPT_INT, 16, 1, 4096, "tokens per page"},
-    {"dense_layers", NULL, KV_OPT_INT, 2, 0, 1 << 16, "leading layers attended densely (Quest: 2)"},
+    {"dense_layers", NULL, KV_OPT_INT, 0, 0, 1 << 16, "leading layers attended densely (the paper: 2; 0 so every layer is compared, docs/PEERS.md)"},
     {"group_max", NULL, KV_OPT_FLAG, 0, 0, 1, "one page set per KV head by the max over its query heads"},
 };
 

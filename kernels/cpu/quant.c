@@ -999,6 +999,7 @@ static uint8_t *xq_quantize(const float *x, size_t n, int sh, int ref, xq8 *xq) 
         ref_xq_block(x + QK * b, xq->q + QK * b, xq->d + b, xq->s + b);
     }
     (void)sh;
+    (void)ref; /* read only where the AVX2 kernels are compiled */
     return heap;
 }
 
@@ -1119,6 +1120,22 @@ void quant_matvec_rows(enum ggml_type t, const void *W, size_t rows, size_t n, c
             y[(size_t)j * rows + (size_t)r] = qf ? qf(w, &xq[j], n) : df(w, x + (size_t)j * n, n);
     }
     for (int j = 0; j < m; j++) free(heap[j]);
+}
+
+const char *quant_rows_kernel(enum ggml_type t) {
+#ifdef HAVE_QDOT2
+    if (t == GGML_Q8_0 || t == GGML_Q4_0 || t == GGML_Q5_0) return "two-row AVX2";
+#endif
+#if defined(QUANT_AVX512)
+    int sh;
+    return qdot_for(t, 0, &sh) ? "one-row AVX-512" : "one-row AVX2"; /* the fp types' dots are AVX2 */
+#elif defined(QUANT_AVX2)
+    (void)t;
+    return "one-row AVX2";
+#else
+    (void)t;
+    return "one-row scalar";
+#endif
 }
 
 float quant_dot(enum ggml_type t, const void *row, const float *x, size_t n) {

@@ -44,6 +44,12 @@ void quant_matvec(enum ggml_type t, const void *W, size_t rows, size_t n, const 
 #define QUANT_ROWS_MAX 64
 void quant_matvec_rows(enum ggml_type t, const void *W, size_t rows, size_t n, const float *x, int m, float *y);
 
+/* The kernel quant_matvec_rows runs for type t in this build, for tests and
+ * logs: "two-row AVX2" (q8_0, q4_0, q5_0 where AVX2 is compiled without the
+ * AVX-512 VNNI kernels), else the one-row kernel of quant_matvec:
+ * "one-row AVX-512", "one-row AVX2" or "one-row scalar". */
+const char *quant_rows_kernel(enum ggml_type t);
+
 /* One block of 32 activations as quant_matvec quantizes it: codes q
  * (round(x * 127/amax), nearest even), scale *d (amax/127, rounded to fp16
  * when it fits; 0 for a zero block, NaN for one holding inf or NaN) and the

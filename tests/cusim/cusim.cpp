@@ -67,7 +67,11 @@ dim3 grid_dim(void) { return g_grid_dim; }
 int lane_id(void) { return g_cur->lane; }
 
 static std::recursive_mutex g_mu;
-api_lock::api_lock() { g_mu.lock(); }
+static void arena_init(void);
+api_lock::api_lock() {
+    g_mu.lock();
+    arena_init(); /* the environment's settings before any answer */
+}
 api_lock::~api_lock() { g_mu.unlock(); }
 
 static cusim_counters g_cnt;
@@ -239,6 +243,11 @@ static void *arena_alloc(size_t bytes, int async) {
         if (g_open) mprotect(g_arena + old, need, PROT_READ | PROT_WRITE);
     }
     g_allocs[at] = alloc_rec{bytes, ++g_alloc_id, async};
+    /* new device memory holds garbage, as on a GPU: a NaN pattern, so a
+     * kernel that reads what nobody wrote gives NaN, not a lucky zero */
+    dev_open();
+    memset((void *)at, 0xff, bytes);
+    dev_close();
     g_cnt.device_bytes += bytes;
     if (g_cnt.device_bytes > g_cnt.device_peak) g_cnt.device_peak = g_cnt.device_bytes;
     g_cnt.allocs++;
@@ -785,7 +794,10 @@ static void shared_access(uintptr_t a, size_t n, int w, int dyn) {
             if (!w) {
                 char nm[300];
                 shared_name(x, dyn, nm, sizeof nm);
-                kernel_fault(cudaErrorLaunchFailure, "reads %s, which no thread of the block has written", nm);
+                kernel_fault(cudaErrorLaunchFailure,
+                             "reads %s, which no thread of the block has written yet: a missing __syncthreads "
+                             "before the read (the writer has not run), or shared memory never initialized",
+                             nm);
             }
             c.gen = b->gen;
             c.w_tid = -1;
@@ -869,7 +881,10 @@ static void access(const void *p, size_t n, int w) {
         shared_access(a, n, w, 1);
         return;
     }
-    if (__start_cusim_shared && a - (uintptr_t)__start_cusim_shared < (uintptr_t)(__stop_cusim_shared - __start_cusim_shared)) {
+    /* the section of static __shared__ variables, and 64 bytes either side
+     * (an index past the last variable lands there) */
+    if (__start_cusim_shared &&
+        a + 64 - (uintptr_t)__start_cusim_shared < (uintptr_t)(__stop_cusim_shared - __start_cusim_shared) + 128) {
         const shared_var *v = find_svar(a);
         const shared_var *e = find_svar(a + n - 1);
         if (!v || v->guard || e != v) {
@@ -1258,8 +1273,6 @@ void launch(const char *name, const void *fn, dim3 grid, dim3 block, size_t smem
     api_lock l;
     arena_init();
     if (g_sticky != cudaSuccess) return;
-    g_cnt.launches++;
-    g_kernel_launches[name]++;
     unsigned long long threads = (unsigned long long)block.x * block.y * block.z;
     const char *why = NULL;
     char buf[300];
@@ -1295,6 +1308,8 @@ void launch(const char *name, const void *fn, dim3 grid, dim3 block, size_t smem
         set_error(err);
         return;
     }
+    g_cnt.launches++; /* a launch the runtime took (at capture time for a graph's) */
+    g_kernel_launches[name]++;
     kernel_job job{name, grid, block, smem, entry, closure, closure_size};
     cusim_stream *s = S(st);
     op *o = new_op(OP_KERNEL, name, [job]() { run_kernel(job); });

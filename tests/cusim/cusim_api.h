@@ -14,7 +14,7 @@ extern "C" {
 #endif
 
 typedef struct {
-    uint64_t launches;         /* kernel launches queued by the host (a graph's launch is one) */
+    uint64_t launches;         /* kernel launches the runtime took (a graph's kernels when captured) */
     uint64_t graph_launches;   /* cudaGraphLaunch calls */
     uint64_t graph_kernels;    /* kernels run from graphs */
     uint64_t lib_calls;        /* cuBLAS, cuSOLVER and CUB calls queued */
@@ -58,7 +58,8 @@ int cusim_set_device_bytes(size_t bytes);
 enum { CUSIM_ORDER_EAGER = 0, CUSIM_ORDER_ADVERSARIAL = 1, CUSIM_ORDER_RANDOM = 2 };
 void cusim_set_order(int mode, unsigned seed);
 
-/* Faults: the last one's message ("" when none) and a count. A fault sets
+/* Faults: the message of the first since the last reset (the one that set
+ * the sticky error; "" when none), and a count. A fault sets
  * CUDA's sticky error (every later call fails, as on a GPU); cusim_reset
  * clears it, frees every allocation and drops held work, as
  * cudaDeviceReset does (a test that plants a fault runs it in a child

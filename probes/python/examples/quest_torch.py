@@ -13,7 +13,7 @@ import torch
 class Quest:
     name = "quest"
 
-    def __init__(self, n_layers, budget, page=16, dense_layers=2):
+    def __init__(self, n_layers, budget, page=16, dense_layers=0):
         self.page, self.dense_layers, self.budget = page, dense_layers, budget
         self.opts = "budget=%d page=%d dense_layers=%d group_max=0" % (budget, page, dense_layers)
         kb = budget // page

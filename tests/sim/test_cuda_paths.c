@@ -1,0 +1,510 @@
+/* test_cuda_paths: forks, batches, launch counts and the device's memory
+ * limit of the real CUDA backend, run on the CUDA simulator (tests/cusim/).
+ *
+ * Built only in the simulator's test binaries (-DSKV_CUSIM: make
+ * BUILD=... BUILD/sim/tests/sim/test_cuda_paths), where skv_backend_find("cuda")
+ * is the CUDA backend with every kernel, copy and allocation simulated, and
+ * cusim_api.h reads the device's counters. A tiny random-weight model is
+ * written for it (synth_write) so the whole test runs in well under a minute:
+ *
+ * 1. 4 ShadowKV forks of one recorded prefill on the device: the simulated
+ *    device's live bytes grow by exactly 4 x one fork's state and by no other
+ *    copy of the weights (whose bytes are computed from the model: bf16
+ *    matrices, f32 vectors, as cu_weight_load stores them); then 4 forks of
+ *    other budgets, each decoded alone, give the greedy tokens, and the
+ *    logits bit for bit, of sessions prefilled from scratch on the device
+ *    with the same options (the simulator is deterministic and a fork's
+ *    policy is fed the very rows that prefill computed).
+ * 2. A batch of those 4 forks (forward_rows over 4 rows) gives each
+ *    sequence's greedy tokens alone, its logits within 1e-3, with the
+ *    weights counted once: the forks' states and the batch's activations.
+ * 3. One decode step's kernel launches, library calls (cuBLAS, cuSOLVER,
+ *    CUB), host syncs and allocations, for dense, ShadowKV and a ShadowKV
+ *    batch of 4, printed (INFO) with the per-kernel tables, and held to
+ *    today's counts on this model as ceilings. Issue 45's budgets (12
+ *    launches a layer, 1 host sync a step, no allocation in a step) are
+ *    printed beside them, not asserted: today's code is over them.
+ * 4. A device with room for one more fork but not 4, and one with room for
+ *    half a fork: the forks that do not fit are refused with one line, leave
+ *    nothing allocated, and the sessions made still decode. Each runs in a
+ *    child process (this binary again, --fit-child), so that an allocation
+ *    the backend does not check (it aborts) fails one check, not the test. */
+#include "backend.h"
+#include "batch.h"
+#include "cusim_api.h"
+#include "forward.h"
+#include "kv.h"
+#include "kv_shadowkv.h"
+#include "model.h"
+#include "sampler.h"
+#include "session.h"
+#include "skv.h"
+#include "synth.h"
+#include "testhelp.h"
+
+#include <stdint.h>
+#include <sys/wait.h>
+
+enum { NF = 4, ST = 6, NP = 200 };
+static const int budgets[NF] = {32, 48, 64, 96};
+
+static double now_s(void) { return skv_now(); }
+
+static uint64_t dev_bytes(void) {
+    cusim_counters c;
+    cusim_counters_get(&c);
+    return c.device_bytes;
+}
+
+/* The tiny model: llama, 2 layers, GQA groups of 2, head dim 32. */
+static int make_model(const char *path) {
+    model_config c;
+    memset(&c, 0, sizeof c);
+    snprintf(c.arch, sizeof c.arch, "llama");
+    snprintf(c.name, sizeof c.name, "cuda-paths-tiny");
+    c.n_layers = 2;
+    c.dim = 128;
+    c.n_heads = 4;
+    c.n_kv_heads = 2;
+    c.head_dim = 32;
+    c.ffn_dim = 256;
+    c.vocab = 320;
+    c.ctx_train = 1024;
+    c.norm_eps = 1e-5f;
+    c.rope_theta = 10000.0f;
+    c.tied_embd = 1;
+    c.bos = 1;
+    c.eos = 2;
+    if (model_config_check(&c, "test_cuda_paths")) return -1;
+    synth_opts o = {.dtype = GGML_F32, .seed = 11, .key_rank = 0};
+    return synth_write(&c, &o, path);
+}
+
+/* The device bytes cu_weight_load holds for a tensor: matrices in bf16,
+ * vectors in f32; none for an absent one. */
+static size_t dev_tensor_bytes(const skv_tensor *t) {
+    if (!t->data) return 0;
+    size_t n = (size_t)t->rows * t->cols;
+    return t->rows > 1 ? 2 * n : 4 * n;
+}
+
+static size_t dev_weight_bytes(const skv_model *m) {
+    size_t b = 0;
+    for (int l = 0; l < m->cfg.n_layers; l++) {
+        const model_layer *L = &m->layers[l];
+        const skv_tensor *t[] = {&L->attn_norm, &L->wq, &L->wk, &L->wv, &L->wo, &L->bq, &L->bk, &L->bv,
+                                 &L->ffn_norm, &L->w_gate, &L->w_up, &L->w_down};
+        for (size_t i = 0; i < sizeof t / sizeof t[0]; i++) b += dev_tensor_bytes(t[i]);
+    }
+    b += dev_tensor_bytes(&m->tok_embd) + dev_tensor_bytes(&m->out_norm);
+    if (m->output.data != m->tok_embd.data) b += dev_tensor_bytes(&m->output);
+    return b;
+}
+
+static session_opts opts(const char *policy, int budget, int record) {
+    session_opts so;
+    session_opts_default(&so);
+    snprintf(so.backend, sizeof so.backend, "cuda");
+    snprintf(so.kv.policy, sizeof so.kv.policy, "%s", policy);
+    if (!strcmp(policy, "shadowkv")) {
+        so.kv.budget = budget;
+        kv_opts_set_num(&so.kv, "rank", 16);
+        kv_opts_set_num(&so.kv, "chunk", 8);
+        kv_opts_set_num(&so.kv, "outliers", 3);
+    }
+    so.ctx = NP + 32;
+    so.batch = 128;
+    so.record_prefill = record;
+    return so;
+}
+
+/* Greedy decode of s alone: steps tokens into tok, the logits before each
+ * into lg (steps, vocab). */
+static int greedy(skv_session *s, int steps, int32_t *tok, float *lg) {
+    int V = s->m->cfg.vocab, rc = 0;
+    for (int t = 0; t < steps && !rc; t++) {
+        memcpy(lg + (size_t)t * V, session_logits(s), sizeof(float) * (size_t)V);
+        tok[t] = sampler_argmax(session_logits(s), V);
+        rc = session_decode(s, tok[t]);
+    }
+    return rc;
+}
+
+static void prompt(int V, int32_t *ids, int n) {
+    uint64_t x = 0x2545f4914f6cdd1dull;
+    for (int i = 0; i < n; i++) {
+        x ^= x << 13; x ^= x >> 7; x ^= x << 17;
+        ids[i] = (int32_t)(3 + x % (uint64_t)(V - 3));
+    }
+}
+
+/* The per-kernel table (cusim_counters_print) with each line prefixed. */
+static void print_table(const char *title) {
+    char *buf = NULL;
+    size_t len = 0;
+    FILE *f = open_memstream(&buf, &len);
+    if (!f) return;
+    cusim_counters_print(f);
+    fclose(f);
+    printf("INFO %s:\n", title);
+    for (char *line = strtok(buf, "\n"); line; line = strtok(NULL, "\n")) printf("INFO   %s\n", line);
+    free(buf);
+}
+
+/* ---- 3: one decode step's counts ------------------------------------------ */
+
+typedef struct { cusim_counters c; double launches_layer, calls_layer; } step_count;
+
+/* s has decoded at least one step: the counters of the next one. */
+static int count_step(skv_session *s, step_count *o, const char *title) {
+    int tok = sampler_argmax(session_logits(s), s->m->cfg.vocab);
+    cusim_counters_reset();
+    int rc = session_decode(s, tok);
+    cusim_counters_get(&o->c);
+    print_table(title);
+    o->launches_layer = (double)o->c.launches / s->m->cfg.n_layers;
+    o->calls_layer = (double)(o->c.launches + o->c.lib_calls) / s->m->cfg.n_layers;
+    return rc;
+}
+
+static void report_step(const char *what, const step_count *s, int n_layers) {
+    printf("INFO %s: one decode step on cuda (simulated, %d layers): %llu kernel launches + %llu library calls (%.1f + "
+           "%.1f a layer), %llu host syncs (stream %llu, device %llu, event %llu, blocking copies %llu), %llu event "
+           "waits, %llu allocs, %llu frees, %llu B up, %llu B down, %llu B device to device\n",
+           what, n_layers, (unsigned long long)s->c.launches, (unsigned long long)s->c.lib_calls,
+           s->launches_layer, s->calls_layer - s->launches_layer, (unsigned long long)s->c.host_syncs,
+           (unsigned long long)s->c.stream_syncs, (unsigned long long)s->c.device_syncs,
+           (unsigned long long)s->c.event_syncs, (unsigned long long)s->c.blocking_copies,
+           (unsigned long long)s->c.event_waits, (unsigned long long)s->c.allocs, (unsigned long long)s->c.frees,
+           (unsigned long long)s->c.bytes_h2d, (unsigned long long)s->c.bytes_d2h, (unsigned long long)s->c.bytes_d2d);
+    fflush(stdout);
+}
+
+/* ---- 4: the child: a device too small for 4 more sequences ---------------- */
+
+static int fit_child(const char *path, int tight) {
+    skv_model *m;
+    if (model_load(path, &m)) {
+        printf("FAIL fit child: cannot load %s: %s\n", path, skv_last_error());
+        return 1;
+    }
+    int V = m->cfg.vocab, rc;
+    int32_t ids[NP];
+    prompt(V, ids, NP);
+    session_opts so = opts("shadowkv", 64, 1);
+    skv_session *src = NULL, *f[NF] = {0};
+    rc = session_new(m, &so, &src);
+    if (!rc) rc = session_prefill(src, ids, NP, NULL, NULL);
+    if (rc) {
+        printf("FAIL fit child: the source session: %s\n", skv_last_error());
+        return 1;
+    }
+    /* one fork measured (its state, and the most it held while replaying),
+     * then freed */
+    uint64_t live0 = dev_bytes();
+    cusim_counters_reset();
+    rc = session_fork(src, &so.kv, &f[0]);
+    cusim_counters c;
+    cusim_counters_get(&c);
+    uint64_t per = c.device_bytes - live0, peak = c.device_peak - live0;
+    session_free(f[0]);
+    f[0] = NULL;
+    /* room for one fork (its peak while it is made) and half of another;
+     * tight: room for half a fork's state, so not even one fits */
+    size_t limit = (size_t)(live0 + (tight ? per / 2 : (peak > per ? peak : per) + per / 2));
+    int set = cusim_set_device_bytes(limit);
+    size_t fr = 0, tot = 0;
+    int mi = src->be->mem_info ? src->be->mem_info(&fr, &tot) : -1;
+    int pool = -1, fit = batch_fit(0, (double)per, (double)fr, 0, 0, &pool);
+    printf("INFO fit child: a fork holds %llu B of device memory (%llu B at its peak); the device set to %zu B "
+           "(rc %d), %zu B free: batch_fit says %d sequences fit\n", (unsigned long long)per,
+           (unsigned long long)peak, limit, set, fr, fit);
+    int ok = 1;
+    if (rc || set || mi || tot != limit || fit >= NF || (tight && fit != 0)) {
+        printf("FAIL fit child: the device's size and free memory as set (fork rc %d, set %d, mem_info %d, total %zu, "
+               "fit %d)\n", rc, set, mi, tot, fit);
+        ok = 0;
+    }
+    fflush(stdout);
+    int made = 0, frc = 0;
+    uint64_t before = 0;
+    char err[512] = "";
+    for (int i = 0; i < NF; i++) {
+        before = dev_bytes();
+        frc = session_fork(src, &so.kv, &f[i]);
+        if (frc) {
+            snprintf(err, sizeof err, "%s", skv_last_error());
+            break;
+        }
+        made++;
+    }
+    cusim_counters_get(&c);
+    long long kept = (long long)(c.device_bytes - before);
+    printf("INFO fit child%s: %d of %d forks made (batch_fit said %d); the next refused with rc %d: \"%s\"; %llu "
+           "simulator faults (%s); the refused fork left %lld B allocated\n", tight ? " (tight)" : "", made, NF, fit, frc,
+           err, (unsigned long long)c.faults, cusim_last_fault(), kept);
+    if (made > fit || (!tight && made < 1) || frc == 0 || !err[0] || strchr(err, '\n') || c.faults || kept) {
+        printf("FAIL fit child: the fork that does not fit is refused in one line, no fault\n");
+        ok = 0;
+    }
+    /* what was made still runs, and the source too */
+    int r1 = f[0] ? session_decode(f[0], ids[0]) : 0, r2 = session_decode(src, ids[1]);
+    if (r1 || r2) {
+        printf("FAIL fit child: after the refusal the fork and the source still decode (rc %d, %d: %s)\n", r1, r2,
+               skv_last_error());
+        ok = 0;
+    }
+    for (int i = 0; i < NF; i++) session_free(f[i]);
+    session_free(src);
+    model_free(m);
+    printf("INFO fit child: done (%s)\n", ok ? "ok" : "failed");
+    fflush(stdout);
+    return ok ? 0 : 1;
+}
+
+/* Runs this binary again as the fit child (part 4): its exit status, or
+ * 128 + the signal that ended it. */
+static int run_child(const char *path, int tight) {
+    char cmd[1400];
+    snprintf(cmd, sizeof cmd, "/proc/%d/exe --fit-child '%s' %d", (int)getpid(), path, tight);
+    fflush(stdout);
+    int st = system(cmd);
+    if (st == -1) return -1;
+    if (WIFSIGNALED(st)) return 128 + WTERMSIG(st);
+    return WEXITSTATUS(st);
+}
+
+int main(int argc, char **argv) {
+    if (argc == 4 && !strcmp(argv[1], "--fit-child")) return fit_child(argv[2], atoi(argv[3]));
+    double t_start = now_s();
+    const skv_backend *cu = skv_backend_find("cuda");
+    skv_clear_error();
+    char why[256] = "";
+    if (!cu || !cu->available(why, sizeof why)) {
+        char msg[320];
+        snprintf(msg, sizeof msg, "cuda paths: no CUDA backend on the simulator (%s)", cu ? why : "not built");
+        test_skip(msg);
+        return test_report("test_cuda_paths");
+    }
+    char path[600];
+    snprintf(path, sizeof path, "%s/tiny.gguf", test_tmpdir("cuda_paths"));
+    skv_model *m = NULL;
+    if (make_model(path) || model_load(path, &m)) {
+        char msg[700];
+        snprintf(msg, sizeof msg, "the tiny model is written and loads (%s)", skv_last_error());
+        test_cond(msg, 0);
+        return test_report("test_cuda_paths");
+    }
+    const model_config *mc = &m->cfg;
+    int V = mc->vocab, rc = 0;
+    int32_t ids[NP];
+    prompt(V, ids, NP);
+    char msg[1200];
+    float *lf = malloc(sizeof(float) * NF * ST * (size_t)V), *ls = malloc(sizeof(float) * NF * ST * (size_t)V);
+    int32_t tf[NF][ST], ts[NF][ST], tb[NF][ST];
+    uint64_t perb[NF] = {0}; /* the device bytes of a fork of each budget */
+    step_count sk_step, dn_step, bt_step;
+    memset(&sk_step, 0, sizeof sk_step);
+    memset(&dn_step, 0, sizeof dn_step);
+    memset(&bt_step, 0, sizeof bt_step);
+
+    /* the weights' device bytes, from the model and as loaded */
+    size_t wexp = dev_weight_bytes(m);
+    uint64_t b0 = dev_bytes();
+    forward_weights *fw = NULL;
+    rc = forward_weights_get(m, cu, &fw);
+    uint64_t wdev = dev_bytes() - b0;
+    forward_weights_put(fw);
+    snprintf(msg, sizeof msg, "the weights on the device: %llu B, as computed from the model (%zu B: bf16 matrices, "
+             "f32 vectors; %zu B in the file); given back, the device holds %lld B more than before",
+             (unsigned long long)wdev, wexp, model_weight_bytes(m), (long long)(dev_bytes() - b0));
+    test_cond(msg, rc == 0 && wdev == wexp && dev_bytes() == b0);
+
+    /* ---- 1: forks of one recorded ShadowKV prefill ---- */
+    session_opts so = opts("shadowkv", 64, 1);
+    skv_session *src = NULL, *f[NF] = {0};
+    rc = session_new(m, &so, &src);
+    if (!rc) rc = session_prefill(src, ids, NP, NULL, NULL);
+    snprintf(msg, sizeof msg, "a ShadowKV session on cuda (simulated) records its prefill of %d tokens (rc %d %s)", NP,
+             rc, rc ? skv_last_error() : "");
+    test_cond(msg, rc == 0 && src->be == cu);
+    if (rc) goto out;
+    /* 4 forks of the source's options: the device's bytes grow by 4 x one's */
+    uint64_t d0 = dev_bytes(), d1 = 0;
+    for (int i = 0; i < NF && !rc; i++) {
+        rc = session_fork(src, &so.kv, &f[i]);
+        if (i == 0) d1 = dev_bytes();
+    }
+    uint64_t d4 = dev_bytes(), per = d1 - d0;
+    int shared = !rc;
+    for (int i = 0; i < NF && !rc; i++) shared &= f[i]->fwd.w == src->fwd.w;
+    size_t act1 = forward_act_bytes(mc, 1);
+    size_t res = 0, off = 0;
+    if (!rc) f[0]->kv->cls->bytes(f[0]->kv, &res, &off);
+    snprintf(msg, sizeof msg, "4 forks on cuda add %llu B of device memory: 4 x a sequence's %llu B (its activations "
+             "%zu B, its KV cache's resident %zu B, the rest its policy's buffers), no other copy of the weights' %llu "
+             "B: one copy borrowed by all 5 sessions (refs %d; rc %d %s)", (unsigned long long)(d4 - d0),
+             (unsigned long long)per, act1, res, (unsigned long long)wdev, src->fwd.w ? src->fwd.w->refs : 0, rc,
+             rc ? skv_last_error() : "");
+    test_cond(msg, rc == 0 && shared && src->fwd.w->refs == 1 + NF && d4 - d0 == NF * per && per > 0 && per < wdev);
+    for (int i = 0; i < NF; i++) { session_free(f[i]); f[i] = NULL; }
+    snprintf(msg, sizeof msg, "the forks freed give their %llu B back (the device holds %lld B more than before them)",
+             (unsigned long long)(d4 - d0), (long long)(dev_bytes() - d0));
+    test_cond(msg, dev_bytes() == d0);
+
+    /* 4 forks of other budgets, each decoded alone, against sessions of the
+     * same options prefilled from scratch on cuda */
+    for (int i = 0; i < NF && !rc; i++) {
+        kv_opts ko = so.kv;
+        ko.budget = budgets[i];
+        uint64_t e = dev_bytes();
+        rc = session_fork(src, &ko, &f[i]);
+        perb[i] = dev_bytes() - e;
+    }
+    for (int i = 0; i < NF && !rc; i++) rc = greedy(f[i], ST, tf[i], lf + (size_t)i * ST * V);
+    for (int i = 0; i < NF; i++) { session_free(f[i]); f[i] = NULL; }
+    for (int i = 0; i < NF && !rc; i++) {
+        session_opts o = opts("shadowkv", budgets[i], 0);
+        skv_session *sk = NULL;
+        if ((rc = session_new(m, &o, &sk))) break;
+        if (!(rc = session_prefill(sk, ids, NP, NULL, NULL))) rc = greedy(sk, ST, ts[i], ls + (size_t)i * ST * V);
+        if (!rc && budgets[i] == 64) rc = count_step(sk, &sk_step, "shadowkv: one decode step's launches by kernel");
+        session_free(sk);
+    }
+    snprintf(msg, sizeof msg, "each of 4 forks (budgets 32-96) decoded alone on cuda: the greedy tokens of a session "
+             "prefilled from scratch on cuda with its options (%d steps each; rc %d %s)", ST, rc,
+             rc ? skv_last_error() : "");
+    test_cond(msg, rc == 0 && !memcmp(tf, ts, sizeof tf));
+    {
+        char worst[200] = "";
+        int n = 0, exact = !rc;
+        for (int i = 0; i < NF; i++) {
+            double w = 0;
+            for (int t = 0; t < ST; t++) {
+                double e = test_rel_l2(lf + ((size_t)i * ST + t) * V, ls + ((size_t)i * ST + t) * V, (size_t)V);
+                w = e > w ? e : w;
+            }
+            exact &= w == 0;
+            n += snprintf(worst + n, sizeof worst - (size_t)n, "%s%.1e", i ? ", " : "", w);
+        }
+        /* The simulator is deterministic and the fork's policy is fed the very
+         * rows the scratch prefill computed, so the logits must agree exactly. */
+        snprintf(msg, sizeof msg, "... and their logits bit for bit (worst rel L2 of each fork over its steps: %s)",
+                 worst);
+        test_cond(msg, exact);
+    }
+
+    /* ---- 2: a batch of the 4 forks ---- */
+    {
+        skv_batch *b = NULL;
+        uint64_t e0 = dev_bytes();
+        for (int i = 0; i < NF && !rc; i++) {
+            kv_opts ko = so.kv;
+            ko.budget = budgets[i];
+            rc = session_fork(src, &ko, &f[i]);
+        }
+        uint64_t e1 = dev_bytes();
+        if (!rc && (rc = batch_new(f, NF, &b)) == 0) memset(f, 0, sizeof f);
+        uint64_t e2 = dev_bytes();
+        double worst = 0;
+        for (int t = 0; t < ST && !rc; t++) {
+            int32_t tok[NF];
+            for (int i = 0; i < NF; i++) {
+                const float *l = session_logits(batch_seq(b, i));
+                double e = test_rel_l2(l, lf + ((size_t)i * ST + t) * V, (size_t)V);
+                worst = e > worst ? e : worst;
+                tb[i][t] = tok[i] = sampler_argmax(l, V);
+            }
+            if (t == ST - 1) {
+                cusim_counters_reset();
+                rc = batch_decode(b, tok);
+                cusim_counters_get(&bt_step.c);
+                print_table("shadowkv: one decode step of a batch of 4, launches by kernel");
+                bt_step.launches_layer = (double)bt_step.c.launches / mc->n_layers;
+                bt_step.calls_layer = (double)(bt_step.c.launches + bt_step.c.lib_calls) / mc->n_layers;
+            } else {
+                rc = batch_decode(b, tok);
+            }
+        }
+        snprintf(msg, sizeof msg, "a batch of the 4 forks on cuda: each sequence's greedy tokens alone (%d steps; "
+                 "logits within rel L2 %.1e of each fork's alone, bound 1e-3: the batch's GEMMs sum 4 rows; rc %d %s)",
+                 ST, worst, rc, rc ? skv_last_error() : "");
+        test_cond(msg, rc == 0 && !memcmp(tb, tf, sizeof tf) && worst <= 1e-3);
+        uint64_t sum = 0;
+        for (int i = 0; i < NF; i++) sum += perb[i];
+        size_t act = forward_act_bytes(mc, NF);
+        snprintf(msg, sizeof msg, "... with the weights counted once: the 4 forks add %llu B (their own states: %llu + "
+                 "%llu + %llu + %llu B), the batch its rows' activations, %llu B (forward_act_bytes(4) = %zu B), and "
+                 "no copy of the weights' %llu B (refs %d)", (unsigned long long)(e1 - e0),
+                 (unsigned long long)perb[0], (unsigned long long)perb[1], (unsigned long long)perb[2],
+                 (unsigned long long)perb[3], (unsigned long long)(e2 - e1), act, (unsigned long long)wdev,
+                 src->fwd.w->refs);
+        test_cond(msg, b && e1 - e0 == sum && e2 - e1 == act && src->fwd.w->refs == 2 + NF);
+        batch_free(b);
+        for (int i = 0; i < NF; i++) { session_free(f[i]); f[i] = NULL; }
+    }
+
+    /* ---- 3: one decode step's counts ---- */
+    {
+        session_opts o = opts("dense", 0, 0);
+        skv_session *d = NULL;
+        rc = session_new(m, &o, &d);
+        if (!rc) rc = session_prefill(d, ids, NP, NULL, NULL);
+        if (!rc) rc = session_decode(d, ids[0]); /* the first step may set things up */
+        if (!rc) rc = count_step(d, &dn_step, "dense: one decode step's launches by kernel");
+        session_free(d);
+        test_cond("a dense session on cuda decodes", rc == 0);
+        int L = mc->n_layers;
+        report_step("dense, one sequence", &dn_step, L);
+        report_step("shadowkv, one sequence", &sk_step, L);
+        report_step("shadowkv, a batch of 4", &bt_step, L);
+        printf("INFO the model: %d layers, %d query heads, %d KV heads, head dim %d; the budgets of issue 45 (printed, "
+               "not asserted: today's code is over them): at most 12 launches a layer for the whole batch, 1 host sync "
+               "a step, no allocation or free in a step after the first\n", L, mc->n_heads, mc->n_kv_heads,
+               mc->head_dim);
+        /* Today's counts on this model, as ceilings: a change that adds
+         * launches, library calls or host syncs to a step fails here (lower
+         * them as issue 45's work brings them down). */
+        static const struct { const char *what; uint64_t launches, lib_calls, host_syncs; } ceil[3] = {
+            {"dense, one sequence", 37, 15, 4},
+            {"shadowkv, one sequence", 65, 19, 6},
+            {"shadowkv, a batch of 4", 179, 31, 12},
+        };
+        const step_count *got[3] = {&dn_step, &sk_step, &bt_step};
+        for (int i = 0; i < 3; i++) {
+            snprintf(msg, sizeof msg, "%s: a decode step on cuda within today's ceilings: %llu kernel launches (<= %llu; "
+                     "%.1f a layer, issue 45's budget 12), %llu library calls (<= %llu), %llu host syncs (<= %llu; issue "
+                     "45's budget 1)", ceil[i].what, (unsigned long long)got[i]->c.launches,
+                     (unsigned long long)ceil[i].launches, got[i]->launches_layer,
+                     (unsigned long long)got[i]->c.lib_calls, (unsigned long long)ceil[i].lib_calls,
+                     (unsigned long long)got[i]->c.host_syncs, (unsigned long long)ceil[i].host_syncs);
+            test_cond(msg, got[i]->c.launches > 0 && got[i]->c.launches <= ceil[i].launches &&
+                      got[i]->c.lib_calls <= ceil[i].lib_calls && got[i]->c.host_syncs <= ceil[i].host_syncs);
+        }
+        for (int i = 0; i < 3; i++)
+            printf("INFO %s: %llu device allocations and %llu frees inside a decode step after the first (issue 45's "
+                   "budget: 0; stream-ordered scratch included)\n", ceil[i].what,
+                   (unsigned long long)got[i]->c.allocs, (unsigned long long)got[i]->c.frees);
+    }
+
+    /* ---- 4: a device too small for 4 more sequences, in a child ---- */
+    {
+        for (int tight = 0; tight < 2; tight++) {
+            int st = run_child(path, tight);
+            snprintf(msg, sizeof msg, "a device with room for %s: the forks past it are refused in one line, no crash "
+                     "(the child exited %d%s)", tight ? "half a fork" : "one more fork, not 4", st,
+                     st >= 128 ? ": killed by a signal" : "");
+            test_cond(msg, st == 0);
+        }
+    }
+
+out:
+    session_free(src);
+    model_free(m);
+    free(lf);
+    free(ls);
+    unlink(path);
+    rmdir(test_tmpdir("cuda_paths"));
+    printf("INFO test_cuda_paths took %.1f s\n", now_s() - t_start);
+    return test_report("test_cuda_paths");
+}

@@ -1,0 +1,76 @@
+#!/bin/sh
+# test_bench_cli: skv bench's batch bound and its Ctrl-C, on the demo model
+# (seconds): --parallel fit names what set the largest batch (cap when the
+# 4096 limit did, memory when --mem did) and says a cap on stderr; a batch
+# over --mem is refused in one line; a cross-policy fork says its figures
+# are approximate; Ctrl-C says it stops after the step in flight, prints
+# the partial line and exits 130; a second Ctrl-C quits at once. Prints
+# PASS/FAIL/SKIP lines.
+cd "$(dirname "$0")/.." || exit 1
+SKV=${SKV_BIN:-./skv}
+M=samples/model/skv-demo.gguf
+if [ ! -x "$SKV" ] || [ ! -f "$M" ]; then echo "SKIP test_bench_cli: $SKV or $M missing"; exit 0; fi
+TMP=$(mktemp -d)
+trap 'rm -rf "$TMP"' EXIT
+fails=0
+check() { # DESCR STATUS: on a failure the run's stderr, shortened
+    if [ "$2" -eq 0 ]; then echo "PASS $1"; return; fi
+    echo "FAIL $1"; fails=$((fails + 1)); tail -n 3 "$TMP/e" 2>/dev/null | sed 's/^/    stderr: /'
+}
+B="$SKV bench -m $M --prompt-tokens 64 -n 2"
+
+timeout -k 5 120 $B --parallel fit --mem 1000 >"$TMP/o" 2>"$TMP/e"; rc=$?
+check "--parallel fit with --mem over what 4096 sequences take: bound=cap, and stderr says --mem would hold more" \
+    $([ $rc -eq 0 ] && grep -q "max_parallel=4096 .*bound=cap" "$TMP/o" &&
+      grep -q "would hold [0-9]* sequences; fit stops at the cap of 4096" "$TMP/e" && echo 0 || echo 1)
+timeout -k 5 120 $B --parallel fit --mem 0.2 >"$TMP/o" 2>"$TMP/e"; rc=$?
+n=$(sed -n 's/.*max_parallel=\([0-9]*\).*/\1/p' "$TMP/o")
+check "--parallel fit under a small --mem: bound=memory, fewer than 4096, no cap said" \
+    $([ $rc -eq 0 ] && grep -q "bound=memory" "$TMP/o" && [ "${n:-4096}" -lt 4096 ] && ! grep -q cap "$TMP/e" &&
+      echo 0 || echo 1)
+timeout -k 5 120 $B --parallel 4000 --mem 0.05 >"$TMP/o" 2>"$TMP/e"; rc=$?
+check "a batch over --mem is refused in one line naming the GiB" \
+    $([ $rc -ne 0 ] && [ "$(cat "$TMP/o" "$TMP/e" | wc -l)" -eq 1 ] && grep -q "GiB" "$TMP/e" && echo 0 || echo 1)
+timeout -k 5 120 $B --kv dense,shadowkv --f16-kv --budget 64 --rank 16 --parallel 2 >"$TMP/o" 2>"$TMP/e"; rc=$?
+check "a fork of dense --f16-kv's prefill into shadowkv says its figures are approximate, before its line" \
+    $([ $rc -eq 0 ] && grep -q "^note: kv=shadowkv forks dense's recorded prefill (with an f16 cache).*approximate" "$TMP/o" &&
+      [ "$(grep -n '^note:' "$TMP/o" | cut -d: -f1)" -lt "$(grep -n 'kv=shadowkv threads' "$TMP/o" | cut -d: -f1)" ] &&
+      ! grep -q "^note:" "$TMP/e" && echo 0 || echo 1)
+timeout -k 5 120 $B --kv shadowkv --budget 64 --rank 16 --parallel 2 >"$TMP/o" 2>&1
+check "a policy benched alone forks its own prefill: no note" $(! grep -q "^note:" "$TMP/o" && echo 0 || echo 1)
+
+# Ctrl-C: a batch of B for 100 steps (tens of seconds), stopped once its
+# first line of progress is out
+# skv runs without timeout(1) around it, which would pass a Ctrl-C on to the
+# process group as well (a second signal) and SIGKILL it 5 s later (-k); a
+# watchdog kills it after 300 s instead.
+start() { # B
+    rm -f "$TMP/o" "$TMP/e"; : >"$TMP/e"
+    $SKV bench -m $M --prompt-tokens 64 -n 100 --parallel $1 >"$TMP/o" 2>"$TMP/e" &
+    pid=$!
+    (trap 'kill $s 2>/dev/null; exit 0' TERM; sleep 300 & s=$!; wait $s; kill -KILL $pid 2>/dev/null) >/dev/null 2>&1 &
+    dog=$!
+    waitfor "parallel=$1: step"
+}
+stop_dog() { kill $dog 2>/dev/null; wait $dog 2>/dev/null; }
+waitfor() { i=0; while [ $i -lt 1200 ] && ! grep -q "$1" "$TMP/e"; do sleep 0.1; i=$((i + 1)); done; }
+start 128
+kill -INT $pid 2>/dev/null
+wait $pid; rc=$?; stop_dog
+check "Ctrl-C in a batch: 'stopping after the decode step (or prefill chunk) in flight', the partial line, exit 130" \
+    $([ $rc -eq 130 ] && grep -q "stopping after the decode step (or prefill chunk) in flight (Ctrl-C again to quit now)" \
+      "$TMP/e" && grep -q "parallel=128 .* partial=1" "$TMP/o" && grep -q "interrupted: 1 batch run measured" "$TMP/e" &&
+      echo 0 || echo 1)
+check "progress lines said how far it was while it ran (the sequence alone, then the batch's steps)" \
+    $(grep -q "kv=dense parallel=128: step [0-9]* of 100, .* s a step, about [0-9]* s left" "$TMP/e" && echo 0 || echo 1)
+# the second once the first is said, within the step in flight (a batch of
+# 1024: a second or more a step)
+start 1024
+kill -INT $pid 2>/dev/null
+waitfor "stopping after"
+kill -INT $pid 2>/dev/null
+wait $pid; rc=$?; stop_dog
+check "a second Ctrl-C quits at once (exit 130, no summary)" \
+    $([ $rc -eq 130 ] && ! grep -q "interrupted:" "$TMP/e" && echo 0 || echo 1)
+if [ $fails -eq 0 ]; then echo "test_bench_cli: all passed"; else echo "test_bench_cli: $fails failed"; fi
+[ $fails -eq 0 ]

@@ -1,0 +1,99 @@
+#!/usr/bin/python3
+"""test_runner: tests/run.sh itself, on throwaway scripts (about 13 s).
+- A test that hangs, ignoring SIGTERM (as a Ctrl-C regression of skv once ran
+  13 minutes past its SIGTERM), becomes one "FAIL <test> timed out after N s"
+  line: SIGKILL follows 10 s after the SIGTERM, the process it started dies
+  with it, and the suite goes on to the next test.
+- A test that exits non-zero without a FAIL line counts as a failure.
+- A bad SKV_TEST_TIMEOUT is refused.
+Prints PASS/FAIL/SKIP lines for tests/run.sh; needs only the standard library."""
+import os
+import shutil
+import subprocess
+import sys
+import tempfile
+import time
+
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+RUN = os.path.join(ROOT, "tests", "run.sh")
+passed = failed = 0
+
+
+def check(descr, ok, detail=""):
+    global passed, failed
+    if ok:
+        passed += 1
+        print("PASS " + descr)
+    else:
+        failed += 1
+        print("FAIL " + descr + (": " + detail if detail else ""))
+    sys.stdout.flush()
+
+
+def script(d, name, body):
+    path = os.path.join(d, name)
+    with open(path, "w") as f:
+        f.write("#!/bin/sh\n" + body)
+    os.chmod(path, 0o755)
+    return path
+
+
+def alive(pid):
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:
+        return True
+    # a zombie is dead for this purpose
+    try:
+        with open("/proc/%d/stat" % pid) as f:
+            return f.read().split(")")[-1].split()[0] != "Z"
+    except OSError:
+        return False
+
+
+def main():
+    if not shutil.which("timeout"):
+        print("SKIP no timeout(1) on PATH: tests/run.sh needs coreutils' timeout")
+        return 0
+    d = tempfile.mkdtemp(prefix="skv-test-runner-")
+    try:
+        pidfile = os.path.join(d, "child.pid")
+        hang = script(d, "hang.sh", "echo 'PASS before the hang'\ntrap '' TERM\n"
+                      "sleep 100000 &\necho $! > %s\nwait\n" % pidfile)
+        after = script(d, "after.sh", "echo 'PASS after the hang'\n")
+        bad = script(d, "bad.sh", "echo 'PASS said before exiting 3'\nexit 3\n")
+        env = dict(os.environ, SKV_TEST_TIMEOUT="1")
+        t0 = time.time()
+        p = subprocess.run(["sh", RUN, hang, after, bad], env=env, capture_output=True, text=True, timeout=120)
+        wall = time.time() - t0
+        lines = p.stdout.splitlines()
+        check("run.sh: a test that hangs ignoring SIGTERM is one line 'FAIL <test> timed out after 1 s'",
+              ("FAIL %s timed out after 1 s" % hang) in lines, p.stdout)
+        check("... and is killed 10 s after its SIGTERM, the suite going on to the next test",
+              10 <= wall < 60 and "PASS after the hang" in lines
+              and lines.index("PASS after the hang") > lines.index("FAIL %s timed out after 1 s" % hang),
+              "%.1f s" % wall)
+        try:
+            with open(pidfile) as f:
+                child = int(f.read())
+        except (OSError, ValueError):
+            child = 0
+        check("... with the process it started", child > 0 and not alive(child), "pid %d" % child)
+        check("run.sh: a test that exits non-zero without a FAIL line is a failure",
+              ("FAIL %s exited with status 3" % bad) in lines, p.stdout)
+        check("run.sh: the closing tally counts both, and the exit status is non-zero",
+              p.returncode != 0 and lines[-1] == "3 passed, 2 failed, 0 skipped", p.stdout)
+        p = subprocess.run(["sh", RUN, after], env=dict(os.environ, SKV_TEST_TIMEOUT="10m"),
+                           capture_output=True, text=True, timeout=60)
+        check("run.sh: SKV_TEST_TIMEOUT that is not whole seconds is refused in one line",
+              p.returncode == 2 and "SKV_TEST_TIMEOUT" in p.stderr and "PASS" not in p.stdout, p.stderr)
+    finally:
+        shutil.rmtree(d, ignore_errors=True)
+    print("test_runner: %d passed, %d failed" % (passed, failed))
+    return 1 if failed else 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
