@@ -676,7 +676,9 @@ static int check_fix(needle_case *c, const ids_buf *p, int n_answer, const skv_s
         t->hit = k;
         cause->n_tries++;
         cause->check = k ? NEEDLE_CHECK_RETRIEVED : NEEDLE_CHECK_MISSED;
-        snprintf(cause->check_answer, sizeof cause->check_answer, "%s", t->answer);
+        size_t alen = strnlen(t->answer, sizeof cause->check_answer - 1);
+        memmove(cause->check_answer, t->answer, alen);
+        cause->check_answer[alen] = 0;
         if (k) {
             cause->value = next;
             cause->dense_needed = 0;
@@ -763,8 +765,10 @@ void needle_fit_options(needle_report *rep) {
         int has = 0;
         for (int j = 0; j < p->n_opts && !has; j++) has = !strcmp(p->opts[j].key, c->opt);
         if (has) continue;
+        char opt[sizeof c->opt];
+        memcpy(opt, c->opt, sizeof opt);
         snprintf(c->fix, sizeof c->fix, "no change is proposed: the trace recorded a %s option, which skv's %s does not "
-                 "have", c->opt, p->name);
+                 "have", opt, p->name);
         c->opt[0] = 0;
         c->smaller = c->limit = 0;
     }
