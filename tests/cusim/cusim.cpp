@@ -359,6 +359,9 @@ struct op {
 
 static cusim_stream g_legacy_s;
 static std::vector<cusim_stream *> g_streams; /* every live stream, the legacy one first */
+/* every live event: a vector never destroyed, so that what the process
+ * still holds at exit stays reachable (as the device's own state would) */
+static std::vector<cusim_event *> &g_events = *new std::vector<cusim_event *>;
 static size_t g_held;
 
 static cusim_stream *S(cudaStream_t s) {
@@ -1667,11 +1670,13 @@ cudaError_t cudaEventCreateWithFlags(cudaEvent_t *e, unsigned flags) {
     STICKY();
     cusim_event *n = new cusim_event;
     n->timing = !(flags & cudaEventDisableTiming);
+    g_events.push_back(n); /* the device owns its events until destroyed (or the process ends) */
     *e = n;
     return cudaSuccess;
 }
 cudaError_t cudaEventDestroy(cudaEvent_t e) {
     api_lock l;
+    g_events.erase(std::remove(g_events.begin(), g_events.end(), e), g_events.end());
     delete e;
     return cudaSuccess;
 }

@@ -426,7 +426,7 @@ static void t_sparse(void) {
         test_cond("cuda topk: the same indices in the same order as the CPU (ties to the lower index, NaN last)",
                   nc == ng && !memcmp(ic, ig, sizeof(int) * k));
         cu->free(dK); cu->free(dlm); cu->free(dcm); cu->free(dq); cu->free(dsc); cu->free(dtmp); cu->free(dix);
-        free(K); free(lm); free(cm); free(q); free(sc); free(tmp);
+        free(K); free(lm); free(cm); free(q); free(sc); free(tmp); free(g);
     }
     /* gather from pinned host memory into strided device rows, on the fetch stream */
     {
