@@ -203,7 +203,7 @@ PY_TESTS = tests/test_eval.py tests/test_skvtrace.py tests/test_pywriter.py test
 # tests/test_NAME.c, or tests/test_NAME.py); make test-fast runs all but
 # SLOW_TESTS, the ones that take minutes (times: README, Tests).
 # tests/run.sh gives each test SKV_TEST_TIMEOUT seconds (default 900).
-SLOW_TESTS = batch needle
+SLOW_TESTS = needle batch fixes claims needle_fixes eval.py recorder_agree.py bench_cli.sh
 # The simulated CUDA tests (tests/gpu/, tests/sim/, on tests/cusim) run too,
 # but the two whose checks fail on the simulator today (open findings of
 # issue 44, docs/TESTING.md): `make sim-model` runs them.
