@@ -624,7 +624,7 @@ static void add_floor(const kv_opts *kv, const char *policy, int prompt_len, nee
              "at least %s", budget, policy, why);
     snprintf(c->fix, sizeof c->fix, "raise --budget to %d tokens (its floor)", floor);
     snprintf(c->opt, sizeof c->opt, "budget");
-    c->value = floor;
+    c->value = c->proposed = floor;
 }
 
 /* One rerun of case c from src's recorded prefill with opt = value: 1 and

@@ -808,11 +808,6 @@ int trace_open(const char *path, trace_reader **out) {
         return rc;
     }
     r->pos = r->rec_begin;
-    /* a run stopped by Ctrl-C closes cleanly, and its metadata says where it stopped */
-    const char *intr = cJSON_GetStringValue(cJSON_GetObjectItemCaseSensitive(r->meta, "interrupted"));
-    if (intr && !trace_notice_buf[0])
-        snprintf(trace_notice_buf, sizeof trace_notice_buf, "%s: interrupted %s: the run was stopped (Ctrl-C) and holds "
-                 "what finished before", path, intr);
     *out = r;
     return 0;
 }
@@ -1064,11 +1059,14 @@ int trace_info(const char *path, FILE *out) {
         free(sc.run);
     }
     if (trace_notice_buf[0]) fprintf(out, "  %s\n", trace_notice_buf);
+    /* a run stopped by Ctrl-C closes whole, and its metadata says where it stopped */
+    const char *intr = cJSON_GetStringValue(cJSON_GetObjectItemCaseSensitive(m, "interrupted"));
+    if (intr) fprintf(out, "  interrupted %s: the run was stopped (Ctrl-C); the trace holds what finished before\n", intr);
     fprintf(out, "  records    %" PRIu64 "\n", r->n_records);
     for (int k = 1; k < PROBE_KIND_COUNT; k++)
         if (r->count[k]) fprintf(out, "    %-14s %" PRIu64 "\n", probe_kind_name((probe_kind)k), r->count[k]);
     if (r->n_unknown) fprintf(out, "    %-14s %" PRIu64 " (from a newer skv, skipped)\n", "unknown kinds", r->n_unknown);
-    const char *ck = cJSON_IsTrue(cJSON_GetObjectItemCaseSensitive(m, "cut_short")) ? "cut short" : "checksum ok";
+    const char *ck = trace_notice_buf[0] ? "cut short" : "checksum ok";
     if (r->size >= 1u << 20) fprintf(out, "  file size  %zu bytes (%.1f MiB), %s\n", r->size, r->size / 1048576.0, ck);
     else fprintf(out, "  file size  %zu bytes (%.1f KiB), %s\n", r->size, r->size / 1024.0, ck);
     trace_close(r);

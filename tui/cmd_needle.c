@@ -616,6 +616,8 @@ static int diagnose_trace(const char *path) {
         if (trace_open(path, &tr) == 0) {
             cJSON *meta = cJSON_Parse(trace_meta_json(tr));
             const char *cmd = cJSON_GetStringValue(cJSON_GetObjectItemCaseSensitive(meta, "replay"));
+            const char *intr = cJSON_GetStringValue(cJSON_GetObjectItemCaseSensitive(meta, "interrupted"));
+            if (intr) printf("  the sweep was interrupted %s (Ctrl-C): its results are partial\n", intr);
             if (cmd) printf("  replay: %s\n", cmd);
             cJSON_Delete(meta);
             trace_close(tr);

@@ -28,8 +28,8 @@ static int trace_begin(cli_gen *g, const char *cmd) {
 
 /* Closes the trace, all or nothing: a run that failed leaves none, an
  * interrupted one (130) keeps every step so far and says in its metadata
- * ("interrupted": "at step done of planned", which skv trace info and the
- * inspector show) that it was cut short; says where it went, with hint.
+ * ("interrupted": "at step done of planned", which skv trace info shows)
+ * that it was cut short; says where it went, with hint.
  * done < 0: no steps to count. Returns rc, or the failure to close. */
 static int trace_end(cli_gen *g, int rc, const char *hint, int done, int planned) {
     if (!g->tw) return rc;
