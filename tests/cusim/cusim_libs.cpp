@@ -88,6 +88,7 @@ cublasStatus_t cublasSgemm(cublasHandle_t h, cublasOperation_t ta, cublasOperati
         return CUBLAS_STATUS_INVALID_VALUE;
     float al = *alpha, be = *beta;
     enqueue_lib(h->s, "cublasSgemm", [=]() {
+        if (!gemm_check("cublasSgemm (when it ran)", ta, tb, m, n, k, A, lda, 4, B, ldb, 4, C, ldc, 4)) return;
         if (m && n) cblas_sgemm(CblasColMajor, tr(ta), tr(tb), m, n, k, al, A, lda, B, ldb, be, C, ldc);
     });
     return CUBLAS_STATUS_SUCCESS;
@@ -103,6 +104,7 @@ cublasStatus_t cublasDgemm(cublasHandle_t h, cublasOperation_t ta, cublasOperati
         return CUBLAS_STATUS_INVALID_VALUE;
     double al = *alpha, be = *beta;
     enqueue_lib(h->s, "cublasDgemm", [=]() {
+        if (!gemm_check("cublasDgemm (when it ran)", ta, tb, m, n, k, A, lda, 8, B, ldb, 8, C, ldc, 8)) return;
         if (m && n) cblas_dgemm(CblasColMajor, tr(ta), tr(tb), m, n, k, al, A, lda, B, ldb, be, C, ldc);
     });
     return CUBLAS_STATUS_SUCCESS;
@@ -139,6 +141,9 @@ cublasStatus_t cublasGemmEx(cublasHandle_t h, cublasOperation_t ta, cublasOperat
     int ar = ta == CUBLAS_OP_N ? m : k, ac = ta == CUBLAS_OP_N ? k : m;
     int br = tb == CUBLAS_OP_N ? k : n, bc = tb == CUBLAS_OP_N ? n : k;
     enqueue_lib(h->s, "cublasGemmEx", [=]() {
+        if (!gemm_check("cublasGemmEx (when it ran)", ta, tb, m, n, k, A, lda, type_size(at), B, ldb, type_size(bt),
+                        C, ldc, 4))
+            return;
         if (!m || !n) return;
         std::vector<float> a = widen(A, at, extent(ar, ac, lda)), b = widen(B, bt, extent(br, bc, ldb));
         cblas_sgemm(CblasColMajor, tr(ta), tr(tb), m, n, k, al, a.data(), lda, b.data(), ldb, be, (float *)C, ldc);
