@@ -151,6 +151,10 @@ $(SIM_DIR)/tests/%: tests/%.c tests/testhelp.h tests/cusim/cusim_api.h $(SIM_DIR
 	@mkdir -p $(dir $@)
 	$(CC) $(CFLAGS) -DSKV_HAVE_CUDA -DSKV_CUSIM -Itests -Itests/cusim -o $@ $< $(SIM_DIR)/libskv.a $(SIM_LDLIBS) -lstdc++
 
+# skv with its CUDA backend on the simulator (tests/sim/test_gpu_steps.sh).
+$(SIM_DIR)/skv: $(TUI_OBJ) $(SIM_DIR)/libskv.a
+	$(CC) $(CFLAGS) -o $@ $(TUI_OBJ) $(SIM_DIR)/libskv.a $(SIM_LDLIBS) -lstdc++
+
 # A simulator test with kernels of its own (tests/sim/*.cu): compiled like kernels/cuda/.
 $(SIM_DIR)/tests/%: tests/%.cu tests/testhelp.h $(SIM_DIR)/libskv.a
 	@mkdir -p $(dir $@)
@@ -207,12 +211,12 @@ SLOW_TESTS = needle batch fixes claims needle_fixes eval.py recorder_agree.py be
 # The simulated CUDA tests (tests/gpu/, tests/sim/, on tests/cusim) run too
 # (`make sim-model` runs the two whole-model ones alone).
 SIM_MODEL     = $(SIM_DIR)/tests/gpu/test_cuda_model $(SIM_DIR)/tests/sim/test_cuda_paths
-SIM_TESTS_RUN = $(SIM_TEST_BIN)
+SIM_TESTS_RUN = $(SIM_TEST_BIN) tests/sim/test_gpu_steps.sh
 ALL_TESTS = $(TEST_BIN) $(SIM_TESTS_RUN) $(PY_TESTS)
 test_pick = $(or $(filter %/test_$(1) %/test_$(1).py,$(ALL_TESTS)),$(error TESTS: no test '$(1)' (tests/test_$(1).c or .py)))
 RUN_TESTS = $(if $(strip $(TESTS)),$(foreach t,$(TESTS),$(call test_pick,$(t))),$(ALL_TESTS))
 FAST_TESTS = $(filter-out $(SLOW_TESTS),$(patsubst test_%,%,$(notdir $(ALL_TESTS))))
-test: $(filter $(BUILD)/%,$(RUN_TESTS)) $(BUILD)/skv $(BUILD)/default-model.gguf
+test: $(filter $(BUILD)/%,$(RUN_TESTS)) $(BUILD)/skv $(BUILD)/default-model.gguf $(SIM_DIR)/skv
 	@SKV_BIN=$(abspath $(BUILD))/skv sh tests/run.sh $(RUN_TESTS)
 test-fast:
 	@$(MAKE) --no-print-directory test TESTS="$(FAST_TESTS)"

@@ -1,0 +1,52 @@
+#!/bin/sh
+# test_gpu_steps.sh: gpu-check's steps (tests/gpu/run.sh) at tiny sizes, with
+# `skv` built on the CUDA simulator ($(BUILD)/sim/skv, tests/cusim): a traced
+# ShadowKV run on --backend cuda and its timeline PNG, dense and ShadowKV
+# benches from one prefill at batch 1 and 2 (forks and batches on the
+# device), and a --parallel run. Each step under a timeout that kills; each
+# must run on cuda, not fall back to the CPU.
+SIM=${SKV_SIM_BIN:-$(dirname "${SKV_BIN:-build/skv}")/sim/skv}
+pass=0 fail=0
+ok() { echo "PASS $1"; pass=$((pass + 1)); }
+ko() { echo "FAIL $1"; fail=$((fail + 1)); }
+if [ ! -x "$SIM" ]; then
+    echo "FAIL test_gpu_steps: no simulated skv at $SIM (make $SIM)"
+    exit 1
+fi
+T=$(mktemp -d "${TMPDIR:-/tmp}/skv-gpusteps.XXXXXX")
+trap 'rm -rf "$T"' EXIT
+CFG=samples/default-model.config.json
+# step NAME CAP CMD...: runs CMD (output to $T/NAME.log) under a timeout
+step() {
+    name=$1 cap=$2
+    shift 2
+    timeout -k 5 "$cap" "$@" > "$T/$name.log" 2>&1
+    rc=$?
+    if grep -q 'running on cpu' "$T/$name.log"; then
+        ko "$name: fell back to the CPU: $(grep -m1 'running on cpu' "$T/$name.log")"
+    elif [ $rc -ne 0 ]; then
+        ko "$name: exit $rc: $(grep -m1 -i 'cusim\|error\|fail\|skv' "$T/$name.log")"
+    else
+        ok "$name on the simulated GPU"
+    fi
+    return $rc
+}
+"$SIM" synth --config "$CFG" --dtype f32 --layers 2 --seed 7 -o "$T/small.gguf" --force > /dev/null 2>&1 ||
+    { echo "FAIL test_gpu_steps: synth failed"; exit 1; }
+step traced-step 120 "$SIM" run --backend cuda -m "$T/small.gguf" --kv shadowkv --budget 64 --rank 16 --outliers 2 \
+    -f "$CFG" -n 4 --trace "$T/gpu.trace"
+step timeline-png 60 "$SIM" export --trace "$T/gpu.trace" --view timeline --step 2 -o "$T/timeline.png"
+if [ -s "$T/timeline.png" ] && grep -q 'cuda' "$T/traced-step.log" "$T/gpu.trace" 2>/dev/null; then
+    ok "the traced step's timeline PNG was written, from a cuda run"
+else
+    ko "the traced step's timeline PNG ($(ls -l "$T/timeline.png" 2>&1))"
+fi
+step bench 240 "$SIM" bench --backend cuda -m "$T/small.gguf" --prompt-tokens 300 -c 340 -n 4 \
+    --kv dense,shadowkv --budget 64 --rank 16 --outliers 2 --parallel 1,2
+n=$(grep -c 'decode_tok_s=' "$T/bench.log")
+if [ "$n" -ge 4 ]; then ok "bench: $n lines with decode_tok_s (dense and shadowkv at batch 1 and 2)"
+else ko "bench: $n lines with decode_tok_s, expected 4: $(tail -3 "$T/bench.log")"; fi
+step parallel 180 "$SIM" run --backend cuda -m "$T/small.gguf" --kv shadowkv --budget 64 --rank 16 --outliers 2 \
+    -f "$CFG" -n 3 --parallel 2
+echo "test_gpu_steps: $pass passed, $fail failed, 0 skipped"
+[ $fail -eq 0 ]
