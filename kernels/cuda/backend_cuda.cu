@@ -70,14 +70,46 @@ void cuda_fetch_end(void) {
     c->fetch_pending = 1;
 }
 
+/* Scratch is kept for the process: a block given back goes to a pool by
+ * size class (a power of two from 256 bytes) and the next request of its
+ * class takes it. Every scratch user is on the compute stream, so a block
+ * taken again is used after the work that used it before, in stream order.
+ * Once the pool holds what a step needs, a step allocates and frees
+ * nothing. Blocks over SCRATCH_KEEP go back to the driver. */
+#define SCRATCH_KEEP ((size_t)64 << 20)
+static std::mutex g_scratch_mu;
+static std::unordered_map<void *, size_t> g_scratch_size; /* block -> its class's bytes */
+static std::unordered_map<size_t, std::vector<void *>> g_scratch_pool;
+
 void *cuda_scratch(size_t bytes) {
+    size_t sz = 256;
+    while (sz < bytes) sz <<= 1;
+    cuda_ctx *c = cuda_get();
+    std::lock_guard<std::mutex> lock(g_scratch_mu);
+    std::vector<void *> &pool = g_scratch_pool[sz];
+    if (!pool.empty()) {
+        void *p = pool.back();
+        pool.pop_back();
+        return p;
+    }
     void *p = NULL;
-    CK(cudaMallocAsync(&p, bytes ? bytes : 16, cuda_get()->compute));
+    CK(cudaMallocAsync(&p, sz, c->compute));
+    g_scratch_size[p] = sz;
     return p;
 }
 
 void cuda_scratch_free(void *p) {
-    if (p) CK(cudaFreeAsync(p, cuda_get()->compute));
+    if (!p) return;
+    cuda_ctx *c = cuda_get();
+    std::lock_guard<std::mutex> lock(g_scratch_mu);
+    auto it = g_scratch_size.find(p);
+    SKV_ASSERT(it != g_scratch_size.end());
+    if (it->second > SCRATCH_KEEP) {
+        g_scratch_size.erase(it);
+        CK(cudaFreeAsync(p, c->compute));
+        return;
+    }
+    g_scratch_pool[it->second].push_back(p);
 }
 
 /* Keyed by the values, not by the host pointer: a rope_ctx freed and another
