@@ -25,6 +25,27 @@ void cuda_fail(const char *what, const char *msg, const char *file, int line) {
     abort();
 }
 
+static const char *g_last_kernel = "(none)";
+static int g_sync_each = -1; /* SKV_CUDA_SYNC=1: sync after every launch */
+
+void cuda_note_launch(const char *kernel) { g_last_kernel = kernel; }
+
+void cuda_check_launch(const char *file, int line) {
+    cudaError_t e = cudaGetLastError();
+    if (e == cudaSuccess) {
+        if (g_sync_each < 0) {
+            const char *v = getenv("SKV_CUDA_SYNC");
+            g_sync_each = v && *v == '1';
+        }
+        if (!g_sync_each) return;
+        e = cudaDeviceSynchronize();
+        if (e == cudaSuccess) return;
+    }
+    char what[160];
+    snprintf(what, sizeof what, "kernel %s%s", g_last_kernel, g_sync_each > 0 ? " (SKV_CUDA_SYNC=1: synced after it)" : "");
+    cuda_fail(what, cudaGetErrorString(e), file, line);
+}
+
 static cuda_ctx g_ctx;
 static std::mutex g_mu;
 

@@ -31,7 +31,12 @@ void cuda_fail(const char *what, const char *msg, const char *file, int line) __
 #define CK(call) do { cudaError_t e_ = (call); if (e_ != cudaSuccess) cuda_fail(#call, cudaGetErrorString(e_), __FILE__, __LINE__); } while (0)
 #define CKB(call) do { cublasStatus_t e_ = (call); if (e_ != CUBLAS_STATUS_SUCCESS) cuda_fail(#call, cublasGetStatusString(e_), __FILE__, __LINE__); } while (0)
 #define CKS(call) do { cusolverStatus_t e_ = (call); if (e_ != CUSOLVER_STATUS_SUCCESS) cuda_fail(#call, "cuSOLVER error", __FILE__, __LINE__); } while (0)
-#define CKL() CK(cudaGetLastError())
+/* After a launch: its configuration error, if any; with SKV_CUDA_SYNC=1 in
+ * the environment also a device sync, so that a fault inside the kernel is
+ * reported here, naming it (the last SKV_LAUNCH), not at a later op. */
+void cuda_note_launch(const char *kernel);
+void cuda_check_launch(const char *file, int line);
+#define CKL() cuda_check_launch(__FILE__, __LINE__)
 
 typedef struct {
     int ready;
@@ -81,11 +86,12 @@ void cuda_span_end(cuda_span_mark m, int stream, const char *op);
  * compiled by the host compiler for the tests (tests/cusim/, docs/TESTING.md).
  * SKV_DYN_SHARED declares a kernel's dynamic shared memory the same way. */
 #ifdef __CUDACC__
-#define SKV_LAUNCH(kernel, grid, block, smem, stream) kernel<<<(grid), (block), (smem), (stream)>>>
+#define SKV_LAUNCH(kernel, grid, block, smem, stream) \
+    cuda_note_launch(#kernel), kernel<<<(grid), (block), (smem), (stream)>>>
 #define SKV_DYN_SHARED(type, name) extern __shared__ __align__(32) type name[]
 #else
 #define SKV_LAUNCH(kernel, grid, block, smem, stream) \
-    cusim::launcher(#kernel, kernel, (grid), (block), (smem), (stream))
+    cuda_note_launch(#kernel), cusim::launcher(#kernel, kernel, (grid), (block), (smem), (stream))
 #define SKV_DYN_SHARED(type, name) type *name = (type *)cusim::dyn_smem()
 #endif
 

@@ -130,7 +130,8 @@ fi
 step synth-small 60 "$SKV" synth --config configs/default-model.config.json --dtype f32 --seed 7 -o small.gguf --force
 step synth-2layer 90 "$SKV" synth --config "$BIG_CFG" --dtype "$BIG_DT" --layers 2 --seed 1 -o big-2l.gguf --force
 
-step op-tests 120 bin/test_cuda_ops
+step op-tests 120 bin/test_cuda_ops ||
+    step op-tests-sync 120 env SKV_CUDA_SYNC=1 bin/test_cuda_ops  # again, a sync after each launch: names the kernel
 step model-small 60 env SKV_GPU_MODEL=small.gguf bin/test_cuda_model
 step model-2layer 90 env SKV_GPU_MODEL=big-2l.gguf bin/test_cuda_model
 

@@ -187,6 +187,14 @@ static int f_mask(void) {
     SKV_LAUNCH(k_warp_sum, 1, 32, 0, 0)(x, 0x7fffffffu, o);
     return fails();
 }
+/* SKV_CUDA_SYNC=1: the backend's launch check syncs and names the kernel. */
+static int f_sync_each(void) {
+    setenv("SKV_CUDA_SYNC", "1", 1);
+    float *o = dev_alloc(64);
+    SKV_LAUNCH(k_shift, 1, 64, 0, 0)(o, 0);
+    CKL(); /* aborts, naming k_shift */
+    return 0;
+}
 static int f_deadlock(void) {
     float *o = dev_alloc(64);
     SKV_LAUNCH(k_half_barrier, 1, 64, 0, 0)(o);
@@ -250,6 +258,17 @@ int main(void) {
         test_cond(msg, bad > 0);
     }
     expect_fault("a __syncthreads half a warp skips", f_deadlock, "k_half_barrier", "__syncthreads");
+    {
+        int st = 0;
+        std::string err = in_child(f_sync_each, &st);
+        size_t at = err.find("skv: CUDA call failed");
+        std::string line = at == std::string::npos ? "" : err.substr(at, err.find('\n', at) - at);
+        char msg[700];
+        snprintf(msg, sizeof msg, "SKV_CUDA_SYNC=1: the fault is reported at its launch, naming the kernel: \"%.500s\"",
+                 line.c_str());
+        test_cond(msg, st != 0 && line.find("kernel k_shift (SKV_CUDA_SYNC=1") != std::string::npos &&
+                           line.find("test_cusim_faults.cu") != std::string::npos);
+    }
 
     /* the right forms run clean and right */
     {
