@@ -479,13 +479,14 @@ void cu_sk_gather_misses(const float *store, int c, int d, int h, int k, int n_c
     cuda_span_end(sp, 1, "fetch_v");
 }
 
-/* Block (j, m): head h0+j's miss m, its c rows one after the other. */
+/* Block (m, j): head h0+j's miss m, its c rows one after the other (the misses along
+ * grid.x, whose limit is 2^31 - 1, the heads along grid.y, at most SK_PTRS). */
 __global__ void k_rebuild_misses(const float *U, int r, const float *SVt, int d, int c, int h0, int k, int n_cand,
                                  const int *cand, const int *sel, const int *slot_of, const int *miss,
                                  const int *n_miss, int rope_dim, int mode, const float *inv_freq, const float *cs,
                                  const float *sn, sk_ptrs K, int row_slot) {
     SKV_DYN_SHARED(float, row);
-    int j = blockIdx.x, kh = h0 + j, m = blockIdx.y;
+    int j = blockIdx.y, kh = h0 + j, m = blockIdx.x;
     if (m >= n_miss[kh]) return;
     int i = miss[(size_t)kh * k + m];
     int t0 = cand[(size_t)kh * n_cand + sel[(size_t)kh * k + i]] * c;
@@ -504,7 +505,7 @@ void cu_sk_rebuild_misses(const float *U, int r, const float *SVt, int d, int c,
     cuda_span_mark sp = cuda_span_begin(0);
     for (int h0 = 0; h0 < h; h0 += SK_PTRS) {
         int n = h - h0 < SK_PTRS ? h - h0 : SK_PTRS;
-        SKV_LAUNCH(k_rebuild_misses, dim3(n, k), 128, sizeof(float) * d, st)(U, r, SVt, d, c, h0, k, n_cand, cand, sel,
+        SKV_LAUNCH(k_rebuild_misses, dim3(k, n), 128, sizeof(float) * d, st)(U, r, SVt, d, c, h0, k, n_cand, cand, sel,
                                                                      slot_of, miss, n_miss, rope->rope_dim,
                                                                      (int)rope->mode, inv, cs, sn,
                                                                      ptrs_from(K, h0, n), row_slot);
