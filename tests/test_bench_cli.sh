@@ -39,14 +39,15 @@ check "a fork of dense --f16-kv's prefill into shadowkv says its figures are app
 timeout -k 5 120 $B --kv shadowkv --budget 64 --rank 16 --parallel 2 >"$TMP/o" 2>&1
 check "a policy benched alone forks its own prefill: no note" $(! grep -q "^note:" "$TMP/o" && echo 0 || echo 1)
 
-# Ctrl-C: a batch of B for 100 steps (tens of seconds), stopped once its
-# first line of progress is out
+# Ctrl-C: a batch of B for N steps, long enough on a fast, quiet machine too
+# that progress lines come out (from 2 s into a part), stopped once the first
+# is out
 # skv runs without timeout(1) around it, which would pass a Ctrl-C on to the
 # process group as well (a second signal) and SIGKILL it 5 s later (-k); a
 # watchdog kills it after 300 s instead.
-start() { # B
+start() { # B N
     rm -f "$TMP/o" "$TMP/e"; : >"$TMP/e"
-    $SKV bench -m $M --prompt-tokens 64 -n 100 --parallel $1 >"$TMP/o" 2>"$TMP/e" &
+    $SKV bench -m $M --prompt-tokens 64 -n $2 --parallel $1 >"$TMP/o" 2>"$TMP/e" &
     pid=$!
     (trap 'kill $s 2>/dev/null; exit 0' TERM; sleep 300 & s=$!; wait $s; kill -KILL $pid 2>/dev/null) >/dev/null 2>&1 &
     dog=$!
@@ -54,18 +55,18 @@ start() { # B
 }
 stop_dog() { kill $dog 2>/dev/null; wait $dog 2>/dev/null; }
 waitfor() { i=0; while [ $i -lt 1200 ] && ! grep -q "$1" "$TMP/e"; do sleep 0.1; i=$((i + 1)); done; }
-start 128
+start 1024 2000
 kill -INT $pid 2>/dev/null
 wait $pid; rc=$?; stop_dog
 check "Ctrl-C in a batch: 'stopping after the decode step (or prefill chunk) in flight', the partial line, exit 130" \
     $([ $rc -eq 130 ] && grep -q "stopping after the decode step (or prefill chunk) in flight (Ctrl-C again to quit now)" \
-      "$TMP/e" && grep -q "parallel=128 .* partial=1" "$TMP/o" && grep -q "interrupted: 1 batch run measured" "$TMP/e" &&
+      "$TMP/e" && grep -q "parallel=1024 .* partial=1" "$TMP/o" && grep -q "interrupted: 1 batch run measured" "$TMP/e" &&
       echo 0 || echo 1)
 check "progress lines said how far it was while it ran (the sequence alone, then the batch's steps)" \
-    $(grep -q "kv=dense parallel=128: step [0-9]* of 100, .* s a step, about [0-9]* s left" "$TMP/e" && echo 0 || echo 1)
+    $(grep -q "kv=dense parallel=1024: step [0-9]* of 2000, .* s a step, about [0-9]* s left" "$TMP/e" && echo 0 || echo 1)
 # the second once the first is said, within the step in flight (a batch of
-# 1024: a second or more a step)
-start 1024
+# 4096: a step of a second or so on a quiet machine, more on a loaded one)
+start 4096 2000
 kill -INT $pid 2>/dev/null
 waitfor "stopping after"
 kill -INT $pid 2>/dev/null
