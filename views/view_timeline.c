@@ -198,8 +198,8 @@ static int draw_totals(canvas *c, canvas_rect r, const tl_ops *ops, const probe_
                 len += snprintf(shares + len, sizeof shares - (size_t)len, "%s%s %.1f%%", len ? ", " : "",
                                 probe_stream_name(k), 100 * busy[k] * 1e3 / step_ms);
         const char *forms[3] = {
-            "self %%: the time not inside a nested span. Each stream's rows add up to its busy share of the step "
-            "(%s); the streams overlap, fetch and rebuild running beside compute",
+            ("self %%: the time not inside a nested span. Each stream's rows add up to its busy share of the step "
+             "(%s); the streams overlap, fetch and rebuild running beside compute"),
             "self %% leaves out nested spans; busy: %s (the streams overlap)",
             "streams overlap, busy: %s" };
         for (int f = 0; f < 3; f++) {
