@@ -45,7 +45,7 @@ best_fa() {
 # ---- is the machine quiet? ------------------------------------------------------
 # Before each side's run the bench looks at two things:
 #  - the load: the tasks runnable besides the bench (the 4th field of
-#    /proc/loadavg, less the reader itself), the mean of 10 samples over 1 s,
+#    /proc/loadavg, less the shell reading it), the mean of 10 samples over 1 s,
 #    against the cores: over BENCH_QUIET_LOAD (default 0.25) a core is
 #    loaded. (Not the 1-minute load average alone: the bench's own runs of
 #    the last minute are in it; it is said beside.)
@@ -64,7 +64,9 @@ load_now() {
     lf=${BENCH_LOADAVG_FILE:-/proc/loadavg}
     i=0; s=0
     while [ $i -lt 10 ]; do
-        r=$(cut -d' ' -f4 "$lf"); r=${r%/*}
+        # read by the shell itself (a command substitution would add its own
+        # subshell and cut to the count, which made an idle machine read 0.9)
+        read -r _ _ _ r _ < "$lf"; r=${r%/*}
         s=$((s + r - 1)); i=$((i + 1))
         [ -n "${BENCH_LOADAVG_FILE:-}" ] || sleep 0.1
     done
