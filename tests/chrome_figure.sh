@@ -30,7 +30,7 @@ SERVER=$!
 PROFILE=$(mktemp -d)
 trap 'kill $SERVER 2>/dev/null; rm -rf "$PROFILE"' EXIT
 sleep 1
-timeout 120 chromium --headless --no-sandbox --disable-gpu --no-first-run --disable-background-networking \
+timeout -k 10 120 chromium --headless --no-sandbox --disable-gpu --no-first-run --disable-background-networking \
     --disable-component-update --disable-sync --user-data-dir="$PROFILE" --hide-scrollbars \
     --window-size=1400,800 --virtual-time-budget=20000 --screenshot="$OUT" \
     "http://127.0.0.1:$PORT/index.html#profileURL=skv-trace.json&title=skv%20compare%20trace" >/dev/null 2>&1 ||
