@@ -25,30 +25,6 @@
 
 #define DEMO "samples/model/skv-demo.gguf"
 
-static const char *skv_bin(void) {
-    const char *b = getenv("SKV_BIN");
-    return b && *b ? b : "./build/skv";
-}
-
-/* Runs sh -c cmd with stderr merged; its output into out; the exit status. */
-static int sh(char *out, size_t cap, const char *fmt, ...) __attribute__((format(printf, 3, 4)));
-static int sh(char *out, size_t cap, const char *fmt, ...) {
-    char cmd[4096];
-    va_list ap;
-    va_start(ap, fmt);
-    vsnprintf(cmd, sizeof cmd, fmt, ap);
-    va_end(ap);
-    strncat(cmd, " 2>&1", sizeof cmd - strlen(cmd) - 1);
-    FILE *p = popen(cmd, "r");
-    if (!p) return -1;
-    size_t n = fread(out, 1, cap - 1, p);
-    out[n] = 0;
-    char rest[4096];
-    while (fread(rest, 1, sizeof rest, p) > 0) {} /* what did not fit: drained, so the command ends as it would */
-    int st = pclose(p);
-    return WIFEXITED(st) ? WEXITSTATUS(st) : -1;
-}
-
 /* How many text elements of the SVG are exactly s (part: contain s). */
 static int svg_count(const char *svg, const char *s, int part) {
     int k = 0;
@@ -102,9 +78,9 @@ static void test_niah_partial(const char *dir) {
     unlink(err);
     /* 4 policies: the figure puts them on two rows of two */
     snprintf(cmd, sizeof cmd, "exec %s needle -m " DEMO " --kv dense,shadowkv,quest,freekv --lengths 300,600 "
-             "--depths 0:100:10 --trace %s --force >/dev/null 2>%s", skv_bin(), tr, err);
+             "--depths 0:100:10 --trace %s --force >/dev/null 2>%s", test_skv_bin(), tr, err);
     int rc = interrupt_when(cmd, err, "case 1 (");
-    int ex = sh(out, sizeof out, "%s export --trace %s --view niah -o %s --force", skv_bin(), tr, svg);
+    int ex = test_sh(out, sizeof out, "%s export --trace %s --view niah -o %s --force", test_skv_bin(), tr, svg);
     char *s = NULL;
     size_t n = 0;
     if (rc != 130 || ex != 0 || skv_read_file(svg, 1 << 24, &s, &n)) {
@@ -140,16 +116,16 @@ static void test_peer_reason(const char *dir) {
     char tr[600], sv[600];
     snprintf(tr, sizeof tr, "%s/spec.skvtrace", dir);
     snprintf(sv, sizeof sv, "%s/spec.svg", dir);
-    int rc = sh(out, sizeof out, "%s run -m " DEMO " -f samples/prompts/needle.txt --kv specache --budget 64 -n 3 "
-                "--trace %s --force", skv_bin(), tr);
+    int rc = test_sh(out, sizeof out, "%s run -m " DEMO " -f samples/prompts/needle.txt --kv specache --budget 64 -n 3 "
+                "--trace %s --force", test_skv_bin(), tr);
     if (rc) { test_cond("skv run --kv specache --budget 64 --trace records", 0); return; }
-    rc = sh(out, sizeof out, "%s export --trace %s --view specache -o %s --force", skv_bin(), tr, sv);
+    rc = test_sh(out, sizeof out, "%s export --trace %s --view specache -o %s --force", test_skv_bin(), tr, sv);
     /* wording: "specache recorded none in this run; at this budget it attends densely or selects nothing" */
     test_cond("the SpeCache view of a SpeCache run that recorded none (budget all residual) says why: it attended "
               "densely", rc != 0 && strstr(out, "specache recorded none in this run") && strstr(out, "densely"));
-    rc = sh(out, sizeof out, "%s run -m " DEMO " -p 'Once upon a time' -n 3 --kv shadowkv --trace %s --force",
-            skv_bin(), tr);
-    int e = sh(out, sizeof out, "%s export --trace %s --view specache -o %s --force", skv_bin(), tr, sv);
+    rc = test_sh(out, sizeof out, "%s run -m " DEMO " -p 'Once upon a time' -n 3 --kv shadowkv --trace %s --force",
+            test_skv_bin(), tr);
+    int e = test_sh(out, sizeof out, "%s export --trace %s --view specache -o %s --force", test_skv_bin(), tr, sv);
     /* wording: "SpeCache (--kv specache) records them; this run's policy is shadowkv" */
     test_cond("the SpeCache view of a ShadowKV run names the policy that records it and the one that ran",
               rc == 0 && e != 0 && strstr(out, "--kv specache") && strstr(out, "policy is shadowkv"));
@@ -190,7 +166,7 @@ static cJSON *needle_json(const char *args, const char *dir, const char *name, c
     char *o = text ? text : buf;
     size_t oc = text ? cap : sizeof buf;
     /* no -m: the demo model with its preset (rank 16, outliers 4), as a new user runs it */
-    if (sh(o, oc, "%s needle %s --json %s --force", skv_bin(), args, path)) return NULL;
+    if (test_sh(o, oc, "%s needle %s --json %s --force", test_skv_bin(), args, path)) return NULL;
     char *b = NULL;
     size_t n = 0;
     if (skv_read_file(path, 1 << 26, &b, &n)) return NULL;
@@ -309,7 +285,7 @@ static void test_diagnosis(const char *dir) {
 int main(void) {
     test_cbar_ends();
     struct stat sb;
-    if (stat(skv_bin(), &sb) != 0) test_skip("no skv binary (set SKV_BIN or run make): the CLI claims");
+    if (stat(test_skv_bin(), &sb) != 0) test_skip("no skv binary (set SKV_BIN or run make): the CLI claims");
     else if (stat(DEMO, &sb) != 0) test_skip(DEMO " is missing: run the tests from the project root");
     else {
         const char *dir = test_tmpdir("claims");

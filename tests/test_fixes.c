@@ -26,28 +26,6 @@
 
 #define DEMO "samples/model/skv-demo.gguf"
 
-static const char *skv_bin(void) {
-    const char *b = getenv("SKV_BIN");
-    return b && *b ? b : "./build/skv";
-}
-
-/* Runs sh -c cmd with stderr merged; its output into out; the exit status. */
-static int sh(char *out, size_t cap, const char *fmt, ...) __attribute__((format(printf, 3, 4)));
-static int sh(char *out, size_t cap, const char *fmt, ...) {
-    char cmd[4096];
-    va_list ap;
-    va_start(ap, fmt);
-    vsnprintf(cmd, sizeof cmd, fmt, ap);
-    va_end(ap);
-    strncat(cmd, " 2>&1", sizeof cmd - strlen(cmd) - 1);
-    FILE *p = popen(cmd, "r");
-    if (!p) return -1;
-    size_t n = fread(out, 1, cap - 1, p);
-    out[n] = 0;
-    int st = pclose(p);
-    return WIFEXITED(st) ? WEXITSTATUS(st) : -1;
-}
-
 static int file_mode(const char *path) {
     struct stat sb;
     return stat(path, &sb) == 0 ? (int)(sb.st_mode & 0777) : -1;
@@ -60,12 +38,12 @@ static void test_numbers(void) {
                   !strcmp(skv_num(b, sizeof b, 16777216, 6), "16777216") && !strcmp(skv_num(b, sizeof b, 0.5, 6), "0.5") &&
                   !strcmp(skv_num(b, sizeof b, 1e-3, 6), "0.001") && !strcmp(skv_num(b, sizeof b, -0.0, 6), "0"));
     static char out[1 << 16];
-    sh(out, sizeof out, "%s run --kv help", skv_bin());
+    test_sh(out, sizeof out, "%s run --kv help", test_skv_bin());
     test_cond("skv run --kv help: no range or default in exponent form", !strstr(out, "e+0") && strstr(out, "16777216"));
     /* At budget 1024 (128 chunks) the 39 steps count over 10^4 hits: where
      * %.4g, as the stats line once printed them, switches to 3.437e+04. */
-    int rc = sh(out, sizeof out, "%s run -m " DEMO " -f samples/prompts/needle.txt --kv shadowkv --budget 1024 -n 40",
-                skv_bin());
+    int rc = test_sh(out, sizeof out, "%s run -m " DEMO " -f samples/prompts/needle.txt --kv shadowkv --budget 1024 -n 40",
+                test_skv_bin());
     const char *st = strstr(out, "stats:"), *h = st ? strstr(st, " hits ") : NULL;
     char digits[32] = "";
     if (h) sscanf(h + 6, "%31[0-9]", digits);
@@ -78,31 +56,31 @@ static void test_outputs(const char *dir) {
     static char out[1 << 16];
     char path[1000];
     double t0 = skv_now();
-    int rc = sh(out, sizeof out, "%s needle --lengths 1k --depths 0:100:10 --json %s --force", skv_bin(), dir);
+    int rc = test_sh(out, sizeof out, "%s needle --lengths 1k --depths 0:100:10 --json %s --force", test_skv_bin(), dir);
     test_cond("skv needle --json DIR --force: refused at once as a directory, before any case runs",
               rc == 1 && strstr(out, "is a directory") && !strstr(out, "case 0") && skv_now() - t0 < 20);
-    rc = sh(out, sizeof out, "%s run -m " DEMO " -p hi -n 2 --trace %s --force", skv_bin(), dir);
+    rc = test_sh(out, sizeof out, "%s run -m " DEMO " -p hi -n 2 --trace %s --force", test_skv_bin(), dir);
     test_cond("skv run --trace DIR --force: refused as a directory", rc == 1 && strstr(out, "is a directory"));
-    rc = sh(out, sizeof out, "%s run -m " DEMO " -p hi -n 2 --trace %s/no/such/t.skvtrace", skv_bin(), dir);
+    rc = test_sh(out, sizeof out, "%s run -m " DEMO " -p hi -n 2 --trace %s/no/such/t.skvtrace", test_skv_bin(), dir);
     test_cond("skv run --trace in a folder that does not exist: refused, naming the folder",
               rc == 1 && strstr(out, "does not exist"));
 
     /* skv dump keeps what is there */
     char dd[700];
     snprintf(dd, sizeof dd, "%s/dump", dir);
-    rc = sh(out, sizeof out, "%s dump -m " DEMO " -p 'hello there' --layer 0 -o %s", skv_bin(), dd);
+    rc = test_sh(out, sizeof out, "%s dump -m " DEMO " -p 'hello there' --layer 0 -o %s", test_skv_bin(), dd);
     snprintf(path, sizeof path, "%s/k_pre.npy", dd);
     int first = rc == 0 && file_mode(path) == 0644;
     FILE *f = fopen(path, "w");
     if (f) { fputs("mine", f); fclose(f); }
-    rc = sh(out, sizeof out, "%s dump -m " DEMO " -p 'hello there' --layer 0 -o %s", skv_bin(), dd);
+    rc = test_sh(out, sizeof out, "%s dump -m " DEMO " -p 'hello there' --layer 0 -o %s", test_skv_bin(), dd);
     char *b = NULL;
     size_t n = 0;
     skv_read_file(path, 1 << 20, &b, &n);
     test_cond("skv dump writes 0644 files, and keeps an existing .npy without --force",
               first && rc == 1 && strstr(out, "--force") && b && !strcmp(b, "mine"));
     free(b);
-    rc = sh(out, sizeof out, "%s dump -m " DEMO " -p 'hello there' --layer 0 -o %s --force", skv_bin(), dd);
+    rc = test_sh(out, sizeof out, "%s dump -m " DEMO " -p 'hello there' --layer 0 -o %s --force", test_skv_bin(), dd);
     b = NULL;
     skv_read_file(path, 1 << 20, &b, &n);
     test_cond("skv dump --force replaces it", rc == 0 && b && n > 8 && !memcmp(b, "\x93NUMPY", 6));
@@ -112,29 +90,29 @@ static void test_outputs(const char *dir) {
     char tr[700], csv[700];
     snprintf(tr, sizeof tr, "%s/c.skvtrace", dir);
     snprintf(csv, sizeof csv, "%s/csv", dir);
-    rc = sh(out, sizeof out, "%s run -m " DEMO " -p 'Once upon a time' -n 6 --kv dense,shadowkv,quest --trace %s --force",
-            skv_bin(), tr);
+    rc = test_sh(out, sizeof out, "%s run -m " DEMO " -p 'Once upon a time' -n 6 --kv dense,shadowkv,quest --trace %s --force",
+            test_skv_bin(), tr);
     int fresh = rc == 0 && file_mode(tr) == 0644;
     /* the file exists now: --force replaces it through a temp file, which
      * must not keep mkstemp's 0600 */
-    rc = sh(out, sizeof out, "%s run -m " DEMO " -p 'Once upon a time' -n 6 --kv dense,shadowkv,quest --trace %s --force",
-            skv_bin(), tr);
+    rc = test_sh(out, sizeof out, "%s run -m " DEMO " -p 'Once upon a time' -n 6 --kv dense,shadowkv,quest --trace %s --force",
+            test_skv_bin(), tr);
     test_cond("a compare trace is written 0644, and replacing an existing one with --force leaves it 0644",
               fresh && rc == 0 && file_mode(tr) == 0644);
     mkdir(csv, 0755);
     snprintf(path, sizeof path, "%s/meta.json", csv);
     f = fopen(path, "w");
     if (f) { fputs("{}", f); fclose(f); }
-    rc = sh(out, sizeof out, "%s export %s --format csv %s", skv_bin(), tr, csv);
+    rc = test_sh(out, sizeof out, "%s export %s --format csv %s", test_skv_bin(), tr, csv);
     snprintf(path, sizeof path, "%s/step.csv", csv);
     struct stat sb;
     test_cond("skv export --format csv into a folder with meta.json: refused before any table is written",
               rc != 0 && strstr(out, "meta.json") && stat(path, &sb) != 0);
-    rc = sh(out, sizeof out, "%s export %s --format csv %s --force", skv_bin(), tr, csv);
+    rc = test_sh(out, sizeof out, "%s export %s --format csv %s --force", test_skv_bin(), tr, csv);
     test_cond("with --force the tables are written 0644", rc == 0 && file_mode(path) == 0644);
 
     /* trace info on the compare trace and a cut copy */
-    rc = sh(out, sizeof out, "%s trace info %s", skv_bin(), tr);
+    rc = test_sh(out, sizeof out, "%s trace info %s", test_skv_bin(), tr);
     test_cond("trace info on a compare trace names all three policies",
               rc == 0 && strstr(out, "dense") && strstr(out, "shadowkv:") && strstr(out, "quest:"));
     b = NULL;
@@ -142,7 +120,7 @@ static void test_outputs(const char *dir) {
         snprintf(path, sizeof path, "%s/cut.skvtrace", dir);
         f = fopen(path, "wb");
         if (f) { fwrite(b, 1, n * 2 / 3, f); fclose(f); }
-        rc = sh(out, sizeof out, "%s trace info %s", skv_bin(), path);
+        rc = test_sh(out, sizeof out, "%s trace info %s", test_skv_bin(), path);
         test_cond("trace info on a cut trace: no '?' or -1, its policies and the finished steps from its records",
                   rc == 0 && !strstr(out, "skv ?") && !strstr(out, "     -1") && strstr(out, "no metadata record") &&
                       strstr(out, "quest:") && strstr(out, "finished"));
@@ -156,28 +134,28 @@ static void test_prompts_and_defaults(const char *dir) {
     snprintf(path, sizeof path, "%s/empty.txt", dir);
     FILE *f = fopen(path, "w");
     if (f) fclose(f);
-    int a = sh(out, sizeof out, "%s run -m " DEMO " -f - -n 2 </dev/null", skv_bin());
-    int b = sh(out, sizeof out, "%s run -m " DEMO " -f %s -n 2", skv_bin(), path);
-    int c = sh(out, sizeof out, "%s run -m " DEMO " -p '' -n 2", skv_bin());
+    int a = test_sh(out, sizeof out, "%s run -m " DEMO " -f - -n 2 </dev/null", test_skv_bin());
+    int b = test_sh(out, sizeof out, "%s run -m " DEMO " -f %s -n 2", test_skv_bin(), path);
+    int c = test_sh(out, sizeof out, "%s run -m " DEMO " -p '' -n 2", test_skv_bin());
     test_cond("an empty prompt (-f - on an empty pipe, an empty file, -p '') is an error", a == 2 && b == 2 && c == 2);
-    int rc = sh(out, sizeof out, "%s run -p 'Once upon a time' -n 3", skv_bin());
+    int rc = test_sh(out, sizeof out, "%s run -p 'Once upon a time' -n 3", test_skv_bin());
     test_cond("skv run without -m runs the demo model, and says so", rc == 0 && strstr(out, "no -m: the demo model"));
-    rc = sh(out, sizeof out, "%s run -m " DEMO " -f samples/prompts/needle.txt --kv shadowkv --oracle -n 6", skv_bin());
+    rc = test_sh(out, sizeof out, "%s run -m " DEMO " -f samples/prompts/needle.txt --kv shadowkv --oracle -n 6", test_skv_bin());
     test_cond("skv run --oracle says its decode rate includes the oracle, and gives the rate without it",
               rc == 0 && strstr(out, "including the oracle's scoring") && strstr(out, "without it"));
     double t0 = skv_now();
-    rc = sh(out, sizeof out, "timeout -k 5 60 %s needle --lengths 100k --depths 50", skv_bin());
+    rc = test_sh(out, sizeof out, "timeout -k 5 60 %s needle --lengths 100k --depths 50", test_skv_bin());
     test_cond("skv needle --lengths 100k on a 4096-position model: refused at once without --force",
               rc == 2 && strstr(out, "--force") && strstr(out, "4096") && skv_now() - t0 < 30);
 }
 
 static void test_flags(void) {
     static char out[1 << 16];
-    int a = sh(out, sizeof out, "%s run -m " DEMO " --kv shadowkv --page 4 -p hi -n 1", skv_bin());
+    int a = test_sh(out, sizeof out, "%s run -m " DEMO " --kv shadowkv --page 4 -p hi -n 1", test_skv_bin());
     int ok_a = a == 2 && strstr(out, "--page does not apply to shadowkv") && strstr(out, "quest");
-    int b = sh(out, sizeof out, "%s run -m " DEMO " --rank 16 -p hi -n 1", skv_bin());
+    int b = test_sh(out, sizeof out, "%s run -m " DEMO " --rank 16 -p hi -n 1", test_skv_bin());
     int ok_b = b == 2 && strstr(out, "--rank does not apply to dense");
-    int c = sh(out, sizeof out, "%s run -m " DEMO " --kv dense,quest --page 4 -p hi -n 1", skv_bin());
+    int c = test_sh(out, sizeof out, "%s run -m " DEMO " --kv dense,quest --page 4 -p hi -n 1", test_skv_bin());
     test_cond("a policy flag that applies to no policy in force is refused (--page with shadowkv, --rank with "
               "dense); one that applies to a compared policy is taken", ok_a && ok_b && c == 0);
     /* the settings in force, as the inspector shows them after the prefill */
@@ -228,7 +206,7 @@ static char *export_svg(const char *trace, const char *view, const char *extra, 
     static char out[1 << 14];
     char path[1000];
     snprintf(path, sizeof path, "%s/%s.svg", dir, name);
-    if (sh(out, sizeof out, "%s export --trace %s --view %s %s -o %s --force", skv_bin(), trace, view, extra, path))
+    if (test_sh(out, sizeof out, "%s export --trace %s --view %s %s -o %s --force", test_skv_bin(), trace, view, extra, path))
         return NULL;
     char *b = NULL;
     size_t n = 0;
@@ -241,19 +219,19 @@ static void test_figures(const char *dir) {
     snprintf(cmp, sizeof cmp, "%s/six.skvtrace", dir);
     snprintf(one, sizeof one, "%s/one.skvtrace", dir);
     snprintf(nd, sizeof nd, "%s/needle.skvtrace", dir);
-    int rc = sh(out, sizeof out, "%s run -m " DEMO " -f samples/prompts/needle.txt -n 8 --kv "
+    int rc = test_sh(out, sizeof out, "%s run -m " DEMO " -f samples/prompts/needle.txt -n 8 --kv "
                 "dense,shadowkv,quest,freekv,specache,tailorkv --budget 64 --rank 16 --oracle --trace %s --force",
-                skv_bin(), cmp);
-    rc |= sh(out, sizeof out, "%s run -m " DEMO " -f samples/prompts/needle.txt -n 8 --kv shadowkv --budget 64 "
-             "--rank 16 --outliers 4 --local 4 --oracle --trace %s --force", skv_bin(), one);
-    rc |= sh(out, sizeof out, "%s needle --kv dense,shadowkv,quest,freekv,specache,tailorkv --lengths 1024,2048,4000 "
-             "--depths 0,100 --budget 256 --trace %s --force", skv_bin(), nd);
+                test_skv_bin(), cmp);
+    rc |= test_sh(out, sizeof out, "%s run -m " DEMO " -f samples/prompts/needle.txt -n 8 --kv shadowkv --budget 64 "
+             "--rank 16 --outliers 4 --local 4 --oracle --trace %s --force", test_skv_bin(), one);
+    rc |= test_sh(out, sizeof out, "%s needle --kv dense,shadowkv,quest,freekv,specache,tailorkv --lengths 1024,2048,4000 "
+             "--depths 0,100 --budget 256 --trace %s --force", test_skv_bin(), nd);
     if (rc) { test_cond("the traces for the figure checks are recorded", 0); return; }
     char fig[1000];
     snprintf(fig, sizeof fig, "%s/small.png", dir);
-    rc = sh(out, sizeof out, "%s export --trace %s --view spectrum --size 100x50 -o %s", skv_bin(), one, fig);
+    rc = test_sh(out, sizeof out, "%s export --trace %s --view spectrum --size 100x50 -o %s", test_skv_bin(), one, fig);
     test_cond("skv export --size 100x50 is refused (too small to draw a figure whole)", rc == 2 && strstr(out, "320x200"));
-    rc = sh(out, sizeof out, "%s run -m " DEMO " -f samples/prompts/needle.txt --kv specache --budget 64 -n 2", skv_bin());
+    rc = test_sh(out, sizeof out, "%s run -m " DEMO " -f samples/prompts/needle.txt --kv specache --budget 64 -n 2", test_skv_bin());
     test_cond("SpeCache at a budget that is all residual says it selects nothing", rc == 0 && strstr(out, "all residual"));
     char *s = export_svg(one, "selection", "--layer 3 --head 1", dir, "sel");
     test_cond("the selection figure's title is whole (not cut) and names the hit rate",
@@ -285,7 +263,7 @@ static void test_figures(const char *dir) {
     s = export_svg(one, "chunks", "", dir, "alias");
     test_cond("a view is found by its tab's title too (--view chunks is chunkmap)", s && svg_has(s, "Chunk map", 1));
     free(s);
-    rc = sh(out, sizeof out, "%s export --trace %s --view nosuch -o %s/x.png", skv_bin(), one, dir);
+    rc = test_sh(out, sizeof out, "%s export --trace %s --view nosuch -o %s/x.png", test_skv_bin(), one, dir);
     test_cond("an unknown view lists the views, with their tab titles", rc == 2 && strstr(out, "chunkmap (tab Chunks)") &&
               strstr(out, "speculation (tab SpeCache)"));
     s = export_svg(cmp, "compare", "", dir, "cmp6");
@@ -348,7 +326,7 @@ static void test_eval(const char *dir) {
     FILE *f = fopen(path, "w");
     if (f) { fputs("my notes", f); fclose(f); }
     const char *grid = "--lengths 1k --depths 30,60 --seeds 1 --kv dense,shadowkv --task single";
-    int rc = sh(out, sizeof out, "%s eval --out %s %s", skv_bin(), ev, grid);
+    int rc = test_sh(out, sizeof out, "%s eval --out %s %s", test_skv_bin(), ev, grid);
     char *b = NULL;
     size_t n = 0;
     skv_read_file(path, 1 << 20, &b, &n);
@@ -356,7 +334,7 @@ static void test_eval(const char *dir) {
               rc != 0 && strstr(out, "leaderboard.md") && b && !strcmp(b, "my notes"));
     free(b);
     unlink(path);
-    rc = sh(out, sizeof out, "%s eval --out %s %s", skv_bin(), ev, grid);
+    rc = test_sh(out, sizeof out, "%s eval --out %s %s", test_skv_bin(), ev, grid);
     test_cond("skv eval without -m uses the demo model's preset and says so",
               rc == 0 && strstr(out, "no -m: the demo model, with its ShadowKV preset"));
     b = NULL;
@@ -364,13 +342,13 @@ static void test_eval(const char *dir) {
     test_cond("its leaderboard gives each policy's tok/s as 'median (slowest–fastest)', marked noisy exactly when "
               "the fastest case is over 2x the slowest", b && tps_cells_ok(b, 2));
     free(b);
-    rc = sh(out, sizeof out, "%s eval --out %s --lengths 1k --depths 30,70 --seeds 1 --kv dense,shadowkv --task single",
-            skv_bin(), ev);
+    rc = test_sh(out, sizeof out, "%s eval --out %s --lengths 1k --depths 30,70 --seeds 1 --kv dense,shadowkv --task single",
+            test_skv_bin(), ev);
     test_cond("a changed grid is refused, naming the setting", rc != 0 && strstr(out, "depths was"));
     /* the same suite through ./skv, whose default model path differs from build/skv's */
     struct stat sb;
     if (stat("skv", &sb) == 0) {
-        rc = sh(out, sizeof out, "./skv eval --out %s %s", ev, grid);
+        rc = test_sh(out, sizeof out, "./skv eval --out %s %s", ev, grid);
         test_cond("resuming through ./skv what build/skv began (the default model by another path): the same suite",
                   rc == 0 && strstr(out, "2 done before"));
     } else {
@@ -379,8 +357,8 @@ static void test_eval(const char *dir) {
     /* the eval figures: budgets labelled where measured, settings stated */
     char evb[800];
     snprintf(evb, sizeof evb, "%s/evb", dir);
-    rc = sh(out, sizeof out, "%s eval --out %s --lengths 1k --depths 50 --seeds 1 --kv dense,shadowkv --task single "
-            "--budgets 32,64,128 --sweep-length 1024", skv_bin(), evb);
+    rc = test_sh(out, sizeof out, "%s eval --out %s --lengths 1k --depths 50 --seeds 1 --kv dense,shadowkv --task single "
+            "--budgets 32,64,128 --sweep-length 1024", test_skv_bin(), evb);
     char *hm = NULL, *bp = NULL;
     size_t hn = 0, bn = 0;
     snprintf(path, sizeof path, "%s/heatmap.svg", evb);
@@ -393,7 +371,7 @@ static void test_eval(const char *dir) {
     test_cond("the eval heatmap states its budget and settings", hm && svg_has(hm, "budget 256 tokens per KV head", 1));
     free(hm);
     free(bp);
-    rc = sh(out, sizeof out, "%s eval --out %s --depths 50,50 --lengths 1k --seeds 1", skv_bin(), ev);
+    rc = test_sh(out, sizeof out, "%s eval --out %s --depths 50,50 --lengths 1k --seeds 1", test_skv_bin(), ev);
     test_cond("skv eval --depths 50,50 is refused up front", rc == 2 && strstr(out, "twice"));
     snprintf(path, sizeof path, "%s/cases.jsonl", ev);
     f = fopen(path, "a");
@@ -401,14 +379,14 @@ static void test_eval(const char *dir) {
         fputs("{\"case_key\":\"single|1024|30|0|256\",\"task\":\"single\",\"length\":1024,\"depth\":30,\"budget\":\"256\"}\n", f);
         fclose(f);
     }
-    rc = sh(out, sizeof out, "%s eval --out %s %s", skv_bin(), ev, grid);
+    rc = test_sh(out, sizeof out, "%s eval --out %s %s", test_skv_bin(), ev, grid);
     test_cond("a case line without a seed is refused with its line and field, not counted as done",
               rc != 0 && strstr(out, "cases.jsonl:3") && strstr(out, "'seed'"));
 }
 
 int main(void) {
     struct stat sb;
-    if (stat(skv_bin(), &sb) != 0) test_skip("no skv binary (set SKV_BIN or run make)");
+    if (stat(test_skv_bin(), &sb) != 0) test_skip("no skv binary (set SKV_BIN or run make)");
     else if (stat(DEMO, &sb) != 0) test_skip(DEMO " is missing: run the tests from the project root");
     else {
         const char *dir = test_tmpdir("fixes");

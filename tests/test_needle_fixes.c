@@ -25,28 +25,6 @@
 
 #define DEMO "samples/model/skv-demo.gguf"
 
-static const char *skv_bin(void) {
-    const char *b = getenv("SKV_BIN");
-    return b && *b ? b : "./build/skv";
-}
-
-/* Runs sh -c cmd with stderr merged; its output into out; the exit status. */
-static int sh(char *out, size_t cap, const char *fmt, ...) __attribute__((format(printf, 3, 4)));
-static int sh(char *out, size_t cap, const char *fmt, ...) {
-    char cmd[4096];
-    va_list ap;
-    va_start(ap, fmt);
-    vsnprintf(cmd, sizeof cmd, fmt, ap);
-    va_end(ap);
-    strncat(cmd, " 2>&1", sizeof cmd - strlen(cmd) - 1);
-    FILE *p = popen(cmd, "r");
-    if (!p) return -1;
-    size_t n = fread(out, 1, cap - 1, p);
-    out[n] = 0;
-    int st = pclose(p);
-    return WIFEXITED(st) ? WEXITSTATUS(st) : -1;
-}
-
 /* Waits for pid at most secs seconds, then kills it (SIGTERM, and SIGKILL
  * 5 s later: timeout -k 5's rule, so a hang is a FAIL, not a stuck CI);
  * its exit status, or -1 when it had to be killed. */
@@ -126,8 +104,8 @@ static void test_explain_case8(const char *dir) {
     snprintf(json, sizeof json, "%s/c8.json", dir);
     /* the issue's sweep (the demo model's preset: no -m); case 8 (1k, depth 80%) as the sweep runs it; Quest
      * with the paper's 2 dense layers */
-    int rc = sh(out, sizeof out, "timeout -k 5 300 %s needle --kv shadowkv,quest --budget 64 --lengths 1k,2k,4000 "
-                "--depths 0:100:10 --case 8 --explain --kv-opt dense_layers=2 --json %s --force", skv_bin(), json);
+    int rc = test_sh(out, sizeof out, "timeout -k 5 300 %s needle --kv shadowkv,quest --budget 64 --lengths 1k,2k,4000 "
+                "--depths 0:100:10 --case 8 --explain --kv-opt dense_layers=2 --json %s --force", test_skv_bin(), json);
     test_cond("needle --case 8 --explain runs (shadowkv misses case 8 at --budget 64)",
               rc == 0 && strstr(out, "shadowkv missed"));
     static char lines[8][2400];
@@ -167,16 +145,16 @@ static void test_explain_case8(const char *dir) {
     test_cond("--explain case 8: a proposed change retrieved (checked)", retrieved);
     /* the checked change replays from scratch */
     if (outl > 0) {
-        rc = sh(out, sizeof out, "timeout -k 5 300 %s needle --kv shadowkv --budget 64 --lengths 1k,2k,4000 "
-                "--depths 0:100:10 --case 8 --outliers %d", skv_bin(), outl);
+        rc = test_sh(out, sizeof out, "timeout -k 5 300 %s needle --kv shadowkv --budget 64 --lengths 1k,2k,4000 "
+                "--depths 0:100:10 --case 8 --outliers %d", test_skv_bin(), outl);
         test_cond("--case 8 --budget 64 --outliers 7 retrieves from scratch, as the check said",
                   rc == 0 && strstr(out, "shadowkv hit"));
     } else {
         test_cond("--case 8 --budget 64 --outliers 7 retrieves from scratch, as the check said", 0);
     }
     /* finding 3: the split between quest and shadowkv is not named in a layer quest attends densely */
-    rc = sh(out, sizeof out, "timeout -k 5 300 %s needle --kv shadowkv,quest --budget 64 --lengths 1k,2k,4000 "
-            "--depths 0:100:10 --case 8 --explain --no-check --kv-opt dense_layers=2", skv_bin());
+    rc = test_sh(out, sizeof out, "timeout -k 5 300 %s needle --kv shadowkv,quest --budget 64 --lengths 1k,2k,4000 "
+            "--depths 0:100:10 --case 8 --explain --no-check --kv-opt dense_layers=2", test_skv_bin());
     const char *sp = strstr(out, "found the needle");
     int layer = sp ? capture(sp, "diverged on the needle at step [0-9]+, layer ([0-9]+)") : -2;
     test_cond("quest (layers 0-1 dense) and shadowkv: the split is named in a layer both select (>= 2), and the "
@@ -275,9 +253,9 @@ static void test_dense_layers(const char *dir) {
     char trace[600], svg[600];
     snprintf(trace, sizeof trace, "%s/cmp.skvt", dir);
     snprintf(svg, sizeof svg, "%s/cmp.svg", dir);
-    int rc = sh(out, sizeof out, "timeout -k 5 120 %s run -m %s -f samples/prompts/needle.txt -n 3 --kv shadowkv,quest "
+    int rc = test_sh(out, sizeof out, "timeout -k 5 120 %s run -m %s -f samples/prompts/needle.txt -n 3 --kv shadowkv,quest "
                 "--kv-opt dense_layers=4 --budget 64 --oracle --trace %s --force >/dev/null 2>&1 && timeout -k 5 60 %s export "
-                "--trace %s --view compare -o %s --force", skv_bin(), DEMO, trace, skv_bin(), trace, svg);
+                "--trace %s --view compare -o %s --force", test_skv_bin(), DEMO, trace, test_skv_bin(), trace, svg);
     FILE *f = fopen(svg, "r");
     size_t n = f ? fread(out, 1, sizeof out - 1, f) : 0;
     out[n] = 0;
@@ -299,16 +277,16 @@ static void test_interrupted(const char *dir) {
     snprintf(png, sizeof png, "%s/int.png", dir);
     snprintf(svg, sizeof svg, "%s/int.svg", dir);
     snprintf(cmd, sizeof cmd, "exec %s needle --lengths 1k --depths 0:30:10 --runs 2 --png %s --trace %s --force "
-             ">/dev/null 2>%s", skv_bin(), png, trace, log);
+             ">/dev/null 2>%s", test_skv_bin(), png, trace, log);
     int rc = interrupt_when(cmd, log, "case 1 (");
     test_cond("needle sweep stopped by Ctrl-C after a case: exit 130", rc == 130);
     struct stat sb;
     test_cond("the interrupted sweep wrote its PNG", stat(png, &sb) == 0 && sb.st_size > 0);
-    rc = sh(out, sizeof out, "timeout -k 5 60 %s trace info %s", skv_bin(), trace);
+    rc = test_sh(out, sizeof out, "timeout -k 5 60 %s trace info %s", test_skv_bin(), trace);
     test_cond("skv trace info of the interrupted needle trace says it was interrupted after N of 8 cases",
               rc == 0 && capture(out, "interrupted after ([0-9]+) of 8 cases") >= 1 && strstr(out, "checksum ok"));
     /* the PNG is the niah view of the same events (emit_all): its export from the trace shows the same title */
-    rc = sh(out, sizeof out, "timeout -k 5 60 %s export --trace %s --view niah -o %s --force", skv_bin(), trace, svg);
+    rc = test_sh(out, sizeof out, "timeout -k 5 60 %s export --trace %s --view niah -o %s --force", test_skv_bin(), trace, svg);
     FILE *f = fopen(svg, "r");
     size_t n = f ? fread(out, 1, sizeof out - 1, f) : 0;
     out[n] = 0;
@@ -320,16 +298,16 @@ static void test_interrupted(const char *dir) {
     snprintf(rlog, sizeof rlog, "%s/run.log", dir);
     snprintf(rout, sizeof rout, "%s/run.out", dir);
     snprintf(cmd, sizeof cmd, "exec %s run -m %s -f samples/prompts/needle.txt -n 400 --trace %s --force >%s 2>%s",
-             skv_bin(), DEMO, rtrace, rout, rlog);
+             test_skv_bin(), DEMO, rtrace, rout, rlog);
     rc = interrupt_when(cmd, rout, " ");
     test_cond("skv run --trace stopped by Ctrl-C: exit 130", rc == 130);
-    rc = sh(out, sizeof out, "timeout -k 5 60 %s trace info %s", skv_bin(), rtrace);
+    rc = test_sh(out, sizeof out, "timeout -k 5 60 %s trace info %s", test_skv_bin(), rtrace);
     test_cond("skv trace info of the interrupted run says \"interrupted at step N of 400\"",
               rc == 0 && capture(out, "interrupted at step ([0-9]+) of 400") >= 0);
     char done[600];
     snprintf(done, sizeof done, "%s/done.skvt", dir);
-    rc = sh(out, sizeof out, "timeout -k 5 120 %s run -m %s -f samples/prompts/needle.txt -n 2 --trace %s --force "
-            ">/dev/null 2>&1 && timeout -k 5 60 %s trace info %s", skv_bin(), DEMO, done, skv_bin(), done);
+    rc = test_sh(out, sizeof out, "timeout -k 5 120 %s run -m %s -f samples/prompts/needle.txt -n 2 --trace %s --force "
+            ">/dev/null 2>&1 && timeout -k 5 60 %s trace info %s", test_skv_bin(), DEMO, done, test_skv_bin(), done);
     test_cond("a run that finished is not marked interrupted", rc == 0 && !strstr(out, "interrupted"));
 }
 

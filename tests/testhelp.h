@@ -13,6 +13,8 @@
 #include <string.h>
 #include <sys/stat.h>
 #include <unistd.h>
+#include <stdarg.h>
+#include <sys/wait.h>
 
 static int test_passed_, test_failed_, test_skipped_;
 
@@ -59,6 +61,29 @@ static inline const char *test_tmpdir(const char *name) {
     snprintf(dir, sizeof dir, "%s/skv-test-%s-%d", t && *t ? t : "/tmp", name, (int)getpid());
     mkdir(dir, 0700);
     return dir;
+}
+
+/* The skv binary the tests drive (SKV_BIN, as make test sets it). */
+static inline const char *test_skv_bin(void) {
+    const char *b = getenv("SKV_BIN");
+    return b && *b ? b : "./build/skv";
+}
+
+/* Runs sh -c cmd with stderr merged; its output into out; the exit status. */
+static inline int test_sh(char *out, size_t cap, const char *fmt, ...) __attribute__((format(printf, 3, 4)));
+static inline int test_sh(char *out, size_t cap, const char *fmt, ...) {
+    char cmd[4096];
+    va_list ap;
+    va_start(ap, fmt);
+    vsnprintf(cmd, sizeof cmd, fmt, ap);
+    va_end(ap);
+    strncat(cmd, " 2>&1", sizeof cmd - strlen(cmd) - 1);
+    FILE *p = popen(cmd, "r");
+    if (!p) return -1;
+    size_t n = fread(out, 1, cap - 1, p);
+    out[n] = 0;
+    int st = pclose(p);
+    return WIFEXITED(st) ? WEXITSTATUS(st) : -1;
 }
 
 #endif
