@@ -202,12 +202,13 @@ fuzz: fuzz-build
 # The Python tests drive the skv binary (skv eval, the CSV export against
 # probes/python/skvtrace) with Debian's python3 and numpy.
 PY_TESTS = tests/test_eval.py tests/test_skvtrace.py tests/test_pywriter.py tests/test_pytorch_recorder.py tests/test_gpu_check.py tests/test_chrome.py \
-           tests/test_runner.py tests/test_recorder_agree.py tests/test_bench_quiet.sh tests/test_bench_cli.sh
+           tests/test_runner.py tests/test_recorder_agree.py tests/test_bench_quiet.sh tests/test_bench_cli.sh \
+           tests/test_figures.sh
 # make test TESTS="quant fixes eval.py" runs only the tests named (NAME is
 # tests/test_NAME.c, or tests/test_NAME.py); make test-fast runs all but
 # SLOW_TESTS, the ones that take minutes (times: README, Tests).
 # tests/run.sh gives each test SKV_TEST_TIMEOUT seconds (default 900).
-SLOW_TESTS = needle batch fixes claims needle_fixes eval.py recorder_agree.py bench_cli.sh
+SLOW_TESTS = needle batch fixes claims needle_fixes eval.py recorder_agree.py bench_cli.sh figures.sh
 # The simulated CUDA tests (tests/gpu/, tests/sim/, on tests/cusim) run too
 # (`make sim-model` runs the two whole-model ones alone).
 SIM_MODEL     = $(SIM_DIR)/tests/gpu/test_cuda_model $(SIM_DIR)/tests/sim/test_cuda_paths

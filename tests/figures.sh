@@ -7,19 +7,20 @@ SKV=${SKV:-./skv}
 M=samples/model/skv-demo.gguf
 P=samples/prompts/needle.txt
 D=${FIGURES_DIR:-build/figures}  # the traces behind the figures
-mkdir -p "$D"
+O=${FIGURES_OUT:-docs}           # where the figures go (tests/test_figures.sh: a scratch folder)
+mkdir -p "$D" "$O"
 # ShadowKV stepping through the demo needle prompt (the inspector's preset)
 $SKV run -m $M -f $P -n 16 --kv shadowkv --rank 16 --budget 64 --outliers 4 --local 4 --oracle \
     --trace "$D/run.skvt" --force >/dev/null 2>&1
-$SKV export --trace "$D/run.skvt" --view spectrum --layer 2 -o docs/fig-spectrum.png --force
-$SKV export --trace "$D/run.skvt" --view selection --layer 3 --head 1 -o docs/fig-selection.png --force
+$SKV export --trace "$D/run.skvt" --view spectrum --layer 2 -o $O/fig-spectrum.png --force
+$SKV export --trace "$D/run.skvt" --view selection --layer 3 --head 1 -o $O/fig-selection.png --force
 # The six policies on one needle sweep (no probes: the heatmap needs only the
 # answers), then the case ShadowKV missed and Quest found run alone with its
 # probes (--case replays it as the sweep ran it; docs/PEERS.md)
 SWEEP="--kv dense,shadowkv,quest,freekv,specache,tailorkv --lengths 1024,2048,4000 --depths 0:100:25 --runs 3
     --budget 256 --rank 16 --outliers 4 --local 4 --kv-opt sink=32 --kv-opt window=32 --kv-opt start=32
     --kv-opt recent=32"
-$SKV needle -m $M $SWEEP --png docs/fig-niah-peers.png --force >/dev/null 2>"$D/needle.err"
+$SKV needle -m $M $SWEEP --png $O/fig-niah-peers.png --force >/dev/null 2>"$D/needle.err"
 $SKV needle -m $M $SWEEP --case 35 --trace "$D/needle.skvt" --force >/dev/null 2>>"$D/needle.err"
-$SKV export --trace "$D/needle.skvt" --view needle --layer 3 --head 1 --step 0 -o docs/fig-needle-case.png --force
-echo "figures: docs/fig-spectrum.png docs/fig-selection.png docs/fig-niah-peers.png docs/fig-needle-case.png"
+$SKV export --trace "$D/needle.skvt" --view needle --layer 3 --head 1 --step 0 -o $O/fig-needle-case.png --force
+echo "figures: $O/fig-spectrum.png $O/fig-selection.png $O/fig-niah-peers.png $O/fig-needle-case.png"

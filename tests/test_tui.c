@@ -464,6 +464,77 @@ static void test_compare_live(const char *model_args, int w, int h) {
 }
 
 
+/* The tab bar's first row as tab titles, in order (the current one without
+ * its brackets); returns the count. The right end (the cursor's place,
+ * starting "L<digit>") ends the tabs. */
+static int tab_row(const char *scr, char titles[][32], int cap) {
+    char row[1024];
+    size_t n = strcspn(scr, "\n");
+    if (n >= sizeof row) n = sizeof row - 1;
+    memcpy(row, scr, n);
+    row[n] = 0;
+    int k = 0;
+    for (char *save = NULL, *t = strtok_r(row, " ", &save); t && k < cap; t = strtok_r(NULL, " ", &save)) {
+        if (t[0] == 'L' && t[1] >= '0' && t[1] <= '9') break;
+        if (t[0] == '[') t++;
+        size_t l = strlen(t);
+        if (l && t[l - 1] == ']') t[--l] = 0;
+        snprintf(titles[k++], 32, "%s", t);
+    }
+    return k;
+}
+
+/* A compare trace of five policies has ten tabs or more: 0 jumps to the
+ * 10th and 1 back to the 1st; in a narrow pane the tabs cut at either edge
+ * are marked (« on the left once the bar has scrolled, » on the right while
+ * tabs lie past it), and the current tab stays whole between them. */
+static void test_tab_jump(const char *model_args) {
+    char out[8192], trace[PATH_MAX + 32], cmd[PATH_MAX * 2 + 128], want[64];
+    snprintf(trace, sizeof trace, "%s/cmp.trace", dir);
+    int rc = sh_out(out, sizeof out, "%s run %s --kv shadowkv,quest,freekv,specache,tailorkv --oracle -n 3 --trace %s 2>&1",
+                    bin, model_args, trace);
+    test_cond("a compare trace of five policies is recorded", rc == 0);
+    if (rc) { printf("  got: %s", out); return; }
+    snprintf(cmd, sizeof cmd, "LC_ALL=C.UTF-8 TERM=xterm-256color %s inspect --trace %s", bin, trace);
+    if (!start("tabs", 250, 40, cmd)) { test_cond("tmux starts a compare replay", 0); return; }
+    char titles[32][32];
+    int nt = 0;
+    double t0 = now_s();
+    while (now_s() - t0 < UI_TIMEOUT && (nt = tab_row(capture("tabs"), titles, 32)) < 10) nap(0.2);
+    test_cond("the compare replay shows ten tabs or more at 250 columns", nt >= 10);
+    if (nt < 10) { show_screen(); stop("tabs"); return; }
+    keys("tabs", "0");
+    snprintf(want, sizeof want, "[%s]", titles[9]);
+    check_screen("0 jumps to the 10th tab", "tabs", want, UI_TIMEOUT);
+    sh("tmux -S %s resize-window -t tabs -x 70 -y 30 >/dev/null 2>&1", sock);
+    double t1 = now_s();
+    int ok = 0;
+    while (!ok && now_s() - t1 < UI_TIMEOUT) {
+        const char *scr = capture("tabs");
+        size_t n = strcspn(scr, "\n");
+        ok = n < 200 && !strncmp(scr, "\xc2\xab", 2) && strstr(scr, want) && strstr(scr, want) < scr + n &&
+             strstr(scr, "\xc2\xbb") && strstr(scr, "\xc2\xbb") < scr + n;
+        if (!ok) nap(0.2);
+    }
+    test_cond("at 70 columns, the 10th tab shown whole between the cut markers « and »", ok);
+    if (!ok) show_screen();
+    keys("tabs", "1");
+    snprintf(want, sizeof want, "[%s]", titles[0]);
+    t1 = now_s();
+    ok = 0;
+    while (!ok && now_s() - t1 < UI_TIMEOUT) {
+        const char *scr = capture("tabs");
+        size_t n = strcspn(scr, "\n");
+        const char *r = strstr(scr, "\xc2\xbb");
+        ok = !strncmp(scr, want, strlen(want)) && r && r < scr + n && !memmem(scr, n, "\xc2\xab", 2);
+        if (!ok) nap(0.2);
+    }
+    test_cond("1 goes back to the first tab, at the left edge: only the right edge is marked cut", ok);
+    if (!ok) show_screen();
+    quit_and_check("tabs", "tabs");
+    stop("tabs");
+}
+
 /* A batched trace (skv run --parallel 6 --trace): the inspector starts on
  * sequence 0 of 6 (too many to stack), and p steps through the sequences
  * in every view, each drawing without an error; --seq N starts on N and a
@@ -641,6 +712,7 @@ int main(void) {
                  "the inspector shows which chunks each head selects at every step.");
         test_compare_live(cmp_args, 120, 40);
         test_compare_live(cmp_args, 80, 24);
+        test_tab_jump(cmp_args);
     }
     kill_server();
     remove_scratch();
