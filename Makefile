@@ -47,7 +47,13 @@ TEST_SRC = $(wildcard tests/test_*.c)
 
 # The CUDA backend (kernels/cuda/, SKV_HAVE_CUDA) is built when nvcc is found
 # (`make CUDA=0` leaves it out): device code for sm_80 (A100) and sm_90
-# (H100), warnings as errors in nvcc and in the host compiler.
+# (H100), and sm_90's PTX, which the driver compiles for a newer GPU;
+# warnings as errors in nvcc and in the host compiler. It is a shared object,
+# $(BUILD)/libskv-cuda.so (linked with cudart, cuBLAS and cuSOLVER), that skv
+# loads at run time from beside itself (kernels/backend.c): skv links no CUDA
+# library, so it starts where they are absent and says why cuda is not
+# available. skv exports its symbols (-rdynamic) for the object's calls
+# into it; the build's test binaries find the object by their run path.
 ifneq ($(CUDA),0)
 ifneq ($(NVCC),)
 CU_SRC   = $(wildcard kernels/cuda/*.cu)
@@ -66,15 +72,19 @@ CU_C_SRC =
 endif
 ifneq ($(CU_SRC),)
 SIM_LDLIBS := $(LDLIBS)
-CFLAGS  += -DSKV_HAVE_CUDA -I$(CUDA_INC)
-LDLIBS  += -L$(CUDA_LIB) -lcudart -lcublas -lcusolver -Wl,-rpath,$(CUDA_LIB) -lstdc++
+CFLAGS  += -DSKV_HAVE_CUDA
+LDLIBS  += -rdynamic -ldl
+CUDA_SO  = $(BUILD)/libskv-cuda.so
+CUDA_SO_LIBS = -L$(CUDA_LIB) -lcudart -lcublas -lcusolver -Wl,-rpath,$(CUDA_LIB) -lstdc++ -lm
+TEST_RPATH = -Wl,-rpath,$(abspath $(BUILD))
 endif
 endif
 endif
-NVCCFLAGS = -O2 -std=c++17 -gencode arch=compute_80,code=sm_80 -gencode arch=compute_90,code=sm_90 \
-            -Werror all-warnings -Xcompiler -Wall,-Wextra,-Werror -DSKV_HAVE_CUDA
+NVCCFLAGS = -O2 -std=c++17 -gencode arch=compute_80,code=sm_80 -gencode arch=compute_90,code=[sm_90,compute_90] \
+            -Werror all-warnings -Xcompiler -Wall,-Wextra,-Werror,-fPIC -DSKV_HAVE_CUDA
 
-LIB_OBJ  = $(LIB_SRC:%.c=$(BUILD)/%.o) $(CU_C_SRC:%.c=$(BUILD)/%.o) $(CU_SRC:%.cu=$(BUILD)/%.cu.o)
+LIB_OBJ  = $(LIB_SRC:%.c=$(BUILD)/%.o)
+CUDA_SO_OBJ = $(CU_C_SRC:%.c=$(BUILD)/%.o) $(CU_SRC:%.cu=$(BUILD)/%.cu.o)
 
 # The CUDA simulator (tests/cusim/, docs/TESTING.md): the unchanged .cu files
 # compiled by clang++ as C++ against the simulator's stand-in headers, every
@@ -87,7 +97,7 @@ SIM_DIR      = $(BUILD)/sim
 SIM_CU_OBJ   = $(patsubst kernels/cuda/%.cu,$(SIM_DIR)/cuda/%.o,$(wildcard kernels/cuda/*.cu))
 SIM_RT_OBJ   = $(SIM_DIR)/cusim.o $(SIM_DIR)/cusim_libs.o
 SIM_C_OBJ    = $(SIM_DIR)/backend.o $(SIM_DIR)/backend_cuda.o
-SIM_BASE_OBJ = $(filter-out $(BUILD)/kernels/backend.o $(BUILD)/kernels/cuda/%,$(LIB_SRC:%.c=$(BUILD)/%.o))
+SIM_BASE_OBJ = $(filter-out $(BUILD)/kernels/backend.o,$(LIB_OBJ))
 SIM_CXXFLAGS = -std=c++17 -O2 -g -Wall -Wextra -Werror -D_GNU_SOURCE -Itests/cusim/include -Itests/cusim \
                $(addprefix -I,$(INC_DIRS)) $(shell pkg-config --cflags openblas lapacke 2>/dev/null)
 SIM_TEST_SRC = $(wildcard tests/gpu/test_*.c) $(wildcard tests/sim/test_*.c) $(wildcard tests/sim/test_*.cu)
@@ -100,6 +110,7 @@ all: skv $(BUILD)/default-model.gguf
 
 skv: $(BUILD)/skv
 	cp $< $@
+	$(if $(CUDA_SO),cp $(CUDA_SO) libskv-cuda.so)
 
 # A random-weight model made by skv synth (not committed): a fixture for the
 # tests and the fuzz seeds. The inspector's default is the trained demo model
@@ -107,8 +118,15 @@ skv: $(BUILD)/skv
 $(BUILD)/default-model.gguf: $(BUILD)/skv samples/default-model.config.json
 	$(BUILD)/skv synth --config samples/default-model.config.json --dtype f32 --seed 7 -o $@ --force
 
-$(BUILD)/skv: $(TUI_OBJ) $(BUILD)/libskv.a
+$(BUILD)/skv: $(TUI_OBJ) $(BUILD)/libskv.a | $(CUDA_SO)
 	$(CC) $(CFLAGS) -o $@ $(TUI_OBJ) $(BUILD)/libskv.a $(LDLIBS)
+
+# The CUDA backend's shared object; the calls it makes into skv (skv_error,
+# the quant helpers) are resolved from the executable when it is loaded.
+$(BUILD)/libskv-cuda.so: $(CUDA_SO_OBJ)
+	$(CC) -shared -o $@ $^ $(CUDA_SO_LIBS)
+
+$(BUILD)/kernels/cuda/%.o: CFLAGS += -fPIC
 
 $(BUILD)/libskv.a: $(LIB_OBJ)
 	@rm -f $@
@@ -122,9 +140,9 @@ $(BUILD)/%.cu.o: %.cu kernels/cuda/cuda_util.h kernels/cuda/cuda_ops.h kernels/k
 	@mkdir -p $(dir $@)
 	$(NVCC) $(NVCCFLAGS) $(addprefix -I,$(INC_DIRS)) -c $< -o $@
 
-$(BUILD)/tests/%: tests/%.c tests/testhelp.h $(BUILD)/libskv.a $(TUI_OBJ)
+$(BUILD)/tests/%: tests/%.c tests/testhelp.h $(BUILD)/libskv.a $(TUI_OBJ) | $(CUDA_SO)
 	@mkdir -p $(dir $@)
-	$(CC) $(CFLAGS) -Itests -o $@ $< $(BUILD)/libskv.a $(LDLIBS)
+	$(CC) $(CFLAGS) -Itests -o $@ $< $(BUILD)/libskv.a $(LDLIBS) $(TEST_RPATH)
 
 $(SIM_DIR)/cuda/%.o: kernels/cuda/%.cu kernels/cuda/cuda_util.h kernels/cuda/cuda_ops.h kernels/kmath.h \
                      kernels/backend.h $(wildcard tests/cusim/*.h tests/cusim/include/*.h tests/cusim/include/cub/*)
@@ -137,7 +155,7 @@ $(SIM_DIR)/%.o: tests/cusim/%.cpp $(wildcard tests/cusim/*.h tests/cusim/include
 
 $(SIM_DIR)/backend.o: kernels/backend.c
 	@mkdir -p $(dir $@)
-	$(CC) $(CFLAGS) -DSKV_HAVE_CUDA -c $< -o $@
+	$(CC) $(CFLAGS) -DSKV_HAVE_CUDA -DSKV_CUDA_STATIC -c $< -o $@
 
 $(SIM_DIR)/backend_cuda.o: kernels/cuda/backend_cuda.c
 	@mkdir -p $(dir $@)
@@ -203,7 +221,7 @@ fuzz: fuzz-build
 # probes/python/skvtrace) with Debian's python3 and numpy.
 PY_TESTS = tests/test_eval.py tests/test_skvtrace.py tests/test_pywriter.py tests/test_pytorch_recorder.py tests/test_gpu_check.py tests/test_chrome.py \
            tests/test_runner.py tests/test_recorder_agree.py tests/test_bench_quiet.sh tests/test_bench_cli.sh \
-           tests/test_figures.sh
+           tests/test_figures.sh tests/test_cuda_so.sh
 # make test TESTS="quant fixes eval.py" runs only the tests named (NAME is
 # tests/test_NAME.c, or tests/test_NAME.py); make test-fast runs all but
 # SLOW_TESTS, the ones that take minutes (times: README, Tests).
@@ -236,9 +254,10 @@ bench: skv
 	@sh tests/bench.sh
 
 # One prepared command for a device machine (tests/gpu/run.sh: every step
-# under a timeout, done within 8 minutes, results in $OUT): a portable build
+# under a timeout, done within 9 minutes, results in $OUT): a portable build
 # with OpenBLAS GEMMs packed by tests/gpu/pack.sh into build/gpu-check/
-# (skv-gpu.tar.xz under 20 MiB with its libraries, and gpu-check.sh). Needs
+# (skv-gpu.tar.xz under 20 MiB with its libraries and libskv-cuda.so, and
+# gpu-check.sh). Needs
 # ../shared/configs/llama-3.1-8b.config.json for the 8B shape's benches.
 .PHONY: gpu-check
 gpu-check:
@@ -284,6 +303,6 @@ deps:
 	@npm ci --prefix tests/trace-consumer --ignore-scripts --no-audit --no-fund --loglevel=error
 
 clean:
-	rm -rf build build-asan build-noprobes build-fuzz build-tsan build-gpu skv
+	rm -rf build build-asan build-noprobes build-fuzz build-tsan build-gpu skv libskv-cuda.so
 
 -include $(shell find $(BUILD) -name '*.d' 2>/dev/null)

@@ -158,7 +158,9 @@ int forward_init(forward_state *f, const skv_model *m, const skv_backend *be, in
     f->gate = be->alloc(sizeof(float) * B * c->ffn_dim);
     f->up = be->alloc(sizeof(float) * B * c->ffn_dim);
     f->logits_be = be->alloc(sizeof(float) * c->vocab);
-    f->logits = be == &skv_backend_cpu ? f->logits_be : skv_aligned_alloc(sizeof(float) * c->vocab);
+    /* a device's logits come back into host_alloc's (pinned) memory: a
+     * queued copy the step's one sync waits for */
+    f->logits = be == &skv_backend_cpu ? f->logits_be : be->host_alloc(sizeof(float) * c->vocab);
     if (!f->x || !f->xn || !f->q || !f->att || !f->k || !f->k_pre || !f->v || !f->gate || !f->up || !f->logits_be ||
         !f->logits) {
         forward_free(f);
@@ -170,7 +172,8 @@ int forward_init(forward_state *f, const skv_model *m, const skv_backend *be, in
 void forward_free(forward_state *f) {
     const skv_backend *be = f->be;
     if (!be) return;
-    if (f->logits != f->logits_be) free(f->logits);
+    if (f->logits && f->logits != f->logits_be) be->host_free(f->logits);
+    if (f->logits_host) be->host_free(f->logits_host);
     float *bufs[] = {f->x, f->xn, f->q, f->att, f->k, f->k_pre, f->v, f->gate, f->up, f->logits_be, f->logits_rows};
     for (size_t i = 0; i < sizeof bufs / sizeof bufs[0]; i++)
         if (bufs[i]) be->free(bufs[i]);
@@ -213,8 +216,16 @@ static void device_spans(forward_state *f) {
 /* The layers over n rows already embedded in f->x. One sequence (kv[0], rows
  * at positions pos[0]..pos[0]+n-1, its prefill or one decode token), or,
  * with rows_apart, n sequences in one decode step: row i is sequence i's
- * token at position pos[i] in its own cache kv[i]. The matmuls run over all
- * n rows either way; RoPE and attention run per sequence. */
+ * token at position pos[i] in its own cache kv[i]. The matmuls, norms and
+ * RoPE run over all n rows either way; attention per sequence unless the
+ * policy takes the batch (step_batch), and RoPE in it too when the policy
+ * says so (step_ropes).
+ *
+ * Each residual add goes with the norm after it (add_rmsnorm): the
+ * attention's with the MLP's norm, the MLP's with the next layer's
+ * attention norm. The last layer's MLP output is left in f->xn, not yet
+ * added to f->x: forward_batch and forward_rows add it with the output norm
+ * (the rows whose logits they want). */
 static int run_layers(forward_state *f, kv_cache *const *kv, const int *pos, int n, int rows_apart) {
     const skv_model *m = f->m;
     const model_config *c = &m->cfg;
@@ -227,7 +238,8 @@ static int run_layers(forward_state *f, kv_cache *const *kv, const int *pos, int
         const forward_layer *W = &f->w->lw[l];
         if (be->span_tag) be->span_tag(l, f->step);
         double t0 = probe_wants(f->bus, PROBE_SPAN) ? probe_time(f->bus) : 0;
-        be->rmsnorm(f->xn, f->x, W->attn_norm.data, n, dim, c->norm_eps);
+        if (l == 0) be->rmsnorm(f->xn, f->x, W->attn_norm.data, n, dim, c->norm_eps);
+        else be->add_rmsnorm(f->x, f->xn, f->xn, W->attn_norm.data, n, dim, c->norm_eps); /* the MLP's residual */
         {
             enum ggml_type t[3] = {W->wq.type, W->wk.type, W->wv.type};
             const void *w[3] = {W->wq.data, W->wk.data, W->wv.data};
@@ -238,20 +250,22 @@ static int run_layers(forward_state *f, kv_cache *const *kv, const int *pos, int
         add_bias(f, f->q, &W->bq, n, qd);
         add_bias(f, f->k, &W->bk, n, kvd);
         add_bias(f, f->v, &W->bv, n, kvd);
-        be->copy(f->k_pre, f->k, sizeof(float) * n * kvd);
-        if (!rows_apart) {
-            be->rope(&f->rope, f->q, n, c->n_heads, pos[0]);
-            be->rope(&f->rope, f->k, n, c->n_kv_heads, pos[0]);
-        } else {
-            for (int i = 0; i < n; i++) {
-                be->rope(&f->rope, f->q + (size_t)i * qd, 1, c->n_heads, pos[i]);
-                be->rope(&f->rope, f->k + (size_t)i * kvd, 1, c->n_kv_heads, pos[i]);
-            }
-        }
+        int lanes = rows_apart && f->lanes;
+        /* one token a sequence (a decode step, or a one-token chunk): the
+         * whole batch's append and attention in one call where the policy
+         * has it and every sequence runs it */
+        int seqs = rows_apart ? n : 1, batched = (rows_apart || n == 1) && !lanes && kv[0]->cls->step_batch;
+        for (int i = 1; i < seqs && batched; i++)
+            if (kv[i]->cls != kv[0]->cls) batched = 0;
+        /* k_pre: the keys before RoPE (ShadowKV's SVD takes them); a step
+         * that applies RoPE itself (step_ropes) gets them un-rotated */
+        if (!(batched && kv[0]->cls->step_ropes))
+            be->rope_qk(&f->rope, f->q, c->n_heads, f->k, c->n_kv_heads, f->k_pre, n, pos[0], rows_apart ? pos : NULL);
         span(f, "qkv", l, t0);
         if (probe_wants(f->bus, PROBE_SPAN)) t0 = probe_time(f->bus);
-        int lanes = rows_apart && f->lanes;
-        for (int i = 0; i < (rows_apart ? n : 1); i++) {
+        if (batched && (rc = kv[0]->cls->step_batch(kv, seqs, l, pos, f->k_pre, f->k, f->v, f->q, f->att)))
+            return rc;
+        for (int i = 0; i < seqs && !batched; i++) {
             int r = rows_apart ? 1 : n;
             size_t ok = (size_t)i * kvd, oq = (size_t)i * qd;
             if (lanes) { /* sequence i's attention, in its lane */
@@ -266,18 +280,11 @@ static int run_layers(forward_state *f, kv_cache *const *kv, const int *pos, int
         else span(f, "attention", l, t0);
         if (probe_wants(f->bus, PROBE_SPAN)) t0 = probe_time(f->bus);
         matmul(f, &L->wo, &W->wo, f->att, n, f->xn);
-        be->add(f->x, f->xn, (size_t)n * dim);
-        be->rmsnorm(f->xn, f->x, W->ffn_norm.data, n, dim, c->norm_eps);
-        {
-            enum ggml_type t[2] = {W->w_gate.type, W->w_up.type};
-            const void *w[2] = {W->w_gate.data, W->w_up.data};
-            int rows[2] = {L->w_gate.rows, L->w_up.rows};
-            float *y[2] = {f->gate, f->up};
-            be->matmul_k(2, t, w, rows, L->w_gate.cols, f->xn, n, y, &f->ws);
-        }
-        be->swiglu(f->gate, f->up, (size_t)n * ffn);
-        matmul(f, &L->w_down, &W->w_down, f->gate, n, f->xn);
-        be->add(f->x, f->xn, (size_t)n * dim);
+        be->add_rmsnorm(f->x, f->xn, f->xn, W->ffn_norm.data, n, dim, c->norm_eps);
+        SKV_ASSERT(L->w_up.rows == ffn && L->w_gate.rows == ffn);
+        be->matmul_swiglu(W->w_gate.type, W->w_gate.data, W->w_up.type, W->w_up.data, ffn, L->w_gate.cols, f->xn, n,
+                          f->gate, f->up, &f->ws);
+        matmul(f, &L->w_down, &W->w_down, f->gate, n, f->xn); /* added by the next norm */
         span(f, "mlp", l, t0);
     }
     return 0;
@@ -305,9 +312,13 @@ int forward_batch(forward_state *f, kv_cache *kv, const int32_t *tokens, int n, 
     if ((rc = run_layers(f, &kv, &pos, n, 0))) return rc;
     if (be->span_tag) be->span_tag(-1, f->step);
     double t0 = probe_wants(f->bus, PROBE_SPAN) ? probe_time(f->bus) : 0;
-    be->rmsnorm(f->xn, f->x + (size_t)(n - 1) * dim, f->w->out_norm.data, 1, dim, c->norm_eps);
-    matmul(f, &m->output, &f->w->output, f->xn, 1, f->logits_be);
-    if (f->logits != f->logits_be) be->download(f->logits, f->logits_be, sizeof(float) * c->vocab);
+    /* the last row alone: its last residual, the output norm, the head */
+    size_t last = (size_t)(n - 1) * dim;
+    be->add_rmsnorm(f->x + last, f->xn + last, f->xn + last, f->w->out_norm.data, 1, dim, c->norm_eps);
+    matmul(f, &m->output, &f->w->output, f->xn + last, 1, f->logits_be);
+    /* a device's: queued into host_alloc's memory, then the step's one wait */
+    size_t lb = sizeof(float) * (size_t)c->vocab;
+    if (f->logits != f->logits_be) be->copy2d(f->logits, lb, f->logits_be, lb, lb, 1);
     if (be->sync) be->sync();
     span(f, "logits", -1, t0);
     if (dspans) device_spans(f);
@@ -322,9 +333,14 @@ int forward_rows(forward_state *f, kv_cache *const *kv, const int32_t *tokens, c
     const skv_backend *be = f->be;
     int rc = check_tokens(c, tokens, n);
     if (rc) return rc;
-    if (n > f->rows_cap) { /* every row's logits, in the backend's memory */
+    int dev = be != &skv_backend_cpu;
+    if (n > f->rows_cap) { /* every row's logits, in the backend's memory (and a device's host_alloc staging) */
         if (f->logits_rows) be->free(f->logits_rows);
-        if (!(f->logits_rows = be->alloc(sizeof(float) * (size_t)n * c->vocab)))
+        if (f->logits_host) be->host_free(f->logits_host);
+        f->logits_host = NULL;
+        f->rows_cap = 0;
+        if (!(f->logits_rows = be->alloc(sizeof(float) * (size_t)n * c->vocab)) ||
+            (dev && !(f->logits_host = be->host_alloc(sizeof(float) * (size_t)n * c->vocab))))
             return skv_error(SKV_ENOMEM, "out of memory for the logits of %d sequences", n);
         f->rows_cap = n;
     }
@@ -336,10 +352,17 @@ int forward_rows(forward_state *f, kv_cache *const *kv, const int32_t *tokens, c
     if ((rc = run_layers(f, kv, pos, n, 1))) return rc;
     if (be->span_tag) be->span_tag(-1, f->step);
     double t0 = probe_wants(f->bus, PROBE_SPAN) ? probe_time(f->bus) : 0;
-    be->rmsnorm(f->xn, f->x, f->w->out_norm.data, n, c->dim, c->norm_eps);
+    be->add_rmsnorm(f->x, f->xn, f->xn, f->w->out_norm.data, n, c->dim, c->norm_eps);
     matmul(f, &m->output, &f->w->output, f->xn, n, f->logits_rows);
-    be->download(logits, f->logits_rows, sizeof(float) * (size_t)n * c->vocab);
-    if (be->sync) be->sync();
+    size_t lb = sizeof(float) * (size_t)n * c->vocab;
+    if (dev) { /* queued into the staging, the step's one wait, then the caller's array */
+        be->copy2d(f->logits_host, lb, f->logits_rows, lb, lb, 1);
+        if (be->sync) be->sync();
+        memcpy(logits, f->logits_host, lb);
+    } else {
+        be->download(logits, f->logits_rows, lb);
+        if (be->sync) be->sync();
+    }
     span(f, "logits", -1, t0);
     if (dspans) device_spans(f);
     return 0;

@@ -55,8 +55,9 @@ typedef struct {
     float *x, *xn, *q, *k, *k_pre, *v, *att, *gate, *up;
     skv_workspace ws;   /* the backend's matmul scratch */
     float *logits_be;   /* (vocab) the last token's logits in the backend's memory */
-    float *logits;      /* (vocab) the same in host memory (== logits_be on the CPU) */
+    float *logits;      /* (vocab) the same in host memory (== logits_be on the CPU; host_alloc's on a device) */
     float *logits_rows; /* (rows_cap, vocab) forward_rows' logits in the backend's memory, made on demand */
+    float *logits_host; /* (rows_cap, vocab) their copy in host_alloc's memory (a device backend's; else NULL) */
     int rows_cap;
     probe_bus *bus;     /* may be NULL: timeline spans of the forward ops */
     int step;           /* for spans; -1 during prefill */

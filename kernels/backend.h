@@ -56,6 +56,18 @@ typedef struct {
     double t0, t1;
 } skv_span;
 
+/* One sequence of a batched decode step (kv_store_batch,
+ * attend_decode_batch): its cache of one layer, head-major as kv_store
+ * fills it (KV head kh's row p at k + kh*head_stride + p*d), and the step's
+ * token's position. */
+typedef struct {
+    void *k, *v;             /* float for the f32 ops, uint16_t (IEEE half) for the _h ones; the backend's memory */
+    size_t head_stride;      /* elements from one KV head's rows to the next's */
+    int pos;                 /* the token's row: the store writes it, attention reads rows 0..pos */
+} skv_kv_seq;
+
+typedef struct sk_step sk_step; /* a batched ShadowKV step (kernels/cpu/shadowkv_ops.h) */
+
 typedef struct skv_backend {
     const char *name;        /* "cpu", "cuda": what --backend takes */
     const char *summary;     /* one line for skv info --backends */
@@ -78,6 +90,9 @@ typedef struct skv_backend {
      * store): plain memory on the CPU, pinned and mapped for CUDA. */
     void *(*host_alloc)(size_t bytes);
     void (*host_free)(void *p);
+    /* host_alloc without the zeroing (contents undefined; host_free frees
+     * it): for memory written whole before it is read. NULL: host_alloc. */
+    void *(*host_alloc_raw)(size_t bytes);
     /* Waits until the queued work is done (NULL: every op is synchronous). */
     void (*sync)(void);
 
@@ -110,6 +125,22 @@ typedef struct skv_backend {
     void (*add)(float *y, const float *x, size_t len);
     /* gate (len) = silu(gate) * up. */
     void (*swiglu)(float *gate, const float *up, size_t len);
+    /* The fused forms the forward pass runs (each gives what the calls it
+     * replaces give; a device runs each as one launch where it can):
+     * x (n, dim) += y (n, dim), then out (n, dim) = x / rms(x) * w per row:
+     * add then rmsnorm. out may be x or y. */
+    void (*add_rmsnorm)(float *x, const float *y, float *out, const float *w, int n, int dim, float eps);
+    /* Rotates q (n, n_heads*head_dim) and k (n, n_kv*head_dim), row i at
+     * position pos[i] (pos: a host array of n) or, pos NULL, pos0 + i; k_pre
+     * (n, n_kv*head_dim), when not NULL, first gets k's rows unrotated: a
+     * copy of k, then rope on q and on k. */
+    void (*rope_qk)(const rope_ctx *r, float *q, int n_heads, float *k, int n_kv, float *k_pre, int n, int pos0,
+                    const int *pos);
+    /* gate (n, rows) = silu(x · Wgᵀ) * (x · Wuᵀ), Wg and Wu (rows, cols)
+     * stored as tg and tu: matmul_k of the two, then swiglu. up (n, rows) is
+     * scratch: what it holds after is not defined. */
+    void (*matmul_swiglu)(enum ggml_type tg, const void *Wg, enum ggml_type tu, const void *Wu, int rows, int cols,
+                          const float *x, int n, float *gate, float *up, skv_workspace *ws);
 
     /* ---- attention ------------------------------------------------------- */
     /* Exact attention of one query head over a set of n rows:
@@ -156,6 +187,23 @@ typedef struct skv_backend {
     void (*attend_causal_h)(const float *q, int nq, int pos, int n_heads, int n_kv_heads, int d, const uint16_t *K,
                             const uint16_t *V, int stride, size_t head_stride, float *out);
 
+    /* A decode step of n sequences at once (the dense policy's batch; n may
+     * be 1): seq is a host array of the sequences' caches (pointers into the
+     * backend's memory). kv_store_batch stores row i of k and v (n, n_kv*d)
+     * at row seq[i].pos of sequence i's cache, as kv_store would;
+     * attend_decode_batch gives out (n, n_heads*d), row i attend_decode's
+     * result for query row i of q (n, n_heads*d) over rows 0..seq[i].pos
+     * of sequence i's cache (rows d apart), 0 or SKV_E*. A device runs
+     * each as one launch for the whole batch, whatever the heads (CUDA: up
+     * to 64 sequences a launch); the CPU runs the per-sequence ops in turn,
+     * so it gives their bits. The _h forms take a half-precision cache
+     * (kv_store_h, attend_decode_h). NULL on a backend without them. */
+    void (*kv_store_batch)(const skv_kv_seq *seq, int n, int n_kv, int d, const float *k, const float *v);
+    int (*attend_decode_batch)(const skv_kv_seq *seq, int n, int n_heads, int n_kv, int d, const float *q, float *out);
+    void (*kv_store_batch_h)(const skv_kv_seq *seq, int n, int n_kv, int d, const float *k, const float *v);
+    int (*attend_decode_batch_h)(const skv_kv_seq *seq, int n, int n_heads, int n_kv, int d, const float *q,
+                                 float *out);
+
     /* ---- sparse-policy stages (shapes as in kernels/cpu/shadowkv_ops.h) -- */
     /* Truncated SVD K (s, n) ≈ U (s, r) · SVt (r, n); Vt may be NULL; sv gets
      * all min(s, n) singular values. 0 or SKV_E* with a message. */
@@ -175,6 +223,18 @@ typedef struct skv_backend {
      * apart. */
     void (*gather)(const float *src, int rows, int cols, const int *src_idx, int n, float *dst,
                    const size_t *dst_off, int dst_stride);
+    /* Each of the n floats of x rounded to the nearest IEEE half (ties to
+     * even; past the half range ±inf; subnormals kept) and widened back, in
+     * place: ShadowKV's stored landmarks (shadowkv_round_f16 on the CPU). */
+    void (*round_h)(float *x, size_t n);
+    /* ShadowKV's candidate chunks of a layer, every KV head in one call: for
+     * kh < h, i < n_cand, t < rows, j < d,
+     *   dst[kh*dst_head + (i*rows + t)*d + j] =
+     *     src[kh*src_head + (cand[kh*n_cand + i]*rows + t)*src_row + j]
+     * (the landmarks: rows 1; the offloaded values: rows a chunk). src and
+     * cand in the backend's memory; dst there or in host_alloc's. */
+    void (*sk_gather_chunks)(const float *src, size_t src_row, size_t src_head, const int *cand, int h, int n_cand,
+                             int rows, int d, float *dst, size_t dst_head);
     /* out (n, d): RoPE(U[t0+i] · svt) at position t0+i, with RoPE tables
      * cs/sn (or NULL for rope_apply). */
     void (*rebuild)(const float *U, int r, const float *svt, int d, int t0, int n, const rope_ctx *rope,
@@ -194,6 +254,21 @@ typedef struct skv_backend {
     void (*sk_rebuild_misses)(const float *U, int r, const float *SVt, int d, int c, int h, int k, int n_cand,
                               const int *cand, const int *sel, const int *slot_of, const int *miss, const int *n_miss,
                               const rope_ctx *rope, const float *cs, const float *sn, float *const *K, int row_slot);
+    /* ShadowKV's decode step of a layer for a whole batch (kernels/cpu/
+     * shadowkv_ops.h: sk_step, its job table of every (sequence, KV head),
+     * and the CPU twins shadowkv_step_*): on a device one launch each,
+     * whatever the batch or the heads; fetch on the fetch stream, the others
+     * on the compute stream. NULL on a backend without them, the CPU's too
+     * (the engine then runs each sequence's layer alone; the twins are for
+     * the tests, and a backend that copies the CPU's table does not take
+     * them by accident). append rotates q in place when st->rope_new;
+     * select is the statistics, top-k and books in one launch. */
+    void (*sk_step_append)(const sk_step *st, float *q, const float *k, const float *v);
+    void (*sk_step_logits)(const sk_step *st, const float *q);
+    void (*sk_step_select)(const sk_step *st);
+    void (*sk_step_fetch)(const sk_step *st);
+    void (*sk_step_rebuild)(const sk_step *st);
+    void (*sk_step_attend)(const sk_step *st, const float *q, float *out);
     /* y (n) = V_r·(V_rᵀ·x) for Vt (r, n); coef (r) scratch; y may be x. */
     void (*project)(const float *Vt, int r, int n, const float *x, float *y, float *coef);
     /* Page bounds (Quest, FreeKV): min/max of the keys t0..t0+n-1 into rows

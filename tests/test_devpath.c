@@ -236,6 +236,23 @@ static void d_add(float *y, const float *x, size_t len) { cpu->add(DF(y), DF(x),
 #define OP "swiglu"
 static void d_swiglu(float *gate, const float *up, size_t len) { cpu->swiglu(DF(gate), DF(up), len); }
 #undef OP
+#define OP "add_rmsnorm"
+static void d_add_rmsnorm(float *x, const float *y, float *out, const float *w, int n, int dim, float eps) {
+    cpu->add_rmsnorm(DF(x), DF(y), DF(out), DF(w), n, dim, eps);
+}
+#undef OP
+#define OP "rope_qk"
+static void d_rope_qk(const rope_ctx *r, float *q, int n_heads, float *k, int n_kv, float *k_pre, int n, int pos0,
+                      const int *pos) {
+    cpu->rope_qk(r, DF(q), n_heads, DF(k), n_kv, k_pre ? DF(k_pre) : NULL, n, pos0, pos);
+}
+#undef OP
+#define OP "matmul_swiglu"
+static void d_matmul_swiglu(enum ggml_type tg, const void *Wg, enum ggml_type tu, const void *Wu, int rows, int cols,
+                            const float *x, int n, float *gate, float *up, skv_workspace *ws) {
+    cpu->matmul_swiglu(tg, D(Wg, OP), tu, D(Wu, OP), rows, cols, DF(x), n, DF(gate), DF(up), ws);
+}
+#undef OP
 #define OP "attend_rows"
 static void d_attend_rows(const float *q, const float *K, const float *V, int n, int d, int stride, float scale,
                           float *out) { cpu->attend_rows(DF(q), DF(K), DF(V), n, d, stride, scale, DF(out)); }
@@ -305,6 +322,13 @@ static void d_gather(const float *src, int rows, int cols, const int *src_idx, i
                      const size_t *dst_off, int dst_stride) {
     cpu->gather(CF(src), rows, cols, T(src_idx), n, F(dst), T(dst_off), dst_stride);
 }
+static void d_round_h(float *x, size_t n) { cpu->round_h((float *)D(x, "round_h"), n); }
+/* src and cand the device's; dst the device's (landmarks) or host_alloc's (the store) */
+static void d_sk_gather_chunks(const float *src, size_t src_row, size_t src_head, const int *cand, int h, int n_cand,
+                               int rows, int d, float *dst, size_t dst_head) {
+    cpu->sk_gather_chunks((const float *)D(src, "sk_gather_chunks"), src_row, src_head,
+                          (const int *)D(cand, "sk_gather_chunks"), h, n_cand, rows, d, F(dst), dst_head);
+}
 static void d_rebuild(const float *U, int r, const float *svt, int d, int t0, int n, const rope_ctx *rope,
                       const float *cs, const float *sn, float *out) {
     cpu->rebuild(CF(U), r, CF(svt), d, t0, n, rope, CF(cs), CF(sn), F(out));
@@ -367,6 +391,9 @@ static void devsim_make(void) {
     devsim.add_bias = d_add_bias;
     devsim.add = d_add;
     devsim.swiglu = d_swiglu;
+    devsim.add_rmsnorm = d_add_rmsnorm;
+    devsim.rope_qk = d_rope_qk;
+    devsim.matmul_swiglu = d_matmul_swiglu;
     devsim.attend_rows = d_attend_rows;
     devsim.attend_group = d_attend_group;
     devsim.attend_merge = d_attend_merge;
@@ -382,6 +409,8 @@ static void devsim_make(void) {
     devsim.score = d_score;
     devsim.topk = d_topk;
     devsim.gather = d_gather;
+    devsim.round_h = d_round_h;
+    devsim.sk_gather_chunks = d_sk_gather_chunks;
     devsim.rebuild = d_rebuild;
     devsim.sk_books = d_sk_books;
     devsim.sk_gather_misses = d_sk_gather_misses;

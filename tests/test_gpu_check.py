@@ -3,7 +3,10 @@
 fallback with tiny sizes (tests/gpu/pack.sh with SKV_GPU_PACK_CPU=1, then
 gpu-check.sh with SKV_GPU_CHECK_CPU=1): every step runs in order and says
 ok, the results are at most 8 files under 16 MiB (a PNG timeline, a trace skv
-reads, the bench lines of both policies at each size); a step made to hang
+reads, the bench lines of both policies at each size and batch, each step's
+marked with its model's layers; the summary's table of figures beside their
+targets, with the one-layer runs projected to the whole model); the bundle
+carries libskv-cuda.so beside skv and no CUDA library; a step made to hang
 is cut by its timeout and the script still ends within its budget; the pack
 refuses a bundle over its size limit and a missing 8B config. Needs the
 build's CUDA test binaries (a build with nvcc). Prints PASS/FAIL/SKIP."""
@@ -40,8 +43,38 @@ for tool in ("xz", "timeout", "ldd", "strip"):
         sys.exit(0)
 
 STEPS = ["device", "synth-small", "synth-2layer", "op-tests", "model-small", "model-2layer", "traced-step",
-         "timeline-png", "synth-big", "bench-128", "bench-batch-128", "synth-1layer", "prefill-1layer-dense",
-         "prefill-1layer-shadowkv", "bench-256", "bench-1024", "sanitizer"]
+         "timeline-png", "synth-1layer", "bench-1024-1l-dense", "bench-1024-1l-shadowkv", "bench-1024-2l", "synth-big",
+         "bench-128-dense", "bench-128-shadowkv", "bench-256-dense", "bench-256-shadowkv", "bench-1024", "sanitizer"]
+# what each bench step runs on the CPU fallback: (layers, [(kv, context, batches)], fit lines)
+BENCHES = {
+    "bench-1024-1l-dense": (1, [("dense", "1024", ["1", "4"])], 1),
+    "bench-1024-1l-shadowkv": (1, [("shadowkv", "1024", ["1", "4"])], 1),
+    "bench-1024-2l": (2, [("dense", "1024", ["1", "4"]), ("shadowkv", "1024", ["1", "4"])], 0),
+    "bench-128-dense": (0, [("dense", "128", ["1", "4"])], 1),
+    "bench-128-shadowkv": (0, [("shadowkv", "128", ["1", "4"])], 1),
+    "bench-256-dense": (0, [("dense", "256", ["1", "4"])], 1),
+    "bench-256-shadowkv": (0, [("shadowkv", "256", ["1", "4"])], 1),
+    "bench-1024": (0, [("dense", "1024", ["1", "4"]), ("shadowkv", "1024", ["1", "4"])], 0),
+}
+
+
+def field(line, key):
+    for w in line.split():
+        if w.startswith(key + "="):
+            return w[len(key) + 1:]
+    return None
+
+
+def bench_steps(path):
+    """bench.txt by step: {step: (layers, [lines])}"""
+    out, cur = {}, None
+    for line in open(path).read().splitlines():
+        if line.startswith("step="):
+            cur = field(line, "step")
+            out[cur] = (int(field(line, "layers")), [])
+        elif cur:
+            out[cur][1].append(line)
+    return out
 
 
 def pack(dest, **env):
@@ -86,10 +119,13 @@ try:
     if p.returncode == 0:
         lst = subprocess.run(["sh", "-c", "xz -dc '%s' | tar -tf -" % os.path.join(pk, "skv-gpu.tar.xz")],
                              capture_output=True, text=True).stdout.split()
-        want = ["./bin/skv", "./bin/test_cuda_ops", "./bin/test_cuda_model", "./run.sh",
-                "./configs/default-model.config.json"]
-        check("gpu-check bundle: the binaries, run.sh, the configs and their libraries",
-              all(w in lst for w in want) and any(x.startswith("./lib/lib") for x in lst), " ".join(lst))
+        want = ["./bin/skv", "./bin/libskv-cuda.so", "./bin/test_cuda_ops", "./bin/test_cuda_model", "./run.sh",
+                "./summary.sh", "./configs/default-model.config.json"]
+        check("gpu-check bundle: the binaries, the CUDA backend's object beside skv, run.sh, summary.sh, the configs "
+              "and their libraries (no CUDA library)",
+              all(w in lst for w in want) and any(x.startswith("./lib/lib") for x in lst) and
+              not any(x.startswith(("./lib/libcudart", "./lib/libcublas", "./lib/libcusolver")) for x in lst),
+              " ".join(lst))
 
         out = os.path.join(tmp, "out")
         p, secs = run_check(pk, out, 240)
@@ -109,14 +145,37 @@ try:
         summ = open(os.path.join(out, "summary.txt")).read()
         check("gpu-check summary: one layer's prefill, dense against ShadowKV, with the overhead",
               "prefill of one layer at 1024 tokens: dense" in summ and "overhead" in summ, summ)
-        lines = open(os.path.join(out, "bench.txt")).read().splitlines() if "bench.txt" in files else []
-        got = sorted((l.split(" kv=")[1].split()[0], l.split(" prompt=")[1].split()[0]) for l in lines
-                     if " kv=" in l and " prompt=" in l and " parallel=1 " in l and "max_parallel" not in l)
-        batch = [l for l in lines if "prompt=128 " in l and " parallel=4 " in l]
-        fit = [l for l in lines if l.startswith("kv=") and "max_parallel=" in l]
-        check("gpu-check results: dense and shadowkv benched at each size, a batch of 4 and the largest that fits",
-              got == sorted((k, n) for k in ("dense", "shadowkv") for n in ("128", "128", "256", "1024")) and
-              len(batch) == 2 and len(fit) == 2, "\n".join(lines))
+        steps = bench_steps(os.path.join(out, "bench.txt")) if "bench.txt" in files else {}
+        bad = []
+        for name, (layers, runs, fits) in BENCHES.items():
+            got_layers, lines = steps.get(name, (None, []))
+            res = [l for l in lines if l.startswith("model=") and "decode_tok_s=" in l]
+            for kv, ctx, batches in runs:
+                got = sorted(field(l, "parallel") for l in res if field(l, "kv") == kv and field(l, "prompt") == ctx)
+                if got != sorted(batches):
+                    bad.append("%s: kv=%s prompt=%s batches %s, expected %s" % (name, kv, ctx, got, batches))
+            nfit = len([l for l in lines if l.startswith("kv=") and "max_parallel=" in l])
+            if got_layers != layers or nfit != fits * len(runs):
+                bad.append("%s: layers=%s (expected %d), %d fit lines (expected %d)" % (name, got_layers, layers, nfit,
+                                                                                       fits * len(runs)))
+        check("gpu-check results: dense and shadowkv at each size and batch (1, 4, the largest that fits), "
+              "each bench step marked with its model's layers", not bad, "; ".join(bad))
+        # the table: a row a bench line but the two-layer ones (they only project), each with its target;
+        # the one-layer rows with the whole model's tok/s projected from the two-layer ones
+        rows = [l.split() for l in summ.splitlines() if l.split()[:1] in (["dense"], ["shadowkv"]) and len(l.split()) >= 10]
+
+        def positive(x):
+            try:
+                return float(x) > 0
+            except ValueError:
+                return False
+        want = sum(len(b) for n, (ly, runs, f) in BENCHES.items() if ly != 2 for k, c, b in runs)
+        one = [r for r in rows if r[3] == "1"]
+        check("gpu-check summary: the table of figures beside their targets, a row a (policy, context, batch), "
+              "launches and syncs '-' on the CPU, the one-layer rows projected to 32 layers (%d rows)" % len(rows),
+              "== figures beside their targets" in summ and len(rows) == want and
+              all(r[5] == "-" and r[7] == "-" for r in rows) and len(one) == 4 and
+              all(positive(r[8]) for r in one) and "largest batch that fits: kv=dense (one layer)" in summ, summ)
 
         out2 = os.path.join(tmp, "out-hang")
         budget = 15

@@ -179,7 +179,7 @@ static void t_attention(void) {
     char msg[160];
     snprintf(msg, sizeof msg, "attention by 64-row tiles and km_osm within %.1e of the CPU attend_group (bound 1e-5)", e);
     test_cond(msg, e <= 1e-5);
-    /* flash-decoding: parts, then km_osm_merge per dimension as k_decode_merge does */
+    /* flash-decoding: parts, then km_osm_merge per dimension as k_flash_decode's last block does */
     int parts = 3;
     float po[3][4 * 64], pm[3][4], pl[3][4], mg[4 * 64];
     for (int p = 0; p < parts; p++)

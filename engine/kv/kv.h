@@ -108,6 +108,24 @@ typedef struct kv_class {
      * pending. The session calls it (kv_end_step); a policy also settles
      * before its next step and when its stats are read. */
     int (*end_step)(kv_cache *c);
+    /* One decode step of layer for n caches of this class at once (a
+     * batch's step, or n == 1): row i is cache c[i]'s token at position
+     * pos[i]; k_pre, k, v (n, n_kv_heads*head_dim) and q, out (n,
+     * n_heads*head_dim) are the backend's memory, rows side by side. The
+     * same result as append then attend per cache, in order, with a launch
+     * count on a device that does not grow with n or the heads. The forward
+     * calls it when every cache of the step has this class and it is not
+     * NULL (a wrapper, the tap or the oracle, leaves it NULL: the per-cache
+     * calls then run). */
+    int (*step_batch)(kv_cache *const *c, int n, int layer, const int *pos, const float *k_pre, const float *k,
+                      const float *v, const float *q, float *out);
+    /* 1: step_batch applies RoPE itself. The forward then skips rope_qk for
+     * the step: q and k arrive un-rotated and k_pre not yet written (the
+     * forward's buffers, which the step may write: it rotates them as
+     * rope_qk would at pos[i], on its device in its own launches or, where
+     * it runs the per-cache calls, by calling rope_qk with the forward's
+     * arguments first, so the same bits either way). */
+    int step_ropes;
 } kv_class;
 
 struct kv_cache {

@@ -2,7 +2,10 @@
  * attention through the backend. It is the reference every other policy is
  * checked against. With --f16-kv the rows are stored in half precision
  * (llama.cpp's default cache type): half the bytes a decode step reads, the
- * attention math still in f32. */
+ * attention math still in f32. A decode step of a batch (or of one
+ * sequence) stores and attends every sequence's token in one call each of
+ * the backend's batched ops (dense_step_batch): on a device, two launches a
+ * layer whatever the batch and the heads. */
 #include "kv.h"
 #include "skv.h"
 
@@ -94,6 +97,61 @@ static int dense_attend(kv_cache *base, int layer, int pos, int n, const float *
     return kv_attend_all(sh, q, c->k[layer], c->v[layer], pos + 1, hd, head, out);
 }
 
+/* The batch's step through the backend's batched ops: one store and one
+ * attention for every sequence of the step (on a device, one launch each,
+ * whatever the batch and the heads). The same rows and the same attention
+ * as append then attend per cache: a one-token attend is attend_decode in
+ * prefill as in decode, so a one-token prefill chunk takes this path too. */
+static int dense_step_batch(kv_cache *const *cs, int n, int layer, const int *pos, const float *k_pre,
+                            const float *k, const float *v, const float *q, float *out) {
+    const kv_dense *c0 = (const kv_dense *)cs[0];
+    const kv_shape *sh = &cs[0]->shape;
+    const skv_backend *be = sh->be;
+    size_t kvd = (size_t)sh->n_kv_heads * sh->head_dim, qd = (size_t)sh->n_heads * sh->head_dim;
+    /* The CPU's batched ops are the per-cache calls in turn, so those run
+     * (a stand-in device built on the CPU's table wraps only those); so do
+     * caches that do not share a layout. */
+    int batched = c0->half ? be->kv_store_batch_h && be->attend_decode_batch_h &&
+                                 be->attend_decode_batch_h != skv_backend_cpu.attend_decode_batch_h
+                           : be->kv_store_batch && be->attend_decode_batch &&
+                                 be->attend_decode_batch != skv_backend_cpu.attend_decode_batch;
+    for (int i = 1; i < n && batched; i++) {
+        const kv_dense *ci = (const kv_dense *)cs[i];
+        const kv_shape *si = &cs[i]->shape;
+        batched = si->be == be && ci->half == c0->half && si->n_heads == sh->n_heads &&
+                  si->n_kv_heads == sh->n_kv_heads && si->head_dim == sh->head_dim;
+    }
+    if (!batched) {
+        for (int i = 0; i < n; i++) {
+            int rc = dense_append(cs[i], layer, pos[i], 1, k_pre + i * kvd, k + i * kvd, v + i * kvd);
+            if (!rc) rc = dense_attend(cs[i], layer, pos[i], 1, q + i * qd, out + i * qd);
+            if (rc) return rc;
+        }
+        return 0;
+    }
+    skv_kv_seq local[16], *seq = n <= 16 ? local : malloc(sizeof *seq * (size_t)n);
+    if (!seq) return skv_error(SKV_ENOMEM, "dense: out of memory for a batch of %d", n);
+    int rc = 0;
+    for (int i = 0; i < n && !rc; i++) {
+        kv_dense *ci = (kv_dense *)cs[i];
+        if ((rc = grow(ci, pos[i] + 1))) break;
+        if (layer == 0 && pos[i] + 1 > ci->n) ci->n = pos[i] + 1;
+        seq[i] = (skv_kv_seq){.k = ci->k[layer], .v = ci->v[layer],
+                              .head_stride = (size_t)ci->cap * sh->head_dim, .pos = pos[i]};
+    }
+    if (!rc) {
+        if (c0->half) {
+            be->kv_store_batch_h(seq, n, sh->n_kv_heads, sh->head_dim, k, v);
+            rc = be->attend_decode_batch_h(seq, n, sh->n_heads, sh->n_kv_heads, sh->head_dim, q, out);
+        } else {
+            be->kv_store_batch(seq, n, sh->n_kv_heads, sh->head_dim, k, v);
+            rc = be->attend_decode_batch(seq, n, sh->n_heads, sh->n_kv_heads, sh->head_dim, q, out);
+        }
+    }
+    if (seq != local) free(seq);
+    return rc;
+}
+
 static int dense_end_prefill(kv_cache *base) {
     (void)base;
     return 0;
@@ -148,6 +206,7 @@ const kv_class kv_policy_dense = {
     .end_prefill = dense_end_prefill,
     .bytes = dense_bytes,
     .free = dense_free,
+    .step_batch = dense_step_batch,
 };
 
 int kv_dense_new(const kv_shape *shape, kv_cache **out) {

@@ -22,7 +22,17 @@
  * cos-min, the rank-r error of the span's keys) and per decode step, layer
  * and KV head (landmark rank, selection, and with the oracle the exact,
  * sparse and ideal attention mass on the span and the output error). It
- * reads the same buffers attention used and changes nothing. */
+ * reads the same buffers attention used and changes nothing.
+ *
+ * On a device backend with the batched step ops (sk_step_*), a decode step
+ * of a layer runs for every sequence of a batch at once (step_batch): a job
+ * table of every (sequence, KV head) in the device's memory, and six
+ * launches a layer whatever the batch, the heads or the budgets (append
+ * with the RoPE of q and k, which the forward leaves to it: step_ropes;
+ * logits; select: softmax statistics and group max, top-k and books; the
+ * fetch on the fetch stream; the rebuild; attention with its merge); the
+ * books come back in each cache's pack at the step's end, as with one
+ * sequence. */
 #include "kv_shadowkv.h"
 #include "kv.h"
 #include "probe.h"
@@ -67,6 +77,8 @@ typedef struct {
      * every head's candidates (h, n_cand) and chunk cache (cache_d: slot_id
      * (h, k), where (h, n_cand), stamp (h, k), epoch (h), as ints) */
     int *cand_d, *cache_d;
+    unsigned ver;          /* bumped when the heads' K and V rows move (grow_heads): a batch's job table
+                              rereads them */
 } sk_layer;
 
 /* Per KV head decode scratch, reused by every layer (layers run in turn). */
@@ -145,6 +157,9 @@ typedef struct {
     size_t pack_bytes;     /* one layer's */
     int pend_first, pend_n; /* layers of the step whose books are queued, not yet read (sk_settle) */
     int pend_step;         /* that step's number, for its events */
+    uint64_t pend_sync;    /* sk_syncs when the last of them was queued: a sync since has done them */
+    uint64_t id;           /* distinct for every cache of the process (a batch's table names its caches) */
+    struct sk_group *grp;  /* the device job table of the last batch step this cache led (step_batch) */
     float **kp, **vp;
     int att_parts;         /* the most parts a KV head's attention rows split into (about two tasks a thread) */
     float *att_po;         /* (h*att_parts, group, d) partial results of the attention tasks, */
@@ -183,6 +198,38 @@ static void notice_add(kv_sk *c, const char *fmt, ...) {
     snprintf(c->base.notice + len, sizeof c->base.notice - len, "%s%s", len ? "; " : "", buf);
 }
 
+/* Caches made (their ids). */
+static uint64_t sk_ids;
+
+/* The full syncs sk_settle made of each device backend: a cache whose books
+ * were queued before the last of them needs no sync of its own (a batch's
+ * caches settle with one). */
+#define SK_SYNC_BACKENDS 4
+static struct {
+    const skv_backend *be;
+    uint64_t n;
+} sk_syncs[SK_SYNC_BACKENDS];
+static pthread_mutex_t sk_syncs_mu = PTHREAD_MUTEX_INITIALIZER;
+
+/* be's sync counter (NULL when the table is full: every settle syncs). */
+static uint64_t *sync_count(const skv_backend *be) {
+    uint64_t *n = NULL;
+    pthread_mutex_lock(&sk_syncs_mu);
+    for (int i = 0; i < SK_SYNC_BACKENDS && !n; i++) {
+        if (!sk_syncs[i].be) sk_syncs[i].be = be;
+        if (sk_syncs[i].be == be) n = &sk_syncs[i].n;
+    }
+    pthread_mutex_unlock(&sk_syncs_mu);
+    return n;
+}
+
+static uint64_t syncs_now(const skv_backend *be) {
+    uint64_t *n = sync_count(be);
+    return n ? __atomic_load_n(n, __ATOMIC_ACQUIRE) : 0;
+}
+
+static void group_free(kv_sk *c);
+
 /* ---- memory: the backend's (a device's, or host memory on the CPU) ---------- */
 
 /* 1 when the backend computes on memory of its own (a GPU): buffers come
@@ -194,6 +241,13 @@ static inline int sk_dev(const kv_sk *c) { return c->base.shape.be != &skv_backe
 static inline int sk_fused(const kv_sk *c) {
     const skv_backend *be = c->base.shape.be;
     return sk_dev(c) && be->sk_books && be->sk_gather_misses && be->sk_rebuild_misses && c->n_cand > 0 && c->k > 0;
+}
+
+/* The end of prefill keeps the landmarks in a device backend's memory and
+ * gathers the candidates in one launch a layer (its round_h, sk_gather_chunks). */
+static inline int sk_dev_ops(const kv_sk *c) {
+    const skv_backend *be = c->base.shape.be;
+    return sk_dev(c) && be->round_h && be->sk_gather_chunks;
 }
 
 static void *sk_alloc(kv_sk *c, size_t bytes) {
@@ -279,6 +333,7 @@ static int grow_heads(kv_sk *c, sk_layer *L) {
         if (sk_grow(c, &H->K, old, want) || sk_grow(c, &H->V, old, want))
             return skv_error(SKV_ENOMEM, "shadowkv: out of memory for %d generated tokens", L->n_gen + 1);
         H->cap = cap;
+        L->ver++;
     }
     return 0;
 }
@@ -894,7 +949,11 @@ static void fused_books(kv_sk *c, int layer) {
 static int sk_settle(kv_sk *c) {
     if (!c->pend_n) return 0;
     const skv_backend *be = c->base.shape.be;
-    if (be->sync) be->sync();
+    uint64_t *ns = sync_count(be);
+    if (be->sync && (!ns || c->pend_sync == __atomic_load_n(ns, __ATOMIC_ACQUIRE))) {
+        be->sync();
+        if (ns) __atomic_add_fetch(ns, 1, __ATOMIC_ACQ_REL);
+    }
     int rc = 0, first = c->pend_first, n = c->pend_n, step = c->base.step;
     c->pend_n = 0;
     c->base.step = c->pend_step; /* settled late (the next step began): the events keep their own step */
@@ -961,6 +1020,7 @@ static int decode_layer_dev(kv_sk *c, int layer, const float *q, float *out) {
         }
         SKV_ASSERT(c->pend_first + c->pend_n == layer);
         c->pend_n++;
+        c->pend_sync = syncs_now(be);
         return 0;
     }
     return decode_tally(c, layer, q, out);
@@ -1035,16 +1095,291 @@ static int sk_attend(kv_cache *base, int layer, int pos, int n, const float *q, 
     return sk_dev(c) ? decode_layer_dev(c, layer, q, out) : decode_layer(c, layer, q, out);
 }
 
+/* ---- decode: a batch's step on a device, a few launches a layer ------------- */
+
+/* The job table of a batch's step (kernels/cpu/shadowkv_ops.h: sk_job,
+ * sk_step) for a set of caches: every (layer, sequence, KV head)'s buffers,
+ * in the device's memory, written from a pinned copy with the backend's
+ * copy2d (queued, no wait), and the step's scratch. Built at the first step
+ * of a set of caches and kept by the first of them (a later step of the
+ * same caches in the same order finds it); a layer's jobs of a sequence are
+ * rewritten when its heads' rows move (sk_layer.ver). The pinned copies
+ * are rewritten only after the device has read them: between two steps
+ * the books are settled, which waits for the device once. */
+typedef struct sk_group {
+    int n, n_layers, h;    /* sequences, layers, KV heads a sequence */
+    uint64_t *id;          /* (n) the caches' ids, in batch order */
+    unsigned *ver;         /* (n_layers, n) the sk_layer.ver each sequence's jobs were written at */
+    sk_job *jobs_h, *jobs_d; /* (n_layers, n, h): the pinned copy and the device's table */
+    int *seq_h, *seq_d;    /* (n_layers, n, 2): each sequence's row and generated rows, pinned and device */
+    float *lg, *part;      /* scratch: logits, attention partials (sk_step) */
+    unsigned *done;        /* (n*h) zero between steps */
+    int max_cand, max_k, max_c;
+} sk_group;
+
+#define SK_GROUP_MAX 64    /* sequences a table; a larger batch runs as several */
+
+static void group_free(kv_sk *c) {
+    sk_group *g = c->grp;
+    if (!g) return;
+    const skv_backend *be = c->base.shape.be;
+    if (g->jobs_h) be->host_free(g->jobs_h);
+    if (g->seq_h) be->host_free(g->seq_h);
+    sk_release(c, g->jobs_d); sk_release(c, g->seq_d); sk_release(c, g->lg); sk_release(c, g->part);
+    sk_release(c, g->done);
+    free(g->id); free(g->ver);
+    free(g);
+    c->grp = NULL;
+}
+
+/* Whether c's decode step can run in a batch's fused launches on its
+ * device (the other caches then run append and attend alone, as before):
+ * prefilled, with the fused books, no oracle or needle watch, and within
+ * the fused kernels' limits. */
+static int sk_batchable(const kv_sk *c) {
+    const skv_backend *be = c->base.shape.be;
+    return sk_dev(c) && c->prefilled && sk_fused(c) && !c->o.oracle && !c->nw && be->sk_step_append &&
+           be->sk_step_logits && be->sk_step_select && be->sk_step_fetch && be->sk_step_rebuild && be->sk_step_attend && c->k <= SK_STEP_K_MAX && c->group <= SK_STEP_G_MAX && c->d <= SK_STEP_D_MAX;
+}
+
+/* Job (layer, gi, kh) of the table from cache c: its head's buffers, its
+ * chunk cache, its part of the layer's pack. */
+static sk_job job_of(const kv_sk *c, int layer, int gi, int kh, size_t lg) {
+    const sk_layer *L = &c->L[layer];
+    const sk_head *H = &L->head[kh];
+    size_t h = (size_t)c->h, nc = (size_t)c->n_cand, k = (size_t)c->k, d = (size_t)c->d;
+    float *scores = (float *)((char *)c->pack_d + c->pack_bytes * (size_t)layer);
+    int *sel = (int *)(scores + h * nc), *slot_of = sel + h * k, *miss = slot_of + h * k, *n_miss = miss + h * k;
+    int *slot_id = L->cache_d, *where = slot_id + h * k;
+    unsigned *stamp = (unsigned *)(where + h * nc), *epoch = stamp + h * k;
+    sk_job J = {
+        .K = H->K, .V = H->V, .lm = H->lm, .U = L->U, .svt = L->SVt + (size_t)kh * c->r * d,
+        .cs = c->rope_cs, .sn = c->rope_sn, .cand = L->cand_d + (size_t)kh * nc,
+        .store = c->store.data + ((size_t)layer * h + kh) * nc * c->c * d,
+        .key = c->so.plus ? c->proj + (size_t)kh * d : NULL,
+        .slot_id = slot_id + kh * k, .where = where + kh * nc, .stamp = stamp + kh * k, .epoch = epoch + kh,
+        .score = scores + kh * nc, .sel = sel + kh * k, .slot_of = slot_of + kh * k, .miss = miss + kh * k,
+        .n_miss = n_miss + kh, .gi = gi, .kh = kh, .n_cand = c->n_cand, .k = c->k, .r = c->r, .c = c->c,
+        .row_slot = c->row_slot, .row_gen = c->row_gen, .s = c->s, .lg = lg,
+    };
+    return J;
+}
+
+/* Writes sequence gi's jobs of layer into the pinned copy; lg: where its
+ * first head's logits start. */
+static void group_fill(sk_group *g, kv_sk *c, int layer, int gi, size_t lg) {
+    size_t per = 2 * (size_t)c->group * c->n_cand;
+    for (int kh = 0; kh < g->h; kh++)
+        g->jobs_h[((size_t)layer * g->n + gi) * g->h + kh] = job_of(c, layer, gi, kh, lg + kh * per);
+    g->ver[(size_t)layer * g->n + gi] = c->L[layer].ver;
+}
+
+/* Where sequence gi's logits start in the scratch. */
+static size_t group_lg(kv_sk *const *cs, int gi) {
+    size_t o = 0;
+    for (int i = 0; i < gi; i++) o += 2 * (size_t)cs[i]->h * cs[i]->group * cs[i]->n_cand;
+    return o;
+}
+
+/* The table of the caches cs (n, batch order), cs[0]'s: the one it has when
+ * it names the same caches, else a new one (device memory: at the first
+ * step of a set of caches). */
+static int group_get(kv_sk *const *cs, int n, sk_group **out) {
+    kv_sk *c0 = cs[0];
+    sk_group *g = c0->grp;
+    int same = g && g->n == n;
+    for (int i = 0; same && i < n; i++) same = g->id[i] == cs[i]->id;
+    if (same) {
+        *out = g;
+        return 0;
+    }
+    for (int i = 0; i < n; i++) group_free(cs[i]); /* a sequence leads one table at a time */
+    const skv_backend *be = c0->base.shape.be;
+    int nl = c0->base.shape.n_layers, h = c0->h;
+    size_t nj = (size_t)nl * n * h, lg = group_lg(cs, n), jobs = (size_t)n * h;
+    g = skv_calloc(1, sizeof *g);
+    if (!g) return skv_error(SKV_ENOMEM, "out of memory");
+    c0->grp = g;
+    g->n = n;
+    g->n_layers = nl;
+    g->h = h;
+    g->id = skv_malloc(sizeof(uint64_t) * n);
+    g->ver = skv_malloc(sizeof(unsigned) * (size_t)nl * n);
+    g->jobs_h = be->host_alloc(sizeof(sk_job) * nj);
+    g->seq_h = be->host_alloc(sizeof(int) * 2 * (size_t)nl * n);
+    g->jobs_d = sk_alloc(c0, sizeof(sk_job) * nj);
+    g->seq_d = sk_alloc(c0, sizeof(int) * 2 * (size_t)nl * n);
+    g->lg = sk_alloc(c0, sizeof(float) * (lg ? lg : 1));
+    g->part = sk_alloc(c0, sizeof(float) * jobs * SK_STEP_PARTS * c0->group * (c0->d + 2));
+    g->done = sk_alloc(c0, sizeof(unsigned) * jobs);
+    if (!g->id || !g->ver || !g->jobs_h || !g->seq_h || !g->jobs_d || !g->seq_d || !g->lg || !g->part || !g->done) {
+        group_free(c0);
+        return skv_error(SKV_ENOMEM, "shadowkv: out of device memory for a batch of %d sequences' step", n);
+    }
+    for (int i = 0; i < n; i++) {
+        kv_sk *c = cs[i];
+        g->id[i] = c->id;
+        g->max_cand = c->n_cand > g->max_cand ? c->n_cand : g->max_cand;
+        g->max_k = c->k > g->max_k ? c->k : g->max_k;
+        g->max_c = c->c > g->max_c ? c->c : g->max_c;
+        for (int l = 0; l < nl; l++) group_fill(g, c, l, i, group_lg(cs, i));
+    }
+    be->copy2d(g->jobs_d, sizeof(sk_job) * nj, g->jobs_h, sizeof(sk_job) * nj, sizeof(sk_job) * nj, 1);
+    *out = g;
+    return 0;
+}
+
+/* One layer's decode step of the caches cs (n, all batchable and alike),
+ * the rows of the batch row[i]: the whole batch in a fixed number of
+ * launches, every book queued in the packs and read at the step's end
+ * (sk_settle), as decode_layer_dev leaves them. rope: q and k arrive
+ * un-rotated (k is the pre-RoPE key) and the append rotates them (q in
+ * place); 0: rope_qk has run. */
+static int group_step(kv_sk *const *cs, const int *row, int n, int layer, const int *pos, const float *k_pre,
+                      const float *k, const float *v, float *q, float *out, int rope) {
+    kv_sk *c0 = cs[0];
+    const kv_shape *sh = &c0->base.shape;
+    const skv_backend *be = sh->be;
+    size_t kvd = (size_t)c0->kvd;
+    int rc, max_rows = 0;
+    double w0 = skv_now();
+    for (int i = 0; i < n; i++) {
+        kv_sk *c = cs[i];
+        sk_layer *L = &c->L[layer];
+        int p = pos[row[i]];
+        if (p != c->s + L->n_gen)
+            return skv_error(SKV_EINVAL, "shadowkv: layer %d appends at position %d, expected %d", layer, p,
+                             c->s + L->n_gen);
+        if ((rc = grow_heads(c, L))) return rc;
+        if (layer == 0) {
+            if ((rc = sk_settle(c))) return rc; /* the last step's, if its end was not called */
+            c->steps++;
+            c->step_hits = c->step_misses = c->step_fetches = c->step_fetch_bytes = 0;
+        }
+        if (c->so.plus) { /* ShadowKV+: the key projected onto the prefill basis, then rotated */
+            be->project(L->Vt, c->r, c->kvd, (rope ? k : k_pre) + (size_t)row[i] * kvd, c->proj, c->coef);
+            be->rope(sh->rope, c->proj, 1, c->h, p);
+        }
+        int rows = c->row_gen + L->n_gen + 1;
+        max_rows = rows > max_rows ? rows : max_rows;
+    }
+    sk_group *g = NULL;
+    if ((rc = group_get(cs, n, &g))) return rc;
+    size_t lay = (size_t)layer * n;
+    int dirty = 0;
+    for (int i = 0; i < n; i++)
+        if (g->ver[lay + i] != cs[i]->L[layer].ver) {
+            group_fill(g, cs[i], layer, i, group_lg(cs, i));
+            dirty = 1;
+        }
+    if (dirty) {
+        size_t b = sizeof(sk_job) * n * g->h;
+        be->copy2d(g->jobs_d + lay * g->h, b, g->jobs_h + lay * g->h, b, b, 1);
+    }
+    for (int i = 0; i < n; i++) {
+        g->seq_h[2 * (lay + i)] = row[i];
+        g->seq_h[2 * (lay + i) + 1] = cs[i]->L[layer].n_gen;
+    }
+    be->copy2d(g->seq_d + 2 * lay, sizeof(int) * 2 * n, g->seq_h + 2 * lay, sizeof(int) * 2 * n, sizeof(int) * 2 * n,
+               1);
+    sk_step st = {
+        .jobs = g->jobs_d + lay * g->h, .seq = g->seq_d + 2 * lay, .n_jobs = n * g->h, .group = c0->group,
+        .d = c0->d, .kvd = c0->kvd, .qd = sh->n_heads * sh->head_dim, .max_cand = g->max_cand, .max_k = g->max_k,
+        .max_c = g->max_c, .max_rows = max_rows, .rope = sh->rope, .rope_new = rope, .lg = g->lg, .part = g->part,
+        .done = g->done,
+    };
+    be->sk_step_append(&st, q, k, v);
+    be->sk_step_logits(&st, q);
+    be->sk_step_select(&st);
+    be->sk_step_fetch(&st);
+    be->sk_step_rebuild(&st);
+    be->sk_step_attend(&st, q, out);
+    double dt = (skv_now() - w0) / n;
+    uint64_t sync_now = syncs_now(be);
+    for (int i = 0; i < n; i++) {
+        kv_sk *c = cs[i];
+        c->L[layer].n_gen++;
+        c->attn_seconds += dt;
+        /* the layer's books to the host's pinned memory, read at the step's end (sk_settle) */
+        char *ph = (char *)c->pack_h + c->pack_bytes * (size_t)layer;
+        be->copy2d(ph, c->pack_bytes, (char *)c->pack_d + c->pack_bytes * (size_t)layer, c->pack_bytes,
+                   c->pack_bytes, 1);
+        if (!c->pend_n) {
+            c->pend_first = layer;
+            c->pend_step = c->base.step;
+        }
+        SKV_ASSERT(c->pend_first + c->pend_n == layer);
+        c->pend_n++;
+        c->pend_sync = sync_now;
+    }
+    return 0;
+}
+
+/* Whether c can share a step's launches with a (both batchable): the same
+ * backend, KV heads, head dim, group, layers and RoPE layout. */
+static int sk_alike(const kv_sk *a, const kv_sk *c) {
+    return c->base.shape.be == a->base.shape.be && c->h == a->h && c->d == a->d && c->group == a->group &&
+           c->base.shape.n_layers == a->base.shape.n_layers &&
+           c->base.shape.rope->rope_dim == a->base.shape.rope->rope_dim &&
+           c->base.shape.rope->mode == a->base.shape.rope->mode;
+}
+
+/* kv_class.step_batch: the caches that can run in the fused launches do,
+ * up to SK_GROUP_MAX a table, alike (KV heads, head dim, group, backend) to
+ * the first of them; any other runs append then attend alone, as the
+ * per-cache calls would (the CPU backend always: its results stay bit for
+ * bit). RoPE (step_ropes): when every cache runs fused, in the append
+ * launch; else rope_qk first for the whole batch, as the forward calls it. */
+static int sk_step_batch(kv_cache *const *cv, int n, int layer, const int *pos, const float *k_pre, const float *k,
+                         const float *v, const float *q, float *out) {
+    const kv_shape *sh = &cv[0]->shape;
+    size_t kvd = (size_t)sh->n_kv_heads * sh->head_dim, qd = (size_t)sh->n_heads * sh->head_dim;
+    kv_sk *cs[SK_GROUP_MAX];
+    int row[SK_GROUP_MAX], m = 0, rc, all = 1;
+    /* the forward's buffers (kv.h: step_ropes), rotated here */
+    float *qw = (float *)q, *kw = (float *)k, *kpw = (float *)k_pre;
+    const kv_sk *first = NULL;
+    for (int i = 0; i < n && all; i++) {
+        const kv_sk *c = (const kv_sk *)cv[i];
+        int fit = sk_batchable(c);
+        if (fit && first) fit = sk_alike(first, c);
+        if (fit && !first) first = c;
+        all = fit;
+    }
+    if (!all) sh->be->rope_qk(sh->rope, qw, sh->n_heads, kw, sh->n_kv_heads, kpw, n, pos[0], n > 1 ? pos : NULL);
+    for (int i = 0; i < n; i++) {
+        kv_sk *c = (kv_sk *)cv[i];
+        int fit = sk_batchable(c);
+        if (fit && m) fit = sk_alike(cs[0], c);
+        if (!fit) {
+            SKV_ASSERT(!all); /* alike is an equivalence: the first pass saw it */
+            size_t ok = (size_t)i * kvd, oq = (size_t)i * qd;
+            if ((rc = sk_append(cv[i], layer, pos[i], 1, k_pre + ok, k + ok, v + ok))) return rc;
+            if ((rc = sk_attend(cv[i], layer, pos[i], 1, q + oq, out + oq))) return rc;
+            continue;
+        }
+        cs[m] = c;
+        row[m++] = i;
+        if (m == SK_GROUP_MAX) {
+            if ((rc = group_step(cs, row, m, layer, pos, k_pre, k, v, qw, out, all))) return rc;
+            m = 0;
+        }
+    }
+    return m ? group_step(cs, row, m, layer, pos, k_pre, k, v, qw, out, all) : 0;
+}
+
 /* ---- end of prefill: compress ------------------------------------------------ */
 
 /* Prefill-time work buffers shared by the layers. */
 typedef struct {
     float *lm;             /* (h, n_chunks, d) landmarks of every full chunk */
-    float *lm_host;        /* lm in host memory (lm itself on the CPU) */
+    float *lm_host;        /* lm in host memory (lm itself on the CPU; NULL on a device with round_h) */
     float *cm;             /* (h, n_chunks) cosine minima */
     float *cm_h;           /* the same in host memory (cm itself on the CPU) */
     float *tmp;            /* (n_chunks) */
     int *outl;             /* (n_chunks) */
+    int *idx_d;            /* a layer's (h, n_cand) candidates (without fused_init's) then (h, n_out) outliers,
+                            * in the device's memory */
 } sk_build;
 
 static int alloc_head(kv_sk *c, int layer, int kh, sk_head *H) {
@@ -1151,7 +1486,12 @@ static int build_layer(kv_sk *c, int layer, sk_build *B, const float *sv, const 
             c->w_cm[((size_t)layer * h + kh) * c->nw + i] =
                 c->wchunk[i] < nch ? B->cm_h[(size_t)kh * nch + c->wchunk[i]] : NAN;
 
-    if (sk_dev(c)) { /* the landmarks rounded to half precision (the CPU rounds them as it stores them) */
+    /* A device with its own rounding and chunk gather keeps the landmarks
+     * there and copies every head's candidates in one launch a layer. */
+    int dev_ops = sk_dev_ops(c);
+    if (dev_ops) { /* the landmarks rounded to half precision (the CPU rounds them as it stores them) */
+        be->round_h(B->lm, (size_t)h * nch * d);
+    } else if (sk_dev(c)) {
         size_t n = (size_t)h * nch * d;
         be->download(B->lm_host, B->lm, sizeof(float) * n);
         shadowkv_round_f16(B->lm_host, n);
@@ -1169,7 +1509,7 @@ static int build_layer(kv_sk *c, int layer, sk_build *B, const float *sv, const 
         }
         SKV_ASSERT(n == c->n_cand);
         /* the candidates' landmarks, one copy per run of consecutive chunks */
-        for (int i = 0; i < n;) {
+        for (int i = 0; i < n && !dev_ops;) {
             int e = i + 1;
             while (e < n && H->cand[e] == H->cand[e - 1] + 1) e++;
             const float *src = B->lm + ((size_t)kh * nch + H->cand[i]) * d;
@@ -1179,13 +1519,39 @@ static int build_layer(kv_sk *c, int layer, sk_build *B, const float *sv, const 
         }
     }
     if (sk_fused(c) && (rc = fused_init(c, L))) return rc;
+    /* every head's candidates and outliers in the device's memory: one
+     * upload (the candidates are fused_init's when it ran) */
+    const int *cand_d = NULL, *outl_d = NULL;
+    if (dev_ops) {
+        size_t nc = (size_t)c->n_cand, no = (size_t)c->n_out, hc = L->cand_d ? 0 : h * nc;
+        if (hc + h * no) {
+            int *host = skv_malloc(sizeof(int) * (hc + h * no));
+            if (!host) return skv_error(SKV_ENOMEM, "out of memory");
+            for (int kh = 0; kh < h; kh++) {
+                if (hc) memcpy(host + kh * nc, L->head[kh].cand, sizeof(int) * nc);
+                memcpy(host + hc + kh * no, L->head[kh].outl, sizeof(int) * no);
+            }
+            be->upload(B->idx_d, host, sizeof(int) * (hc + h * no));
+            free(host);
+        }
+        cand_d = nc ? (L->cand_d ? L->cand_d : B->idx_d) : NULL;
+        outl_d = no ? B->idx_d + hc : NULL;
+        if (cand_d)
+            be->sk_gather_chunks(B->lm, (size_t)d, (size_t)nch * d, cand_d, h, c->n_cand, 1, d, L->head[0].lm,
+                                 lm_rows(c) * d);
+    }
     t[4] = skv_now();
     if (spans) span(c, PROBE_STREAM_COMPUTE, "outliers", layer, p0), p0 = probe_time(bus);
 
     /* Dense rows (outliers, local window) into the head buffers; candidate V to the store. */
     for (int kh = 0; kh < h; kh++) {
         sk_head *H = &L->head[kh];
-        for (int i = 0; i < c->n_out; i++) {
+        if (outl_d) { /* the head's outlier chunks, keys and values, a launch each */
+            const int *o = outl_d + (size_t)kh * c->n_out;
+            be->sk_gather_chunks(L->k + (size_t)kh * d, (size_t)kvd, 0, o, 1, c->n_out, cc, d, H->K, 0);
+            be->sk_gather_chunks(L->v + (size_t)kh * d, (size_t)kvd, 0, o, 1, c->n_out, cc, d, H->V, 0);
+        }
+        for (int i = 0; i < c->n_out && !outl_d; i++) {
             size_t src = (size_t)H->outl[i] * cc * kvd + (size_t)kh * d, dst = (size_t)i * cc * d;
             sk_copy_rows(c, H->K + dst, (size_t)d, L->k + src, (size_t)kvd, d, cc);
             sk_copy_rows(c, H->V + dst, (size_t)d, L->v + src, (size_t)kvd, d, cc);
@@ -1195,7 +1561,7 @@ static int build_layer(kv_sk *c, int layer, sk_build *B, const float *sv, const 
         sk_copy_rows(c, H->V + dst, (size_t)d, L->v + src, (size_t)kvd, d, c->n_local);
         /* the candidates' values to the store: the blocks of a run of consecutive
          * chunks lie back to back there as in the prompt */
-        for (int i = 0; i < c->n_cand;) {
+        for (int i = 0; i < c->n_cand && !cand_d;) {
             int e = i + 1;
             while (e < c->n_cand && H->cand[e] == H->cand[e - 1] + 1) e++;
             float *blk = c->store.data + (size_t)((layer * h + kh) * c->n_cand + i) * cc * d;
@@ -1204,6 +1570,9 @@ static int build_layer(kv_sk *c, int layer, sk_build *B, const float *sv, const 
             i = e;
         }
     }
+    if (cand_d) /* every head's candidate values to the store in one launch */
+        be->sk_gather_chunks(L->v, (size_t)kvd, (size_t)d, cand_d, h, c->n_cand, cc, d,
+                             c->store.data + (size_t)layer * h * c->n_cand * cc * d, (size_t)c->n_cand * cc * d);
     if (!c->o.oracle) {
         sk_release(c, L->k);
         sk_release(c, L->v);
@@ -1395,7 +1764,8 @@ static int sk_end_prefill(kv_cache *base) {
     if (sk_dev(c)) {
         /* the offloaded values in pinned, mapped host memory: the device's gather reads them over the bus */
         size_t bytes = sizeof(float) * (size_t)n_blocks * c->c * c->d;
-        float *data = sh->be->host_alloc(bytes ? bytes : sizeof(float));
+        void *(*pin)(size_t) = sh->be->host_alloc_raw ? sh->be->host_alloc_raw : sh->be->host_alloc;
+        float *data = pin(bytes ? bytes : sizeof(float)); /* written whole by the offload: not zeroed */
         if (!data) return skv_error(SKV_ENOMEM, "shadowkv: cannot pin %.1f MiB of host memory for the offloaded values",
                                     bytes / 1048576.0);
         shadowkv_store_adopt(&c->store, n_blocks, c->c, c->d, data, sh->be->host_free);
@@ -1416,12 +1786,14 @@ static int sk_end_prefill(kv_cache *base) {
     double *t_svd = skv_malloc(sizeof(double) * 3 * (size_t)nl);
     int *rcs = skv_calloc((size_t)nl, sizeof(int));
     B.lm = sk_alloc(c, sizeof(float) * (size_t)c->h * nch * c->d);
-    B.lm_host = sk_dev(c) ? skv_malloc(sizeof(float) * (size_t)c->h * nch * c->d) : B.lm;
+    B.lm_host = !sk_dev(c) ? B.lm : sk_dev_ops(c) ? NULL : skv_malloc(sizeof(float) * (size_t)c->h * nch * c->d);
     B.cm = sk_alloc(c, sizeof(float) * (size_t)c->h * nch);
     B.cm_h = sk_dev(c) ? skv_malloc(sizeof(float) * (size_t)c->h * nch) : B.cm;
     B.tmp = skv_malloc(sizeof(float) * (size_t)nch);
     B.outl = skv_malloc(sizeof(int) * (size_t)nch);
-    if (!sv || !t_svd || !rcs || !B.lm || !B.lm_host || !B.cm || !B.cm_h || !B.tmp || !B.outl)
+    B.idx_d = sk_dev_ops(c) ? sk_alloc(c, sizeof(int) * ((size_t)c->h * (c->n_cand + c->n_out) + 1)) : NULL;
+    if (!sv || !t_svd || !rcs || !B.lm || (!B.lm_host && !sk_dev_ops(c)) || !B.cm || !B.cm_h || !B.tmp || !B.outl ||
+        (sk_dev_ops(c) && !B.idx_d))
         rc = skv_error(SKV_ENOMEM, "out of memory");
     /* The SVDs first, one layer per thread (each single-threaded BLAS);
      * errors are thread-local, so each layer keeps its message, and the
@@ -1447,6 +1819,7 @@ static int sk_end_prefill(kv_cache *base) {
     if (B.lm_host != B.lm) free(B.lm_host);
     sk_release(c, B.lm);
     sk_release(c, B.cm);
+    sk_release(c, B.idx_d);
     free(sv); free(t_svd); free(rcs); free(B.tmp); free(B.outl);
     if (rc) return rc;
     c->prefilled = 1;
@@ -1557,6 +1930,7 @@ float kv_shadowkv_rel_err(const kv_cache *base, int layer) {
 static void sk_free(kv_cache *base) {
     kv_sk *c = (kv_sk *)base;
     fetcher_stop(c);
+    group_free(c);
     free(c->rb_kh); free(c->rb_m);
     sk_release(c, c->pack_d);
     if (c->pack_h) c->base.shape.be->host_free(c->pack_h);
@@ -1725,6 +2099,8 @@ const kv_class kv_policy_shadowkv = {
     .kept = sk_kept,
     .free = sk_free,
     .end_step = sk_end_step,
+    .step_batch = sk_step_batch,
+    .step_ropes = 1,
     .floor = sk_floor,
 };
 
@@ -1746,6 +2122,7 @@ int kv_shadowkv_new(const kv_opts *o, const kv_shape *shape, kv_cache **out) {
     if (!c) return skv_error(SKV_ENOMEM, "out of memory");
     c->base.cls = c->base.policy = &kv_policy_shadowkv;
     c->base.shape = *shape;
+    c->id = __atomic_add_fetch(&sk_ids, 1, __ATOMIC_RELAXED);
     if (!c->base.shape.be) c->base.shape.be = &skv_backend_cpu;
     c->base.step = -1;
     c->o = *o;

@@ -54,6 +54,10 @@ static int cpu_available(char *why, size_t n) {
 
 static void *cpu_alloc(size_t bytes) { return skv_aligned_alloc(bytes); }
 static void cpu_free(void *p) { free(p); }
+static void *cpu_alloc_raw(size_t bytes) {
+    size_t rounded = (bytes + 63) & ~(size_t)63;
+    return rounded < bytes ? NULL : aligned_alloc(64, rounded ? rounded : 64);
+}
 static void cpu_copy(void *dst, const void *src, size_t bytes) { memcpy(dst, src, bytes); }
 
 static void cpu_copy2d(void *dst, size_t dpitch, const void *src, size_t spitch, size_t width, size_t height) {
@@ -215,6 +219,48 @@ static void cpu_swiglu(float *gate, const float *up, size_t len) {
         size_t j0 = (size_t)p * 4096, m = len - j0 < 4096 ? len - j0 : 4096;
         swiglu_run(gate + j0, up + j0, (int)m);
     }
+}
+
+/* The fused forms: the same arithmetic as the calls they stand for (add
+ * then rmsnorm row by row; one set of angles a row for q and k), so the
+ * results are those calls' bit for bit, in one pass over each row. */
+static void cpu_add_rmsnorm(float *x, const float *y, float *out, const float *w, int n, int dim, float eps) {
+    #pragma omp parallel for schedule(static) if ((size_t)n * dim >= PAR_MIN)
+    for (int i = 0; i < n; i++) {
+        float *xi = x + (size_t)i * dim, *oi = out + (size_t)i * dim;
+        const float *yi = y + (size_t)i * dim;
+        double ss = 0;
+        for (int j = 0; j < dim; j++) {
+            xi[j] += yi[j];
+            ss += (double)xi[j] * xi[j];
+        }
+        float s = (float)(1.0 / sqrt(ss / dim + eps));
+        for (int j = 0; j < dim; j++) oi[j] = xi[j] * s * w[j];
+    }
+}
+
+static void cpu_rope_qk(const rope_ctx *r, float *q, int n_heads, float *k, int n_kv, float *k_pre, int n, int pos0,
+                        const int *pos) {
+    size_t qd = (size_t)n_heads * r->head_dim, kd = (size_t)n_kv * r->head_dim;
+    SKV_ASSERT(r->rope_dim / 2 <= 512);
+    #pragma omp parallel for schedule(static) if ((size_t)n * (qd + kd) >= PAR_MIN)
+    for (int i = 0; i < n; i++) {
+        float cs[512], sn[512];
+        if (k_pre) memcpy(k_pre + i * kd, k + i * kd, sizeof(float) * kd);
+        rope_angles(r, pos ? pos[i] : pos0 + i, cs, sn);
+        rope_rotate(r, q + i * qd, n_heads, cs, sn);
+        rope_rotate(r, k + i * kd, n_kv, cs, sn);
+    }
+}
+
+static void cpu_matmul_swiglu(enum ggml_type tg, const void *Wg, enum ggml_type tu, const void *Wu, int rows, int cols,
+                              const float *x, int n, float *gate, float *up, skv_workspace *ws) {
+    enum ggml_type t[2] = {tg, tu};
+    const void *W[2] = {Wg, Wu};
+    int r[2] = {rows, rows};
+    float *y[2] = {gate, up};
+    cpu_matmul_k(2, t, W, r, cols, x, n, y, ws);
+    cpu_swiglu(gate, up, (size_t)n * rows);
 }
 
 static void cpu_attend_rows(const float *q, const float *K, const float *V, int n, int hd, int stride, float scale,
@@ -590,6 +636,46 @@ static void cpu_kv_store_h(uint16_t *cache, size_t head_stride, int n_kv, int d,
             vec_to_f16(cache + (size_t)kh * head_stride + (size_t)(pos + t) * d, src + t * row + (size_t)kh * d, d);
 }
 
+/* A batch's decode step: the per-sequence ops in turn, so the results are
+ * theirs bit for bit (each attend_decode already spreads its KV heads and
+ * parts over the threads). */
+static void cpu_kv_store_batch(const skv_kv_seq *seq, int n, int n_kv, int d, const float *k, const float *v) {
+    size_t row = (size_t)n_kv * d;
+    for (int i = 0; i < n; i++) {
+        cpu_kv_store(seq[i].k, seq[i].head_stride, n_kv, d, seq[i].pos, 1, k + i * row);
+        cpu_kv_store(seq[i].v, seq[i].head_stride, n_kv, d, seq[i].pos, 1, v + i * row);
+    }
+}
+
+static void cpu_kv_store_batch_h(const skv_kv_seq *seq, int n, int n_kv, int d, const float *k, const float *v) {
+    size_t row = (size_t)n_kv * d;
+    for (int i = 0; i < n; i++) {
+        cpu_kv_store_h(seq[i].k, seq[i].head_stride, n_kv, d, seq[i].pos, 1, k + i * row);
+        cpu_kv_store_h(seq[i].v, seq[i].head_stride, n_kv, d, seq[i].pos, 1, v + i * row);
+    }
+}
+
+static int attend_decode_batch_t(const skv_kv_seq *seq, int n, int n_heads, int n_kv, int d, int half,
+                                 const float *q, float *out) {
+    size_t row = (size_t)n_heads * d;
+    for (int i = 0; i < n; i++) {
+        int rc = attend_decode_t(q + i * row, n_heads, n_kv, d, seq[i].k, seq[i].v, half, seq[i].pos + 1, d,
+                                 seq[i].head_stride, out + i * row);
+        if (rc) return rc;
+    }
+    return 0;
+}
+
+static int cpu_attend_decode_batch(const skv_kv_seq *seq, int n, int n_heads, int n_kv, int d, const float *q,
+                                   float *out) {
+    return attend_decode_batch_t(seq, n, n_heads, n_kv, d, 0, q, out);
+}
+
+static int cpu_attend_decode_batch_h(const skv_kv_seq *seq, int n, int n_heads, int n_kv, int d, const float *q,
+                                     float *out) {
+    return attend_decode_batch_t(seq, n, n_heads, n_kv, d, 1, q, out);
+}
+
 static void cpu_gather(const float *src, int rows, int cols, const int *src_idx, int n, float *dst,
                        const size_t *dst_off, int dst_stride) {
     size_t blk = (size_t)rows * cols;
@@ -627,6 +713,7 @@ const skv_backend skv_backend_cpu = {
     .copy = cpu_copy,
     .copy2d = cpu_copy2d,
     .host_alloc = cpu_alloc,
+    .host_alloc_raw = cpu_alloc_raw,
     .host_free = cpu_free,
     .weight_load = cpu_weight_load,
     .weight_free = cpu_weight_free,
@@ -635,6 +722,10 @@ const skv_backend skv_backend_cpu = {
     .kv_store_h = cpu_kv_store_h,
     .attend_decode_h = cpu_attend_decode_h,
     .attend_causal_h = cpu_attend_causal_h,
+    .kv_store_batch = cpu_kv_store_batch,
+    .attend_decode_batch = cpu_attend_decode_batch,
+    .kv_store_batch_h = cpu_kv_store_batch_h,
+    .attend_decode_batch_h = cpu_attend_decode_batch_h,
     .matmul = cpu_matmul,
     .matmul_k = cpu_matmul_k,
     .embed = cpu_embed,
@@ -643,6 +734,9 @@ const skv_backend skv_backend_cpu = {
     .add_bias = cpu_add_bias,
     .add = cpu_add,
     .swiglu = cpu_swiglu,
+    .add_rmsnorm = cpu_add_rmsnorm,
+    .rope_qk = cpu_rope_qk,
+    .matmul_swiglu = cpu_matmul_swiglu,
     .attend_rows = cpu_attend_rows,
     .attend_group = cpu_attend_group,
     .attend_merge = cpu_attend_merge,
@@ -653,6 +747,8 @@ const skv_backend skv_backend_cpu = {
     .score = shadowkv_score,
     .topk = shadowkv_topk,
     .gather = cpu_gather,
+    .round_h = shadowkv_round_f16,
+    .sk_gather_chunks = shadowkv_gather_chunks,
     .rebuild = shadowkv_rebuild,
     .sk_books = shadowkv_books,
     .sk_gather_misses = shadowkv_gather_misses,

@@ -257,6 +257,16 @@ void shadowkv_round_f16(float *x, size_t n) {
     }
 }
 
+void shadowkv_gather_chunks(const float *src, size_t src_row, size_t src_head, const int *cand, int h, int n_cand,
+                            int rows, int d, float *dst, size_t dst_head) {
+    for (int kh = 0; kh < h; kh++)
+        for (int i = 0; i < n_cand; i++) {
+            const float *s = src + (size_t)kh * src_head + (size_t)cand[(size_t)kh * n_cand + i] * rows * src_row;
+            float *o = dst + (size_t)kh * dst_head + (size_t)i * rows * d;
+            for (int t = 0; t < rows; t++) memcpy(o + (size_t)t * d, s + (size_t)t * src_row, sizeof(float) * d);
+        }
+}
+
 void shadowkv_softmax_add(float *lg, int n, float *acc) {
     float mx = vec_max(lg, n);
     for (int j = 0; j < n; j++) lg[j] -= mx;
@@ -562,6 +572,114 @@ void shadowkv_rebuild_misses(const float *U, int r, const float *SVt, int d, int
             shadowkv_rebuild(U, r, SVt + (size_t)kh * r * d, d, chunk * c, c, rope, cs, sn,
                              K[kh] + (size_t)(row_slot + slot_of[(size_t)kh * k + i] * c) * d);
         }
+}
+
+/* ---- a batched decode step (the CPU twins of the sk_step_* ops) --------- */
+
+void shadowkv_step_append(const sk_step *st, float *q, const float *k, const float *v) {
+    int d = st->d;
+    SKV_ASSERT(!st->rope_new || st->rope->rope_dim / 2 <= 512);
+    for (int j = 0; j < st->n_jobs; j++) {
+        const sk_job *J = &st->jobs[j];
+        const int *sq = st->seq + 2 * J->gi;
+        size_t off = (size_t)sq[0] * st->kvd + (size_t)J->kh * d, row = (size_t)(J->row_gen + sq[1]) * d;
+        memcpy(J->K + row, J->key ? J->key : k + off, sizeof(float) * d);
+        memcpy(J->V + row, v + off, sizeof(float) * d);
+        if (st->rope_new) { /* rope_qk's angles and rotation, at the row's position */
+            float cs[512], sn[512];
+            rope_angles(st->rope, J->s + sq[1], cs, sn);
+            rope_rotate(st->rope, q + (size_t)sq[0] * st->qd + (size_t)J->kh * st->group * d, st->group, cs, sn);
+            if (!J->key) rope_rotate(st->rope, J->K + row, 1, cs, sn);
+        }
+    }
+}
+
+void shadowkv_step_logits(const sk_step *st, const float *q) {
+    for (int j = 0; j < st->n_jobs; j++) {
+        const sk_job *J = &st->jobs[j];
+        const float *qj = q + (size_t)st->seq[2 * J->gi] * st->qd + (size_t)J->kh * st->group * st->d;
+        shadowkv_score_logits(qj, st->group, st->d, J->lm, J->n_cand, 1.0f / sqrtf((float)st->d), st->lg + J->lg,
+                              (size_t)J->n_cand);
+    }
+}
+
+void shadowkv_step_stats(const sk_step *st) {
+    for (int j = 0; j < st->n_jobs; j++) {
+        const sk_job *J = &st->jobs[j];
+        size_t n = (size_t)J->n_cand;
+        float *logit = st->lg + J->lg, *acc = logit + (size_t)st->group * n; /* shadowkv_score's tmp */
+        memset(acc, 0, sizeof(float) * st->group * n);
+        for (int g = 0; g < st->group; g++) shadowkv_softmax_add(logit + g * n, (int)n, acc + g * n);
+        shadowkv_group_max(acc, st->group, (int)n, J->score);
+    }
+}
+
+void shadowkv_step_topk(const sk_step *st) {
+    for (int j = 0; j < st->n_jobs; j++) shadowkv_topk(st->jobs[j].score, st->jobs[j].n_cand, st->jobs[j].k, st->jobs[j].sel);
+}
+
+void shadowkv_step_books(const sk_step *st) {
+    for (int j = 0; j < st->n_jobs; j++) {
+        const sk_job *J = &st->jobs[j];
+        SKV_ASSERT(J->k <= J->n_cand);
+        *J->n_miss = km_cache_update(J->k, J->slot_id, J->where, J->stamp, J->epoch, J->sel, J->k, J->slot_of, J->miss);
+    }
+}
+
+void shadowkv_step_select(const sk_step *st) {
+    if (!st->scored) shadowkv_step_stats(st);
+    shadowkv_step_topk(st);
+    shadowkv_step_books(st);
+}
+
+void shadowkv_step_fetch(const sk_step *st) {
+    for (int j = 0; j < st->n_jobs; j++) {
+        const sk_job *J = &st->jobs[j];
+        size_t blk = (size_t)J->c * st->d;
+        for (int m = 0; m < *J->n_miss; m++) {
+            int i = J->miss[m];
+            memcpy(J->V + (size_t)(J->row_slot + J->slot_of[i] * J->c) * st->d, J->store + (size_t)J->sel[i] * blk,
+                   sizeof(float) * blk);
+        }
+    }
+}
+
+void shadowkv_step_rebuild(const sk_step *st) {
+    for (int j = 0; j < st->n_jobs; j++) {
+        const sk_job *J = &st->jobs[j];
+        for (int m = 0; m < *J->n_miss; m++) {
+            int i = J->miss[m];
+            shadowkv_rebuild(J->U, J->r, J->svt, st->d, J->cand[J->sel[i]] * J->c, J->c, st->rope, J->cs, J->sn,
+                             J->K + (size_t)(J->row_slot + J->slot_of[i] * J->c) * st->d);
+        }
+    }
+}
+
+void shadowkv_step_attend(const sk_step *st, const float *q, float *out) {
+    int d = st->d;
+    float scale = 1.0f / sqrtf((float)d);
+    for (int j = 0; j < st->n_jobs; j++) {
+        const sk_job *J = &st->jobs[j];
+        const int *sq = st->seq + 2 * J->gi;
+        int rows = J->row_gen + sq[1] + 1;
+        for (int g = 0; g < st->group; g++) {
+            size_t off = (size_t)sq[0] * st->qd + (size_t)(J->kh * st->group + g) * d;
+            const float *qg = q + off;
+            float *o = out + off, mx = -INFINITY;
+            for (int t = 0; t < rows; t++) {
+                float s = vec_dot(qg, J->K + (size_t)t * d, d) * scale;
+                if (s > mx) mx = s;
+            }
+            double l = 0;
+            memset(o, 0, sizeof(float) * d);
+            for (int t = 0; t < rows; t++) {
+                float w = expf(vec_dot(qg, J->K + (size_t)t * d, d) * scale - mx);
+                l += w;
+                vec_axpy(o, w, J->V + (size_t)t * d, d);
+            }
+            for (int e = 0; e < d; e++) o[e] = l > 0 ? (float)(o[e] / l) : 0.0f;
+        }
+    }
 }
 
 /* ---- offload store ------------------------------------------------------ */

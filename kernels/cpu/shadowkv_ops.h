@@ -66,6 +66,10 @@ void shadowkv_score_logits_h(const float *q, int group, int d, const uint16_t *l
 /* Rounds x (n) to the nearest half-precision values, kept in f32 (what the
  * landmarks hold on every backend: shadowkv_score_logits_h reads them). */
 void shadowkv_round_f16(float *x, size_t n);
+/* The candidate chunks of a layer's KV heads gathered (skv_backend's
+ * sk_gather_chunks; the device's end of prefill, and its CPU twin). */
+void shadowkv_gather_chunks(const float *src, size_t src_row, size_t src_head, const int *cand, int h, int n_cand,
+                            int rows, int d, float *dst, size_t dst_head);
 
 /* score (n) = the max over the group's query heads of gs (group, n): the
  * group score shadowkv_score ends with. */
@@ -151,6 +155,103 @@ void shadowkv_gather_misses(const float *store, int c, int d, int h, int k, int 
 void shadowkv_rebuild_misses(const float *U, int r, const float *SVt, int d, int c, int h, int k, int n_cand,
                              const int *cand, const int *sel, const int *slot_of, const int *miss, const int *n_miss,
                              const rope_ctx *rope, const float *cs, const float *sn, float *const *K, int row_slot);
+
+/* ---- a batched decode step: every sequence and KV head of a layer at once --
+ * (the backend ops sk_step_*: on a device one launch each, whatever the
+ * batch, the heads or their budgets; these are their CPU twins.) The step
+ * of a layer is: append each sequence's new key and value rows (RoPE of
+ * the query and the key first, when the step does it), the landmarks'
+ * logits, select (softmax statistics and the group max, top-k, the chunk
+ * caches' books), fetch the missed values, rebuild the missed keys,
+ * attend. Each (sequence, KV head) is one job of a
+ * table in the backend's memory; sequences may differ in budget (k), in
+ * candidates, rank, chunk and rows. */
+
+#define SK_STEP_G_MAX 8       /* query heads a KV head (the fused step's registers) */
+#define SK_STEP_D_MAX 256     /* head dim */
+#define SK_STEP_K_MAX 4096    /* chunks selected a head (top-k sorts them in shared memory) */
+#define SK_STEP_PARTS 32      /* attention parts a head, at most (split-K) */
+#define SK_STEP_PART_ROWS 128 /* rows a part, at least */
+
+/* Parts a job's attention over rows rows is split into (its partial results
+ * merged by the last part done). */
+static inline int sk_step_parts(int rows) {
+    int p = (rows + SK_STEP_PART_ROWS - 1) / SK_STEP_PART_ROWS;
+    return p < 1 ? 1 : p > SK_STEP_PARTS ? SK_STEP_PARTS : p;
+}
+
+/* One (sequence, KV head) of the step. Every pointer is the backend's
+ * memory but store (host_alloc's, read by the fetch). */
+typedef struct sk_job {
+    float *K, *V;            /* (cap, d) the head's attention rows: [outliers | slots | local | generated] */
+    const float *lm;         /* (n_cand, d) the candidates' landmarks */
+    const float *U;          /* (s, r) the layer's left singular vectors */
+    const float *svt;        /* (r, d) the head's block of Σ·Vᵀ */
+    const float *cs, *sn;    /* (s, rope_dim/2) RoPE tables of the prompt's positions */
+    const int *cand;         /* (n_cand) each candidate's chunk id */
+    const float *store;      /* (n_cand, c, d) the candidates' values */
+    const float *key;        /* (d) the new key row, or NULL: the step's k row (ShadowKV+ projects it) */
+    int *slot_id, *where;    /* (k), (n_cand): the head's chunk cache (km_cache_update) */
+    unsigned *stamp, *epoch; /* (k), (1) */
+    float *score;            /* (n_cand) landmark scores */
+    int *sel, *slot_of, *miss, *n_miss; /* (k) each, (1): the selection, best first, and its books */
+    int gi, kh;              /* the sequence (its entry in sk_step.seq) and the KV head */
+    int n_cand, k, r, c;     /* candidates, chunks selected, rank, tokens a chunk */
+    int row_slot, row_gen;   /* first row of the cache slots, of the generated tokens */
+    int s;                   /* the prompt's tokens: the new row's position is s + gen (RoPE in append) */
+    size_t lg;               /* the job's scratch at sk_step.lg + lg: (2, group, n_cand) floats */
+} sk_job;
+
+/* The step of one layer: the job table and what every job shares. */
+typedef struct sk_step {
+    const sk_job *jobs;      /* (n_jobs) the backend's memory */
+    const int *seq;          /* (n_seq, 2) the backend's memory: each sequence's row in k, v, q and out, and its
+                                generated rows before this step's (its new row goes at row_gen + that) */
+    int n_jobs, group, d;    /* query heads a KV head, head dim */
+    int kvd, qd;             /* floats a row of k and v, of q and out */
+    int max_cand, max_k, max_c; /* the largest over the jobs (launch shapes) */
+    int max_rows;            /* the most rows a job attends, its new row included */
+    const rope_ctx *rope;    /* host memory: rope_dim, mode and inv_freq (the tables are the jobs') */
+    int rope_new;            /* 1: append first rotates each job's query heads (in place) and its new key
+                                (unless the job has key) at its position (kv_class.step_ropes) */
+    int scored;              /* 1: select takes the jobs' scores as they are and skips the statistics
+                                (tests of the order: ties, NaN and -0, which the statistics never give) */
+    float *lg;               /* scratch: the jobs' logits */
+    float *part;             /* scratch: (n_jobs, SK_STEP_PARTS, group, d + 2) attention partials */
+    unsigned *done;          /* (n_jobs) zero between steps: attention parts finished (the last merges) */
+} sk_step;
+
+/* Each job's new rows: key (job's key, else k's row) and v's row of its
+ * sequence to row row_gen + gen of K and V. With rope_new, first q's query
+ * heads kh*group.. of the row rotated in place and k's head rotated on its
+ * way (k itself is not written), as rope_qk at position s + gen. */
+void shadowkv_step_append(const sk_step *st, float *q, const float *k, const float *v);
+/* Each job's landmark logits into its scratch lg (group, n_cand): the
+ * group's q·lm_j/√d (shadowkv_score_logits). */
+void shadowkv_step_logits(const sk_step *st, const float *q);
+/* Each job's landmark scores from its logits: the softmax of each query
+ * head, the max over the group (shadowkv_score's bits; the logits are
+ * overwritten). */
+void shadowkv_step_stats(const sk_step *st);
+/* Each job's min(k, n_cand) best candidates by score into sel, best first
+ * (shadowkv_topk's order: ties to the lower index, NaN last). */
+void shadowkv_step_topk(const sk_step *st);
+/* Each job's chunk cache takes its selection (k <= n_cand): slot_of, miss,
+ * n_miss as km_cache_update gives them. */
+void shadowkv_step_books(const sk_step *st);
+/* The three above in order (stats skipped when st->scored): the twin of
+ * the one select launch. */
+void shadowkv_step_select(const sk_step *st);
+/* Each job's misses' values: store block sel[i] to rows row_slot +
+ * slot_of[i]*c.. of V. */
+void shadowkv_step_fetch(const sk_step *st);
+/* Each job's misses' keys: chunk cand[sel[i]]'s c rows rebuilt
+ * (shadowkv_rebuild with the job's svt and tables) into rows row_slot +
+ * slot_of[i]*c.. of K. */
+void shadowkv_step_rebuild(const sk_step *st);
+/* Each job's attention: its query group over rows 0..row_gen+gen of K and
+ * V (the new row included), scale 1/√d, into out's row, heads kh*group... */
+void shadowkv_step_attend(const sk_step *st, const float *q, float *out);
 
 /* ---- offload store ---------------------------------------------------- */
 

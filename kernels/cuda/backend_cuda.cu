@@ -133,6 +133,45 @@ void cuda_scratch_free(void *p) {
     g_scratch_pool[it->second].push_back(p);
 }
 
+/* Pinned staging: one arena, handed out front to back and reused from the
+ * front once the compute stream (where every staged copy is queued) has
+ * drained; full before that, it waits for the stream (or grows, when a
+ * request is larger than all of it). A step stages a few ids and drains at
+ * its end, so the arena never fills in a step after the first. */
+static std::mutex g_stage_mu;
+static struct {
+    char *buf;
+    size_t cap, used;
+} g_stage;
+
+const void *cuda_stage(const void *host, size_t bytes) {
+    cuda_ctx *c = cuda_get();
+    size_t need = (bytes + 255) & ~(size_t)255;
+    std::lock_guard<std::mutex> lock(g_stage_mu);
+    if (g_stage.used + need > g_stage.cap) {
+        if (g_stage.used) CK(cudaStreamSynchronize(c->compute)); /* the copies that read it */
+        g_stage.used = 0;
+        if (need > g_stage.cap) {
+            if (g_stage.buf) CK(cudaFreeHost(g_stage.buf));
+            size_t cap = need > ((size_t)64 << 10) ? need : ((size_t)64 << 10);
+            g_stage.buf = NULL;
+            g_stage.cap = 0;
+            CK(cudaHostAlloc((void **)&g_stage.buf, cap, cudaHostAllocDefault));
+            g_stage.cap = cap;
+        }
+    }
+    char *p = g_stage.buf + g_stage.used;
+    g_stage.used += need;
+    memcpy(p, host, bytes);
+    return p;
+}
+
+/* The compute stream has drained: the staging arena is free again. */
+static void stage_drained(void) {
+    std::lock_guard<std::mutex> lock(g_stage_mu);
+    g_stage.used = 0;
+}
+
 /* Keyed by the values, not by the host pointer: a rope_ctx freed and another
  * made at the same address (or the same array rewritten) must not get the
  * first one's frequencies, nor a device array of the wrong length. The copy
@@ -193,35 +232,151 @@ int cu_mem_info(size_t *free_bytes, size_t *total_bytes) {
     return 0;
 }
 
-void *cu_alloc(size_t bytes) {
-    void *p = NULL;
-    if (cudaMalloc(&p, bytes ? bytes : 16) != cudaSuccess) {
-        cudaGetLastError();
-        return NULL;
+/* ---- freeing without a sync ----
+ * Device buffers come from the stream-ordered allocator on the compute
+ * stream (cudaMallocAsync) and go back to it there (cudaFreeAsync), after
+ * what either stream has queued: no host wait. Pinned host memory has no
+ * stream-ordered free, and cudaFreeHost waits for the whole device: a block
+ * freed while work is queued is held back, and freed by the next alloc or
+ * free that finds both streams idle (then that wait costs nothing), or
+ * after a wait when more than HOST_HELD_MAX blocks are held. */
+#define HOST_HELD_MAX 8
+static std::mutex g_held_mu;
+static std::vector<void *> g_host_held;
+
+/* Pinning is slow (cudaHostAlloc maps page by page: seconds for the 16 GB
+ * store of a long sequence) and cudaFreeHost waits for the device, so a
+ * block of at least HOST_POOL_MIN bytes that host_release would free goes,
+ * once nothing queued reads it, to a pool of at most HOST_POOL_MAX (the
+ * oldest leaves first) and is handed to the next allocation of the same
+ * size: a bench that frees and makes sequences pins its stores once.
+ * Smaller blocks pin fast and are freed. The pool is given back when an
+ * allocation fails and at exit. All under g_held_mu. */
+#define HOST_POOL_MAX 4
+#define HOST_POOL_MIN ((size_t)1 << 20)
+static std::vector<void *> g_host_pool;
+static std::unordered_map<void *, size_t> g_host_size; /* each pinned block's size, live or pooled */
+static int g_pool_hooked;
+
+static void pool_free_one(void *p) {
+    g_host_size.erase(p);
+    CK(cudaFreeHost(p));
+}
+
+static void pool_put(void *p) {
+    if (g_host_size[p] < HOST_POOL_MIN) {
+        pool_free_one(p);
+        return;
     }
-    /* Zeroed on the compute stream and waited for: cudaMemset would queue on
-     * the legacy default stream, which the two non-blocking streams are not
-     * ordered with, so a row an op writes right after could be zeroed after. */
+    if (g_host_pool.size() >= HOST_POOL_MAX) {
+        pool_free_one(g_host_pool.front());
+        g_host_pool.erase(g_host_pool.begin());
+    }
+    g_host_pool.push_back(p);
+}
+
+/* A pooled block of n bytes, or NULL. */
+static void *pool_take(size_t n) {
+    std::lock_guard<std::mutex> lock(g_held_mu);
+    for (size_t i = 0; i < g_host_pool.size(); i++)
+        if (g_host_size[g_host_pool[i]] == n) {
+            void *p = g_host_pool[i];
+            g_host_pool.erase(g_host_pool.begin() + (long)i);
+            return p;
+        }
+    return NULL;
+}
+
+static void pool_drain(void) {
+    std::lock_guard<std::mutex> lock(g_held_mu);
+    for (void *p : g_host_pool) pool_free_one(p);
+    g_host_pool.clear();
+}
+
+/* At exit (hooked after the runtime started, so before its own teardown):
+ * errors ignored, a fault's sticky error included. */
+static void pool_at_exit(void) {
+    std::lock_guard<std::mutex> lock(g_held_mu);
+    for (void *p : g_host_pool) cudaFreeHost(p);
+    g_host_pool.clear();
+}
+
+/* 1 when stream s has work queued that has not finished (a query, not a
+ * wait: the simulator does not count it as a host sync). */
+static int stream_busy(cudaStream_t s) {
+    cudaError_t e = cudaStreamQuery(s);
+    if (e == cudaErrorNotReady) {
+        cudaGetLastError(); /* not an error: clear it */
+        return 1;
+    }
+    CK(e);
+    return 0;
+}
+
+/* 1 when the compute and fetch streams have nothing queued. */
+static int streams_idle(void) {
+    cuda_ctx *c = cuda_get();
+    return !stream_busy(c->compute) && !stream_busy(c->fetch);
+}
+
+/* Frees the held pinned blocks if nothing queued can still read them: when
+ * both streams are idle, or (wait) after waiting for them. */
+static void host_release(int wait) {
+    std::lock_guard<std::mutex> lock(g_held_mu);
+    if (g_host_held.empty()) return;
+    if (!streams_idle()) {
+        if (!wait) return;
+        cuda_ctx *c = cuda_get();
+        cuda_after_fetch(); /* the compute stream after the last gather: its end is both streams' */
+        CK(cudaStreamSynchronize(c->compute));
+    }
+    for (void *p : g_host_held) pool_put(p);
+    g_host_held.clear();
+}
+
+void *cu_alloc(size_t bytes) {
+    host_release(0);
+    size_t n = bytes ? bytes : 16;
     cudaStream_t st = cuda_after_fetch();
-    CK(cudaMemsetAsync(p, 0, bytes ? bytes : 16, st));
-    CK(cudaStreamSynchronize(st));
+    void *p = NULL;
+    if (cudaMallocAsync(&p, n, st) != cudaSuccess) {
+        cudaGetLastError();
+        /* frees still queued hold memory until their stream reaches them:
+         * out of memory, wait for them once and try again */
+        CK(cudaStreamSynchronize(st));
+        if (cudaMallocAsync(&p, n, st) != cudaSuccess) {
+            cudaGetLastError();
+            return NULL;
+        }
+    }
+    /* Zeroed on the compute stream, in its order: every op that uses the
+     * buffer is queued after this, there or on the fetch stream (forked from
+     * it by an event); cudaMemset would queue on the legacy default stream,
+     * which the two non-blocking streams are not ordered with. */
+    CK(cudaMemsetAsync(p, 0, n, st));
     return p;
 }
 
 void cu_free(void *p) {
+    host_release(0);
     if (!p) return;
-    CK(cudaDeviceSynchronize()); /* queued work may still read it */
-    CK(cudaFree(p));
+    /* after the work queued on both streams: the compute stream first waits
+     * for the last gather on the fetch stream (an event) */
+    CK(cudaFreeAsync(p, cuda_after_fetch()));
 }
 
+/* Synchronous by contract: the host's buffer is free (upload) or filled
+ * (download) on return. */
 void cu_upload(void *dst, const void *host_src, size_t bytes) {
     CK(cudaMemcpyAsync(dst, host_src, bytes, cudaMemcpyHostToDevice, cuda_after_fetch()));
     CK(cudaStreamSynchronize(cuda_get()->compute));
+    stage_drained();
 }
 
 void cu_download(void *host_dst, const void *src, size_t bytes) {
     CK(cudaMemcpyAsync(host_dst, src, bytes, cudaMemcpyDeviceToHost, cuda_after_fetch()));
     CK(cudaStreamSynchronize(cuda_get()->compute));
+    stage_drained();
 }
 
 void cu_copy(void *dst, const void *src, size_t bytes) {
@@ -238,28 +393,51 @@ void cu_copy2d(void *dst, size_t dpitch, const void *src, size_t spitch, size_t 
     CK(cudaMemcpy2DAsync(dst, dpitch, src, spitch, width, height, cudaMemcpyDefault, st));
 }
 
-void *cu_host_alloc(size_t bytes) {
-    void *p = NULL;
+static void *host_alloc(size_t bytes, int zero) {
+    size_t n = bytes ? bytes : 16;
     cuda_get();
-    if (cudaHostAlloc(&p, bytes ? bytes : 16, cudaHostAllocMapped | cudaHostAllocPortable) != cudaSuccess) {
-        cudaGetLastError();
-        return NULL;
+    host_release(0); /* pinned blocks held back by frees, if nothing queued reads them now */
+    void *p = pool_take(n);
+    if (!p) {
+        if (cudaHostAlloc(&p, n, cudaHostAllocMapped | cudaHostAllocPortable) != cudaSuccess) {
+            cudaGetLastError();
+            /* out of pinned memory: wait for the queued work, take a block
+             * the frees held if one fits, else give the pool back and try
+             * once more */
+            host_release(1);
+            if (!(p = pool_take(n))) {
+                pool_drain();
+                if (cudaHostAlloc(&p, n, cudaHostAllocMapped | cudaHostAllocPortable) != cudaSuccess) {
+                    cudaGetLastError();
+                    return NULL;
+                }
+            }
+        }
+        std::lock_guard<std::mutex> lock(g_held_mu);
+        if (!g_host_size.count(p)) g_host_size[p] = n;
+        if (!g_pool_hooked) {
+            g_pool_hooked = 1;
+            atexit(pool_at_exit);
+        }
     }
-    memset(p, 0, bytes ? bytes : 16);
+    if (zero) memset(p, 0, n);
     return p;
 }
 
+void *cu_host_alloc(size_t bytes) { return host_alloc(bytes, 1); }
+
+/* Not zeroed: for memory written whole before it is read (the offload store). */
+void *cu_host_alloc_raw(size_t bytes) { return host_alloc(bytes, 0); }
+
 void cu_host_free(void *p) {
     if (!p) return;
-    CK(cudaDeviceSynchronize());
-    CK(cudaFreeHost(p));
-}
-
-void cu_sync(void) {
-    cuda_ctx *c = cuda_get();
-    cuda_after_fetch();
-    CK(cudaStreamSynchronize(c->fetch));
-    CK(cudaStreamSynchronize(c->compute));
+    size_t held;
+    {
+        std::lock_guard<std::mutex> lock(g_held_mu);
+        g_host_held.push_back(p);
+        held = g_host_held.size();
+    }
+    host_release(held > HOST_HELD_MAX);
 }
 
 /* ---- timeline ---- */
@@ -310,6 +488,7 @@ void cuda_span_end(cuda_span_mark m, int stream, const char *op) {
 }
 
 void cu_span_tag(int layer, int step) {
+    cuda_count_tag(layer, step); /* SKV_CUDA_COUNT=1's steps (cuda_count.cu) */
     g_tl.layer = layer;
     g_tl.step = step;
 }
@@ -349,3 +528,20 @@ int cu_span_drain(skv_span *out, int max) {
     return n;
 }
 
+/* One wait: the compute stream joins the last gather on the fetch stream
+ * (an event, cuda_after_fetch), so waiting for compute waits for the
+ * gathers too (their work is bracketed by cuda_fetch_begin/end). The fetch
+ * stream is waited for as well only when something is still queued there
+ * after its last join (a timeline span's closing event, while spans are
+ * on). No wait at all when both are idle already: a query is not a sync. */
+void cu_sync(void) {
+    cuda_ctx *c = cuda_get();
+    cudaStream_t st = cuda_after_fetch();
+    /* spans on: the fetch stream first, so that its spans' closing events
+     * are not left for span_drain's waits (the simulator times an event when
+     * it runs) */
+    if (g_tl.on && stream_busy(c->fetch)) CK(cudaStreamSynchronize(c->fetch));
+    if (stream_busy(st)) CK(cudaStreamSynchronize(st));
+    if (stream_busy(c->fetch)) CK(cudaStreamSynchronize(c->fetch));
+    stage_drained();
+}

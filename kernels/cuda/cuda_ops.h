@@ -22,6 +22,7 @@ void cu_download(void *host_dst, const void *src, size_t bytes);
 void cu_copy(void *dst, const void *src, size_t bytes);
 void cu_copy2d(void *dst, size_t dpitch, const void *src, size_t spitch, size_t width, size_t height);
 void *cu_host_alloc(size_t bytes);
+void *cu_host_alloc_raw(size_t bytes);
 void cu_host_free(void *p);
 void cu_sync(void);
 void cu_span_tag(int layer, int step);
@@ -38,6 +39,11 @@ void cu_rope(const rope_ctx *r, float *x, int n, int n_heads, int pos0);
 void cu_add_bias(float *y, const float *b, int n, int width);
 void cu_add(float *y, const float *x, size_t len);
 void cu_swiglu(float *gate, const float *up, size_t len);
+void cu_add_rmsnorm(float *x, const float *y, float *out, const float *w, int n, int dim, float eps);
+void cu_rope_qk(const rope_ctx *r, float *q, int n_heads, float *k, int n_kv, float *k_pre, int n, int pos0,
+                const int *pos);
+void cu_matmul_swiglu(enum ggml_type tg, const void *Wg, enum ggml_type tu, const void *Wu, int rows, int cols,
+                      const float *x, int n, float *gate, float *up, skv_workspace *ws);
 void cu_kv_store(float *cache, size_t head_stride, int n_kv, int d, int pos, int n, const float *src);
 void cu_kv_store_h(uint16_t *cache, size_t head_stride, int n_kv, int d, int pos, int n, const float *src);
 int cu_attend_decode_h(const float *q, int n_heads, int n_kv, int d, const uint16_t *K, const uint16_t *V, int rows,
@@ -56,6 +62,11 @@ int cu_attend_decode(const float *q, int n_heads, int n_kv, int d, const float *
                      int stride, size_t head_stride, float *out);
 void cu_attend_causal(const float *q, int nq, int pos, int n_heads, int n_kv_heads, int d, const float *K,
                       const float *V, int stride, size_t head_stride, float *out);
+void cu_kv_store_batch(const skv_kv_seq *seq, int n, int n_kv, int d, const float *k, const float *v);
+void cu_kv_store_batch_h(const skv_kv_seq *seq, int n, int n_kv, int d, const float *k, const float *v);
+int cu_attend_decode_batch(const skv_kv_seq *seq, int n, int n_heads, int n_kv, int d, const float *q, float *out);
+int cu_attend_decode_batch_h(const skv_kv_seq *seq, int n, int n_heads, int n_kv, int d, const float *q,
+                             float *out);
 /* ops_sparse.cu */
 int cu_svd(const float *K, int s, int n, int r, float *U, float *SVt, float *Vt, float *sv, float *rel_err);
 void cu_landmarks(const float *K, int stride, int d, int c, int n_chunks, float *lm);
@@ -65,6 +76,9 @@ void cu_score(const float *q, int nq, size_t q_stride, int group, int d, const f
 int cu_topk(const float *score, int n, int k, int *idx);
 void cu_gather(const float *src, int rows, int cols, const int *src_idx, int n, float *dst, const size_t *dst_off,
                int dst_stride);
+void cu_round_h(float *x, size_t n);
+void cu_sk_gather_chunks(const float *src, size_t src_row, size_t src_head, const int *cand, int h, int n_cand,
+                         int rows, int d, float *dst, size_t dst_head);
 void cu_rebuild(const float *U, int r, const float *svt, int d, int t0, int n, const rope_ctx *rope, const float *cs,
                 const float *sn, float *out);
 void cu_sk_books(int h, int k, int n_cand, const int *sel, int *slot_id, int *where, unsigned *stamp, unsigned *epoch,
@@ -75,6 +89,13 @@ void cu_sk_rebuild_misses(const float *U, int r, const float *SVt, int d, int c,
                           const int *cand, const int *sel, const int *slot_of, const int *miss, const int *n_miss,
                           const rope_ctx *rope, const float *cs, const float *sn, float *const *K, int row_slot);
 void cu_project(const float *Vt, int r, int n, const float *x, float *y, float *coef);
+/* ops_sk_step.cu */
+void cu_sk_step_append(const sk_step *st, float *q, const float *k, const float *v);
+void cu_sk_step_logits(const sk_step *st, const float *q);
+void cu_sk_step_select(const sk_step *st);
+void cu_sk_step_fetch(const sk_step *st);
+void cu_sk_step_rebuild(const sk_step *st);
+void cu_sk_step_attend(const sk_step *st, const float *q, float *out);
 void cu_page_bounds(const float *K, int stride, int d, int p, int t0, int n, float *mn, float *mx, int bstride);
 void cu_page_score(const float *q, int d, const float *mn, const float *mx, int bstride, int n_pages, float *U);
 void cu_kivi(const float *x, int n, int stride, int bits, int midpoint, float *y, uint8_t *codes, float *scale,

@@ -24,13 +24,52 @@ extern "C" {
 }
 #include "cuda_ops.h"
 
+/* What a call costs the host, for the counts of SKV_CUDA_COUNT=1
+ * (cuda_count.cu), from the call's text at compile time: CUDA_CALL_SYNC, a
+ * call the host waits in for the device (the *Synchronize calls, cudaFree,
+ * cudaFreeHost, cudaMemcpy, cudaMemcpy2D); CUDA_CALL_GRAPH, a graph launch;
+ * CUDA_CALL_LIB, a cuBLAS, cuSOLVER or CUB call that queues work (not a
+ * handle's setup, a workspace query or a status read); else 0. */
+enum { CUDA_CALL_SYNC = 1, CUDA_CALL_GRAPH = 2, CUDA_CALL_LIB = 3 };
+static constexpr int cuda_call_is(const char *s, const char *name, int whole) {
+    int i = 0;
+    for (; name[i]; i++)
+        if (s[i] != name[i]) return 0;
+    return !whole || s[i] == '(' || s[i] == ' ';
+}
+static constexpr int cuda_call_has(const char *s, const char *part) {
+    for (; *s && *s != '('; s++)
+        if (cuda_call_is(s, part, 0)) return 1;
+    return 0;
+}
+static constexpr int cuda_call_kind(const char *s) {
+    return cuda_call_has(s, "Synchronize") || cuda_call_is(s, "cudaFree", 1) || cuda_call_is(s, "cudaFreeHost", 1) ||
+                   cuda_call_is(s, "cudaMemcpy", 1) || cuda_call_is(s, "cudaMemcpy2D", 1)
+               ? CUDA_CALL_SYNC
+           : cuda_call_is(s, "cudaGraphLaunch", 1) ? CUDA_CALL_GRAPH
+           : (cuda_call_is(s, "cublas", 0) || cuda_call_is(s, "cusolver", 0) || cuda_call_is(s, "cub::", 0)) &&
+                   !cuda_call_has(s, "Create") && !cuda_call_has(s, "Destroy") && !cuda_call_has(s, "Set") &&
+                   !cuda_call_has(s, "Get") && !cuda_call_has(s, "bufferSize")
+               ? CUDA_CALL_LIB
+               : 0;
+}
+/* Counts a call of that kind (nothing unless SKV_CUDA_COUNT=1), and a kernel
+ * launch (SKV_LAUNCH). */
+extern int cuda_count_on;
+void cuda_count_call(int kind);
+void cuda_count_launch(void);
+/* The engine's tag of the ops queued from now (span_tag): a decode step is
+ * step >= 0, the prefill -1. */
+void cuda_count_tag(int layer, int step);
+#define CUDA_COUNT(call) do { constexpr int k_ = cuda_call_kind(#call); if (k_ && cuda_count_on) cuda_count_call(k_); } while (0)
+
 /* Aborts with the file and line when a CUDA, cuBLAS or cuSOLVER call fails:
  * a device fault mid-run is a broken invariant (allocation failures are
  * reported by the ops that can return them). */
 void cuda_fail(const char *what, const char *msg, const char *file, int line) __attribute__((noreturn));
-#define CK(call) do { cudaError_t e_ = (call); if (e_ != cudaSuccess) cuda_fail(#call, cudaGetErrorString(e_), __FILE__, __LINE__); } while (0)
-#define CKB(call) do { cublasStatus_t e_ = (call); if (e_ != CUBLAS_STATUS_SUCCESS) cuda_fail(#call, cublasGetStatusString(e_), __FILE__, __LINE__); } while (0)
-#define CKS(call) do { cusolverStatus_t e_ = (call); if (e_ != CUSOLVER_STATUS_SUCCESS) cuda_fail(#call, "cuSOLVER error", __FILE__, __LINE__); } while (0)
+#define CK(call) do { CUDA_COUNT(call); cudaError_t e_ = (call); if (e_ != cudaSuccess) cuda_fail(#call, cudaGetErrorString(e_), __FILE__, __LINE__); } while (0)
+#define CKB(call) do { CUDA_COUNT(call); cublasStatus_t e_ = (call); if (e_ != CUBLAS_STATUS_SUCCESS) cuda_fail(#call, cublasGetStatusString(e_), __FILE__, __LINE__); } while (0)
+#define CKS(call) do { CUDA_COUNT(call); cusolverStatus_t e_ = (call); if (e_ != CUSOLVER_STATUS_SUCCESS) cuda_fail(#call, "cuSOLVER error", __FILE__, __LINE__); } while (0)
 /* After a launch: its configuration error, if any; with SKV_CUDA_SYNC=1 in
  * the environment also a device sync, so that a fault inside the kernel is
  * reported here, naming it (the last SKV_LAUNCH), not at a later op. */
@@ -67,6 +106,12 @@ void cuda_fetch_end(void);
 void *cuda_scratch(size_t bytes);
 void cuda_scratch_free(void *p);
 
+/* A copy of host's bytes in pinned staging memory, for an op to queue its
+ * upload on the compute stream without the host waiting (embed's ids). It
+ * stays valid until the compute stream next drains (cu_sync, cu_upload,
+ * cu_download), which the forward's sync at the end of a step does. */
+const void *cuda_stage(const void *host, size_t bytes);
+
 /* The device copy of a host array (a rope_ctx's inverse frequencies):
  * uploaded once per host pointer and kept for the process. */
 const float *cuda_const_upload(const float *host, size_t n);
@@ -87,11 +132,13 @@ void cuda_span_end(cuda_span_mark m, int stream, const char *op);
  * SKV_DYN_SHARED declares a kernel's dynamic shared memory the same way. */
 #ifdef __CUDACC__
 #define SKV_LAUNCH(kernel, grid, block, smem, stream) \
-    cuda_note_launch(#kernel), kernel<<<(grid), (block), (smem), (stream)>>>
+    cuda_note_launch(#kernel), cuda_count_on ? cuda_count_launch() : (void)0, \
+        kernel<<<(grid), (block), (smem), (stream)>>>
 #define SKV_DYN_SHARED(type, name) extern __shared__ __align__(32) type name[]
 #else
 #define SKV_LAUNCH(kernel, grid, block, smem, stream) \
-    cuda_note_launch(#kernel), cusim::launcher(#kernel, kernel, (grid), (block), (smem), (stream))
+    cuda_note_launch(#kernel), cuda_count_on ? cuda_count_launch() : (void)0, \
+        cusim::launcher(#kernel, kernel, (grid), (block), (smem), (stream))
 #define SKV_DYN_SHARED(type, name) type *name = (type *)cusim::dyn_smem()
 #endif
 

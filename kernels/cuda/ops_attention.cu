@@ -6,8 +6,10 @@
  * thread, owning one dimension, adds the tile's weighted value rows to its G
  * accumulators, so every K and V row is read once for the whole group.
  * - attend_rows / attend_group: one block (a row set, ShadowKV's sparse set);
- * - attend_decode: flash-decoding, blocks over (KV head, part of the rows),
- *   then a merge kernel (km_osm_merge, attend_merge's rule);
+ * - attend_decode and attend_decode_batch: split-K flash-decoding, one
+ *   launch over (part of the rows, KV head, sequence) with 16-byte loads and
+ *   the parts merged by the last to finish (below); kv_store_batch stores a
+ *   batch's rows in one launch;
  * - attend_causal: a prefill on tensor cores (flash attention, WMMA bf16, below);
  *   a few queries (a block per (query, head) over the causal prefix) in f32.
  * The CPU twins are kernels/cpu/backend_cpu.c's ops of the same names. */
@@ -19,6 +21,8 @@
 #define D_MAX 256
 
 #include <cuda_fp16.h>
+#include <stdint.h>
+#include <string.h>
 
 /* A cache element as f32: the f32 cache's own, or a half-precision
  * (--f16-kv) element widened exactly. */
@@ -148,60 +152,422 @@ void cu_attend_merge(int parts, int g, int d, const float *o, const float *m, co
     CKL();
 }
 
-/* Flash-decoding: block (kh, p) attends KV head kh's group over part p of
- * the rows into the partial buffers (or out, with one part). */
-template <typename T>
-__global__ void k_attend_decode(const float *q, int G, const T *K, const T *V, int rows, int parts, int stride,
-                                size_t head_stride, int d, float scale, float *po, float *pm, float *pl, float *out) {
-    int kh = blockIdx.x, p = blockIdx.y;
-    int r0 = (int)((long long)rows * p / parts), r1 = (int)((long long)rows * (p + 1) / parts);
-    const float *qg = q + (size_t)kh * G * d;
-    const T *Kh = K + kh * head_stride, *Vh = V + kh * head_stride;
-    if (parts == 1) {
-        attend_block(qg, G, (size_t)d, Kh, Vh, r0, r1, stride, d, scale, out + (size_t)kh * G * d, NULL, NULL, 1);
-    } else {
-        size_t t = (size_t)kh * parts + p;
-        attend_block(qg, G, (size_t)d, Kh, Vh, r0, r1, stride, d, scale, po + t * G * d, pm + t * G, pl + t * G, 0);
+/* ---- decode: split-K flash-decoding over a batch of sequences ---------------
+ *
+ * One launch attends every sequence's decode query over its whole cache:
+ * block (p, kh, s) takes part p of sequence s's rows of KV head kh for the
+ * G query heads of its group, so each K and V row is read once for the
+ * group. Inside a block a row group of `tpr` lanes owns a row at a time:
+ * each lane loads its 16-byte slices of the row's key and value (4 floats
+ * or 8 halves; one element where the rows are not aligned for that), the
+ * group's dot products are summed over the row group by shuffles, and each
+ * row group keeps its own online softmax (scores in base 2, log2(e) folded
+ * into the query's scale). The row groups of a warp merge by shuffles, the
+ * warps through shared memory. A sequence of several parts writes a
+ * partial result (unnormalized output, max, sum); the part that finishes
+ * last (a counter per (sequence, KV head)) merges them and resets the
+ * counter, so the merge costs no launch. The sequences' caches and row
+ * counts travel in the kernel's parameters (FD_SEQ_MAX a launch): no host
+ * table, no copy, no sync. */
+#define FD_WARPS 4
+#define FD_SEQ_MAX 64       /* sequences a launch (2 KiB of parameters) */
+#define FD_MIN_ROWS 256     /* rows a part at least */
+#define FD_SPLIT_MAX 256
+
+struct fd_seq {
+    void *k, *v;            /* the cache of one layer: float or __half, KV head kh's rows at + kh*head_stride */
+    long long head_stride;  /* elements */
+    int rows;               /* rows attended; the store writes row rows - 1 */
+    int pad_;
+};
+struct fd_batch {
+    fd_seq s[FD_SEQ_MAX];
+};
+
+/* 16 bytes of a row, loaded at once (LDG.128 under nvcc). */
+#ifdef __CUDACC__
+typedef uint4 fd_raw;
+__device__ __forceinline__ float fd_as_float(unsigned w) { return __uint_as_float(w); }
+__device__ __forceinline__ float fd_half(unsigned short b) { return __half2float(__ushort_as_half(b)); }
+#else
+struct __align__(16) fd_raw {
+    unsigned x, y, z, w;
+};
+static inline float fd_as_float(unsigned w) {
+    float f;
+    memcpy(&f, &w, 4);
+    return f;
+}
+static inline float fd_half(unsigned short b) {
+    __half h;
+    h.x = b;
+    return __half2float(h);
+}
+#endif
+/* A cache row is read once a step: a streaming load (evict first), so it
+ * does not push out what the step reads again. */
+__device__ __forceinline__ fd_raw fd_stream(const void *p) {
+#ifdef __CUDACC__
+    return __ldcs((const uint4 *)p);
+#else
+    return *(const fd_raw *)p;
+#endif
+}
+__device__ __forceinline__ unsigned fd_word(const fd_raw &r, int c) {
+    return c == 0 ? r.x : c == 1 ? r.y : c == 2 ? r.z : r.w;
+}
+
+/* A lane's slice of a row: VEC elements of T, element c as f32. */
+template <typename T, int VEC>
+struct fd_frag;
+template <>
+struct fd_frag<float, 4> {
+    fd_raw r;
+    __device__ __forceinline__ void load(const float *p) { r = fd_stream(p); }
+    __device__ __forceinline__ void zero() { r.x = r.y = r.z = r.w = 0u; }
+    __device__ __forceinline__ float get(int c) const { return fd_as_float(fd_word(r, c)); }
+};
+template <>
+struct fd_frag<__half, 8> {
+    fd_raw r;
+    __device__ __forceinline__ void load(const __half *p) { r = fd_stream(p); }
+    __device__ __forceinline__ void zero() { r.x = r.y = r.z = r.w = 0u; }
+    __device__ __forceinline__ float get(int c) const {
+        return fd_half((unsigned short)(fd_word(r, c >> 1) >> ((c & 1) * 16)));
     }
-}
-
-/* Merges KV head kh's parts: block (kh, a). */
-__global__ void k_decode_merge(int parts, int G, int d, const float *po, const float *pm, const float *pl, float *out) {
-    int kh = blockIdx.x, a = blockIdx.y, e = threadIdx.x;
-    size_t t0 = (size_t)kh * parts;
-    if (e < d)
-        out[((size_t)kh * G + a) * d + e] =
-            merge_dim(parts, a, e, d, po + t0 * G * d, (size_t)G * d, pm + t0 * G, pl + t0 * G, (size_t)G);
-}
-
+};
 template <typename T>
-static int attend_decode_t(const float *q, int n_heads, int n_kv, int d, const T *K, const T *V, int rows, int stride,
-                           size_t head_stride, float *out) {
+struct fd_frag<T, 1> {
+    float x;
+    __device__ __forceinline__ void load(const T *p) { x = ld(p); }
+    __device__ __forceinline__ void zero() { x = 0.0f; }
+    __device__ __forceinline__ float get(int) const { return x; }
+};
+
+/* One kernel configuration: the cache's element type, elements a load
+ * (VEC), loads a lane covers of a row (NV), and the largest group size
+ * (GM >= G) its registers hold. */
+template <typename T_, int VEC_, int NV_, int GM_>
+struct fd_cfg {
+    typedef T_ T;
+    /* E: elements a lane holds of a row; U: rows a row group loads ahead (fewer where a row's slice, or the
+     * group's accumulators, take many registers) */
+    enum { VEC = VEC_, NV = NV_, GM = GM_, E = VEC_ * NV_, U = GM_ >= 8 || NV_ * (VEC_ == 1 ? 1 : 4) >= 8 ? 2 : 4 };
+};
+
+/* q and out (n, n_kv*G*d); part p of sequence s's rows of KV head kh.
+ * po (tasks, G, d) and pml (tasks, G, 2) the partial results, task
+ * (s*n_kv + kh)*splits + p; cnt (n*n_kv) the parts done, 0 between launches.
+ * Four blocks fit a multiprocessor (two for groups over 4: their registers),
+ * which fd_split_cap counts on. */
+template <typename C>
+__global__ void __launch_bounds__(FD_WARPS * 32, C::GM >= 8 ? 2 : 4)
+k_flash_decode(fd_batch b, const float *q, int n_kv, int G, int d, int stride, int tpr, float qscale, float *po,
+               float *pml, unsigned *cnt, float *out) {
+    typedef typename C::T T;
+    enum { VEC = C::VEC, NV = C::NV, GM = C::GM, E = C::E, U = C::U };
+    SKV_DYN_SHARED(float, sh); /* (FD_WARPS, G, d) outputs, then (FD_WARPS, G, 2) max and sum */
+    __shared__ int last;
+    int p = blockIdx.x, kh = blockIdx.y, s = blockIdx.z, splits = gridDim.x;
+    int rows = b.s[s].rows;
+    int parts = rows / FD_MIN_ROWS < splits ? rows / FD_MIN_ROWS : splits;
+    if (parts < 1) parts = 1;
+    if (p >= parts) return;
+    int r0 = (int)((long long)rows * p / parts), r1 = (int)((long long)rows * (p + 1) / parts);
+    int tid = threadIdx.x, warp = tid / 32, lane = tid % 32;
+    int rpw = 32 / tpr, nrg = FD_WARPS * rpw, rg = warp * rpw + lane / tpr, sub = lane % tpr;
+    int nvec = (d + VEC - 1) / VEC;
+    const T *K = (const T *)b.s[s].k + kh * b.s[s].head_stride, *V = (const T *)b.s[s].v + kh * b.s[s].head_stride;
+    size_t qoff = ((size_t)s * n_kv + kh) * G * d;
+    float qr[GM][E], acc[GM][E], m[GM], l[GM];
+#pragma unroll
+    for (int g = 0; g < GM; g++) {
+        m[g] = -INFINITY;
+        l[g] = 0.0f;
+#pragma unroll
+        for (int j = 0; j < NV; j++)
+#pragma unroll
+            for (int c = 0; c < VEC; c++) {
+                int e = (sub + j * tpr) * VEC + c;
+                qr[g][j * VEC + c] = g < G && e < d ? q[qoff + (size_t)g * d + e] * qscale : 0.0f;
+                acc[g][j * VEC + c] = 0.0f;
+            }
+    }
+    /* rows base + u*nrg + rg; the loop's count is the block's, so every lane reaches the shuffles */
+    for (int base = r0; base < r1; base += nrg * U) {
+        fd_frag<T, VEC> kf[U][NV], vf[U][NV];
+        float sc[U][GM];
+#pragma unroll
+        for (int u = 0; u < U; u++) {
+            int row = base + u * nrg + rg;
+#pragma unroll
+            for (int j = 0; j < NV; j++) {
+                int vi = sub + j * tpr;
+                if (row < r1 && vi < nvec) {
+                    kf[u][j].load(K + (size_t)row * stride + vi * VEC);
+                    vf[u][j].load(V + (size_t)row * stride + vi * VEC);
+                } else {
+                    kf[u][j].zero();
+                    vf[u][j].zero();
+                }
+            }
+        }
+#pragma unroll
+        for (int u = 0; u < U; u++)
+#pragma unroll
+            for (int g = 0; g < GM; g++) {
+                float dot = 0.0f;
+#pragma unroll
+                for (int j = 0; j < NV; j++)
+#pragma unroll
+                    for (int c = 0; c < VEC; c++) dot += qr[g][j * VEC + c] * kf[u][j].get(c);
+                sc[u][g] = dot;
+            }
+        for (int o = tpr / 2; o; o >>= 1)
+#pragma unroll
+            for (int u = 0; u < U; u++)
+#pragma unroll
+                for (int g = 0; g < GM; g++)
+                    if (g < G) sc[u][g] += __shfl_xor_sync(0xffffffffu, sc[u][g], o);
+        /* the online softmax of the row group's U rows: one rescale for them */
+#pragma unroll
+        for (int g = 0; g < GM; g++) {
+            if (g >= G) continue;
+            float mx = m[g];
+#pragma unroll
+            for (int u = 0; u < U; u++) {
+                if (base + u * nrg + rg >= r1) sc[u][g] = -INFINITY;
+                mx = fmaxf(mx, sc[u][g]);
+            }
+            float f = mx == -INFINITY ? 1.0f : exp2f(m[g] - mx), sum = 0.0f;
+#pragma unroll
+            for (int u = 0; u < U; u++) {
+                sc[u][g] = mx == -INFINITY ? 0.0f : exp2f(sc[u][g] - mx);
+                sum += sc[u][g];
+            }
+            l[g] = l[g] * f + sum;
+            m[g] = mx;
+#pragma unroll
+            for (int e = 0; e < E; e++) acc[g][e] *= f;
+        }
+#pragma unroll
+        for (int u = 0; u < U; u++)
+#pragma unroll
+            for (int j = 0; j < NV; j++)
+#pragma unroll
+                for (int c = 0; c < VEC; c++) {
+                    float v = vf[u][j].get(c);
+#pragma unroll
+                    for (int g = 0; g < GM; g++) acc[g][j * VEC + c] += sc[u][g] * v;
+                }
+    }
+    /* the warp's row groups merged (lanes tpr apart hold the same elements) */
+    for (int o = tpr; o < 32; o <<= 1)
+#pragma unroll
+        for (int g = 0; g < GM; g++) {
+            if (g >= G) continue;
+            float mo = __shfl_xor_sync(0xffffffffu, m[g], o), lo = __shfl_xor_sync(0xffffffffu, l[g], o);
+            float mn = fmaxf(m[g], mo);
+            float fa = m[g] == -INFINITY ? 0.0f : exp2f(m[g] - mn), fb = mo == -INFINITY ? 0.0f : exp2f(mo - mn);
+            l[g] = l[g] * fa + lo * fb;
+            m[g] = mn;
+#pragma unroll
+            for (int e = 0; e < E; e++) {
+                float ao = __shfl_xor_sync(0xffffffffu, acc[g][e], o);
+                acc[g][e] = acc[g][e] * fa + ao * fb;
+            }
+        }
+    float *sml = sh + (size_t)FD_WARPS * G * d;
+    if (lane < tpr)
+#pragma unroll
+        for (int g = 0; g < GM; g++) {
+            if (g >= G) continue;
+#pragma unroll
+            for (int j = 0; j < NV; j++)
+#pragma unroll
+                for (int c = 0; c < VEC; c++) {
+                    int e = (sub + j * tpr) * VEC + c;
+                    if (e < d) sh[((size_t)warp * G + g) * d + e] = acc[g][j * VEC + c];
+                }
+            if (lane == 0) {
+                sml[(warp * G + g) * 2] = m[g];
+                sml[(warp * G + g) * 2 + 1] = l[g];
+            }
+        }
+    __syncthreads();
+    /* the warps merged: output element x = g*d + e of the group */
+    size_t t = ((size_t)s * n_kv + kh) * splits + p;
+    for (int x = tid; x < G * d; x += blockDim.x) {
+        int g = x / d;
+        float M = -INFINITY;
+        for (int w = 0; w < FD_WARPS; w++) M = fmaxf(M, sml[(w * G + g) * 2]);
+        float L = 0.0f, O = 0.0f;
+        for (int w = 0; w < FD_WARPS; w++) {
+            float mw = sml[(w * G + g) * 2];
+            float fw = mw == -INFINITY ? 0.0f : exp2f(mw - M);
+            L += sml[(w * G + g) * 2 + 1] * fw;
+            O += sh[(size_t)w * G * d + x] * fw;
+        }
+        if (parts == 1) {
+            out[qoff + x] = L > 0 ? O / L : 0.0f;
+        } else {
+            po[t * G * d + x] = O;
+            if (x % d == 0) {
+                pml[(t * G + g) * 2] = M;
+                pml[(t * G + g) * 2 + 1] = L;
+            }
+        }
+    }
+    if (parts == 1) return;
+    /* the last part of (s, kh) to finish merges every part's result */
+    __threadfence();
+    __syncthreads();
+    if (tid == 0) last = atomicAdd(&cnt[(size_t)s * n_kv + kh], 1u) == (unsigned)parts - 1;
+    __syncthreads();
+    if (!last) return;
+    __threadfence();
+    size_t t0 = ((size_t)s * n_kv + kh) * splits;
+    const volatile float *vpo = po, *vpml = pml;
+    for (int x = tid; x < G * d; x += blockDim.x) {
+        int g = x / d;
+        float M = -INFINITY;
+        for (int pp = 0; pp < parts; pp++) M = fmaxf(M, vpml[((t0 + pp) * G + g) * 2]);
+        float L = 0.0f, O = 0.0f;
+        for (int pp = 0; pp < parts; pp++) {
+            float mp = vpml[((t0 + pp) * G + g) * 2];
+            float fp = mp == -INFINITY ? 0.0f : exp2f(mp - M);
+            L += vpml[((t0 + pp) * G + g) * 2 + 1] * fp;
+            O += vpo[(t0 + pp) * G * d + x] * fp;
+        }
+        out[qoff + x] = L > 0 ? O / L : 0.0f;
+    }
+    if (tid == 0) cnt[(size_t)s * n_kv + kh] = 0u;
+}
+
+/* Stores row rows-1 of every sequence's cache, KV head kh's at + kh*head_stride
+ * (rows d apart): element i of k and v (n, n_kv*d). */
+__device__ __forceinline__ void fd_put(float *p, float x) { *p = x; }
+__device__ __forceinline__ void fd_put(__half *p, float x) { *p = __float2half_rn(x); }
+template <typename T>
+__global__ void k_kv_store_batch(fd_batch b, int n, int n_kv, int d, const float *k, const float *v) {
+    size_t i = (size_t)blockIdx.x * blockDim.x + threadIdx.x, per = (size_t)n_kv * d;
+    if (i >= (size_t)n * per) return;
+    int s = (int)(i / per), kh = (int)(i % per / d), e = (int)(i % d);
+    size_t at = (size_t)kh * b.s[s].head_stride + (size_t)(b.s[s].rows - 1) * d + e;
+    fd_put((T *)b.s[s].k + at, k[i]);
+    fd_put((T *)b.s[s].v + at, v[i]);
+}
+
+static int fd_sm_count(void) {
+    static int n_sm = 0;
+    if (!n_sm) CK(cudaDeviceGetAttribute(&n_sm, cudaDevAttrMultiProcessorCount, 0));
+    return n_sm;
+}
+
+/* Parts of the rows a sequence's (KV head) may take in a launch of n
+ * sequences: at most four blocks a multiprocessor in all, rounded down, so
+ * that the blocks (which read equal shares) fit one wave where four fit a
+ * multiprocessor (groups up to 4) or two whole waves (8), not one wave and
+ * a few blocks. */
+static int fd_split_cap(int n, int n_kv) {
+    int c = 4 * fd_sm_count() / (n * n_kv);
+    return c < 1 ? 1 : c > FD_SPLIT_MAX ? FD_SPLIT_MAX : c;
+}
+
+/* The counters of the fused merge: zeroed once, kept for the process (each
+ * launch leaves them 0), grown (stream-ordered) when a launch needs more. */
+static unsigned *fd_counters(size_t n, cudaStream_t st) {
+    static unsigned *cnt = NULL;
+    static size_t have = 0;
+    if (n > have) {
+        size_t want = n < 4096 ? 4096 : n;
+        if (cnt) CK(cudaFreeAsync(cnt, st));
+        CK(cudaMallocAsync(&cnt, sizeof(unsigned) * want, st));
+        CK(cudaMemsetAsync(cnt, 0, sizeof(unsigned) * want, st));
+        have = want;
+    }
+    return cnt;
+}
+
+static int fd_pow2(int x) {
+    int p = 1;
+    while (p < x) p <<= 1;
+    return p;
+}
+
+template <typename C>
+static void fd_launch(dim3 grid, size_t smem, cudaStream_t st, const fd_batch &b, const float *q, int n_kv, int G,
+                      int d, int stride, int tpr, float qscale, float *po, float *pml, unsigned *cnt, float *out) {
+    SKV_LAUNCH(k_flash_decode<C>, grid, FD_WARPS * 32, smem, st)(b, q, n_kv, G, d, stride, tpr, qscale, po, pml, cnt,
+                                                                 out);
+}
+
+/* The configuration for a group of G: the smallest register group that holds it. */
+template <typename T, int VEC, int NV>
+static void fd_launch_g(int G, dim3 grid, size_t smem, cudaStream_t st, const fd_batch &b, const float *q, int n_kv,
+                        int d, int stride, int tpr, float qscale, float *po, float *pml, unsigned *cnt, float *out) {
+    if (G <= 1)
+        fd_launch<fd_cfg<T, VEC, NV, 1>>(grid, smem, st, b, q, n_kv, G, d, stride, tpr, qscale, po, pml, cnt, out);
+    else if (G <= 2)
+        fd_launch<fd_cfg<T, VEC, NV, 2>>(grid, smem, st, b, q, n_kv, G, d, stride, tpr, qscale, po, pml, cnt, out);
+    else if (G <= 4)
+        fd_launch<fd_cfg<T, VEC, NV, 4>>(grid, smem, st, b, q, n_kv, G, d, stride, tpr, qscale, po, pml, cnt, out);
+    else
+        fd_launch<fd_cfg<T, VEC, NV, 8>>(grid, smem, st, b, q, n_kv, G, d, stride, tpr, qscale, po, pml, cnt, out);
+}
+
+/* Decode attention of n sequences (seq[i]: its cache and rows), queries
+ * and outputs (n, n_heads*d), rows stride elements apart: one launch for
+ * up to FD_SEQ_MAX sequences. */
+template <typename T>
+static int fd_run(const fd_seq *seq, int n, int n_heads, int n_kv, int d, int stride, const float *q, float *out) {
+    SKV_ASSERT(n >= 1 && n_kv >= 1 && n_heads % n_kv == 0);
     int G = n_heads / n_kv;
     if (G > G_MAX || d > D_MAX)
         return skv_error(SKV_EUNSUPPORTED, "cuda: attention of %d query heads per KV head of dim %d (at most %d and %d)",
                          G, d, G_MAX, D_MAX);
-    static int n_sm = 0;
-    if (!n_sm) CK(cudaDeviceGetAttribute(&n_sm, cudaDevAttrMultiProcessorCount, 0));
-    /* about two blocks per multiprocessor, each part at least 256 rows */
-    int parts = (2 * n_sm + n_kv - 1) / n_kv;
-    if (parts > rows / 256) parts = rows / 256;
-    if (parts < 1) parts = 1;
-    float scale = 1.0f / sqrtf((float)d);
+    float qscale = 1.4426950408889634f / sqrtf((float)d); /* 1/sqrt(d), in base 2 */
     cudaStream_t st = cuda_after_fetch();
     cuda_span_mark sp = cuda_span_begin(0);
-    float *po = NULL, *pm = NULL, *pl = NULL;
-    if (parts > 1) {
-        size_t tasks = (size_t)n_kv * parts;
-        po = (float *)cuda_scratch(sizeof(float) * tasks * G * (d + 2));
-        pm = po + tasks * G * d;
-        pl = pm + tasks * G;
-    }
-    SKV_LAUNCH(k_attend_decode<T>, dim3(n_kv, parts), THREADS, 0, st)(q, G, K, V, rows, parts, stride, head_stride, d, scale, po,
-                                                           pm, pl, out);
-    CKL();
-    if (parts > 1) {
-        SKV_LAUNCH(k_decode_merge, dim3(n_kv, G), (d + 31) / 32 * 32, 0, st)(parts, G, d, po, pm, pl, out);
+    for (int i0 = 0; i0 < n; i0 += FD_SEQ_MAX) {
+        int nb = n - i0 < FD_SEQ_MAX ? n - i0 : FD_SEQ_MAX, max_rows = 0;
+        fd_batch b;
+        memset(&b, 0, sizeof b);
+        /* 16-byte loads where every row of every cache starts on 16 bytes */
+        int vec = (size_t)d * sizeof(T) % 16 == 0 && (size_t)stride * sizeof(T) % 16 == 0;
+        for (int i = 0; i < nb; i++) {
+            b.s[i] = seq[i0 + i];
+            max_rows = b.s[i].rows > max_rows ? b.s[i].rows : max_rows;
+            vec &= (uintptr_t)b.s[i].k % 16 == 0 && (uintptr_t)b.s[i].v % 16 == 0 &&
+                   (size_t)b.s[i].head_stride * sizeof(T) % 16 == 0;
+        }
+        int splits = fd_split_cap(nb, n_kv), cap = splits;
+        if (splits > max_rows / FD_MIN_ROWS) splits = max_rows / FD_MIN_ROWS;
+        if (splits < 1) splits = 1;
+        /* the partial results, sized for the most parts this batch can take
+         * and taken whether it splits or not: a step allocates nothing once
+         * the first has filled the pool, however long the caches grow */
+        size_t tasks = (size_t)nb * n_kv * cap;
+        float *po = (float *)cuda_scratch(sizeof(float) * tasks * G * (d + 2)), *pml = po + tasks * G * d;
+        unsigned *cnt = fd_counters((size_t)nb * n_kv, st);
+        dim3 grid(splits, n_kv, nb);
+        size_t smem = sizeof(float) * FD_WARPS * G * (d + 2);
+        size_t qo = (size_t)i0 * n_heads * d;
+        const float *qb = q + qo;
+        float *ob = out + qo;
+        /* lanes a row (tpr): enough 16-byte slices to cover it, at most a warp */
+        if (!vec)
+            fd_launch_g<T, 1, 8>(G, grid, smem, st, b, qb, n_kv, d, stride, d < 32 ? fd_pow2(d) : 32, qscale, po, pml,
+                                 cnt, ob);
+        else if constexpr (sizeof(T) == 4) {
+            if (d <= 128)
+                fd_launch_g<T, 4, 1>(G, grid, smem, st, b, qb, n_kv, d, stride, fd_pow2(d / 4), qscale, po, pml, cnt,
+                                     ob);
+            else
+                fd_launch_g<T, 4, 2>(G, grid, smem, st, b, qb, n_kv, d, stride, 32, qscale, po, pml, cnt, ob);
+        } else {
+            fd_launch_g<T, 8, 1>(G, grid, smem, st, b, qb, n_kv, d, stride, fd_pow2(d / 8), qscale, po, pml, cnt, ob);
+        }
         CKL();
         cuda_scratch_free(po);
     }
@@ -211,12 +577,63 @@ static int attend_decode_t(const float *q, int n_heads, int n_kv, int d, const T
 
 int cu_attend_decode(const float *q, int n_heads, int n_kv, int d, const float *K, const float *V, int rows,
                      int stride, size_t head_stride, float *out) {
-    return attend_decode_t(q, n_heads, n_kv, d, K, V, rows, stride, head_stride, out);
+    fd_seq s = {(void *)K, (void *)V, (long long)head_stride, rows, 0};
+    return fd_run<float>(&s, 1, n_heads, n_kv, d, stride, q, out);
 }
 
 int cu_attend_decode_h(const float *q, int n_heads, int n_kv, int d, const uint16_t *K, const uint16_t *V, int rows,
                        int stride, size_t head_stride, float *out) {
-    return attend_decode_t(q, n_heads, n_kv, d, (const __half *)K, (const __half *)V, rows, stride, head_stride, out);
+    fd_seq s = {(void *)K, (void *)V, (long long)head_stride, rows, 0};
+    return fd_run<__half>(&s, 1, n_heads, n_kv, d, stride, q, out);
+}
+
+/* The backend's sequences as the kernels' (rows: pos + 1). */
+static void fd_seqs(const skv_kv_seq *seq, int n, fd_seq *out) {
+    for (int i = 0; i < n; i++) out[i] = fd_seq{seq[i].k, seq[i].v, (long long)seq[i].head_stride, seq[i].pos + 1, 0};
+}
+
+template <typename T>
+static int fd_batch_run(const skv_kv_seq *seq, int n, int n_heads, int n_kv, int d, const float *q, float *out) {
+    fd_seq local[FD_SEQ_MAX];
+    for (int i0 = 0; i0 < n; i0 += FD_SEQ_MAX) {
+        int nb = n - i0 < FD_SEQ_MAX ? n - i0 : FD_SEQ_MAX;
+        fd_seqs(seq + i0, nb, local);
+        size_t qo = (size_t)i0 * n_heads * d;
+        int rc = fd_run<T>(local, nb, n_heads, n_kv, d, d, q + qo, out + qo);
+        if (rc) return rc;
+    }
+    return 0;
+}
+
+int cu_attend_decode_batch(const skv_kv_seq *seq, int n, int n_heads, int n_kv, int d, const float *q, float *out) {
+    return fd_batch_run<float>(seq, n, n_heads, n_kv, d, q, out);
+}
+
+int cu_attend_decode_batch_h(const skv_kv_seq *seq, int n, int n_heads, int n_kv, int d, const float *q,
+                             float *out) {
+    return fd_batch_run<__half>(seq, n, n_heads, n_kv, d, q, out);
+}
+
+template <typename T>
+static void kv_store_batch_t(const skv_kv_seq *seq, int n, int n_kv, int d, const float *k, const float *v) {
+    cudaStream_t st = cuda_after_fetch();
+    for (int i0 = 0; i0 < n; i0 += FD_SEQ_MAX) {
+        int nb = n - i0 < FD_SEQ_MAX ? n - i0 : FD_SEQ_MAX;
+        fd_batch b;
+        memset(&b, 0, sizeof b);
+        fd_seqs(seq + i0, nb, b.s);
+        size_t total = (size_t)nb * n_kv * d, off = (size_t)i0 * n_kv * d;
+        SKV_LAUNCH(k_kv_store_batch<T>, cuda_blocks(total, 256), 256, 0, st)(b, nb, n_kv, d, k + off, v + off);
+        CKL();
+    }
+}
+
+void cu_kv_store_batch(const skv_kv_seq *seq, int n, int n_kv, int d, const float *k, const float *v) {
+    kv_store_batch_t<float>(seq, n, n_kv, d, k, v);
+}
+
+void cu_kv_store_batch_h(const skv_kv_seq *seq, int n, int n_kv, int d, const float *k, const float *v) {
+    kv_store_batch_t<__half>(seq, n, n_kv, d, k, v);
 }
 
 /* Causal attention: block (i, h) for query i (position pos+i) of head h. */

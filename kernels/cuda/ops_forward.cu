@@ -1,8 +1,11 @@
 /* ops_forward.cu: the forward pass's ops on the GPU: weights in BF16,
- * projections through cuBLAS (BF16 inputs, fp32 accumulation and output),
- * embedding, RMSNorm, RoPE, bias, residual add, SwiGLU, and the head-major
- * KV store. Per-element math from kernels/kmath.h; the CPU twins are the
- * ops of kernels/cpu/backend_cpu.c (tests/gpu/test_cuda_ops.c compares). */
+ * projections (a decode step's through one warp-per-rows matvec launch for
+ * all the matrices of one input, SwiGLU fused for gate and up; larger
+ * batches through cuBLAS: BF16 inputs, fp32 accumulation and output),
+ * embedding, RMSNorm (and residual add fused with it), RoPE (q and k in one
+ * launch), bias, residual add, SwiGLU, and the head-major KV store.
+ * Per-element math from kernels/kmath.h; the CPU twins are the ops of
+ * kernels/cpu/backend_cpu.c (tests/gpu/test_cuda_ops.c compares). */
 #include "cuda_util.h"
 
 #include <cuda_fp16.h>
@@ -65,7 +68,181 @@ void cu_weight_free(skv_weight *w) {
     memset(w, 0, sizeof *w);
 }
 
-/* ---- projections ---- */
+/* ---- projections ----
+ *
+ * Up to MV_MAX_N activation rows (a decode step, a small batch) go through
+ * k_matvec: the BF16 weights times the fp32 activations as they are (no
+ * conversion launch, x not rounded), each weight row read once for all the
+ * rows, in 16-byte loads. Per 16 bytes of weights a lane reads 32 bytes of
+ * each activation row (from L1/L2), so the warp takes R weight rows at a
+ * time to keep those reads near 4x the weight bytes at any n; past 8 rows
+ * the FMAs per weight byte reach the order of an H100's fp32 rate over its
+ * memory bandwidth, and the tensor cores (cuBLAS) win. Several matrices of
+ * one x (Q, K, V; gate and up) run in one launch: a warp's task names its
+ * matrix. Each output is one lane-strided sum and a fixed shuffle tree, so
+ * a row's result does not depend on n or on the other matrices. */
+
+#define MV_MAX_N 8  /* rows through k_matvec; more through cuBLAS */
+#define MV_WARPS 4  /* warps a block */
+
+struct mv_args {
+    const uint16_t *W[4]; /* (rows[i], cols) BF16 */
+    float *y[4];          /* (n, rows[i]) */
+    int rows[4];
+    int task_end[4];      /* the running total of each matrix's warp tasks */
+    int k;
+};
+
+struct alignas(16) mv_u4 { uint32_t a[4]; };  /* 8 BF16 weights */
+struct alignas(16) mv_f4 { float a[4]; };
+
+/* The two BF16 halves of a word as floats. */
+__device__ __forceinline__ float mv_lo(uint32_t w) { return km_bits_f32(w << 16); }
+__device__ __forceinline__ float mv_hi(uint32_t w) { return km_bits_f32(w & 0xffff0000u); }
+
+/* Weight rows a warp for n activation rows (the reads of x per weight byte
+ * at most 4, see above): 1 up to 2 rows, 2 up to 4, 4 up to 8; at least 2
+ * with SWIGLU (a gate row and its up row). */
+__host__ __device__ constexpr int mv_r(int n, bool swiglu) {
+    return (n <= 2 ? 1 : n <= 4 ? 2 : 4) < 2 && swiglu ? 2 : (n <= 2 ? 1 : n <= 4 ? 2 : 4);
+}
+
+/* N activation rows, R = mv_r weight rows a warp. SWIGLU: matrices 0 and 1
+ * are gate and up of the same rows; a task is R/2 rows of both, and y[0]
+ * gets silu(gate) * up. vec: cols % 8 == 0 and every row 16-byte aligned. */
+template <int N, bool SWIGLU>
+__device__ __forceinline__ void mv_body(const mv_args &a, const float *__restrict__ x, int cols, int vec) {
+    const int R = mv_r(N, SWIGLU);
+    int lane = threadIdx.x & 31;
+    int task = blockIdx.x * MV_WARPS + (int)(threadIdx.x >> 5);
+    /* the task's matrix, chosen by constant indices only (a dynamic index
+     * into the parameters would copy them to local memory) */
+    const uint16_t *W = a.W[0];
+    float *y = a.y[0];
+    int nrows = a.rows[0], start = 0, end = a.task_end[0];
+#pragma unroll
+    for (int m = 1; m < 4; m++) {
+        if (m >= a.k) break;
+        if (task >= end) {
+            W = a.W[m];
+            y = a.y[m];
+            nrows = a.rows[m];
+            start = end;
+        }
+        end = a.task_end[m] > end ? a.task_end[m] : end;
+    }
+    if (task >= end) return; /* the whole warp: a task is a warp's */
+    const int RT = SWIGLU ? R / 2 : R; /* output rows a task */
+    int r0 = (task - start) * RT;
+    const uint16_t *wr[R];
+#pragma unroll
+    for (int rr = 0; rr < R; rr++) {
+        int row = r0 + (SWIGLU ? rr % RT : rr);
+        wr[rr] = (SWIGLU && rr >= RT ? a.W[1] : W) + (size_t)(row < nrows ? row : nrows - 1) * cols;
+    }
+    float acc[R][N];
+#pragma unroll
+    for (int rr = 0; rr < R; rr++)
+#pragma unroll
+        for (int j = 0; j < N; j++) acc[rr][j] = 0.0f;
+    if (vec) {
+        for (int c = lane * 8; c < cols; c += 256) {
+            mv_u4 w[R];
+#pragma unroll
+            for (int rr = 0; rr < R; rr++) w[rr] = *reinterpret_cast<const mv_u4 *>(wr[rr] + c);
+#pragma unroll
+            for (int j = 0; j < N; j++) {
+                mv_f4 x0 = *reinterpret_cast<const mv_f4 *>(x + (size_t)j * cols + c);
+                mv_f4 x1 = *reinterpret_cast<const mv_f4 *>(x + (size_t)j * cols + c + 4);
+#pragma unroll
+                for (int rr = 0; rr < R; rr++) {
+                    float s = acc[rr][j];
+                    s += mv_lo(w[rr].a[0]) * x0.a[0];
+                    s += mv_hi(w[rr].a[0]) * x0.a[1];
+                    s += mv_lo(w[rr].a[1]) * x0.a[2];
+                    s += mv_hi(w[rr].a[1]) * x0.a[3];
+                    s += mv_lo(w[rr].a[2]) * x1.a[0];
+                    s += mv_hi(w[rr].a[2]) * x1.a[1];
+                    s += mv_lo(w[rr].a[3]) * x1.a[2];
+                    s += mv_hi(w[rr].a[3]) * x1.a[3];
+                    acc[rr][j] = s;
+                }
+            }
+        }
+    } else {
+        for (int c = lane; c < cols; c += 32) {
+            float w[R];
+#pragma unroll
+            for (int rr = 0; rr < R; rr++) w[rr] = km_bf16_to_f32(wr[rr][c]);
+#pragma unroll
+            for (int j = 0; j < N; j++) {
+                float xv = x[(size_t)j * cols + c];
+#pragma unroll
+                for (int rr = 0; rr < R; rr++) acc[rr][j] += w[rr] * xv;
+            }
+        }
+    }
+#pragma unroll
+    for (int rr = 0; rr < R; rr++)
+#pragma unroll
+        for (int j = 0; j < N; j++)
+#pragma unroll
+            for (int o = 16; o > 0; o >>= 1) acc[rr][j] += __shfl_xor_sync(0xffffffffu, acc[rr][j], o);
+    /* every lane holds the sums: output t is written by lane t % 32 */
+#pragma unroll
+    for (int rr = 0; rr < RT; rr++) {
+        int row = r0 + rr;
+#pragma unroll
+        for (int j = 0; j < N; j++) {
+            if (lane != (rr * N + j) % 32 || row >= nrows) continue;
+            if (SWIGLU) y[(size_t)j * nrows + row] = km_silu_mul(acc[rr][j], acc[rr + RT][j]);
+            else y[(size_t)j * nrows + row] = acc[rr][j];
+        }
+    }
+}
+
+template <int N>
+__global__ void __launch_bounds__(MV_WARPS * 32) k_matvec(mv_args a, const float *__restrict__ x, int cols, int vec) {
+    mv_body<N, false>(a, x, cols, vec);
+}
+
+template <int N>
+__global__ void __launch_bounds__(MV_WARPS * 32)
+    k_matvec_swiglu(mv_args a, const float *__restrict__ x, int cols, int vec) {
+    mv_body<N, true>(a, x, cols, vec);
+}
+
+template <int N, bool SWIGLU>
+static void matvec_n(mv_args *a, const float *x, int cols, int vec, cudaStream_t st) {
+    const int RT = SWIGLU ? mv_r(N, true) / 2 : mv_r(N, false);
+    int tasks = 0;
+    for (int i = 0; i < a->k; i++) {
+        tasks += (a->rows[i] + RT - 1) / RT;
+        a->task_end[i] = tasks;
+    }
+    if (!tasks) return;
+    int blocks = cuda_blocks((size_t)tasks, MV_WARPS);
+    if (SWIGLU) SKV_LAUNCH(k_matvec_swiglu<N>, blocks, MV_WARPS * 32, 0, st)(*a, x, cols, vec);
+    else SKV_LAUNCH(k_matvec<N>, blocks, MV_WARPS * 32, 0, st)(*a, x, cols, vec);
+    CKL();
+}
+
+/* y_i = x · W_iᵀ (SWIGLU: gate = silu(x · W_0ᵀ) * (x · W_1ᵀ)) for n <=
+ * MV_MAX_N rows of x, every matrix in one launch. */
+static void matvec(mv_args *a, const float *x, int cols, int n, bool swiglu, cudaStream_t st) {
+    int vec = cols % 8 == 0 && ((uintptr_t)x & 15) == 0;
+    for (int i = 0; i < (swiglu ? 2 : a->k); i++) vec &= ((uintptr_t)a->W[i] & 15) == 0;
+#define MV_CASE(NN)                                                        \
+    case NN:                                                              \
+        if (swiglu) matvec_n<NN, true>(a, x, cols, vec, st);              \
+        else matvec_n<NN, false>(a, x, cols, vec, st);                    \
+        break;
+    switch (n) {
+        MV_CASE(1) MV_CASE(2) MV_CASE(3) MV_CASE(4) MV_CASE(5) MV_CASE(6) MV_CASE(7) MV_CASE(8)
+    default: SKV_ASSERT(!"matvec: more rows than MV_MAX_N");
+    }
+#undef MV_CASE
+}
 
 __global__ void k_to_bf16(const float *x, __nv_bfloat16 *y, size_t n) {
     size_t i = blockIdx.x * (size_t)blockDim.x + threadIdx.x;
@@ -75,36 +252,105 @@ __global__ void k_to_bf16(const float *x, __nv_bfloat16 *y, size_t n) {
     }
 }
 
-/* y (n, rows) = x (n, cols) · Wᵀ. In cuBLAS's column-major terms the
- * row-major W (rows, cols) is Wᵀ (cols, rows), so y (rows, n) column-major
- * = op_T(W) · x. BF16 weights meet x rounded to BF16; fp32 ones (vectors
- * loaded as weights never reach here) run an fp32 GEMM. */
+/* x (n, cols) rounded to BF16 in scratch, for the cuBLAS GEMMs. */
+static __nv_bfloat16 *to_bf16(const float *x, size_t nx, cudaStream_t st) {
+    __nv_bfloat16 *xb = (__nv_bfloat16 *)cuda_scratch(sizeof(__nv_bfloat16) * nx);
+    SKV_LAUNCH(k_to_bf16, cuda_blocks(nx, 256), 256, 0, st)(x, xb, nx);
+    CKL();
+    return xb;
+}
+
+/* y (n, rows) = xb (n, cols) · Wᵀ through cuBLAS. In its column-major terms
+ * the row-major W (rows, cols) is Wᵀ (cols, rows), so y (rows, n)
+ * column-major = op_T(W) · x. */
+static void gemm_bf16(const void *W, int rows, int cols, const __nv_bfloat16 *xb, int n, float *y) {
+    const float one = 1.0f, zero = 0.0f;
+    CKB(cublasGemmEx(cuda_get()->blas, CUBLAS_OP_T, CUBLAS_OP_N, rows, n, cols, &one, W, CUDA_R_16BF, cols, xb,
+                     CUDA_R_16BF, cols, &zero, y, CUDA_R_32F, rows, CUBLAS_COMPUTE_32F, CUBLAS_GEMM_DEFAULT));
+}
+
+/* y (n, rows) = x (n, cols) · Wᵀ. BF16 weights: n <= MV_MAX_N through
+ * k_matvec on x as it is; more through cuBLAS, x rounded to BF16. fp32
+ * ones (vectors loaded as weights never reach here) run an fp32 GEMM. */
 void cu_matmul(enum ggml_type t, const void *W, int rows, int cols, const float *x, int n, float *y,
                skv_workspace *ws) {
     (void)ws;
     cuda_ctx *c = cuda_get();
     cudaStream_t st = cuda_after_fetch();
     cuda_span_mark sp = cuda_span_begin(0);
-    const float one = 1.0f, zero = 0.0f;
-    if (t == GGML_BF16) {
-        size_t nx = (size_t)n * cols;
-        __nv_bfloat16 *xb = (__nv_bfloat16 *)cuda_scratch(sizeof(__nv_bfloat16) * nx);
-        SKV_LAUNCH(k_to_bf16, cuda_blocks(nx, 256), 256, 0, st)(x, xb, nx);
-        CKL();
-        CKB(cublasGemmEx(c->blas, CUBLAS_OP_T, CUBLAS_OP_N, rows, n, cols, &one, W, CUDA_R_16BF, cols, xb,
-                         CUDA_R_16BF, cols, &zero, y, CUDA_R_32F, rows, CUBLAS_COMPUTE_32F, CUBLAS_GEMM_DEFAULT));
+    if (t == GGML_BF16 && n <= MV_MAX_N) {
+        mv_args a = {};
+        a.W[0] = (const uint16_t *)W;
+        a.y[0] = y;
+        a.rows[0] = rows;
+        a.k = 1;
+        matvec(&a, x, cols, n, false, st);
+    } else if (t == GGML_BF16) {
+        __nv_bfloat16 *xb = to_bf16(x, (size_t)n * cols, st);
+        gemm_bf16(W, rows, cols, xb, n, y);
         cuda_scratch_free(xb);
     } else {
         SKV_ASSERT(t == GGML_F32);
+        const float one = 1.0f, zero = 0.0f;
         CKB(cublasSgemm(c->blas, CUBLAS_OP_T, CUBLAS_OP_N, rows, n, cols, &one, (const float *)W, cols, x, cols,
                         &zero, y, rows));
     }
     cuda_span_end(sp, 0, "matmul");
 }
 
+/* Every matrix BF16 (as cu_weight_load stores them): one k_matvec launch
+ * for a decode step, or x rounded once for the k GEMMs. */
 void cu_matmul_k(int k, const enum ggml_type *t, const void *const *W, const int *rows, int cols, const float *x,
                  int n, float *const *y, skv_workspace *ws) {
-    for (int i = 0; i < k; i++) cu_matmul(t[i], W[i], rows[i], cols, x, n, y[i], ws);
+    SKV_ASSERT(k >= 1 && k <= 4);
+    int bf16 = 1;
+    for (int i = 0; i < k; i++) bf16 &= t[i] == GGML_BF16;
+    if (!bf16) {
+        for (int i = 0; i < k; i++) cu_matmul(t[i], W[i], rows[i], cols, x, n, y[i], ws);
+        return;
+    }
+    cudaStream_t st = cuda_after_fetch();
+    cuda_span_mark sp = cuda_span_begin(0);
+    if (n <= MV_MAX_N) {
+        mv_args a = {};
+        for (int i = 0; i < k; i++) {
+            a.W[i] = (const uint16_t *)W[i];
+            a.y[i] = y[i];
+            a.rows[i] = rows[i];
+        }
+        a.k = k;
+        matvec(&a, x, cols, n, false, st);
+    } else {
+        __nv_bfloat16 *xb = to_bf16(x, (size_t)n * cols, st);
+        for (int i = 0; i < k; i++) gemm_bf16(W[i], rows[i], cols, xb, n, y[i]);
+        cuda_scratch_free(xb);
+    }
+    cuda_span_end(sp, 0, "matmul");
+}
+
+/* gate = silu(x · Wgᵀ) * (x · Wuᵀ): for a decode step one k_matvec launch
+ * that writes gate alone; otherwise the two GEMMs and swiglu. */
+void cu_matmul_swiglu(enum ggml_type tg, const void *Wg, enum ggml_type tu, const void *Wu, int rows, int cols,
+                      const float *x, int n, float *gate, float *up, skv_workspace *ws) {
+    if (tg == GGML_BF16 && tu == GGML_BF16 && n <= MV_MAX_N) {
+        cudaStream_t st = cuda_after_fetch();
+        cuda_span_mark sp = cuda_span_begin(0);
+        mv_args a = {};
+        a.W[0] = (const uint16_t *)Wg;
+        a.W[1] = (const uint16_t *)Wu;
+        a.y[0] = gate;
+        a.rows[0] = rows;
+        a.k = 1; /* one task list: the gate rows, each with its up row */
+        matvec(&a, x, cols, n, true, st);
+        cuda_span_end(sp, 0, "matmul");
+        return;
+    }
+    enum ggml_type t[2] = {tg, tu};
+    const void *W[2] = {Wg, Wu};
+    int r[2] = {rows, rows};
+    float *y[2] = {gate, up};
+    cu_matmul_k(2, t, W, r, cols, x, n, y, ws);
+    cu_swiglu(gate, up, (size_t)n * rows);
 }
 
 /* ---- embedding ---- */
@@ -123,10 +369,13 @@ __global__ void k_embed_f32(const float *table, int dim, const int32_t *ids, int
     x[i] = table[(size_t)ids[t] * dim + e];
 }
 
+/* The ids go up from pinned staging on the compute stream: the host does
+ * not wait (a copy from pageable memory may make it). */
 void cu_embed(enum ggml_type t, const void *table, int dim, const int32_t *ids, int n, float *x) {
     cudaStream_t st = cuda_after_fetch();
     int32_t *d_ids = (int32_t *)cuda_scratch(sizeof(int32_t) * n);
-    CK(cudaMemcpyAsync(d_ids, ids, sizeof(int32_t) * n, cudaMemcpyHostToDevice, st));
+    const void *staged = cuda_stage(ids, sizeof(int32_t) * n);
+    CK(cudaMemcpyAsync(d_ids, staged, sizeof(int32_t) * n, cudaMemcpyHostToDevice, st));
     size_t total = (size_t)n * dim;
     if (t == GGML_BF16)
         SKV_LAUNCH(k_embed, cuda_blocks(total, 256), 256, 0, st)((const uint16_t *)table, dim, d_ids, n, x);
@@ -161,6 +410,36 @@ void cu_rmsnorm(float *out, const float *x, const float *w, int n, int dim, floa
     cuda_span_end(sp, 0, "rmsnorm");
 }
 
+/* x += y, then out = rmsnorm(x) * w: one block a row, as k_rmsnorm. Each
+ * thread reads y[j] and writes out[j] for its own j, so out may be y (or x). */
+__global__ void k_add_rmsnorm(float *x, const float *y, float *out, const float *w, int dim, float eps) {
+    __shared__ double part[256];
+    float *xi = x + (size_t)blockIdx.x * dim, *oi = out + (size_t)blockIdx.x * dim;
+    const float *yi = y + (size_t)blockIdx.x * dim;
+    double s = 0;
+    for (int j = threadIdx.x; j < dim; j += blockDim.x) {
+        float v = xi[j] + yi[j];
+        xi[j] = v;
+        s += (double)v * v;
+    }
+    part[threadIdx.x] = s;
+    __syncthreads();
+    for (int h = blockDim.x / 2; h > 0; h >>= 1) {
+        if ((int)threadIdx.x < h) part[threadIdx.x] += part[threadIdx.x + h];
+        __syncthreads();
+    }
+    float sc = km_rms_scale(part[0], dim, eps);
+    for (int j = threadIdx.x; j < dim; j += blockDim.x) oi[j] = xi[j] * sc * w[j];
+}
+
+void cu_add_rmsnorm(float *x, const float *y, float *out, const float *w, int n, int dim, float eps) {
+    if (n < 1) return;
+    cuda_span_mark sp = cuda_span_begin(0);
+    SKV_LAUNCH(k_add_rmsnorm, n, 256, 0, cuda_after_fetch())(x, y, out, w, dim, eps);
+    CKL();
+    cuda_span_end(sp, 0, "add_rmsnorm");
+}
+
 /* ---- RoPE: one thread per (row, head, pair) ---- */
 
 __global__ void k_rope(float *x, int n, int n_heads, int head_dim, int rope_dim, int mode, const float *inv_freq,
@@ -187,6 +466,69 @@ void cu_rope(const rope_ctx *r, float *x, int n, int n_heads, int pos0) {
     SKV_LAUNCH(k_rope, cuda_blocks(total, 256), 256, 0, cuda_after_fetch())(x, n, n_heads, r->head_dim, r->rope_dim,
                                                                     (int)r->mode, inv, pos0);
     CKL();
+}
+
+/* q and k in one launch: one thread per (row, head of q then of k, pair of
+ * head_dim/2). A thread of a K head with k_pre copies its two elements
+ * there first; the pairs past rope_dim/2 only copy (the unrotated tail,
+ * elements rope_dim..head_dim-1, two a thread). Row t's position: pos0 + t,
+ * or rp.pos[t] with per_row (the batch's positions, passed by value: no
+ * upload, no device copy to keep). */
+#define ROPE_ROWS_MAX 256 /* rows a launch with per-row positions (1 KiB of parameters) */
+struct rope_pos { int pos[ROPE_ROWS_MAX]; };
+
+__global__ void k_rope_qk(float *q, int n_heads, float *k, int n_kv, float *k_pre, int n, int head_dim, int rope_dim,
+                          int mode, const float *inv_freq, int pos0, int per_row, rope_pos rp) {
+    int hp = head_dim / 2, nh = n_heads + n_kv;
+    size_t i = blockIdx.x * (size_t)blockDim.x + threadIdx.x;
+    if (i >= (size_t)n * nh * hp) return;
+    int p = (int)(i % hp);
+    size_t rh = i / hp;
+    int h = (int)(rh % nh), t = (int)(rh / nh);
+    int is_k = h >= n_heads;
+    float *v = is_k ? k + ((size_t)t * n_kv + (h - n_heads)) * head_dim : q + ((size_t)t * n_heads + h) * head_dim;
+    float *pre = is_k && k_pre ? k_pre + ((size_t)t * n_kv + (h - n_heads)) * head_dim : NULL;
+    int a, b;
+    if (p < rope_dim / 2) {
+        km_rope_pair_index(mode, p, rope_dim, &a, &b);
+    } else {
+        a = rope_dim + 2 * (p - rope_dim / 2);
+        b = a + 1;
+    }
+    if (pre) {
+        pre[a] = v[a];
+        pre[b] = v[b];
+    }
+    if (p >= rope_dim / 2) return;
+    float cs, sn;
+    km_rope_cs(inv_freq[p], per_row ? rp.pos[t] : pos0 + t, &cs, &sn);
+    km_rotate(&v[a], &v[b], cs, sn);
+}
+
+void cu_rope_qk(const rope_ctx *r, float *q, int n_heads, float *k, int n_kv, float *k_pre, int n, int pos0,
+                const int *pos) {
+    if (n < 1) return;
+    int half = r->rope_dim / 2;
+    cudaStream_t st = cuda_after_fetch();
+    if (!half) { /* nothing rotates: k_pre is k */
+        if (k_pre) CK(cudaMemcpyAsync(k_pre, k, sizeof(float) * n * n_kv * r->head_dim, cudaMemcpyDeviceToDevice, st));
+        return;
+    }
+    const float *inv = cuda_const_upload(r->inv_freq, (size_t)half);
+    cuda_span_mark sp = cuda_span_begin(0);
+    size_t qd = (size_t)n_heads * r->head_dim, kd = (size_t)n_kv * r->head_dim;
+    rope_pos rp = {};
+    for (int t0 = 0; t0 < n; t0 += pos ? ROPE_ROWS_MAX : n) {
+        int m = pos && n - t0 > ROPE_ROWS_MAX ? ROPE_ROWS_MAX : n - t0;
+        if (pos) memcpy(rp.pos, pos + t0, sizeof(int) * m);
+        size_t total = (size_t)m * (n_heads + n_kv) * (r->head_dim / 2);
+        SKV_LAUNCH(k_rope_qk, cuda_blocks(total, 256), 256, 0, st)(q + t0 * qd, n_heads, k + t0 * kd,
+                                                                   n_kv, k_pre ? k_pre + t0 * kd : NULL, m,
+                                                                   r->head_dim, r->rope_dim, (int)r->mode, inv,
+                                                                   pos0 + t0, pos != NULL, rp);
+        CKL();
+    }
+    cuda_span_end(sp, 0, "rope");
 }
 
 /* ---- elementwise ---- */

@@ -11,6 +11,7 @@
 #include "cuda_util.h"
 
 #include <cub/cub.cuh>
+#include <cuda_fp16.h>
 #include <math.h>
 #include <stdlib.h>
 #include <vector>
@@ -351,6 +352,57 @@ void cu_gather(const float *src, int rows, int cols, const int *src_idx, int n, 
     CK(cudaFreeAsync(d_off, fs));
     cuda_fetch_end();
     cuda_span_end(sp, 1, "fetch_v");
+}
+
+/* ---- end of prefill: landmarks in half precision, candidate chunks gathered ---- */
+
+__global__ void k_round_h(float *x, size_t n) {
+    for (size_t i = (size_t)blockIdx.x * blockDim.x + threadIdx.x; i < n; i += (size_t)gridDim.x * blockDim.x)
+        x[i] = __half2float(__float2half_rn(x[i]));
+}
+
+/* The rounding shadowkv_round_f16 does on the host (nearest even), on the
+ * device: the landmarks never leave it. */
+void cu_round_h(float *x, size_t n) {
+    if (!n) return;
+    size_t blocks = (n + 255) / 256;
+    cuda_span_mark sp = cuda_span_begin(0);
+    SKV_LAUNCH(k_round_h, (int)(blocks < 4096 ? blocks : 4096), 256, 0, cuda_after_fetch())(x, n);
+    CKL();
+    cuda_span_end(sp, 0, "round_h");
+}
+
+/* A warp per destination row (h*n_cand*rows of them, grid-stride), its
+ * lanes along the row: coalesced reads and writes. */
+__global__ void k_gather_chunks(const float *src, size_t src_row, size_t src_head, const int *cand, int h,
+                                int n_cand, int rows, int d, float *dst, size_t dst_head) {
+    size_t n_rows = (size_t)h * n_cand * rows, warps = (size_t)gridDim.x * blockDim.x / 32;
+    int lane = threadIdx.x % 32;
+    for (size_t w = ((size_t)blockIdx.x * blockDim.x + threadIdx.x) / 32; w < n_rows; w += warps) {
+        int t = (int)(w % rows);
+        size_t hi = w / rows; /* kh*n_cand + i */
+        int kh = (int)(hi / n_cand), i = (int)(hi % n_cand);
+        const float *s = src + (size_t)kh * src_head + ((size_t)cand[hi] * rows + t) * src_row;
+        float *o = dst + (size_t)kh * dst_head + ((size_t)i * rows + t) * d;
+        for (int j = lane; j < d; j += 32) o[j] = s[j];
+    }
+}
+
+/* One launch for every KV head's candidates of a layer, on the compute
+ * stream (the fetch stream's gathers that later read a pinned dst fork
+ * from it). dst may be host_alloc's pinned, mapped memory: with unified
+ * addressing (every device this backend supports) its host address is its
+ * device address. */
+void cu_sk_gather_chunks(const float *src, size_t src_row, size_t src_head, const int *cand, int h, int n_cand,
+                         int rows, int d, float *dst, size_t dst_head) {
+    size_t n_rows = (size_t)h * n_cand * rows;
+    if (!n_rows || d <= 0) return;
+    size_t blocks = (n_rows * 32 + 255) / 256;
+    cuda_span_mark sp = cuda_span_begin(0);
+    SKV_LAUNCH(k_gather_chunks, (int)(blocks < 65536 ? blocks : 65536), 256, 0, cuda_after_fetch())(
+        src, src_row, src_head, cand, h, n_cand, rows, d, dst, dst_head);
+    CKL();
+    cuda_span_end(sp, 0, "gather_chunks");
 }
 
 /* ---- key rebuild fused with RoPE: a block per row ---- */

@@ -129,7 +129,8 @@ static double now_s(void) {
 
 struct alloc_rec {
     size_t size, id;
-    int async; /* 1: cudaMallocAsync */
+    int async;       /* 1: cudaMallocAsync */
+    int free_queued; /* 1: a cudaFreeAsync of it waits on its stream */
 };
 static char *g_arena;
 static size_t g_hwm;                            /* bytes of the arena ever handed out */
@@ -270,7 +271,7 @@ static void *arena_alloc(size_t bytes, int async) {
         g_hwm += need;
         if (g_open) mprotect(g_arena + old, need, PROT_READ | PROT_WRITE);
     }
-    g_allocs[at] = alloc_rec{bytes, ++g_alloc_id, async};
+    g_allocs[at] = alloc_rec{bytes, ++g_alloc_id, async, 0};
     if (g_watch && g_alloc_id == g_watch)
     {
         fprintf(stderr, "cusim watch: #%zu allocated (%zu bytes) after run %llu\n", g_watch, bytes,
@@ -292,7 +293,7 @@ static void *arena_alloc(size_t bytes, int async) {
 static void arena_free(uintptr_t at) {
     auto it = g_allocs.find(at);
     size_t need = (it->second.size + 255) / 256 * 256 + g_gap;
-    g_cnt.device_bytes -= it->second.size;
+    if (!it->second.free_queued) g_cnt.device_bytes -= it->second.size; /* (else counted free when queued) */
     g_cnt.frees++;
     g_hit_lo = g_hit_hi = 0;
     g_allocs.erase(it);
@@ -1522,6 +1523,10 @@ cudaError_t cudaFree(void *p) {
         fprintf(stderr, "cusim: cudaFree(%p): not the start of a live device allocation\n", p);
         return set_error(cudaErrorInvalidValue);
     }
+    if (g_allocs[(uintptr_t)p].free_queued) {
+        fault(cudaErrorInvalidValue, "cudaFree(%p): a cudaFreeAsync of it is already queued (freed twice)", p);
+        return g_sticky;
+    }
     note_sync(&g_cnt.device_syncs); /* cudaFree waits for the device */
     run_until(NULL, 0);
     arena_free((uintptr_t)p);
@@ -1536,7 +1541,31 @@ cudaError_t cudaFreeAsync(void *p, cudaStream_t st) {
         return set_error(cudaErrorInvalidValue);
     }
     uintptr_t a = (uintptr_t)p;
-    enqueue(S(st), new_op(OP_FREE, "free", [a]() {
+    alloc_rec &r = g_allocs[a];
+    if (r.free_queued) {
+        fault(cudaErrorInvalidValue, "cudaFreeAsync(%p): a free of it is already queued (freed twice)", p);
+        return g_sticky;
+    }
+    r.free_queued = 1;
+    /* counted free now: the pool hands it to the next allocation in its
+     * stream's order, as a GPU's stream-ordered allocator does */
+    g_cnt.device_bytes -= r.size;
+    cusim_stream *s = S(st);
+    /* On a stream with nothing held (and not one the legacy stream must
+     * wait for) the free takes effect now, as early as stream order allows:
+     * work of another stream that still reads the memory without an event
+     * wait between them finds it gone. Otherwise it runs in its turn. */
+    int now = !s->capture && s->q.empty() && (s->nonblocking || g_legacy_s.issued <= g_legacy_s.done) &&
+              (!s->legacy || [&]() {
+                  for (cusim_stream *b : g_streams)
+                      if (b != s && !b->nonblocking && b->issued > b->done) return false;
+                  return true;
+              }());
+    if (now) {
+        arena_free(a);
+        return cudaSuccess;
+    }
+    enqueue(s, new_op(OP_FREE, "free", [a]() {
                 if (g_allocs.count(a)) arena_free(a);
             }));
     return cudaSuccess;
@@ -1617,6 +1646,7 @@ static cudaError_t copy_common(void *dst, size_t dpitch, const void *src, size_t
                                cudaMemcpyKind kind, cudaStream_t st, int sync, const char *call) {
     STICKY();
     if (!width || !height) return cudaSuccess;
+    g_cnt.copies++;
     if (dpitch < width || spitch < width) {
         fprintf(stderr, "cusim: %s: pitch below the width\n", call);
         return set_error(cudaErrorInvalidValue);

@@ -27,10 +27,11 @@ typedef struct {
     uint64_t bytes_h2d, bytes_d2h, bytes_d2d; /* bytes copied (host means pageable or pinned) */
     uint64_t bytes_memset;
     uint64_t allocs, frees;    /* device allocations and frees, sync and stream-ordered */
-    uint64_t device_bytes;     /* live device bytes now */
+    uint64_t device_bytes;     /* live device bytes now (a block is counted free once its cudaFreeAsync is queued) */
     uint64_t device_peak;      /* the most live device bytes since the last reset */
     uint64_t pinned_bytes;     /* live pinned host bytes */
     uint64_t faults;           /* faults reported (the first sets the sticky error) */
+    uint64_t copies;           /* copy calls queued: cudaMemcpy, cudaMemcpyAsync, cudaMemcpy2D(Async) */
 } cusim_counters;
 
 /* The counters since the last reset (device_bytes is not reset; the peak

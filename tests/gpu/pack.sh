@@ -1,10 +1,12 @@
 #!/bin/sh
 # pack.sh (make gpu-check): what a device machine needs for tests/gpu/run.sh,
 # in two files under build/gpu-check/:
-#   skv-gpu.tar.xz  bin/ (skv and the GPU tests of build-gpu/, a portable
-#                   x86-64-v3 build with OpenBLAS GEMMs), lib/ (every shared
-#                   library ldd lists except the C library and the CUDA
-#                   libraries the box has), configs/, run.sh
+#   skv-gpu.tar.xz  bin/ (skv, the CUDA backend's libskv-cuda.so, which skv
+#                   loads from beside itself, and the GPU tests of
+#                   build-gpu/, a portable x86-64-v3 build with OpenBLAS
+#                   GEMMs), lib/ (every shared library ldd lists for them
+#                   except the C library and the CUDA libraries the box
+#                   has), configs/, run.sh and summary.sh
 #   gpu-check.sh    unpacks the bundle beside itself and runs run.sh
 # The bundle must stay under 20 MiB (a device call carries little); a larger
 # one, or a missing 8B config, is an error.
@@ -26,15 +28,15 @@ if [ "$CPU" != 1 ] && [ ! -f "$CFG8B" ]; then
     echo "gpu-check: $CFG8B not found: the benches need the Llama-3.1-8B shape (set SKV_SHARED)" >&2
     exit 1
 fi
-for f in "$BIN/skv" "$BIN/tests/gpu/test_cuda_ops" "$BIN/tests/gpu/test_cuda_model"; do
+for f in "$BIN/skv" "$BIN/libskv-cuda.so" "$BIN/tests/gpu/test_cuda_ops" "$BIN/tests/gpu/test_cuda_model"; do
     [ -x "$f" ] || { echo "gpu-check: $f not built" >&2; exit 1; }
 done
 S=$P/stage
 rm -rf "$S"
 mkdir -p "$S/bin" "$S/lib" "$S/configs"
-cp "$BIN/skv" "$BIN/tests/gpu/test_cuda_ops" "$BIN/tests/gpu/test_cuda_model" "$S/bin/"
+cp "$BIN/skv" "$BIN/libskv-cuda.so" "$BIN/tests/gpu/test_cuda_ops" "$BIN/tests/gpu/test_cuda_model" "$S/bin/"
 strip --strip-debug "$S"/bin/*
-cp tests/gpu/run.sh "$S/"
+cp tests/gpu/run.sh tests/gpu/summary.sh "$S/"
 cp samples/default-model.config.json "$S/configs/"
 [ -f "$CFG8B" ] && cp "$CFG8B" "$S/configs/"
 for b in "$S"/bin/*; do ldd "$b"; done | awk '$3 ~ /^\// {print $3}' | sort -u | while read -r lib; do

@@ -8,9 +8,10 @@
 # Environment:
 #   OUT                where the results go (default ./out): at most 8 files,
 #                      each cut to 16 MiB
-#   SKV_GPU_BUDGET     seconds for everything (default 450: done within 8 min
-#                      even if a step hangs; each step has its own timeout,
-#                      never past what is left)
+#   SKV_GPU_BUDGET     seconds for everything (default 510: done within 9 min
+#                      even if a step hangs, so that with the machine's
+#                      start the call fits a 15-minute device budget; each
+#                      step has its own timeout, never past what is left)
 #   SKV_GPU_CHECK_CPU  1: the CPU fallback with tiny sizes, to try the script
 #                      where no GPU is (tests/test_gpu_check.py)
 #   SKV_GPU_CHECK_HANG a step's name: that step hangs instead (tests the timeouts)
@@ -20,22 +21,25 @@
 # Order: device info; the op tests (every kernel against its CPU twin); the
 # whole-model tests (CPU vs GPU logits) on a small model and on the
 # Llama-3.1-8B shape with 2 layers; a traced decode step and its timeline PNG;
-# benches of dense and ShadowKV on the full 8B shape at 8K and 32K, and a
-# batch of 1, 4 and the largest that fits at 8K; one layer prefilled at
-# 122K, dense and ShadowKV (the prefill attention's speed and ShadowKV's
-# prefill overhead); 122K on the whole model only when the prefill speed
-# measured at 8K and 32K says it fits; then
-# compute-sanitizer on the op tests if time remains.
+# then the benches, dense and ShadowKV, each from its own prefill, at
+# batches of 1, 4 and the largest that fits, with the backend's own count of
+# launches and host syncs a decode step (SKV_CUDA_COUNT=1): at 122K on one
+# layer of the 8B shape (its prefill: the prefill attention's speed and
+# ShadowKV's prefill overhead) and on two (the second layer's time, to
+# project the whole model's tok/s); on the whole 8B shape at 8K and 32K;
+# 122K on the whole model only when the prefill speed measured at 8K and 32K
+# says it fits; then compute-sanitizer on the op tests if time remains.
 # Results: run.log (every step's output), summary.txt (a line a step: ok,
-# FAILED rc, TIMED OUT, skipped, with seconds; then the bench lines),
-# bench.txt, gpu.trace, timeline.png, sanitizer.log.
+# FAILED rc, TIMED OUT, skipped, with seconds; the bench lines; then the
+# table of figures beside their targets in ../shared/GPU.md, made by
+# summary.sh), bench.txt, gpu.trace, timeline.png, sanitizer.log.
 set -u
 cd "$(dirname "$0")"
 HERE=$PWD
 OUT=${OUT:-out}
 mkdir -p "$OUT" || { echo "run.sh: cannot make $OUT" >&2; exit 2; }
 OUT=$(cd "$OUT" && pwd)
-BUDGET=${SKV_GPU_BUDGET:-450}
+BUDGET=${SKV_GPU_BUDGET:-510}
 CPU=${SKV_GPU_CHECK_CPU:-0}
 START=$(date +%s)
 DEADLINE=$((START + BUDGET))
@@ -96,13 +100,18 @@ step() {
 if [ "$CPU" = 1 ]; then
     BE=cpu
     BIG_CFG=configs/default-model.config.json BIG_DT=f32
-    CTXS="128 256" CTX_BIG=1024 NDEC=4
+    CTXS="128 256" CTX_BIG=1024 NDEC=4 NDEC_BIG=3
+    PAR_DENSE=1,4,fit PAR_SK=1,4,fit PAR_LONG_SK=1,4,fit PAR_2L=1,4
     SKOPT="--rank 16 --budget 32 --outliers 2"
     TRACE_OPT="--rank 16 --budget 32"
 else
     BE=cuda
     BIG_CFG=configs/llama-3.1-8b.config.json BIG_DT=bf16
-    CTXS="8192 32768" CTX_BIG=122880 NDEC=32
+    CTXS="8192 32768" CTX_BIG=122880 NDEC=32 NDEC_BIG=8
+    # batches: 1, 4 and the largest that fits, run for dense (max) and said
+    # for ShadowKV (fit: its pinned values take about 1 s a GB to allocate);
+    # at 122K also 14, the batch of ../shared/GPU.md's ShadowKV figures
+    PAR_DENSE=1,4,max PAR_SK=1,4,fit PAR_LONG_SK=1,4,14,fit PAR_2L=1,4,14
     SKOPT="" # the paper's settings: rank 160, chunk 8, budget 2048, 48 outliers
     TRACE_OPT="--rank 32 --budget 64"
 fi
@@ -140,8 +149,59 @@ step traced-step 60 "$SKV" run --backend $BE -m big-2l.gguf --kv shadowkv $TRACE
     -n 4 --trace "$OUT/gpu.trace" &&
     step timeline-png 30 "$SKV" export --trace "$OUT/gpu.trace" --view timeline --step 2 -o "$OUT/timeline.png"
 
+# bench_step NAME CAP MODEL CTX LAYERS ARGS...: skv bench of MODEL (LAYERS: 1
+# or 2 for a cut model, 0 the whole) at CTX prompt tokens as step NAME, with
+# the CUDA backend's counts of each decode run (SKV_CUDA_COUNT=1: launches
+# and host syncs a step); a "step=" marker and its lines straight into
+# bench.txt (a line a policy and batch, as each ends), then into the
+# summary; the rest of its output into the log
+bench_step() {
+    bname=$1 bcap=$2 bmodel=$3 bctx=$4 blayers=$5
+    shift 5
+    echo "step=$bname layers=$blayers" >> "$OUT/bench.txt"
+    b0=$(wc -l < "$OUT/bench.txt")
+    step "$bname" "$bcap" sh -c "SKV_CUDA_COUNT=1 exec '$SKV' bench --backend $BE -m '$bmodel' --prompt-tokens $bctx \
+        -c $((bctx + NDEC + 16)) $* >> '$OUT/bench.txt'"
+    brc=$?
+    sed -n "$((b0 + 1)),\$p" "$OUT/bench.txt" | tee -a "$LOG" >> "$SUM"
+    return $brc
+}
+# bench CTX POLICY CAP: the whole model at CTX, batches of 1, 4 and the
+# largest that fits (PAR_DENSE, PAR_SK), each policy from its own prefill
+bench() {
+    [ -f "$BIG" ] || { note "bench-$1-$2" "skipped: no model" 0; return 1; }
+    opts="--parallel $PAR_DENSE"
+    [ "$2" = shadowkv ] && opts="--parallel $PAR_SK $SKOPT"
+    bench_step "bench-$1-$2" "$3" "$BIG" "$1" 0 -n $NDEC --kv $2 $opts
+}
+# prefill seconds at ctx on the whole model, from its bench line (empty when none)
+pre_secs() {
+    awk -v n="$1" '/^step=/ { whole = / layers=0/ } whole && $0 ~ "prompt=" n " " { print; exit }' "$OUT/bench.txt" |
+        sed -n 's/.*prefill_tok_s=\([0-9.]*\).*/\1/p' | awk -v n="$1" '$1 > 0 { printf "%.1f\n", n / $1 }'
+}
+
+# The long context first, on one and two layers of the shape (the whole
+# model's 122K prefill does not fit the budget): each policy from its own
+# prefill (the prefill attention on tensor cores, target within 2x of
+# PyTorch SDPA's 311 ms a layer at 122,880 on an H100, and ShadowKV's
+# prefill overhead, target 6% or less), decode at batches of 1 and 4, and
+# the largest that fits one layer said (fit); the two-layer run gives the
+# second layer's step time, so the summary projects the whole model's tok/s.
+step synth-1layer 60 "$SKV" synth --config "$BIG_CFG" --dtype "$BIG_DT" --layers 1 --seed 1 -o big-1l.gguf --force
+if [ -f big-1l.gguf ]; then
+    bench_step "bench-$CTX_BIG-1l-dense" 75 big-1l.gguf "$CTX_BIG" 1 -n $NDEC_BIG --kv dense --parallel 1,4,fit
+    bench_step "bench-$CTX_BIG-1l-shadowkv" 90 big-1l.gguf "$CTX_BIG" 1 -n $NDEC_BIG --kv shadowkv \
+        --parallel $PAR_LONG_SK $SKOPT
+else
+    note "bench-$CTX_BIG-1l" "skipped: no model" 0
+fi
+if [ -f big-2l.gguf ]; then
+    bench_step "bench-$CTX_BIG-2l" 120 big-2l.gguf "$CTX_BIG" 2 -n $NDEC_BIG --kv dense,shadowkv --parallel $PAR_2L $SKOPT
+else
+    note "bench-$CTX_BIG-2l" "skipped: no model" 0
+fi
+
 # wait for the background model (never past the budget)
-t0=$(now)
 if [ -n "$SYNTH_PID" ]; then
     while kill -0 "$SYNTH_PID" 2>/dev/null && [ "$(now)" -lt $((DEADLINE - RESERVE)) ]; do sleep 0.5; done
     cat "$OUT/.synth.log" >> "$LOG" 2>/dev/null
@@ -154,57 +214,11 @@ else
     FAILS=$((FAILS + 1))
 fi
 
-# bench_step NAME CAP MODEL CTX ARGS...: skv bench of MODEL at CTX prompt
-# tokens as step NAME; its lines straight into bench.txt (a line a policy, as
-# each ends), then into the summary; the rest of its output into the log
-bench_step() {
-    bname=$1 bcap=$2 bmodel=$3 bctx=$4
-    shift 4
-    b0=$(wc -l < "$OUT/bench.txt")
-    step "$bname" "$bcap" sh -c "exec '$SKV' bench --backend $BE -m '$bmodel' --prompt-tokens $bctx \
-        -c $((bctx + NDEC + 16)) $* >> '$OUT/bench.txt'"
-    brc=$?
-    sed -n "$((b0 + 1)),\$p" "$OUT/bench.txt" | tee -a "$LOG" >> "$SUM"
-    return $brc
-}
-# bench CTX CAP: dense and ShadowKV from one prefill at CTX tokens
-bench() {
-    [ -f "$BIG" ] || { note "bench-$1" "skipped: no model" 0; return 1; }
-    bench_step "bench-$1" "$2" "$BIG" "$1" -n $NDEC --kv dense,shadowkv --parallel 1 $SKOPT
-}
-# prefill seconds at ctx, from its bench line (empty when none)
-pre_secs() {
-    grep "prompt=$1 " "$OUT/bench.txt" | head -1 | sed -n 's/.*prefill_tok_s=\([0-9.]*\).*/\1/p' |
-        awk -v n="$1" '$1 > 0 { printf "%.1f\n", n / $1 }'
-}
 set -- $CTXS
-bench "$1" 150
-# batches at the first size: 1 and 4 sequences and the largest that fits in the
-# device's memory and the host's (said, not run), dense and ShadowKV
-if [ -f "$BIG" ]; then
-    bench_step "bench-batch-$1" 150 "$BIG" "$1" -n $NDEC --kv dense,shadowkv --parallel 1,4,fit $SKOPT
-else
-    note "bench-batch-$1" "skipped: no model" 0
-fi
-# one layer of the shape prefilled at the long context, dense and ShadowKV:
-# the prefill attention on tensor cores (target: within 2x of PyTorch SDPA's
-# 311 ms a layer at 122,880 on an H100) and ShadowKV's prefill overhead (SVD,
-# landmarks, offload; target 6% or less)
-step synth-1layer 60 "$SKV" synth --config "$BIG_CFG" --dtype "$BIG_DT" --layers 1 --seed 1 -o big-1l.gguf --force &&
-    for kv in dense shadowkv; do
-        opts=""
-        [ "$kv" = shadowkv ] && opts=$SKOPT
-        bench_step "prefill-1layer-$kv" 90 big-1l.gguf "$CTX_BIG" -n 2 --kv $kv $opts
-    done
-p_dense=$(grep "kv=dense .*prompt=$CTX_BIG " "$OUT/bench.txt" | grep -v "parallel=[2-9]" | tail -1 |
-    sed -n 's/.*prefill_tok_s=\([0-9.]*\).*/\1/p')
-p_sk=$(grep "kv=shadowkv .*prompt=$CTX_BIG " "$OUT/bench.txt" | tail -1 | sed -n 's/.*prefill_tok_s=\([0-9.]*\).*/\1/p')
-if [ -n "$p_dense" ] && [ -n "$p_sk" ]; then
-    awk -v n="$CTX_BIG" -v a="$p_dense" -v b="$p_sk" 'BEGIN { printf "prefill of one layer at %d tokens: dense %.1f ms, shadowkv %.1f ms (overhead %.1f%%)\n", n, 1000 * n / a, 1000 * n / b, 100 * (a / b - 1) }' |
-        tee -a "$LOG" >> "$SUM"
-fi
-
-bench "$2" 200
+bench "$1" dense 60
+bench "$1" shadowkv 75
+bench "$2" dense 90
+bench "$2" shadowkv 100
 p1=$(pre_secs "$1")
 p2=$(pre_secs "$2")
 if [ -n "$p1" ] && [ -n "$p2" ]; then
@@ -215,7 +229,7 @@ if [ -n "$p1" ] && [ -n "$p2" ]; then
     left=$(($DEADLINE - $(now) - RESERVE - 30))
     say "bench-$CTX_BIG: prefill ${p1}s at $1, ${p2}s at $2: about ${est}s needed, ${left}s left"
     if [ "$est" -le "$left" ]; then
-        bench "$CTX_BIG" "$left"
+        bench_step "bench-$CTX_BIG" "$left" "$BIG" "$CTX_BIG" 0 -n $NDEC_BIG --kv dense,shadowkv --parallel 1,4 $SKOPT
     else
         note "bench-$CTX_BIG" "skipped: needs ~${est}s, ${left}s left" 0
     fi
@@ -231,6 +245,9 @@ if command -v compute-sanitizer > /dev/null 2>&1 || [ -x /usr/local/cuda/bin/com
 else
     note sanitizer "skipped: compute-sanitizer not found" 0
 fi
+
+# the figures beside their targets
+sh "$HERE/summary.sh" "$OUT/bench.txt" "$CTX_BIG" | tee -a "$LOG" >> "$SUM"
 
 # no file over 16 MiB, nothing but the results
 rm -f "$OUT/.synth.log"

@@ -12,6 +12,12 @@
 #include "testhelp.h"
 
 #include <stdint.h>
+#ifdef SKV_CUSIM
+#include "cusim_api.h"
+#endif
+#ifdef SKV_CUSIM
+#include "cusim_api.h"
+#endif
 
 /* On the CUDA simulator (tests/cusim, SKV_CUSIM) the shapes shrink to what
  * still takes every branch (split decode, tails, partial tiles, GQA groups
@@ -604,6 +610,365 @@ static void t_fused(void) {
     free(cache_c); free(cand); free(st_h); free(U); free(SVt); free(sel); free(out_c); free(got); free(cache_g);
 }
 
+/* The batched decode step (the dense policy's): kv_store_batch and
+ * attend_decode_batch over n sequences of different lengths, each its own
+ * head-major cache (capacity not a multiple of anything), f32 and f16,
+ * GQA groups 1 to 8, head dims 32 to 256 (and ones whose rows are not
+ * 16-byte aligned: the element-wise loads), batches of 1 and 4: the stored
+ * rows equal the CPU twin's bit for bit, the attention within f32 bounds,
+ * and on the simulator one launch each for the whole batch. */
+static void t_decode_batch(void) {
+    static const struct { int g, d, half, n; } cs[] = {
+        {1, 32, 0, 4}, {4, 128, 1, 4}, {7, 64, 0, 1}, {7, 96, 1, 4}, {4, 128, 0, 1}, {1, 64, 1, 1},
+        {2, 256, 0, 4}, {8, 64, 1, 4}, {4, 34, 0, 4}, {7, 36, 1, 1},
+    };
+    /* rows a sequence attends: one row, under a part, and lengths that split into parts of unequal rows */
+    static const int rows4[4] = {1, 300, SIM(5000, 700), SIM(9001, 1033)}, rows1[1] = {SIM(9001, 1033)};
+    int nkv = 2;
+    for (size_t ci = 0; ci < sizeof cs / sizeof cs[0]; ci++) {
+        int g = cs[ci].g, d = cs[ci].d, half = cs[ci].half, n = cs[ci].n, nh = g * nkv;
+        size_t el = half ? 2 : 4, kvd = (size_t)nkv * d, qd = (size_t)nh * d;
+        const int *rows = n == 4 ? rows4 : rows1;
+        skv_kv_seq hs[4], ds[4];
+        size_t cl[4];
+        for (int i = 0; i < n; i++) {
+            int cap = rows[i] + 7, pos = rows[i] - 1;
+            cl[i] = (size_t)nkv * cap * d;
+            void *hk = calloc(cl[i], el), *hv = calloc(cl[i], el);
+            float *src = rnd((size_t)(pos ? pos : 1) * kvd), *vsrc = rnd((size_t)(pos ? pos : 1) * kvd);
+            if (half) {
+                cpu->kv_store_h(hk, (size_t)cap * d, nkv, d, 0, pos, src);
+                cpu->kv_store_h(hv, (size_t)cap * d, nkv, d, 0, pos, vsrc);
+            } else {
+                cpu->kv_store(hk, (size_t)cap * d, nkv, d, 0, pos, src);
+                cpu->kv_store(hv, (size_t)cap * d, nkv, d, 0, pos, vsrc);
+            }
+            hs[i] = (skv_kv_seq){.k = hk, .v = hv, .head_stride = (size_t)cap * d, .pos = pos};
+            ds[i] = hs[i];
+            ds[i].k = dev(hk, cl[i] * el);
+            ds[i].v = dev(hv, cl[i] * el);
+            free(src); free(vsrc);
+        }
+        float *k = rnd(n * kvd), *v = rnd(n * kvd), *q = rnd(n * qd), *oc = malloc(sizeof(float) * n * qd);
+        float *dk = dev(k, sizeof(float) * n * kvd), *dv = dev(v, sizeof(float) * n * kvd);
+        float *dq = dev(q, sizeof(float) * n * qd), *dout = dev(NULL, sizeof(float) * n * qd);
+#ifdef SKV_CUSIM
+        cusim_counters_reset();
+#endif
+        (half ? cu->kv_store_batch_h : cu->kv_store_batch)(ds, n, nkv, d, dk, dv);
+        int rc = (half ? cu->attend_decode_batch_h : cu->attend_decode_batch)(ds, n, nh, nkv, d, dq, dout);
+        int launches = -1;
+#ifdef SKV_CUSIM
+        launches = (int)(cusim_launches_of("k_kv_store_batch") + cusim_launches_of("k_flash_decode"));
+        cusim_counters c;
+        cusim_counters_get(&c);
+        launches = c.launches == (uint64_t)launches ? launches : -1;
+#endif
+        (half ? cpu->kv_store_batch_h : cpu->kv_store_batch)(hs, n, nkv, d, k, v);
+        (half ? cpu->attend_decode_batch_h : cpu->attend_decode_batch)(hs, n, nh, nkv, d, q, oc);
+        int same = 1;
+        for (int i = 0; i < n; i++) {
+            char *gk = malloc(cl[i] * el), *gv = malloc(cl[i] * el);
+            cu->download(gk, ds[i].k, cl[i] * el);
+            cu->download(gv, ds[i].v, cl[i] * el);
+            same &= !memcmp(gk, hs[i].k, cl[i] * el) && !memcmp(gv, hs[i].v, cl[i] * el);
+            free(gk); free(gv);
+        }
+        char name[200];
+        snprintf(name, sizeof name, "cuda kv_store_batch%s (batch %d, head dim %d): every cache's rows the CPU twin's "
+                 "bit for bit", half ? "_h" : "", n, d);
+        test_cond(name, same);
+        float *og = back(dout, n * qd);
+        snprintf(name, sizeof name, "attend_decode_batch%s (batch %d, GQA %d:1, head dim %d, rows %d..%d)",
+                 half ? "_h" : "", n, g, d, rows[0], rows[n - 1]);
+        test_cond("cuda attend_decode_batch returns 0", rc == 0);
+        cmp(name, og, oc, n * qd, 1e-5);
+#ifdef SKV_CUSIM
+        snprintf(name, sizeof name, "cuda decode step of a batch of %d: 2 launches, one store and one attention "
+                 "(got %d)", n, launches);
+        test_cond(name, launches == 2);
+#else
+        (void)launches;
+#endif
+        for (int i = 0; i < n; i++) {
+            free(hs[i].k); free(hs[i].v);
+            cu->free(ds[i].k); cu->free(ds[i].v);
+        }
+        cu->free(dk); cu->free(dv); cu->free(dq); cu->free(dout);
+        free(k); free(v); free(q); free(oc); free(og);
+    }
+    /* attend_decode over token-major rows (the heads side by side in a row) */
+    {
+        int nh = 12, d = 64, rows = SIM(3000, 900), stride = 3 * d;
+        size_t kl = (size_t)rows * stride;
+        float *q = rnd((size_t)nh * d), *K = rnd(kl), *V = rnd(kl), *oc = malloc(sizeof(float) * nh * d);
+        float *dq = dev(q, sizeof(float) * nh * d), *dK = dev(K, sizeof(float) * kl), *dV = dev(V, sizeof(float) * kl),
+              *dout = dev(NULL, sizeof(float) * nh * d);
+        cpu->attend_decode(q, nh, 3, d, K, V, rows, stride, d, oc);
+        SKV_ASSERT(cu->attend_decode(dq, nh, 3, d, dK, dV, rows, stride, d, dout) == 0);
+        float *og = back(dout, (size_t)nh * d);
+        cmp("attend_decode (token-major rows, GQA 4:1)", og, oc, (size_t)nh * d, 1e-5);
+        cu->free(dq); cu->free(dK); cu->free(dV); cu->free(dout);
+        free(q); free(K); free(V); free(oc); free(og);
+    }
+}
+
+/* ---- the batched ShadowKV step (sk_step_*) against its CPU twins ---- */
+
+/* One job's buffers on both sides: [0] the CPU's, [1] the device's. */
+typedef struct {
+    float *K[2], *V[2], *lm[2], *U[2], *svt[2], *cs[2], *sn[2], *store[2], *score[2];
+    int *cand[2], *cache[2], *pack[2];
+    int cap;
+} sk_tjob;
+
+/* A batch of B sequences of h KV heads (group G, head dim d), sequence i
+ * with nc[i] candidates, k[i] selected, c tokens a chunk, rank r, over
+ * three steps: every stage of both sides compared. Steps 0 and 2 append
+ * with RoPE (rope_new: q rotated in place, the key on its way), step 1
+ * without. The select launch's scores are compared with the CPU's, and its
+ * top-k and books with the CPU twin's on the device's own scores (so they
+ * must agree exactly); in the last step both take given scores with ties,
+ * -0, +0 and a NaN (scored: the statistics never give them). */
+static void t_sk_step_case(int B, int h, int G, int d, const int *nc, const int *kk, int c, int r) {
+    int nj = B * h, qd = h * G * d, kvd = h * d, s = 64 * c, half = d / 2;
+    rope_params rp = {.mode = ROPE_ADJACENT, .head_dim = d, .rope_dim = d, .theta = 10000};
+    rope_ctx rc;
+    rope_init(&rc, &rp, NULL);
+    float *cs = malloc(sizeof(float) * s * half), *sn = malloc(sizeof(float) * s * half);
+    shadowkv_rope_table(&rc, s, cs, sn);
+    sk_tjob *T = calloc(nj, sizeof *T);
+    sk_job *jobs[2] = {calloc(nj, sizeof(sk_job)), calloc(nj, sizeof(sk_job))};
+    size_t lg = 0;
+    int seq_h[2 * 3], max_cand = 0, max_k = 0;
+    for (int j = 0; j < nj; j++) {
+        int i = j / h, n = nc[i], k = kk[i], row_slot = 2 * c, row_gen = row_slot + k * c + 3;
+        sk_tjob *t = &T[j];
+        t->cap = row_gen + 8;
+        float *K = rnd((size_t)t->cap * d), *V = rnd((size_t)t->cap * d), *lm = rnd((size_t)n * d);
+        float *U = rnd((size_t)s * r), *svt = rnd((size_t)r * d), *st = rnd((size_t)n * c * d);
+        int *cand = malloc(sizeof(int) * n), *cache = malloc(sizeof(int) * (2 * k + n + 1));
+        for (int x = 0; x < n; x++) cand[x] = x + (x >= n / 2 ? 3 : 0); /* chunks 0..63, a gap */
+        for (int x = 0; x < 2 * k + n + 1; x++) cache[x] = x < k + n ? -1 : 0; /* slot_id, where; stamp, epoch */
+        t->K[0] = K; t->V[0] = V; t->lm[0] = lm; t->U[0] = U; t->svt[0] = svt; t->cs[0] = cs; t->sn[0] = sn;
+        t->store[0] = st; t->cand[0] = cand; t->cache[0] = cache;
+        t->score[0] = calloc(n, sizeof(float));
+        t->pack[0] = calloc(3 * k + 1, sizeof(int));
+        t->K[1] = dev(K, sizeof(float) * t->cap * d); t->V[1] = dev(V, sizeof(float) * t->cap * d);
+        t->lm[1] = dev(lm, sizeof(float) * n * d); t->U[1] = dev(U, sizeof(float) * s * r);
+        t->svt[1] = dev(svt, sizeof(float) * r * d); t->cs[1] = dev(cs, sizeof(float) * s * half);
+        t->sn[1] = dev(sn, sizeof(float) * s * half);
+        t->store[1] = cu->host_alloc(sizeof(float) * n * c * d);
+        memcpy(t->store[1], st, sizeof(float) * n * c * d);
+        t->cand[1] = dev(cand, sizeof(int) * n); t->cache[1] = dev(cache, sizeof(int) * (2 * k + n + 1));
+        t->score[1] = dev(NULL, sizeof(float) * n); t->pack[1] = dev(NULL, sizeof(int) * (3 * k + 1));
+        for (int w = 0; w < 2; w++) {
+            int *cc = t->cache[w], *pk = t->pack[w];
+            jobs[w][j] = (sk_job){
+                .K = t->K[w], .V = t->V[w], .lm = t->lm[w], .U = t->U[w], .svt = t->svt[w], .cs = t->cs[w],
+                .sn = t->sn[w], .cand = t->cand[w], .store = t->store[w], .key = NULL, .slot_id = cc,
+                .where = cc + k, .stamp = (unsigned *)(cc + k + n), .epoch = (unsigned *)(cc + 2 * k + n),
+                .score = t->score[w], .sel = pk, .slot_of = pk + k, .miss = pk + 2 * k, .n_miss = pk + 3 * k,
+                .gi = i, .kh = j % h, .n_cand = n, .k = k, .r = r, .c = c, .row_slot = row_slot,
+                .row_gen = row_gen, .s = s + 5 * i, .lg = lg,
+            };
+        }
+        lg += 2 * (size_t)G * n;
+        max_cand = n > max_cand ? n : max_cand;
+        max_k = k > max_k ? k : max_k;
+    }
+    sk_step st[2];
+    int max_rows = 0;
+    for (int w = 0; w < 2; w++)
+        st[w] = (sk_step){.n_jobs = nj, .group = G, .d = d, .kvd = kvd, .qd = qd, .max_cand = max_cand,
+                          .max_k = max_k, .max_c = c, .rope = &rc};
+    st[0].jobs = jobs[0];
+    st[1].jobs = dev(jobs[1], sizeof(sk_job) * nj);
+    st[0].lg = malloc(sizeof(float) * lg);
+    st[1].lg = dev(NULL, sizeof(float) * lg);
+    st[1].part = dev(NULL, sizeof(float) * nj * SK_STEP_PARTS * G * (d + 2));
+    st[1].done = dev(NULL, sizeof(unsigned) * nj);
+    int *seq_d = dev(NULL, sizeof(seq_h));
+    float *qd_ = dev(NULL, sizeof(float) * B * qd), *kd = dev(NULL, sizeof(float) * B * kvd);
+    float *vd = dev(NULL, sizeof(float) * B * kvd), *od = dev(NULL, sizeof(float) * B * qd);
+    float *oc = malloc(sizeof(float) * B * qd);
+    double e_score = 0, e_k = 0, e_v = 0, e_out = 0, e_q = 0;
+    int ok_sel = 1, ok_books = 1, parts = 0;
+    for (int step = 0; step < 3; step++) {
+        float *q = rnd((size_t)B * qd), *k = rnd((size_t)B * kvd), *v = rnd((size_t)B * kvd);
+        cu->upload(qd_, q, sizeof(float) * B * qd);
+        cu->upload(kd, k, sizeof(float) * B * kvd);
+        cu->upload(vd, v, sizeof(float) * B * kvd);
+        for (int i = 0; i < B; i++) {
+            seq_h[2 * i] = B - 1 - i; /* the rows in another order than the sequences */
+            seq_h[2 * i + 1] = step + i;
+            int rows = jobs[0][i * h].row_gen + step + i + 1;
+            max_rows = rows > max_rows ? rows : max_rows;
+            parts = sk_step_parts(rows) > parts ? sk_step_parts(rows) : parts;
+        }
+        cu->upload(seq_d, seq_h, sizeof(seq_h));
+        st[0].seq = seq_h;
+        st[1].seq = seq_d;
+        st[0].max_rows = st[1].max_rows = max_rows;
+        st[0].rope_new = st[1].rope_new = step != 1;
+        shadowkv_step_append(&st[0], q, k, v);
+        cu->sk_step_append(&st[1], qd_, kd, vd);
+        {
+            float *qg = back(qd_, (size_t)B * qd);
+            double e = test_rel_l2(qg, q, (size_t)B * qd);
+            e_q = e > e_q ? e : e_q;
+            free(qg);
+        }
+        shadowkv_step_logits(&st[0], q);
+        cu->sk_step_logits(&st[1], qd_);
+        st[0].scored = st[1].scored = step == 2;
+        if (step == 2) { /* ties: scores on a grid of 4 values, a NaN, -0 and +0 */
+            for (int j = 0; j < nj; j++) {
+                int n = jobs[0][j].n_cand;
+                for (int x = 0; x < n; x++)
+                    T[j].score[0][x] = x == 1 ? NAN : x == 2 ? -0.0f : x == 3 ? 0.0f : floorf(frand() * 2) / 2;
+                cu->upload(T[j].score[1], T[j].score[0], sizeof(float) * n);
+            }
+        } else {
+            shadowkv_step_stats(&st[0]);
+        }
+        cu->sk_step_select(&st[1]);
+        if (step != 2) /* the device's scores against the CPU's, then the CPU's order on the device's scores */
+            for (int j = 0; j < nj; j++) {
+                int n = jobs[0][j].n_cand;
+                float *g = back(T[j].score[1], n);
+                double e = test_rel_l2(g, T[j].score[0], n);
+                e_score = e > e_score ? e : e_score;
+                memcpy(T[j].score[0], g, sizeof(float) * n);
+                free(g);
+            }
+        st[0].scored = 1;
+        shadowkv_step_select(&st[0]);
+        shadowkv_step_fetch(&st[0]);
+        cu->sk_step_fetch(&st[1]);
+        shadowkv_step_rebuild(&st[0]);
+        cu->sk_step_rebuild(&st[1]);
+        shadowkv_step_attend(&st[0], q, oc);
+        cu->sk_step_attend(&st[1], qd_, od);
+        for (int j = 0; j < nj; j++) {
+            const sk_job *J = &jobs[0][j];
+            int n = J->n_cand, kq = J->k, *pk = malloc(sizeof(int) * (3 * kq + 1));
+            int *cg = malloc(sizeof(int) * (2 * kq + n + 1));
+            cu->download(pk, T[j].pack[1], sizeof(int) * (3 * kq + 1));
+            cu->download(cg, T[j].cache[1], sizeof(int) * (2 * kq + n + 1));
+            ok_sel &= !memcmp(pk, T[j].pack[0], sizeof(int) * kq);
+            int nm = T[j].pack[0][3 * kq];
+            ok_books &= pk[3 * kq] == nm && !memcmp(pk + kq, T[j].pack[0] + kq, sizeof(int) * (kq + nm)) &&
+                        !memcmp(cg, T[j].cache[0], sizeof(int) * (2 * kq + n + 1));
+            float *kg = back(T[j].K[1], (size_t)T[j].cap * d), *vg = back(T[j].V[1], (size_t)T[j].cap * d);
+            double ek = test_rel_l2(kg, T[j].K[0], (size_t)T[j].cap * d);
+            double ev = test_rel_l2(vg, T[j].V[0], (size_t)T[j].cap * d);
+            e_k = ek > e_k ? ek : e_k;
+            e_v = ev > e_v ? ev : e_v;
+            free(pk); free(cg); free(kg); free(vg);
+        }
+        float *og = back(od, (size_t)B * qd);
+        double eo = test_rel_l2(og, oc, (size_t)B * qd);
+        e_out = eo > e_out ? eo : e_out;
+        free(og); free(q); free(k); free(v);
+    }
+    char msg[640];
+    snprintf(msg, sizeof msg, "cuda sk_step (batch %d, %d KV heads, group %d, head dim %d, k %d..%d of %d..%d "
+             "candidates, 3 steps): queries rotated by append rel L2 %.1e (bound 1e-6); select's scores rel L2 "
+             "%.1e (bound 1e-5); its top-k equal on the same scores, ties, NaN and +-0 included (%s); books, slots "
+             "and caches equal (%s); appended and fetched value rows rel L2 %.1e (bound 0), keys (appended with "
+             "RoPE, rebuilt) %.1e (bound 1e-5); attention over %d parts %.1e (bound 1e-5)", B, h, G, d, kk[0],
+             kk[B - 1], nc[0], nc[B - 1], e_q, e_score, ok_sel ? "yes" : "no", ok_books ? "yes" : "no", e_v, e_k,
+             parts, e_out);
+    test_cond(msg, e_q <= 1e-6 && e_score <= 1e-5 && ok_sel && ok_books && e_v == 0 && e_k <= 1e-5 &&
+                       e_out <= 1e-5);
+    for (int j = 0; j < nj; j++) {
+        sk_tjob *t = &T[j];
+        free(t->K[0]); free(t->V[0]); free(t->lm[0]); free(t->U[0]); free(t->svt[0]); free(t->store[0]);
+        free(t->cand[0]); free(t->cache[0]); free(t->score[0]); free(t->pack[0]);
+        cu->free(t->K[1]); cu->free(t->V[1]); cu->free(t->lm[1]); cu->free(t->U[1]); cu->free(t->svt[1]);
+        cu->free(t->cs[1]); cu->free(t->sn[1]); cu->host_free(t->store[1]); cu->free(t->cand[1]);
+        cu->free(t->cache[1]); cu->free(t->score[1]); cu->free(t->pack[1]);
+    }
+    cu->free((void *)st[1].jobs); cu->free(st[1].lg); cu->free(st[1].part); cu->free(st[1].done);
+    cu->free(seq_d); cu->free(qd_); cu->free(kd); cu->free(vd); cu->free(od);
+    free(st[0].lg); free(oc); free(T); free(jobs[0]); free(jobs[1]); free(cs); free(sn);
+    rope_free(&rc);
+}
+
+/* The select launch on given scores (scored) with k equal to the
+ * candidates (every candidate, sorted) beside k of 50 with ties, a NaN, -0
+ * and +0: the selection and the books equal the CPU twin's, twice (the
+ * second select finds hits). */
+static void t_sk_step_select_edges(void) {
+    enum { NJ = 3 };
+    int n[NJ] = {7, 50, 9}, k[NJ] = {7, 3, 9}, ok = 1;
+    sk_job jc[NJ], jd[NJ];
+    float *sc[NJ], *sd[NJ];
+    int *ic[NJ], *id[NJ], *cc[NJ], *cd[NJ];
+    for (int j = 0; j < NJ; j++) {
+        sc[j] = rnd(n[j]);
+        for (int x = 0; x < n[j]; x += 3) sc[j][x] = 0.25f; /* ties */
+        if (j == 1) {
+            sc[j][4] = NAN;
+            sc[j][5] = -0.0f;
+            sc[j][7] = 0.0f;
+        }
+        sd[j] = dev(sc[j], sizeof(float) * n[j]);
+        int nb = 2 * k[j] + n[j] + 1; /* slot_id, where; stamp, epoch */
+        cc[j] = malloc(sizeof(int) * nb);
+        for (int x = 0; x < nb; x++) cc[j][x] = x < k[j] + n[j] ? -1 : 0;
+        cd[j] = dev(cc[j], sizeof(int) * nb);
+        ic[j] = calloc(3 * k[j] + 1, sizeof(int)); /* sel, slot_of, miss, n_miss */
+        id[j] = dev(NULL, sizeof(int) * (3 * k[j] + 1));
+        for (int w = 0; w < 2; w++) {
+            int *c = w ? cd[j] : cc[j], *pk = w ? id[j] : ic[j];
+            (w ? jd : jc)[j] = (sk_job){.score = w ? sd[j] : sc[j], .slot_id = c, .where = c + k[j],
+                                        .stamp = (unsigned *)(c + k[j] + n[j]),
+                                        .epoch = (unsigned *)(c + 2 * k[j] + n[j]), .sel = pk, .slot_of = pk + k[j],
+                                        .miss = pk + 2 * k[j], .n_miss = pk + 3 * k[j], .n_cand = n[j], .k = k[j]};
+        }
+    }
+    sk_step a = {.jobs = jc, .n_jobs = NJ, .group = 1, .max_cand = 50, .max_k = 9, .scored = 1};
+    sk_step b = a;
+    b.jobs = dev(jd, sizeof jd);
+    for (int round = 0; round < 2; round++) {
+        if (round) /* one score of each job moves to the top */
+            for (int j = 0; j < NJ; j++) {
+                sc[j][n[j] - 1] = 2.0f;
+                cu->upload(sd[j], sc[j], sizeof(float) * n[j]);
+            }
+        shadowkv_step_select(&a);
+        cu->sk_step_select(&b);
+        for (int j = 0; j < NJ; j++) {
+            int nb = 2 * k[j] + n[j] + 1, *g = malloc(sizeof(int) * (3 * k[j] + 1)), *gc = malloc(sizeof(int) * nb);
+            cu->download(g, id[j], sizeof(int) * (3 * k[j] + 1));
+            cu->download(gc, cd[j], sizeof(int) * nb);
+            int nm = ic[j][3 * k[j]];
+            ok &= !memcmp(g, ic[j], sizeof(int) * 2 * k[j]) && g[3 * k[j]] == nm &&
+                  !memcmp(g + 2 * k[j], ic[j] + 2 * k[j], sizeof(int) * nm) && !memcmp(gc, cc[j], sizeof(int) * nb);
+            free(g);
+            free(gc);
+        }
+    }
+    for (int j = 0; j < NJ; j++) {
+        free(sc[j]); free(ic[j]); free(cc[j]); cu->free(sd[j]); cu->free(id[j]); cu->free(cd[j]);
+    }
+    cu->free((void *)b.jobs);
+    test_cond("cuda sk_step_select on given scores: k equal to the candidates (all, sorted) and k of 50 with ties, "
+              "a NaN, -0 and +0: selection and books equal the CPU twin's, over two rounds", ok);
+}
+
+static void t_sk_step(void) {
+    int nc1[1] = {SIM(300, 40)}, k1[1] = {SIM(20, 5)};
+    t_sk_step_case(1, 2, 1, 32, nc1, k1, 4, 8);
+    int nc3[3] = {40, 40, 33}, k3[3] = {3, 40, 6}; /* budgets apart; one selects every candidate */
+    t_sk_step_case(3, 2, 4, 64, nc3, k3, 4, 16);
+    int nc7[3] = {24, 20, 24}, k7[3] = {2, 5, 4};
+    t_sk_step_case(3, 1, 7, 128, nc7, k7, 8, 12);
+    t_sk_step_select_edges();
+}
+
 static void t_timeline(void) {
     if (!cu->span_enable) return;
     int n = 64, d = 128, s = 1024, r = 32;
@@ -641,6 +1006,345 @@ static void t_timeline(void) {
     cu->free(q); cu->free(K); cu->free(V); cu->free(U); cu->free(svt); cu->free(out);
 }
 
+/* BF16 weights of random values, the device's copy and the host's (the
+ * CPU twin multiplies the BF16 weights the device holds). */
+static uint16_t *bf16_weights(int rows, int cols, skv_weight *gw) {
+    float *w = rnd((size_t)rows * cols);
+    uint16_t *wb = malloc(sizeof(uint16_t) * (size_t)rows * cols);
+    for (size_t i = 0; i < (size_t)rows * cols; i++) wb[i] = f32_to_bf16(w[i]);
+    free(w);
+    SKV_ASSERT(cu->weight_load(GGML_BF16, wb, rows, cols, gw) == 0 && gw->type == GGML_BF16);
+    return wb;
+}
+
+/* The forward pass's decode ops: the matvec kernel (n <= 8 rows, x not
+ * rounded: every n, the vector and the scalar paths, k matrices in one
+ * launch), cuBLAS past it, the fused gate/up with SwiGLU, add_rmsnorm and
+ * rope_qk; on the simulator, their launch counts and a step's one sync. */
+static void t_forward_fused(void) {
+    skv_workspace ws = {0};
+    char op[200];
+    /* matmul: cols 512 (16-byte loads), 100 (not a multiple of 8: the
+     * scalar path), and x one float off 16-byte alignment (scalar too) */
+    {
+        int rows = 75, cols_of[2] = {512, 100};
+        for (int ci = 0; ci < 2; ci++) {
+            int cols = cols_of[ci];
+            skv_weight gw;
+            uint16_t *wb = bf16_weights(rows, cols, &gw);
+            double worst = 0;
+            for (int n = 1; n <= 9; n++)
+                for (int off = 0; off < (ci ? 1 : 2); off++) {
+                    float *x = rnd((size_t)n * cols + 1), *yc = malloc(sizeof(float) * n * rows);
+                    cpu->matmul(GGML_BF16, wb, rows, cols, x + off, n, yc, &ws);
+                    float *dx = dev(x, sizeof(float) * (n * cols + 1)), *dy = dev(NULL, sizeof(float) * n * rows);
+#ifdef SKV_CUSIM
+                    cusim_counters_reset();
+#endif
+                    cu->matmul(gw.type, gw.data, rows, cols, dx + off, n, dy, &ws);
+#ifdef SKV_CUSIM
+                    cusim_counters c;
+                    cusim_counters_get(&c);
+                    snprintf(op, sizeof op, "cuda matmul n=%d: %s (%llu launches, %llu library calls)", n,
+                             n <= 8 ? "one k_matvec launch, no cuBLAS" : "cuBLAS", (unsigned long long)c.launches,
+                             (unsigned long long)c.lib_calls);
+                    if (n <= 8) test_cond(op, c.launches == 1 && c.lib_calls == 0 && cusim_launches_of("k_matvec") == 1);
+                    else test_cond(op, c.lib_calls == 1 && cusim_launches_of("k_matvec") == 0);
+#endif
+                    float *yg = back(dy, (size_t)n * rows);
+                    double e = test_rel_l2(yg, yc, (size_t)n * rows);
+                    if (n <= 8) worst = e > worst ? e : worst;
+                    snprintf(op, sizeof op, "matmul bf16 n=%d cols=%d%s", n, cols, off ? " (x unaligned)" : "");
+                    cmp(op, yg, yc, (size_t)n * rows, n <= 8 ? 1e-5 : 1e-2); /* cuBLAS rounds x to BF16 */
+                    cu->free(dx); cu->free(dy);
+                    free(x); free(yc); free(yg);
+                }
+            snprintf(op, sizeof op, "cuda matvec (n <= 8, cols %d): worst rel L2 %.1e from the CPU twin", cols, worst);
+            test_cond(op, worst <= 1e-5);
+            cu->weight_free(&gw);
+            free(wb);
+        }
+    }
+    /* matmul_k: Q, K, V shapes in one launch (n <= 8), one BF16 rounding for all (n > 8) */
+    {
+        int rows[3] = {96, 33, 48}, cols = 128;
+        skv_weight gw[3];
+        uint16_t *wb[3];
+        for (int i = 0; i < 3; i++) wb[i] = bf16_weights(rows[i], cols, &gw[i]);
+        int ns[4] = {1, 3, 8, 12};
+        for (int ni = 0; ni < 4; ni++) {
+            int n = ns[ni];
+            float *x = rnd((size_t)n * cols), *dx = dev(x, sizeof(float) * n * cols), *dy[3], *yc[3];
+            for (int i = 0; i < 3; i++) {
+                yc[i] = malloc(sizeof(float) * n * rows[i]);
+                cpu->matmul(GGML_BF16, wb[i], rows[i], cols, x, n, yc[i], &ws);
+                dy[i] = dev(NULL, sizeof(float) * n * rows[i]);
+            }
+            enum ggml_type t[3] = {GGML_BF16, GGML_BF16, GGML_BF16};
+            const void *W[3] = {gw[0].data, gw[1].data, gw[2].data};
+#ifdef SKV_CUSIM
+            cusim_counters_reset();
+#endif
+            cu->matmul_k(3, t, W, rows, cols, dx, n, dy, &ws);
+#ifdef SKV_CUSIM
+            cusim_counters c;
+            cusim_counters_get(&c);
+            snprintf(op, sizeof op, "cuda matmul_k of 3, n=%d: %llu launches, %llu library calls (%s)", n,
+                     (unsigned long long)c.launches, (unsigned long long)c.lib_calls,
+                     n <= 8 ? "1 and 0" : "1 conversion, 3 GEMMs");
+            test_cond(op, n <= 8 ? c.launches == 1 && c.lib_calls == 0 : c.launches == 1 && c.lib_calls == 3);
+#endif
+            for (int i = 0; i < 3; i++) {
+                float *yg = back(dy[i], (size_t)n * rows[i]);
+                snprintf(op, sizeof op, "matmul_k bf16 n=%d matrix %d", n, i);
+                cmp(op, yg, yc[i], (size_t)n * rows[i], n <= 8 ? 1e-5 : 1e-2);
+                free(yg); free(yc[i]);
+                cu->free(dy[i]);
+            }
+            cu->free(dx);
+            free(x);
+        }
+        for (int i = 0; i < 3; i++) { cu->weight_free(&gw[i]); free(wb[i]); }
+    }
+    /* matmul_swiglu: gate and up rows in one warp task, silu(gate) * up */
+    {
+        int rows = 70, cols = 128;
+        skv_weight gg, gu;
+        uint16_t *wg = bf16_weights(rows, cols, &gg), *wu = bf16_weights(rows, cols, &gu);
+        int ns[4] = {1, 4, 7, 10};
+        for (int ni = 0; ni < 4; ni++) {
+            int n = ns[ni];
+            size_t len = (size_t)n * rows;
+            float *x = rnd((size_t)n * cols), *gc = malloc(sizeof(float) * len), *uc = malloc(sizeof(float) * len);
+            cpu->matmul_swiglu(GGML_BF16, wg, GGML_BF16, wu, rows, cols, x, n, gc, uc, &ws);
+            float *dx = dev(x, sizeof(float) * n * cols), *dg = dev(NULL, sizeof(float) * len);
+            float *du = dev(NULL, sizeof(float) * len);
+#ifdef SKV_CUSIM
+            cusim_counters_reset();
+#endif
+            cu->matmul_swiglu(gg.type, gg.data, gu.type, gu.data, rows, cols, dx, n, dg, du, &ws);
+#ifdef SKV_CUSIM
+            cusim_counters c;
+            cusim_counters_get(&c);
+            snprintf(op, sizeof op, "cuda matmul_swiglu n=%d: %llu launches (%s)", n, (unsigned long long)c.launches,
+                     n <= 8 ? "one k_matvec_swiglu" : "conversion, GEMMs, swiglu");
+            test_cond(op, n <= 8 ? c.launches == 1 && cusim_launches_of("k_matvec_swiglu") == 1 : c.launches == 2);
+#endif
+            float *yg = back(dg, len);
+            snprintf(op, sizeof op, "matmul_swiglu bf16 n=%d", n);
+            cmp(op, yg, gc, len, n <= 8 ? 1e-5 : 1e-2);
+            cu->free(dx); cu->free(dg); cu->free(du);
+            free(x); free(gc); free(uc); free(yg);
+        }
+        cu->weight_free(&gg); cu->weight_free(&gu);
+        free(wg); free(wu);
+    }
+    /* add_rmsnorm, out apart and out == y */
+    for (int alias = 0; alias < 2; alias++) {
+        int n = 3, dim = 320;
+        size_t len = (size_t)n * dim;
+        float *x = rnd(len), *y = rnd(len), *w = rnd(dim), *oc = malloc(sizeof(float) * len);
+        float *dx = dev(x, sizeof(float) * len), *dy = dev(y, sizeof(float) * len), *dw = dev(w, sizeof(float) * dim);
+        float *dout = alias ? dy : dev(NULL, sizeof(float) * len);
+        cpu->add_rmsnorm(x, y, oc, w, n, dim, 1e-5f);
+        cu->add_rmsnorm(dx, dy, dout, dw, n, dim, 1e-5f);
+        float *xg = back(dx, len), *og = back(dout, len);
+        cmp(alias ? "add_rmsnorm x (out == y)" : "add_rmsnorm x", xg, x, len, 0);
+        cmp(alias ? "add_rmsnorm out (out == y)" : "add_rmsnorm out", og, oc, len, 1e-6);
+        cu->free(dx); cu->free(dy); cu->free(dw);
+        if (!alias) cu->free(dout);
+        free(x); free(y); free(w); free(oc); free(xg); free(og);
+    }
+    /* rope_qk: both pairings, partial rotation, k_pre, pos0 + i and a
+     * position a row (more rows than one launch's positions: 2 launches) */
+    for (int mode = 0; mode < 2; mode++)
+        for (int per_row = 0; per_row < 2; per_row++) {
+            int n = per_row ? 260 : 5, nh = 2, nkv = 1, hd = 16, pos0 = 1000;
+            rope_params p = {.mode = mode ? ROPE_NEOX : ROPE_ADJACENT, .head_dim = hd, .rope_dim = 12, .theta = 500000};
+            rope_ctx rc;
+            rope_init(&rc, &p, NULL);
+            int *pos = malloc(sizeof(int) * n);
+            for (int i = 0; i < n; i++) pos[i] = (i * 7919) % 4000;
+            size_t ql = (size_t)n * nh * hd, kl = (size_t)n * nkv * hd;
+            float *q = rnd(ql), *k = rnd(kl), *kp = malloc(sizeof(float) * kl);
+            float *dq = dev(q, sizeof(float) * ql), *dk = dev(k, sizeof(float) * kl), *dkp = dev(NULL, sizeof(float) * kl);
+            cpu->rope_qk(&rc, q, nh, k, nkv, kp, n, pos0, per_row ? pos : NULL);
+#ifdef SKV_CUSIM
+            cusim_counters_reset();
+#endif
+            cu->rope_qk(&rc, dq, nh, dk, nkv, dkp, n, pos0, per_row ? pos : NULL);
+#ifdef SKV_CUSIM
+            snprintf(op, sizeof op, "cuda rope_qk of %d rows: %llu launches (%d)", n,
+                     (unsigned long long)cusim_launches_of("k_rope_qk"), per_row ? 2 : 1);
+            test_cond(op, cusim_launches_of("k_rope_qk") == (uint64_t)(per_row ? 2 : 1));
+#endif
+            float *qg = back(dq, ql), *kg = back(dk, kl), *kpg = back(dkp, kl);
+            snprintf(op, sizeof op, "rope_qk %s %s q", mode ? "rotate-half" : "adjacent", per_row ? "pos[i]" : "pos0+i");
+            cmp(op, qg, q, ql, 1e-6);
+            snprintf(op, sizeof op, "rope_qk %s %s k", mode ? "rotate-half" : "adjacent", per_row ? "pos[i]" : "pos0+i");
+            cmp(op, kg, k, kl, 1e-6);
+            snprintf(op, sizeof op, "rope_qk %s %s k_pre", mode ? "rotate-half" : "adjacent", per_row ? "pos[i]" : "pos0+i");
+            cmp(op, kpg, kp, kl, 0);
+            cu->free(dq); cu->free(dk); cu->free(dkp);
+            rope_free(&rc);
+            free(pos); free(q); free(k); free(kp); free(qg); free(kg); free(kpg);
+        }
+#ifdef SKV_CUSIM
+    /* A step's shape: ids up, ops queued, the result copied into host_alloc's
+     * memory, one sync: one host wait in all; a sync with nothing queued
+     * waits for nothing. */
+    {
+        int vocab = 40, dim = 64, n = 3;
+        skv_weight gw;
+        uint16_t *tb = bf16_weights(vocab, dim, &gw);
+        int32_t ids[3] = {5, 39, 0};
+        float *dx = dev(NULL, sizeof(float) * n * dim), *dl = dev(NULL, sizeof(float) * n * vocab);
+        float *hl = cu->host_alloc(sizeof(float) * n * vocab), *xc = malloc(sizeof(float) * n * dim);
+        float *lc = malloc(sizeof(float) * n * vocab);
+        cu->sync();
+        cusim_counters_reset();
+        cu->embed(gw.type, gw.data, dim, ids, n, dx);
+        cu->matmul(gw.type, gw.data, vocab, dim, dx, n, dl, &ws);
+        cu->copy2d(hl, sizeof(float) * n * vocab, dl, sizeof(float) * n * vocab, sizeof(float) * n * vocab, 1);
+        cu->sync();
+        cusim_counters c1, c2;
+        cusim_counters_get(&c1);
+        cusim_counters_reset();
+        cu->sync();
+        cusim_counters_get(&c2);
+        cpu->embed(GGML_BF16, tb, dim, ids, n, xc);
+        cpu->matmul(GGML_BF16, tb, vocab, dim, xc, n, lc, &ws);
+        snprintf(op, sizeof op, "cuda: embed, matmul, copy into pinned memory and sync wait once (%llu host syncs, "
+                 "%llu blocking copies), a sync of idle streams not at all (%llu)", (unsigned long long)c1.host_syncs,
+                 (unsigned long long)c1.blocking_copies, (unsigned long long)c2.host_syncs);
+        test_cond(op, c1.host_syncs == 1 && c1.stream_syncs == 1 && c2.host_syncs == 0);
+        cmp("logits of the step, from pinned memory after the one sync", hl, lc, (size_t)n * vocab, 1e-5);
+        cu->weight_free(&gw);
+        cu->free(dx); cu->free(dl);
+        cu->host_free(hl);
+        free(tb); free(xc); free(lc);
+    }
+#endif
+    skv_workspace_free(&ws);
+}
+
+/* ShadowKV's end of prefill on the device: the landmarks rounded to half
+ * precision in place, and every KV head's candidate chunks gathered in one
+ * launch (landmarks into device rows, values into pinned host memory). */
+static void t_prefill_end(void) {
+    {
+        static const float special[] = {
+            0.0f, -0.0f, 1.0f, -1.0f, 65504.0f, -65504.0f, 65519.99f, 65520.0f, -65520.0f, 1e10f, -3e38f,
+            INFINITY, -INFINITY, NAN, -NAN,
+            0x1p-24f, -0x1p-24f, 0x1p-25f, 0x1.8p-25f, 0x1.8p-24f, 0x1.4p-24f, 0x1p-26f, 0x1p-149f, -0x1p-149f,
+            0x1.ff8p-15f, 0x1.ffcp-15f, 0x1p-14f, 0x1.ffep-15f,          /* around the smallest normal half */
+            0x1.002p0f, 0x1.006p0f, 0x1.0021p0f, -0x1.002p0f, 0x1.ffdp15f, 0x1.ffep15f, /* ties to even, overflow edge */
+        };
+        size_t ns = sizeof special / sizeof special[0], n = ns + 5000;
+        float *x = malloc(sizeof(float) * n);
+        memcpy(x, special, sizeof special);
+        for (size_t i = ns; i < n; i++) x[i] = ldexpf(frand(), (int)(i % 60) - 40); /* 2^-40 .. 2^19 */
+        float *dx = dev(x, sizeof(float) * n);
+        cpu->round_h(x, n);
+        cu->round_h(dx, n);
+        float *g = back(dx, n);
+        size_t bad = 0;
+        for (size_t i = 0; i < n; i++) {
+            uint32_t a, b;
+            memcpy(&a, &g[i], 4);
+            memcpy(&b, &x[i], 4);
+            /* NaN: a NaN (a device may give its canonical NaN's bits) */
+            if (isnan(x[i]) ? !isnan(g[i]) : a != b) bad++;
+        }
+        char msg[200];
+        snprintf(msg, sizeof msg, "cuda round_h: %zu of %zu values differ from the CPU's half rounding bit for bit "
+                 "(ties to even, subnormals, overflow to inf, ±0; NaN stays NaN)", bad, n);
+        test_cond(msg, bad == 0);
+        test_cond("cuda round_h: the CPU twin rounds as IEEE half (65520 to inf, 2^-25 to +0, 1+2^-11 to 1)",
+                  isinf(x[7]) && x[17] == 0.0f && !signbit(x[17]) && x[28] == 1.0f && x[29] == 0x1.008p0f);
+        cu->free(dx);
+        free(x); free(g);
+    }
+    /* landmarks (rows 1) into device rows, values (rows a chunk, strided by
+     * the KV width) into pinned host memory, d not a multiple of 32 */
+    for (int pass = 0; pass < 2; pass++) {
+        int h = 3, nch = 57, nc = 41, d = pass ? 128 : 40, rows = pass ? 8 : 1, kvd = h * d;
+        size_t src_row = pass ? (size_t)kvd : (size_t)d, src_head = pass ? (size_t)d : (size_t)nch * d;
+        size_t dst_head = (size_t)(nc + 2) * rows * d; /* gaps between the heads' blocks stay untouched */
+        size_t sl = pass ? (size_t)nch * rows * kvd : (size_t)h * nch * d, dl = (size_t)h * dst_head;
+        float *src = rnd(sl);
+        int *cand = malloc(sizeof(int) * h * nc);
+        for (int kh = 0; kh < h; kh++) { /* increasing, runs of consecutive chunks, chunks left out */
+            int j = 0;
+            for (int i = 0; i < nc; i++) {
+                j += (i * 7 + kh) % 5 == 0 ? 2 : 1;
+                cand[kh * nc + i] = (j - 1) % nch;
+            }
+        }
+        float *dsrc = dev(src, sizeof(float) * sl);
+        int *dcand = dev(cand, sizeof(int) * h * nc);
+        float *ref = malloc(sizeof(float) * dl), *out;
+        for (size_t i = 0; i < dl; i++) ref[i] = -7.0f;
+        cpu->sk_gather_chunks(src, src_row, src_head, cand, h, nc, rows, d, ref, dst_head);
+        float *dd = NULL, *hd = NULL;
+        if (pass) {
+            hd = cu->host_alloc(sizeof(float) * dl);
+            for (size_t i = 0; i < dl; i++) hd[i] = -7.0f;
+            cu->sk_gather_chunks(dsrc, src_row, src_head, dcand, h, nc, rows, d, hd, dst_head);
+            cu->sync();
+            out = malloc(sizeof(float) * dl);
+            memcpy(out, hd, sizeof(float) * dl);
+        } else {
+            float *init = malloc(sizeof(float) * dl);
+            for (size_t i = 0; i < dl; i++) init[i] = -7.0f;
+            dd = dev(init, sizeof(float) * dl);
+            free(init);
+            cu->sk_gather_chunks(dsrc, src_row, src_head, dcand, h, nc, rows, d, dd, dst_head);
+            out = back(dd, dl);
+        }
+        test_cond(pass ? "cuda sk_gather_chunks: a layer's candidate values into pinned memory, bit for bit"
+                       : "cuda sk_gather_chunks: a layer's candidate landmarks into device rows, bit for bit",
+                  !memcmp(out, ref, sizeof(float) * dl));
+        if (hd) cu->host_free(hd);
+        cu->free(dd); cu->free(dsrc); cu->free(dcand);
+        free(src); free(cand); free(ref); free(out);
+    }
+}
+
+/* Pinned blocks: a freed block (of a MiB or more: an offload store) is
+ * reused by the next allocation of its size (pinned once), but not while
+ * queued work still reads it. */
+static void t_pinned_pool(void) {
+    size_t n = (size_t)1 << 19;
+    float *a = cu->host_alloc_raw(sizeof(float) * n);
+    SKV_ASSERT(a);
+    for (size_t i = 0; i < n; i++) a[i] = (float)i + 0.5f;
+    float *dd = dev(NULL, sizeof(float) * n);
+    int idx = 0;
+    size_t off = 0;
+    cu->gather(a, 64, (int)n / 64, &idx, 1, dd, &off, (int)n / 64); /* reads a on the fetch stream */
+    cu->host_free(a);
+    float *b = cu->host_alloc(sizeof(float) * n); /* zeroed: a only once the gather is done */
+    float *g = back(dd, n);
+    size_t bad = 0;
+    for (size_t i = 0; i < n; i++) bad += g[i] != (float)i + 0.5f;
+    test_cond("cuda host_free: a pinned block queued work reads is not handed out (and zeroed) before it ran",
+              bad == 0);
+    size_t nz = 0;
+    for (size_t i = 0; i < n; i++) nz += b[i] != 0.0f;
+    cu->host_free(b);
+    cu->sync();
+    float *c = cu->host_alloc(sizeof(float) * n);
+    for (size_t i = 0; i < n; i++) nz += c[i] != 0.0f;
+    char msg[200];
+    snprintf(msg, sizeof msg, "cuda host_alloc: a freed block of the same size is reused (pinned once: %s), zeroed "
+             "(%zu nonzero)", c == a || c == b ? "yes" : "no", nz);
+    test_cond(msg, (c == a || c == b) && nz == 0);
+    cu->host_free(c);
+    cu->free(dd);
+    free(g);
+}
+
 int main(void) {
     cu = skv_backend_find("cuda");
     skv_clear_error();
@@ -658,8 +1362,13 @@ int main(void) {
     t_matmul();
     t_elementwise();
     t_attention();
+    t_decode_batch();
     t_sparse();
+    t_prefill_end();
+    t_pinned_pool();
     t_fused();
+    t_sk_step();
+    t_forward_fused();
     t_timeline();
     return test_report("test_cuda_ops");
 }

@@ -201,6 +201,43 @@ static int f_deadlock(void) {
     return fails();
 }
 
+/* Stream-ordered frees (cudaFreeAsync): a kernel queued on the free's
+ * stream before it runs first, whenever the stream runs (no fault); one
+ * queued after it, or one queued before it on another stream without an
+ * event between them, runs on freed memory (a fault naming the kernel). */
+static int free_async_case(int which) {
+    cudaStream_t s, o;
+    cudaStreamCreateWithFlags(&s, cudaStreamNonBlocking);
+    cudaStreamCreateWithFlags(&o, cudaStreamNonBlocking);
+    float *a = dev_alloc(1024);
+    cudaStreamSynchronize(s);
+    if (which == 0) { /* the right form: queued before the free, on its stream */
+        SKV_LAUNCH(k_fill, 4, 256, 0, s)(a, 1024, 1.0f);
+        cudaFreeAsync(a, s);
+    } else if (which == 1) { /* queued after the free */
+        SKV_LAUNCH(k_copy, 4, 256, 0, s)(a, a, 1024); /* keeps the stream busy: the free waits its turn */
+        cudaFreeAsync(a, s);
+        SKV_LAUNCH(k_fill, 4, 256, 0, s)(a, 1024, 2.0f);
+    } else { /* queued before the free, on another stream, not joined */
+        SKV_LAUNCH(k_fill, 4, 256, 0, o)(a, 1024, 3.0f);
+        cudaFreeAsync(a, s);
+    }
+    cudaStreamSynchronize(s);
+    cudaStreamSynchronize(o);
+    return fails();
+}
+static int f_free_after(void) { return free_async_case(1); }
+static int f_free_unjoined(void) { return free_async_case(2); }
+static int f_free_twice(void) {
+    cudaStream_t s;
+    cudaStreamCreateWithFlags(&s, cudaStreamNonBlocking);
+    float *a = dev_alloc(64);
+    SKV_LAUNCH(k_fill, 1, 64, 0, s)(a, 64, 1.0f);
+    cudaFreeAsync(a, s);
+    cudaFreeAsync(a, s);
+    return fails();
+}
+
 /* The fetch/compute join: a producer on the fetch stream, the consumer on
  * the compute stream, with or without the event between them. Returns the
  * number of wrong rows the consumer copied. */
@@ -258,6 +295,11 @@ int main(void) {
         test_cond(msg, bad > 0);
     }
     expect_fault("a __syncthreads half a warp skips", f_deadlock, "k_half_barrier", "__syncthreads");
+    expect_fault("a kernel queued after a cudaFreeAsync of its buffer, on the same stream", f_free_after, "k_fill",
+                 "not allocated (freed");
+    expect_fault("a kernel queued before a cudaFreeAsync of its buffer, on another stream without an event wait",
+                 f_free_unjoined, "k_fill", "not allocated (freed");
+    expect_fault("a buffer given to cudaFreeAsync twice", f_free_twice, "cudaFreeAsync", "freed twice");
     {
         int st = 0;
         std::string err = in_child(f_sync_each, &st);
@@ -299,6 +341,39 @@ int main(void) {
         snprintf(msg, sizeof msg, "the compute stream waits for the fetch stream's event: %d wrong rows", bad);
         test_cond(msg, bad == 0);
         cudaFree(x); cudaFree(o); cudaFree(r); cudaFree(y); cudaFree(g); cudaFree(w);
+    }
+
+    /* stream-ordered frees: in stream order, no fault; the backend's free
+     * and alloc wait for nothing, its pinned free neither while work is
+     * queued (the block is held until both streams are idle) */
+    {
+        int st = 0;
+        std::string err = in_child([]() { return free_async_case(0); }, &st);
+        test_cond("a kernel queued before a cudaFreeAsync of its buffer on the same stream, run after the call: "
+                  "no fault", st == 0 && err.find("cusim") == std::string::npos);
+        cusim_counters_reset();
+        float *d = (float *)cu_alloc(sizeof(float) * 4096);
+        float *h = (float *)cu_host_alloc(sizeof(float) * 4096);
+        cudaStream_t fs = cuda_fetch_begin();
+        SKV_LAUNCH(k_copy, 16, 256, 0, fs)(h, d, 4096); /* the fetch stream reads the pinned block, writes d */
+        cuda_fetch_end();
+        cu_free(d);
+        cu_host_free(h);
+        cusim_counters c;
+        cusim_counters_get(&c);
+        int held = cusim_pointer_kind(h) == 2;
+        uint64_t syncs = c.host_syncs;
+        cu_sync();
+        float *e = (float *)cu_alloc(16); /* finds both streams idle: the held block goes */
+        int gone = cusim_pointer_kind(h) == 0;
+        cusim_counters_get(&c);
+        char msg[300];
+        snprintf(msg, sizeof msg, "cu_free and cu_host_free while a gather reads the buffers: %llu host syncs, the "
+                 "pinned block held (%d) and freed at the next alloc after a sync (%d), no fault (%llu)",
+                 (unsigned long long)syncs, held, gone, (unsigned long long)c.faults);
+        test_cond(msg, syncs == 0 && held && gone && c.faults == 0 && c.frees >= 1);
+        cu_free(e);
+        cu_sync();
     }
 
     /* counters: what the host asked for */

@@ -4,7 +4,12 @@
 # ShadowKV run on --backend cuda and its timeline PNG, dense and ShadowKV
 # benches from one prefill at batch 1 and 2 (forks and batches on the
 # device), and a --parallel run. Each step under a timeout that kills; each
-# must run on cuda, not fall back to the CPU.
+# must run on cuda, not fall back to the CPU. The bench runs as gpu-check's
+# do, with SKV_CUDA_COUNT=1: after each bench line the backend's own count of
+# that run's launches and host syncs a step, which must agree with the
+# simulator's count of the same steps (launches and library calls equal;
+# syncs at most the simulator's, which adds the blocking copies), and
+# tests/gpu/summary.sh makes its table of them.
 SIM=${SKV_SIM_BIN:-$(dirname "${SKV_BIN:-build/skv}")/sim/skv}
 pass=0 fail=0
 ok() { echo "PASS $1"; pass=$((pass + 1)); }
@@ -41,11 +46,35 @@ if [ -s "$T/timeline.png" ] && grep -q 'cuda' "$T/traced-step.log" "$T/gpu.trace
 else
     ko "the traced step's timeline PNG ($(ls -l "$T/timeline.png" 2>&1))"
 fi
-step bench 240 "$SIM" bench --backend cuda -m "$T/small.gguf" --prompt-tokens 300 -c 340 -n 4 \
+step bench 240 env SKV_CUDA_COUNT=1 "$SIM" bench --backend cuda -m "$T/small.gguf" --prompt-tokens 300 -c 340 -n 4 \
     --kv dense,shadowkv --budget 64 --rank 16 --outliers 2 --parallel 1,2
 n=$(grep -c 'decode_tok_s=' "$T/bench.log")
 if [ "$n" -ge 4 ]; then ok "bench: $n lines with decode_tok_s (dense and shadowkv at batch 1 and 2)"
 else ko "bench: $n lines with decode_tok_s, expected 4: $(tail -3 "$T/bench.log")"; fi
+# each bench line followed by its run's count line, and the two counts agree
+bad=$(awk '
+    function val(key) { return match(" " $0, " " key "=[^ ]*") ? substr(" " $0, RSTART + length(key) + 2, RLENGTH - length(key) - 2) : "" }
+    /decode_tok_s=/ { if (want) print "no count line after: " prev; want = 1; prev = $0; runs++; next }
+    /^cuda_count:/ {
+        if (!want) next
+        want = 0
+        if (val("launches_step") + 0 < 1 || val("syncs_step") + 0 < 1 || val("layers") != 2 ||
+            val("launches_step") != val("sim_launches_step") || val("lib_calls_step") != val("sim_lib_calls_step") ||
+            val("syncs_step") + 0 > val("sim_syncs_step") + 0)
+            print "counts disagree: " $0
+        else good++
+    }
+    END { if (want) print "no count line after: " prev; if (good != runs || !runs) print good " of " runs " runs counted" }
+' "$T/bench.log")
+ex=$(grep -m1 '^cuda_count:' "$T/bench.log")
+if [ -z "$bad" ]; then ok "SKV_CUDA_COUNT=1: each bench run's launches and host syncs a step, as the simulator counts them: $ex"
+else ko "SKV_CUDA_COUNT=1: $bad"; fi
+{ echo "step=bench layers=0"; cat "$T/bench.log"; } > "$T/bench.txt"
+sh tests/gpu/summary.sh "$T/bench.txt" > "$T/table.txt" 2>&1
+rows=$(awk '($1 == "dense" || $1 == "shadowkv") && $6 ~ /^[0-9]+$/ && $8 ~ /^[0-9]+$/ && $7 ~ /^[0-9.]+$/' "$T/table.txt" | wc -l)
+if grep -q '^== figures beside their targets' "$T/table.txt" && [ "$rows" -eq "$n" ]; then
+    ok "summary.sh: a row a bench run with its launches and syncs a step ($rows rows)"
+else ko "summary.sh: $rows rows with counts of $n: $(cat "$T/table.txt")"; fi
 step parallel 180 "$SIM" run --backend cuda -m "$T/small.gguf" --kv shadowkv --budget 64 --rank 16 --outliers 2 \
     -f "$CFG" -n 3 --parallel 2
 echo "test_gpu_steps: $pass passed, $fail failed, 0 skipped"
