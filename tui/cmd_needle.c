@@ -401,15 +401,15 @@ static void print_table(const needle_result *r, const needle_opts *o, int only_c
 }
 
 /* A run event with the sweep's settings (its first sparse method, at the
- * first length) for stores that have no probe events. */
-static probe_event settings_event(const skv_model *m, const needle_opts *o, char *opts, size_t n) {
-    session_opts so;
-    session_opts_default(&so);
-    so.kv = o->kv;
-    snprintf(so.kv.policy, sizeof so.kv.policy, "%s", o->methods[o->n_methods > 1 ? 1 : 0]);
+ * first length) for stores that have no probe events. Its strings point
+ * into *so and opts: the caller keeps both until the event is stored. */
+static probe_event settings_event(const skv_model *m, const needle_opts *o, session_opts *so, char *opts, size_t n) {
+    session_opts_default(so);
+    so->kv = o->kv;
+    snprintf(so->kv.policy, sizeof so->kv.policy, "%s", o->methods[o->n_methods > 1 ? 1 : 0]);
     const skv_backend *be = skv_backend_find(o->backend);
     probe_event ev;
-    session_run_event(m, &so, be ? be->name : "cpu", o->lengths[0], opts, n, &ev);
+    session_run_event(m, so, be ? be->name : "cpu", o->lengths[0], opts, n, &ev);
     ev.run.max_ctx = m->cfg.ctx_train;
     return ev;
 }
@@ -428,7 +428,8 @@ static int emit_all(const skv_model *m, const needle_opts *o, const needle_resul
         for (int i = 0; !rc && i < r->n_ev; i++) rc = st ? probe_store_add(st, r->ev[i]) : trace_writer_write(tw, r->ev[i]);
     } else {
         char opts[512];
-        probe_event ev = settings_event(m, o, opts, sizeof opts);
+        session_opts so;
+        probe_event ev = settings_event(m, o, &so, opts, sizeof opts);
         rc = st ? probe_store_add(st, &ev) : trace_writer_write(tw, &ev);
     }
     for (int i = 0; !rc && i < r->n_cases; i++)
