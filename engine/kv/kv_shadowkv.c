@@ -967,6 +967,22 @@ static int sk_settle(kv_sk *c) {
 
 static int sk_end_step(kv_cache *base) { return sk_settle((kv_sk *)base); }
 
+/* Queues layer's books pack to the host's pinned memory behind the work
+ * queued so far (no wait) and marks it pending, read at the step's end
+ * (sk_settle); sync: the backend's sync count when queued. */
+static void queue_pack(kv_sk *c, int layer, uint64_t sync) {
+    char *ph = (char *)c->pack_h + c->pack_bytes * (size_t)layer;
+    c->base.shape.be->copy2d(ph, c->pack_bytes, (char *)c->pack_d + c->pack_bytes * (size_t)layer, c->pack_bytes,
+                             c->pack_bytes, 1);
+    if (!c->pend_n) {
+        c->pend_first = layer;
+        c->pend_step = c->base.step;
+    }
+    SKV_ASSERT(c->pend_first + c->pend_n == layer);
+    c->pend_n++;
+    c->pend_sync = sync;
+}
+
 /* A decode step's layer on a device backend: the same stages queued in
  * order from this thread (the device runs them; the gathers of missed values
  * on its fetch stream beside the key rebuild on its compute stream). The
@@ -1011,16 +1027,7 @@ static int decode_layer_dev(kv_sk *c, int layer, const float *q, float *out) {
     if (sk_fused(c)) {
         /* the layer's books to the host's pinned memory, queued behind its
          * attention; read at the step's end (sk_settle): no wait here */
-        char *ph = (char *)c->pack_h + c->pack_bytes * (size_t)layer;
-        be->copy2d(ph, c->pack_bytes, (char *)c->pack_d + c->pack_bytes * (size_t)layer, c->pack_bytes,
-                   c->pack_bytes, 1);
-        if (!c->pend_n) {
-            c->pend_first = layer;
-            c->pend_step = c->base.step;
-        }
-        SKV_ASSERT(c->pend_first + c->pend_n == layer);
-        c->pend_n++;
-        c->pend_sync = syncs_now(be);
+        queue_pack(c, layer, syncs_now(be));
         return 0;
     }
     return decode_tally(c, layer, q, out);
@@ -1301,16 +1308,7 @@ static int group_step(kv_sk *const *cs, const int *row, int n, int layer, const 
         c->L[layer].n_gen++;
         c->attn_seconds += dt;
         /* the layer's books to the host's pinned memory, read at the step's end (sk_settle) */
-        char *ph = (char *)c->pack_h + c->pack_bytes * (size_t)layer;
-        be->copy2d(ph, c->pack_bytes, (char *)c->pack_d + c->pack_bytes * (size_t)layer, c->pack_bytes,
-                   c->pack_bytes, 1);
-        if (!c->pend_n) {
-            c->pend_first = layer;
-            c->pend_step = c->base.step;
-        }
-        SKV_ASSERT(c->pend_first + c->pend_n == layer);
-        c->pend_n++;
-        c->pend_sync = sync_now;
+        queue_pack(c, layer, sync_now);
     }
     return 0;
 }

@@ -145,4 +145,23 @@ void cuda_span_end(cuda_span_mark m, int stream, const char *op);
 /* Threads per block and a grid that covers n items. */
 static inline int cuda_blocks(size_t n, int threads) { return (int)((n + threads - 1) / threads); }
 
+/* Block reduction of one float (max or sum) over the block's threads, the
+ * same sums in the same order in every kernel that uses it (ops_sparse.cu's
+ * scores and ops_sk_step.cu's, so both give the same scores). */
+static __device__ __attribute__((unused)) float block_reduce(float v, int is_max) {
+    __shared__ float part[32];
+    int lane = threadIdx.x % 32, warp = threadIdx.x / 32;
+    for (int o = 16; o > 0; o >>= 1) {
+        float u = __shfl_xor_sync(0xffffffffu, v, o);
+        v = is_max ? (u > v ? u : v) : v + u;
+    }
+    __syncthreads();
+    if (lane == 0) part[warp] = v;
+    __syncthreads();
+    int nw = (blockDim.x + 31) / 32;
+    float r = is_max ? -INFINITY : 0.0f;
+    for (int w = 0; w < nw; w++) r = is_max ? (part[w] > r ? part[w] : r) : r + part[w];
+    return r;
+}
+
 #endif

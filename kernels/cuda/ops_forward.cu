@@ -387,19 +387,25 @@ void cu_embed(enum ggml_type t, const void *table, int dim, const int32_t *ids, 
 
 /* ---- RMSNorm: one block per row, the sum of squares in double ---- */
 
-__global__ void k_rmsnorm(float *out, const float *x, const float *w, int dim, float eps) {
+/* The RMS scale of a row from each thread's partial sum of squares s (a
+ * block of up to 256 threads, a power of two), summed as a tree. */
+static __device__ float block_rms_scale(double s, int dim, float eps) {
     __shared__ double part[256];
-    const float *xi = x + (size_t)blockIdx.x * dim;
-    float *oi = out + (size_t)blockIdx.x * dim;
-    double s = 0;
-    for (int j = threadIdx.x; j < dim; j += blockDim.x) s += (double)xi[j] * xi[j];
     part[threadIdx.x] = s;
     __syncthreads();
     for (int h = blockDim.x / 2; h > 0; h >>= 1) {
         if ((int)threadIdx.x < h) part[threadIdx.x] += part[threadIdx.x + h];
         __syncthreads();
     }
-    float sc = km_rms_scale(part[0], dim, eps);
+    return km_rms_scale(part[0], dim, eps);
+}
+
+__global__ void k_rmsnorm(float *out, const float *x, const float *w, int dim, float eps) {
+    const float *xi = x + (size_t)blockIdx.x * dim;
+    float *oi = out + (size_t)blockIdx.x * dim;
+    double s = 0;
+    for (int j = threadIdx.x; j < dim; j += blockDim.x) s += (double)xi[j] * xi[j];
+    float sc = block_rms_scale(s, dim, eps);
     for (int j = threadIdx.x; j < dim; j += blockDim.x) oi[j] = xi[j] * sc * w[j];
 }
 
@@ -413,7 +419,6 @@ void cu_rmsnorm(float *out, const float *x, const float *w, int n, int dim, floa
 /* x += y, then out = rmsnorm(x) * w: one block a row, as k_rmsnorm. Each
  * thread reads y[j] and writes out[j] for its own j, so out may be y (or x). */
 __global__ void k_add_rmsnorm(float *x, const float *y, float *out, const float *w, int dim, float eps) {
-    __shared__ double part[256];
     float *xi = x + (size_t)blockIdx.x * dim, *oi = out + (size_t)blockIdx.x * dim;
     const float *yi = y + (size_t)blockIdx.x * dim;
     double s = 0;
@@ -422,13 +427,7 @@ __global__ void k_add_rmsnorm(float *x, const float *y, float *out, const float 
         xi[j] = v;
         s += (double)v * v;
     }
-    part[threadIdx.x] = s;
-    __syncthreads();
-    for (int h = blockDim.x / 2; h > 0; h >>= 1) {
-        if ((int)threadIdx.x < h) part[threadIdx.x] += part[threadIdx.x + h];
-        __syncthreads();
-    }
-    float sc = km_rms_scale(part[0], dim, eps);
+    float sc = block_rms_scale(s, dim, eps);
     for (int j = threadIdx.x; j < dim; j += blockDim.x) oi[j] = xi[j] * sc * w[j];
 }
 

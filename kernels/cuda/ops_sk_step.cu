@@ -35,23 +35,6 @@ struct __align__(16) sk_f4 {
     float x, y, z, w;
 };
 
-/* Block reduction (max or sum) of one float over the block's threads: the
- * same sums in the same order as ops_sparse.cu's, so the same scores. */
-static __device__ float sk_reduce(float v, int is_max) {
-    __shared__ float part[32];
-    int lane = threadIdx.x % 32, warp = threadIdx.x / 32;
-    for (int o = 16; o > 0; o >>= 1) {
-        float u = __shfl_xor_sync(0xffffffffu, v, o);
-        v = is_max ? (u > v ? u : v) : v + u;
-    }
-    __syncthreads();
-    if (lane == 0) part[warp] = v;
-    __syncthreads();
-    int nw = (blockDim.x + 31) / 32;
-    float r = is_max ? -INFINITY : 0.0f;
-    for (int w = 0; w < nw; w++) r = is_max ? (part[w] > r ? part[w] : r) : r + part[w];
-    return r;
-}
 
 /* The place of this thread's pred among the block's threads that have it,
  * in thread order, and their count (*total); every thread calls it. */
@@ -167,10 +150,10 @@ static __device__ void sk_stats(const sk_step &st, const sk_job *J) {
         const float *Lg = L + (size_t)g * n;
         float mx = -INFINITY;
         for (int j = threadIdx.x; j < n; j += blockDim.x) mx = Lg[j] > mx ? Lg[j] : mx;
-        mx = sk_reduce(mx, 1);
+        mx = block_reduce(mx, 1);
         float sum = 0.0f;
         for (int j = threadIdx.x; j < n; j += blockDim.x) sum += expf(Lg[j] - mx);
-        sum = sk_reduce(sum, 0);
+        sum = block_reduce(sum, 0);
         if (threadIdx.x == 0) {
             m[g] = mx;
             s[g] = sum;

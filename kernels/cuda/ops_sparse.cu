@@ -187,22 +187,6 @@ void cu_cos_min(const float *K, int stride, int d, int c, int n_chunks, const fl
 
 /* ---- landmark scores ---- */
 
-/* Block reduction of one float (max or sum) over the block's threads. */
-__device__ float block_reduce(float v, int is_max) {
-    __shared__ float part[32];
-    int lane = threadIdx.x % 32, warp = threadIdx.x / 32;
-    for (int o = 16; o > 0; o >>= 1) {
-        float u = __shfl_xor_sync(0xffffffffu, v, o);
-        v = is_max ? (u > v ? u : v) : v + u;
-    }
-    __syncthreads();
-    if (lane == 0) part[warp] = v;
-    __syncthreads();
-    int nw = (blockDim.x + 31) / 32;
-    float r = is_max ? -INFINITY : 0.0f;
-    for (int w = 0; w < nw; w++) r = is_max ? (part[w] > r ? part[w] : r) : r + part[w];
-    return r;
-}
 
 /* Landmark scores with the whole GPU (the old form, a block per query head
  * recomputing every dot product thrice, ran on 4 SMs at the 8B shape):
