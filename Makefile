@@ -225,13 +225,18 @@ PY_TESTS = tests/test_eval.py tests/test_skvtrace.py tests/test_pywriter.py test
 # make test TESTS="quant fixes eval.py" runs only the tests named (NAME is
 # tests/test_NAME.c, or tests/test_NAME.py); make test-fast runs all but
 # SLOW_TESTS, the ones that take minutes (times: README, Tests).
-# tests/run.sh gives each test SKV_TEST_TIMEOUT seconds (default 900).
+# tests/run.sh gives each test SKV_TEST_TIMEOUT seconds (default 900) and runs
+# SKV_TEST_JOBS of them at a time (default: the CPUs, at most 4).
 SLOW_TESTS = needle batch fixes claims needle_fixes eval.py recorder_agree.py bench_cli.sh figures.sh
 # The simulated CUDA tests (tests/gpu/, tests/sim/, on tests/cusim) run too
 # (`make sim-model` runs the two whole-model ones alone).
 SIM_MODEL     = $(SIM_DIR)/tests/gpu/test_cuda_model $(SIM_DIR)/tests/sim/test_cuda_paths
 SIM_TESTS_RUN = $(SIM_TEST_BIN) tests/sim/test_gpu_steps.sh
-ALL_TESTS = $(TEST_BIN) $(SIM_TESTS_RUN) $(PY_TESTS)
+# The slow ones first, so that tests/run.sh's parallel jobs (SKV_TEST_JOBS)
+# do not end on one of them alone.
+TESTS_LISTED = $(TEST_BIN) $(SIM_TESTS_RUN) $(PY_TESTS)
+TESTS_LONG = $(SIM_MODEL) $(foreach t,$(SLOW_TESTS),$(filter %/test_$(t),$(TESTS_LISTED)))
+ALL_TESTS = $(TESTS_LONG) $(filter-out $(TESTS_LONG),$(TESTS_LISTED))
 test_pick = $(or $(filter %/test_$(1) %/test_$(1).py,$(ALL_TESTS)),$(error TESTS: no test '$(1)' (tests/test_$(1).c or .py)))
 RUN_TESTS = $(if $(strip $(TESTS)),$(foreach t,$(TESTS),$(call test_pick,$(t))),$(ALL_TESTS))
 FAST_TESTS = $(filter-out $(SLOW_TESTS),$(patsubst test_%,%,$(notdir $(ALL_TESTS))))
