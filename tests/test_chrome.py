@@ -34,23 +34,7 @@ import time
 import types
 from collections import defaultdict
 
-ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-sys.path.insert(0, os.path.join(ROOT, "probes", "python"))
-passed = failed = 0
-
-
-def check(descr, ok, detail=""):
-    global passed, failed
-    if ok:
-        passed += 1
-        print("PASS " + descr)
-    else:
-        failed += 1
-        print("FAIL " + descr + (": " + str(detail)[:600] if detail else ""))
-    sys.stdout.flush()
-
-
-SKV = os.environ.get("SKV_BIN") or os.path.join(ROOT, "build", "skv")
+from testhelp import ROOT, SKV, check, finish  # noqa: E402
 MODEL = os.path.join(ROOT, "samples", "model", "skv-demo.gguf")
 PROMPT = os.path.join(ROOT, "samples", "prompts", "default.txt")
 CONSUMER = os.path.join(ROOT, "tests", "trace-consumer")
@@ -592,5 +576,4 @@ def main():
 
 
 main()
-print("test_chrome: %d passed, %d failed" % (passed, failed))
-sys.exit(1 if failed else 0)
+sys.exit(finish("test_chrome"))

@@ -16,23 +16,8 @@ import sys
 import tempfile
 import time
 
-ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-SKV = os.environ.get("SKV_BIN") or os.path.join(ROOT, "build", "skv")
+from testhelp import ROOT, SKV, check, finish  # noqa: E402
 MODEL = os.path.join(ROOT, "samples", "model", "skv-demo.gguf")
-passed = failed = 0
-
-
-def check(descr, ok, detail=""):
-    global passed, failed
-    if ok:
-        passed += 1
-        print("PASS " + descr)
-    else:
-        failed += 1
-        print("FAIL " + descr + (": " + detail if detail else ""))
-    sys.stdout.flush()
-
-
 def run(args, **kw):
     p = subprocess.run([SKV] + args, cwd=ROOT, capture_output=True, text=True, errors="replace", **kw)
     return p.returncode, p.stdout + p.stderr
@@ -202,5 +187,4 @@ def main():
 
 
 main()
-print("test_eval: %d passed, %d failed" % (passed, failed))
-sys.exit(1 if failed else 0)
+sys.exit(finish("test_eval"))

@@ -17,23 +17,8 @@ import sys
 import tempfile
 import time
 
-ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-SKV = os.environ.get("SKV_BIN") or os.path.join(ROOT, "build", "skv")
+from testhelp import ROOT, SKV, check, finish  # noqa: E402
 BIN = os.path.dirname(os.path.abspath(SKV))
-passed = failed = 0
-
-
-def check(descr, ok, detail=""):
-    global passed, failed
-    if ok:
-        passed += 1
-        print("PASS " + descr)
-    else:
-        failed += 1
-        print("FAIL " + descr + (": " + detail if detail else ""))
-    sys.stdout.flush()
-
-
 if not os.access(os.path.join(BIN, "tests", "gpu", "test_cuda_ops"), os.X_OK):
     print("SKIP gpu-check: %s has no CUDA test binaries (a build without nvcc)" % BIN)
     sys.exit(0)
@@ -189,5 +174,4 @@ try:
 finally:
     shutil.rmtree(tmp, ignore_errors=True)
 
-print("test_gpu_check: %d passed, %d failed" % (passed, failed))
-sys.exit(1 if failed else 0)
+sys.exit(finish("test_gpu_check"))

@@ -19,22 +19,7 @@ import sys
 import tempfile
 import time
 
-ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-sys.path.insert(0, os.path.join(ROOT, "probes", "python"))
-passed = failed = 0
-
-
-def check(descr, ok, detail=""):
-    global passed, failed
-    if ok:
-        passed += 1
-        print("PASS " + descr)
-    else:
-        failed += 1
-        print("FAIL " + descr + (": " + str(detail)[:800] if detail else ""))
-    sys.stdout.flush()
-
-
+from testhelp import ROOT, SKV, check, finish  # noqa: E402
 try:
     import numpy as np
     import torch  # noqa: F401
@@ -44,7 +29,6 @@ except ImportError as e:
     print("SKIP PyTorch recorder tests: %s (make deps installs python3-torch and python3-regex)" % e)
     sys.exit(0)
 
-SKV = os.environ.get("SKV_BIN") or os.path.join(ROOT, "build", "skv")
 MODEL = os.path.join(ROOT, "samples", "model", "skv-demo.gguf")
 PROMPT = os.path.join(ROOT, "samples", "prompts", "needle.txt")
 REC = os.path.join(ROOT, "probes", "python", "examples", "record_demo.py")
@@ -227,5 +211,4 @@ try:
 finally:
     shutil.rmtree(tmp, ignore_errors=True)
 
-print("test_pytorch_recorder: %d passed, %d failed" % (passed, failed))
-sys.exit(1 if failed else 0)
+sys.exit(finish("test_pytorch_recorder"))

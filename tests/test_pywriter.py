@@ -21,22 +21,7 @@ import subprocess
 import sys
 import tempfile
 
-ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-sys.path.insert(0, os.path.join(ROOT, "probes", "python"))
-passed = failed = 0
-
-
-def check(descr, ok, detail=""):
-    global passed, failed
-    if ok:
-        passed += 1
-        print("PASS " + descr)
-    else:
-        failed += 1
-        print("FAIL " + descr + (": " + str(detail)[:600] if detail else ""))
-    sys.stdout.flush()
-
-
+from testhelp import ROOT, SKV, check, finish  # noqa: E402
 try:
     import numpy as np
     import skvtrace
@@ -44,7 +29,6 @@ except ImportError as e:
     print("SKIP skvtrace writer tests: %s (make deps installs python3-numpy)" % e)
     sys.exit(0)
 
-SKV = os.environ.get("SKV_BIN") or os.path.join(ROOT, "build", "skv")
 MODEL = os.path.join(ROOT, "samples", "model", "skv-demo.gguf")
 PROMPT = os.path.join(ROOT, "samples", "prompts", "default.txt")
 
@@ -295,5 +279,4 @@ os._exit(3)   # killed: step 2 never ended, the footer never written
 finally:
     shutil.rmtree(tmp, ignore_errors=True)
 
-print("test_pywriter: %d passed, %d failed" % (passed, failed))
-sys.exit(1 if failed else 0)
+sys.exit(finish("test_pywriter"))

@@ -16,22 +16,7 @@ import subprocess
 import sys
 import tempfile
 
-ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-sys.path.insert(0, os.path.join(ROOT, "probes", "python"))
-passed = failed = 0
-
-
-def check(descr, ok, detail=""):
-    global passed, failed
-    if ok:
-        passed += 1
-        print("PASS " + descr)
-    else:
-        failed += 1
-        print("FAIL " + descr + (": " + str(detail)[:800] if detail else ""))
-    sys.stdout.flush()
-
-
+from testhelp import ROOT, SKV, check, finish  # noqa: E402
 try:
     import numpy  # noqa: F401
     import torch  # noqa: F401
@@ -41,7 +26,6 @@ except ImportError as e:
     print("SKIP PyTorch recorder top1_agree test: %s (make deps installs python3-torch and python3-regex)" % e)
     sys.exit(0)
 
-SKV = os.environ.get("SKV_BIN") or os.path.join(ROOT, "build", "skv")
 MODEL = os.path.join(ROOT, "samples", "model", "skv-demo.gguf")
 PROMPT = os.path.join(ROOT, "samples", "prompts", "needle.txt")
 REC = os.path.join(ROOT, "probes", "python", "examples", "record_demo.py")
@@ -80,8 +64,7 @@ def main():
         check("the settings cover steps that agree with dense and steps that do not", seen == {0, 1}, seen)
     finally:
         shutil.rmtree(tmp, ignore_errors=True)
-    print("test_recorder_agree: %d passed, %d failed" % (passed, failed))
-    return 1 if failed else 0
+    return finish("test_recorder_agree")
 
 
 if __name__ == "__main__":

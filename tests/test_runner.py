@@ -14,22 +14,8 @@ import sys
 import tempfile
 import time
 
-ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+from testhelp import ROOT, check, finish  # noqa: E402
 RUN = os.path.join(ROOT, "tests", "run.sh")
-passed = failed = 0
-
-
-def check(descr, ok, detail=""):
-    global passed, failed
-    if ok:
-        passed += 1
-        print("PASS " + descr)
-    else:
-        failed += 1
-        print("FAIL " + descr + (": " + detail if detail else ""))
-    sys.stdout.flush()
-
-
 def script(d, name, body):
     path = os.path.join(d, name)
     with open(path, "w") as f:
@@ -64,7 +50,7 @@ def main():
                       "sleep 100000 &\necho $! > %s\nwait\n" % pidfile)
         after = script(d, "after.sh", "echo 'PASS after the hang'\n")
         bad = script(d, "bad.sh", "echo 'PASS said before exiting 3'\nexit 3\n")
-        env = dict(os.environ, SKV_TEST_TIMEOUT="1")
+        env = dict(os.environ, SKV_TEST_TIMEOUT="1", SKV_TEST_JOBS="1")
         t0 = time.time()
         p = subprocess.run(["sh", RUN, hang, after, bad], env=env, capture_output=True, text=True, timeout=120)
         wall = time.time() - t0
@@ -89,10 +75,31 @@ def main():
                            capture_output=True, text=True, timeout=60)
         check("run.sh: SKV_TEST_TIMEOUT that is not whole seconds is refused in one line",
               p.returncode == 2 and "SKV_TEST_TIMEOUT" in p.stderr and "PASS" not in p.stdout, p.stderr)
+        p = subprocess.run(["sh", RUN, after], env=dict(os.environ, SKV_TEST_JOBS="0"),
+                           capture_output=True, text=True, timeout=60)
+        check("run.sh: SKV_TEST_JOBS under 1 is refused in one line",
+              p.returncode == 2 and "SKV_TEST_JOBS" in p.stderr and "PASS" not in p.stdout, p.stderr)
+        # two jobs: two tests of 3 s, each printing between its sleeps, side by side
+        slow = [script(d, "slow%d.sh" % i, "".join("echo 'PASS slow%d line %d'\nsleep 1\n" % (i, j) for j in range(3)))
+                for i in range(2)]
+        t0 = time.time()
+        p = subprocess.run(["sh", RUN, slow[0], slow[1], bad], env=dict(os.environ, SKV_TEST_JOBS="2"),
+                           capture_output=True, text=True, timeout=60)
+        wall = time.time() - t0
+        lines = p.stdout.splitlines()
+        blocks = [[x for x in lines if x.startswith("PASS slow%d" % i)] for i in range(2)]
+        together = all(len(b) == 3 and lines.index(b[-1]) - lines.index(b[0]) == 2 for b in blocks)
+        check("run.sh with SKV_TEST_JOBS=2: two 3 s tests run side by side (under 5.5 s for both)", wall < 5.5,
+              "%.1f s" % wall)
+        check("... each one's output whole, never interleaved, with its TIME line after it", together and
+              all(lines[lines.index(b[-1]) + 1].startswith("TIME %s " % slow[i]) for i, b in enumerate(blocks)),
+              p.stdout)
+        check("... and the tally counts every test's lines, the failure too",
+              p.returncode != 0 and lines[-1] == "7 passed, 1 failed, 0 skipped"
+              and ("FAIL %s exited with status 3" % bad) in lines, p.stdout)
     finally:
         shutil.rmtree(d, ignore_errors=True)
-    print("test_runner: %d passed, %d failed" % (passed, failed))
-    return 1 if failed else 0
+    return finish("test_runner")
 
 
 if __name__ == "__main__":

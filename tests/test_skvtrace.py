@@ -11,22 +11,7 @@ import subprocess
 import sys
 import tempfile
 
-ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-sys.path.insert(0, os.path.join(ROOT, "probes", "python"))
-passed = failed = 0
-
-
-def check(descr, ok, detail=""):
-    global passed, failed
-    if ok:
-        passed += 1
-        print("PASS " + descr)
-    else:
-        failed += 1
-        print("FAIL " + descr + (": " + detail if detail else ""))
-    sys.stdout.flush()
-
-
+from testhelp import ROOT, SKV, check, finish  # noqa: E402
 try:
     import numpy as np
     import skvtrace
@@ -34,7 +19,6 @@ except ImportError as e:
     print("SKIP skvtrace tests: %s (make deps installs python3-numpy)" % e)
     sys.exit(0)
 
-SKV = os.environ.get("SKV_BIN") or os.path.join(ROOT, "build", "skv")
 MODEL = os.path.join(ROOT, "samples", "model", "skv-demo.gguf")
 PROMPT = os.path.join(ROOT, "samples", "prompts", "needle.txt")
 
@@ -224,5 +208,4 @@ def edge_cases(tmp):
 
 
 main()
-print("test_skvtrace: %d passed, %d failed" % (passed, failed))
-sys.exit(1 if failed else 0)
+sys.exit(finish("test_skvtrace"))
