@@ -308,8 +308,14 @@ int forward_batch(forward_state *f, kv_cache *kv, const int32_t *tokens, int n, 
     int dspans = be->span_drain && probe_wants(f->bus, PROBE_SPAN);
     if (be->span_enable) be->span_enable(dspans);
     if (be->span_tag) be->span_tag(-1, f->step);
+    /* a decode step (not a prefill chunk): one unit on a device (backend.h) */
+    int unit = f->step >= 0 && be->step_begin;
+    if (unit) be->step_begin();
     be->embed(f->w->tok_embd.type, f->w->tok_embd.data, dim, tokens, n, f->x);
-    if ((rc = run_layers(f, &kv, &pos, n, 0))) return rc;
+    if ((rc = run_layers(f, &kv, &pos, n, 0))) {
+        if (unit) be->step_end();
+        return rc;
+    }
     if (be->span_tag) be->span_tag(-1, f->step);
     double t0 = probe_wants(f->bus, PROBE_SPAN) ? probe_time(f->bus) : 0;
     /* the last row alone: its last residual, the output norm, the head */
@@ -319,6 +325,7 @@ int forward_batch(forward_state *f, kv_cache *kv, const int32_t *tokens, int n, 
     /* a device's: queued into host_alloc's memory, then the step's one wait */
     size_t lb = sizeof(float) * (size_t)c->vocab;
     if (f->logits != f->logits_be) be->copy2d(f->logits, lb, f->logits_be, lb, lb, 1);
+    if (unit) be->step_end();
     if (be->sync) be->sync();
     span(f, "logits", -1, t0);
     if (dspans) device_spans(f);
@@ -348,8 +355,12 @@ int forward_rows(forward_state *f, kv_cache *const *kv, const int32_t *tokens, c
     if (be->span_enable) be->span_enable(dspans);
     if (be->span_tag) be->span_tag(-1, f->step);
     if (f->lanes) probe_emit_lane(f->bus, 0, n, kv[0]->policy->name, ""); /* the shared ops' spans: lane 0's */
+    if (be->step_begin) be->step_begin(); /* the batch's decode step: one unit on a device (backend.h) */
     be->embed(f->w->tok_embd.type, f->w->tok_embd.data, c->dim, tokens, n, f->x);
-    if ((rc = run_layers(f, kv, pos, n, 1))) return rc;
+    if ((rc = run_layers(f, kv, pos, n, 1))) {
+        if (be->step_end) be->step_end();
+        return rc;
+    }
     if (be->span_tag) be->span_tag(-1, f->step);
     double t0 = probe_wants(f->bus, PROBE_SPAN) ? probe_time(f->bus) : 0;
     be->add_rmsnorm(f->x, f->xn, f->xn, f->w->out_norm.data, n, c->dim, c->norm_eps);
@@ -357,9 +368,11 @@ int forward_rows(forward_state *f, kv_cache *const *kv, const int32_t *tokens, c
     size_t lb = sizeof(float) * (size_t)n * c->vocab;
     if (dev) { /* queued into the staging, the step's one wait, then the caller's array */
         be->copy2d(f->logits_host, lb, f->logits_rows, lb, lb, 1);
+        if (be->step_end) be->step_end();
         if (be->sync) be->sync();
         memcpy(logits, f->logits_host, lb);
     } else {
+        if (be->step_end) be->step_end();
         be->download(logits, f->logits_rows, lb);
         if (be->sync) be->sync();
     }

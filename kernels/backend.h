@@ -68,6 +68,12 @@ typedef struct {
 
 typedef struct sk_step sk_step; /* a batched ShadowKV step (kernels/cpu/shadowkv_ops.h) */
 
+/* The element type of a buffer ShadowKV's ops write (sk_gather_chunks,
+ * pack_h): f32, or 16 bits rounded to nearest even (km_f32_to_bf16, IEEE
+ * half). ShadowKV keeps U and the offloaded values in bf16, the landmarks
+ * in IEEE half. */
+enum { SKV_ELT_F32 = 0, SKV_ELT_BF16 = 1, SKV_ELT_F16 = 2 };
+
 typedef struct skv_backend {
     const char *name;        /* "cpu", "cuda": what --backend takes */
     const char *summary;     /* one line for skv info --backends */
@@ -213,45 +219,50 @@ typedef struct skv_backend {
     /* cos_min (n_chunks): min over a chunk's keys of cos(landmark, key). */
     void (*cos_min)(const float *K, int stride, int d, int c, int n_chunks, const float *lm, float *cos_min);
     /* score (n_lm): per query head softmax over landmarks, summed over the nq
-     * positions, max over the group. tmp: (2*group*n_lm). */
-    void (*score)(const float *q, int nq, size_t q_stride, int group, int d, const float *lm, int n_lm,
+     * positions, max over the group. lm (n_lm, d) in IEEE half, widened as
+     * read. tmp: (2*group*n_lm). */
+    void (*score)(const float *q, int nq, size_t q_stride, int group, int d, const uint16_t *lm, int n_lm,
                   float scale, float *tmp, float *score);
     /* The min(k, n) best indices of score, best first; returns the count. */
     int (*topk)(const float *score, int n, int k, int *idx);
-    /* Copies n blocks of `rows` rows of `cols` floats: block src_idx[i] of
-     * src (blocks back to back) to dst + dst_off[i] floats, rows dst_stride
-     * apart. */
-    void (*gather)(const float *src, int rows, int cols, const int *src_idx, int n, float *dst,
+    /* Copies n blocks of `rows` rows of `cols` bf16 values, widened to f32:
+     * block src_idx[i] of src (blocks back to back; ShadowKV's offload
+     * store) to dst + dst_off[i] floats, rows dst_stride apart. */
+    void (*gather)(const uint16_t *src, int rows, int cols, const int *src_idx, int n, float *dst,
                    const size_t *dst_off, int dst_stride);
-    /* Each of the n floats of x rounded to the nearest IEEE half (ties to
-     * even; past the half range ±inf; subnormals kept) and widened back, in
-     * place: ShadowKV's stored landmarks (shadowkv_round_f16 on the CPU). */
-    void (*round_h)(float *x, size_t n);
+    /* y (n) = each float of x rounded to nearest even into 16 bits of type
+     * elt (SKV_ELT_BF16, or SKV_ELT_F16: IEEE half, past its range ±inf,
+     * subnormals kept): ShadowKV's U (shadowkv_pack on the CPU). */
+    void (*pack_h)(const float *x, size_t n, uint16_t *y, int elt);
     /* ShadowKV's candidate chunks of a layer, every KV head in one call: for
      * kh < h, i < n_cand, t < rows, j < d,
      *   dst[kh*dst_head + (i*rows + t)*d + j] =
      *     src[kh*src_head + (cand[kh*n_cand + i]*rows + t)*src_row + j]
-     * (the landmarks: rows 1; the offloaded values: rows a chunk). src and
-     * cand in the backend's memory; dst there or in host_alloc's. */
+     * stored as dst_elt (SKV_ELT_*: f32, or rounded to bf16 or half; the
+     * landmarks: half, rows 1; the offloaded values: bf16, rows a chunk; the
+     * outliers: f32). src and cand in the backend's memory; dst there or in
+     * host_alloc's; dst_head in elements. */
     void (*sk_gather_chunks)(const float *src, size_t src_row, size_t src_head, const int *cand, int h, int n_cand,
-                             int rows, int d, float *dst, size_t dst_head);
-    /* out (n, d): RoPE(U[t0+i] · svt) at position t0+i, with RoPE tables
-     * cs/sn (or NULL for rope_apply). */
-    void (*rebuild)(const float *U, int r, const float *svt, int d, int t0, int n, const rope_ctx *rope,
+                             int rows, int d, void *dst, size_t dst_head, int dst_elt);
+    /* out (n, d): RoPE(U[t0+i] · svt) at position t0+i, U (s, r) in bf16
+     * (widened, the sums in f32), with RoPE tables cs/sn (or NULL for
+     * rope_apply). */
+    void (*rebuild)(const uint16_t *U, int r, const float *svt, int d, int t0, int n, const rope_ctx *rope,
                     const float *cs, const float *sn, float *out);
     /* ShadowKV's decode of a layer with its books in the backend's memory
      * (kernels/cpu/shadowkv_ops.h has the shapes and the CPU twins): the
      * chunk caches of every KV head take their selections (sk_books); the
      * misses' values come from the offload store (host_alloc's memory; on
      * a device, its fetch stream) and their keys are rebuilt, every head's
-     * in one call each. V and K are host arrays of h pointers to the heads'
-     * rows. NULL on a backend without them (the engine then keeps the books
-     * on the host). */
+     * in one call each; the store and U in bf16, widened as read. V and K
+     * are host arrays of h pointers to the heads' rows. NULL on a backend
+     * without them (the engine then keeps the books on the host). */
     void (*sk_books)(int h, int k, int n_cand, const int *sel, int *slot_id, int *where, unsigned *stamp,
                      unsigned *epoch, int *slot_of, int *miss, int *n_miss);
-    void (*sk_gather_misses)(const float *store, int c, int d, int h, int k, int n_cand, size_t blk0, const int *sel,
-                             const int *slot_of, const int *miss, const int *n_miss, float *const *V, int row_slot);
-    void (*sk_rebuild_misses)(const float *U, int r, const float *SVt, int d, int c, int h, int k, int n_cand,
+    void (*sk_gather_misses)(const uint16_t *store, int c, int d, int h, int k, int n_cand, size_t blk0,
+                             const int *sel, const int *slot_of, const int *miss, const int *n_miss, float *const *V,
+                             int row_slot);
+    void (*sk_rebuild_misses)(const uint16_t *U, int r, const float *SVt, int d, int c, int h, int k, int n_cand,
                               const int *cand, const int *sel, const int *slot_of, const int *miss, const int *n_miss,
                               const rope_ctx *rope, const float *cs, const float *sn, float *const *K, int row_slot);
     /* ShadowKV's decode step of a layer for a whole batch (kernels/cpu/
@@ -294,6 +305,17 @@ typedef struct skv_backend {
     /* The spans finished since the last call, at most max, oldest first;
      * returns their count (call after sync). */
     int (*span_drain)(skv_span *out, int max);
+
+    /* ---- a decode step as one unit (device backends; NULL on the CPU) ----
+     * The forward calls step_begin before it queues a decode step's ops and
+     * step_end after the last of them (the logits' copy), before the step's
+     * sync, on an error path too. A device may record the ops between them
+     * and run them at step_end as one unit (CUDA: a graph, one launch a
+     * step). An op between them that needs the host (an allocation, a free,
+     * a wait) still works: the device then runs what it recorded and the
+     * rest of the step op by op. */
+    void (*step_begin)(void);
+    void (*step_end)(void);
 } skv_backend;
 
 /* ---- registry ------------------------------------------------------------ */

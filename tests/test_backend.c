@@ -5,6 +5,7 @@
  * backends take device memory: tests/gpu/ compares them with the CPU op by
  * op. */
 #include "backend.h"
+#include "kmath.h"
 #include "quant.h"
 #include "vec.h"
 #include "skv.h"
@@ -616,7 +617,11 @@ static __attribute__((noinline)) void test_sparse_stages(const skv_backend *be) 
     {
         int group = 2, nq = 3;
         size_t qs = (size_t)group * d;
-        float *q = rnd(nq * qs), score[16], tmp[64];
+        float *q = rnd(nq * qs), score[16], tmp[64], lmw[16 * 8];
+        uint16_t lm_h[16 * 8]; /* the landmarks in IEEE half, as the op takes them; the reference on their values */
+        SKV_ASSERT(nch * d <= 16 * 8);
+        vec_to_f16(lm_h, lm, nch * d);
+        vec_from_f16(lmw, lm_h, nch * d);
         double ref[16];
         for (int j = 0; j < nch; j++) ref[j] = -INFINITY;
         for (int g = 0; g < group; g++) {
@@ -625,7 +630,7 @@ static __attribute__((noinline)) void test_sparse_stages(const skv_backend *be) 
                 double l[16], mx = -INFINITY, sum = 0;
                 for (int j = 0; j < nch; j++) {
                     double dot = 0;
-                    for (int t = 0; t < d; t++) dot += (double)q[i * qs + g * d + t] * lm[j * d + t];
+                    for (int t = 0; t < d; t++) dot += (double)q[i * qs + g * d + t] * lmw[j * d + t];
                     l[j] = dot * 0.25;
                     mx = fmax(mx, l[j]);
                 }
@@ -634,7 +639,7 @@ static __attribute__((noinline)) void test_sparse_stages(const skv_backend *be) 
             }
             for (int j = 0; j < nch; j++) ref[j] = fmax(ref[j], acc[j]);
         }
-        be->score(q, nq, qs, group, d, lm, nch, 0.25f, tmp, score);
+        be->score(q, nq, qs, group, d, lm_h, nch, 0.25f, tmp, score);
         check(be, "score", rel(score, ref, nch), 1e-5);
         /* topk: the k best by a full scan, ties to the lower index */
         int k = 5, idx[16], got = be->topk(score, nch, k, idx), ok = got == k;
@@ -651,20 +656,22 @@ static __attribute__((noinline)) void test_sparse_stages(const skv_backend *be) 
         test_cond(msg, ok);
         free(q);
     }
-    /* gather: blocks into strided destinations */
+    /* gather: bf16 blocks widened into strided destinations */
     {
         int rows = 4, cols = 8, nb = 6, stride = 12;
-        float *src = rnd((size_t)nb * rows * cols), *dst = calloc((size_t)3 * rows * stride, sizeof(float));
+        float *srcf = rnd((size_t)nb * rows * cols), *dst = calloc((size_t)3 * rows * stride, sizeof(float));
+        uint16_t *src = malloc(sizeof(uint16_t) * (size_t)nb * rows * cols);
+        for (int i = 0; i < nb * rows * cols; i++) src[i] = km_f32_to_bf16(srcf[i]);
         int sidx[3] = {5, 0, 3};
         size_t off[3] = {2, (size_t)rows * stride + 4, (size_t)2 * rows * stride};
         double *ref = calloc((size_t)3 * rows * stride, sizeof(double));
         for (int i = 0; i < 3; i++)
             for (int rr = 0; rr < rows; rr++)
                 for (int t = 0; t < cols; t++)
-                    ref[off[i] + (size_t)rr * stride + t] = src[((size_t)sidx[i] * rows + rr) * cols + t];
+                    ref[off[i] + (size_t)rr * stride + t] = km_bf16_to_f32(src[((size_t)sidx[i] * rows + rr) * cols + t]);
         be->gather(src, rows, cols, sidx, 3, dst, off, stride);
         check(be, "gather", rel(dst, ref, (size_t)3 * rows * stride), 0);
-        free(src); free(dst); free(ref);
+        free(src); free(srcf); free(dst); free(ref);
     }
     /* rebuild: RoPE(U[t0+i]·svt) at position t0+i; project: V_r·V_rᵀ·x */
     {
@@ -672,13 +679,16 @@ static __attribute__((noinline)) void test_sparse_stages(const skv_backend *be) 
         rope_params p = {.mode = ROPE_ADJACENT, .head_dim = d, .rope_dim = d, .theta = 10000};
         rope_ctx rc;
         rope_init(&rc, &p, NULL);
-        float *U = rnd((size_t)(t0 + nr) * rr), *svt = rnd((size_t)rr * d), *out = malloc(sizeof(float) * nr * d);
+        float *Uf = rnd((size_t)(t0 + nr) * rr), *svt = rnd((size_t)rr * d), *out = malloc(sizeof(float) * nr * d);
+        uint16_t U[(8 + 9) * 3]; /* U in bf16, as the op takes it; the reference on its values */
+        SKV_ASSERT((t0 + nr) * rr <= (int)(sizeof U / sizeof U[0]));
+        for (int i = 0; i < (t0 + nr) * rr; i++) U[i] = km_f32_to_bf16(Uf[i]);
         double *ref = malloc(sizeof(double) * nr * d);
         for (int i = 0; i < nr; i++) {
             double row[8];
             for (int t = 0; t < d; t++) {
                 row[t] = 0;
-                for (int j = 0; j < rr; j++) row[t] += (double)U[(t0 + i) * rr + j] * svt[j * d + t];
+                for (int j = 0; j < rr; j++) row[t] += (double)km_bf16_to_f32(U[(t0 + i) * rr + j]) * svt[j * d + t];
             }
             for (int k = 0; k < d / 2; k++) {
                 double th = (double)(t0 + i) * pow(10000.0, -2.0 * k / d);
@@ -701,7 +711,7 @@ static __attribute__((noinline)) void test_sparse_stages(const skv_backend *be) 
         be->project(Vt, rr, n, x, y, coef);
         check(be, "project", rel(y, yr, n), 1e-5);
         rope_free(&rc);
-        free(U); free(svt); free(out); free(ref); free(Vt); free(x);
+        free(Uf); free(svt); free(out); free(ref); free(Vt); free(x);
     }
     /* buffers: a round trip through the backend's memory */
     {

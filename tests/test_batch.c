@@ -293,16 +293,22 @@ static void test_lanes(const char *path) {
 /* Every policy at a full budget decodes as dense, and so does each
  * sequence of a batch: three prompts of 300-555 tokens decoded together,
  * each one's greedy tokens those of dense alone, its logits within float
- * rounding of dense's (options as test_peers' full-budget cases). */
+ * rounding of dense's (options as test_peers' full-budget cases).
+ * ShadowKV is exact so with its f32_state; with its default bf16 state
+ * (each stored value within u = 2^-8 relative) within 8u = 2^-5, the bound
+ * test_shadowkv's exact configuration reasons out. */
 static void test_full_budget(const char *path, const char *label) {
     enum { NB = 3 };
     static const int lens[NB] = { 300, 417, 555 };
-    static const struct { const char *policy, *opts[4][2]; } cases[] = {
-        {"shadowkv", {{"outliers", "0"}, {"local", "0"}}}, /* and rank = the KV width: its exact configuration */
-        {"quest", {{"dense_layers", "0"}}},
-        {"freekv", {{"dense_layers", "0"}, {"page", "16"}, {"sink", "16"}, {"window", "16"}}},
-        {"specache", {{"residual", "64"}}},
-        {"tailorkv", {{"qlayers", "0"}, {"start", "16"}, {"recent", "16"}}},
+    static const struct { const char *policy, *opts[4][2]; double tol; } cases[] = {
+        /* and rank = the KV width: its exact configuration */
+        {"shadowkv", {{"outliers", "0"}, {"local", "0"}, {"f32_state", "1"}}, 1e-4},
+        /* bf16 state: measured 1.8e-3 (demo), 2.2e-3 (mini-smollm-f32) */
+        {"shadowkv", {{"outliers", "0"}, {"local", "0"}}, 0x1p-5},
+        {"quest", {{"dense_layers", "0"}}, 1e-4},
+        {"freekv", {{"dense_layers", "0"}, {"page", "16"}, {"sink", "16"}, {"window", "16"}}, 1e-4},
+        {"specache", {{"residual", "64"}}, 1e-4},
+        {"tailorkv", {{"qlayers", "0"}, {"start", "16"}, {"recent", "16"}}, 1e-4},
     };
     skv_model *m = NULL;
     char *text = NULL;
@@ -352,9 +358,11 @@ static void test_full_budget(const char *path, const char *label) {
         }
         batch_free(b);
         char msg[240];
-        snprintf(msg, sizeof msg, "%s, %s at a full budget: each of 3 sequences decoded together decodes as dense alone "
-                 "(worst rel L2 %.2g)", label, cases[c].policy, worst);
-        test_cond(msg, r2 == 0 && same && worst < 1e-4);
+        snprintf(msg, sizeof msg, "%s, %s%s at a full budget: each of 3 sequences decoded together decodes as dense "
+                 "alone (worst rel L2 %.2g < %.2g)", label, cases[c].policy,
+                 !strcmp(cases[c].policy, "shadowkv") ? cases[c].tol < 1e-3 ? " (f32_state)" : " (bf16 state)" : "",
+                 worst, cases[c].tol);
+        test_cond(msg, r2 == 0 && same && worst < cases[c].tol);
     }
     test_cond("dense alone, the full-budget reference", rc == 0);
     free(la);

@@ -199,6 +199,7 @@ static void dev_weight_free(skv_weight *w) {
 /* Every op: the CPU's, on the device addresses translated. */
 #define F(p) ((float *)T(p))
 #define CF(p) ((const float *)T(p))
+#define CH(p) ((const uint16_t *)T(p))
 
 /* A float argument that must be the device's memory, for the op OP. */
 #define DF(p) ((float *)D(p, OP))
@@ -313,25 +314,27 @@ static void d_landmarks(const float *K, int stride, int d, int c, int n_chunks, 
 static void d_cos_min(const float *K, int stride, int d, int c, int n_chunks, const float *lm, float *cos_min) {
     cpu->cos_min(CF(K), stride, d, c, n_chunks, CF(lm), F(cos_min));
 }
-static void d_score(const float *q, int nq, size_t q_stride, int group, int d, const float *lm, int n_lm,
+static void d_score(const float *q, int nq, size_t q_stride, int group, int d, const uint16_t *lm, int n_lm,
                     float scale, float *tmp, float *score) {
-    cpu->score(CF(q), nq, q_stride, group, d, CF(lm), n_lm, scale, F(tmp), F(score));
+    cpu->score(CF(q), nq, q_stride, group, d, CH(lm), n_lm, scale, F(tmp), F(score));
 }
 static int d_topk(const float *score, int n, int k, int *idx) { return cpu->topk(CF(score), n, k, T(idx)); }
-static void d_gather(const float *src, int rows, int cols, const int *src_idx, int n, float *dst,
+static void d_gather(const uint16_t *src, int rows, int cols, const int *src_idx, int n, float *dst,
                      const size_t *dst_off, int dst_stride) {
-    cpu->gather(CF(src), rows, cols, T(src_idx), n, F(dst), T(dst_off), dst_stride);
+    cpu->gather(CH(src), rows, cols, T(src_idx), n, F(dst), T(dst_off), dst_stride);
 }
-static void d_round_h(float *x, size_t n) { cpu->round_h((float *)D(x, "round_h"), n); }
-/* src and cand the device's; dst the device's (landmarks) or host_alloc's (the store) */
+static void d_pack_h(const float *x, size_t n, uint16_t *y, int elt) {
+    cpu->pack_h((const float *)D(x, "pack_h"), n, (uint16_t *)D(y, "pack_h"), elt);
+}
+/* src and cand the device's; dst the device's (landmarks, outliers) or host_alloc's (the store) */
 static void d_sk_gather_chunks(const float *src, size_t src_row, size_t src_head, const int *cand, int h, int n_cand,
-                               int rows, int d, float *dst, size_t dst_head) {
+                               int rows, int d, void *dst, size_t dst_head, int dst_elt) {
     cpu->sk_gather_chunks((const float *)D(src, "sk_gather_chunks"), src_row, src_head,
-                          (const int *)D(cand, "sk_gather_chunks"), h, n_cand, rows, d, F(dst), dst_head);
+                          (const int *)D(cand, "sk_gather_chunks"), h, n_cand, rows, d, T(dst), dst_head, dst_elt);
 }
-static void d_rebuild(const float *U, int r, const float *svt, int d, int t0, int n, const rope_ctx *rope,
+static void d_rebuild(const uint16_t *U, int r, const float *svt, int d, int t0, int n, const rope_ctx *rope,
                       const float *cs, const float *sn, float *out) {
-    cpu->rebuild(CF(U), r, CF(svt), d, t0, n, rope, CF(cs), CF(sn), F(out));
+    cpu->rebuild(CH(U), r, CF(svt), d, t0, n, rope, CF(cs), CF(sn), F(out));
 }
 /* The fused books, counted: the device path with them must call them. */
 static int n_fused_books;
@@ -347,19 +350,19 @@ static float **rows_of(int h, float *const *P) {
     for (int i = 0; i < h; i++) p[i] = F(P[i]);
     return p;
 }
-static void d_sk_gather_misses(const float *store, int c, int d, int h, int k, int n_cand, size_t blk0,
+static void d_sk_gather_misses(const uint16_t *store, int c, int d, int h, int k, int n_cand, size_t blk0,
                                const int *sel, const int *slot_of, const int *miss, const int *n_miss,
                                float *const *V, int row_slot) {
     float **v = rows_of(h, V);
-    cpu->sk_gather_misses(CF(store), c, d, h, k, n_cand, blk0, T(sel), T(slot_of), T(miss), T(n_miss), v, row_slot);
+    cpu->sk_gather_misses(CH(store), c, d, h, k, n_cand, blk0, T(sel), T(slot_of), T(miss), T(n_miss), v, row_slot);
     free(v);
 }
-static void d_sk_rebuild_misses(const float *U, int r, const float *SVt, int d, int c, int h, int k, int n_cand,
+static void d_sk_rebuild_misses(const uint16_t *U, int r, const float *SVt, int d, int c, int h, int k, int n_cand,
                                 const int *cand, const int *sel, const int *slot_of, const int *miss,
                                 const int *n_miss, const rope_ctx *rope, const float *cs, const float *sn,
                                 float *const *K, int row_slot) {
     float **kk = rows_of(h, K);
-    cpu->sk_rebuild_misses(CF(U), r, CF(SVt), d, c, h, k, n_cand, T(cand), T(sel), T(slot_of), T(miss), T(n_miss),
+    cpu->sk_rebuild_misses(CH(U), r, CF(SVt), d, c, h, k, n_cand, T(cand), T(sel), T(slot_of), T(miss), T(n_miss),
                            rope, CF(cs), CF(sn), kk, row_slot);
     free(kk);
 }
@@ -409,7 +412,7 @@ static void devsim_make(void) {
     devsim.score = d_score;
     devsim.topk = d_topk;
     devsim.gather = d_gather;
-    devsim.round_h = d_round_h;
+    devsim.pack_h = d_pack_h;
     devsim.sk_gather_chunks = d_sk_gather_chunks;
     devsim.rebuild = d_rebuild;
     devsim.sk_books = d_sk_books;
@@ -786,6 +789,14 @@ int main(void) {
         int rc = kv_new(&ko, &sh, &kv);
         test_cond("a policy without a device path is refused on a device backend, naming --backend cpu",
                   rc == SKV_EUNSUPPORTED && strstr(skv_last_error(), "--backend cpu") && !kv);
+        /* ShadowKV's f32 state is the CPU's alone: refused at creation */
+        snprintf(ko.policy, sizeof ko.policy, "shadowkv");
+        kv_opts_set_num(&ko, "f32_state", 1);
+        rc = kv_new(&ko, &sh, &kv);
+        test_cond("shadowkv f32_state is refused on a device backend in one line naming --backend cpu",
+                  rc == SKV_EUNSUPPORTED && strstr(skv_last_error(), "f32_state") &&
+                      strstr(skv_last_error(), "--backend cpu") && !strchr(skv_last_error(), '\n') && !kv);
+        kv_free(kv);
         forward_free(&f);
     }
     test_forks(m, ids, n);

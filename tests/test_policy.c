@@ -68,7 +68,7 @@ int main(void) {
     char buf[256];
     o.budget_pct = 10;
     kv_opts_describe(&o, sk, 500, buf, sizeof buf);
-    test_cond("the description lists the budget in tokens and every option", !strcmp(buf, "budget=50 rank=24 chunk=8 outliers=3 local=4 plus=1 overlap=1"));
+    test_cond("the description lists the budget in tokens and every option", !strcmp(buf, "budget=50 rank=24 chunk=8 outliers=3 local=4 plus=1 overlap=1 f32_state=0"));
     test_cond("and reads back by key", probe_pairs_get(buf, "outliers", -1) == 3 && probe_pairs_get(buf, "budget", -1) == 50 &&
                                            probe_pairs_get(buf, "rank", -1) == 24 && probe_pairs_get(buf, "ran", -1) == -1 &&
                                            probe_pairs_get(NULL, "rank", -1) == -1);

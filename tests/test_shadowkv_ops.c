@@ -4,6 +4,8 @@
  * landmark scoring with the GQA max, top-k with ties, RoPE on rebuilt keys,
  * the chunk cache's hits and misses, and the offload store's counters. */
 #include "shadowkv_ops.h"
+#include "backend.h"
+#include "kmath.h"
 #include "skv.h"
 #include "testhelp.h"
 #include "vec.h"
@@ -416,8 +418,10 @@ static void test_rebuild(void) {
      * give the bits of one row at a time */
     {
         int r = 48, d = 64, n = 11;
-        float *U = rnd((size_t)(n + 5) * r), *svt = rnd((size_t)r * d);
+        float *Uf = rnd((size_t)(n + 5) * r), *svt = rnd((size_t)r * d);
         float *a = malloc(sizeof(float) * n * d), *b = malloc(sizeof(float) * n * d);
+        uint16_t *U = malloc(sizeof(uint16_t) * (n + 5) * r); /* kept in bf16, as the policy keeps it */
+        shadowkv_pack(Uf, (size_t)(n + 5) * r, U, SKV_ELT_BF16);
         rope_ctx rope;
         make_rope(&rope, ROPE_ADJACENT, d, d);
         shadowkv_rebuild(U, r, svt, d, 5, n, &rope, NULL, NULL, a);
@@ -443,13 +447,53 @@ static void test_rebuild(void) {
             free(cs); free(sn); free(e);
             rope_free(&rope);
         }
-        free(U); free(svt); free(a); free(b);
+        /* U in f32 (the f32_state option): values that are bf16 already give
+         * the bf16 rebuild's bits (the 4-byte rows are read at their own
+         * stride), and f32 values a rebuild within f32 rounding of a double
+         * reference, where the bf16 one is ~1e-3 off */
+        {
+            make_rope(&rope, ROPE_NEOX, d, d);
+            float *cs = malloc(sizeof(float) * (n + 5) * d / 2), *sn = malloc(sizeof(float) * (n + 5) * d / 2);
+            float *Uw = malloc(sizeof(float) * (n + 5) * r), *e = malloc(sizeof(float) * n * d);
+            shadowkv_rope_table(&rope, n + 5, cs, sn);
+            for (int i = 0; i < (n + 5) * r; i++) Uw[i] = km_bf16_to_f32(U[i]);
+            int same = 1;
+            for (int t = 0; t < 2; t++) {
+                shadowkv_rebuild(U, r, svt, d, 5, n, &rope, t ? cs : NULL, t ? sn : NULL, a);
+                shadowkv_rebuild_w(Uw, 4, r, svt, d, 5, n, &rope, t ? cs : NULL, t ? sn : NULL, b);
+                same &= !memcmp(a, b, sizeof(float) * n * d);
+            }
+            shadowkv_rebuild_w(Uf, 4, r, svt, d, 5, n, &rope, cs, sn, a);
+            for (int i = 0; i < n; i++) shadowkv_rebuild_w(Uf, 4, r, svt, d, 5 + i, 1, &rope, cs, sn, b + (size_t)i * d);
+            same &= !memcmp(a, b, sizeof(float) * n * d);
+            shadowkv_rebuild(U, r, svt, d, 5, n, &rope, cs, sn, b);
+            for (int i = 0; i < n; i++) {
+                for (int x = 0; x < d; x++) {
+                    double acc = 0;
+                    for (int j = 0; j < r; j++) acc += (double)Uf[(size_t)(5 + i) * r + j] * svt[(size_t)j * d + x];
+                    e[(size_t)i * d + x] = (float)acc;
+                }
+                rope_apply(&rope, e + (size_t)i * d, 1, 5 + i);
+            }
+            double e32 = test_rel_l2(a, e, (size_t)n * d), e16 = test_rel_l2(b, e, (size_t)n * d);
+            char msg[200];
+            snprintf(msg, sizeof msg, "rebuild, head_dim 64, U in f32: bf16-exact values give the bf16 bits, rows at "
+                     "once == one at a time; rel L2 vs double %.1e (<= 1e-6), bf16 U %.1e (>= 1e-4)", e32, e16);
+            test_cond(msg, same && e32 <= 1e-6 && e16 >= 1e-4);
+            free(cs); free(sn); free(Uw); free(e);
+            rope_free(&rope);
+        }
+        free(U); free(Uf); free(svt); free(a); free(b);
     }
     int s = 96, h = 2, d = 32, n = h * d, r = 16, c = 8;
     float *K = low_rank(s, n, 20, 0.01f);
     float *U = malloc(sizeof(float) * s * r), *SVt = malloc(sizeof(float) * r * n), *sv = malloc(sizeof(float) * n);
     float err;
     shadowkv_svd(K, s, n, r, U, SVt, NULL, sv, &err);
+    /* U in bf16 as the policy keeps it; the reference below reads its values */
+    uint16_t *Ub = malloc(sizeof(uint16_t) * s * r);
+    shadowkv_pack(U, (size_t)s * r, Ub, SKV_ELT_BF16);
+    for (int i = 0; i < s * r; i++) U[i] = km_bf16_to_f32(Ub[i]);
     /* Per-head slices of ΣVᵀ, as the policy stores them: (h, r, d). */
     float *svt_h = malloc(sizeof(float) * h * r * d);
     for (int kh = 0; kh < h; kh++)
@@ -472,8 +516,8 @@ static void test_rebuild(void) {
             float out[8 * 32], out_nt[8 * 32];
             for (int kh = 0; kh < h; kh++)
                 for (int ch = 0; ch < s / c; ch++) {
-                    shadowkv_rebuild(U, r, svt_h + (size_t)kh * r * d, d, ch * c, c, &rope, cs, sn, out);
-                    shadowkv_rebuild(U, r, svt_h + (size_t)kh * r * d, d, ch * c, c, &rope, NULL, NULL, out_nt);
+                    shadowkv_rebuild(Ub, r, svt_h + (size_t)kh * r * d, d, ch * c, c, &rope, cs, sn, out);
+                    shadowkv_rebuild(Ub, r, svt_h + (size_t)kh * r * d, d, ch * c, c, &rope, NULL, NULL, out_nt);
                     for (int t = 0; t < c; t++) {
                         int tok = ch * c + t;
                         float ref[32];
@@ -513,7 +557,7 @@ static void test_rebuild(void) {
     for (int j = 0; j < n; j++) e_out = fmax(e_out, fabs(pr[j]));
     test_cond("ShadowKV+ projection: identity on span(V_r), zero on its complement", e_in < 1e-5 && e_out < 1e-5);
     free(in); free(pr); free(z); free(Vt);
-    free(K); free(U); free(SVt); free(sv); free(svt_h);
+    free(K); free(U); free(Ub); free(SVt); free(sv); free(svt_h);
 }
 
 /* ---- chunk cache, offload store ----------------------------------------- */
@@ -570,18 +614,22 @@ static void test_cache(void) {
     shadowkv_cache_free(&c);
 }
 
-/* One tier of the store: path NULL is host memory, else the file tier. */
-static void test_store_tier(const char *path, const char *tier) {
+/* One tier of the store: path NULL is host memory, else the file tier;
+ * eb bytes a value (2: bf16, 4: f32, the f32_state option). */
+static void test_store_tier(const char *path, const char *tier0, int eb) {
     shadowkv_store st;
     int rows = 8, cols = 16, stride = 48;
-    char what[128];
+    char what[200], tier[64];
+    snprintf(tier, sizeof tier, "%s, %s", tier0, eb == 4 ? "f32" : "bf16");
     snprintf(what, sizeof what, "store (%s): init", tier);
-    test_cond(what, shadowkv_store_init(&st, 5, rows, cols, path) == 0);
+    test_cond(what, shadowkv_store_init(&st, 5, rows, cols, eb, path) == 0);
     if (!st.data) return;
-    snprintf(what, sizeof what, "store (%s): bytes", tier);
-    test_cond(what, shadowkv_store_bytes(&st) == 5 * 8 * 16 * sizeof(float));
+    snprintf(what, sizeof what, "store (%s): bytes, %d a value", tier, eb);
+    test_cond(what, shadowkv_store_bytes(&st) == (size_t)5 * 8 * 16 * eb);
     float *src = rnd((size_t)5 * rows * stride);
     for (int b = 0; b < 5; b++) shadowkv_store_put(&st, b, src + (size_t)b * rows * stride + 16, stride);
+    /* what a fetch gives back: each value rounded to bf16, nearest even; in f32, as put */
+    for (size_t i = 0; i < (size_t)5 * rows * stride && eb == 2; i++) src[i] = km_bf16_to_f32(km_f32_to_bf16(src[i]));
     snprintf(what, sizeof what, "store (%s): puts are not fetches", tier);
     test_cond(what, st.n_fetch == 0 && st.fetch_bytes == 0);
     float dst[8 * 16], dst2[8 * 32];
@@ -591,27 +639,38 @@ static void test_store_tier(const char *path, const char *tier) {
     shadowkv_store_fetch(&st, 1, dst2, 32);
     for (int i = 0; i < rows; i++) ok &= !memcmp(dst2 + i * 32, src + (size_t)(1 * rows + i) * stride + 16, sizeof(float) * cols);
     shadowkv_store_fetch(&st, 3, dst, cols);
-    snprintf(what, sizeof what, "store (%s): fetched blocks equal what was put (packed and strided)", tier);
+    /* the gather reads the same blocks at the store's width */
+    float g[2 * 8 * 32];
+    int gi[2] = {4, 0};
+    size_t go[2] = {0, 8 * 32 + 16};
+    shadowkv_gather_blocks(st.data, eb, rows, cols, gi, 2, g, go, 32);
+    for (int i = 0; i < rows; i++)
+        ok &= !memcmp(g + i * 32, src + (size_t)(4 * rows + i) * stride + 16, sizeof(float) * cols) &&
+              !memcmp(g + go[1] + i * 32, src + (size_t)i * stride + 16, sizeof(float) * cols);
+    snprintf(what, sizeof what, "store (%s): fetched and gathered blocks equal what was put%s (packed and strided)",
+             tier, eb == 2 ? " rounded to bf16" : "");
     test_cond(what, ok);
-    snprintf(what, sizeof what, "store (%s): 3 fetches counted, 3 x 512 bytes", tier);
-    test_cond(what, st.n_fetch == 3 && st.fetch_bytes == 3 * 512);
+    snprintf(what, sizeof what, "store (%s): 3 fetches counted, 3 x %d bytes", tier, 128 * eb);
+    test_cond(what, st.n_fetch == 3 && st.fetch_bytes == (uint64_t)3 * 128 * eb);
     shadowkv_store_free(&st);
     free(src);
 }
 
 static void test_store(void) {
-    test_store_tier(NULL, "host memory");
+    test_store_tier(NULL, "host memory", 2);
+    test_store_tier(NULL, "host memory", 4);
     char dir[] = "/tmp/skv-store-XXXXXX";
     if (!mkdtemp(dir)) { test_cond("store: a temp folder", 0); return; }
     char path[64];
     snprintf(path, sizeof path, "%s/values.bin", dir);
-    test_store_tier(path, "file");
+    test_store_tier(path, "file", 2);
+    test_store_tier(path, "file", 4);
     test_cond("store (file): the file is unlinked once mapped", access(path, F_OK) != 0);
     /* an existing file is the user's: refused, left as it was */
     FILE *f = fopen(path, "w");
     if (f) { fputs("keep me", f); fclose(f); }
     shadowkv_store st;
-    int rc = shadowkv_store_init(&st, 2, 4, 4, path);
+    int rc = shadowkv_store_init(&st, 2, 4, 4, 2, path);
     char buf[16] = "";
     f = fopen(path, "r");
     if (f) { if (!fgets(buf, sizeof buf, f)) buf[0] = 0; fclose(f); }
@@ -619,7 +678,7 @@ static void test_store(void) {
               rc == SKV_EINVAL && strstr(skv_last_error(), "exists") && !strcmp(buf, "keep me"));
     unlink(path);
     snprintf(path, sizeof path, "%s/no/such/dir/v.bin", dir);
-    test_cond("store (file): an unwritable path is a one-line error", shadowkv_store_init(&st, 2, 4, 4, path) == SKV_EIO &&
+    test_cond("store (file): an unwritable path is a one-line error", shadowkv_store_init(&st, 2, 4, 4, 2, path) == SKV_EIO &&
                                                                         !strchr(skv_last_error(), '\n'));
     rmdir(dir);
 }

@@ -6,7 +6,11 @@
  * landmarks and cosine minima; per KV head the chunks with the lowest
  * minimum stay dense as outliers, the last `local` chunks and the s mod c
  * tail stay dense as the local window, and the values of every other chunk
- * move to an offload store (slow memory; each read is a counted fetch).
+ * move to an offload store in bf16 (slow memory; each read is a counted
+ * fetch). U is kept in bf16 and the landmarks in IEEE half, on every
+ * backend: half the bytes of f32, widened as they are read. The f32_state
+ * option (CPU only) keeps U and the store in f32 instead, for checks that
+ * need the keep-everything configuration to equal dense.
  * Each decode step, per layer and KV head: landmark scores (softmax per
  * query head, max over the GQA group), top-k chunks, a chunk cache that keeps
  * last step's selection (misses fetch V and rebuild K = RoPE(U·ΣVᵀ)), and
@@ -34,6 +38,7 @@
  * books come back in each cache's pack at the step's end, as with one
  * sequence. */
 #include "kv_shadowkv.h"
+#include "kmath.h"
 #include "kv.h"
 #include "probe.h"
 #include "shadowkv_ops.h"
@@ -51,12 +56,10 @@ typedef struct {
     float *K, *V;          /* (cap, d) attention rows: [outliers | cache slots | local | generated] */
     int cap;               /* rows allocated */
     int *cand;             /* (n_cand) prompt chunk id of each candidate, ascending */
-    /* (n_cand, d) landmarks of the candidates, rounded to half precision:
-     * kept so on the CPU (lm_h; lm is NULL), as f32 in a device backend's
-     * memory (lm; lm_h is NULL) for its score op. Half the bytes the decode
-     * reads to score them, a rounding far below a landmark's own error as a
-     * stand-in for its chunk's keys. */
-    float *lm;
+    /* (n_cand, d) landmarks of the candidates in IEEE half, on every backend
+     * (a device's in its memory, for its score op): half the bytes the
+     * decode reads to score them, a rounding far below a landmark's own
+     * error as a stand-in for its chunk's keys. */
     uint16_t *lm_h;
     int *outl;             /* (n_out) outlier chunk ids, ascending */
     shadowkv_cache cache;  /* candidate held by each of the k slots */
@@ -67,7 +70,8 @@ typedef struct {
     float *k, *v;          /* (cap, kvd) prompt post-RoPE keys and values; after end_prefill
                               kept, and extended with generated tokens, only in oracle mode */
     int cap, n;            /* rows allocated, rows filled */
-    float *U;              /* (s, r) left singular vectors, shared by the KV heads */
+    void *U;               /* (s, r) left singular vectors, shared by the KV heads: bf16, or f32
+                              with so.f32_state (sk_u_bytes) */
     float *SVt;            /* (h, r, d) Σ·Vᵀ split per KV head */
     float *Vt;             /* (r, kvd) right singular vectors (ShadowKV+ only) */
     float rel_err;         /* ‖K − U·ΣVᵀ‖/‖K‖ of the pre-RoPE keys */
@@ -107,6 +111,7 @@ typedef struct {
 /* The policy's own options (kv_opt_defs below), read once at creation. */
 typedef struct {
     int rank, chunk, outliers, local, plus, overlap;
+    int f32_state;         /* 1: U and the offload store in f32 (CPU only), as they were before bf16 */
 } sk_opts;
 
 /* The fetch stream: a thread of its own that copies the missed chunks'
@@ -135,14 +140,16 @@ typedef struct {
     int n_out, n_cand, k, r;
     int row_slot, row_local, row_gen; /* first row of each part in sk_head K/V */
     float *rope_cs, *rope_sn; /* (s, rope_dim/2) RoPE tables for rebuilt keys */
-    /* Every layer's U (s, r) and every KV head's candidate landmarks
-     * (lm_rows, d) in two allocations (sk_layer.U and sk_head.lm point into
-     * them), on the CPU in huge pages (skv_malloc_huge): the decode reads U a
-     * chunk at a random place and scans the landmarks a layer at a time, and
-     * with 4 KiB pages both waited on page walks. */
-    float *u_arena;
-    void *lm_arena;        /* lm_elt bytes a value */
-    shadowkv_store store;  /* V of the candidates: block (layer*h + kh)*n_cand + i is (c, d) */
+    /* Every layer's U (s, r) in bf16 and every KV head's candidate
+     * landmarks (lm_rows, d) in IEEE half, in two allocations (sk_layer.U
+     * and sk_head.lm_h point into them), on the CPU in huge pages
+     * (skv_malloc_huge): the decode reads U a chunk at a random place and
+     * scans the landmarks a layer at a time, and with 4 KiB pages both
+     * waited on page walks. */
+    void *u_arena;         /* sk_u_bytes a value */
+    uint16_t *lm_arena;
+    shadowkv_store store;  /* V of the candidates in bf16 (f32 with so.f32_state): block
+                              (layer*h + kh)*n_cand + i is (c, d) */
     sk_layer *L;           /* (n_layers) */
     sk_scratch *scr;       /* (h) */
     float *proj, *coef;    /* (kvd), (r): ShadowKV+ scratch */
@@ -237,17 +244,21 @@ static void group_free(kv_sk *c);
  * (scores, the selection, cosine minima) is downloaded, and the decode
  * stages are queued in order instead of spread over OpenMP threads. */
 static inline int sk_dev(const kv_sk *c) { return c->base.shape.be != &skv_backend_cpu; }
+/* Bytes a value of U (and of the offload store): 2 (bf16), 4 with f32_state. */
+static inline int sk_u_bytes(const kv_sk *c) { return c->so.f32_state ? 4 : 2; }
 /* The decode books stay in a device backend's memory (its fused ops). */
 static inline int sk_fused(const kv_sk *c) {
     const skv_backend *be = c->base.shape.be;
     return sk_dev(c) && be->sk_books && be->sk_gather_misses && be->sk_rebuild_misses && c->n_cand > 0 && c->k > 0;
 }
 
-/* The end of prefill keeps the landmarks in a device backend's memory and
- * gathers the candidates in one launch a layer (its round_h, sk_gather_chunks). */
+/* The end of prefill on a device backend keeps everything in its memory:
+ * U packed to bf16 there (pack_h), the landmarks, outliers and offloaded
+ * values gathered in a few launches a layer (sk_gather_chunks, rounding as
+ * it stores). A device backend without them cannot run the policy. */
 static inline int sk_dev_ops(const kv_sk *c) {
     const skv_backend *be = c->base.shape.be;
-    return sk_dev(c) && be->round_h && be->sk_gather_chunks;
+    return sk_dev(c) && be->pack_h && be->sk_gather_chunks;
 }
 
 static void *sk_alloc(kv_sk *c, size_t bytes) {
@@ -261,7 +272,6 @@ static void *sk_alloc_big(kv_sk *c, size_t bytes) {
 
 /* Landmark rows a KV head keeps: its candidates (at least 1). */
 static size_t lm_rows(const kv_sk *c) { return c->n_cand ? (size_t)c->n_cand : 1; }
-static size_t lm_elt(const kv_sk *c) { return sk_dev(c) ? sizeof(float) : sizeof(uint16_t); }
 
 static void sk_release(kv_sk *c, void *p) {
     if (!p) return;
@@ -487,7 +497,12 @@ static void fetch_head(kv_sk *c, int layer, int kh) {
         S->g_idx[m] = (layer * c->h + kh) * c->n_cand + S->sel[i];
         S->g_off[m] = (size_t)(c->row_slot + S->slot_of[i] * c->c) * c->d;
     }
-    c->base.shape.be->gather(c->store.data, c->store.rows, c->store.cols, S->g_idx, S->n_miss, H->V, S->g_off, c->d);
+    if (c->so.f32_state) /* the CPU's gather at f32 (the backend's op reads bf16) */
+        shadowkv_gather_blocks(c->store.data, 4, c->store.rows, c->store.cols, S->g_idx, S->n_miss, H->V, S->g_off,
+                               c->d);
+    else
+        c->base.shape.be->gather(c->store.data, c->store.rows, c->store.cols, S->g_idx, S->n_miss, H->V, S->g_off,
+                                 c->d);
     shadowkv_store_count(&c->store, S->n_miss);
 }
 
@@ -574,10 +589,15 @@ static void watch_key_err(kv_sk *c, sk_layer *L, int layer) {
         double num = 0, den = 0;
         const float *svt = L->SVt + (size_t)kh * r * d;
         for (int t = c->wb; t < c->we; t++) {
-            const float *u = L->U + (size_t)t * r, *k = L->kpre + (size_t)t * c->kvd + (size_t)kh * d;
+            size_t u0 = (size_t)t * r;
+            const float *k = L->kpre + (size_t)t * c->kvd + (size_t)kh * d;
             for (int e = 0; e < d; e++) {
                 double rec = 0;
-                for (int j = 0; j < r; j++) rec += (double)u[j] * svt[(size_t)j * d + e];
+                for (int j = 0; j < r; j++) {
+                    float u = c->so.f32_state ? ((const float *)L->U)[u0 + j]
+                                              : km_bf16_to_f32(((const uint16_t *)L->U)[u0 + j]);
+                    rec += (double)u * svt[(size_t)j * d + e];
+                }
                 num += (k[e] - rec) * (k[e] - rec);
                 den += (double)k[e] * k[e];
             }
@@ -761,16 +781,20 @@ static void rebuild_one(kv_sk *c, sk_layer *L, int kh, int m) {
     sk_scratch *S = &c->scr[kh];
     sk_head *H = &L->head[kh];
     int d = c->d, cc = c->c, i = S->miss[m];
-    c->base.shape.be->rebuild(L->U, c->r, L->SVt + (size_t)kh * c->r * d, d, S->sel_id[i] * cc, cc,
-                              c->base.shape.rope, c->rope_cs, c->rope_sn,
-                              H->K + (size_t)(c->row_slot + S->slot_of[i] * cc) * d);
+    float *out = H->K + (size_t)(c->row_slot + S->slot_of[i] * cc) * d;
+    if (c->so.f32_state) /* the CPU's rebuild at f32 (the backend's op reads bf16) */
+        shadowkv_rebuild_w(L->U, 4, c->r, L->SVt + (size_t)kh * c->r * d, d, S->sel_id[i] * cc, cc,
+                           c->base.shape.rope, c->rope_cs, c->rope_sn, out);
+    else
+        c->base.shape.be->rebuild(L->U, c->r, L->SVt + (size_t)kh * c->r * d, d, S->sel_id[i] * cc, cc,
+                                  c->base.shape.rope, c->rope_cs, c->rope_sn, out);
 }
 
 /* Asks the caches for what rebuild_one(kh, m) will read. */
 static void rebuild_prefetch(kv_sk *c, sk_layer *L, int kh, int m) {
     sk_scratch *S = &c->scr[kh];
-    shadowkv_rebuild_prefetch(L->U, c->r, S->sel_id[S->miss[m]] * c->c, c->c, c->base.shape.rope, c->rope_cs,
-                              c->rope_sn);
+    shadowkv_rebuild_prefetch(L->U, sk_u_bytes(c), c->r, S->sel_id[S->miss[m]] * c->c, c->c, c->base.shape.rope,
+                              c->rope_cs, c->rope_sn);
 }
 
 /* Misses rebuilt a block at a time (decode_layer). */
@@ -894,7 +918,7 @@ static void fused_select(kv_sk *c, int layer, const float *q) {
     int *sel = (int *)(scores + (size_t)h * nc), *slot_of = sel + (size_t)h * k, *miss = slot_of + (size_t)h * k;
     int *n_miss = miss + (size_t)h * k, *cache = L->cache_d;
     for (int kh = 0; kh < h; kh++) {
-        be->score(q + (size_t)kh * c->group * c->d, 1, (size_t)nh * c->d, c->group, c->d, L->head[kh].lm, nc,
+        be->score(q + (size_t)kh * c->group * c->d, 1, (size_t)nh * c->d, c->group, c->d, L->head[kh].lm_h, nc,
                   1.0f / sqrtf((float)c->d), c->scr[kh].tmp, scores + (size_t)kh * nc);
         int got = be->topk(scores + (size_t)kh * nc, nc, k, sel + (size_t)kh * k);
         SKV_ASSERT(got == k);
@@ -1002,7 +1026,7 @@ static int decode_layer_dev(kv_sk *c, int layer, const float *q, float *out) {
     } else if (c->n_cand > 0) {
         for (int kh = 0; kh < h; kh++) {
             sk_scratch *S = &c->scr[kh];
-            be->score(q + (size_t)kh * c->group * c->d, 1, (size_t)nh * c->d, c->group, c->d, L->head[kh].lm,
+            be->score(q + (size_t)kh * c->group * c->d, 1, (size_t)nh * c->d, c->group, c->d, L->head[kh].lm_h,
                       c->n_cand, 1.0f / sqrtf((float)c->d), S->tmp, S->score_d);
             int k = be->topk(S->score_d, c->n_cand, c->k, S->sel_d);
             SKV_ASSERT(k == c->k);
@@ -1045,7 +1069,7 @@ static int decode_tally(kv_sk *c, int layer, const float *q, float *out) {
             c->step_hits += hit;
             c->step_misses += nm;
             c->step_fetches += nm;
-            c->step_fetch_bytes += nm * c->c * c->d * sizeof(float);
+            c->step_fetch_bytes += (uint64_t)nm * c->c * c->d * c->store.elt_bytes;
             c->hits += hit;
             c->misses += nm;
         }
@@ -1066,7 +1090,7 @@ static int decode_tally(kv_sk *c, int layer, const float *q, float *out) {
                 .kind = PROBE_DECODE_HEAD,
                 .decode_head = {
                     .step = c->base.step, .layer = layer, .head = kh, .block = c->c,
-                    .fetch_bytes = (uint64_t)nm * c->c * c->d * sizeof(float),
+                    .fetch_bytes = (uint64_t)nm * c->c * c->d * c->store.elt_bytes,
                     .n_sel = k, .hits = k - nm, .misses = nm,
                     .has_oracle = c->o.oracle,
                     .recall = c->o.oracle ? S->recall_sel : 0,
@@ -1160,9 +1184,9 @@ static sk_job job_of(const kv_sk *c, int layer, int gi, int kh, size_t lg) {
     int *slot_id = L->cache_d, *where = slot_id + h * k;
     unsigned *stamp = (unsigned *)(where + h * nc), *epoch = stamp + h * k;
     sk_job J = {
-        .K = H->K, .V = H->V, .lm = H->lm, .U = L->U, .svt = L->SVt + (size_t)kh * c->r * d,
+        .K = H->K, .V = H->V, .lm = H->lm_h, .U = L->U, .svt = L->SVt + (size_t)kh * c->r * d,
         .cs = c->rope_cs, .sn = c->rope_sn, .cand = L->cand_d + (size_t)kh * nc,
-        .store = c->store.data + ((size_t)layer * h + kh) * nc * c->c * d,
+        .store = (const uint16_t *)c->store.data + ((size_t)layer * h + kh) * nc * c->c * d,
         .key = c->so.plus ? c->proj + (size_t)kh * d : NULL,
         .slot_id = slot_id + kh * k, .where = where + kh * nc, .stamp = stamp + kh * k, .epoch = epoch + kh,
         .score = scores + kh * nc, .sel = sel + kh * k, .slot_of = slot_of + kh * k, .miss = miss + kh * k,
@@ -1371,7 +1395,6 @@ static int sk_step_batch(kv_cache *const *cv, int n, int layer, const int *pos, 
 /* Prefill-time work buffers shared by the layers. */
 typedef struct {
     float *lm;             /* (h, n_chunks, d) landmarks of every full chunk */
-    float *lm_host;        /* lm in host memory (lm itself on the CPU; NULL on a device with round_h) */
     float *cm;             /* (h, n_chunks) cosine minima */
     float *cm_h;           /* the same in host memory (cm itself on the CPU) */
     float *tmp;            /* (n_chunks) */
@@ -1386,9 +1409,7 @@ static int alloc_head(kv_sk *c, int layer, int kh, sk_head *H) {
     H->K = sk_alloc(c, sizeof(float) * (size_t)H->cap * d);
     H->V = sk_alloc(c, sizeof(float) * (size_t)H->cap * d);
     H->cand = skv_malloc(sizeof(int) * (size_t)c->n_cand);
-    size_t lm_off = ((size_t)layer * c->h + kh) * lm_rows(c) * d;
-    if (sk_dev(c)) H->lm = (float *)c->lm_arena + lm_off;
-    else H->lm_h = (uint16_t *)c->lm_arena + lm_off;
+    H->lm_h = c->lm_arena + ((size_t)layer * c->h + kh) * lm_rows(c) * d;
     H->outl = skv_malloc(sizeof(int) * (size_t)c->n_out);
     if (!H->K || !H->V || !H->cand || !H->outl)
         return skv_error(SKV_ENOMEM, "shadowkv: out of memory for a KV head of %d rows", H->cap);
@@ -1410,15 +1431,22 @@ static int svd_layer(kv_sk *c, int layer, float *sv, double *t) {
     sk_layer *L = &c->L[layer];
     int s = c->s, h = c->h, d = c->d, kvd = c->kvd, r = c->r;
     t[0] = probe_time(c->base.bus);
-    L->U = c->u_arena + (size_t)layer * s * r;
+    L->U = (char *)c->u_arena + (size_t)layer * s * r * sk_u_bytes(c);
     L->SVt = sk_alloc(c, sizeof(float) * (size_t)r * kvd);
     float *svt = sk_alloc(c, sizeof(float) * (size_t)r * kvd);
+    /* the SVD's f32 U, kept in bf16 (with f32_state, L->U itself) */
+    float *u = c->so.f32_state ? L->U : sk_alloc(c, sizeof(float) * (size_t)s * r);
     if (c->so.plus) L->Vt = sk_alloc(c, sizeof(float) * (size_t)r * kvd);
-    if (!L->SVt || !svt || (c->so.plus && !L->Vt)) {
+    if (!L->SVt || !svt || !u || (c->so.plus && !L->Vt)) {
         sk_release(c, svt);
+        if (u != L->U) sk_release(c, u);
         return skv_error(SKV_ENOMEM, "shadowkv: out of memory for the rank-%d factors of layer %d", r, layer);
     }
-    int rc = c->base.shape.be->svd(L->kpre, s, kvd, r, L->U, svt, L->Vt, sv, &L->rel_err);
+    int rc = c->base.shape.be->svd(L->kpre, s, kvd, r, u, svt, L->Vt, sv, &L->rel_err);
+    if (u != L->U) {
+        if (!rc) c->base.shape.be->pack_h(u, (size_t)s * r, L->U, SKV_ELT_BF16);
+        sk_release(c, u);
+    }
     if (rc) {
         sk_release(c, svt);
         return skv_error(rc, "shadowkv: layer %d: %s", layer, skv_last_error());
@@ -1484,17 +1512,10 @@ static int build_layer(kv_sk *c, int layer, sk_build *B, const float *sv, const 
             c->w_cm[((size_t)layer * h + kh) * c->nw + i] =
                 c->wchunk[i] < nch ? B->cm_h[(size_t)kh * nch + c->wchunk[i]] : NAN;
 
-    /* A device with its own rounding and chunk gather keeps the landmarks
-     * there and copies every head's candidates in one launch a layer. */
-    int dev_ops = sk_dev_ops(c);
-    if (dev_ops) { /* the landmarks rounded to half precision (the CPU rounds them as it stores them) */
-        be->round_h(B->lm, (size_t)h * nch * d);
-    } else if (sk_dev(c)) {
-        size_t n = (size_t)h * nch * d;
-        be->download(B->lm_host, B->lm, sizeof(float) * n);
-        shadowkv_round_f16(B->lm_host, n);
-        be->upload(B->lm, B->lm_host, sizeof(float) * n);
-    }
+    /* A device keeps the landmarks there and copies every head's
+     * candidates in one launch a layer, rounded to half as they are stored
+     * (sk_dev_ops); the CPU rounds them as it stores them. */
+    int dev_ops = sk_dev(c);
     for (int kh = 0; kh < h; kh++) {
         sk_head *H = &L->head[kh];
         if ((rc = alloc_head(c, layer, kh, H))) return rc;
@@ -1510,9 +1531,7 @@ static int build_layer(kv_sk *c, int layer, sk_build *B, const float *sv, const 
         for (int i = 0; i < n && !dev_ops;) {
             int e = i + 1;
             while (e < n && H->cand[e] == H->cand[e - 1] + 1) e++;
-            const float *src = B->lm + ((size_t)kh * nch + H->cand[i]) * d;
-            if (sk_dev(c)) sk_copy_rows(c, H->lm + (size_t)i * d, (size_t)d, src, (size_t)d, d, e - i);
-            else vec_to_f16(H->lm_h + (size_t)i * d, src, (e - i) * d);
+            vec_to_f16(H->lm_h + (size_t)i * d, B->lm + ((size_t)kh * nch + H->cand[i]) * d, (e - i) * d);
             i = e;
         }
     }
@@ -1535,8 +1554,8 @@ static int build_layer(kv_sk *c, int layer, sk_build *B, const float *sv, const 
         cand_d = nc ? (L->cand_d ? L->cand_d : B->idx_d) : NULL;
         outl_d = no ? B->idx_d + hc : NULL;
         if (cand_d)
-            be->sk_gather_chunks(B->lm, (size_t)d, (size_t)nch * d, cand_d, h, c->n_cand, 1, d, L->head[0].lm,
-                                 lm_rows(c) * d);
+            be->sk_gather_chunks(B->lm, (size_t)d, (size_t)nch * d, cand_d, h, c->n_cand, 1, d, L->head[0].lm_h,
+                                 lm_rows(c) * d, SKV_ELT_F16);
     }
     t[4] = skv_now();
     if (spans) span(c, PROBE_STREAM_COMPUTE, "outliers", layer, p0), p0 = probe_time(bus);
@@ -1546,8 +1565,8 @@ static int build_layer(kv_sk *c, int layer, sk_build *B, const float *sv, const 
         sk_head *H = &L->head[kh];
         if (outl_d) { /* the head's outlier chunks, keys and values, a launch each */
             const int *o = outl_d + (size_t)kh * c->n_out;
-            be->sk_gather_chunks(L->k + (size_t)kh * d, (size_t)kvd, 0, o, 1, c->n_out, cc, d, H->K, 0);
-            be->sk_gather_chunks(L->v + (size_t)kh * d, (size_t)kvd, 0, o, 1, c->n_out, cc, d, H->V, 0);
+            be->sk_gather_chunks(L->k + (size_t)kh * d, (size_t)kvd, 0, o, 1, c->n_out, cc, d, H->K, 0, SKV_ELT_F32);
+            be->sk_gather_chunks(L->v + (size_t)kh * d, (size_t)kvd, 0, o, 1, c->n_out, cc, d, H->V, 0, SKV_ELT_F32);
         }
         for (int i = 0; i < c->n_out && !outl_d; i++) {
             size_t src = (size_t)H->outl[i] * cc * kvd + (size_t)kh * d, dst = (size_t)i * cc * d;
@@ -1557,20 +1576,16 @@ static int build_layer(kv_sk *c, int layer, sk_build *B, const float *sv, const 
         size_t src = (size_t)c->local_start * cc * kvd + (size_t)kh * d, dst = (size_t)c->row_local * d;
         sk_copy_rows(c, H->K + dst, (size_t)d, L->k + src, (size_t)kvd, d, c->n_local);
         sk_copy_rows(c, H->V + dst, (size_t)d, L->v + src, (size_t)kvd, d, c->n_local);
-        /* the candidates' values to the store: the blocks of a run of consecutive
-         * chunks lie back to back there as in the prompt */
-        for (int i = 0; i < c->n_cand && !cand_d;) {
-            int e = i + 1;
-            while (e < c->n_cand && H->cand[e] == H->cand[e - 1] + 1) e++;
-            float *blk = c->store.data + (size_t)((layer * h + kh) * c->n_cand + i) * cc * d;
-            sk_copy_rows(c, blk, (size_t)d, L->v + (size_t)H->cand[i] * cc * kvd + (size_t)kh * d, (size_t)kvd, d,
-                         (e - i) * cc);
-            i = e;
-        }
+        /* the candidates' values to the store, rounded to bf16 */
+        for (int i = 0; i < c->n_cand && !cand_d; i++)
+            shadowkv_store_put(&c->store, (layer * h + kh) * c->n_cand + i,
+                               L->v + (size_t)H->cand[i] * cc * kvd + (size_t)kh * d, kvd);
     }
-    if (cand_d) /* every head's candidate values to the store in one launch */
+    if (cand_d) /* every head's candidate values to the store in one launch, rounded to bf16 */
         be->sk_gather_chunks(L->v, (size_t)kvd, (size_t)d, cand_d, h, c->n_cand, cc, d,
-                             c->store.data + (size_t)layer * h * c->n_cand * cc * d, (size_t)c->n_cand * cc * d);
+                             (uint16_t *)c->store.data + (size_t)layer * h * c->n_cand * cc * d,
+                             (size_t)c->n_cand * cc * d,
+                             SKV_ELT_BF16);
     if (!c->o.oracle) {
         sk_release(c, L->k);
         sk_release(c, L->v);
@@ -1706,6 +1721,9 @@ static int sk_end_prefill(kv_cache *base) {
                          "live in pinned host memory", sh->be->name);
     if (sk_dev(c) && (c->o.oracle || c->o.watch_end > c->o.watch_begin))
         return skv_error(SKV_EUNSUPPORTED, "shadowkv: the oracle and the needle watch read host memory: use --backend cpu");
+    if (sk_dev(c) && !sk_dev_ops(c))
+        return skv_error(SKV_EUNSUPPORTED, "shadowkv: backend %s lacks the pack_h and sk_gather_chunks ops the "
+                         "compression needs: use --backend cpu", sh->be->name);
     base->notice[0] = 0;
     c->s = s;
     c->c = c->so.chunk;
@@ -1761,17 +1779,17 @@ static int sk_end_prefill(kv_cache *base) {
     int n_blocks = sh->n_layers * c->h * c->n_cand;
     if (sk_dev(c)) {
         /* the offloaded values in pinned, mapped host memory: the device's gather reads them over the bus */
-        size_t bytes = sizeof(float) * (size_t)n_blocks * c->c * c->d;
+        size_t bytes = sizeof(uint16_t) * (size_t)n_blocks * c->c * c->d;
         void *(*pin)(size_t) = sh->be->host_alloc_raw ? sh->be->host_alloc_raw : sh->be->host_alloc;
-        float *data = pin(bytes ? bytes : sizeof(float)); /* written whole by the offload: not zeroed */
+        uint16_t *data = pin(bytes ? bytes : sizeof(float)); /* written whole by the offload: not zeroed */
         if (!data) return skv_error(SKV_ENOMEM, "shadowkv: cannot pin %.1f MiB of host memory for the offloaded values",
                                     bytes / 1048576.0);
         shadowkv_store_adopt(&c->store, n_blocks, c->c, c->d, data, sh->be->host_free);
-    } else if ((rc = shadowkv_store_init(&c->store, n_blocks, c->c, c->d, c->o.offload_file))) {
+    } else if ((rc = shadowkv_store_init(&c->store, n_blocks, c->c, c->d, sk_u_bytes(c), c->o.offload_file))) {
         return rc;
     }
-    c->u_arena = sk_alloc_big(c, sizeof(float) * (size_t)sh->n_layers * s * c->r);
-    c->lm_arena = sk_alloc_big(c, lm_elt(c) * (size_t)sh->n_layers * c->h * lm_rows(c) * c->d);
+    c->u_arena = sk_alloc_big(c, (size_t)sk_u_bytes(c) * sh->n_layers * s * c->r);
+    c->lm_arena = sk_alloc_big(c, sizeof(uint16_t) * (size_t)sh->n_layers * c->h * lm_rows(c) * c->d);
     if (!c->u_arena || !c->lm_arena)
         return skv_error(SKV_ENOMEM, "shadowkv: out of memory for the rank-%d factors and landmarks", c->r);
     if ((rc = alloc_scratch(c))) return rc;
@@ -1784,14 +1802,12 @@ static int sk_end_prefill(kv_cache *base) {
     double *t_svd = skv_malloc(sizeof(double) * 3 * (size_t)nl);
     int *rcs = skv_calloc((size_t)nl, sizeof(int));
     B.lm = sk_alloc(c, sizeof(float) * (size_t)c->h * nch * c->d);
-    B.lm_host = !sk_dev(c) ? B.lm : sk_dev_ops(c) ? NULL : skv_malloc(sizeof(float) * (size_t)c->h * nch * c->d);
     B.cm = sk_alloc(c, sizeof(float) * (size_t)c->h * nch);
     B.cm_h = sk_dev(c) ? skv_malloc(sizeof(float) * (size_t)c->h * nch) : B.cm;
     B.tmp = skv_malloc(sizeof(float) * (size_t)nch);
     B.outl = skv_malloc(sizeof(int) * (size_t)nch);
-    B.idx_d = sk_dev_ops(c) ? sk_alloc(c, sizeof(int) * ((size_t)c->h * (c->n_cand + c->n_out) + 1)) : NULL;
-    if (!sv || !t_svd || !rcs || !B.lm || (!B.lm_host && !sk_dev_ops(c)) || !B.cm || !B.cm_h || !B.tmp || !B.outl ||
-        (sk_dev_ops(c) && !B.idx_d))
+    B.idx_d = sk_dev(c) ? sk_alloc(c, sizeof(int) * ((size_t)c->h * (c->n_cand + c->n_out) + 1)) : NULL;
+    if (!sv || !t_svd || !rcs || !B.lm || !B.cm || !B.cm_h || !B.tmp || !B.outl || (sk_dev(c) && !B.idx_d))
         rc = skv_error(SKV_ENOMEM, "out of memory");
     /* The SVDs first, one layer per thread (each single-threaded BLAS);
      * errors are thread-local, so each layer keeps its message, and the
@@ -1814,7 +1830,6 @@ static int sk_end_prefill(kv_cache *base) {
     for (int l = 0; !rc && l < nl; l++)
         rc = build_layer(c, l, &B, sv + (size_t)l * max_r, t_svd + 3 * (size_t)l, t_svd[3 * (size_t)l + 2]);
     if (B.cm_h != B.cm) free(B.cm_h);
-    if (B.lm_host != B.lm) free(B.lm_host);
     sk_release(c, B.lm);
     sk_release(c, B.cm);
     sk_release(c, B.idx_d);
@@ -1841,9 +1856,9 @@ static void parts(const kv_sk *c, kv_shadowkv_stats *st) {
             st->b_prefill += 3 * (size_t)L->n * c->kvd * f;
             continue;
         }
-        st->b_U += (size_t)c->s * c->r * f;
+        st->b_U += (size_t)c->s * c->r * sk_u_bytes(c);
         st->b_SVt += (size_t)c->r * c->kvd * f * (c->so.plus ? 2 : 1);
-        st->b_landmarks += h * c->n_cand * d * lm_elt(c);
+        st->b_landmarks += h * c->n_cand * d * sizeof(uint16_t);
         st->b_outliers += 2 * h * c->n_out * cc * d * f;
         st->b_local += 2 * h * c->n_local * d * f;
         st->b_generated += 2 * h * L->n_gen * d * f;
@@ -2072,6 +2087,8 @@ static const kv_opt_def sk_opt_defs[] = {
     {"plus", "--shadowkv-plus", KV_OPT_FLAG, 0, 0, 1, "ShadowKV+: project generated keys onto the prefill basis"},
     {"overlap", NULL, KV_OPT_INT, 1, 0, 2,
      "1: a fetch thread copies missed values while the compute threads rebuild keys; 0: one after the other"},
+    {"f32_state", NULL, KV_OPT_FLAG, 0, 0, 1,
+     "U and offloaded values in f32, not bf16 (cpu backend only; twice their bytes)"},
 };
 
 static int sk_create(const kv_opts *o, const kv_shape *shape, kv_cache **out) {
@@ -2107,7 +2124,8 @@ int kv_shadowkv_new(const kv_opts *o, const kv_shape *shape, kv_cache **out) {
     const kv_class *p = &kv_policy_shadowkv;
     sk_opts so = {.rank = kv_opt_int(o, p, "rank"), .chunk = kv_opt_int(o, p, "chunk"),
                   .outliers = kv_opt_int(o, p, "outliers"), .local = kv_opt_int(o, p, "local"),
-                  .plus = kv_opt_int(o, p, "plus"), .overlap = kv_opt_int(o, p, "overlap")};
+                  .plus = kv_opt_int(o, p, "plus"), .overlap = kv_opt_int(o, p, "overlap"),
+                  .f32_state = kv_opt_int(o, p, "f32_state")};
     if (so.chunk < 1 || so.rank < 1 || o->budget < 0 || so.outliers < 0 || so.local < 0)
         return skv_error(SKV_EINVAL,
                          "shadowkv: options need chunk >= 1 and rank >= 1, budget, outliers and local >= 0 "
@@ -2116,6 +2134,9 @@ int kv_shadowkv_new(const kv_opts *o, const kv_shape *shape, kv_cache **out) {
     if (shape->n_kv_heads < 1 || shape->n_heads % shape->n_kv_heads || !shape->rope || shape->head_dim < 1)
         return skv_error(SKV_EINVAL, "shadowkv: %d query heads do not split into %d KV heads, or no RoPE context",
                          shape->n_heads, shape->n_kv_heads);
+    if (so.f32_state && shape->be && shape->be != &skv_backend_cpu)
+        return skv_error(SKV_EUNSUPPORTED, "shadowkv: f32_state is a cpu backend option; on %s U and the offloaded "
+                         "values are bf16: use --backend cpu", shape->be->name);
     kv_sk *c = calloc(1, sizeof *c);
     if (!c) return skv_error(SKV_ENOMEM, "out of memory");
     c->base.cls = c->base.policy = &kv_policy_shadowkv;

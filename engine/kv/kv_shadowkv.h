@@ -41,7 +41,9 @@ typedef struct {
     double stage_seconds[3];
     int file_tier;             /* 1: the offload store is a file (--offload-file) */
     int overlap;               /* 1: fetches run on their own thread beside the rebuild */
-    /* Bytes resident, by part (fp32), and offloaded. */
+    /* Bytes resident, by part, and offloaded: U and the offloaded values
+     * 2 a value (bf16; 4 with the f32_state option), landmarks 2 (half),
+     * the rest 4 (f32). */
     size_t b_U, b_SVt, b_landmarks, b_outliers, b_local, b_generated, b_cache, b_prefill;
                                /* b_SVt includes Vᵀ under ShadowKV+; b_prefill: dense
                                   prompt K, pre-RoPE K and V before end_prefill; RoPE

@@ -676,23 +676,9 @@ static int cpu_attend_decode_batch_h(const skv_kv_seq *seq, int n, int n_heads, 
     return attend_decode_batch_t(seq, n, n_heads, n_kv, d, 1, q, out);
 }
 
-static void cpu_gather(const float *src, int rows, int cols, const int *src_idx, int n, float *dst,
+static void cpu_gather(const uint16_t *src, int rows, int cols, const int *src_idx, int n, float *dst,
                        const size_t *dst_off, int dst_stride) {
-    size_t blk = (size_t)rows * cols;
-    /* blocks sit at random places: each asked for two blocks ahead of its
-     * copy, so the copies do not wait for memory one after the other */
-    for (int i = 0; i < n && i < 2; i++) vec_prefetch(src + (size_t)src_idx[i] * blk, sizeof(float) * blk);
-    for (int i = 0; i < n; i++) {
-        if (i + 2 < n) vec_prefetch(src + (size_t)src_idx[i + 2] * blk, sizeof(float) * blk);
-        const float *s = src + (size_t)src_idx[i] * blk;
-        float *d = dst + dst_off[i];
-        if (dst_stride == cols) {
-            memcpy(d, s, sizeof(float) * blk);
-        } else {
-            for (int r = 0; r < rows; r++)
-                memcpy(d + (size_t)r * dst_stride, s + (size_t)r * cols, sizeof(float) * cols);
-        }
-    }
+    shadowkv_gather_blocks(src, 2, rows, cols, src_idx, n, dst, dst_off, dst_stride);
 }
 
 const skv_backend skv_backend_cpu = {
@@ -744,10 +730,10 @@ const skv_backend skv_backend_cpu = {
     .svd = shadowkv_svd_gram,
     .landmarks = shadowkv_landmarks,
     .cos_min = shadowkv_cos_min,
-    .score = shadowkv_score,
+    .score = shadowkv_score_h,
     .topk = shadowkv_topk,
     .gather = cpu_gather,
-    .round_h = shadowkv_round_f16,
+    .pack_h = shadowkv_pack,
     .sk_gather_chunks = shadowkv_gather_chunks,
     .rebuild = shadowkv_rebuild,
     .sk_books = shadowkv_books,

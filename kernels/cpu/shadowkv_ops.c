@@ -4,6 +4,8 @@
  * kernels against these. */
 #include "shadowkv_ops.h"
 
+#include "backend.h"
+
 #include "kmath.h"
 #include "skv.h"
 #include "vec.h"
@@ -257,13 +259,38 @@ void shadowkv_round_f16(float *x, size_t n) {
     }
 }
 
+void shadowkv_from_bf16(float *y, const uint16_t *x, size_t n) {
+    size_t i = 0;
+#if defined(__AVX2__)
+    for (; i + 8 <= n; i += 8) /* the 16 bits to the top of each f32 */
+        _mm256_storeu_ps(y + i, _mm256_castsi256_ps(_mm256_slli_epi32(
+                                    _mm256_cvtepu16_epi32(_mm_loadu_si128((const __m128i *)(x + i))), 16)));
+#endif
+    for (; i < n; i++) y[i] = km_bf16_to_f32(x[i]);
+}
+
+void shadowkv_pack(const float *x, size_t n, uint16_t *y, int elt) {
+    if (elt == SKV_ELT_F16) {
+        for (size_t i = 0; i < n; i += 1 << 20)
+            vec_to_f16(y + i, x + i, (int)(n - i < (1u << 20) ? n - i : 1u << 20));
+        return;
+    }
+    SKV_ASSERT(elt == SKV_ELT_BF16);
+    for (size_t i = 0; i < n; i++) y[i] = km_f32_to_bf16(x[i]);
+}
+
 void shadowkv_gather_chunks(const float *src, size_t src_row, size_t src_head, const int *cand, int h, int n_cand,
-                            int rows, int d, float *dst, size_t dst_head) {
+                            int rows, int d, void *dst, size_t dst_head, int dst_elt) {
     for (int kh = 0; kh < h; kh++)
         for (int i = 0; i < n_cand; i++) {
             const float *s = src + (size_t)kh * src_head + (size_t)cand[(size_t)kh * n_cand + i] * rows * src_row;
-            float *o = dst + (size_t)kh * dst_head + (size_t)i * rows * d;
-            for (int t = 0; t < rows; t++) memcpy(o + (size_t)t * d, s + (size_t)t * src_row, sizeof(float) * d);
+            size_t o = (size_t)kh * dst_head + (size_t)i * rows * d;
+            for (int t = 0; t < rows; t++) {
+                if (dst_elt == SKV_ELT_F32)
+                    memcpy((float *)dst + o + (size_t)t * d, s + (size_t)t * src_row, sizeof(float) * d);
+                else
+                    shadowkv_pack(s + (size_t)t * src_row, (size_t)d, (uint16_t *)dst + o + (size_t)t * d, dst_elt);
+            }
         }
 }
 
@@ -281,6 +308,17 @@ void shadowkv_score(const float *q, int nq, size_t q_stride, int group, int d, c
     memset(acc, 0, sizeof(float) * (size_t)group * n_lm);
     for (int i = 0; i < nq; i++) {
         shadowkv_score_logits(q + (size_t)i * q_stride, group, d, lm, n_lm, scale, logit, (size_t)n_lm);
+        for (int g = 0; g < group; g++) shadowkv_softmax_add(logit + (size_t)g * n_lm, n_lm, acc + (size_t)g * n_lm);
+    }
+    shadowkv_group_max(acc, group, n_lm, score);
+}
+
+void shadowkv_score_h(const float *q, int nq, size_t q_stride, int group, int d, const uint16_t *lm, int n_lm,
+                      float scale, float *tmp, float *score) {
+    float *logit = tmp, *acc = tmp + (size_t)group * n_lm; /* (group, n_lm) each */
+    memset(acc, 0, sizeof(float) * (size_t)group * n_lm);
+    for (int i = 0; i < nq; i++) {
+        shadowkv_score_logits_h(q + (size_t)i * q_stride, group, d, lm, n_lm, scale, logit, (size_t)n_lm);
         for (int g = 0; g < group; g++) shadowkv_softmax_add(logit + (size_t)g * n_lm, n_lm, acc + (size_t)g * n_lm);
     }
     shadowkv_group_max(acc, group, n_lm, score);
@@ -373,17 +411,25 @@ void shadowkv_rope_rows(const rope_ctx *rope, const float *cs, const float *sn, 
                     sn + (size_t)(pos0 + t) * half);
 }
 
+/* Value i of U, whose values are ub bytes wide (2: bf16, 4: f32), as f32
+ * (exact). The rebuilds below are inlined into shadowkv_rebuild_w with a
+ * constant ub, so each width gets its own loop and no branch in it. */
+static inline float u_at(const void *U, int ub, size_t i) {
+    return ub == 4 ? ((const float *)U)[i] : km_bf16_to_f32(((const uint16_t *)U)[i]);
+}
+
 /* o (d) = u (r) · svt (r, d), every element summed over j in order with a
  * fused multiply-add (as vec_axpy into zeros would), but held in registers
  * 64 columns at a time instead of reloaded from o for every j; the columns
  * past the last multiple of 8 without fusing, as vec_axpy's tail. */
-static void rebuild_row(const float *u, int r, const float *svt, int d, float *o) {
+static inline __attribute__((always_inline)) void rebuild_row(const void *u, int ub, int r, const float *svt, int d,
+                                                              float *o) {
     int e = 0;
 #if defined(__AVX2__) && defined(__FMA__)
     for (; e + 64 <= d; e += 64) {
         __m256 a0 = _mm256_setzero_ps(), a1 = a0, a2 = a0, a3 = a0, a4 = a0, a5 = a0, a6 = a0, a7 = a0;
         for (int j = 0; j < r; j++) {
-            __m256 b = _mm256_set1_ps(u[j]);
+            __m256 b = _mm256_set1_ps(u_at(u, ub, j));
             const float *s = svt + (size_t)j * d + e;
             a0 = _mm256_fmadd_ps(b, _mm256_loadu_ps(s), a0);
             a1 = _mm256_fmadd_ps(b, _mm256_loadu_ps(s + 8), a1);
@@ -401,13 +447,14 @@ static void rebuild_row(const float *u, int r, const float *svt, int d, float *o
     }
     for (; e + 8 <= d; e += 8) {
         __m256 a = _mm256_setzero_ps();
-        for (int j = 0; j < r; j++) a = _mm256_fmadd_ps(_mm256_set1_ps(u[j]), _mm256_loadu_ps(svt + (size_t)j * d + e), a);
+        for (int j = 0; j < r; j++)
+            a = _mm256_fmadd_ps(_mm256_set1_ps(u_at(u, ub, j)), _mm256_loadu_ps(svt + (size_t)j * d + e), a);
         _mm256_storeu_ps(o + e, a);
     }
 #endif
     for (; e < d; e++) {
         float a = 0;
-        for (int j = 0; j < r; j++) a += u[j] * svt[(size_t)j * d + e];
+        for (int j = 0; j < r; j++) a += u_at(u, ub, j) * svt[(size_t)j * d + e];
         o[e] = a;
     }
 }
@@ -441,8 +488,9 @@ static inline void rope_regs_64(__m512 x[4], const float *cs, const float *sn, r
  * multiply-add, so the bits of rebuild_row. With tables (cs, sn: the first
  * row's, 32 a row) the rows are rotated in the registers before the store,
  * with the bits of rope_rotate on the stored rows. */
-static void rebuild_4x64(const float *U, int r, const float *svt, float *o, const float *cs, const float *sn,
-                         rope_mode mode) {
+static inline __attribute__((always_inline)) void rebuild_4x64(const void *U, int ub, int r, const float *svt,
+                                                               float *o, const float *cs, const float *sn,
+                                                               rope_mode mode) {
     /* the loops over the four rows unrolled, so the 16 accumulators stay in
      * registers (rolled, GCC kept them on the stack) */
     __m512 acc[4][4];
@@ -458,7 +506,7 @@ static void rebuild_4x64(const float *U, int r, const float *svt, float *o, cons
         __asm__("" : "+v"(s0), "+v"(s1), "+v"(s2), "+v"(s3));
 #pragma GCC unroll 4
         for (int i = 0; i < 4; i++) {
-            __m512 b = _mm512_set1_ps(U[(size_t)i * r + j]);
+            __m512 b = _mm512_set1_ps(u_at(U, ub, (size_t)i * r + j));
             acc[i][0] = _mm512_fmadd_ps(b, s0, acc[i][0]);
             acc[i][1] = _mm512_fmadd_ps(b, s1, acc[i][1]);
             acc[i][2] = _mm512_fmadd_ps(b, s2, acc[i][2]);
@@ -473,28 +521,47 @@ static void rebuild_4x64(const float *U, int r, const float *svt, float *o, cons
 }
 #endif
 
-void shadowkv_rebuild(const float *U, int r, const float *svt, int d, int t0, int n, const rope_ctx *rope,
-                      const float *cs, const float *sn, float *out) {
+/* The rows [t0, t0+n) of shadowkv_rebuild_w before RoPE, or rotated by
+ * the AVX-512 path; returns how many (the first) are rotated. */
+static inline __attribute__((always_inline)) int rebuild_rows(const void *U, int ub, int r, const float *svt, int d,
+                                                              int t0, int n, const rope_ctx *rope, const float *cs,
+                                                              const float *sn, float *out) {
     int i = 0, rot = 0; /* rows [0, rot) are already rotated */
 #if defined(__AVX512F__)
     if (d == 64) {
         /* RoPE in the registers when the tables cover the whole row */
         int fused = cs && rope->rope_dim == 64 && rope->head_dim == 64;
         for (; i + 4 <= n; i += 4)
-            rebuild_4x64(U + (size_t)(t0 + i) * r, r, svt, out + (size_t)i * d, fused ? cs + (size_t)(t0 + i) * 32 : NULL,
-                         fused ? sn + (size_t)(t0 + i) * 32 : NULL, rope->mode);
+            rebuild_4x64((const char *)U + (size_t)(t0 + i) * r * ub, ub, r, svt, out + (size_t)i * d,
+                         fused ? cs + (size_t)(t0 + i) * 32 : NULL, fused ? sn + (size_t)(t0 + i) * 32 : NULL,
+                         rope->mode);
         if (fused) rot = i;
     }
+#else
+    (void)rope, (void)cs, (void)sn;
 #endif
-    for (; i < n; i++) rebuild_row(U + (size_t)(t0 + i) * r, r, svt, d, out + (size_t)i * d);
+    for (; i < n; i++) rebuild_row((const char *)U + (size_t)(t0 + i) * r * ub, ub, r, svt, d, out + (size_t)i * d);
+    return rot;
+}
+
+void shadowkv_rebuild(const uint16_t *U, int r, const float *svt, int d, int t0, int n, const rope_ctx *rope,
+                      const float *cs, const float *sn, float *out) {
+    shadowkv_rebuild_w(U, 2, r, svt, d, t0, n, rope, cs, sn, out);
+}
+
+void shadowkv_rebuild_w(const void *U, int u_bytes, int r, const float *svt, int d, int t0, int n,
+                        const rope_ctx *rope, const float *cs, const float *sn, float *out) {
+    SKV_ASSERT(u_bytes == 2 || u_bytes == 4);
+    int rot = u_bytes == 4 ? rebuild_rows(U, 4, r, svt, d, t0, n, rope, cs, sn, out)
+                           : rebuild_rows(U, 2, r, svt, d, t0, n, rope, cs, sn, out);
     if (cs) shadowkv_rope_rows(rope, cs, sn, out + (size_t)rot * d, n - rot, t0 + rot);
     else
         for (int i = 0; i < n; i++) rope_apply(rope, out + (size_t)i * d, 1, t0 + i);
 }
 
-void shadowkv_rebuild_prefetch(const float *U, int r, int t0, int n, const rope_ctx *rope, const float *cs,
-                               const float *sn) {
-    vec_prefetch(U + (size_t)t0 * r, sizeof(float) * (size_t)n * r);
+void shadowkv_rebuild_prefetch(const void *U, int u_bytes, int r, int t0, int n, const rope_ctx *rope,
+                               const float *cs, const float *sn) {
+    vec_prefetch((const char *)U + (size_t)t0 * r * u_bytes, (size_t)u_bytes * n * r);
     if (!cs) return;
     size_t half = rope->rope_dim / 2;
     vec_prefetch(cs + (size_t)t0 * half, sizeof(float) * (size_t)n * half);
@@ -551,18 +618,20 @@ void shadowkv_books(int h, int k, int n_cand, const int *sel, int *slot_id, int 
                                      miss + (size_t)kh * k);
 }
 
-void shadowkv_gather_misses(const float *store, int c, int d, int h, int k, int n_cand, size_t blk0, const int *sel,
-                            const int *slot_of, const int *miss, const int *n_miss, float *const *V, int row_slot) {
+
+void shadowkv_gather_misses(const uint16_t *store, int c, int d, int h, int k, int n_cand, size_t blk0,
+                            const int *sel, const int *slot_of, const int *miss, const int *n_miss, float *const *V,
+                            int row_slot) {
     size_t blk = (size_t)c * d;
     for (int kh = 0; kh < h; kh++)
         for (int m = 0; m < n_miss[kh]; m++) {
             int i = miss[(size_t)kh * k + m];
-            const float *src = store + (blk0 + (size_t)kh * n_cand + sel[(size_t)kh * k + i]) * blk;
-            memcpy(V[kh] + (size_t)(row_slot + slot_of[(size_t)kh * k + i] * c) * d, src, sizeof(float) * blk);
+            const uint16_t *src = store + (blk0 + (size_t)kh * n_cand + sel[(size_t)kh * k + i]) * blk;
+            shadowkv_from_bf16(V[kh] + (size_t)(row_slot + slot_of[(size_t)kh * k + i] * c) * d, src, blk);
         }
 }
 
-void shadowkv_rebuild_misses(const float *U, int r, const float *SVt, int d, int c, int h, int k, int n_cand,
+void shadowkv_rebuild_misses(const uint16_t *U, int r, const float *SVt, int d, int c, int h, int k, int n_cand,
                              const int *cand, const int *sel, const int *slot_of, const int *miss, const int *n_miss,
                              const rope_ctx *rope, const float *cs, const float *sn, float *const *K, int row_slot) {
     for (int kh = 0; kh < h; kh++)
@@ -598,8 +667,8 @@ void shadowkv_step_logits(const sk_step *st, const float *q) {
     for (int j = 0; j < st->n_jobs; j++) {
         const sk_job *J = &st->jobs[j];
         const float *qj = q + (size_t)st->seq[2 * J->gi] * st->qd + (size_t)J->kh * st->group * st->d;
-        shadowkv_score_logits(qj, st->group, st->d, J->lm, J->n_cand, 1.0f / sqrtf((float)st->d), st->lg + J->lg,
-                              (size_t)J->n_cand);
+        shadowkv_score_logits_h(qj, st->group, st->d, J->lm, J->n_cand, 1.0f / sqrtf((float)st->d),
+                                st->lg + J->lg, (size_t)J->n_cand);
     }
 }
 
@@ -638,8 +707,8 @@ void shadowkv_step_fetch(const sk_step *st) {
         size_t blk = (size_t)J->c * st->d;
         for (int m = 0; m < *J->n_miss; m++) {
             int i = J->miss[m];
-            memcpy(J->V + (size_t)(J->row_slot + J->slot_of[i] * J->c) * st->d, J->store + (size_t)J->sel[i] * blk,
-                   sizeof(float) * blk);
+            shadowkv_from_bf16(J->V + (size_t)(J->row_slot + J->slot_of[i] * J->c) * st->d, J->store + (size_t)J->sel[i] * blk,
+                      blk);
         }
     }
 }
@@ -718,12 +787,14 @@ static int store_map_file(shadowkv_store *st, const char *path, size_t bytes) {
     return rc;
 }
 
-int shadowkv_store_init(shadowkv_store *st, int n_blocks, int rows, int cols, const char *path) {
+int shadowkv_store_init(shadowkv_store *st, int n_blocks, int rows, int cols, int elt_bytes, const char *path) {
+    SKV_ASSERT(elt_bytes == 2 || elt_bytes == 4);
     memset(st, 0, sizeof *st);
     st->n_blocks = n_blocks;
     st->rows = rows;
     st->cols = cols;
-    size_t bytes = sizeof(float) * (size_t)n_blocks * rows * cols;
+    st->elt_bytes = elt_bytes;
+    size_t bytes = shadowkv_store_bytes(st);
     if (path && *path) return store_map_file(st, path, bytes);
     st->data = skv_malloc(bytes);
     if (!st->data)
@@ -731,11 +802,13 @@ int shadowkv_store_init(shadowkv_store *st, int n_blocks, int rows, int cols, co
     return 0;
 }
 
-void shadowkv_store_adopt(shadowkv_store *st, int n_blocks, int rows, int cols, float *data, void (*release)(void *)) {
+void shadowkv_store_adopt(shadowkv_store *st, int n_blocks, int rows, int cols, uint16_t *data,
+                          void (*release)(void *)) {
     memset(st, 0, sizeof *st);
     st->n_blocks = n_blocks;
     st->rows = rows;
     st->cols = cols;
+    st->elt_bytes = 2;
     st->data = data;
     st->release = release;
 }
@@ -744,7 +817,7 @@ void shadowkv_store_free(shadowkv_store *st) {
     if (st->release) {
         if (st->data) st->release(st->data);
     } else if (st->mapped) {
-        size_t bytes = sizeof(float) * (size_t)st->n_blocks * st->rows * st->cols;
+        size_t bytes = shadowkv_store_bytes(st);
         munmap(st->data, bytes ? bytes : 1);
     } else {
         free(st->data);
@@ -753,30 +826,57 @@ void shadowkv_store_free(shadowkv_store *st) {
 }
 
 size_t shadowkv_store_bytes(const shadowkv_store *st) {
-    return sizeof(float) * (size_t)st->n_blocks * st->rows * st->cols;
+    return (size_t)st->elt_bytes * st->n_blocks * st->rows * st->cols;
 }
 
 void shadowkv_store_put(shadowkv_store *st, int b, const float *src, int src_stride) {
     SKV_ASSERT(b >= 0 && b < st->n_blocks);
-    float *dst = st->data + (size_t)b * st->rows * st->cols;
-    for (int i = 0; i < st->rows; i++)
-        memcpy(dst + (size_t)i * st->cols, src + (size_t)i * src_stride, sizeof(float) * st->cols);
+    size_t blk = (size_t)st->rows * st->cols;
+    for (int i = 0; i < st->rows; i++) {
+        const float *s = src + (size_t)i * src_stride;
+        if (st->elt_bytes == 4)
+            memcpy((float *)st->data + b * blk + (size_t)i * st->cols, s, sizeof(float) * st->cols);
+        else
+            shadowkv_pack(s, (size_t)st->cols, (uint16_t *)st->data + b * blk + (size_t)i * st->cols, SKV_ELT_BF16);
+    }
 }
 
 void shadowkv_store_count(shadowkv_store *st, int n) {
     __atomic_fetch_add(&st->n_fetch, (uint64_t)n, __ATOMIC_RELAXED);
-    __atomic_fetch_add(&st->fetch_bytes, sizeof(float) * (uint64_t)n * st->rows * st->cols, __ATOMIC_RELAXED);
+    __atomic_fetch_add(&st->fetch_bytes, (uint64_t)st->elt_bytes * n * st->rows * st->cols, __ATOMIC_RELAXED);
 }
 
 void shadowkv_store_fetch(shadowkv_store *st, int b, float *dst, int dst_stride) {
     SKV_ASSERT(b >= 0 && b < st->n_blocks);
-    const float *src = st->data + (size_t)b * st->rows * st->cols;
-    if (dst_stride == st->cols) {
-        memcpy(dst, src, sizeof(float) * st->rows * st->cols);
-    } else {
-        for (int i = 0; i < st->rows; i++)
-            memcpy(dst + (size_t)i * dst_stride, src + (size_t)i * st->cols, sizeof(float) * st->cols);
-    }
+    size_t off = 0;
+    shadowkv_gather_blocks(st->data, st->elt_bytes, st->rows, st->cols, &b, 1, dst, &off, dst_stride);
     __atomic_fetch_add(&st->n_fetch, 1, __ATOMIC_RELAXED);
-    __atomic_fetch_add(&st->fetch_bytes, sizeof(float) * (uint64_t)st->rows * st->cols, __ATOMIC_RELAXED);
+    __atomic_fetch_add(&st->fetch_bytes, (uint64_t)st->elt_bytes * st->rows * st->cols, __ATOMIC_RELAXED);
+}
+
+/* One row of n values, eb bytes wide, to f32. */
+static void row_to_f32(float *y, const void *x, int eb, size_t n) {
+    if (eb == 4) memcpy(y, x, sizeof(float) * n);
+    else shadowkv_from_bf16(y, x, n);
+}
+
+void shadowkv_gather_blocks(const void *src, int elt_bytes, int rows, int cols, const int *src_idx, int n,
+                            float *dst, const size_t *dst_off, int dst_stride) {
+    SKV_ASSERT(elt_bytes == 2 || elt_bytes == 4);
+    size_t blk = (size_t)rows * cols, bb = blk * elt_bytes;
+    const char *base = src;
+    /* blocks sit at random places: each asked for two blocks ahead of its
+     * copy, so the copies do not wait for memory one after the other */
+    for (int i = 0; i < n && i < 2; i++) vec_prefetch(base + (size_t)src_idx[i] * bb, bb);
+    for (int i = 0; i < n; i++) {
+        if (i + 2 < n) vec_prefetch(base + (size_t)src_idx[i + 2] * bb, bb);
+        const char *s = base + (size_t)src_idx[i] * bb;
+        float *d = dst + dst_off[i];
+        if (dst_stride == cols) {
+            row_to_f32(d, s, elt_bytes, blk);
+        } else {
+            for (int r = 0; r < rows; r++)
+                row_to_f32(d + (size_t)r * dst_stride, s + (size_t)r * cols * elt_bytes, elt_bytes, (size_t)cols);
+        }
+    }
 }

@@ -49,6 +49,10 @@ int shadowkv_outliers(const float *cos_min, int n, int o, int *out, float *scrat
  * q + i*q_stride + g*d. tmp: (2*group*n_lm) floats. */
 void shadowkv_score(const float *q, int nq, size_t q_stride, int group, int d, const float *lm, int n_lm,
                     float scale, float *tmp, float *score);
+/* shadowkv_score over landmarks kept in IEEE half (the backend's score):
+ * the bits of shadowkv_score over the same values widened to f32. */
+void shadowkv_score_h(const float *q, int nq, size_t q_stride, int group, int d, const uint16_t *lm, int n_lm,
+                      float scale, float *tmp, float *score);
 
 /* shadowkv_score's two stages, for callers that split the landmarks over
  * threads: logit (group rows ld apart) = q_g·lm_jᵀ·scale for n_lm landmarks
@@ -63,13 +67,19 @@ void shadowkv_softmax_add(float *lg, int n, float *acc);
 void shadowkv_score_logits_h(const float *q, int group, int d, const uint16_t *lm, int n_lm, float scale,
                              float *logit, size_t ld);
 
-/* Rounds x (n) to the nearest half-precision values, kept in f32 (what the
- * landmarks hold on every backend: shadowkv_score_logits_h reads them). */
+/* Rounds x (n) to the nearest half-precision values, kept in f32. */
 void shadowkv_round_f16(float *x, size_t n);
-/* The candidate chunks of a layer's KV heads gathered (skv_backend's
- * sk_gather_chunks; the device's end of prefill, and its CPU twin). */
+/* y (n) = x (n) rounded to nearest even into 16 bits of type elt
+ * (SKV_ELT_BF16: km_f32_to_bf16; SKV_ELT_F16: IEEE half, vec_to_f16):
+ * skv_backend's pack_h. */
+void shadowkv_pack(const float *x, size_t n, uint16_t *y, int elt);
+/* y (n) = the bf16 values x (n) widened to f32 (exact). */
+void shadowkv_from_bf16(float *y, const uint16_t *x, size_t n);
+/* The candidate chunks of a layer's KV heads gathered into dst of type
+ * dst_elt (skv_backend's sk_gather_chunks; the device's end of prefill, and
+ * its CPU twin). */
 void shadowkv_gather_chunks(const float *src, size_t src_row, size_t src_head, const int *cand, int h, int n_cand,
-                            int rows, int d, float *dst, size_t dst_head);
+                            int rows, int d, void *dst, size_t dst_head, int dst_elt);
 
 /* score (n) = the max over the group's query heads of gs (group, n): the
  * group score shadowkv_score ends with. */
@@ -93,18 +103,22 @@ void shadowkv_rope_table(const rope_ctx *rope, int n_pos, float *cs, float *sn);
 void shadowkv_rope_rows(const rope_ctx *rope, const float *cs, const float *sn, float *x, int n, int pos0);
 
 /* Rebuilds n post-RoPE keys of one head: out (n, d) row i =
- * RoPE(U[t0+i]·svt, position t0+i), with U (s, r) and svt (r, d) that head's
- * slice of ΣVᵀ. cs/sn: tables covering t0+n positions, or NULL to use
- * rope_apply. */
-void shadowkv_rebuild(const float *U, int r, const float *svt, int d, int t0, int n, const rope_ctx *rope,
+ * RoPE(U[t0+i]·svt, position t0+i), with U (s, r) in bf16 (each value
+ * widened exactly, the sums in f32) and svt (r, d) that head's slice of
+ * ΣVᵀ. cs/sn: tables covering t0+n positions, or NULL to use rope_apply. */
+void shadowkv_rebuild(const uint16_t *U, int r, const float *svt, int d, int t0, int n, const rope_ctx *rope,
                       const float *cs, const float *sn, float *out);
+/* The same with U's values u_bytes wide: 2 (bf16, shadowkv_rebuild) or 4
+ * (f32: ShadowKV's f32_state option, on the CPU only). */
+void shadowkv_rebuild_w(const void *U, int u_bytes, int r, const float *svt, int d, int t0, int n,
+                        const rope_ctx *rope, const float *cs, const float *sn, float *out);
 
 /* Asks the caches for what shadowkv_rebuild of rows [t0, t0+n) will read
  * from memory (the U rows and the RoPE table rows; cs may be NULL): a
  * chunk's rows sit at a random place, so without it every chunk's rebuild
  * starts with a wait for memory. Changes no value. */
-void shadowkv_rebuild_prefetch(const float *U, int r, int t0, int n, const rope_ctx *rope, const float *cs,
-                               const float *sn);
+void shadowkv_rebuild_prefetch(const void *U, int u_bytes, int r, int t0, int n, const rope_ctx *rope,
+                               const float *cs, const float *sn);
 
 /* ShadowKV+: y (n) = V_r·(V_rᵀ·x), the projection of x (n) onto the span of
  * the r right singular vectors in Vt (r, n). coef: (r) floats. y may be x. */
@@ -145,14 +159,15 @@ int shadowkv_cache_update(shadowkv_cache *c, const int *sel, int k, int *slot_of
 void shadowkv_books(int h, int k, int n_cand, const int *sel, int *slot_id, int *where, unsigned *stamp,
                     unsigned *epoch, int *slot_of, int *miss, int *n_miss);
 /* The misses' values: head kh's miss m (i = miss[kh][m]) copies block
- * blk0 + kh*n_cand + sel[kh][i] of the store ((c, d) floats each, blocks
- * back to back) to rows row_slot + slot_of[kh][i]*c.. of V[kh]. */
-void shadowkv_gather_misses(const float *store, int c, int d, int h, int k, int n_cand, size_t blk0, const int *sel,
+ * blk0 + kh*n_cand + sel[kh][i] of the store ((c, d) bf16 values each,
+ * blocks back to back), widened, to rows row_slot + slot_of[kh][i]*c.. of
+ * V[kh]. */
+void shadowkv_gather_misses(const uint16_t *store, int c, int d, int h, int k, int n_cand, size_t blk0, const int *sel,
                             const int *slot_of, const int *miss, const int *n_miss, float *const *V, int row_slot);
 /* The misses' keys: the c positions of chunk cand[kh][sel[kh][i]] rebuilt
  * (shadowkv_rebuild with SVt + kh*r*d) into rows row_slot + slot_of[kh][i]*c..
  * of K[kh]. */
-void shadowkv_rebuild_misses(const float *U, int r, const float *SVt, int d, int c, int h, int k, int n_cand,
+void shadowkv_rebuild_misses(const uint16_t *U, int r, const float *SVt, int d, int c, int h, int k, int n_cand,
                              const int *cand, const int *sel, const int *slot_of, const int *miss, const int *n_miss,
                              const rope_ctx *rope, const float *cs, const float *sn, float *const *K, int row_slot);
 
@@ -184,12 +199,12 @@ static inline int sk_step_parts(int rows) {
  * memory but store (host_alloc's, read by the fetch). */
 typedef struct sk_job {
     float *K, *V;            /* (cap, d) the head's attention rows: [outliers | slots | local | generated] */
-    const float *lm;         /* (n_cand, d) the candidates' landmarks */
-    const float *U;          /* (s, r) the layer's left singular vectors */
+    const uint16_t *lm;      /* (n_cand, d) the candidates' landmarks, IEEE half */
+    const uint16_t *U;       /* (s, r) the layer's left singular vectors, bf16 */
     const float *svt;        /* (r, d) the head's block of Σ·Vᵀ */
     const float *cs, *sn;    /* (s, rope_dim/2) RoPE tables of the prompt's positions */
     const int *cand;         /* (n_cand) each candidate's chunk id */
-    const float *store;      /* (n_cand, c, d) the candidates' values */
+    const uint16_t *store;   /* (n_cand, c, d) the candidates' values, bf16 */
     const float *key;        /* (d) the new key row, or NULL: the step's k row (ShadowKV+ projects it) */
     int *slot_id, *where;    /* (k), (n_cand): the head's chunk cache (km_cache_update) */
     unsigned *stamp, *epoch; /* (k), (1) */
@@ -227,7 +242,7 @@ typedef struct sk_step {
  * way (k itself is not written), as rope_qk at position s + gen. */
 void shadowkv_step_append(const sk_step *st, float *q, const float *k, const float *v);
 /* Each job's landmark logits into its scratch lg (group, n_cand): the
- * group's q·lm_j/√d (shadowkv_score_logits). */
+ * group's q·lm_j/√d (shadowkv_score_logits_h). */
 void shadowkv_step_logits(const sk_step *st, const float *q);
 /* Each job's landmark scores from its logits: the softmax of each query
  * head, the max over the group (shadowkv_score's bits; the logits are
@@ -242,8 +257,8 @@ void shadowkv_step_books(const sk_step *st);
 /* The three above in order (stats skipped when st->scored): the twin of
  * the one select launch. */
 void shadowkv_step_select(const sk_step *st);
-/* Each job's misses' values: store block sel[i] to rows row_slot +
- * slot_of[i]*c.. of V. */
+/* Each job's misses' values: store block sel[i], widened from bf16, to
+ * rows row_slot + slot_of[i]*c.. of V. */
 void shadowkv_step_fetch(const sk_step *st);
 /* Each job's misses' keys: chunk cand[sel[i]]'s c rows rebuilt
  * (shadowkv_rebuild with the job's svt and tables) into rows row_slot +
@@ -256,15 +271,19 @@ void shadowkv_step_attend(const sk_step *st, const float *q, float *out);
 /* ---- offload store ---------------------------------------------------- */
 
 /* Slow memory (host RAM behind PCIe on a GPU build): n_blocks blocks of
- * (rows, cols) floats. Writes are free; every read is a fetch, counted in
- * chunks and bytes (atomically, so threads may fetch concurrently).
+ * (rows, cols) values in bf16 (rounded to nearest even as they are put,
+ * km_f32_to_bf16; widened exactly as they are fetched), half the bytes of
+ * f32; or, with elt_bytes 4 (ShadowKV's f32_state option, CPU only), in
+ * f32 as they were put. Writes are free; every read is a fetch, counted in chunks and bytes
+ * (atomically, so threads may fetch concurrently).
  *
  * Two tiers: host memory, or a file (for contexts whose values do not fit
  * in RAM), mapped shared so the kernel writes cold pages back to it and
  * reads them in again on a fetch. */
 typedef struct {
-    float *data;         /* (n_blocks, rows, cols) */
+    void *data;          /* (n_blocks, rows, cols) bf16, or f32 when elt_bytes is 4 */
     int n_blocks, rows, cols;
+    int elt_bytes;       /* bytes a value: 2 (bf16) or 4 (f32) */
     int mapped;          /* 1: data is a shared mapping of a file (the file tier) */
     void (*release)(void *); /* frees data when the store adopted it (shadowkv_store_adopt) */
     uint64_t n_fetch;    /* blocks fetched */
@@ -275,21 +294,30 @@ typedef struct {
  * path: an existing file is refused (never overwritten), and the file is
  * unlinked as soon as it is mapped, so nothing is left behind when the
  * process ends, whatever way it ends. 0 or SKV_E* with a message. */
-int shadowkv_store_init(shadowkv_store *st, int n_blocks, int rows, int cols, const char *path);
+int shadowkv_store_init(shadowkv_store *st, int n_blocks, int rows, int cols, int elt_bytes, const char *path);
 /* The host tier in memory the caller allocated (a device backend's pinned,
  * mapped host_alloc), which the store owns from now on and gives back with
- * release. */
-void shadowkv_store_adopt(shadowkv_store *st, int n_blocks, int rows, int cols, float *data, void (*release)(void *));
+ * release; bf16. */
+void shadowkv_store_adopt(shadowkv_store *st, int n_blocks, int rows, int cols, uint16_t *data,
+                          void (*release)(void *));
 void shadowkv_store_free(shadowkv_store *st);
 size_t shadowkv_store_bytes(const shadowkv_store *st);
 
-/* Writes block b from src, whose rows are src_stride floats apart. */
+/* Writes block b from src, whose rows are src_stride floats apart, rounded
+ * to bf16 (copied as they are in an f32 store). */
 void shadowkv_store_put(shadowkv_store *st, int b, const float *src, int src_stride);
 
 /* Counts n blocks fetched by a backend's gather straight from st->data. */
 void shadowkv_store_count(shadowkv_store *st, int n);
 
-/* Copies block b to dst (rows dst_stride floats apart) and counts it. */
+/* Copies block b, widened, to dst (rows dst_stride floats apart) and counts it. */
 void shadowkv_store_fetch(shadowkv_store *st, int b, float *dst, int dst_stride);
+
+/* Copies n blocks of (rows, cols) values, each elt_bytes wide (2: bf16,
+ * widened; 4: f32), block src_idx[i] of src (blocks back to back) to dst +
+ * dst_off[i] floats, rows dst_stride apart: the CPU backend's gather (at
+ * 2), and the f32 store's (at 4). Counts nothing. */
+void shadowkv_gather_blocks(const void *src, int elt_bytes, int rows, int cols, const int *src_idx, int n,
+                            float *dst, const size_t *dst_off, int dst_stride);
 
 #endif

@@ -52,7 +52,7 @@ const skv_backend skv_backend_cuda = {
     .score = cu_score,
     .topk = cu_topk,
     .gather = cu_gather,
-    .round_h = cu_round_h,
+    .pack_h = cu_pack_h,
     .sk_gather_chunks = cu_sk_gather_chunks,
     .rebuild = cu_rebuild,
     .sk_books = cu_sk_books,
@@ -71,4 +71,6 @@ const skv_backend skv_backend_cuda = {
     .span_tag = cu_span_tag,
     .span_enable = cu_span_enable,
     .span_drain = cu_span_drain,
+    .step_begin = cu_step_begin,
+    .step_end = cu_step_end,
 };

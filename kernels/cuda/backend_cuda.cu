@@ -1,8 +1,9 @@
 /* backend_cuda.cu: the CUDA backend's table entry (kernels/backend.h) and
  * what every op shares: the device context (two streams: compute, and fetch
  * for the gathers of offloaded values, so a gather overlaps the key
- * rebuild), buffers, stream-ordered scratch, and the timeline (CUDA events
- * around each op while spans are on, read back after a sync).
+ * rebuild), buffers, stream-ordered scratch, the decode step as a CUDA
+ * graph (step_begin/step_end), and the timeline (CUDA events around each op
+ * while spans are on, read back after a sync).
  *
  * Built only when nvcc is found (SKV_HAVE_CUDA). A binary built with it
  * runs where no GPU is: `available` says why, and skv_backend_pick falls
@@ -27,6 +28,7 @@ void cuda_fail(const char *what, const char *msg, const char *file, int line) {
 
 static const char *g_last_kernel = "(none)";
 static int g_sync_each = -1; /* SKV_CUDA_SYNC=1: sync after every launch */
+static int g_spans_on;       /* the timeline records spans (cu_span_enable) */
 
 void cuda_note_launch(const char *kernel) { g_last_kernel = kernel; }
 
@@ -89,6 +91,106 @@ void cuda_fetch_end(void) {
     cuda_ctx *c = cuda_get();
     CK(cudaEventRecord(c->fetched, c->fetch));
     c->fetch_pending = 1;
+}
+
+/* ---- the decode step as a CUDA graph ----
+ * The forward brackets a decode step with step_begin and step_end. Between
+ * them the compute stream is captured (the fetch stream joins the capture
+ * through the fork and join events of cuda_fetch_begin/end), so the step's
+ * launches and copies are recorded, not run; step_end turns the recording
+ * into the executable graph and launches it: one launch a step. The graph
+ * is recorded again each step (positions, row counts and grids are the
+ * kernels' by-value arguments, and they change) and applied to the graph
+ * of the step before with cudaGraphExecUpdate, which keeps the
+ * instantiation when the topology is the same; when it is not (another
+ * batch size, a fallback path, other split counts) the graph is
+ * instantiated anew (the llama.cpp way).
+ *
+ * What cannot be captured (a host wait, an allocation or free, a copy
+ * with pageable memory, a stream query: cuda_call_breaks, and the ops that
+ * do those: cu_alloc, cu_free, host_alloc, cu_host_free, cu_upload,
+ * cu_download, cu_sync, cu_span_enable) breaks the capture: what was
+ * recorded so far is launched as a graph of its own and the rest of the
+ * step runs eagerly, in the same order, so a step is never wrong, only
+ * slower (the first step of a sequence, whose buffers and scratch are
+ * made then, usually breaks). No capture while spans are on (their events
+ * are read by the host) or under SKV_CUDA_SYNC=1, and none with
+ * SKV_CUDA_GRAPH=0 in the environment (or cu_graph_set(0)). */
+int cuda_graph_capturing;
+static struct {
+    int on;                 /* -1: SKV_CUDA_GRAPH not read yet */
+    cudaGraphExec_t exec;   /* the last whole step's graph, updated in place */
+    cu_graph_stats st;
+} g_graph = {-1, NULL, {0, 0, 0, 0}};
+
+int cu_graph_set(int on) {
+    int was = g_graph.on;
+    g_graph.on = on;
+    return was;
+}
+
+void cu_graph_stats_get(cu_graph_stats *out) { *out = g_graph.st; }
+
+/* Ends the capture on the compute stream, after joining the fetch stream's
+ * last gather into it (a forked stream must join before the end). */
+static cudaGraph_t capture_end(void) {
+    cuda_ctx *c = cuda_get();
+    cuda_graph_capturing = 0;
+    cuda_after_fetch();
+    cudaGraph_t g = NULL;
+    CK(cudaStreamEndCapture(c->compute, &g));
+    return g;
+}
+
+void cuda_graph_break(void) {
+    if (!cuda_graph_capturing) return;
+    cudaGraph_t g = capture_end();
+    cudaGraphExec_t x;
+    CK(cudaGraphInstantiate(&x, g, 0));
+    CK(cudaGraphLaunch(x, cuda_get()->compute));
+    CK(cudaGraphExecDestroy(x)); /* (freed once the launch is done) */
+    CK(cudaGraphDestroy(g));
+    g_graph.st.breaks++;
+}
+
+void cu_step_begin(void) {
+    if (g_graph.on < 0) {
+        const char *v = getenv("SKV_CUDA_GRAPH");
+        g_graph.on = !(v && v[0] == '0');
+    }
+    if (g_sync_each < 0) {
+        const char *v = getenv("SKV_CUDA_SYNC");
+        g_sync_each = v && *v == '1';
+    }
+    if (!g_graph.on || g_sync_each || g_spans_on || cuda_graph_capturing) return;
+    cuda_ctx *c = cuda_get();
+    cuda_after_fetch(); /* a gather queued before the step: joined outside the capture */
+    /* relaxed: a call the capture cannot take breaks it first, whatever the mode */
+    CK(cudaStreamBeginCapture(c->compute, cudaStreamCaptureModeRelaxed));
+    cuda_graph_capturing = 1;
+}
+
+void cu_step_end(void) {
+    if (!cuda_graph_capturing) return; /* eager, or broken */
+    cuda_ctx *c = cuda_get();
+    cudaGraph_t g = capture_end();
+    if (g_graph.exec) {
+        cudaGraphExecUpdateResultInfo info;
+        if (cudaGraphExecUpdate(g_graph.exec, g, &info) == cudaSuccess) {
+            g_graph.st.updates++;
+        } else { /* the topology changed: a new instantiation */
+            cudaGetLastError();
+            CK(cudaGraphExecDestroy(g_graph.exec));
+            g_graph.exec = NULL;
+        }
+    }
+    if (!g_graph.exec) {
+        CK(cudaGraphInstantiate(&g_graph.exec, g, 0));
+        g_graph.st.instantiations++;
+    }
+    CK(cudaGraphLaunch(g_graph.exec, c->compute));
+    CK(cudaGraphDestroy(g));
+    g_graph.st.steps++;
 }
 
 /* Scratch is kept for the process: a block given back goes to a pool by
@@ -304,6 +406,7 @@ static void pool_at_exit(void) {
 /* 1 when stream s has work queued that has not finished (a query, not a
  * wait: the simulator does not count it as a host sync). */
 static int stream_busy(cudaStream_t s) {
+    cuda_graph_break(); /* a capturing stream cannot be queried */
     cudaError_t e = cudaStreamQuery(s);
     if (e == cudaErrorNotReady) {
         cudaGetLastError(); /* not an error: clear it */
@@ -335,6 +438,7 @@ static void host_release(int wait) {
 }
 
 void *cu_alloc(size_t bytes) {
+    cuda_graph_break();
     host_release(0);
     size_t n = bytes ? bytes : 16;
     cudaStream_t st = cuda_after_fetch();
@@ -358,6 +462,7 @@ void *cu_alloc(size_t bytes) {
 }
 
 void cu_free(void *p) {
+    cuda_graph_break();
     host_release(0);
     if (!p) return;
     /* after the work queued on both streams: the compute stream first waits
@@ -368,12 +473,14 @@ void cu_free(void *p) {
 /* Synchronous by contract: the host's buffer is free (upload) or filled
  * (download) on return. */
 void cu_upload(void *dst, const void *host_src, size_t bytes) {
+    cuda_graph_break(); /* (host_src may be pageable) */
     CK(cudaMemcpyAsync(dst, host_src, bytes, cudaMemcpyHostToDevice, cuda_after_fetch()));
     CK(cudaStreamSynchronize(cuda_get()->compute));
     stage_drained();
 }
 
 void cu_download(void *host_dst, const void *src, size_t bytes) {
+    cuda_graph_break();
     CK(cudaMemcpyAsync(host_dst, src, bytes, cudaMemcpyDeviceToHost, cuda_after_fetch()));
     CK(cudaStreamSynchronize(cuda_get()->compute));
     stage_drained();
@@ -394,6 +501,7 @@ void cu_copy2d(void *dst, size_t dpitch, const void *src, size_t spitch, size_t 
 }
 
 static void *host_alloc(size_t bytes, int zero) {
+    cuda_graph_break();
     size_t n = bytes ? bytes : 16;
     cuda_get();
     host_release(0); /* pinned blocks held back by frees, if nothing queued reads them now */
@@ -431,6 +539,7 @@ void *cu_host_alloc_raw(size_t bytes) { return host_alloc(bytes, 0); }
 
 void cu_host_free(void *p) {
     if (!p) return;
+    cuda_graph_break();
     size_t held;
     {
         std::lock_guard<std::mutex> lock(g_held_mu);
@@ -495,6 +604,7 @@ void cu_span_tag(int layer, int step) {
 
 void cu_span_enable(int on) {
     if (on && !g_tl.on) {
+        cuda_graph_break();
         cuda_ctx *c = cuda_get();
         if (!g_tl.base) CK(cudaEventCreate(&g_tl.base));
         CK(cudaStreamSynchronize(c->compute));
@@ -503,6 +613,7 @@ void cu_span_enable(int on) {
         g_tl.base_host = skv_now();
     }
     g_tl.on = on;
+    g_spans_on = on;
 }
 
 int cu_span_drain(skv_span *out, int max) {
@@ -535,6 +646,7 @@ int cu_span_drain(skv_span *out, int max) {
  * after its last join (a timeline span's closing event, while spans are
  * on). No wait at all when both are idle already: a query is not a sync. */
 void cu_sync(void) {
+    cuda_graph_break();
     cuda_ctx *c = cuda_get();
     cudaStream_t st = cuda_after_fetch();
     /* spans on: the fetch stream first, so that its spans' closing events

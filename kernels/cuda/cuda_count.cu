@@ -1,7 +1,8 @@
 /* cuda_count.cu: what a decode step costs the host, counted by the backend
  * itself (SKV_CUDA_COUNT=1 in the environment; otherwise one branch a
- * launch): kernel launches (SKV_LAUNCH), cuBLAS/cuSOLVER/CUB calls and
- * graph launches, and the calls the host waits in (cuda_util.h's
+ * launch): kernel launches (SKV_LAUNCH; those a step graph's capture
+ * records apart, as graph nodes), cuBLAS/cuSOLVER/CUB calls and graph
+ * launches, and the calls the host waits in (cuda_util.h's
  * cuda_call_kind), per decode step, from the engine's step tags
  * (span_tag: step >= 0 in a decode step, -1 in a prefill).
  *
@@ -9,14 +10,19 @@
  * segment; when it ends (a prefill, a step number that starts again, the
  * process's exit) one line goes to stdout, after whatever the run printed:
  *   cuda_count: steps=N layers=L launches_step=X lib_calls_step=Y
- *     graph_launches_step=G syncs_step=S launches_layer=X/L
+ *     graph_launches_step=G graph_nodes_step=K syncs_step=S
+ *     launches_layer=(X+K)/L
  * each the median over the N steps (the first and the last can carry
- * one-off work: the first allocations, the forks of the next batch). On
- * the CUDA simulator (tests/cusim) the line adds the simulator's own
- * counts of the same steps (sim_launches_step, sim_lib_calls_step,
- * sim_syncs_step: its host syncs count blocking copies too), so a test can
- * hold the two counts side by side. tests/gpu/run.sh reads these lines into
- * gpu-check's summary. */
+ * one-off work: the first allocations, the forks of the next batch).
+ * launches_step counts the kernels launched one by one (0 when the step
+ * runs as a graph), graph_nodes_step the kernels recorded into the step's
+ * graph, and launches_layer the kernels a layer either way (issue 45's
+ * budget, before graph capture). On the CUDA simulator (tests/cusim) the
+ * line adds the simulator's own counts of the same steps
+ * (sim_launches_step, sim_lib_calls_step, sim_graph_launches_step,
+ * sim_graph_nodes_step, sim_syncs_step: its host syncs count blocking
+ * copies too), so a test can hold the two counts side by side.
+ * tests/gpu/run.sh reads these lines into gpu-check's summary. */
 #include "cuda_util.h"
 
 #include <algorithm>
@@ -37,7 +43,7 @@ static int count_env(void) {
 }
 int cuda_count_on = count_env();
 
-enum { C_LAUNCH, C_LIB, C_GRAPH, C_SYNC, C_SIM_LAUNCH, C_SIM_LIB, C_SIM_SYNC, C_N };
+enum { C_LAUNCH, C_LIB, C_GRAPH, C_SYNC, C_NODE, C_SIM_LAUNCH, C_SIM_LIB, C_SIM_SYNC, C_SIM_GRAPH, C_SIM_NODE, C_N };
 
 static std::mutex g_mu;
 static unsigned long long g_now[C_N];      /* counts since the current step began */
@@ -55,7 +61,7 @@ void cuda_count_call(int kind) {
 
 void cuda_count_launch(void) {
     std::lock_guard<std::mutex> lock(g_mu);
-    g_now[C_LAUNCH]++;
+    g_now[cuda_graph_capturing ? C_NODE : C_LAUNCH]++;
 }
 
 /* Ends the current step: its counts join the segment's (a decode step's
@@ -67,6 +73,8 @@ static void step_close(void) {
     g_now[C_SIM_LAUNCH] = c.launches - g_sim0.launches;
     g_now[C_SIM_LIB] = c.lib_calls - g_sim0.lib_calls;
     g_now[C_SIM_SYNC] = c.host_syncs - g_sim0.host_syncs;
+    g_now[C_SIM_GRAPH] = c.graph_launches - g_sim0.graph_launches;
+    g_now[C_SIM_NODE] = c.captured_kernels - g_sim0.captured_kernels;
     g_sim0 = c; /* (a test's counter reset between steps gives garbage for that step: medians absorb one) */
 #endif
     if (g_step >= 0) g_steps.push_back(std::vector<unsigned long long>(g_now, g_now + C_N));
@@ -83,14 +91,15 @@ static unsigned long long median(int what) {
 /* Prints the segment's line (when it has a step) and starts a new one. */
 static void segment_close(void) {
     if (!g_steps.empty()) {
-        unsigned long long l = median(C_LAUNCH);
+        unsigned long long l = median(C_LAUNCH), k = median(C_NODE);
         int layers = g_layers > 0 ? g_layers : 1;
         printf("cuda_count: steps=%zu layers=%d launches_step=%llu lib_calls_step=%llu graph_launches_step=%llu "
-               "syncs_step=%llu launches_layer=%.1f",
-               g_steps.size(), layers, l, median(C_LIB), median(C_GRAPH), median(C_SYNC), (double)l / layers);
+               "graph_nodes_step=%llu syncs_step=%llu launches_layer=%.1f",
+               g_steps.size(), layers, l, median(C_LIB), median(C_GRAPH), k, median(C_SYNC), (double)(l + k) / layers);
 #ifndef __CUDACC__
-        printf(" sim_launches_step=%llu sim_lib_calls_step=%llu sim_syncs_step=%llu", median(C_SIM_LAUNCH),
-               median(C_SIM_LIB), median(C_SIM_SYNC));
+        printf(" sim_launches_step=%llu sim_lib_calls_step=%llu sim_graph_launches_step=%llu sim_graph_nodes_step=%llu "
+               "sim_syncs_step=%llu", median(C_SIM_LAUNCH), median(C_SIM_LIB), median(C_SIM_GRAPH), median(C_SIM_NODE),
+               median(C_SIM_SYNC));
 #endif
         printf("\n");
         fflush(stdout);

@@ -28,6 +28,19 @@ void cu_sync(void);
 void cu_span_tag(int layer, int step);
 void cu_span_enable(int on);
 int cu_span_drain(skv_span *out, int max);
+void cu_step_begin(void);
+void cu_step_end(void);
+/* The decode step's graphs (backend_cuda.cu): on (default; SKV_CUDA_GRAPH=0
+ * in the environment turns them off) or off from the next step; returns the
+ * setting before (-1: not read yet). For tests and comparisons. */
+int cu_graph_set(int on);
+/* What the step graphs did since the process began: steps launched as one
+ * graph, of them the ones whose graph was updated in place or instantiated
+ * anew, and the steps a call that cannot be captured broke. */
+typedef struct {
+    unsigned long long steps, updates, instantiations, breaks;
+} cu_graph_stats;
+void cu_graph_stats_get(cu_graph_stats *out);
 /* ops_forward.cu */
 void cu_matmul(enum ggml_type t, const void *W, int rows, int cols, const float *x, int n, float *y,
                skv_workspace *ws);
@@ -71,21 +84,21 @@ int cu_attend_decode_batch_h(const skv_kv_seq *seq, int n, int n_heads, int n_kv
 int cu_svd(const float *K, int s, int n, int r, float *U, float *SVt, float *Vt, float *sv, float *rel_err);
 void cu_landmarks(const float *K, int stride, int d, int c, int n_chunks, float *lm);
 void cu_cos_min(const float *K, int stride, int d, int c, int n_chunks, const float *lm, float *cos_min);
-void cu_score(const float *q, int nq, size_t q_stride, int group, int d, const float *lm, int n_lm, float scale,
+void cu_score(const float *q, int nq, size_t q_stride, int group, int d, const uint16_t *lm, int n_lm, float scale,
               float *tmp, float *score);
 int cu_topk(const float *score, int n, int k, int *idx);
-void cu_gather(const float *src, int rows, int cols, const int *src_idx, int n, float *dst, const size_t *dst_off,
+void cu_gather(const uint16_t *src, int rows, int cols, const int *src_idx, int n, float *dst, const size_t *dst_off,
                int dst_stride);
-void cu_round_h(float *x, size_t n);
+void cu_pack_h(const float *x, size_t n, uint16_t *y, int elt);
 void cu_sk_gather_chunks(const float *src, size_t src_row, size_t src_head, const int *cand, int h, int n_cand,
-                         int rows, int d, float *dst, size_t dst_head);
-void cu_rebuild(const float *U, int r, const float *svt, int d, int t0, int n, const rope_ctx *rope, const float *cs,
+                         int rows, int d, void *dst, size_t dst_head, int dst_elt);
+void cu_rebuild(const uint16_t *U, int r, const float *svt, int d, int t0, int n, const rope_ctx *rope, const float *cs,
                 const float *sn, float *out);
 void cu_sk_books(int h, int k, int n_cand, const int *sel, int *slot_id, int *where, unsigned *stamp, unsigned *epoch,
                  int *slot_of, int *miss, int *n_miss);
-void cu_sk_gather_misses(const float *store, int c, int d, int h, int k, int n_cand, size_t blk0, const int *sel,
+void cu_sk_gather_misses(const uint16_t *store, int c, int d, int h, int k, int n_cand, size_t blk0, const int *sel,
                          const int *slot_of, const int *miss, const int *n_miss, float *const *V, int row_slot);
-void cu_sk_rebuild_misses(const float *U, int r, const float *SVt, int d, int c, int h, int k, int n_cand,
+void cu_sk_rebuild_misses(const uint16_t *U, int r, const float *SVt, int d, int c, int h, int k, int n_cand,
                           const int *cand, const int *sel, const int *slot_of, const int *miss, const int *n_miss,
                           const rope_ctx *rope, const float *cs, const float *sn, float *const *K, int row_slot);
 void cu_project(const float *Vt, int r, int n, const float *x, float *y, float *coef);

@@ -63,13 +63,31 @@ void cuda_count_launch(void);
 void cuda_count_tag(int layer, int step);
 #define CUDA_COUNT(call) do { constexpr int k_ = cuda_call_kind(#call); if (k_ && cuda_count_on) cuda_count_call(k_); } while (0)
 
+/* A call that cannot be part of a captured decode step (backend_cuda.cu's
+ * step graphs), from its text: one the host waits in (CUDA_CALL_SYNC), an
+ * allocation or free outside stream order or a stream-ordered one (graph
+ * memory nodes are not used), a stream or event query, and the library
+ * calls that return a result to the host (cuSOLVER's, the norms). */
+static constexpr int cuda_call_breaks(const char *s) {
+    return cuda_call_kind(s) == CUDA_CALL_SYNC || cuda_call_is(s, "cudaMalloc", 0) ||
+           cuda_call_is(s, "cudaFreeAsync", 1) || cuda_call_is(s, "cudaHostAlloc", 1) ||
+           cuda_call_is(s, "cudaStreamQuery", 1) || cuda_call_is(s, "cudaEventQuery", 1) ||
+           cuda_call_is(s, "cudaEventElapsedTime", 1) || cuda_call_is(s, "cusolver", 0) || cuda_call_has(s, "nrm2");
+}
+/* While a decode step is being captured (cuda_graph_capturing), such a call
+ * first ends the capture and launches what it recorded
+ * (cuda_graph_break); the rest of the step runs eagerly. */
+extern int cuda_graph_capturing;
+void cuda_graph_break(void);
+#define CUDA_GRAPH_GUARD(call) do { constexpr int b_ = cuda_call_breaks(#call); if (b_ && cuda_graph_capturing) cuda_graph_break(); } while (0)
+
 /* Aborts with the file and line when a CUDA, cuBLAS or cuSOLVER call fails:
  * a device fault mid-run is a broken invariant (allocation failures are
  * reported by the ops that can return them). */
 void cuda_fail(const char *what, const char *msg, const char *file, int line) __attribute__((noreturn));
-#define CK(call) do { CUDA_COUNT(call); cudaError_t e_ = (call); if (e_ != cudaSuccess) cuda_fail(#call, cudaGetErrorString(e_), __FILE__, __LINE__); } while (0)
-#define CKB(call) do { CUDA_COUNT(call); cublasStatus_t e_ = (call); if (e_ != CUBLAS_STATUS_SUCCESS) cuda_fail(#call, cublasGetStatusString(e_), __FILE__, __LINE__); } while (0)
-#define CKS(call) do { CUDA_COUNT(call); cusolverStatus_t e_ = (call); if (e_ != CUSOLVER_STATUS_SUCCESS) cuda_fail(#call, "cuSOLVER error", __FILE__, __LINE__); } while (0)
+#define CK(call) do { CUDA_COUNT(call); CUDA_GRAPH_GUARD(call); cudaError_t e_ = (call); if (e_ != cudaSuccess) cuda_fail(#call, cudaGetErrorString(e_), __FILE__, __LINE__); } while (0)
+#define CKB(call) do { CUDA_COUNT(call); CUDA_GRAPH_GUARD(call); cublasStatus_t e_ = (call); if (e_ != CUBLAS_STATUS_SUCCESS) cuda_fail(#call, cublasGetStatusString(e_), __FILE__, __LINE__); } while (0)
+#define CKS(call) do { CUDA_COUNT(call); CUDA_GRAPH_GUARD(call); cusolverStatus_t e_ = (call); if (e_ != CUSOLVER_STATUS_SUCCESS) cuda_fail(#call, "cuSOLVER error", __FILE__, __LINE__); } while (0)
 /* After a launch: its configuration error, if any; with SKV_CUDA_SYNC=1 in
  * the environment also a device sync, so that a fault inside the kernel is
  * reported here, naming it (the last SKV_LAUNCH), not at a later op. */

@@ -10,7 +10,8 @@
  *   launch over (part of the rows, KV head, sequence) with 16-byte loads and
  *   the parts merged by the last to finish (below); kv_store_batch stores a
  *   batch's rows in one launch;
- * - attend_causal: a prefill on tensor cores (flash attention, WMMA bf16, below);
+ * - attend_causal: a prefill on tensor cores (flash attention on mma.sync
+ *   m16n8k16, a block per (tile of (query, head) rows, KV head), below);
  *   a few queries (a block per (query, head) over the causal prefix) in f32.
  * The CPU twins are kernels/cpu/backend_cpu.c's ops of the same names. */
 #include "cuda_util.h"
@@ -648,142 +649,272 @@ __global__ void k_attend_causal(const float *q, int pos, int n_heads, int grp, i
 
 /* ---- prefill on tensor cores: flash attention ------------------------------
  *
- * Block (query tile, head): FL_BM queries of one head against key tiles of
- * FL_BN rows up to the tile's last position (causal), on WMMA bf16 16x16x16
- * fragments with f32 accumulation. Per key tile: S = Q Kᵀ (each of the 4
- * warps owns 16 query rows), the online softmax per row in f32 (a warp a
- * row at a time: running max m, sum l, and the factor the output rows are
- * rescaled by), then O = O·f + P V with O kept in shared memory as f32 (the
- * accumulator fragments are loaded from and stored back to it, so the
- * per-row rescale is a plain multiply). GQA: head h reads KV head h / grp's
- * rows in place (no repeated K/V). Q, K and V are rounded to bf16 as they
- * are staged, P is rounded to bf16 for the P V product: the CPU twin's
- * result within bf16 bounds (tests/gpu/test_cuda_ops.c). */
-#include <mma.h>
-#include <cuda_bf16.h>
+ * Block (row tile, KV head): the rows of a tile are (query, head of the GQA
+ * group) pairs, row R = query R / grp of query head kh·grp + R % grp, FA_ROWS
+ * of them (so one staging of a key tile serves the whole group; a group that
+ * does not divide the tile just splits a query's heads over two blocks), each
+ * masked causally by its own position pos + R / grp. Key tiles of FA_BN rows
+ * up to the tile's last position, K and V staged once per tile for the
+ * group in shared memory in rows padded by FA_PAD elements (the fragment
+ * loads below are then free of bank conflicts), double-buffered: a half
+ * cache (--f16-kv) is copied with cp.async (the next tile's copies in flight
+ * while this one is computed); an f32 cache is loaded and rounded to bf16.
+ *
+ * Each of the FA_WARPS warps owns 16 rows. Its Q fragments (scaled by the
+ * softmax scale, rounded to the operand type) and its O accumulator (16 x
+ * D, f32) stay in registers for the whole launch, in mma_util.h's m16n8k16
+ * fragment layout: lane (g, t) holds rows g and g+8. Per key tile: S = Q Kᵀ
+ * (FA_BN/8 accumulator tiles), the causal mask, the online softmax in the
+ * log2 domain (the row max over the 4 lanes of a row by two shuffles; each
+ * lane rescales its own rows of O and keeps a partial row sum, summed over
+ * the 4 lanes at the end), then O += P V with P's fragments taken straight
+ * from S's accumulators (mma_util.h), B fragments of V by 16-bit loads.
+ *
+ * Shared memory: 2 x 2 x FA_BN x (D + FA_PAD) x 2 bytes: 20 KiB at D = 32,
+ * 36 KiB at 64, 68 KiB at 128 (past 48 KiB: the launch sets the attribute).
+ * Bank conflicts: a row is (D + 8) / 2 words, 4 mod 32 (or 20 at D = 32), so
+ * the 32-bit K loads of lane (g, t) at word g·(D + 8)/2 + t hit 32 distinct
+ * banks, and the 16-bit V loads (rows 2t, 2t+1, column g) 16 distinct words.
+ *
+ * Rounding, which the CPU twin's test bounds assume (tests/gpu/test_cuda_ops.c,
+ * t_flash_prefill): an f32 cache: Q·scale, K, V and P rounded to bf16 (rel L2
+ * 2e-2); a half cache: K and V exact, Q·scale and P rounded to f16 (2e-3);
+ * products and sums in f32, the row sum of the unrounded P. */
+#include <cuda_pipeline.h>
+#include "mma_util.h"
 
-#define FL_BM 64
-#define FL_BN 64
-#define FL_WARPS 4
-#define FL_DMAX 128
+#define FA_ROWS 64  /* (query, head) rows a block: 16 a warp */
+#define FA_BN 64    /* keys a tile */
+#define FA_WARPS 4
+#define FA_PAD 8    /* elements after each shared row: 16 bytes, rows stay 16-byte aligned */
 
-static size_t flash_smem(int d) {
-    return sizeof(__nv_bfloat16) * ((size_t)FL_BM * d + 2 * (size_t)FL_BN * d + (size_t)FL_BM * FL_BN) +
-           sizeof(float) * ((size_t)FL_BM * FL_BN + (size_t)FL_BM * d + 3 * FL_BM);
+/* The tiles' shared memory: K and V, two buffers each, FA_BN rows of d +
+ * FA_PAD 2-byte elements. */
+static size_t flash_smem(int d) { return sizeof(uint16_t) * 2 * 2 * FA_BN * (size_t)(d + FA_PAD); }
+
+/* Aligned pairs and quads: 8- and 16-byte loads and stores (vector types
+ * of CUDA's own that the simulator does not have). */
+struct __align__(8) fa_f2 {
+    float x, y;
+};
+struct __align__(16) fa_f4 {
+    float x, y, z, w;
+};
+struct __align__(8) fa_u2 {
+    uint32_t x, y;
+};
+
+/* The mma operand type for a cache element type: bf16 for f32, f16 for half. */
+template <typename T>
+struct fa_op {
+    typedef __nv_bfloat16 type;
+};
+template <>
+struct fa_op<__half> {
+    typedef __half type;
+};
+
+/* Stages keys [t0, t0 + nk) of K and V into Kd, Vd ((FA_BN, D + FA_PAD)
+ * each), zeros past nk: a half cache by cp.async (landing at the caller's
+ * wait), an f32 cache rounded to bf16 here. */
+template <typename T, int D>
+__device__ __forceinline__ void fa_stage(uint16_t *Kd, uint16_t *Vd, const T *Kh, const T *Vh, int t0, int nk,
+                                         int stride, int tid) {
+    constexpr int LD = D + FA_PAD;
+    if constexpr (sizeof(T) == 2) {
+        constexpr int C = D / 8; /* 16-byte chunks a row */
+        for (int x = tid; x < FA_BN * C; x += FA_WARPS * 32) {
+            int r = x / C, c = (x % C) * 8;
+            uint16_t *kd = Kd + r * LD + c, *vd = Vd + r * LD + c;
+            if (r < nk) {
+                size_t off = (size_t)(t0 + r) * stride + c;
+                __pipeline_memcpy_async(kd, Kh + off, 16);
+                __pipeline_memcpy_async(vd, Vh + off, 16);
+            } else { /* zeros (zfill: nothing read) */
+                __pipeline_memcpy_async(kd, Kh, 16, 16);
+                __pipeline_memcpy_async(vd, Vh, 16, 16);
+            }
+        }
+    } else {
+        constexpr int C = D / 4; /* 4 floats a load */
+        for (int x = tid; x < FA_BN * C; x += FA_WARPS * 32) {
+            int r = x / C, c = (x % C) * 4;
+            fa_u2 kw = {0, 0}, vw = {0, 0};
+            if (r < nk) {
+                size_t off = (size_t)(t0 + r) * stride + c;
+                fa_f4 k4 = *(const fa_f4 *)(Kh + off), v4 = *(const fa_f4 *)(Vh + off);
+                kw = fa_u2{mma_pack<__nv_bfloat16>(k4.x, k4.y), mma_pack<__nv_bfloat16>(k4.z, k4.w)};
+                vw = fa_u2{mma_pack<__nv_bfloat16>(v4.x, v4.y), mma_pack<__nv_bfloat16>(v4.z, v4.w)};
+            }
+            *(fa_u2 *)(Kd + r * LD + c) = kw;
+            *(fa_u2 *)(Vd + r * LD + c) = vw;
+        }
+    }
 }
 
-template <typename T>
-__global__ void __launch_bounds__(FL_WARPS * 32)
-k_flash_causal(const float *q, int nq, int pos, int n_heads, int grp, int d, const T *K, const T *V,
-               int stride, size_t head_stride, float scale, float *out) {
-    using namespace nvcuda;
-    SKV_DYN_SHARED(unsigned char, smem);
-    __nv_bfloat16 *Qs = (__nv_bfloat16 *)smem;           /* (BM, d) */
-    __nv_bfloat16 *Ks = Qs + (size_t)FL_BM * d;          /* (BN, d) */
-    __nv_bfloat16 *Vs = Ks + (size_t)FL_BN * d;          /* (BN, d) */
-    __nv_bfloat16 *Ps = Vs + (size_t)FL_BN * d;          /* (BM, BN) */
-    float *Ss = (float *)(Ps + (size_t)FL_BM * FL_BN);   /* (BM, BN) */
-    float *Os = Ss + (size_t)FL_BM * FL_BN;              /* (BM, d) */
-    float *Ms = Os + (size_t)FL_BM * d, *Ls = Ms + FL_BM, *Fs = Ls + FL_BM;
-    int i0 = blockIdx.x * FL_BM, h = blockIdx.y, kh = h / grp;
-    int tid = threadIdx.x, warp = tid / 32, lane = tid % 32, nt = FL_WARPS * 32;
-    int rows_q = nq - i0 < FL_BM ? nq - i0 : FL_BM;
+/* The kernel's configuration, one template parameter (SKV_LAUNCH is a macro). */
+template <typename T_, int D_>
+struct fa_cfg {
+    typedef T_ T;
+    static constexpr int D = D_;
+};
+
+template <typename C>
+__global__ void __launch_bounds__(FA_WARPS * 32)
+k_flash_gqa(const float *q, int nq, int pos, int n_heads, int grp, const typename C::T *K, const typename C::T *V,
+            int stride, size_t head_stride, float scale, float *out) {
+    typedef typename C::T T;
+    constexpr int D = C::D;
+    typedef typename fa_op<T>::type OpT;
+    constexpr int LD = D + FA_PAD, KS = D / 16, NT = FA_BN / 8, DT = D / 8;
+    constexpr float LOG2E = 1.4426950408889634f;
+    SKV_DYN_SHARED(uint16_t, smem);
+    uint16_t *Ks = smem;                      /* (2, FA_BN, LD) */
+    uint16_t *Vs = smem + 2 * FA_BN * LD;     /* (2, FA_BN, LD) */
+    int kh = blockIdx.y, tid = threadIdx.x, warp = tid / 32, lane = tid % 32, g = lane >> 2, t4 = lane & 3;
+    int nrows = nq * grp, r0 = (int)blockIdx.x * FA_ROWS;
     const T *Kh = K + (size_t)kh * head_stride, *Vh = V + (size_t)kh * head_stride;
-    for (int x = tid; x < FL_BM * d; x += nt) {
-        int r = x / d, e = x % d;
-        Qs[x] = __float2bfloat16(r < rows_q ? q[((size_t)(i0 + r) * n_heads + h) * d + e] : 0.0f);
-        Os[x] = 0.0f;
+
+    /* this lane's rows g and g+8 of the warp's 16: position, or -1 past the end */
+    int Ra = r0 + warp * 16 + g, Rb = Ra + 8;
+    int pa = Ra < nrows ? pos + Ra / grp : -1, pb = Rb < nrows ? pos + Rb / grp : -1;
+    size_t oa = Ra < nrows ? ((size_t)(Ra / grp) * n_heads + (size_t)kh * grp + Ra % grp) * D : 0;
+    size_t ob = Rb < nrows ? ((size_t)(Rb / grp) * n_heads + (size_t)kh * grp + Rb % grp) * D : 0;
+    int wlast = r0 + warp * 16 + 15 < nrows ? r0 + warp * 16 + 15 : nrows - 1;
+    int wmax = r0 + warp * 16 < nrows ? pos + wlast / grp : -1; /* the warp's last position */
+    int blast = r0 + FA_ROWS < nrows ? r0 + FA_ROWS - 1 : nrows - 1;
+    int nkeys = pos + blast / grp + 1; /* keys some row of the block sees */
+
+    uint32_t qf[KS][4];
+    for (int ks = 0; ks < KS; ks++) {
+        int c = ks * 16 + 2 * t4;
+        fa_f2 a0 = pa >= 0 ? *(const fa_f2 *)(q + oa + c) : fa_f2{0, 0};
+        fa_f2 a1 = pa >= 0 ? *(const fa_f2 *)(q + oa + c + 8) : fa_f2{0, 0};
+        fa_f2 b0 = pb >= 0 ? *(const fa_f2 *)(q + ob + c) : fa_f2{0, 0};
+        fa_f2 b1 = pb >= 0 ? *(const fa_f2 *)(q + ob + c + 8) : fa_f2{0, 0};
+        qf[ks][0] = mma_pack<OpT>(a0.x * scale, a0.y * scale);
+        qf[ks][1] = mma_pack<OpT>(b0.x * scale, b0.y * scale);
+        qf[ks][2] = mma_pack<OpT>(a1.x * scale, a1.y * scale);
+        qf[ks][3] = mma_pack<OpT>(b1.x * scale, b1.y * scale);
     }
-    for (int r = tid; r < FL_BM; r += nt) {
-        Ms[r] = -INFINITY;
-        Ls[r] = 0.0f;
-    }
-    int last = pos + i0 + rows_q; /* rows [0, last) are seen by some query of the tile */
-    for (int t0 = 0; t0 < last; t0 += FL_BN) {
-        int nk = last - t0 < FL_BN ? last - t0 : FL_BN;
+    float o[DT][4];
+    for (int j = 0; j < DT; j++) o[j][0] = o[j][1] = o[j][2] = o[j][3] = 0.0f;
+    float ma = -INFINITY, mb = -INFINITY, la = 0.0f, lb = 0.0f;
+
+    int ntiles = (nkeys + FA_BN - 1) / FA_BN;
+    fa_stage<T, D>(Ks, Vs, Kh, Vh, 0, nkeys < FA_BN ? nkeys : FA_BN, stride, tid);
+    if constexpr (sizeof(T) == 2) __pipeline_commit();
+    for (int it = 0; it < ntiles; it++) {
+        int cur = it & 1, t0 = it * FA_BN;
+        if (it + 1 < ntiles) {
+            int t1 = t0 + FA_BN, n1 = nkeys - t1 < FA_BN ? nkeys - t1 : FA_BN;
+            fa_stage<T, D>(Ks + (cur ^ 1) * FA_BN * LD, Vs + (cur ^ 1) * FA_BN * LD, Kh, Vh, t1, n1, stride, tid);
+            if constexpr (sizeof(T) == 2) {
+                __pipeline_commit();
+                __pipeline_wait_prior(1); /* this tile's copies landed; the next one's in flight */
+            }
+        } else if constexpr (sizeof(T) == 2) {
+            __pipeline_wait_prior(0);
+        }
         __syncthreads();
-        for (int x = tid; x < FL_BN * d; x += nt) {
-            int r = x / d, e = x % d;
-            size_t off = (size_t)(t0 + r) * stride + e;
-            Ks[x] = __float2bfloat16(r < nk ? ld(Kh + off) : 0.0f);
-            Vs[x] = __float2bfloat16(r < nk ? ld(Vh + off) : 0.0f);
-        }
-        __syncthreads();
-        /* S = Q Kᵀ: warp w, query rows [16w, 16w+16) against the BN keys */
-        for (int c = 0; c < FL_BN / 16; c++) {
-            wmma::fragment<wmma::accumulator, 16, 16, 16, float> acc;
-            wmma::fill_fragment(acc, 0.0f);
-            for (int k = 0; k < d; k += 16) {
-                wmma::fragment<wmma::matrix_a, 16, 16, 16, __nv_bfloat16, wmma::row_major> a;
-                wmma::fragment<wmma::matrix_b, 16, 16, 16, __nv_bfloat16, wmma::col_major> b;
-                wmma::load_matrix_sync(a, Qs + (size_t)warp * 16 * d + k, d);
-                wmma::load_matrix_sync(b, Ks + (size_t)c * 16 * d + k, d);
-                wmma::mma_sync(acc, a, b, acc);
+        if (t0 <= wmax) { /* a warp whose rows all precede the tile skips it (warp-uniform) */
+            const uint16_t *Kt = Ks + cur * FA_BN * LD, *Vt = Vs + cur * FA_BN * LD;
+            float s[NT][4];
+            for (int j = 0; j < NT; j++) s[j][0] = s[j][1] = s[j][2] = s[j][3] = 0.0f;
+            for (int ks = 0; ks < KS; ks++)
+                for (int j = 0; j < NT; j++) {
+                    /* B (dims × keys): rows 2t, 2t+1 (+8) of column g = key j·8 + g's dims */
+                    const uint16_t *kr = Kt + (j * 8 + g) * LD + ks * 16 + 2 * t4;
+                    uint32_t b[2] = {*(const uint32_t *)kr, *(const uint32_t *)(kr + 8)};
+                    mma_16816<OpT>(s[j], qf[ks], b);
+                }
+            /* mask, row max (log2 domain) over the quad's 4 lanes */
+            float xa = -INFINITY, xb = -INFINITY;
+            for (int j = 0; j < NT; j++)
+                for (int e = 0; e < 4; e++) {
+                    int key = t0 + j * 8 + 2 * t4 + (e & 1), p = e < 2 ? pa : pb;
+                    float v = key <= p ? s[j][e] * LOG2E : -INFINITY;
+                    s[j][e] = v;
+                    if (e < 2) xa = fmaxf(xa, v);
+                    else xb = fmaxf(xb, v);
+                }
+            for (int m = 1; m <= 2; m <<= 1) {
+                xa = fmaxf(xa, __shfl_xor_sync(0xffffffffu, xa, m));
+                xb = fmaxf(xb, __shfl_xor_sync(0xffffffffu, xb, m));
             }
-            wmma::store_matrix_sync(Ss + (size_t)warp * 16 * FL_BN + c * 16, acc, FL_BN, wmma::mem_row_major);
-        }
-        __syncwarp();
-        /* the online softmax of the warp's 16 rows, a row at a time over its 32 lanes */
-        for (int rr = 0; rr < 16; rr++) {
-            int r = warp * 16 + rr, qpos = pos + i0 + r;
-            float v[FL_BN / 32], mx = -INFINITY;
-            for (int u = 0; u < FL_BN / 32; u++) {
-                int j = lane + 32 * u;
-                float x = (r < rows_q && j < nk && t0 + j <= qpos) ? Ss[(size_t)r * FL_BN + j] * scale : -INFINITY;
-                v[u] = x;
-                mx = fmaxf(mx, x);
+            float na = fmaxf(ma, xa), nb = fmaxf(mb, xb);
+            float fa = ma == -INFINITY ? 0.0f : exp2f(ma - na), fb = mb == -INFINITY ? 0.0f : exp2f(mb - nb);
+            ma = na;
+            mb = nb;
+            la *= fa;
+            lb *= fb;
+            for (int j = 0; j < DT; j++) {
+                o[j][0] *= fa;
+                o[j][1] *= fa;
+                o[j][2] *= fb;
+                o[j][3] *= fb;
             }
-            for (int o = 16; o; o >>= 1) mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, o));
-            float m_old = Ms[r], m_new = fmaxf(m_old, mx);
-            float sum = 0.0f;
-            for (int u = 0; u < FL_BN / 32; u++) {
-                float p = m_new == -INFINITY ? 0.0f : __expf(v[u] - m_new);
-                Ps[(size_t)r * FL_BN + lane + 32 * u] = __float2bfloat16(p);
-                sum += p;
-            }
-            for (int o = 16; o; o >>= 1) sum += __shfl_xor_sync(0xffffffffu, sum, o);
-            if (lane == 0) {
-                float f = m_old == -INFINITY ? 0.0f : __expf(m_old - m_new);
-                Fs[r] = f;
-                Ls[r] = Ls[r] * f + sum;
-                Ms[r] = m_new;
+            for (int j = 0; j < NT; j++)
+                for (int e = 0; e < 4; e++) {
+                    float m = e < 2 ? na : nb;
+                    float p = m == -INFINITY ? 0.0f : exp2f(s[j][e] - m);
+                    s[j][e] = p;
+                    if (e < 2) la += p;
+                    else lb += p;
+                }
+            /* O += P V: P's A fragment for keys [16kk, 16kk+16) is S tiles 2kk and 2kk+1 */
+            for (int kk = 0; kk < FA_BN / 16; kk++) {
+                uint32_t a[4] = {mma_pack<OpT>(s[2 * kk][0], s[2 * kk][1]), mma_pack<OpT>(s[2 * kk][2], s[2 * kk][3]),
+                                 mma_pack<OpT>(s[2 * kk + 1][0], s[2 * kk + 1][1]),
+                                 mma_pack<OpT>(s[2 * kk + 1][2], s[2 * kk + 1][3])};
+                const uint16_t *v0 = Vt + (kk * 16 + 2 * t4) * LD + g;
+                for (int j = 0; j < DT; j++) {
+                    /* B (keys × dims): keys 2t, 2t+1 (+8) of dim j·8 + g */
+                    const uint16_t *v = v0 + j * 8;
+                    uint32_t b[2] = {(uint32_t)v[0] | (uint32_t)v[LD] << 16,
+                                     (uint32_t)v[8 * LD] | (uint32_t)v[9 * LD] << 16};
+                    mma_16816<OpT>(o[j], a, b);
+                }
             }
         }
-        __syncwarp();
-        /* O = O f + P V for the warp's rows */
-        for (int x = lane; x < 16 * d; x += 32) {
-            int r = warp * 16 + x / d;
-            Os[(size_t)r * d + x % d] *= Fs[r];
-        }
-        __syncwarp();
-        for (int c = 0; c < d / 16; c++) {
-            wmma::fragment<wmma::accumulator, 16, 16, 16, float> acc;
-            wmma::load_matrix_sync(acc, Os + (size_t)warp * 16 * d + c * 16, d, wmma::mem_row_major);
-            for (int k = 0; k < FL_BN; k += 16) {
-                wmma::fragment<wmma::matrix_a, 16, 16, 16, __nv_bfloat16, wmma::row_major> a;
-                wmma::fragment<wmma::matrix_b, 16, 16, 16, __nv_bfloat16, wmma::row_major> b;
-                wmma::load_matrix_sync(a, Ps + (size_t)warp * 16 * FL_BN + k, FL_BN);
-                wmma::load_matrix_sync(b, Vs + (size_t)k * d + c * 16, d);
-                wmma::mma_sync(acc, a, b, acc);
-            }
-            wmma::store_matrix_sync(Os + (size_t)warp * 16 * d + c * 16, acc, d, wmma::mem_row_major);
-        }
+        __syncthreads(); /* the buffer is free for the tile after next */
     }
-    __syncthreads();
-    for (int x = tid; x < rows_q * d; x += nt) {
-        int r = x / d;
-        float l = Ls[r];
-        out[((size_t)(i0 + r) * n_heads + h) * d + x % d] = l > 0 ? Os[x] / l : 0.0f;
+    for (int m = 1; m <= 2; m <<= 1) {
+        la += __shfl_xor_sync(0xffffffffu, la, m);
+        lb += __shfl_xor_sync(0xffffffffu, lb, m);
+    }
+    float ia = la > 0.0f ? 1.0f / la : 0.0f, ib = lb > 0.0f ? 1.0f / lb : 0.0f;
+    for (int j = 0; j < DT; j++) {
+        int c = j * 8 + 2 * t4;
+        if (pa >= 0) *(fa_f2 *)(out + oa + c) = fa_f2{o[j][0] * ia, o[j][1] * ia};
+        if (pb >= 0) *(fa_f2 *)(out + ob + c) = fa_f2{o[j][2] * ib, o[j][3] * ib};
     }
 }
 
 /* Whether attend_causal takes the tensor-core path: a prefill of at least
- * a fragment's rows, a head dim in whole fragments up to FL_DMAX, and a
- * device whose shared memory holds the tiles. */
-static int flash_ok(int nq, int d) {
+ * a fragment's queries, a head dim of 32, 64 or 128 (the instantiated
+ * kernels; the demo models have 32, Llama 3 128), rows whose 16-byte chunks
+ * are aligned (cp.async, vector loads; q and out 8-byte aligned), and a
+ * device whose shared memory holds the tiles. Other shapes take
+ * k_attend_causal. */
+static int flash_ok(int nq, int d, const float *q, const float *out, const void *K, const void *V, int stride,
+                    size_t head_stride, size_t elt) {
     static int max_smem = -1;
     if (max_smem < 0) CK(cudaDeviceGetAttribute(&max_smem, cudaDevAttrMaxSharedMemoryPerBlockOptin, 0));
-    return nq >= 16 && d % 16 == 0 && d <= FL_DMAX && flash_smem(d) <= (size_t)max_smem;
+    return nq >= 16 && (d == 32 || d == 64 || d == 128) && (uintptr_t)q % 8 == 0 && (uintptr_t)out % 8 == 0 &&
+           (uintptr_t)K % 16 == 0 && (uintptr_t)V % 16 == 0 && (stride * elt) % 16 == 0 &&
+           (head_stride * elt) % 16 == 0 && flash_smem(d) <= (size_t)max_smem;
+}
+
+template <typename T, int D>
+static void flash_launch(const float *q, int nq, int pos, int n_heads, int n_kv_heads, const T *K, const T *V,
+                         int stride, size_t head_stride, float scale, float *out, cudaStream_t st) {
+    size_t sm = flash_smem(D);
+    int grp = n_heads / n_kv_heads;
+    typedef fa_cfg<T, D> C;
+    CK(cudaFuncSetAttribute(k_flash_gqa<C>, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)sm));
+    SKV_LAUNCH(k_flash_gqa<C>, dim3(cuda_blocks((size_t)nq * grp, FA_ROWS), n_kv_heads), FA_WARPS * 32, sm, st)(
+        q, nq, pos, n_heads, grp, K, V, stride, head_stride, scale, out);
 }
 
 template <typename T>
@@ -793,11 +924,10 @@ static void attend_causal_t(const float *q, int nq, int pos, int n_heads, int n_
     cudaStream_t st = cuda_after_fetch();
     cuda_span_mark sp = cuda_span_begin(0);
     float scale = 1.0f / sqrtf((float)d);
-    if (flash_ok(nq, d)) {
-        size_t sm = flash_smem(d);
-        CK(cudaFuncSetAttribute(k_flash_causal<T>, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)sm));
-        SKV_LAUNCH(k_flash_causal<T>, dim3((nq + FL_BM - 1) / FL_BM, n_heads), FL_WARPS * 32, sm, st)(
-            q, nq, pos, n_heads, n_heads / n_kv_heads, d, K, V, stride, head_stride, scale, out);
+    if (flash_ok(nq, d, q, out, K, V, stride, head_stride, sizeof(T))) {
+        if (d == 32) flash_launch<T, 32>(q, nq, pos, n_heads, n_kv_heads, K, V, stride, head_stride, scale, out, st);
+        else if (d == 64) flash_launch<T, 64>(q, nq, pos, n_heads, n_kv_heads, K, V, stride, head_stride, scale, out, st);
+        else flash_launch<T, 128>(q, nq, pos, n_heads, n_kv_heads, K, V, stride, head_stride, scale, out, st);
     } else {
         SKV_LAUNCH(k_attend_causal<T>, dim3(nq, n_heads), THREADS, 0, st)(q, pos, n_heads, n_heads / n_kv_heads, d, K, V,
                                                                   stride, head_stride, scale, out);

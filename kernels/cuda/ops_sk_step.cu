@@ -8,7 +8,7 @@
  * and the books stay in the jobs' buffers (the policy's packs).
  * - append: a block a job copies its new key and value rows, RoPE of its
  *   query heads and its key first when the step does it (rope_new);
- * - logits: a warp a landmark for the job's whole query group;
+ * - logits: a warp a landmark (IEEE half) for the job's whole query group;
  * - select: a block a job, three phases between barriers: each head's
  *   softmax statistics and the group max; a radix select of the k-th key
  *   (4 passes of 8 bits over kmath.h's top-k order), the keys before it
@@ -16,13 +16,16 @@
  *   bitonic sort; the books: hits by lookup, misses ranked by ballot and
  *   prefix sum, free slots likewise, the m-th miss to the m-th free slot
  *   (km_cache_update's rule, in parallel);
- * - fetch: the missed values from pinned, mapped host memory on the fetch
- *   stream, 16-byte loads, four in flight a lane, 16 blocks;
- * - rebuild: a block a miss, the keys U·ΣVᵀ with RoPE;
+ * - fetch: the missed values (bf16) from pinned, mapped host memory on the
+ *   fetch stream, widened to f32, 16-byte loads, four in flight a lane, 16
+ *   blocks;
+ * - rebuild: a block a miss, the keys U·ΣVᵀ with RoPE (U in bf16);
  * - attend: a block a (job, part of the rows), a warp a row at a time with
  *   an online softmax for the group; the last part done merges (split-K).
  * CPU twins: kernels/cpu/shadowkv_ops.c's shadowkv_step_*. */
 #include "cuda_util.h"
+
+#include <cuda_fp16.h>
 
 extern "C" {
 #include "shadowkv_ops.h"
@@ -34,6 +37,16 @@ extern "C" {
 struct __align__(16) sk_f4 {
     float x, y, z, w;
 };
+
+/* Eight bf16 values read as one 16-byte access, two to a word (the lower
+ * address in the low half). */
+struct __align__(16) sk_b8 {
+    unsigned w[4];
+};
+
+/* The two bf16 values of word w, widened (exact): the low half, the high. */
+static __device__ __forceinline__ float sk_bf_lo(unsigned w) { return km_bits_f32(w << 16); }
+static __device__ __forceinline__ float sk_bf_hi(unsigned w) { return km_bits_f32(w & 0xffff0000u); }
 
 
 /* The place of this thread's pred among the block's threads that have it,
@@ -108,13 +121,14 @@ __global__ void k_sk_step_logits(sk_step st, const float *q, float scale) {
     int lane = threadIdx.x % 32, d = st.d, G = st.group, n = J->n_cand;
     int j = (blockIdx.x * blockDim.x + threadIdx.x) / 32;
     if (j >= n) return;
-    const float *qj = q + (size_t)st.seq[2 * J->gi] * st.qd + (size_t)J->kh * G * d, *l = J->lm + (size_t)j * d;
+    const float *qj = q + (size_t)st.seq[2 * J->gi] * st.qd + (size_t)J->kh * G * d;
+    const __half *l = (const __half *)J->lm + (size_t)j * d;
     float *L = st.lg + J->lg;
     float acc[SK_STEP_G_MAX];
 #pragma unroll
     for (int g = 0; g < SK_STEP_G_MAX; g++) acc[g] = 0.0f;
     for (int e = lane; e < d; e += 32) {
-        float x = l[e];
+        float x = __half2float(l[e]);
 #pragma unroll
         for (int g = 0; g < SK_STEP_G_MAX; g++)
             if (g < G) acc[g] += qj[(size_t)g * d + e] * x;
@@ -328,8 +342,9 @@ void cu_sk_step_select(const sk_step *st) {
 
 /* ---- the misses' values, on the fetch stream ---- */
 
-/* Warps over (job, miss) pairs, max_k a job; a warp copies one chunk, 16
- * bytes a lane and four of them in flight, when both ends allow it. */
+/* Warps over (job, miss) pairs, max_k a job; a warp copies one chunk from
+ * bf16 to f32, 16 bytes (eight values) a lane read and four of them in
+ * flight, when both ends allow it. */
 __global__ void k_sk_step_fetch(sk_step st) {
     int lane = threadIdx.x % 32, warps = gridDim.x * blockDim.x / 32, d = st.d;
     for (int w = (blockIdx.x * blockDim.x + threadIdx.x) / 32; w < st.n_jobs * st.max_k; w += warps) {
@@ -338,21 +353,25 @@ __global__ void k_sk_step_fetch(sk_step st) {
         if (m >= *J->n_miss) continue;
         int i = J->miss[m];
         size_t blk = (size_t)J->c * d;
-        const float *src = J->store + (size_t)J->sel[i] * blk;
+        const uint16_t *src = J->store + (size_t)J->sel[i] * blk;
         float *dst = J->V + (size_t)(J->row_slot + J->slot_of[i] * J->c) * d;
-        if (blk % 4 == 0 && (((uintptr_t)src | (uintptr_t)dst) & 15) == 0) {
-            const sk_f4 *s4 = (const sk_f4 *)src;
+        if (blk % 8 == 0 && (((uintptr_t)src | (uintptr_t)dst) & 15) == 0) {
+            const sk_b8 *s8 = (const sk_b8 *)src;
             sk_f4 *d4 = (sk_f4 *)dst;
-            size_t n4 = blk / 4;
-            for (size_t e = lane; e < n4; e += 128) {
-                sk_f4 a[4];
+            size_t n8 = blk / 8;
+            for (size_t e = lane; e < n8; e += 128) {
+                sk_b8 a[4];
                 for (int u = 0; u < 4; u++)
-                    if (e + 32 * u < n4) a[u] = s4[e + 32 * u];
+                    if (e + 32 * u < n8) a[u] = s8[e + 32 * u];
                 for (int u = 0; u < 4; u++)
-                    if (e + 32 * u < n4) d4[e + 32 * u] = a[u];
+                    if (e + 32 * u < n8) {
+                        const unsigned *w = a[u].w;
+                        d4[2 * (e + 32 * u)] = sk_f4{sk_bf_lo(w[0]), sk_bf_hi(w[0]), sk_bf_lo(w[1]), sk_bf_hi(w[1])};
+                        d4[2 * (e + 32 * u) + 1] = sk_f4{sk_bf_lo(w[2]), sk_bf_hi(w[2]), sk_bf_lo(w[3]), sk_bf_hi(w[3])};
+                    }
             }
         } else {
-            for (size_t e = lane; e < blk; e += 32) dst[e] = src[e];
+            for (size_t e = lane; e < blk; e += 32) dst[e] = km_bf16_to_f32(src[e]);
         }
     }
 }
@@ -384,10 +403,10 @@ __global__ void k_sk_step_rebuild(sk_step st, int rope_dim, int mode) {
     float *out = J->K + (size_t)(J->row_slot + J->slot_of[i] * J->c) * d;
     for (int tt = 0; tt < J->c; tt++) {
         int t = t0 + tt;
-        const float *u = J->U + (size_t)t * r;
+        const uint16_t *u = J->U + (size_t)t * r;
         for (int e = threadIdx.x; e < d; e += blockDim.x) {
             float s = 0.0f;
-            for (int j = 0; j < r; j++) s += u[j] * J->svt[(size_t)j * d + e];
+            for (int j = 0; j < r; j++) s += km_bf16_to_f32(u[j]) * J->svt[(size_t)j * d + e];
             row[e] = s;
         }
         __syncthreads();

@@ -195,14 +195,14 @@ void cu_cos_min(const float *K, int stride, int d, int c, int n_chunks, const fl
  * - k_score_stats: a block per head, its max and Σ exp over the landmarks;
  * - k_score_accum: P (G, n_lm) += the softmax, for each of the nq positions;
  * - k_score_max: score_j = max over the group of P. */
-__global__ void k_score_logits(const float *q, int G, int d, const float *lm, int n_lm, float scale, float *L) {
+__global__ void k_score_logits(const float *q, int G, int d, const __half *lm, int n_lm, float scale, float *L) {
     int warp = (blockIdx.x * blockDim.x + threadIdx.x) / 32, lane = threadIdx.x % 32;
     if (warp >= n_lm) return;
-    const float *l = lm + (size_t)warp * d;
+    const __half *l = lm + (size_t)warp * d;
     float acc[8];
     for (int g = 0; g < 8; g++) acc[g] = 0.0f;
     for (int e = lane; e < d; e += 32) {
-        float v = l[e];
+        float v = __half2float(l[e]);
         for (int g = 0; g < G && g < 8; g++) acc[g] += q[(size_t)g * d + e] * v;
     }
     for (int g = 0; g < G && g < 8; g++) {
@@ -242,7 +242,7 @@ __global__ void k_score_max(const float *P, int group, int n_lm, float *score) {
     score[j] = m;
 }
 
-void cu_score(const float *q, int nq, size_t q_stride, int group, int d, const float *lm, int n_lm, float scale,
+void cu_score(const float *q, int nq, size_t q_stride, int group, int d, const uint16_t *lm, int n_lm, float scale,
               float *tmp, float *score) {
     (void)tmp;
     if (n_lm <= 0 || nq <= 0) return;
@@ -253,8 +253,8 @@ void cu_score(const float *q, int nq, size_t q_stride, int group, int d, const f
     float *L = (float *)cuda_scratch(sizeof(float) * (2 * gn + 2 * (size_t)group));
     float *P = L + gn, *m = P + gn, *s = m + group;
     for (int i = 0; i < nq; i++) {
-        SKV_LAUNCH(k_score_logits, cuda_blocks((size_t)n_lm * 32, 256), 256, 0, st)(q + (size_t)i * q_stride, group, d, lm,
-                                                                           n_lm, scale, L);
+        SKV_LAUNCH(k_score_logits, cuda_blocks((size_t)n_lm * 32, 256), 256, 0, st)(q + (size_t)i * q_stride, group, d,
+                                                                           (const __half *)lm, n_lm, scale, L);
         CKL();
         SKV_LAUNCH(k_score_stats, group, 256, 0, st)(L, n_lm, m, s);
         CKL();
@@ -302,23 +302,23 @@ int cu_topk(const float *score, int n, int k, int *idx) {
 
 /* ---- gather of offloaded values: a warp per block, from mapped host memory ---- */
 
-__global__ void k_gather(const float *src, int rows, int cols, const int *src_idx, int n, float *dst,
+__global__ void k_gather(const uint16_t *src, int rows, int cols, const int *src_idx, int n, float *dst,
                          const size_t *dst_off, int dst_stride) {
     int warp = (blockIdx.x * blockDim.x + threadIdx.x) / 32, lane = threadIdx.x % 32;
     if (warp >= n) return;
-    const float *s = src + (size_t)src_idx[warp] * rows * cols;
+    const uint16_t *s = src + (size_t)src_idx[warp] * rows * cols;
     float *d = dst + dst_off[warp];
-    for (int i = lane; i < rows * cols; i += 32) d[(size_t)(i / cols) * dst_stride + i % cols] = s[i];
+    for (int i = lane; i < rows * cols; i += 32) d[(size_t)(i / cols) * dst_stride + i % cols] = km_bf16_to_f32(s[i]);
 }
 
 /* src is host memory from host_alloc (pinned and mapped): the kernel reads
  * it over the bus itself, on the fetch stream, so the copy overlaps what
  * the compute stream does next (the key rebuild); the attention ops wait
  * for it (cuda_after_fetch). The index lists are host arrays. */
-void cu_gather(const float *src, int rows, int cols, const int *src_idx, int n, float *dst, const size_t *dst_off,
+void cu_gather(const uint16_t *src, int rows, int cols, const int *src_idx, int n, float *dst, const size_t *dst_off,
                int dst_stride) {
     if (n <= 0) return;
-    const float *dsrc = NULL;
+    const uint16_t *dsrc = NULL;
     CK(cudaHostGetDevicePointer((void **)&dsrc, (void *)src, 0));
     int *d_idx = NULL;
     size_t *d_off = NULL;
@@ -338,28 +338,38 @@ void cu_gather(const float *src, int rows, int cols, const int *src_idx, int n, 
     cuda_span_end(sp, 1, "fetch_v");
 }
 
-/* ---- end of prefill: landmarks in half precision, candidate chunks gathered ---- */
+/* ---- end of prefill: U, landmarks and values in 16 bits, candidate chunks gathered ---- */
 
-__global__ void k_round_h(float *x, size_t n) {
-    for (size_t i = (size_t)blockIdx.x * blockDim.x + threadIdx.x; i < n; i += (size_t)gridDim.x * blockDim.x)
-        x[i] = __half2float(__float2half_rn(x[i]));
+/* x rounded to nearest even into elt's 16 bits (the host's shadowkv_pack:
+ * km_f32_to_bf16, or the IEEE half conversion vec_to_f16 does). */
+__device__ __forceinline__ uint16_t sk_pack1(float x, int elt) {
+    if (elt == SKV_ELT_BF16) return km_f32_to_bf16(x);
+    __half h = __float2half_rn(x);
+    uint16_t u;
+    memcpy(&u, &h, sizeof u);
+    return u;
 }
 
-/* The rounding shadowkv_round_f16 does on the host (nearest even), on the
- * device: the landmarks never leave it. */
-void cu_round_h(float *x, size_t n) {
+__global__ void k_pack_h(const float *x, size_t n, uint16_t *y, int elt) {
+    for (size_t i = (size_t)blockIdx.x * blockDim.x + threadIdx.x; i < n; i += (size_t)gridDim.x * blockDim.x)
+        y[i] = sk_pack1(x[i], elt);
+}
+
+/* shadowkv_pack on the device: U never leaves it. */
+void cu_pack_h(const float *x, size_t n, uint16_t *y, int elt) {
     if (!n) return;
     size_t blocks = (n + 255) / 256;
     cuda_span_mark sp = cuda_span_begin(0);
-    SKV_LAUNCH(k_round_h, (int)(blocks < 4096 ? blocks : 4096), 256, 0, cuda_after_fetch())(x, n);
+    SKV_LAUNCH(k_pack_h, (int)(blocks < 4096 ? blocks : 4096), 256, 0, cuda_after_fetch())(x, n, y, elt);
     CKL();
-    cuda_span_end(sp, 0, "round_h");
+    cuda_span_end(sp, 0, "pack_h");
 }
 
 /* A warp per destination row (h*n_cand*rows of them, grid-stride), its
- * lanes along the row: coalesced reads and writes. */
+ * lanes along the row: coalesced reads and writes, each value stored as
+ * elt (f32, or rounded to 16 bits by sk_pack1). */
 __global__ void k_gather_chunks(const float *src, size_t src_row, size_t src_head, const int *cand, int h,
-                                int n_cand, int rows, int d, float *dst, size_t dst_head) {
+                                int n_cand, int rows, int d, void *dst, size_t dst_head, int elt) {
     size_t n_rows = (size_t)h * n_cand * rows, warps = (size_t)gridDim.x * blockDim.x / 32;
     int lane = threadIdx.x % 32;
     for (size_t w = ((size_t)blockIdx.x * blockDim.x + threadIdx.x) / 32; w < n_rows; w += warps) {
@@ -367,8 +377,11 @@ __global__ void k_gather_chunks(const float *src, size_t src_row, size_t src_hea
         size_t hi = w / rows; /* kh*n_cand + i */
         int kh = (int)(hi / n_cand), i = (int)(hi % n_cand);
         const float *s = src + (size_t)kh * src_head + ((size_t)cand[hi] * rows + t) * src_row;
-        float *o = dst + (size_t)kh * dst_head + ((size_t)i * rows + t) * d;
-        for (int j = lane; j < d; j += 32) o[j] = s[j];
+        size_t o = (size_t)kh * dst_head + ((size_t)i * rows + t) * d;
+        if (elt == SKV_ELT_F32)
+            for (int j = lane; j < d; j += 32) ((float *)dst)[o + j] = s[j];
+        else
+            for (int j = lane; j < d; j += 32) ((uint16_t *)dst)[o + j] = sk_pack1(s[j], elt);
     }
 }
 
@@ -378,13 +391,13 @@ __global__ void k_gather_chunks(const float *src, size_t src_row, size_t src_hea
  * addressing (every device this backend supports) its host address is its
  * device address. */
 void cu_sk_gather_chunks(const float *src, size_t src_row, size_t src_head, const int *cand, int h, int n_cand,
-                         int rows, int d, float *dst, size_t dst_head) {
+                         int rows, int d, void *dst, size_t dst_head, int dst_elt) {
     size_t n_rows = (size_t)h * n_cand * rows;
     if (!n_rows || d <= 0) return;
     size_t blocks = (n_rows * 32 + 255) / 256;
     cuda_span_mark sp = cuda_span_begin(0);
     SKV_LAUNCH(k_gather_chunks, (int)(blocks < 65536 ? blocks : 65536), 256, 0, cuda_after_fetch())(
-        src, src_row, src_head, cand, h, n_cand, rows, d, dst, dst_head);
+        src, src_row, src_head, cand, h, n_cand, rows, d, dst, dst_head, dst_elt);
     CKL();
     cuda_span_end(sp, 0, "gather_chunks");
 }
@@ -394,12 +407,12 @@ void cu_sk_gather_chunks(const float *src, size_t src_row, size_t src_head, cons
 /* Key row t rebuilt by the block into out (d): U[t]·svt into the shared row,
  * RoPE at t (tables cs/sn, or inv_freq), written out. The one row of both
  * rebuild kernels. */
-__device__ void rebuild_row_dev(const float *U, int r, const float *svt, int d, int t, int rope_dim, int mode,
+__device__ void rebuild_row_dev(const uint16_t *U, int r, const float *svt, int d, int t, int rope_dim, int mode,
                                 const float *inv_freq, const float *cs, const float *sn, float *row, float *out) {
-    const float *u = U + (size_t)t * r;
+    const uint16_t *u = U + (size_t)t * r;
     for (int e = threadIdx.x; e < d; e += blockDim.x) {
         float s = 0.0f;
-        for (int j = 0; j < r; j++) s += u[j] * svt[(size_t)j * d + e];
+        for (int j = 0; j < r; j++) s += km_bf16_to_f32(u[j]) * svt[(size_t)j * d + e];
         row[e] = s;
     }
     __syncthreads();
@@ -421,14 +434,14 @@ __device__ void rebuild_row_dev(const float *U, int r, const float *svt, int d, 
     __syncthreads();
 }
 
-__global__ void k_rebuild(const float *U, int r, const float *svt, int d, int t0, int rope_dim, int mode,
+__global__ void k_rebuild(const uint16_t *U, int r, const float *svt, int d, int t0, int rope_dim, int mode,
                           const float *inv_freq, const float *cs, const float *sn, float *out) {
     SKV_DYN_SHARED(float, row);
     int i = blockIdx.x;
     rebuild_row_dev(U, r, svt, d, t0 + i, rope_dim, mode, inv_freq, cs, sn, row, out + (size_t)i * d);
 }
 
-void cu_rebuild(const float *U, int r, const float *svt, int d, int t0, int n, const rope_ctx *rope, const float *cs,
+void cu_rebuild(const uint16_t *U, int r, const float *svt, int d, int t0, int n, const rope_ctx *rope, const float *cs,
                 const float *sn, float *out) {
     if (n <= 0) return;
     cuda_span_mark sp = cuda_span_begin(0);
@@ -484,7 +497,7 @@ static sk_ptrs ptrs_from(float *const *host, int h0, int n) {
 }
 
 /* Heads h0..h0+n-1 (V.p[j] the rows of head h0+j). */
-__global__ void k_gather_misses(const float *store, int c, int d, int h0, int n, int k, int n_cand, size_t blk0,
+__global__ void k_gather_misses(const uint16_t *store, int c, int d, int h0, int n, int k, int n_cand, size_t blk0,
                                 const int *sel, const int *slot_of, const int *miss, const int *n_miss, sk_ptrs V,
                                 int row_slot) {
     int lane = threadIdx.x % 32, warps = gridDim.x * blockDim.x / 32;
@@ -493,15 +506,15 @@ __global__ void k_gather_misses(const float *store, int c, int d, int h0, int n,
         int j = w / k, kh = h0 + j, m = w % k;
         if (m >= n_miss[kh]) continue;
         int i = miss[(size_t)kh * k + m];
-        const float *src = store + (blk0 + (size_t)kh * n_cand + sel[(size_t)kh * k + i]) * blk;
+        const uint16_t *src = store + (blk0 + (size_t)kh * n_cand + sel[(size_t)kh * k + i]) * blk;
         float *dst = V.p[j] + (size_t)(row_slot + slot_of[(size_t)kh * k + i] * c) * d;
-        for (size_t e = lane; e < blk; e += 32) dst[e] = src[e];
+        for (size_t e = lane; e < blk; e += 32) dst[e] = km_bf16_to_f32(src[e]);
     }
 }
 
-void cu_sk_gather_misses(const float *store, int c, int d, int h, int k, int n_cand, size_t blk0, const int *sel,
+void cu_sk_gather_misses(const uint16_t *store, int c, int d, int h, int k, int n_cand, size_t blk0, const int *sel,
                          const int *slot_of, const int *miss, const int *n_miss, float *const *V, int row_slot) {
-    const float *dsrc = NULL;
+    const uint16_t *dsrc = NULL;
     CK(cudaHostGetDevicePointer((void **)&dsrc, (void *)store, 0));
     cudaStream_t fs = cuda_fetch_begin(); /* after the books, and the attention still reading these rows */
     cuda_span_mark sp = cuda_span_begin(1);
@@ -517,7 +530,7 @@ void cu_sk_gather_misses(const float *store, int c, int d, int h, int k, int n_c
 
 /* Block (m, j): head h0+j's miss m, its c rows one after the other (the misses along
  * grid.x, whose limit is 2^31 - 1, the heads along grid.y, at most SK_PTRS). */
-__global__ void k_rebuild_misses(const float *U, int r, const float *SVt, int d, int c, int h0, int k, int n_cand,
+__global__ void k_rebuild_misses(const uint16_t *U, int r, const float *SVt, int d, int c, int h0, int k, int n_cand,
                                  const int *cand, const int *sel, const int *slot_of, const int *miss,
                                  const int *n_miss, int rope_dim, int mode, const float *inv_freq, const float *cs,
                                  const float *sn, sk_ptrs K, int row_slot) {
@@ -532,7 +545,7 @@ __global__ void k_rebuild_misses(const float *U, int r, const float *SVt, int d,
         rebuild_row_dev(U, r, svt, d, t0 + tt, rope_dim, mode, inv_freq, cs, sn, row, out + (size_t)tt * d);
 }
 
-void cu_sk_rebuild_misses(const float *U, int r, const float *SVt, int d, int c, int h, int k, int n_cand,
+void cu_sk_rebuild_misses(const uint16_t *U, int r, const float *SVt, int d, int c, int h, int k, int n_cand,
                           const int *cand, const int *sel, const int *slot_of, const int *miss, const int *n_miss,
                           const rope_ctx *rope, const float *cs, const float *sn, float *const *K, int row_slot) {
     if (h <= 0 || k <= 0) return;

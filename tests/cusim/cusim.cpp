@@ -359,31 +359,60 @@ int device_range(const void *p, size_t n, const char *call, const char *what) {
  * ------------------------------------------------------------------- */
 
 struct op;
-struct cusim_graph_body {
-    std::vector<op *> ops;
-};
 } /* namespace cusim */
 
+/* Stream capture (CUDA's rules, as far as this runtime models them): a
+ * capture begins on an origin stream; work queued there, and on any stream
+ * that waits on an event recorded in the capture (a fork), becomes the
+ * graph's nodes instead of running, each depending on the nodes its stream
+ * had captured last (its tail) and on the tails of the events it waited on.
+ * The capture ends on the origin stream, after every forked stream joined
+ * back (the origin waited on an event recorded after its last node).
+ * Waiting for a capturing stream or a captured event, a device-wide sync,
+ * an allocation while a capture of the global mode runs, a copy to or from
+ * pageable memory, a stream-ordered alloc or free (graph memory nodes are
+ * not modelled), or a wait that would join two captures or pull in work
+ * from outside invalidate the capture: the call fails with CUDA's error and
+ * every later capture call with cudaErrorStreamCaptureInvalidated; ending
+ * it gives no graph. */
 struct cusim_stream {
     std::deque<cusim::op *> q;
     uint64_t issued = 0, done = 0; /* tickets: op n of the stream is ticket n */
     int nonblocking = 0, legacy = 0;
-    cusim_graph *capture = nullptr;
-    cusim_stream *capture_origin = nullptr;
+    cusim_graph *capture = nullptr; /* the capture this stream records into */
+    std::vector<int> tail;          /* its nodes the next one depends on */
 };
 struct cusim_event {
     cusim_stream *s = nullptr;
     uint64_t ticket = 0;
     int timing = 1;
     double t = 0;
-    cusim_graph *captured = nullptr;
+    uint64_t capture_id = 0;        /* last recorded in that capture (0: not in one) */
+    std::vector<int> tail;          /* the capturing stream's tail when recorded */
 };
 struct cusim_graph {
-    std::vector<cusim::op *> ops;
+    std::vector<cusim::op *> ops;    /* the nodes, in capture order */
+    std::vector<std::vector<int>> deps; /* each node's dependencies (node indices, in edge order) */
     int kernels = 0;
+    uint64_t id = 0;                 /* the capture's id while it runs */
+    cusim_stream *origin = nullptr;
+    int mode = 0;
+    cudaError_t invalid = cudaSuccess; /* why the capture was invalidated */
+};
+/* One node of an executable graph: what it runs and what
+ * cudaGraphExecUpdate compares. */
+struct cusim_exec_node {
+    int kind;
+    std::string name;
+    std::function<void()> fn;
+    const void *func;   /* a kernel's function */
+    char mem_src, mem_dst; /* a copy's ends: 'd' device, 'p' pinned, 'h' pageable */
+    int twod;           /* a 2D memset or copy */
+    size_t width, height;
 };
 struct cusim_graph_exec {
-    std::vector<cusim::op *> ops;
+    std::vector<cusim_exec_node> nodes;
+    std::vector<std::vector<int>> deps;
     int kernels = 0;
 };
 
@@ -397,6 +426,11 @@ struct op {
     std::vector<std::pair<cusim_stream *, uint64_t>> deps;
     cusim_event *ev = nullptr; /* OP_RECORD */
     uint64_t ticket = 0;
+    /* as a graph node (cusim_exec_node) */
+    const void *func = nullptr;
+    char mem_src = 0, mem_dst = 0;
+    int twod = 0;
+    size_t width = 0, height = 0;
 };
 
 static cusim_stream g_legacy_s;
@@ -485,12 +519,83 @@ static void trim_held(void) {
     }
 }
 
-/* Queues o on s (or records it into s's capture). */
+/* ---- captures ---- */
+
+static uint64_t g_capture_ids;
+static std::vector<cusim_graph *> g_captures; /* the captures running */
+
+static cusim_graph *active_capture(uint64_t id) {
+    for (cusim_graph *g : g_captures)
+        if (g->id == id) return g;
+    return nullptr;
+}
+
+/* Invalidates capture g for err (the first reason stays) and returns err. */
+static cudaError_t capture_fail(cusim_graph *g, cudaError_t err, const char *what) {
+    if (g->invalid == cudaSuccess) {
+        g->invalid = err;
+        fprintf(stderr, "cusim: %s during a stream capture: the capture is invalidated (%s)\n", what,
+                cudaGetErrorName(err));
+    }
+    return set_error(err);
+}
+
+/* A call that CUDA refuses while any capture runs (a device-wide sync), or
+ * while one of a mode other than relaxed runs (unsafe == 1: an allocation
+ * outside stream order): every such capture is invalidated. */
+static cudaError_t capture_forbid(const char *what, int unsafe) {
+    cudaError_t e = cudaSuccess;
+    for (cusim_graph *g : g_captures)
+        if (!unsafe || g->mode != cudaStreamCaptureModeRelaxed) e = capture_fail(g, cudaErrorStreamCaptureUnsupported, what);
+    return e;
+}
+
+/* cudaSuccess, or the error of queueing on s while its capture is
+ * invalidated. */
+static cudaError_t capture_ok(cusim_stream *s) {
+    if (s->capture && s->capture->invalid != cudaSuccess) return set_error(cudaErrorStreamCaptureInvalidated);
+    return cudaSuccess;
+}
+
+/* Ends capture g on every stream that records into it and frees it
+ * (keep: the graph is returned). */
+static void capture_end(cusim_graph *g, int keep) {
+    for (cusim_stream *o : g_streams)
+        if (o->capture == g) {
+            o->capture = nullptr;
+            o->tail.clear();
+        }
+    g_captures.erase(std::remove(g_captures.begin(), g_captures.end(), g), g_captures.end());
+    g->id = 0;
+    if (!keep) {
+        for (op *o : g->ops) delete o;
+        delete g;
+    }
+}
+
+/* Queues o on s (or records it into s's capture as a node after s's tail). */
 static void enqueue(cusim_stream *s, op *o) {
     if (s->capture) {
-        s->capture->ops.push_back(o);
-        if (o->kind == OP_KERNEL) s->capture->kernels++;
+        cusim_graph *g = s->capture;
+        if (g->invalid != cudaSuccess) {
+            delete o;
+            return;
+        }
+        g->ops.push_back(o);
+        g->deps.push_back(s->tail);
+        s->tail.assign(1, (int)g->ops.size() - 1);
+        if (o->kind == OP_KERNEL) {
+            g->kernels++;
+            g_cnt.captured_kernels++;
+        }
         return;
+    }
+    if (s->legacy) {
+        /* the legacy stream would wait for a capturing blocking stream */
+        for (cusim_graph *g : g_captures)
+            for (cusim_stream *b : g_streams)
+                if (b->capture == g && !b->nonblocking)
+                    capture_fail(g, cudaErrorStreamCaptureImplicit, "work on the legacy stream");
     }
     if (s->legacy) {
         for (cusim_stream *b : g_streams)
@@ -516,6 +621,7 @@ static op *new_op(int kind, const char *name, std::function<void()> fn) {
 cudaError_t enqueue_lib(cudaStream_t st, const char *name, std::function<void()> fn) {
     STICKY();
     cusim_stream *s = S(st);
+    if (capture_ok(s) != cudaSuccess) return cudaErrorStreamCaptureInvalidated;
     g_cnt.lib_calls++;
     enqueue(s, new_op(OP_LIB, name, std::move(fn)));
     return cudaSuccess;
@@ -528,7 +634,7 @@ static void note_sync(uint64_t *which) {
 
 cudaError_t host_wait(cudaStream_t st) {
     cusim_stream *s = S(st);
-    if (s->capture) return set_error(cudaErrorStreamCaptureUnsupported);
+    if (s->capture) return capture_fail(s->capture, cudaErrorStreamCaptureUnsupported, "a host result of a library call");
     note_sync(&g_cnt.blocking_copies);
     run_until(s, s->issued);
     return g_sticky;
@@ -658,6 +764,16 @@ struct sim_thread {
     unsigned wmask;
     uint64_t wval, wres;
     const char *wwhat;
+    /* cp.async (the pipeline stand-ins): copies issued and not yet waited
+     * for, each with the number of its commit group */
+    struct pending_copy {
+        void *dst;
+        const void *src;
+        size_t n, zfill;
+        uint32_t group;
+    };
+    std::vector<pending_copy> cp;
+    uint32_t cp_group; /* commits so far: the group a copy issued now joins */
 };
 
 struct block_run {
@@ -666,6 +782,7 @@ struct block_run {
     int n, warps;
     uint32_t bar;                 /* barriers passed by the block */
     std::vector<uint32_t> wep;    /* __syncwarp releases per warp */
+    std::vector<uint32_t> xep;    /* warp_exchange releases per warp (not ordering points) */
     void *sched_sp;
 #if !defined(__x86_64__)
     ucontext_t sched_uc;
@@ -836,6 +953,7 @@ static void shared_access(uintptr_t a, size_t n, int w, int dyn) {
         if (ci >= sh.size()) sh.resize(ci + 1, cell{});
         cell &c = sh[ci];
         if (c.gen != b->gen) {
+            if (w == 2) continue; /* nothing to race with */
             if (!w) {
                 char nm[300];
                 shared_name(x, dyn, nm, sizeof nm);
@@ -871,6 +989,7 @@ static void shared_access(uintptr_t a, size_t n, int w, int dyn) {
                                  nm, c.r_tid >= 0 ? "another thread" : "other threads");
                 }
             }
+            if (w == 2) continue; /* checked, not recorded (cp.async: the copy lands at the wait) */
             c.w_tid = t->st.linear;
             c.w_bar = b->bar;
             c.w_wep = wep;
@@ -1071,6 +1190,82 @@ uint64_t warp_op(int kind, unsigned mask, uint64_t value, int arg, int width, co
 
 void threadfence(void) {}
 
+/* The lanes' all-gather for an instruction's stand-in (cusim_mma.h's
+ * mma.sync): each lane gives n bytes, every lane gets the 32 lanes' (lane
+ * i's at i*n) once all have arrived. Two buffers a warp, by the parity of
+ * the warp's exchanges: a lane that runs on to the next exchange writes the
+ * other buffer, and the one after waits for every lane to have read this
+ * one. Unlike a shuffle, not a memory-ordering point: mma.sync orders no
+ * shared-memory access between lanes. */
+static std::vector<char> g_xchg;
+void warp_exchange(const void *mine, size_t n, void *all, const char *what) {
+    sim_thread *t = g_running;
+    if (!t || !g_blk) {
+        fault(cudaErrorLaunchFailure, "%s outside a kernel", what);
+        abort();
+    }
+    if (n > 64) kernel_fault(cudaErrorLaunchFailure, "%s exchanges %zu bytes a lane (at most 64)", what, n);
+    size_t w = (size_t)t->st.warp, need = (size_t)g_blk->warps * 2 * 2048;
+    if (g_xchg.size() < need) g_xchg.resize(need);
+    size_t at = (w * 2 + (g_blk->xep[w] & 1)) * 2048;
+    memcpy(g_xchg.data() + at + (size_t)t->st.lane * n, mine, n);
+    warp_op(W_XCHG, 0xffffffffu, 0, 0, 32, what);
+    memcpy(all, g_xchg.data() + at, 32 * n);
+}
+
+/* ---- cp.async: __pipeline_memcpy_async / _commit / _wait_prior ----
+ * A copy is checked when issued (the source's bounds, the destination's
+ * alignment and a write's race check: another thread's unordered access to
+ * it is a race whenever the copy lands) and lands when its thread waits for
+ * its group: a read before the wait finds the old bytes, or unwritten shared
+ * memory (a fault). Copies never waited for never land. */
+static int in_shared(uintptr_t a, size_t n) {
+    block_run *b = g_blk;
+    if (b->dyn && a - (uintptr_t)b->dyn < b->dyn_n && a + n - (uintptr_t)b->dyn <= b->dyn_n) return 1;
+    return __start_cusim_shared && a >= (uintptr_t)__start_cusim_shared && a + n <= (uintptr_t)__stop_cusim_shared;
+}
+
+void pipeline_copy(void *dst, const void *src, size_t n, size_t zfill) {
+    sim_thread *t = g_running;
+    if (!t || !g_blk) {
+        fault(cudaErrorLaunchFailure, "__pipeline_memcpy_async outside a kernel");
+        abort();
+    }
+    if ((n != 4 && n != 8 && n != 16) || zfill > n)
+        kernel_fault(cudaErrorLaunchFailure,
+                     "__pipeline_memcpy_async of %zu bytes with zfill %zu (4, 8 or 16 bytes, zfill at most that)", n,
+                     zfill);
+    if ((uintptr_t)dst % n || (uintptr_t)src % n)
+        kernel_fault(cudaErrorIllegalAddress, "__pipeline_memcpy_async of %zu bytes from %p to %p: misaligned", n,
+                     src, dst);
+    if (!in_shared((uintptr_t)dst, n))
+        kernel_fault(cudaErrorIllegalAddress, "__pipeline_memcpy_async to %p, which is not shared memory", dst);
+    if (n > zfill) access(src, n - zfill, 0);
+    access(dst, n, 2);
+    t->cp.push_back(sim_thread::pending_copy{dst, src, n, zfill, t->cp_group});
+}
+
+void pipeline_commit(void) {
+    if (g_running) g_running->cp_group++;
+}
+
+void pipeline_wait_prior(size_t k) {
+    sim_thread *t = g_running;
+    if (!t) return;
+    size_t keep = 0;
+    for (size_t i = 0; i < t->cp.size(); i++) {
+        sim_thread::pending_copy c = t->cp[i];
+        if ((uint64_t)c.group + k < t->cp_group) { /* a committed group older than the newest k */
+            access(c.dst, c.n, 1);
+            if (c.n > c.zfill) memcpy(c.dst, c.src, c.n - c.zfill);
+            if (c.zfill) memset((char *)c.dst + (c.n - c.zfill), 0, c.zfill);
+        } else {
+            t->cp[keep++] = c;
+        }
+    }
+    t->cp.resize(keep);
+}
+
 /* Lets the lanes of warp w that wait at a warp operation go when every
  * lane of their mask has arrived; 1 when some went, -1 on a fault. */
 static int release_warp(block_run *b, int w) {
@@ -1157,7 +1352,10 @@ static int release_warp(block_run *b, int w) {
          * (the race checker orders accesses across it, as across __syncwarp) */
         for (int j = 0; j < 32; j++)
             if (m & (1u << j)) b->th[(size_t)base + j].state = T_RUN;
-        b->wep[(size_t)w]++;
+        if (t->wkind == W_XCHG) /* an instruction's operand exchange (mma.sync): no memory ordering */
+            b->xep[(size_t)w]++;
+        else
+            b->wep[(size_t)w]++;
         went = 1;
     }
     return went;
@@ -1168,11 +1366,14 @@ static void run_block(void) {
     b->gen = ++g_gen;
     b->bar = 0;
     std::fill(b->wep.begin(), b->wep.end(), 0);
+    std::fill(b->xep.begin(), b->xep.end(), 0);
 
     for (int i = 0; i < b->n; i++) {
         sim_thread &t = b->th[(size_t)i];
         t.state = T_NEW;
         t.fake = NULL;
+        t.cp.clear();
+        t.cp_group = 0;
     }
     int live = b->n;
     while (live > 0 && !b->aborted) {
@@ -1287,6 +1488,7 @@ static void run_kernel(const kernel_job &k) {
     b.warps = (b.n + 31) / 32;
     b.th.resize((size_t)b.n);
     b.wep.assign((size_t)b.warps, 0);
+    b.xep.assign((size_t)b.warps, 0);
     b.aborted = 0;
     b.dyn_n = k.smem;
     std::vector<char> dyn(k.smem + 64 + 16);
@@ -1379,11 +1581,15 @@ void launch(const char *name, const void *fn, dim3 grid, dim3 block, size_t smem
         set_error(err);
         return;
     }
-    g_cnt.launches++; /* a launch the runtime took (at capture time for a graph's) */
-    g_kernel_launches[name]++;
-    kernel_job job{name, grid, block, smem, entry, closure, closure_size};
     cusim_stream *s = S(st);
+    if (capture_ok(s) != cudaSuccess) return;
+    if (!s->capture) { /* a captured launch is counted in captured_kernels, and run from its graph */
+        g_cnt.launches++;
+        g_kernel_launches[name]++;
+    }
+    kernel_job job{name, grid, block, smem, entry, closure, closure_size};
     op *o = new_op(OP_KERNEL, name, [job]() { run_kernel(job); });
+    o->func = fn;
     enqueue(s, o);
 }
 
@@ -1426,6 +1632,14 @@ const char *cudaGetErrorString(cudaError_t e) {
     case cudaErrorLaunchFailure: return "unspecified launch failure";
     case cudaErrorStreamCaptureUnsupported: return "operation not permitted when stream is capturing";
     case cudaErrorStreamCaptureInvalidated: return "operation failed due to a previous error during capture";
+    case cudaErrorStreamCaptureMerge: return "operation would result in a merge of separate capture sequences";
+    case cudaErrorStreamCaptureUnmatched: return "capture was not ended in the same stream as it began";
+    case cudaErrorStreamCaptureUnjoined: return "capturing stream has unjoined work";
+    case cudaErrorStreamCaptureIsolation: return "dependency created on uncaptured work in another stream";
+    case cudaErrorStreamCaptureImplicit: return "operation would make the legacy stream depend on a capturing blocking stream";
+    case cudaErrorCapturedEvent: return "operation not permitted on an event last recorded in a capturing stream";
+    case cudaErrorGraphExecUpdateFailure: return "the graph update was not performed because it included changes which violated constraints specific to instantiated graph update";
+    case cudaErrorIllegalState: return "the operation cannot be performed in the present state";
     }
     return "unknown error";
 }
@@ -1438,6 +1652,16 @@ const char *cudaGetErrorName(cudaError_t e) {
     case cudaErrorIllegalAddress: return "cudaErrorIllegalAddress";
     case cudaErrorLaunchFailure: return "cudaErrorLaunchFailure";
     case cudaErrorLaunchTimeout: return "cudaErrorLaunchTimeout";
+    case cudaErrorIllegalState: return "cudaErrorIllegalState";
+    case cudaErrorStreamCaptureUnsupported: return "cudaErrorStreamCaptureUnsupported";
+    case cudaErrorStreamCaptureInvalidated: return "cudaErrorStreamCaptureInvalidated";
+    case cudaErrorStreamCaptureMerge: return "cudaErrorStreamCaptureMerge";
+    case cudaErrorStreamCaptureUnmatched: return "cudaErrorStreamCaptureUnmatched";
+    case cudaErrorStreamCaptureUnjoined: return "cudaErrorStreamCaptureUnjoined";
+    case cudaErrorStreamCaptureIsolation: return "cudaErrorStreamCaptureIsolation";
+    case cudaErrorStreamCaptureImplicit: return "cudaErrorStreamCaptureImplicit";
+    case cudaErrorCapturedEvent: return "cudaErrorCapturedEvent";
+    case cudaErrorGraphExecUpdateFailure: return "cudaErrorGraphExecUpdateFailure";
     default: return "cudaError";
     }
 }
@@ -1477,6 +1701,7 @@ cudaError_t cudaDeviceGetAttribute(int *v, cudaDeviceAttr a, int dev) {
 cudaError_t cudaDeviceSynchronize(void) {
     api_lock l;
     STICKY();
+    if (!g_captures.empty()) return capture_forbid("cudaDeviceSynchronize", 0);
     note_sync(&g_cnt.device_syncs);
     run_until(NULL, 0);
     return g_sticky;
@@ -1507,12 +1732,17 @@ static cudaError_t malloc_common(void **p, size_t bytes, int async) {
 cudaError_t cudaMalloc(void **p, size_t bytes) {
     api_lock l;
     STICKY();
+    cudaError_t e = capture_forbid("cudaMalloc", 1);
+    if (e != cudaSuccess) return e;
     return malloc_common(p, bytes, 0);
 }
-cudaError_t cudaMallocAsync(void **p, size_t bytes, cudaStream_t s) {
+cudaError_t cudaMallocAsync(void **p, size_t bytes, cudaStream_t st) {
     api_lock l;
     STICKY();
-    (void)s;
+    cusim_stream *s = S(st);
+    if (s->capture) /* a graph memory node: not modelled */
+        return capture_fail(s->capture, cudaErrorStreamCaptureUnsupported,
+                            "cudaMallocAsync (a graph allocation node, which the simulator does not model)");
     return malloc_common(p, bytes, 1);
 }
 cudaError_t cudaFree(void *p) {
@@ -1527,6 +1757,7 @@ cudaError_t cudaFree(void *p) {
         fault(cudaErrorInvalidValue, "cudaFree(%p): a cudaFreeAsync of it is already queued (freed twice)", p);
         return g_sticky;
     }
+    if (!g_captures.empty()) return capture_forbid("cudaFree (a device-wide sync)", 0);
     note_sync(&g_cnt.device_syncs); /* cudaFree waits for the device */
     run_until(NULL, 0);
     arena_free((uintptr_t)p);
@@ -1546,6 +1777,9 @@ cudaError_t cudaFreeAsync(void *p, cudaStream_t st) {
         fault(cudaErrorInvalidValue, "cudaFreeAsync(%p): a free of it is already queued (freed twice)", p);
         return g_sticky;
     }
+    if (S(st)->capture)
+        return capture_fail(S(st)->capture, cudaErrorStreamCaptureUnsupported,
+                            "cudaFreeAsync (a graph free node, which the simulator does not model)");
     r.free_queued = 1;
     /* counted free now: the pool hands it to the next allocation in its
      * stream's order, as a GPU's stream-ordered allocator does */
@@ -1573,6 +1807,8 @@ cudaError_t cudaFreeAsync(void *p, cudaStream_t st) {
 cudaError_t cudaHostAlloc(void **p, size_t bytes, unsigned flags) {
     api_lock l;
     STICKY();
+    cudaError_t ce = capture_forbid("cudaHostAlloc", 1);
+    if (ce != cudaSuccess) return ce;
     arena_init();
     size_t pg = (size_t)sysconf(_SC_PAGESIZE), n = (bytes + pg - 1) / pg * pg;
     void *h = aligned_alloc(pg, n ? n : pg);
@@ -1588,6 +1824,7 @@ cudaError_t cudaFreeHost(void *p) {
     STICKY();
     auto it = g_pinned.find((uintptr_t)p);
     if (it == g_pinned.end()) return set_error(cudaErrorInvalidValue);
+    if (!g_captures.empty()) return capture_forbid("cudaFreeHost (a device-wide sync)", 0);
     note_sync(&g_cnt.device_syncs);
     run_until(NULL, 0);
     g_cnt.pinned_bytes -= it->second.size;
@@ -1618,14 +1855,17 @@ static char where(const void *p, size_t n) {
 static cudaError_t memset_common(void *p, int v, size_t n, cudaStream_t st, int sync) {
     STICKY();
     if (!device_range(p, n, sync ? "cudaMemset" : "cudaMemsetAsync", "the destination")) return g_sticky;
-    g_cnt.bytes_memset += n;
     cusim_stream *s = S(sync ? NULL : st);
+    if (capture_ok(s) != cudaSuccess) return cudaErrorStreamCaptureInvalidated;
+    g_cnt.bytes_memset += n;
     const char *call = sync ? "cudaMemset" : "cudaMemsetAsync";
     op *o = new_op(OP_MEMSET, "memset", [p, v, n, call]() {
         if (!device_range(p, n, call, "the destination, when the memset ran,")) return;
         if (g_watch) watch_write(call, (uintptr_t)p, n);
         memset(p, v, n);
     });
+    o->width = n;
+    o->height = 1;
     enqueue(s, o);
     if (sync) run_until(s, s->issued);
     return g_sticky;
@@ -1653,6 +1893,10 @@ static cudaError_t copy_common(void *dst, size_t dpitch, const void *src, size_t
     }
     size_t dspan = dpitch * (height - 1) + width, sspan = spitch * (height - 1) + width;
     char wd = where(dst, dspan), ws = where(src, sspan);
+    cusim_stream *s = S(sync ? NULL : st);
+    if (capture_ok(s) != cudaSuccess) return cudaErrorStreamCaptureInvalidated;
+    if (s->capture && (wd == 'h' || ws == 'h'))
+        return capture_fail(s->capture, cudaErrorStreamCaptureUnsupported, "a copy to or from pageable host memory");
     int dev_d = wd == 'd', dev_s = ws == 'd';
     if (kind != cudaMemcpyDefault) {
         int want_d = kind == cudaMemcpyHostToDevice || kind == cudaMemcpyDeviceToDevice;
@@ -1670,7 +1914,6 @@ static cudaError_t copy_common(void *dst, size_t dpitch, const void *src, size_t
     if (dev_d && dev_s) g_cnt.bytes_d2d += bytes;
     else if (dev_d) g_cnt.bytes_h2d += bytes;
     else if (dev_s) g_cnt.bytes_d2h += bytes;
-    cusim_stream *s = S(sync ? NULL : st);
     std::function<void()> fn;
     /* at run time, both device ends must still be live: a copy queued before
      * its buffer was freed (on a stream it was not ordered with) reads or
@@ -1706,7 +1949,13 @@ static cudaError_t copy_common(void *dst, size_t dpitch, const void *src, size_t
             for (size_t r = 0; r < height; r++) memcpy((char *)dst + r * dpitch, (const char *)src + r * spitch, width);
         };
     }
-    enqueue(s, new_op(OP_COPY, call, std::move(fn)));
+    op *o = new_op(OP_COPY, call, std::move(fn));
+    o->mem_src = ws;
+    o->mem_dst = wd;
+    o->twod = height > 1;
+    o->width = width;
+    o->height = height;
+    enqueue(s, o);
     if (s->capture) return cudaSuccess;
     if (sync || wd == 'h') {
         note_sync(&g_cnt.blocking_copies);
@@ -1757,7 +2006,7 @@ cudaError_t cudaStreamSynchronize(cudaStream_t st) {
     api_lock l;
     STICKY();
     cusim_stream *s = S(st);
-    if (s->capture) return set_error(cudaErrorStreamCaptureUnsupported);
+    if (s->capture) return capture_fail(s->capture, cudaErrorStreamCaptureUnsupported, "cudaStreamSynchronize");
     note_sync(&g_cnt.stream_syncs);
     run_until(s, s->issued);
     return g_sticky;
@@ -1766,6 +2015,7 @@ cudaError_t cudaStreamQuery(cudaStream_t st) {
     api_lock l;
     STICKY();
     cusim_stream *s = S(st);
+    if (s->capture) return capture_fail(s->capture, cudaErrorStreamCaptureUnsupported, "cudaStreamQuery");
     return s->done >= s->issued ? cudaSuccess : cudaErrorNotReady;
 }
 cudaError_t cudaStreamWaitEvent(cudaStream_t st, cudaEvent_t e, unsigned flags) {
@@ -1773,13 +2023,32 @@ cudaError_t cudaStreamWaitEvent(cudaStream_t st, cudaEvent_t e, unsigned flags) 
     (void)flags;
     STICKY();
     cusim_stream *s = S(st);
+    if (capture_ok(s) != cudaSuccess) return cudaErrorStreamCaptureInvalidated;
     g_cnt.event_waits++;
-    if (e->captured) {
-        if (!s->capture) {
-            /* a stream waiting on a captured event joins the capture */
-            s->capture = e->captured;
+    if (e->capture_id) {
+        cusim_graph *g = active_capture(e->capture_id);
+        if (!g) /* recorded in a capture that has ended */
+            return s->capture ? capture_fail(s->capture, cudaErrorCapturedEvent, "a wait on an event of an ended capture")
+                              : set_error(cudaErrorCapturedEvent);
+        if (g->invalid != cudaSuccess) return set_error(cudaErrorStreamCaptureInvalidated);
+        if (s->capture && s->capture != g) {
+            capture_fail(g, cudaErrorStreamCaptureMerge, "a wait that would merge two captures");
+            return capture_fail(s->capture, cudaErrorStreamCaptureMerge, "a wait that would merge two captures");
         }
+        if (!s->capture) { /* a stream waiting on a captured event joins the capture (a fork) */
+            if (s->legacy) return capture_fail(g, cudaErrorStreamCaptureImplicit, "the legacy stream joining a capture");
+            s->capture = g;
+            s->tail.clear();
+        }
+        for (int n : e->tail) /* the join: after the event's nodes too */
+            if (std::find(s->tail.begin(), s->tail.end(), n) == s->tail.end()) s->tail.push_back(n);
         return cudaSuccess;
+    }
+    if (s->capture) {
+        /* work recorded outside the capture: only a never-recorded event
+         * (empty) may be waited on without cudaEventWaitExternal */
+        if (!e->s) return cudaSuccess;
+        return capture_fail(s->capture, cudaErrorStreamCaptureIsolation, "a wait on an event recorded outside the capture");
     }
     if (!e->s || e->s->done >= e->ticket) return cudaSuccess;
     op *o = new_op(OP_WAIT, "wait", nullptr);
@@ -1808,11 +2077,14 @@ cudaError_t cudaEventRecord(cudaEvent_t e, cudaStream_t st) {
     api_lock l;
     STICKY();
     cusim_stream *s = S(st);
-    if (s->capture) {
-        e->captured = s->capture;
+    if (capture_ok(s) != cudaSuccess) return cudaErrorStreamCaptureInvalidated;
+    if (s->capture) { /* no node: the event stands for the stream's tail in the capture */
+        e->capture_id = s->capture->id;
+        e->tail = s->tail;
         return cudaSuccess;
     }
-    e->captured = nullptr;
+    e->capture_id = 0;
+    e->tail.clear();
     op *o = new_op(OP_RECORD, "record", nullptr);
     o->ev = e;
     enqueue(s, o); /* (run and freed already when eager) */
@@ -1820,9 +2092,15 @@ cudaError_t cudaEventRecord(cudaEvent_t e, cudaStream_t st) {
     e->ticket = s->issued;
     return cudaSuccess;
 }
+/* A host wait for or query of an event last recorded in a capture. */
+static cudaError_t captured_event(cudaEvent_t e, const char *what) {
+    cusim_graph *g = active_capture(e->capture_id);
+    return g ? capture_fail(g, cudaErrorCapturedEvent, what) : set_error(cudaErrorCapturedEvent);
+}
 cudaError_t cudaEventSynchronize(cudaEvent_t e) {
     api_lock l;
     STICKY();
+    if (e->capture_id) return captured_event(e, "cudaEventSynchronize on a captured event");
     note_sync(&g_cnt.event_syncs);
     if (e->s) run_until(e->s, e->ticket);
     return g_sticky;
@@ -1830,11 +2108,13 @@ cudaError_t cudaEventSynchronize(cudaEvent_t e) {
 cudaError_t cudaEventQuery(cudaEvent_t e) {
     api_lock l;
     STICKY();
+    if (e->capture_id) return captured_event(e, "cudaEventQuery on a captured event");
     return !e->s || e->s->done >= e->ticket ? cudaSuccess : cudaErrorNotReady;
 }
 cudaError_t cudaEventElapsedTime(float *ms, cudaEvent_t a, cudaEvent_t b) {
     api_lock l;
     STICKY();
+    if (a->capture_id || b->capture_id) return set_error(cudaErrorCapturedEvent);
     if (!a->timing || !b->timing || !a->s || !b->s) return set_error(cudaErrorInvalidResourceHandle);
     if (a->s->done < a->ticket || b->s->done < b->ticket) return set_error(cudaErrorNotReady);
     *ms = (float)((b->t - a->t) * 1e3);
@@ -1843,47 +2123,173 @@ cudaError_t cudaEventElapsedTime(float *ms, cudaEvent_t a, cudaEvent_t b) {
 
 cudaError_t cudaStreamBeginCapture(cudaStream_t st, cudaStreamCaptureMode mode) {
     api_lock l;
-    (void)mode;
     STICKY();
     cusim_stream *s = S(st);
     if (s->legacy || s->capture) return set_error(cudaErrorStreamCaptureUnsupported);
-    s->capture = new cusim_graph;
+    cusim_graph *g = new cusim_graph;
+    g->id = ++g_capture_ids;
+    g->origin = s;
+    g->mode = mode;
+    g_captures.push_back(g);
+    s->capture = g;
+    s->tail.clear();
     return cudaSuccess;
 }
-cudaError_t cudaStreamEndCapture(cudaStream_t st, cudaGraph_t *g) {
+
+/* The nodes n depends on, n itself included, into seen. */
+static void ancestors(const cusim_graph *g, int n, std::vector<char> &seen) {
+    std::vector<int> todo(1, n);
+    while (!todo.empty()) {
+        int i = todo.back();
+        todo.pop_back();
+        if (seen[i]) continue;
+        seen[i] = 1;
+        for (int d : g->deps[i]) todo.push_back(d);
+    }
+}
+
+cudaError_t cudaStreamEndCapture(cudaStream_t st, cudaGraph_t *out) {
     api_lock l;
     STICKY();
     cusim_stream *s = S(st);
-    if (!s->capture) return set_error(cudaErrorInvalidValue);
-    *g = s->capture;
+    *out = nullptr;
+    cusim_graph *g = s->capture;
+    if (!g) return set_error(cudaErrorIllegalState);
+    if (g->origin != s) return capture_fail(g, cudaErrorStreamCaptureUnmatched, "cudaStreamEndCapture on a forked stream");
+    if (g->invalid != cudaSuccess) {
+        capture_end(g, 0);
+        return set_error(cudaErrorStreamCaptureInvalidated);
+    }
+    /* every forked stream joined: its last nodes are the origin's ancestors */
+    std::vector<char> seen(g->ops.size(), 0);
+    for (int n : s->tail) ancestors(g, n, seen);
     for (cusim_stream *o : g_streams)
-        if (o->capture == *g) o->capture = nullptr;
+        if (o != s && o->capture == g)
+            for (int n : o->tail)
+                if (!seen[n]) {
+                    fprintf(stderr, "cusim: cudaStreamEndCapture: a forked stream's work (%s) was not joined back into "
+                            "the origin stream\n", g->ops[n]->name.c_str());
+                    capture_end(g, 0);
+                    return set_error(cudaErrorStreamCaptureUnjoined);
+                }
+    capture_end(g, 1);
+    *out = g;
     return cudaSuccess;
 }
 cudaError_t cudaStreamIsCapturing(cudaStream_t st, cudaStreamCaptureStatus *c) {
     api_lock l;
-    *c = S(st)->capture ? cudaStreamCaptureStatusActive : cudaStreamCaptureStatusNone;
+    cusim_graph *g = S(st)->capture;
+    *c = !g ? cudaStreamCaptureStatusNone
+            : g->invalid != cudaSuccess ? cudaStreamCaptureStatusInvalidated : cudaStreamCaptureStatusActive;
     return cudaSuccess;
 }
+
+static cusim_exec_node exec_node(const op *o) {
+    cusim_exec_node n;
+    n.kind = o->kind;
+    n.name = o->name;
+    n.fn = o->fn;
+    n.func = o->func;
+    n.mem_src = o->mem_src;
+    n.mem_dst = o->mem_dst;
+    n.twod = o->twod;
+    n.width = o->width;
+    n.height = o->height;
+    return n;
+}
+
 cudaError_t cudaGraphInstantiate(cudaGraphExec_t *x, cudaGraph_t g, unsigned long long flags) {
     api_lock l;
     (void)flags;
     STICKY();
+    if (!g) return set_error(cudaErrorInvalidValue);
     cusim_graph_exec *e = new cusim_graph_exec;
-    e->ops = g->ops;
+    for (const op *o : g->ops) e->nodes.push_back(exec_node(o));
+    e->deps = g->deps;
     e->kernels = g->kernels;
+    g_cnt.graph_instantiations++;
     *x = e;
     return cudaSuccess;
 }
+
+/* cudaGraphExecUpdate's checks (CUDA 12's rules for the nodes modelled):
+ * the same node count and, node by node in capture order, the same type
+ * and the same dependencies (else the topology changed); a kernel node may
+ * change its function, grid, block, shared memory and arguments; a copy
+ * may change its addresses and sizes but not whether each end is device or
+ * host memory; a 2D memset only its address and value. */
+static cudaGraphExecUpdateResult update_check(const cusim_graph_exec *x, const cusim_graph *g) {
+    if (x->nodes.size() != g->ops.size()) return cudaGraphExecUpdateErrorTopologyChanged;
+    for (size_t i = 0; i < g->ops.size(); i++) {
+        const cusim_exec_node &a = x->nodes[i];
+        const op *b = g->ops[i];
+        if (a.kind != b->kind) return cudaGraphExecUpdateErrorNodeTypeChanged;
+        if (x->deps[i] != g->deps[i]) return cudaGraphExecUpdateErrorTopologyChanged;
+        if (a.kind == OP_COPY && ((a.mem_src == 'd') != (b->mem_src == 'd') || (a.mem_dst == 'd') != (b->mem_dst == 'd')))
+            return cudaGraphExecUpdateErrorParametersChanged;
+        if (a.kind == OP_MEMSET && (a.twod || b->twod) && (a.width != b->width || a.height != b->height))
+            return cudaGraphExecUpdateErrorParametersChanged;
+    }
+    return cudaGraphExecUpdateSuccess;
+}
+
+cudaError_t cudaGraphExecUpdate(cudaGraphExec_t x, cudaGraph_t g, cudaGraphExecUpdateResultInfo *info) {
+    api_lock l;
+    STICKY();
+    if (!x || !g || !info) return set_error(cudaErrorInvalidValue);
+    info->errorNode = nullptr;
+    info->errorFromNode = nullptr;
+    info->result = update_check(x, g);
+    if (info->result != cudaGraphExecUpdateSuccess) return set_error(cudaErrorGraphExecUpdateFailure);
+    for (size_t i = 0; i < g->ops.size(); i++) x->nodes[i] = exec_node(g->ops[i]);
+    x->kernels = g->kernels;
+    g_cnt.graph_updates++;
+    return cudaSuccess;
+}
+
+/* The order a launch runs a graph's nodes in: capture order when eager;
+ * otherwise each next node is, of those whose dependencies have run, the
+ * last captured (adversarial: work of a forked stream as late as its joins
+ * allow, so a node that misses a dependency reads stale data) or a seeded
+ * random one. */
+static std::vector<int> graph_order(const cusim_graph_exec *x) {
+    size_t n = x->nodes.size();
+    std::vector<int> order;
+    if (g_order == CUSIM_ORDER_EAGER) {
+        for (size_t i = 0; i < n; i++) order.push_back((int)i);
+        return order;
+    }
+    std::vector<char> ran(n, 0);
+    for (size_t k = 0; k < n; k++) {
+        std::vector<int> ready;
+        for (size_t i = 0; i < n; i++) {
+            if (ran[i]) continue;
+            int ok = 1;
+            for (int d : x->deps[i]) ok &= ran[d];
+            if (ok) ready.push_back((int)i);
+        }
+        int pick = g_order == CUSIM_ORDER_RANDOM ? ready[g_rng() % ready.size()] : ready.back();
+        ran[pick] = 1;
+        order.push_back(pick);
+    }
+    return order;
+}
+
 cudaError_t cudaGraphLaunch(cudaGraphExec_t x, cudaStream_t st) {
     api_lock l;
     STICKY();
+    cusim_stream *s = S(st);
+    if (s->capture) /* a child graph node: not modelled */
+        return capture_fail(s->capture, cudaErrorStreamCaptureUnsupported, "cudaGraphLaunch into a capture");
     g_cnt.graph_launches++;
     g_cnt.graph_kernels += (uint64_t)x->kernels;
     std::vector<std::function<void()>> fns;
-    for (op *o : x->ops)
-        if (o->fn) fns.push_back(o->fn);
-    enqueue(S(st), new_op(OP_GRAPH, "graph", [fns]() {
+    for (int i : graph_order(x)) {
+        const cusim_exec_node &n = x->nodes[(size_t)i];
+        if (n.kind == OP_KERNEL) g_kernel_launches[n.name]++;
+        if (n.fn) fns.push_back(n.fn);
+    }
+    enqueue(s, new_op(OP_GRAPH, "graph", [fns]() {
                 for (auto &f : fns)
                     if (g_sticky == cudaSuccess) f();
             }));
@@ -1891,11 +2297,12 @@ cudaError_t cudaGraphLaunch(cudaGraphExec_t x, cudaStream_t st) {
 }
 cudaError_t cudaGraphExecDestroy(cudaGraphExec_t x) {
     api_lock l;
-    delete x;
+    delete x; /* a launch queued holds copies of its nodes' work */
     return cudaSuccess;
 }
 cudaError_t cudaGraphDestroy(cudaGraph_t g) {
     api_lock l;
+    if (!g) return cudaSuccess;
     for (op *o : g->ops) delete o;
     delete g;
     return cudaSuccess;
@@ -1951,6 +2358,7 @@ void cusim_set_order(int mode, unsigned seed) {
 const char *cusim_last_fault(void) { return g_fault.c_str(); }
 void cusim_reset(void) {
     api_lock l;
+    while (!g_captures.empty()) capture_end(g_captures.back(), 0);
     for (cusim_stream *s : g_streams) {
         while (!s->q.empty()) {
             delete s->q.front();

@@ -46,12 +46,20 @@ enum cudaError {
     cudaErrorInvalidConfiguration = 9,
     cudaErrorInvalidDevice = 101,
     cudaErrorInvalidResourceHandle = 400,
+    cudaErrorIllegalState = 401,
     cudaErrorNotReady = 600,
     cudaErrorIllegalAddress = 700,
     cudaErrorLaunchTimeout = 702,
     cudaErrorLaunchFailure = 719,
     cudaErrorStreamCaptureUnsupported = 900,
     cudaErrorStreamCaptureInvalidated = 901,
+    cudaErrorStreamCaptureMerge = 902,
+    cudaErrorStreamCaptureUnmatched = 903,
+    cudaErrorStreamCaptureUnjoined = 904,
+    cudaErrorStreamCaptureIsolation = 905,
+    cudaErrorStreamCaptureImplicit = 906,
+    cudaErrorCapturedEvent = 907,
+    cudaErrorGraphExecUpdateFailure = 910,
     cudaErrorNoDevice = 100,
 };
 typedef enum cudaError cudaError_t;
@@ -101,6 +109,24 @@ typedef struct cusim_stream *cudaStream_t;
 typedef struct cusim_event *cudaEvent_t;
 typedef struct cusim_graph *cudaGraph_t;
 typedef struct cusim_graph_exec *cudaGraphExec_t;
+typedef struct cusim_graph_node *cudaGraphNode_t; /* (opaque; the simulator names no node) */
+/* cudaGraphExecUpdate's answer (CUDA 12's form) */
+enum cudaGraphExecUpdateResult {
+    cudaGraphExecUpdateSuccess = 0,
+    cudaGraphExecUpdateError = 1,
+    cudaGraphExecUpdateErrorTopologyChanged = 2,
+    cudaGraphExecUpdateErrorNodeTypeChanged = 3,
+    cudaGraphExecUpdateErrorFunctionChanged = 4,
+    cudaGraphExecUpdateErrorParametersChanged = 5,
+    cudaGraphExecUpdateErrorNotSupported = 6,
+    cudaGraphExecUpdateErrorUnsupportedFunctionChange = 7,
+    cudaGraphExecUpdateErrorAttributesChanged = 8,
+};
+struct cudaGraphExecUpdateResultInfo {
+    cudaGraphExecUpdateResult result;
+    cudaGraphNode_t errorNode;
+    cudaGraphNode_t errorFromNode;
+};
 #define cudaStreamLegacy ((cudaStream_t)0x1)
 #define cudaStreamPerThread ((cudaStream_t)0x2)
 
@@ -156,6 +182,7 @@ cudaError_t cudaStreamEndCapture(cudaStream_t s, cudaGraph_t *g);
 cudaError_t cudaStreamIsCapturing(cudaStream_t s, cudaStreamCaptureStatus *st);
 cudaError_t cudaGraphInstantiate(cudaGraphExec_t *x, cudaGraph_t g, unsigned long long flags = 0);
 cudaError_t cudaGraphLaunch(cudaGraphExec_t x, cudaStream_t s);
+cudaError_t cudaGraphExecUpdate(cudaGraphExec_t x, cudaGraph_t g, cudaGraphExecUpdateResultInfo *info);
 cudaError_t cudaGraphExecDestroy(cudaGraphExec_t x);
 cudaError_t cudaGraphDestroy(cudaGraph_t g);
 
@@ -235,7 +262,7 @@ void *dyn_smem(void);
 void syncthreads(void);
 int syncthreads_count(int pred);
 void syncwarp(unsigned mask);
-enum warp_kind { W_SHFL = 1, W_SHFL_UP, W_SHFL_DOWN, W_SHFL_XOR, W_BALLOT, W_ANY, W_ALL };
+enum warp_kind { W_SHFL = 1, W_SHFL_UP, W_SHFL_DOWN, W_SHFL_XOR, W_BALLOT, W_ANY, W_ALL, W_XCHG };
 uint64_t warp_op(int kind, unsigned mask, uint64_t value, int arg, int width, const char *what);
 void threadfence(void);
 /* A warp's shared scratch for the WMMA stand-ins: the first lane publishes
@@ -244,6 +271,17 @@ void threadfence(void);
  * first. */
 void warp_publish(const void *p, size_t n);
 void warp_fetch(void *p, size_t n);
+/* The warp's all-gather for a warp-wide instruction's stand-in (mma.sync,
+ * include/cusim_mma.h): each lane gives n <= 64 bytes and gets the 32
+ * lanes' (lane i's at i*n) once every lane has arrived; a meeting of the
+ * full warp that, as mma.sync, orders no shared-memory access. */
+void warp_exchange(const void *mine, size_t n, void *all, const char *what);
+/* cp.async (include/cuda_pipeline.h): a copy of n (4, 8 or 16) bytes into
+ * shared memory, its last zfill bytes zeros, checked when issued and landing
+ * when the issuing thread waits for its commit group. */
+void pipeline_copy(void *dst, const void *src, size_t n, size_t zfill);
+void pipeline_commit(void);
+void pipeline_wait_prior(size_t k);
 
 /* Atomics: the fibers of a launch run on one host thread, so a
  * read-modify-write is atomic; these also tell the race checker the access

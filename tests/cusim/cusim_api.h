@@ -14,9 +14,12 @@ extern "C" {
 #endif
 
 typedef struct {
-    uint64_t launches;         /* kernel launches the runtime took (a graph's kernels when captured) */
+    uint64_t launches;         /* kernel launches the runtime took and queued (not those a capture records) */
     uint64_t graph_launches;   /* cudaGraphLaunch calls */
-    uint64_t graph_kernels;    /* kernels run from graphs */
+    uint64_t graph_kernels;    /* kernels run from graphs (counted at the graph's launch) */
+    uint64_t captured_kernels; /* kernel launches recorded into a stream capture, to run from a graph */
+    uint64_t graph_instantiations; /* cudaGraphInstantiate calls that made an executable graph */
+    uint64_t graph_updates;    /* cudaGraphExecUpdate calls that updated one in place */
     uint64_t lib_calls;        /* cuBLAS, cuSOLVER and CUB calls queued */
     uint64_t stream_syncs;     /* cudaStreamSynchronize */
     uint64_t device_syncs;     /* cudaDeviceSynchronize, and the device sync of cudaFree/cudaFreeHost */
@@ -38,8 +41,9 @@ typedef struct {
  * restarts from it). */
 void cusim_counters_get(cusim_counters *c);
 void cusim_counters_reset(void);
-/* Launches of kernels whose name starts with prefix (NULL: all), since the
- * last reset. */
+/* Runs of kernels whose name starts with prefix (NULL: all), since the
+ * last reset: direct launches, and a graph's kernels at each of its launches
+ * (so a step's table is the same whether it ran eagerly or as a graph). */
 uint64_t cusim_launches_of(const char *prefix);
 /* Every kernel's launches since the last reset, one "name count" a line. */
 void cusim_counters_print(void *file);

@@ -151,8 +151,8 @@ step traced-step 60 "$SKV" run --backend $BE -m big-2l.gguf --kv shadowkv $TRACE
 
 # bench_step NAME CAP MODEL CTX LAYERS ARGS...: skv bench of MODEL (LAYERS: 1
 # or 2 for a cut model, 0 the whole) at CTX prompt tokens as step NAME, with
-# the CUDA backend's counts of each decode run (SKV_CUDA_COUNT=1: launches
-# and host syncs a step); a "step=" marker and its lines straight into
+# the CUDA backend's counts of each decode run (SKV_CUDA_COUNT=1: launches,
+# graph launches and host syncs a step); a "step=" marker and its lines straight into
 # bench.txt (a line a policy and batch, as each ends), then into the
 # summary; the rest of its output into the log
 bench_step() {

@@ -6,10 +6,12 @@
  * the right stream, in order. Without a device (or in a build without
  * CUDA) it skips with one line. tests/gpu/run.sh runs it on a device. */
 #include "backend.h"
+#include "kmath.h"
 #include "quant.h"
 #include "shadowkv_ops.h"
 #include "skv.h"
 #include "testhelp.h"
+#include "vec.h"
 
 #include <stdint.h>
 #ifdef SKV_CUSIM
@@ -344,12 +346,79 @@ static void t_attention(void) {
             float *og = back(dout, ql);
             char name[128];
             snprintf(name, sizeof name, "attend_causal (%d queries from %d, %d:%d heads, dim %d, %s rows%s)", nq, pos,
-                     nh, nkv, dd, cs[c].head_major ? "head-major" : "token-major", nq >= 16 ? ", tensor cores" : "");
+                     nh, nkv, dd, cs[c].head_major ? "head-major" : "token-major",
+                     nq >= 16 && dd % 32 == 0 && dd != 96 ? ", tensor cores" : "");
             cmp(name, og, oc, ql, cs[c].tol);
             cu->free(dq); cu->free(dK); cu->free(dV); cu->free(dout);
             free(q); free(K); free(V); free(oc); free(og);
         }
     }
+}
+
+/* The prefill's flash kernel (ops_attention.cu's k_flash_gqa: (query, head)
+ * rows of a GQA group packed into tiles; head dims 32, 64 and 128) against
+ * the CPU twin, from an f32 cache (Q, K, V, P rounded to bf16: bound 2e-2)
+ * and a half cache (K, V exact, Q and P rounded to f16: bound 2e-3): groups
+ * of 1, 4 and 7 (7 does not divide the 64-row tile), query counts that are
+ * not whole tiles, chunked prefills (pos > 0: the cache already holds
+ * earlier rows), and a head dim the kernel does not take (the fallback). */
+static void t_flash_prefill(void) {
+    struct { int nh, nkv, d, pos, nq, half; } cs[] = {
+        {2, 2, 64, 0, 17, 0},  {8, 2, 128, 37, 17, 1}, {7, 1, 64, 70, SIM(1000, 100), 1},
+        {4, 1, 128, 0, SIM(300, 100), 0}, {7, 1, 128, 9, 17, 0}, {4, 2, 32, 3, 40, 1}, {2, 1, 96, 5, 20, 1},
+    };
+    for (size_t c = 0; c < sizeof cs / sizeof cs[0]; c++) {
+        int nh = cs[c].nh, nkv = cs[c].nkv, dd = cs[c].d, pos = cs[c].pos, nq = cs[c].nq, T = pos + nq;
+        int cap = T + 3; /* head-major rows, a few spare */
+        size_t hs = (size_t)cap * dd, cl = (size_t)nkv * hs, ql = (size_t)nq * nh * dd;
+        int flash = dd == 32 || dd == 64 || dd == 128;
+        float *q = rnd(ql), *oc = malloc(sizeof(float) * ql);
+        float *dq = dev(q, sizeof(float) * ql), *dout = dev(NULL, sizeof(float) * ql);
+        float *kr = rnd((size_t)T * nkv * dd), *vr = rnd((size_t)T * nkv * dd);
+        void *dk, *dv;
+#ifdef SKV_CUSIM
+        uint64_t nf = cusim_launches_of("k_flash_gqa"), na = cusim_launches_of("k_attend_causal");
+#endif
+        if (cs[c].half) {
+            uint16_t *hk = calloc(cl, 2), *hv = calloc(cl, 2);
+            cpu->kv_store_h(hk, hs, nkv, dd, 0, T, kr);
+            cpu->kv_store_h(hv, hs, nkv, dd, 0, T, vr);
+            dk = dev(hk, cl * 2);
+            dv = dev(hv, cl * 2);
+            cpu->attend_causal_h(q, nq, pos, nh, nkv, dd, hk, hv, dd, hs, oc);
+            cu->attend_causal_h(dq, nq, pos, nh, nkv, dd, dk, dv, dd, hs, dout);
+            free(hk); free(hv);
+        } else {
+            float *fk = calloc(cl, 4), *fv = calloc(cl, 4);
+            cpu->kv_store(fk, hs, nkv, dd, 0, T, kr);
+            cpu->kv_store(fv, hs, nkv, dd, 0, T, vr);
+            dk = dev(fk, cl * 4);
+            dv = dev(fv, cl * 4);
+            cpu->attend_causal(q, nq, pos, nh, nkv, dd, fk, fv, dd, hs, oc);
+            cu->attend_causal(dq, nq, pos, nh, nkv, dd, dk, dv, dd, hs, dout);
+            free(fk); free(fv);
+        }
+        float *og = back(dout, ql);
+        char name[200];
+        snprintf(name, sizeof name, "attend_causal%s flash prefill (%d queries from %d, %d:%d heads, dim %d, %s)",
+                 cs[c].half ? "_h" : "", nq, pos, nh, nkv, dd, flash ? "k_flash_gqa" : "the fallback kernel");
+        cmp(name, og, oc, ql, cs[c].half ? 2e-3 : 2e-2);
+#ifdef SKV_CUSIM
+        snprintf(name, sizeof name, "... one launch of %s", flash ? "k_flash_gqa" : "k_attend_causal");
+        nf = cusim_launches_of("k_flash_gqa") - nf;
+        na = cusim_launches_of("k_attend_causal") - na;
+        test_cond(name, flash ? nf == 1 && na == 0 : nf == 0 && na == 1);
+#endif
+        cu->free(dq); cu->free(dout); cu->free(dk); cu->free(dv);
+        free(q); free(oc); free(og); free(kr); free(vr);
+    }
+}
+
+/* x (n) rounded into 16 bits of type elt by the CPU twin (a new array). */
+static uint16_t *packed(const float *x, size_t n, int elt) {
+    uint16_t *y = malloc(sizeof(uint16_t) * (n ? n : 1));
+    cpu->pack_h(x, n, y, elt);
+    return y;
 }
 
 static void t_sparse(void) {
@@ -404,8 +473,10 @@ static void t_sparse(void) {
         float *q = rnd((size_t)group * d), *sc = malloc(sizeof(float) * nch), *tmp = malloc(sizeof(float) * 2 * group * nch);
         float *dq = dev(q, sizeof(float) * group * d), *dsc = dev(NULL, sizeof(float) * nch),
               *dtmp = dev(NULL, sizeof(float) * 2 * group * nch);
-        cpu->score(q, 1, (size_t)group * d, group, d, lm, nch, 0.0884f, tmp, sc);
-        cu->score(dq, 1, (size_t)group * d, group, d, dlm, nch, 0.0884f, dtmp, dsc);
+        /* the landmarks as the policy keeps them, in IEEE half */
+        uint16_t *lm_h = packed(lm, (size_t)nch * d, SKV_ELT_F16), *dlm_h = dev(lm_h, sizeof(uint16_t) * nch * d);
+        cpu->score(q, 1, (size_t)group * d, group, d, lm_h, nch, 0.0884f, tmp, sc);
+        cu->score(dq, 1, (size_t)group * d, group, d, dlm_h, nch, 0.0884f, dtmp, dsc);
         g = back(dsc, nch);
         cmp("score (softmax per head, GQA max)", g, sc, nch, 1e-5);
         free(g);
@@ -414,8 +485,8 @@ static void t_sparse(void) {
             size_t qs = (size_t)G7 * d + 16;
             float *q3 = rnd(qs * nq), *sc3 = malloc(sizeof(float) * nch), *t3 = malloc(sizeof(float) * 2 * G7 * nch);
             float *dq3 = dev(q3, sizeof(float) * qs * nq), *ds3 = dev(NULL, sizeof(float) * nch);
-            cpu->score(q3, nq, qs, G7, d, lm, nch, 0.0884f, t3, sc3);
-            cu->score(dq3, nq, qs, G7, d, dlm, nch, 0.0884f, NULL, ds3);
+            cpu->score(q3, nq, qs, G7, d, lm_h, nch, 0.0884f, t3, sc3);
+            cu->score(dq3, nq, qs, G7, d, dlm_h, nch, 0.0884f, NULL, ds3);
             float *g3 = back(ds3, nch);
             cmp("score (3 positions, a group of 7)", g3, sc3, nch, 1e-5);
             cu->free(dq3); cu->free(ds3);
@@ -432,14 +503,17 @@ static void t_sparse(void) {
         test_cond("cuda topk: the same indices in the same order as the CPU (ties to the lower index, NaN last)",
                   nc == ng && !memcmp(ic, ig, sizeof(int) * k));
         cu->free(dK); cu->free(dlm); cu->free(dcm); cu->free(dq); cu->free(dsc); cu->free(dtmp); cu->free(dix);
-        free(K); free(lm); free(cm); free(q); free(sc); free(tmp); free(g);
+        cu->free(dlm_h);
+        free(K); free(lm); free(cm); free(q); free(sc); free(tmp); free(g); free(lm_h);
     }
-    /* gather from pinned host memory into strided device rows, on the fetch stream */
+    /* gather of bf16 blocks from pinned host memory into strided f32 device rows, on the fetch stream */
     {
         int rows = 8, cols = 128, nb = 300, dst_stride = 128, n = 40;
         size_t sl = (size_t)nb * rows * cols, dl = (size_t)n * rows * dst_stride;
-        float *src = cu->host_alloc(sizeof(float) * sl), *hs = rnd(sl);
-        memcpy(src, hs, sizeof(float) * sl);
+        float *hf = rnd(sl);
+        uint16_t *src = cu->host_alloc(sizeof(uint16_t) * sl), *hs = packed(hf, sl, SKV_ELT_BF16);
+        memcpy(src, hs, sizeof(uint16_t) * sl);
+        free(hf);
         int idx[40];
         size_t off[40];
         for (int i = 0; i < n; i++) {
@@ -450,7 +524,7 @@ static void t_sparse(void) {
         cpu->gather(hs, rows, cols, idx, n, dc, off, dst_stride);
         cu->gather(src, rows, cols, idx, n, dd, off, dst_stride);
         float *g = back(dd, dl); /* download waits for the fetch stream */
-        cmp("gather (zero-copy from pinned memory)", g, dc, dl, 0);
+        cmp("gather (zero-copy from pinned memory, bf16 widened)", g, dc, dl, 0);
         cu->host_free(src);
         cu->free(dd);
         free(hs); free(dc); free(g);
@@ -461,13 +535,14 @@ static void t_sparse(void) {
         rope_params p = {.mode = ROPE_ADJACENT, .head_dim = d, .rope_dim = d, .theta = 500000};
         rope_ctx rc;
         rope_init(&rc, &p, NULL);
-        float *U = rnd((size_t)s * r), *svt = rnd((size_t)r * d), *oc = malloc(sizeof(float) * n * d);
-        float *dU = dev(U, sizeof(float) * s * r), *dsvt = dev(svt, sizeof(float) * r * d),
-              *dout = dev(NULL, sizeof(float) * n * d);
+        float *Uf = rnd((size_t)s * r), *svt = rnd((size_t)r * d), *oc = malloc(sizeof(float) * n * d);
+        uint16_t *U = packed(Uf, (size_t)s * r, SKV_ELT_BF16), *dU = dev(U, sizeof(uint16_t) * s * r); /* U in bf16 */
+        float *dsvt = dev(svt, sizeof(float) * r * d), *dout = dev(NULL, sizeof(float) * n * d);
+        free(Uf);
         cpu->rebuild(U, r, svt, d, t0, n, &rc, NULL, NULL, oc);
         cu->rebuild(dU, r, dsvt, d, t0, n, &rc, NULL, NULL, dout);
         float *g = back(dout, (size_t)n * d);
-        cmp("rebuild + RoPE", g, oc, (size_t)n * d, 1e-5);
+        cmp("rebuild + RoPE (U in bf16)", g, oc, (size_t)n * d, 1e-5);
         free(g);
         float *cs = malloc(sizeof(float) * s * d / 2), *sn = malloc(sizeof(float) * s * d / 2);
         shadowkv_rope_table(&rc, s, cs, sn);
@@ -543,10 +618,14 @@ static void t_fused(void) {
     for (int kh = 0; kh < h; kh++)
         for (int j = 0; j < nc; j++) cand[kh * nc + j] = j + (j >= 20 ? 2 : 0); /* two outlier chunks skipped */
     int *cache_d = dev(cache_c, sizeof(int) * n_cache), *cand_d = dev(cand, sizeof(int) * h * nc);
-    float *store = cu->host_alloc(sizeof(float) * (size_t)h * nc * c * d), *st_h = rnd((size_t)h * nc * c * d);
-    memcpy(store, st_h, sizeof(float) * (size_t)h * nc * c * d);
-    float *U = rnd((size_t)(s + 3 * c) * r), *SVt = rnd((size_t)h * r * d);
-    float *dU = dev(U, sizeof(float) * (size_t)(s + 3 * c) * r), *dSVt = dev(SVt, sizeof(float) * (size_t)h * r * d);
+    /* the store and U in bf16, as the policy keeps them */
+    size_t sn_ = (size_t)h * nc * c * d, un = (size_t)(s + 3 * c) * r;
+    float *stf = rnd(sn_), *Uf = rnd(un);
+    uint16_t *store = cu->host_alloc(sizeof(uint16_t) * sn_), *st_h = packed(stf, sn_, SKV_ELT_BF16);
+    memcpy(store, st_h, sizeof(uint16_t) * sn_);
+    uint16_t *U = packed(Uf, un, SKV_ELT_BF16), *dU = dev(U, sizeof(uint16_t) * un);
+    free(stf); free(Uf);
+    float *SVt = rnd((size_t)h * r * d), *dSVt = dev(SVt, sizeof(float) * (size_t)h * r * d);
     rope_params p = {.mode = ROPE_ADJACENT, .head_dim = d, .rope_dim = d, .theta = 500000};
     rope_ctx rc;
     rope_init(&rc, &p, NULL);
@@ -717,7 +796,8 @@ static void t_decode_batch(void) {
 
 /* One job's buffers on both sides: [0] the CPU's, [1] the device's. */
 typedef struct {
-    float *K[2], *V[2], *lm[2], *U[2], *svt[2], *cs[2], *sn[2], *store[2], *score[2];
+    float *K[2], *V[2], *svt[2], *cs[2], *sn[2], *score[2];
+    uint16_t *lm[2], *U[2], *store[2]; /* IEEE half, bf16, bf16: as the policy keeps them */
     int *cand[2], *cache[2], *pack[2];
     int cap;
 } sk_tjob;
@@ -745,8 +825,11 @@ static void t_sk_step_case(int B, int h, int G, int d, const int *nc, const int 
         int i = j / h, n = nc[i], k = kk[i], row_slot = 2 * c, row_gen = row_slot + k * c + 3;
         sk_tjob *t = &T[j];
         t->cap = row_gen + 8;
-        float *K = rnd((size_t)t->cap * d), *V = rnd((size_t)t->cap * d), *lm = rnd((size_t)n * d);
-        float *U = rnd((size_t)s * r), *svt = rnd((size_t)r * d), *st = rnd((size_t)n * c * d);
+        float *K = rnd((size_t)t->cap * d), *V = rnd((size_t)t->cap * d), *lmf = rnd((size_t)n * d);
+        float *Uf = rnd((size_t)s * r), *svt = rnd((size_t)r * d), *stf = rnd((size_t)n * c * d);
+        uint16_t *lm = packed(lmf, (size_t)n * d, SKV_ELT_F16), *U = packed(Uf, (size_t)s * r, SKV_ELT_BF16);
+        uint16_t *st = packed(stf, (size_t)n * c * d, SKV_ELT_BF16);
+        free(lmf); free(Uf); free(stf);
         int *cand = malloc(sizeof(int) * n), *cache = malloc(sizeof(int) * (2 * k + n + 1));
         for (int x = 0; x < n; x++) cand[x] = x + (x >= n / 2 ? 3 : 0); /* chunks 0..63, a gap */
         for (int x = 0; x < 2 * k + n + 1; x++) cache[x] = x < k + n ? -1 : 0; /* slot_id, where; stamp, epoch */
@@ -755,11 +838,11 @@ static void t_sk_step_case(int B, int h, int G, int d, const int *nc, const int 
         t->score[0] = calloc(n, sizeof(float));
         t->pack[0] = calloc(3 * k + 1, sizeof(int));
         t->K[1] = dev(K, sizeof(float) * t->cap * d); t->V[1] = dev(V, sizeof(float) * t->cap * d);
-        t->lm[1] = dev(lm, sizeof(float) * n * d); t->U[1] = dev(U, sizeof(float) * s * r);
+        t->lm[1] = dev(lm, sizeof(uint16_t) * n * d); t->U[1] = dev(U, sizeof(uint16_t) * s * r);
         t->svt[1] = dev(svt, sizeof(float) * r * d); t->cs[1] = dev(cs, sizeof(float) * s * half);
         t->sn[1] = dev(sn, sizeof(float) * s * half);
-        t->store[1] = cu->host_alloc(sizeof(float) * n * c * d);
-        memcpy(t->store[1], st, sizeof(float) * n * c * d);
+        t->store[1] = cu->host_alloc(sizeof(uint16_t) * n * c * d);
+        memcpy(t->store[1], st, sizeof(uint16_t) * n * c * d);
         t->cand[1] = dev(cand, sizeof(int) * n); t->cache[1] = dev(cache, sizeof(int) * (2 * k + n + 1));
         t->score[1] = dev(NULL, sizeof(float) * n); t->pack[1] = dev(NULL, sizeof(int) * (3 * k + 1));
         for (int w = 0; w < 2; w++) {
@@ -973,8 +1056,9 @@ static void t_timeline(void) {
     if (!cu->span_enable) return;
     int n = 64, d = 128, s = 1024, r = 32;
     float *q = dev(NULL, sizeof(float) * 4 * d), *K = dev(NULL, sizeof(float) * s * d), *V = dev(NULL, sizeof(float) * s * d);
-    float *U = dev(NULL, sizeof(float) * s * r), *svt = dev(NULL, sizeof(float) * r * d), *out = dev(NULL, sizeof(float) * 4 * d);
-    float *src = cu->host_alloc(sizeof(float) * 8 * d * n);
+    uint16_t *U = dev(NULL, sizeof(uint16_t) * s * r);
+    float *svt = dev(NULL, sizeof(float) * r * d), *out = dev(NULL, sizeof(float) * 4 * d);
+    uint16_t *src = cu->host_alloc(sizeof(uint16_t) * 8 * d * n);
     int idx[64];
     size_t off[64];
     for (int i = 0; i < n; i++) { idx[i] = i; off[i] = (size_t)i * 8 * d; }
@@ -1228,9 +1312,10 @@ static void t_forward_fused(void) {
     skv_workspace_free(&ws);
 }
 
-/* ShadowKV's end of prefill on the device: the landmarks rounded to half
- * precision in place, and every KV head's candidate chunks gathered in one
- * launch (landmarks into device rows, values into pinned host memory). */
+/* ShadowKV's end of prefill on the device: U packed to bf16 (pack_h), and
+ * every KV head's candidate chunks gathered in one launch, rounded as they
+ * are stored (landmarks into device rows in IEEE half, values into pinned
+ * host memory in bf16, outliers in f32). */
 static void t_prefill_end(void) {
     {
         static const float special[] = {
@@ -1245,29 +1330,51 @@ static void t_prefill_end(void) {
         memcpy(x, special, sizeof special);
         for (size_t i = ns; i < n; i++) x[i] = ldexpf(frand(), (int)(i % 60) - 40); /* 2^-40 .. 2^19 */
         float *dx = dev(x, sizeof(float) * n);
-        cpu->round_h(x, n);
-        cu->round_h(dx, n);
-        float *g = back(dx, n);
-        size_t bad = 0;
-        for (size_t i = 0; i < n; i++) {
-            uint32_t a, b;
-            memcpy(&a, &g[i], 4);
-            memcpy(&b, &x[i], 4);
-            /* NaN: a NaN (a device may give its canonical NaN's bits) */
-            if (isnan(x[i]) ? !isnan(g[i]) : a != b) bad++;
+        uint16_t *hc = malloc(sizeof(uint16_t) * n), *hg = malloc(sizeof(uint16_t) * n);
+        uint16_t *dy = dev(NULL, sizeof(uint16_t) * n);
+        for (int elt = SKV_ELT_BF16; elt <= SKV_ELT_F16; elt++) {
+            int f16 = elt == SKV_ELT_F16;
+            cpu->pack_h(x, n, hc, elt);
+            cu->pack_h(dx, n, dy, elt);
+            cu->download(hg, dy, sizeof(uint16_t) * n);
+            size_t bad = 0;
+            for (size_t i = 0; i < n; i++) {
+                float a = f16 ? 0 : km_bf16_to_f32(hg[i]), b = f16 ? 0 : km_bf16_to_f32(hc[i]);
+                if (f16) {
+                    vec_from_f16(&a, &hg[i], 1);
+                    vec_from_f16(&b, &hc[i], 1);
+                }
+                /* NaN: a NaN (a device may give its canonical NaN's bits) */
+                if (isnan(x[i]) ? !isnan(a) || !isnan(b) : hg[i] != hc[i]) bad++;
+            }
+            char msg[200];
+            snprintf(msg, sizeof msg, "cuda pack_h %s: %zu of %zu values differ from the CPU's rounding bit for bit "
+                     "(ties to even, subnormals, overflow to inf, ±0; NaN stays NaN)", f16 ? "f16" : "bf16", bad, n);
+            test_cond(msg, bad == 0);
+            float w[30];
+            for (int i = 0; i < 30; i++) {
+                if (f16) vec_from_f16(&w[i], &hc[i], 1);
+                else w[i] = km_bf16_to_f32(hc[i]);
+            }
+            if (f16)
+                test_cond("cuda pack_h: the CPU twin rounds as IEEE half (65520 to inf, 2^-25 to +0, 1+2^-11 to 1)",
+                          isinf(w[7]) && w[17] == 0.0f && !signbit(w[17]) && w[28] == 1.0f && w[29] == 0x1.008p0f);
+            else
+                test_cond("cuda pack_h: the CPU twin rounds as bf16 (1+2^-11 and 1+3·2^-11 to 1, 65504 to 65536, 2^-149 "
+                          "to 0, -3e38 finite, NaN quiet)",
+                          w[28] == 1.0f && w[29] == 1.0f && w[4] == 65536.0f && w[22] == 0.0f && !isinf(w[10]) &&
+                              hc[13] == 0x7fc0);
         }
-        char msg[200];
-        snprintf(msg, sizeof msg, "cuda round_h: %zu of %zu values differ from the CPU's half rounding bit for bit "
-                 "(ties to even, subnormals, overflow to inf, ±0; NaN stays NaN)", bad, n);
-        test_cond(msg, bad == 0);
-        test_cond("cuda round_h: the CPU twin rounds as IEEE half (65520 to inf, 2^-25 to +0, 1+2^-11 to 1)",
-                  isinf(x[7]) && x[17] == 0.0f && !signbit(x[17]) && x[28] == 1.0f && x[29] == 0x1.008p0f);
-        cu->free(dx);
-        free(x); free(g);
+        cu->free(dx); cu->free(dy);
+        free(x); free(hc); free(hg);
     }
-    /* landmarks (rows 1) into device rows, values (rows a chunk, strided by
-     * the KV width) into pinned host memory, d not a multiple of 32 */
-    for (int pass = 0; pass < 2; pass++) {
+    /* landmarks (rows 1) into device rows in half, values (rows a chunk,
+     * strided by the KV width) into pinned host memory in bf16, outliers
+     * (the same rows) into device rows in f32, d not a multiple of 32 */
+    for (int p3 = 0; p3 < 3; p3++) {
+        static const int elts[3] = {SKV_ELT_F16, SKV_ELT_BF16, SKV_ELT_F32};
+        int pass = p3 > 0, elt = elts[p3];
+        size_t es = elt == SKV_ELT_F32 ? sizeof(float) : sizeof(uint16_t);
         int h = 3, nch = 57, nc = 41, d = pass ? 128 : 40, rows = pass ? 8 : 1, kvd = h * d;
         size_t src_row = pass ? (size_t)kvd : (size_t)d, src_head = pass ? (size_t)d : (size_t)nch * d;
         size_t dst_head = (size_t)(nc + 2) * rows * d; /* gaps between the heads' blocks stay untouched */
@@ -1283,28 +1390,30 @@ static void t_prefill_end(void) {
         }
         float *dsrc = dev(src, sizeof(float) * sl);
         int *dcand = dev(cand, sizeof(int) * h * nc);
-        float *ref = malloc(sizeof(float) * dl), *out;
-        for (size_t i = 0; i < dl; i++) ref[i] = -7.0f;
-        cpu->sk_gather_chunks(src, src_row, src_head, cand, h, nc, rows, d, ref, dst_head);
-        float *dd = NULL, *hd = NULL;
-        if (pass) {
-            hd = cu->host_alloc(sizeof(float) * dl);
-            for (size_t i = 0; i < dl; i++) hd[i] = -7.0f;
-            cu->sk_gather_chunks(dsrc, src_row, src_head, dcand, h, nc, rows, d, hd, dst_head);
+        char *ref = malloc(es * dl), *out = malloc(es * dl), *init = malloc(es * dl);
+        memset(init, 0xa5, es * dl); /* what the gaps keep */
+        memcpy(ref, init, es * dl);
+        cpu->sk_gather_chunks(src, src_row, src_head, cand, h, nc, rows, d, ref, dst_head, elt);
+        void *dd = NULL, *hd = NULL;
+        if (elt == SKV_ELT_BF16) {
+            hd = cu->host_alloc(es * dl);
+            memcpy(hd, init, es * dl);
+            cu->sk_gather_chunks(dsrc, src_row, src_head, dcand, h, nc, rows, d, hd, dst_head, elt);
             cu->sync();
-            out = malloc(sizeof(float) * dl);
-            memcpy(out, hd, sizeof(float) * dl);
+            memcpy(out, hd, es * dl);
         } else {
-            float *init = malloc(sizeof(float) * dl);
-            for (size_t i = 0; i < dl; i++) init[i] = -7.0f;
-            dd = dev(init, sizeof(float) * dl);
-            free(init);
-            cu->sk_gather_chunks(dsrc, src_row, src_head, dcand, h, nc, rows, d, dd, dst_head);
-            out = back(dd, dl);
+            dd = dev(init, es * dl);
+            cu->sk_gather_chunks(dsrc, src_row, src_head, dcand, h, nc, rows, d, dd, dst_head, elt);
+            cu->download(out, dd, es * dl);
         }
-        test_cond(pass ? "cuda sk_gather_chunks: a layer's candidate values into pinned memory, bit for bit"
-                       : "cuda sk_gather_chunks: a layer's candidate landmarks into device rows, bit for bit",
-                  !memcmp(out, ref, sizeof(float) * dl));
+        free(init);
+        test_cond(elt == SKV_ELT_BF16 ? "cuda sk_gather_chunks: a layer's candidate values into pinned memory in bf16, "
+                                        "bit for bit"
+                  : elt == SKV_ELT_F16 ? "cuda sk_gather_chunks: a layer's candidate landmarks into device rows in "
+                                         "half, bit for bit"
+                                       : "cuda sk_gather_chunks: a head's outlier rows into device rows in f32, bit "
+                                         "for bit",
+                  !memcmp(out, ref, es * dl));
         if (hd) cu->host_free(hd);
         cu->free(dd); cu->free(dsrc); cu->free(dcand);
         free(src); free(cand); free(ref); free(out);
@@ -1315,19 +1424,19 @@ static void t_prefill_end(void) {
  * reused by the next allocation of its size (pinned once), but not while
  * queued work still reads it. */
 static void t_pinned_pool(void) {
-    size_t n = (size_t)1 << 19;
-    float *a = cu->host_alloc_raw(sizeof(float) * n);
+    size_t n = (size_t)1 << 19, nv = 2 * n; /* n floats' bytes: nv bf16 values */
+    uint16_t *a = cu->host_alloc_raw(sizeof(float) * n);
     SKV_ASSERT(a);
-    for (size_t i = 0; i < n; i++) a[i] = (float)i + 0.5f;
-    float *dd = dev(NULL, sizeof(float) * n);
+    for (size_t i = 0; i < nv; i++) a[i] = km_f32_to_bf16((float)(i % 128) + 0.5f); /* exact in bf16 */
+    float *dd = dev(NULL, sizeof(float) * nv);
     int idx = 0;
     size_t off = 0;
-    cu->gather(a, 64, (int)n / 64, &idx, 1, dd, &off, (int)n / 64); /* reads a on the fetch stream */
+    cu->gather(a, 64, (int)nv / 64, &idx, 1, dd, &off, (int)nv / 64); /* reads a on the fetch stream */
     cu->host_free(a);
     float *b = cu->host_alloc(sizeof(float) * n); /* zeroed: a only once the gather is done */
-    float *g = back(dd, n);
+    float *g = back(dd, nv);
     size_t bad = 0;
-    for (size_t i = 0; i < n; i++) bad += g[i] != (float)i + 0.5f;
+    for (size_t i = 0; i < nv; i++) bad += g[i] != (float)(i % 128) + 0.5f;
     test_cond("cuda host_free: a pinned block queued work reads is not handed out (and zeroed) before it ran",
               bad == 0);
     size_t nz = 0;
@@ -1338,8 +1447,8 @@ static void t_pinned_pool(void) {
     for (size_t i = 0; i < n; i++) nz += c[i] != 0.0f;
     char msg[200];
     snprintf(msg, sizeof msg, "cuda host_alloc: a freed block of the same size is reused (pinned once: %s), zeroed "
-             "(%zu nonzero)", c == a || c == b ? "yes" : "no", nz);
-    test_cond(msg, (c == a || c == b) && nz == 0);
+             "(%zu nonzero)", (void *)c == (void *)a || c == b ? "yes" : "no", nz);
+    test_cond(msg, ((void *)c == (void *)a || c == b) && nz == 0);
     cu->host_free(c);
     cu->free(dd);
     free(g);
@@ -1362,6 +1471,7 @@ int main(void) {
     t_matmul();
     t_elementwise();
     t_attention();
+    t_flash_prefill();
     t_decode_batch();
     t_sparse();
     t_prefill_end();

@@ -21,16 +21,23 @@
  *    batch's activations. 2b: the same for a dense batch of 4 of different
  *    prompt lengths, f32 and f16 caches, with one store and one
  *    flash-decode launch a layer for the whole batch.
- * 3. One decode step's kernel launches, library calls (cuBLAS, cuSOLVER,
- *    CUB), host syncs and allocations, for dense, ShadowKV and a ShadowKV
- *    batch of 4, printed (INFO) with the per-kernel tables, and held to
- *    today's counts on this model as ceilings. 3b: issue 45's budgets,
- *    asserted: a layer's launches (from models of 2 and 4 layers) at most
- *    12 for the whole batch and the same for 4 sequences as for one, no
- *    library call, 1 host sync a step, no allocation or free in a step.
+ * 3. One decode step's kernels (launched alone or run from its graph),
+ *    library calls (cuBLAS, cuSOLVER, CUB), host syncs and allocations, for
+ *    dense, ShadowKV and a ShadowKV batch of 4, printed (INFO) with the
+ *    per-kernel tables, and held to today's counts on this model as
+ *    ceilings, each step one graph launch. 3b: issue 45's budgets, asserted:
+ *    a layer's kernels (from models of 2 and 4 layers; the 2-layer steps
+ *    are part 5's) at most 12 for the whole batch and the same for 4
+ *    sequences as for one and for 4 KV heads as for 2, no library call, 1
+ *    host sync a step, no allocation or free in a step.
  *    3c: ShadowKV's end of prefill: the landmarks rounded on the device (no
  *    download) and a layer's candidates and outliers gathered in a few
  *    launches, not a copy per run of chunks.
+ * 5. The decode step as a CUDA graph (backend_cuda.cu's step graphs): the
+ *    same tokens and logits bit for bit as eager launches, for dense and
+ *    ShadowKV, one sequence and a batch of 4; after the first steps each
+ *    step one graph launch updated in place; a step whose topology changed
+ *    instantiated anew (graph_checks, below).
  * 4. A device with room for one more fork but not 4, and one with room for
  *    half a fork: the forks that do not fit are refused with one line, leave
  *    nothing allocated, and the sessions made still decode. Each runs in a
@@ -38,6 +45,7 @@
  *    the backend does not check (it aborts) fails one check, not the test. */
 #include "backend.h"
 #include "batch.h"
+#include "cuda/cuda_ops.h"
 #include "cusim_api.h"
 #include "forward.h"
 #include "kv.h"
@@ -162,6 +170,17 @@ static void print_table(const char *title) {
 
 /* ---- 3: one decode step's counts ------------------------------------------ */
 
+/* A step's kernels, whether launched one by one or run from its graph (the
+ * budgets count kernels before graph capture). */
+static uint64_t kernels(const cusim_counters *c) { return c->launches + c->graph_kernels; }
+
+/* A decode step run as one graph: one graph launch, no kernel launched
+ * alone, the kernels the graph ran as many as its capture recorded. */
+static int one_graph(const cusim_counters *c) {
+    return c->graph_launches == 1 && c->launches == 0 && c->captured_kernels == c->graph_kernels &&
+           c->graph_kernels > 0;
+}
+
 typedef struct { cusim_counters c; double launches_layer, calls_layer; } step_count;
 
 /* s has decoded at least one step: the counters of the next one. */
@@ -171,17 +190,20 @@ static int count_step(skv_session *s, step_count *o, const char *title) {
     int rc = session_decode(s, tok);
     cusim_counters_get(&o->c);
     print_table(title);
-    o->launches_layer = (double)o->c.launches / s->m->cfg.n_layers;
-    o->calls_layer = (double)(o->c.launches + o->c.lib_calls) / s->m->cfg.n_layers;
+    o->launches_layer = (double)kernels(&o->c) / s->m->cfg.n_layers;
+    o->calls_layer = (double)(kernels(&o->c) + o->c.lib_calls) / s->m->cfg.n_layers;
     return rc;
 }
 
 static void report_step(const char *what, const step_count *s, int n_layers) {
-    printf("INFO %s: one decode step on cuda (simulated, %d layers): %llu kernel launches + %llu library calls (%.1f + "
-           "%.1f a layer), %llu host syncs (stream %llu, device %llu, event %llu, blocking copies %llu), %llu event "
+    printf("INFO %s: one decode step on cuda (simulated, %d layers): %llu kernels + %llu library calls (%.1f + "
+           "%.1f a layer), run as %llu graph launches (%llu kernels captured, %llu from graphs) and %llu kernel launches, "
+           "%llu host syncs (stream %llu, device %llu, event %llu, blocking copies %llu), %llu event "
            "waits, %llu allocs, %llu frees, %llu B up, %llu B down, %llu B device to device\n",
-           what, n_layers, (unsigned long long)s->c.launches, (unsigned long long)s->c.lib_calls,
-           s->launches_layer, s->calls_layer - s->launches_layer, (unsigned long long)s->c.host_syncs,
+           what, n_layers, (unsigned long long)kernels(&s->c), (unsigned long long)s->c.lib_calls,
+           s->launches_layer, s->calls_layer - s->launches_layer, (unsigned long long)s->c.graph_launches,
+           (unsigned long long)s->c.captured_kernels, (unsigned long long)s->c.graph_kernels,
+           (unsigned long long)s->c.launches, (unsigned long long)s->c.host_syncs,
            (unsigned long long)s->c.stream_syncs, (unsigned long long)s->c.device_syncs,
            (unsigned long long)s->c.event_syncs, (unsigned long long)s->c.blocking_copies,
            (unsigned long long)s->c.event_waits, (unsigned long long)s->c.allocs, (unsigned long long)s->c.frees,
@@ -191,40 +213,38 @@ static void report_step(const char *what, const step_count *s, int n_layers) {
 
 /* ---- 3b: the budgets a layer, from models of 2 and 4 layers ------------- */
 
-/* One decode step of policy on the model at path, alone (B = 1) or as a
- * batch of B forks of one recorded prefill: its counters, after one step
- * that may set things up. 0, or an error. */
-static int count_policy(const char *path, const char *policy, int B, cusim_counters *out, char *title) {
+/* One decode step of policy on the model at path as a batch of 4 forks of
+ * one recorded prefill (out[1]) and, with one, of a fork alone (out[0]):
+ * its counters, after a step that may set things up. 0, or an error. */
+static int count_policy(const char *path, const char *policy, int one, cusim_counters out[2], const char *title) {
     skv_model *m = NULL;
     if (model_load(path, &m)) return -1;
     int V = m->cfg.vocab, rc;
     int32_t ids[NP];
     prompt(V, ids, NP);
-    session_opts so = opts(policy, 64, B > 1);
-    skv_session *src = NULL, *f[NF] = {0};
+    session_opts so = opts(policy, 64, 1);
+    skv_session *src = NULL, *f[NF] = {0}, *alone = NULL;
     skv_batch *b = NULL;
     rc = session_new(m, &so, &src);
     if (!rc) rc = session_prefill(src, ids, NP, NULL, NULL);
-    if (B == 1) {
-        if (!rc) rc = session_decode(src, sampler_argmax(session_logits(src), V));
-        if (!rc) {
-            int tok = sampler_argmax(session_logits(src), V);
-            cusim_counters_reset();
-            rc = session_decode(src, tok);
-            cusim_counters_get(out);
-        }
-    } else {
-        for (int i = 0; i < B && !rc; i++) rc = session_fork(src, &so.kv, &f[i]);
-        if (!rc && (rc = batch_new(f, B, &b)) == 0) memset(f, 0, sizeof f);
-        for (int t = 0; t < 2 && !rc; t++) {
-            int32_t tok[NF];
-            for (int i = 0; i < B; i++) tok[i] = sampler_argmax(session_logits(batch_seq(b, i)), V);
-            if (t == 1) cusim_counters_reset();
-            rc = batch_decode(b, tok);
-            if (t == 1) cusim_counters_get(out);
-        }
+    for (int i = 0; i < NF && !rc; i++) rc = session_fork(src, &so.kv, &f[i]);
+    if (!rc && one) rc = session_fork(src, &so.kv, &alone);
+    if (!rc && (rc = batch_new(f, NF, &b)) == 0) memset(f, 0, sizeof f);
+    for (int t = 0; t < 2 && !rc; t++) {
+        int32_t tok[NF];
+        for (int i = 0; i < NF; i++) tok[i] = sampler_argmax(session_logits(batch_seq(b, i)), V);
+        if (t == 1) cusim_counters_reset();
+        rc = batch_decode(b, tok);
+        if (t == 1) cusim_counters_get(&out[1]);
     }
     if (!rc && title) print_table(title);
+    for (int t = 0; t < 2 && one && !rc; t++) {
+        int tok = sampler_argmax(session_logits(alone), V);
+        if (t == 1) cusim_counters_reset();
+        rc = session_decode(alone, tok);
+        if (t == 1) cusim_counters_get(&out[0]);
+    }
+    session_free(alone);
     batch_free(b);
     for (int i = 0; i < NF; i++) session_free(f[i]);
     session_free(src);
@@ -232,65 +252,188 @@ static int count_policy(const char *path, const char *policy, int B, cusim_count
     return rc;
 }
 
-/* Issue 45's budgets, asserted: a layer's launches (the step's on 4 layers
+/* Issue 45's budgets, asserted: a layer's kernels (the step's on 4 layers
  * less its on 2, halved: the embedding, the output norm and head are not
- * counted, on any depth they are the same), at most 12 for the whole batch;
- * the same launches for a batch of 4 as for one sequence; no library call
- * (the decode matmuls are the backend's own kernels up to 8 rows); one host
- * sync a step; no allocation or free. */
-static void layer_budgets(void) {
-    char p2[600], p4[600], ph[600], msg[1200];
-    snprintf(p2, sizeof p2, "%s/tiny2.gguf", test_tmpdir("cuda_paths"));
+ * counted, on any depth they are the same), at most 12 for the whole batch,
+ * counted before graph capture (a graph's kernels); the same kernels for a
+ * batch of 4 as for one sequence, and for 4 KV heads as for 2; no library
+ * call (the decode matmuls are the backend's own kernels up to 8 rows); one
+ * host sync a step; no allocation or free; each step one graph launch. The
+ * 2-layer, 2-KV-head steps are part 5's (two[policy][batch of 1, of 4]: the
+ * same model, options and forks); the 4-layer ones come from one prefill a
+ * policy, a batch of 4 forks and the source alone, and the 4-KV-head one
+ * from a batch of 4. */
+static void layer_budgets(const cusim_counters two[2][2]) {
+    char p4[600], ph[600], msg[1200];
     snprintf(p4, sizeof p4, "%s/tiny4.gguf", test_tmpdir("cuda_paths"));
     snprintf(ph, sizeof ph, "%s/tiny2h.gguf", test_tmpdir("cuda_paths"));
-    if (make_model(p2, 2, 2) || make_model(p4, 4, 2) || make_model(ph, 2, 4)) {
-        test_cond("the models of 2 and 4 layers, and of 4 KV heads, are written", 0);
+    if (make_model(p4, 4, 2) || make_model(ph, 2, 4)) {
+        test_cond("the models of 4 layers, and of 4 KV heads, are written", 0);
         return;
     }
     static const char *const pol[2] = {"dense", "shadowkv"};
     static const int batch[2] = {1, 4};
     for (int pi = 0; pi < 2; pi++) {
         double per_b[2] = {0, 0};
+        cusim_counters four[2], h[2];
+        memset(four, 0, sizeof four);
+        memset(h, 0, sizeof h);
+        char title[160];
+        snprintf(title, sizeof title, "%s, batch of 4, 4 layers: one decode step's kernels", pol[pi]);
+        int rc = count_policy(p4, pol[pi], 1, four, title);
         for (int bi = 0; bi < 2; bi++) {
-            cusim_counters c2, c4;
-            memset(&c2, 0, sizeof c2);
-            memset(&c4, 0, sizeof c4);
-            char title[160];
-            snprintf(title, sizeof title, "%s, batch of %d, 4 layers: one decode step's launches by kernel", pol[pi],
-                     batch[bi]);
-            int rc = count_policy(p2, pol[pi], batch[bi], &c2, NULL);
-            if (!rc) rc = count_policy(p4, pol[pi], batch[bi], &c4, title);
-            double per = ((double)c4.launches - (double)c2.launches) / 2.0;
-            double outside = (double)c2.launches - 2.0 * per;
+            const cusim_counters *c2 = &two[pi][bi], *c4 = &four[bi];
+            double per = ((double)kernels(c4) - (double)kernels(c2)) / 2.0;
+            double outside = (double)kernels(c2) - 2.0 * per;
             per_b[bi] = per;
-            snprintf(msg, sizeof msg, "%s, batch of %d: %.1f kernel launches a layer for the whole batch (issue 45's "
-                     "budget 12; steps of %llu launches on 2 layers and %llu on 4, %.0f outside the layers: embedding, "
-                     "output norm and head), %llu library calls, %llu host syncs a step (budget 1), %llu event waits, "
+            snprintf(msg, sizeof msg, "%s, batch of %d: %.1f kernels a layer for the whole batch (issue 45's "
+                     "budget 12 launches before graph capture; steps of %llu kernels on 2 layers and %llu on 4, %.0f "
+                     "outside the layers: embedding, output norm and head), run as %llu graph launch and %llu kernel "
+                     "launches a step, %llu library calls, %llu host syncs a step (budget 1), %llu event waits, "
                      "%llu allocs and %llu frees (rc %d %s)", pol[pi], batch[bi], per,
-                     (unsigned long long)c2.launches, (unsigned long long)c4.launches, outside,
-                     (unsigned long long)c4.lib_calls, (unsigned long long)c4.host_syncs,
-                     (unsigned long long)c4.event_waits, (unsigned long long)c4.allocs, (unsigned long long)c4.frees,
-                     rc, rc ? skv_last_error() : "");
-            test_cond(msg, rc == 0 && c2.launches > 0 && per > 0 && per <= 12 && c4.lib_calls == 0 &&
-                      c2.lib_calls == 0 && c4.host_syncs <= 1 && c2.host_syncs <= 1 && c4.allocs == 0 &&
-                      c4.frees == 0);
+                     (unsigned long long)kernels(c2), (unsigned long long)kernels(c4), outside,
+                     (unsigned long long)c4->graph_launches, (unsigned long long)c4->launches,
+                     (unsigned long long)c4->lib_calls, (unsigned long long)c4->host_syncs,
+                     (unsigned long long)c4->event_waits, (unsigned long long)c4->allocs,
+                     (unsigned long long)c4->frees, rc, rc ? skv_last_error() : "");
+            test_cond(msg, rc == 0 && kernels(c2) > 0 && per > 0 && per <= 12 && c4->lib_calls == 0 &&
+                      c2->lib_calls == 0 && c4->host_syncs <= 1 && c2->host_syncs <= 1 && c4->allocs == 0 &&
+                      c4->frees == 0 && one_graph(c2) && one_graph(c4));
         }
-        snprintf(msg, sizeof msg, "%s: a layer's launches do not grow with the batch (%.1f for one sequence, %.1f for 4)",
+        snprintf(msg, sizeof msg, "%s: a layer's kernels do not grow with the batch (%.1f for one sequence, %.1f for 4)",
                  pol[pi], per_b[0], per_b[1]);
         test_cond(msg, per_b[0] > 0 && per_b[0] == per_b[1]);
-        cusim_counters a, h;
-        memset(&a, 0, sizeof a);
-        memset(&h, 0, sizeof h);
-        int rc = count_policy(p2, pol[pi], 4, &a, NULL);
-        if (!rc) rc = count_policy(ph, pol[pi], 4, &h, NULL);
-        snprintf(msg, sizeof msg, "%s: nor with the heads (a batch of 4 on 2 layers: %llu launches with 2 KV heads, "
-                 "%llu with 4; rc %d %s)", pol[pi], (unsigned long long)a.launches, (unsigned long long)h.launches, rc,
-                 rc ? skv_last_error() : "");
-        test_cond(msg, rc == 0 && a.launches > 0 && a.launches == h.launches);
+        if (!rc) rc = count_policy(ph, pol[pi], 0, h, NULL);
+        snprintf(msg, sizeof msg, "%s: nor with the heads (a batch of 4 on 2 layers: %llu kernels with 2 KV heads, "
+                 "%llu with 4; rc %d %s)", pol[pi], (unsigned long long)kernels(&two[pi][1]),
+                 (unsigned long long)kernels(&h[1]), rc, rc ? skv_last_error() : "");
+        test_cond(msg, rc == 0 && kernels(&h[1]) > 0 && kernels(&two[pi][1]) == kernels(&h[1]) && one_graph(&h[1]));
     }
-    unlink(p2);
     unlink(p4);
     unlink(ph);
+}
+
+/* ---- 5: the decode step as a CUDA graph -----------------------------------
+ * For dense and ShadowKV, a batch of 4 forks of one recorded prefill and
+ * one fork alone, ST steps with the step graphs off (cu_graph_set(0): each
+ * kernel launched alone) and on: the same greedy tokens and the same logits
+ * bit for bit; with graphs, every step after the first two (the first makes
+ * the sequence's buffers and scratch, which breaks its capture; the second
+ * is the first whole graph) is one graph launch, no kernel launched alone,
+ * no library call, at most one host sync and no allocation or free, and is
+ * applied to the step before's graph in place (cudaGraphExecUpdate), not
+ * instantiated. The runs go dense 4, dense 1, ShadowKV 4, ShadowKV 1: the
+ * first whole graph of ShadowKV's batch (another policy's kernels) and of
+ * its fork alone (a batch that shrank: each sequence queues its books'
+ * copy, so one copy a layer, not four) cannot update the graph before and
+ * is instantiated anew, and still gives the eager tokens. Each on-run's
+ * last step is a budget step of part 3b (two). */
+enum { GS = 5 }; /* steps a run */
+
+typedef struct {
+    int32_t tok[NF][GS];
+    float *lg;               /* (NF, GS, vocab) the logits before each step */
+    cusim_counters c[GS];    /* each step's */
+} graph_run_out;
+
+/* GS steps of B forks of src (a batch when B > 1), the step graphs on or off. */
+static int graph_run(skv_session *src, int B, int on, graph_run_out *o) {
+    int V = src->m->cfg.vocab, rc = 0;
+    cu_graph_set(on);
+    memset(o->tok, 0, sizeof o->tok);
+    skv_session *f[NF] = {0};
+    skv_batch *b = NULL;
+    for (int i = 0; i < B && !rc; i++) rc = session_fork(src, &src->o.kv, &f[i]);
+    if (!rc && B > 1 && (rc = batch_new(f, B, &b)) == 0) memset(f, 0, sizeof f);
+    for (int t = 0; t < GS && !rc; t++) {
+        int32_t tok[NF];
+        for (int i = 0; i < B; i++) {
+            const float *l = session_logits(b ? batch_seq(b, i) : f[i]);
+            memcpy(o->lg + ((size_t)i * GS + t) * V, l, sizeof(float) * (size_t)V);
+            o->tok[i][t] = tok[i] = sampler_argmax(l, V);
+        }
+        cusim_counters_reset();
+        rc = b ? batch_decode(b, tok) : session_decode(f[0], tok[0]);
+        cusim_counters_get(&o->c[t]);
+    }
+    batch_free(b);
+    for (int i = 0; i < NF; i++) session_free(f[i]);
+    cu_graph_set(1);
+    return rc;
+}
+
+static void graph_checks(skv_model *m, const int32_t *ids, skv_session *sk_src, cusim_counters two[2][2]) {
+    int V = m->cfg.vocab;
+    graph_run_out *off = calloc(1, sizeof *off), *on = calloc(1, sizeof *on);
+    if (off) off->lg = malloc(sizeof(float) * NF * GS * (size_t)V);
+    if (on) on->lg = malloc(sizeof(float) * NF * GS * (size_t)V);
+    session_opts so = opts("dense", 0, 1);
+    skv_session *dn_src = NULL;
+    int rc = !off || !on || !off->lg || !on->lg ? SKV_ENOMEM : session_new(m, &so, &dn_src);
+    if (!rc) rc = session_prefill(dn_src, ids, NP, NULL, NULL);
+    cu_graph_stats g0, g1;
+    cu_graph_stats_get(&g0);
+    static const char *const pol[2] = {"dense", "shadowkv"};
+    static const int batch[2] = {4, 1};
+    for (int pi = 0; pi < 2; pi++)
+        for (int bi = 0; bi < 2; bi++) {
+            int B = batch[bi];
+            char msg[1200];
+            int r = rc ? rc : graph_run(pi ? sk_src : dn_src, B, 0, off);
+            if (!r) r = graph_run(pi ? sk_src : dn_src, B, 1, on);
+            char title[160];
+            snprintf(title, sizeof title, "%s, %s, with graphs: the last step's kernels (run from its graph)", pol[pi],
+                     B > 1 ? "a batch of 4" : "one sequence");
+            if (!r) print_table(title);
+            size_t n = (size_t)B * GS * V;
+            int same = !r && !memcmp(off->tok, on->tok, sizeof off->tok) && !memcmp(off->lg, on->lg, sizeof(float) * n);
+            snprintf(msg, sizeof msg, "%s, %s: the step graphs give the tokens and logits of eager launches bit for "
+                     "bit (%d steps; rc %d %s)", pol[pi], B > 1 ? "a batch of 4" : "one sequence", GS, r,
+                     r ? skv_last_error() : "");
+            test_cond(msg, same);
+            int steady = !r, first = -1;
+            uint64_t ks = 0, syncs = 0, upd = 0, inst = 0;
+            for (int t = 0; t < GS; t++) {
+                const cusim_counters *c = &on->c[t];
+                if (first < 0 && one_graph(c)) first = t;
+                if (t < 2) continue;
+                steady &= one_graph(c) && c->lib_calls == 0 && c->host_syncs <= 1 && c->allocs == 0 &&
+                          c->frees == 0 && c->graph_updates == 1 && c->graph_instantiations == 0;
+                ks = c->graph_kernels;
+                syncs = c->host_syncs;
+                upd += c->graph_updates;
+                inst += c->graph_instantiations;
+            }
+            const cusim_counters *c0 = &on->c[0], *cf = &on->c[first < 0 ? 0 : first];
+            snprintf(msg, sizeof msg, "... with graphs, steps 3-%d are each one graph launch of %llu kernels (%llu "
+                     "host sync), no kernel launched alone, no library call, allocation or free, the graph updated in "
+                     "place (%llu updates, %llu instantiations); the first step %llu graph launches + %llu kernels "
+                     "launched alone (its allocations break the capture), the first whole graph at step %d", GS,
+                     (unsigned long long)ks, (unsigned long long)syncs, (unsigned long long)upd,
+                     (unsigned long long)inst, (unsigned long long)c0->graph_launches,
+                     (unsigned long long)c0->launches, first + 1);
+            test_cond(msg, steady && first >= 0 && first <= 1);
+            if (pi == 1) { /* another policy's kernels, then a batch that shrank: a new instantiation */
+                snprintf(msg, sizeof msg, "... its first whole graph (step %d: %llu kernels) %s: %llu instantiations, "
+                         "%llu updates, and still the eager tokens", first + 1,
+                         (unsigned long long)cf->graph_kernels, B > 1 ? "after dense's graph" : "after the batch's",
+                         (unsigned long long)cf->graph_instantiations, (unsigned long long)cf->graph_updates);
+                test_cond(msg, same && first >= 0 && cf->graph_instantiations == 1 && cf->graph_updates == 0);
+            }
+            two[pi][B > 1] = on->c[GS - 1];
+        }
+    cu_graph_stats_get(&g1);
+    char msg[400];
+    snprintf(msg, sizeof msg, "the backend's own tally of the graph runs: %llu steps as one graph (%llu updated, %llu "
+             "instantiated), %llu captures broken", g1.steps - g0.steps, g1.updates - g0.updates,
+             g1.instantiations - g0.instantiations, g1.breaks - g0.breaks);
+    test_cond(msg, g1.steps - g0.steps >= 4 * (GS - 1) &&
+                   g1.steps - g0.steps == (g1.updates - g0.updates) + (g1.instantiations - g0.instantiations));
+    session_free(dn_src);
+    if (off) free(off->lg);
+    if (on) free(on->lg);
+    free(off);
+    free(on);
 }
 
 /* ---- 2b: a dense batch of 4 on the device ---------------------------------
@@ -343,7 +486,7 @@ static void dense_batch_check(skv_model *m, const int32_t *ids) {
                 cusim_counters_get(&c);
                 fd = cusim_launches_of("k_flash_decode");
                 st = cusim_launches_of("k_kv_store_batch");
-                all = c.launches;
+                all = kernels(&c);
                 allocs = c.allocs + c.frees;
                 syncs = c.host_syncs;
                 print_table(half ? "dense --f16-kv: one decode step of a batch of 4, launches by kernel"
@@ -607,8 +750,8 @@ int main(int argc, char **argv) {
                 rc = batch_decode(b, tok);
                 cusim_counters_get(&bt_step.c);
                 print_table("shadowkv: one decode step of a batch of 4, launches by kernel");
-                bt_step.launches_layer = (double)bt_step.c.launches / mc->n_layers;
-                bt_step.calls_layer = (double)(bt_step.c.launches + bt_step.c.lib_calls) / mc->n_layers;
+                bt_step.launches_layer = (double)kernels(&bt_step.c) / mc->n_layers;
+                bt_step.calls_layer = (double)(kernels(&bt_step.c) + bt_step.c.lib_calls) / mc->n_layers;
             } else {
                 rc = batch_decode(b, tok);
             }
@@ -633,16 +776,17 @@ int main(int argc, char **argv) {
 
     dense_batch_check(m, ids);
 
+    /* ---- 5: the decode step as a CUDA graph (with part 3's dense step and
+     * part 3b's steps on 2 layers) ---- */
+    cusim_counters two[2][2];
+    memset(two, 0, sizeof two);
+    graph_checks(m, ids, src, two);
+
     /* ---- 3: one decode step's counts ---- */
     {
-        session_opts o = opts("dense", 0, 0);
-        skv_session *d = NULL;
-        rc = session_new(m, &o, &d);
-        if (!rc) rc = session_prefill(d, ids, NP, NULL, NULL);
-        if (!rc) rc = session_decode(d, ids[0]); /* the first step may set things up */
-        if (!rc) rc = count_step(d, &dn_step, "dense: one decode step's launches by kernel");
-        session_free(d);
-        test_cond("a dense session on cuda decodes", rc == 0);
+        dn_step.c = two[0][0]; /* a dense fork alone, its last step of part 5 */
+        dn_step.launches_layer = (double)kernels(&dn_step.c) / mc->n_layers;
+        dn_step.calls_layer = (double)(kernels(&dn_step.c) + dn_step.c.lib_calls) / mc->n_layers;
         int L = mc->n_layers;
         report_step("dense, one sequence", &dn_step, L);
         report_step("shadowkv, one sequence", &sk_step, L);
@@ -661,14 +805,17 @@ int main(int argc, char **argv) {
         };
         const step_count *got[3] = {&dn_step, &sk_step, &bt_step};
         for (int i = 0; i < 3; i++) {
-            snprintf(msg, sizeof msg, "%s: a decode step on cuda within today's ceilings: %llu kernel launches (<= %llu; "
-                     "%.1f a layer counting the embedding and head; the budget a layer is checked below), %llu library calls "
-                     "(<= %llu), %llu host syncs (<= %llu; issue 45's budget 1)", ceil[i].what, (unsigned long long)got[i]->c.launches,
+            snprintf(msg, sizeof msg, "%s: a decode step on cuda within today's ceilings: %llu kernels (<= %llu; "
+                     "%.1f a layer counting the embedding and head; the budget a layer is checked below), run as %llu "
+                     "graph launch and %llu kernel launches, %llu library calls (<= %llu), %llu host syncs (<= %llu; "
+                     "issue 45's budget 1)", ceil[i].what, (unsigned long long)kernels(&got[i]->c),
                      (unsigned long long)ceil[i].launches, got[i]->launches_layer,
+                     (unsigned long long)got[i]->c.graph_launches, (unsigned long long)got[i]->c.launches,
                      (unsigned long long)got[i]->c.lib_calls, (unsigned long long)ceil[i].lib_calls,
                      (unsigned long long)got[i]->c.host_syncs, (unsigned long long)ceil[i].host_syncs);
-            test_cond(msg, got[i]->c.launches > 0 && got[i]->c.launches <= ceil[i].launches &&
-                      got[i]->c.lib_calls <= ceil[i].lib_calls && got[i]->c.host_syncs <= ceil[i].host_syncs);
+            test_cond(msg, kernels(&got[i]->c) > 0 && kernels(&got[i]->c) <= ceil[i].launches &&
+                      one_graph(&got[i]->c) && got[i]->c.lib_calls <= ceil[i].lib_calls &&
+                      got[i]->c.host_syncs <= ceil[i].host_syncs);
         }
         /* issue 45's budget, met: scratch is pooled (kernels/cuda/backend_cuda.cu) */
         for (int i = 0; i < 3; i++) {
@@ -691,20 +838,34 @@ int main(int argc, char **argv) {
         cusim_counters_reset();
         if (!rc) rc = session_prefill(s, ids, NP, NULL, NULL);
         cusim_counters_get(&pc);
-        uint64_t gc = cusim_launches_of("k_gather_chunks"), rh = cusim_launches_of("k_round_h");
+        uint64_t gc = cusim_launches_of("k_gather_chunks"), rh = cusim_launches_of("k_pack_h");
         uint64_t L = (uint64_t)mc->n_layers, h = (uint64_t)mc->n_kv_heads;
         snprintf(msg, sizeof msg, "shadowkv's prefill on cuda (%llu layers): %llu copies (<= 24 a layer; 48 before "
                  "the one-launch gathers), %llu B down (<= 4096 a layer: no landmark round trip), %llu k_gather_chunks "
-                 "launches (2 + 2 x %llu KV heads a layer), %llu k_round_h (1 a layer); rc %d",
+                 "launches (2 + 2 x %llu KV heads a layer), %llu k_pack_h (1 a layer: U to bf16); rc %d",
                  (unsigned long long)L, (unsigned long long)pc.copies, (unsigned long long)pc.bytes_d2h,
                  (unsigned long long)gc, (unsigned long long)h, (unsigned long long)rh, rc);
         test_cond(msg, rc == 0 && pc.copies <= 24 * L && pc.bytes_d2h <= 4096 * L && gc == (2 + 2 * h) * L &&
                        rh == L);
+        /* issue 45's half the bytes: the pinned store holds the candidates' values in bf16, U and the
+         * landmarks 2 bytes a value in the device's memory */
+        kv_shadowkv_stats st;
+        memset(&st, 0, sizeof st);
+        int src = rc ? rc : kv_shadowkv_stats_get(s->kv, &st);
+        uint64_t blocks = L * h * (uint64_t)st.candidates;
+        size_t d = (size_t)mc->head_dim;
+        snprintf(msg, sizeof msg, "shadowkv on cuda: %zu bytes pinned for %llu offloaded chunks of (%d, %zu) = 2 bytes "
+                 "a value (bf16); U %zu B = %llu x %d x %d x 2, landmarks %zu B = 2 bytes a value; stats rc %d",
+                 st.offloaded, (unsigned long long)blocks, st.chunk, d, st.b_U, (unsigned long long)L, st.prompt_len,
+                 st.rank, st.b_landmarks, src);
+        test_cond(msg, src == 0 && blocks > 0 && st.offloaded == blocks * (size_t)st.chunk * d * 2 &&
+                       st.b_U == L * (size_t)st.prompt_len * st.rank * 2 &&
+                       st.b_landmarks == blocks * d * 2);
         session_free(s);
     }
 
     /* ---- 3b: the budgets a layer ---- */
-    layer_budgets();
+    layer_budgets(two);
 
     /* ---- 4: a device too small for 4 more sequences, in a child ---- */
     {

@@ -2,7 +2,10 @@
  * what a GPU would: eight faults planted in copies of skv's kernel shapes
  * and call sites, each run in a child process and required to fail with a
  * message that names it; beside each, the same code without the fault,
- * which must run clean and right. Also the counters and a graph's replay.
+ * which must run clean and right. Also the counters, a graph's replay, and
+ * stream capture's rules (graph_rules): a fork and join across streams by
+ * events, the calls that invalidate a capture with CUDA's error codes, and
+ * cudaGraphExecUpdate's topology and parameter rules.
  * Built by the simulator's rules only (compiled by clang++ with the
  * coverage hooks, like kernels/cuda/). */
 #include "cuda_util.h"
@@ -17,6 +20,11 @@ extern "C" {
 }
 
 /* ---- kernels: the right form and the planted fault ---- */
+
+__global__ void k_scale(float *y, int n, float v) {
+    int i = blockIdx.x * blockDim.x + threadIdx.x;
+    if (i < n) y[i] *= v;
+}
 
 /* A shared-memory sum over the block (block_reduce's shape), with or
  * without the barrier between the stores and the reads. */
@@ -272,6 +280,332 @@ static int stream_join(int with_wait) {
     return wrong;
 }
 
+/* ---- stream capture and graph update (CUDA's rules as cusim models them) ---- */
+
+/* Captures on s: k_fill(a, v) then, unless extra < 0, extra more k_scale
+ * launches; the graph. */
+static cudaGraph_t capture_fill(cudaStream_t s, float *a, int n, float v, int extra) {
+    cudaGraph_t g = NULL;
+    cudaStreamBeginCapture(s, cudaStreamCaptureModeGlobal);
+    SKV_LAUNCH(k_fill, cuda_blocks((size_t)n, 256), 256, 0, s)(a, n, v);
+    for (int i = 0; i < extra; i++) SKV_LAUNCH(k_scale, cuda_blocks((size_t)n, 256), 256, 0, s)(a, n, 2.0f);
+    cudaStreamEndCapture(s, &g);
+    return g;
+}
+
+/* Begins a capture on s, runs what(s) (an illegal call, whose error is
+ * returned in *err), queues one more kernel (its error in *after) and ends
+ * the capture: its error, and the graph in *g. */
+static cudaError_t capture_with(cudaStream_t s, cudaStreamCaptureMode mode, cudaError_t (*what)(cudaStream_t),
+                                cudaError_t *err, cudaError_t *after, cudaGraph_t *g, float *a) {
+    cudaGetLastError();
+    cudaStreamBeginCapture(s, mode);
+    *err = what(s);
+    cudaGetLastError();
+    SKV_LAUNCH(k_fill, 1, 64, 0, s)(a, 64, 1.0f);
+    *after = cudaGetLastError();
+    cudaError_t e = cudaStreamEndCapture(s, g);
+    cudaGetLastError();
+    return e;
+}
+static cudaError_t ill_sync(cudaStream_t s) { return cudaStreamSynchronize(s); }
+static cudaError_t ill_query(cudaStream_t s) { return cudaStreamQuery(s); }
+static cudaError_t ill_device_sync(cudaStream_t s) { (void)s; return cudaDeviceSynchronize(); }
+static float g_pageable[64];
+static float *g_dev64;
+static cudaError_t ill_pageable(cudaStream_t s) {
+    return cudaMemcpyAsync(g_dev64, g_pageable, sizeof g_pageable, cudaMemcpyHostToDevice, s);
+}
+static void *g_malloced;
+static cudaError_t ill_malloc(cudaStream_t s) {
+    (void)s;
+    return cudaMalloc(&g_malloced, 256);
+}
+static cudaError_t ill_malloc_async(cudaStream_t s) {
+    void *p = NULL;
+    return cudaMallocAsync(&p, 256, s);
+}
+static cudaEvent_t g_outside;
+static cudaError_t ill_wait_outside(cudaStream_t s) { return cudaStreamWaitEvent(s, g_outside, 0); }
+static cudaError_t ill_event_query(cudaStream_t s) {
+    cudaEvent_t e;
+    cudaEventCreateWithFlags(&e, cudaEventDisableTiming);
+    cudaEventRecord(e, s);
+    cudaError_t r = cudaEventQuery(e);
+    cudaEventDestroy(e);
+    return r;
+}
+
+static void graph_rules(void) {
+    int n = 1024;
+    cusim_set_order(CUSIM_ORDER_ADVERSARIAL, 1);
+    cudaStream_t s1, s2;
+    cudaStreamCreateWithFlags(&s1, cudaStreamNonBlocking);
+    cudaStreamCreateWithFlags(&s2, cudaStreamNonBlocking);
+    cudaEvent_t fork, join, early;
+    cudaEventCreateWithFlags(&fork, cudaEventDisableTiming);
+    cudaEventCreateWithFlags(&join, cudaEventDisableTiming);
+    cudaEventCreateWithFlags(&early, cudaEventDisableTiming);
+    float *a = dev_alloc((size_t)n), *b = dev_alloc((size_t)n), *h = (float *)malloc(sizeof(float) * n);
+    g_dev64 = dev_alloc(64);
+    char msg[400];
+
+    /* a fork and join: s2 joins the capture by waiting on an event recorded
+     * in it, fills a; s1 waits on s2's last event and copies a to b. Run in
+     * the adversarial order (a forked branch as late as the joins allow):
+     * b is right. Without the join, the capture does not end. */
+    for (int joined = 1; joined >= 0; joined--) {
+        cudaGraph_t g = NULL;
+        cudaMemset(b, 0, sizeof(float) * n);
+        cudaStreamBeginCapture(s1, cudaStreamCaptureModeGlobal);
+        cudaEventRecord(fork, s1);
+        cudaStreamWaitEvent(s2, fork, 0);
+        cudaStreamCaptureStatus st2 = cudaStreamCaptureStatusNone;
+        cudaStreamIsCapturing(s2, &st2);
+        SKV_LAUNCH(k_fill, cuda_blocks((size_t)n, 256), 256, 0, s2)(a, n, 3.0f);
+        if (joined) {
+            cudaEventRecord(join, s2);
+            cudaStreamWaitEvent(s1, join, 0);
+        }
+        SKV_LAUNCH(k_copy, cuda_blocks((size_t)n, 256), 256, 0, s1)(a, b, n);
+        cudaError_t e = cudaStreamEndCapture(s1, &g);
+        cudaGetLastError();
+        cudaStreamCaptureStatus st1 = cudaStreamCaptureStatusActive;
+        cudaStreamIsCapturing(s2, &st1);
+        if (joined) {
+            cudaGraphExec_t x = NULL;
+            cudaGraphInstantiate(&x, g, 0);
+            cudaGraphDestroy(g); /* the executable graph keeps its own nodes */
+            cusim_counters_reset();
+            cudaGraphLaunch(x, s1);
+            cudaStreamSynchronize(s1);
+            down(h, b, (size_t)n);
+            cusim_counters c;
+            cusim_counters_get(&c);
+            snprintf(msg, sizeof msg, "capture: a stream waiting on a captured event joins it (status %d), its work "
+                     "joins back by an event; the graph (2 kernels) runs right in the adversarial order (b[5] = %g; "
+                     "end %s)", (int)st2, h[5], cudaGetErrorName(e));
+            test_cond(msg, e == cudaSuccess && st2 == cudaStreamCaptureStatusActive && h[5] == 8.0f &&
+                           h[n - 1] == 3.0f + (float)(n - 1) && c.graph_kernels == 2 && c.launches == 0);
+            cudaGraphExecDestroy(x);
+        } else {
+            snprintf(msg, sizeof msg, "capture: a forked stream's work not joined back: cudaStreamEndCapture fails "
+                     "with cudaErrorStreamCaptureUnjoined (%s), no graph, both streams out of capture (%d)",
+                     cudaGetErrorName(e), (int)st1);
+            test_cond(msg, e == cudaErrorStreamCaptureUnjoined && g == NULL && st1 == cudaStreamCaptureStatusNone);
+        }
+    }
+
+    /* a join that comes too early (the event recorded before the fill): the
+     * graph ends (the fork joins later), but the copy has no edge to the
+     * fill and the adversarial order runs it first: b is stale */
+    {
+        cudaGraph_t g = NULL;
+        cudaMemset(a, 0, sizeof(float) * n);
+        cudaMemset(b, 0, sizeof(float) * n);
+        cudaStreamBeginCapture(s1, cudaStreamCaptureModeGlobal);
+        cudaEventRecord(fork, s1);
+        cudaStreamWaitEvent(s2, fork, 0);
+        cudaEventRecord(early, s2);
+        SKV_LAUNCH(k_fill, cuda_blocks((size_t)n, 256), 256, 0, s2)(a, n, 3.0f);
+        cudaEventRecord(join, s2);
+        cudaStreamWaitEvent(s1, early, 0);
+        SKV_LAUNCH(k_copy, cuda_blocks((size_t)n, 256), 256, 0, s1)(a, b, n);
+        cudaStreamWaitEvent(s1, join, 0);
+        cudaError_t e = cudaStreamEndCapture(s1, &g);
+        cudaGraphExec_t x = NULL;
+        cudaGraphInstantiate(&x, g, 0);
+        cudaGraphLaunch(x, s1);
+        cudaStreamSynchronize(s1);
+        down(h, b, (size_t)n);
+        snprintf(msg, sizeof msg, "capture: a copy whose join misses the fill it reads runs before it in the "
+                 "adversarial order (b[5] = %g, not 8: the race shows; end %s)", h[5], cudaGetErrorName(e));
+        test_cond(msg, e == cudaSuccess && h[5] == 0.0f);
+        cudaGraphExecDestroy(x);
+        cudaGraphDestroy(g);
+    }
+
+    /* calls a capture cannot take: each fails with CUDA's error, the capture
+     * is invalidated (later work on it: cudaErrorStreamCaptureInvalidated),
+     * and ending it gives cudaErrorStreamCaptureInvalidated and no graph */
+    {
+        float *dummy = dev_alloc(64);
+        SKV_LAUNCH(k_fill, 1, 64, 0, s2)(dummy, 64, 1.0f);
+        cudaEventRecord(g_outside, s2); /* recorded outside any capture */
+        static const struct {
+            const char *what;
+            cudaError_t (*fn)(cudaStream_t);
+            cudaStreamCaptureMode mode;
+            cudaError_t want;
+        } ill[] = {
+            {"cudaStreamSynchronize on the capturing stream", ill_sync, cudaStreamCaptureModeRelaxed,
+             cudaErrorStreamCaptureUnsupported},
+            {"cudaStreamQuery on the capturing stream", ill_query, cudaStreamCaptureModeRelaxed,
+             cudaErrorStreamCaptureUnsupported},
+            {"cudaDeviceSynchronize", ill_device_sync, cudaStreamCaptureModeRelaxed, cudaErrorStreamCaptureUnsupported},
+            {"a copy from pageable memory", ill_pageable, cudaStreamCaptureModeRelaxed,
+             cudaErrorStreamCaptureUnsupported},
+            {"cudaMalloc in a global-mode capture", ill_malloc, cudaStreamCaptureModeGlobal,
+             cudaErrorStreamCaptureUnsupported},
+            {"cudaMallocAsync on the capturing stream (graph memory nodes: not modelled)", ill_malloc_async,
+             cudaStreamCaptureModeRelaxed, cudaErrorStreamCaptureUnsupported},
+            {"a wait on an event recorded outside the capture", ill_wait_outside, cudaStreamCaptureModeRelaxed,
+             cudaErrorStreamCaptureIsolation},
+            {"cudaEventQuery on an event recorded in the capture", ill_event_query, cudaStreamCaptureModeRelaxed,
+             cudaErrorCapturedEvent},
+        };
+        for (size_t i = 0; i < sizeof ill / sizeof ill[0]; i++) {
+            cudaError_t err, after;
+            cudaGraph_t g = (cudaGraph_t)&err;
+            cudaError_t e = capture_with(s1, ill[i].mode, ill[i].fn, &err, &after, &g, dummy);
+            cudaStreamCaptureStatus st = cudaStreamCaptureStatusActive;
+            cudaStreamIsCapturing(s1, &st);
+            snprintf(msg, sizeof msg, "capture: %s fails with %s (want %s), the next launch %s, the end %s, no graph, "
+                     "the stream out of capture", ill[i].what, cudaGetErrorName(err), cudaGetErrorName(ill[i].want),
+                     cudaGetErrorName(after), cudaGetErrorName(e));
+            test_cond(msg, err == ill[i].want && after == cudaErrorStreamCaptureInvalidated &&
+                           e == cudaErrorStreamCaptureInvalidated && g == NULL && st == cudaStreamCaptureStatusNone);
+        }
+        /* relaxed mode: cudaMalloc is allowed (and not captured); its
+         * cudaFree is not (a device-wide sync) */
+        cudaError_t err, after;
+        cudaGraph_t g = NULL;
+        cudaError_t e = capture_with(s1, cudaStreamCaptureModeRelaxed, ill_malloc, &err, &after, &g, dummy);
+        cudaStreamBeginCapture(s1, cudaStreamCaptureModeRelaxed);
+        cudaError_t ef = cudaFree(g_malloced);
+        cudaGraph_t g2 = NULL;
+        cudaStreamEndCapture(s1, &g2);
+        cudaGetLastError();
+        cudaError_t ef2 = cudaFree(g_malloced);
+        snprintf(msg, sizeof msg, "capture: cudaMalloc in a relaxed-mode capture is allowed (%s; end %s, a graph of "
+                 "the kernel after it); cudaFree in one is not (%s), after it is (%s)", cudaGetErrorName(err),
+                 cudaGetErrorName(e), cudaGetErrorName(ef), cudaGetErrorName(ef2));
+        cudaGraphExec_t gx = NULL;
+        cusim_counters_reset();
+        if (g && cudaGraphInstantiate(&gx, g, 0) == cudaSuccess) cudaGraphLaunch(gx, s1);
+        cudaStreamSynchronize(s1);
+        cusim_counters c;
+        cusim_counters_get(&c);
+        test_cond(msg, err == cudaSuccess && e == cudaSuccess && g != NULL && c.graph_kernels == 1 &&
+                       ef == cudaErrorStreamCaptureUnsupported && g2 == NULL && ef2 == cudaSuccess);
+        if (gx) cudaGraphExecDestroy(gx);
+        cudaGraphDestroy(g);
+        /* the streams still work eagerly */
+        cudaGraph_t ok = capture_fill(s1, a, n, 1.0f, 0);
+        SKV_LAUNCH(k_fill, cuda_blocks((size_t)n, 256), 256, 0, s1)(b, n, 4.0f);
+        cudaStreamSynchronize(s1);
+        down(h, b, (size_t)n);
+        snprintf(msg, sizeof msg, "capture: after the invalidated captures the stream captures and runs again "
+                 "(b[2] = %g)", h[2]);
+        test_cond(msg, ok != NULL && h[2] == 6.0f);
+        cudaGraphDestroy(ok);
+        cudaFree(dummy);
+    }
+
+    /* cudaGraphExecUpdate: a graph of the same topology updates the
+     * executable one in place (a kernel's arguments and its function may
+     * change); another node count (topology), another node type or a copy
+     * whose end changes from device to host memory is refused with
+     * cudaErrorGraphExecUpdateFailure, its reason in the result, and the
+     * executable graph runs as before */
+    {
+        cudaGraph_t g0 = capture_fill(s1, a, n, 1.0f, 1);
+        cudaGraphExec_t x = NULL;
+        cudaGraphInstantiate(&x, g0, 0);
+        cudaGraphExecUpdateResultInfo info;
+        /* the same topology, another value */
+        cudaGraph_t g1 = capture_fill(s1, a, n, 5.0f, 1);
+        cudaError_t e1 = cudaGraphExecUpdate(x, g1, &info);
+        cudaGraphExecUpdateResult r1 = info.result;
+        cudaGraphLaunch(x, s1);
+        cudaStreamSynchronize(s1);
+        down(h, a, (size_t)n);
+        float v1 = h[1];
+        /* another kernel function at a node: k_copy(b -> a) for the fill */
+        cudaGraph_t g2 = NULL;
+        cudaStreamBeginCapture(s1, cudaStreamCaptureModeGlobal);
+        SKV_LAUNCH(k_copy, cuda_blocks((size_t)n, 256), 256, 0, s1)(b, a, n);
+        SKV_LAUNCH(k_scale, cuda_blocks((size_t)n, 256), 256, 0, s1)(a, n, 2.0f);
+        cudaStreamEndCapture(s1, &g2);
+        cudaError_t e2 = cudaGraphExecUpdate(x, g2, &info);
+        cudaGraphExecUpdateResult r2 = info.result;
+        /* one more node: the topology changed */
+        cudaGraph_t g3 = capture_fill(s1, a, n, 7.0f, 2);
+        cudaError_t e3 = cudaGraphExecUpdate(x, g3, &info);
+        cudaGraphExecUpdateResult r3 = info.result;
+        cudaGetLastError();
+        /* a memset where a kernel was */
+        cudaGraph_t g4 = NULL;
+        cudaStreamBeginCapture(s1, cudaStreamCaptureModeGlobal);
+        cudaMemsetAsync(a, 0, sizeof(float) * n, s1);
+        SKV_LAUNCH(k_scale, cuda_blocks((size_t)n, 256), 256, 0, s1)(a, n, 2.0f);
+        cudaStreamEndCapture(s1, &g4);
+        cudaError_t e4 = cudaGraphExecUpdate(x, g4, &info);
+        cudaGraphExecUpdateResult r4 = info.result;
+        cudaGetLastError();
+        /* the same edges, other dependencies: the scale forked onto s2 */
+        cudaGraph_t g5 = NULL;
+        cudaStreamBeginCapture(s1, cudaStreamCaptureModeGlobal);
+        cudaEventRecord(fork, s1);
+        cudaStreamWaitEvent(s2, fork, 0);
+        SKV_LAUNCH(k_fill, cuda_blocks((size_t)n, 256), 256, 0, s1)(a, n, 1.0f);
+        SKV_LAUNCH(k_scale, cuda_blocks((size_t)n, 256), 256, 0, s2)(b, n, 2.0f);
+        cudaEventRecord(join, s2);
+        cudaStreamWaitEvent(s1, join, 0);
+        cudaStreamEndCapture(s1, &g5);
+        cudaError_t e5 = cudaGraphExecUpdate(x, g5, &info);
+        cudaGraphExecUpdateResult r5 = info.result;
+        cudaGetLastError();
+        /* copies: device to device, then device to pinned host memory */
+        float *pin = NULL;
+        cudaHostAlloc((void **)&pin, sizeof(float) * n, cudaHostAllocMapped);
+        cudaGraph_t gc[2] = {NULL, NULL};
+        for (int k = 0; k < 2; k++) {
+            cudaStreamBeginCapture(s1, cudaStreamCaptureModeGlobal);
+            cudaMemcpyAsync(k ? pin : b, a, sizeof(float) * n, cudaMemcpyDefault, s1);
+            cudaStreamEndCapture(s1, &gc[k]);
+        }
+        cudaGraphExec_t xc = NULL;
+        cudaGraphInstantiate(&xc, gc[0], 0);
+        cudaError_t e6 = cudaGraphExecUpdate(xc, gc[1], &info);
+        cudaGraphExecUpdateResult r6 = info.result;
+        cudaGetLastError();
+        /* the refused updates left the graph of g2 */
+        cudaMemset(b, 0, sizeof(float) * n);
+        SKV_LAUNCH(k_fill, cuda_blocks((size_t)n, 256), 256, 0, s1)(b, n, 10.0f);
+        cudaGraphLaunch(x, s1);
+        cudaStreamSynchronize(s1);
+        down(h, a, (size_t)n);
+        snprintf(msg, sizeof msg, "cudaGraphExecUpdate: same topology, other arguments: updated (%s, result %d; a[1] "
+                 "= %g, want 12); another kernel at a node: updated (%s, %d); one node more: %s, TopologyChanged (%d); "
+                 "a memset for a kernel: %s, NodeTypeChanged (%d); other dependencies: %s, TopologyChanged (%d); a copy "
+                 "to host memory for one to device memory: %s, ParametersChanged (%d); the refused ones leave the "
+                 "graph as it was (a[1] = %g, want 22)", cudaGetErrorName(e1), (int)r1, v1, cudaGetErrorName(e2),
+                 (int)r2, cudaGetErrorName(e3), (int)r3, cudaGetErrorName(e4), (int)r4, cudaGetErrorName(e5), (int)r5,
+                 cudaGetErrorName(e6), (int)r6, h[1]);
+        test_cond(msg, e1 == cudaSuccess && r1 == cudaGraphExecUpdateSuccess && v1 == 12.0f && e2 == cudaSuccess &&
+                       r2 == cudaGraphExecUpdateSuccess && e3 == cudaErrorGraphExecUpdateFailure &&
+                       r3 == cudaGraphExecUpdateErrorTopologyChanged && e4 == cudaErrorGraphExecUpdateFailure &&
+                       r4 == cudaGraphExecUpdateErrorNodeTypeChanged && e5 == cudaErrorGraphExecUpdateFailure &&
+                       r5 == cudaGraphExecUpdateErrorTopologyChanged && e6 == cudaErrorGraphExecUpdateFailure &&
+                       r6 == cudaGraphExecUpdateErrorParametersChanged && h[1] == 22.0f);
+        cudaGraph_t gs[] = {g0, g1, g2, g3, g4, g5, gc[0], gc[1]};
+        for (cudaGraph_t g : gs) cudaGraphDestroy(g);
+        cudaGraphExecDestroy(x);
+        cudaGraphExecDestroy(xc);
+        cudaFreeHost(pin);
+    }
+    cudaFree(a);
+    cudaFree(b);
+    cudaFree(g_dev64);
+    free(h);
+    cudaEventDestroy(fork);
+    cudaEventDestroy(join);
+    cudaEventDestroy(early);
+    cudaStreamDestroy(s1);
+    cudaStreamDestroy(s2);
+}
+
 int main(void) {
     /* the eight planted faults (first: the right forms below set a kernel attribute) */
     expect_fault("a missing __syncthreads in a shared-memory reduction", f_nosync, "__syncthreads",
@@ -423,5 +757,7 @@ int main(void) {
         cudaGraphDestroy(g);
         cudaStreamDestroy(s);
     }
+    cudaEventCreateWithFlags(&g_outside, cudaEventDisableTiming);
+    graph_rules();
     return test_report("test_cusim_faults");
 }

@@ -7,8 +7,10 @@
 # must run on cuda, not fall back to the CPU. The bench runs as gpu-check's
 # do, with SKV_CUDA_COUNT=1: after each bench line the backend's own count of
 # that run's launches and host syncs a step, which must agree with the
-# simulator's count of the same steps (launches and library calls equal;
-# syncs at most the simulator's, which adds the blocking copies), and
+# simulator's count of the same steps (launches, graph launches, the
+# kernels a step's graph captured and library calls equal; syncs at most the
+# simulator's, which adds the blocking copies): each step one graph launch
+# and no kernel launched alone (the step graphs, on by default); and
 # tests/gpu/summary.sh makes its table of them.
 SIM=${SKV_SIM_BIN:-$(dirname "${SKV_BIN:-build/skv}")/sim/skv}
 pass=0 fail=0
@@ -58,16 +60,18 @@ bad=$(awk '
     /^cuda_count:/ {
         if (!want) next
         want = 0
-        if (val("launches_step") + 0 < 1 || val("syncs_step") + 0 < 1 || val("layers") != 2 ||
+        if (val("graph_nodes_step") + 0 < 1 || val("syncs_step") + 0 < 1 || val("layers") != 2 ||
+            val("launches_step") != 0 || val("graph_launches_step") != 1 ||
             val("launches_step") != val("sim_launches_step") || val("lib_calls_step") != val("sim_lib_calls_step") ||
-            val("syncs_step") + 0 > val("sim_syncs_step") + 0)
+            val("graph_launches_step") != val("sim_graph_launches_step") ||
+            val("graph_nodes_step") != val("sim_graph_nodes_step") || val("syncs_step") + 0 > val("sim_syncs_step") + 0)
             print "counts disagree: " $0
         else good++
     }
     END { if (want) print "no count line after: " prev; if (good != runs || !runs) print good " of " runs " runs counted" }
 ' "$T/bench.log")
 ex=$(grep -m1 '^cuda_count:' "$T/bench.log")
-if [ -z "$bad" ]; then ok "SKV_CUDA_COUNT=1: each bench run's launches and host syncs a step, as the simulator counts them: $ex"
+if [ -z "$bad" ]; then ok "SKV_CUDA_COUNT=1: each bench run's step one graph launch, its kernels and host syncs as the simulator counts them: $ex"
 else ko "SKV_CUDA_COUNT=1: $bad"; fi
 { echo "step=bench layers=0"; cat "$T/bench.log"; } > "$T/bench.txt"
 sh tests/gpu/summary.sh "$T/bench.txt" > "$T/table.txt" 2>&1

@@ -5,7 +5,8 @@ per KV head the post-RoPE chunk landmarks (means of `chunk` keys, kept in
 half precision), each chunk's cosine minimum against its landmark, the
 `outliers` chunks with the lowest minima kept dense, the last `local`
 chunks and the tail kept dense; the other chunks are the candidates, whose
-values would be offloaded. Each decode step, per KV head: landmark scores
+values would be offloaded. As skv keeps them, U and the offloaded values are
+rounded to bf16 (a fetched value, and a fetch's bytes, are bf16's). Each decode step, per KV head: landmark scores
 (softmax per query head, max over the group), the top budget/chunk
 candidates (ties: the lower), their keys rebuilt as RoPE(U Sigma V^T), and
 exact attention over [outliers | selected | local | generated]. A chunk
@@ -20,7 +21,7 @@ class ShadowKV:
 
     def __init__(self, n_layers, budget, rope, rank=160, chunk=8, outliers=48, local=4):
         self.budget, self.rank, self.c, self.n_out_opt, self.local = budget, rank, chunk, outliers, local
-        self.opts = "budget=%d rank=%d chunk=%d outliers=%d local=%d plus=0 overlap=1" % (
+        self.opts = "budget=%d rank=%d chunk=%d outliers=%d local=%d plus=0 overlap=1 f32_state=0" % (
             budget, rank, chunk, outliers, local)
         self.rope = rope  # (x (n, kv, d), positions (n,)) -> x rotated
         self.kpre = [None] * n_layers
@@ -50,7 +51,7 @@ class ShadowKV:
         self.U, self.SVt, self.outl, self.cand, self.lm = [], [], [], [], []
         for layer, kp in enumerate(self.kpre):
             U, S, Vt = torch.linalg.svd(kp.reshape(s, kv * d), full_matrices=False)
-            self.U.append(U[:, :self.r])
+            self.U.append(U[:, :self.r].to(torch.bfloat16).float())  # kept in bf16, as skv's
             self.SVt.append((S[:self.r, None] * Vt[:self.r]).view(self.r, kv, d))
             K = self.K[layer][:self.n_chunks * c].view(self.n_chunks, c, kv, d)
             lm = K.mean(1)  # (n_chunks, kv, d)
@@ -107,13 +108,13 @@ class ShadowKV:
                 kr, spos = self._rebuilt(layer, kh, sel_id)
                 keys = torch.cat([K[opos, kh], kr, K[tail, kh]])
             with span("fetch_v", layer, 1):  # the values (offloaded in ShadowKV; here in memory)
-                vals = torch.cat([V[opos, kh], V[spos, kh], V[tail, kh]])
+                vals = torch.cat([V[opos, kh], V[spos, kh].to(torch.bfloat16).float(), V[tail, kh]])
             with span("sparse_attn", layer, 0):
                 for j in range(g):
                     hq = kh * g + j
                     out[hq] = ((keys @ q[hq]) * scale).softmax(-1) @ vals
             if rec is not None:
                 rec.select(layer, kh, pages=sel_id, page_size=c, scores=score[sel], also=torch.cat([opos, tail]),
-                           fetch_bytes=misses * c * d * 4, hits=self.k - misses, misses=misses,
+                           fetch_bytes=misses * c * d * 2, hits=self.k - misses, misses=misses,
                            candidates=self.cand[layer][kh], cand_scores=score)
         return out

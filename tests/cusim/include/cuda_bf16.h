@@ -28,4 +28,10 @@ static inline float __bfloat162float(__nv_bfloat16 v) {
     memcpy(&f, &u, 4);
     return f;
 }
+static inline unsigned short __bfloat16_as_ushort(__nv_bfloat16 h) { return h.x; }
+static inline __nv_bfloat16 __ushort_as_bfloat16(unsigned short x) {
+    __nv_bfloat16 h;
+    h.x = x;
+    return h;
+}
 #endif

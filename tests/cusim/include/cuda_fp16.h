@@ -59,4 +59,10 @@ static inline float __half2float(__half v) {
     memcpy(&f, &u, 4);
     return f;
 }
+static inline unsigned short __half_as_ushort(__half h) { return h.x; }
+static inline __half __ushort_as_half(unsigned short x) {
+    __half h;
+    h.x = x;
+    return h;
+}
 #endif
