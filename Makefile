@@ -174,7 +174,7 @@ $(SIM_DIR)/skv: $(TUI_OBJ) $(SIM_DIR)/libskv.a
 	$(CC) $(CFLAGS) -o $@ $(TUI_OBJ) $(SIM_DIR)/libskv.a $(SIM_LDLIBS) -lstdc++
 
 # A simulator test with kernels of its own (tests/sim/*.cu): compiled like kernels/cuda/.
-$(SIM_DIR)/tests/%: tests/%.cu tests/testhelp.h $(SIM_DIR)/libskv.a
+$(SIM_DIR)/tests/%: tests/%.cu tests/testhelp.h tests/sim/sim_child.h $(SIM_DIR)/libskv.a
 	@mkdir -p $(dir $@)
 	$(SIM_CXX) $(SIM_CXXFLAGS) -Itests -Ikernels/cuda -fsanitize-coverage=edge,trace-loads,trace-stores -x c++ -c $< -o $@.o
 	$(CC) $(CFLAGS) -o $@ $@.o $(SIM_DIR)/libskv.a $(SIM_LDLIBS) -lstdc++

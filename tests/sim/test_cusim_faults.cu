@@ -10,10 +10,10 @@
  * coverage hooks, like kernels/cuda/). */
 #include "cuda_util.h"
 
-#include <signal.h>
-#include <sys/wait.h>
 
 #include <string>
+
+#include "sim/sim_child.h"
 
 extern "C" {
 #include "testhelp.h"
@@ -101,32 +101,6 @@ static float *dev_alloc(size_t n) {
 }
 static void up(float *d, const float *h, size_t n) { cudaMemcpy(d, h, sizeof(float) * n, cudaMemcpyHostToDevice); }
 static void down(float *h, const float *d, size_t n) { cudaMemcpy(h, d, sizeof(float) * n, cudaMemcpyDeviceToHost); }
-
-/* Runs fn in a child process; returns what it wrote on stderr, and its
- * status in *st (the exit code, or 128 + the signal). */
-static std::string in_child(int (*fn)(void), int *st) {
-    int p[2];
-    if (pipe(p)) return "pipe failed";
-    fflush(stdout);
-    fflush(stderr);
-    pid_t pid = fork();
-    if (pid == 0) {
-        close(p[0]);
-        dup2(p[1], 2);
-        alarm(60);
-        _exit(fn());
-    }
-    close(p[1]);
-    std::string out;
-    char buf[512];
-    ssize_t k;
-    while ((k = read(p[0], buf, sizeof buf)) > 0) out.append(buf, (size_t)k);
-    close(p[0]);
-    int ws = 0;
-    waitpid(pid, &ws, 0);
-    *st = WIFEXITED(ws) ? WEXITSTATUS(ws) : 128 + WTERMSIG(ws);
-    return out;
-}
 
 /* A fault case: the child returns 0 when the simulator reported no fault. */
 static void expect_fault(const char *what, int (*fn)(void), const char *needle1, const char *needle2) {

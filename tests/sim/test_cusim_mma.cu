@@ -11,10 +11,10 @@
 #include "mma_util.h"
 
 #include <cuda_pipeline.h>
-#include <signal.h>
-#include <sys/wait.h>
 
 #include <string>
+
+#include "sim/sim_child.h"
 
 extern "C" {
 #include "testhelp.h"
@@ -131,30 +131,6 @@ static double mma_case(int f16, int W, int R) {
     cudaFree(dA); cudaFree(dB); cudaFree(dC); cudaFree(dD);
     free(A); free(B); free(C); free(D);
     return worst;
-}
-
-static std::string in_child(int (*fn)(void), int *st) {
-    int p[2];
-    if (pipe(p)) return "pipe failed";
-    fflush(stdout);
-    fflush(stderr);
-    pid_t pid = fork();
-    if (pid == 0) {
-        close(p[0]);
-        dup2(p[1], 2);
-        alarm(60);
-        _exit(fn());
-    }
-    close(p[1]);
-    std::string out;
-    char buf[512];
-    ssize_t k;
-    while ((k = read(p[0], buf, sizeof buf)) > 0) out.append(buf, (size_t)k);
-    close(p[0]);
-    int ws = 0;
-    waitpid(pid, &ws, 0);
-    *st = WIFEXITED(ws) ? WEXITSTATUS(ws) : 128 + WTERMSIG(ws);
-    return out;
 }
 
 /* cp.async: 0 when the neighbours' chunks read back right and no fault. */
