@@ -254,11 +254,14 @@ static void test_score(void) {
     for (int nq = 1; nq <= 2; nq++) {
         size_t q_stride = (size_t)n_kv * group * d;
         float *q = rnd(nq * q_stride), *lm = rnd((size_t)n_lm * d);
+        uint16_t *lm_h = malloc(sizeof(uint16_t) * n_lm * d);
+        vec_to_f16(lm_h, lm, n_lm * d);
+        vec_from_f16(lm, lm_h, n_lm * d); /* the reference reads the half values widened */
         for (int i = 0; i < nq * (int)q_stride; i++) q[i] *= 4; /* peaky softmax */
         float *tmp = malloc(sizeof(float) * 2 * group * n_lm), *score = malloc(sizeof(float) * n_lm);
         double err = 0;
         for (int kh = 0; kh < n_kv; kh++) {
-            shadowkv_score(q + (size_t)kh * group * d, nq, q_stride, group, d, lm, n_lm, scale, tmp, score);
+            shadowkv_score_h(q + (size_t)kh * group * d, nq, q_stride, group, d, lm_h, n_lm, scale, tmp, score);
             for (int j = 0; j < n_lm; j++) {
                 double best = -1;
                 for (int g = 0; g < group; g++) {
@@ -284,7 +287,7 @@ static void test_score(void) {
         snprintf(msg, sizeof msg, "landmark scores (softmax, sum over %d query pos., GQA max of 3) vs double: %.1e", nq,
                  err);
         test_cond(msg, err < 1e-5);
-        free(q); free(lm); free(tmp); free(score);
+        free(q); free(lm); free(lm_h); free(tmp); free(score);
     }
 }
 

@@ -302,17 +302,6 @@ void shadowkv_softmax_add(float *lg, int n, float *acc) {
     for (int j = 0; j < n; j++) acc[j] += lg[j] * inv;
 }
 
-void shadowkv_score(const float *q, int nq, size_t q_stride, int group, int d, const float *lm, int n_lm,
-                    float scale, float *tmp, float *score) {
-    float *logit = tmp, *acc = tmp + (size_t)group * n_lm; /* (group, n_lm) each */
-    memset(acc, 0, sizeof(float) * (size_t)group * n_lm);
-    for (int i = 0; i < nq; i++) {
-        shadowkv_score_logits(q + (size_t)i * q_stride, group, d, lm, n_lm, scale, logit, (size_t)n_lm);
-        for (int g = 0; g < group; g++) shadowkv_softmax_add(logit + (size_t)g * n_lm, n_lm, acc + (size_t)g * n_lm);
-    }
-    shadowkv_group_max(acc, group, n_lm, score);
-}
-
 void shadowkv_score_h(const float *q, int nq, size_t q_stride, int group, int d, const uint16_t *lm, int n_lm,
                       float scale, float *tmp, float *score) {
     float *logit = tmp, *acc = tmp + (size_t)group * n_lm; /* (group, n_lm) each */
@@ -676,7 +665,7 @@ void shadowkv_step_stats(const sk_step *st) {
     for (int j = 0; j < st->n_jobs; j++) {
         const sk_job *J = &st->jobs[j];
         size_t n = (size_t)J->n_cand;
-        float *logit = st->lg + J->lg, *acc = logit + (size_t)st->group * n; /* shadowkv_score's tmp */
+        float *logit = st->lg + J->lg, *acc = logit + (size_t)st->group * n; /* shadowkv_score_h's tmp */
         memset(acc, 0, sizeof(float) * st->group * n);
         for (int g = 0; g < st->group; g++) shadowkv_softmax_add(logit + g * n, (int)n, acc + g * n);
         shadowkv_group_max(acc, st->group, (int)n, J->score);

@@ -43,18 +43,15 @@ void shadowkv_cos_min(const float *K, int stride, int d, int c, int n_chunks, co
  * out, ascending by id. scratch: (n) floats. Returns the count chosen. */
 int shadowkv_outliers(const float *cos_min, int n, int o, int *out, float *scratch);
 
-/* Landmark scores for one KV head: for each query head g of the group,
+/* Landmark scores for one KV head (the backend's score), over landmarks
+ * kept in IEEE half, widened as read: for each query head g of the group,
  * p_g = Σ_i softmax(q_{i,g}·lmᵀ·scale) over the nq query positions; then
  * score[j] = max_g p_g[j]. Query head g of position i starts at
  * q + i*q_stride + g*d. tmp: (2*group*n_lm) floats. */
-void shadowkv_score(const float *q, int nq, size_t q_stride, int group, int d, const float *lm, int n_lm,
-                    float scale, float *tmp, float *score);
-/* shadowkv_score over landmarks kept in IEEE half (the backend's score):
- * the bits of shadowkv_score over the same values widened to f32. */
 void shadowkv_score_h(const float *q, int nq, size_t q_stride, int group, int d, const uint16_t *lm, int n_lm,
                       float scale, float *tmp, float *score);
 
-/* shadowkv_score's two stages, for callers that split the landmarks over
+/* shadowkv_score_h's two stages, for callers that split the landmarks over
  * threads: logit (group rows ld apart) = q_g·lm_jᵀ·scale for n_lm landmarks
  * (ranges starting at multiples of 4 give one call's bits); then, per query
  * head, acc (n) += softmax(lg (n)), lg overwritten. */
@@ -82,7 +79,7 @@ void shadowkv_gather_chunks(const float *src, size_t src_row, size_t src_head, c
                             int rows, int d, void *dst, size_t dst_head, int dst_elt);
 
 /* score (n) = the max over the group's query heads of gs (group, n): the
- * group score shadowkv_score ends with. */
+ * group score shadowkv_score_h ends with. */
 void shadowkv_group_max(const float *gs, int group, int n, float *score);
 
 /* The min(k, n) best indices of score into idx, best first; higher score is
@@ -245,7 +242,7 @@ void shadowkv_step_append(const sk_step *st, float *q, const float *k, const flo
  * group's q·lm_j/√d (shadowkv_score_logits_h). */
 void shadowkv_step_logits(const sk_step *st, const float *q);
 /* Each job's landmark scores from its logits: the softmax of each query
- * head, the max over the group (shadowkv_score's bits; the logits are
+ * head, the max over the group (shadowkv_score_h's bits; the logits are
  * overwritten). */
 void shadowkv_step_stats(const sk_step *st);
 /* Each job's min(k, n_cand) best candidates by score into sel, best first
