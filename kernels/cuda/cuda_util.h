@@ -182,4 +182,16 @@ static __device__ __attribute__((unused)) float block_reduce(float v, int is_max
     return r;
 }
 
+/* The softmax statistics of x (n) over the block, every thread calling it:
+ * *mx = max x, *sum = Σ exp(x - max) (the score kernels' per-row stats). */
+static __device__ __attribute__((unused)) void block_softmax_stats(const float *x, int n, float *mx, float *sum) {
+    float m = -INFINITY;
+    for (int j = threadIdx.x; j < n; j += blockDim.x) m = x[j] > m ? x[j] : m;
+    m = block_reduce(m, 1);
+    float s = 0.0f;
+    for (int j = threadIdx.x; j < n; j += blockDim.x) s += expf(x[j] - m);
+    *mx = m;
+    *sum = block_reduce(s, 0);
+}
+
 #endif

@@ -161,13 +161,8 @@ static __device__ void sk_stats(const sk_step &st, const sk_job *J) {
     int n = J->n_cand, G = st.group;
     const float *L = st.lg + J->lg;
     for (int g = 0; g < G; g++) {
-        const float *Lg = L + (size_t)g * n;
-        float mx = -INFINITY;
-        for (int j = threadIdx.x; j < n; j += blockDim.x) mx = Lg[j] > mx ? Lg[j] : mx;
-        mx = block_reduce(mx, 1);
-        float sum = 0.0f;
-        for (int j = threadIdx.x; j < n; j += blockDim.x) sum += expf(Lg[j] - mx);
-        sum = block_reduce(sum, 0);
+        float mx, sum;
+        block_softmax_stats(L + (size_t)g * n, n, &mx, &sum);
         if (threadIdx.x == 0) {
             m[g] = mx;
             s[g] = sum;

@@ -213,13 +213,8 @@ __global__ void k_score_logits(const float *q, int G, int d, const __half *lm, i
 }
 
 __global__ void k_score_stats(const float *L, int n_lm, float *m, float *s) {
-    const float *Lg = L + (size_t)blockIdx.x * n_lm;
-    float mx = -INFINITY;
-    for (int j = threadIdx.x; j < n_lm; j += blockDim.x) mx = Lg[j] > mx ? Lg[j] : mx;
-    mx = block_reduce(mx, 1);
-    float sum = 0.0f;
-    for (int j = threadIdx.x; j < n_lm; j += blockDim.x) sum += expf(Lg[j] - mx);
-    sum = block_reduce(sum, 0);
+    float mx, sum;
+    block_softmax_stats(L + (size_t)blockIdx.x * n_lm, n_lm, &mx, &sum);
     if (threadIdx.x == 0) {
         m[blockIdx.x] = mx;
         s[blockIdx.x] = sum;
