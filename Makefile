@@ -140,7 +140,7 @@ $(BUILD)/%.cu.o: %.cu kernels/cuda/cuda_util.h kernels/cuda/cuda_ops.h kernels/k
 	@mkdir -p $(dir $@)
 	$(NVCC) $(NVCCFLAGS) $(addprefix -I,$(INC_DIRS)) -c $< -o $@
 
-$(BUILD)/tests/%: tests/%.c tests/testhelp.h $(BUILD)/libskv.a $(TUI_OBJ) | $(CUDA_SO)
+$(BUILD)/tests/%: tests/%.c tests/testhelp.h tests/batchhelp.h $(BUILD)/libskv.a $(TUI_OBJ) | $(CUDA_SO)
 	@mkdir -p $(dir $@)
 	$(CC) $(CFLAGS) -Itests -o $@ $< $(BUILD)/libskv.a $(LDLIBS) $(TEST_RPATH)
 
@@ -165,7 +165,7 @@ $(SIM_DIR)/libskv.a: $(SIM_BASE_OBJ) $(SIM_C_OBJ) $(SIM_CU_OBJ) $(SIM_RT_OBJ)
 	@rm -f $@
 	ar rcs $@ $^
 
-$(SIM_DIR)/tests/%: tests/%.c tests/testhelp.h tests/cusim/cusim_api.h $(SIM_DIR)/libskv.a
+$(SIM_DIR)/tests/%: tests/%.c tests/testhelp.h tests/batchhelp.h tests/cusim/cusim_api.h $(SIM_DIR)/libskv.a
 	@mkdir -p $(dir $@)
 	$(CC) $(CFLAGS) -DSKV_HAVE_CUDA -DSKV_CUSIM -Itests -Itests/cusim -o $@ $< $(SIM_DIR)/libskv.a $(SIM_LDLIBS) -lstdc++
 

@@ -23,6 +23,7 @@
 #include "session.h"
 #include "skv.h"
 #include "testhelp.h"
+#include "batchhelp.h"
 
 #include <signal.h>
 #include <stdint.h>
@@ -602,12 +603,8 @@ static void test_forks(skv_model *m, const int32_t *ids, int n) {
     double worst = 0;
     for (int t = 0; t < ST && !rc; t++) {
         int32_t tok[NF];
-        for (int i = 0; i < NF; i++) {
-            const float *l = session_logits(batch_seq(b, i));
-            double e = test_rel_l2(l, lc + ((size_t)i * ST + t) * V, (size_t)V);
-            worst = e > worst ? e : worst;
-            tb[i][t] = tok[i] = sampler_argmax(l, V);
-        }
+        double e = test_batch_step(b, NF, V, lc, ST, t, tok, &tb[0][0]);
+        worst = e > worst ? e : worst;
         rc = batch_decode(b, tok);
     }
     snprintf(msg, sizeof msg, "a batch of the 4 forks on the device path: each sequence's greedy tokens alone (%d steps; "

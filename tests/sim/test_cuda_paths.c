@@ -56,6 +56,7 @@
 #include "skv.h"
 #include "synth.h"
 #include "testhelp.h"
+#include "batchhelp.h"
 
 #include <stdint.h>
 #include <sys/wait.h>
@@ -473,12 +474,8 @@ static void dense_batch_check(skv_model *m, const int32_t *ids) {
         uint64_t fd = 0, st = 0, all = 0, allocs = 0, syncs = 0;
         for (int t = 0; t < ST && !rc; t++) {
             int32_t tok[NF];
-            for (int i = 0; i < NF; i++) {
-                const float *l = session_logits(batch_seq(b, i));
-                double e = test_rel_l2(l, la + ((size_t)i * ST + t) * V, (size_t)V);
-                worst = e > worst ? e : worst;
-                tbt[i][t] = tok[i] = sampler_argmax(l, V);
-            }
+            double e = test_batch_step(b, NF, V, la, ST, t, tok, &tbt[0][0]);
+            worst = e > worst ? e : worst;
             if (t == ST - 1) cusim_counters_reset();
             rc = batch_decode(b, tok);
             if (t == ST - 1) {
@@ -739,12 +736,8 @@ int main(int argc, char **argv) {
         double worst = 0;
         for (int t = 0; t < ST && !rc; t++) {
             int32_t tok[NF];
-            for (int i = 0; i < NF; i++) {
-                const float *l = session_logits(batch_seq(b, i));
-                double e = test_rel_l2(l, lf + ((size_t)i * ST + t) * V, (size_t)V);
-                worst = e > worst ? e : worst;
-                tb[i][t] = tok[i] = sampler_argmax(l, V);
-            }
+            double e = test_batch_step(b, NF, V, lf, ST, t, tok, &tb[0][0]);
+            worst = e > worst ? e : worst;
             if (t == ST - 1) {
                 cusim_counters_reset();
                 rc = batch_decode(b, tok);
