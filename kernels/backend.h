@@ -154,13 +154,15 @@ typedef struct skv_backend {
     void (*attend_rows)(const float *q, const float *K, const float *V, int n, int d, int stride, float scale,
                         float *out);
     /* Exact attention of the g query heads q (g, d) that share one KV head,
-     * over its n rows (K and V rows stride floats apart): each row is read
-     * once for the whole group. With m and l NULL, out (g, d) is the
-     * normalized attention output. Otherwise a partial result for
-     * attend_merge (flash-decoding: the rows split over threads): out gets
-     * Σ_j e^(s_j−m) V_j unnormalized, m (g) the max score, l (g) Σ_j e^(s_j−m). */
-    void (*attend_group)(const float *q, int g, const float *K, const float *V, int n, int d, int stride, float scale,
-                         float *out, float *m, float *l);
+     * over its n rows (K and V rows stride values apart, of type elt:
+     * SKV_ELT_F32, or SKV_ELT_BF16, widened exactly as read; ShadowKV's
+     * rows): each row is read once for the whole group. With m and l NULL,
+     * out (g, d) is the normalized attention output. Otherwise a partial
+     * result for attend_merge (flash-decoding: the rows split over threads):
+     * out gets Σ_j e^(s_j−m) V_j unnormalized, m (g) the max score, l (g)
+     * Σ_j e^(s_j−m). */
+    void (*attend_group)(const float *q, int g, const void *K, const void *V, int elt, int n, int d, int stride,
+                         float scale, float *out, float *m, float *l);
     /* out (g, d): the attention over all rows from `parts` partial results of
      * attend_group, part p at o + p*g*d, m + p*g, l + p*g. */
     void (*attend_merge)(int parts, int g, int d, const float *o, const float *m, const float *l, float *out);
@@ -225,10 +227,11 @@ typedef struct skv_backend {
                   float scale, float *tmp, float *score);
     /* The min(k, n) best indices of score, best first; returns the count. */
     int (*topk)(const float *score, int n, int k, int *idx);
-    /* Copies n blocks of `rows` rows of `cols` bf16 values, widened to f32:
-     * block src_idx[i] of src (blocks back to back; ShadowKV's offload
-     * store) to dst + dst_off[i] floats, rows dst_stride apart. */
-    void (*gather)(const uint16_t *src, int rows, int cols, const int *src_idx, int n, float *dst,
+    /* Copies n blocks of `rows` rows of `cols` bf16 values: block
+     * src_idx[i] of src (blocks back to back; ShadowKV's offload store) to
+     * dst + dst_off[i] values of type dst_elt (SKV_ELT_F32: widened;
+     * SKV_ELT_BF16: as they are), rows dst_stride values apart. */
+    void (*gather)(const uint16_t *src, int rows, int cols, const int *src_idx, int n, void *dst, int dst_elt,
                    const size_t *dst_off, int dst_stride);
     /* y (n) = each float of x rounded to nearest even into 16 bits of type
      * elt (SKV_ELT_BF16, or SKV_ELT_F16: IEEE half, past its range ±inf,
@@ -240,31 +243,35 @@ typedef struct skv_backend {
      *     src[kh*src_head + (cand[kh*n_cand + i]*rows + t)*src_row + j]
      * stored as dst_elt (SKV_ELT_*: f32, or rounded to bf16 or half; the
      * landmarks: half, rows 1; the offloaded values: bf16, rows a chunk; the
-     * outliers: f32). src and cand in the backend's memory; dst there or in
+     * outliers and the local window: ShadowKV's row type). src and cand in
+     * the backend's memory; dst there or in
      * host_alloc's; dst_head in elements. */
     void (*sk_gather_chunks)(const float *src, size_t src_row, size_t src_head, const int *cand, int h, int n_cand,
                              int rows, int d, void *dst, size_t dst_head, int dst_elt);
     /* out (n, d): RoPE(U[t0+i] · svt) at position t0+i, U (s, r) in bf16
      * (widened, the sums in f32), with RoPE tables cs/sn (or NULL for
-     * rope_apply). */
+     * rope_apply); stored as out_elt (SKV_ELT_F32, or SKV_ELT_BF16 rounded
+     * to nearest even from the f32 result). */
     void (*rebuild)(const uint16_t *U, int r, const float *svt, int d, int t0, int n, const rope_ctx *rope,
-                    const float *cs, const float *sn, float *out);
+                    const float *cs, const float *sn, void *out, int out_elt);
     /* ShadowKV's decode of a layer with its books in the backend's memory
      * (kernels/cpu/shadowkv_ops.h has the shapes and the CPU twins): the
      * chunk caches of every KV head take their selections (sk_books); the
      * misses' values come from the offload store (host_alloc's memory; on
      * a device, its fetch stream) and their keys are rebuilt, every head's
      * in one call each; the store and U in bf16, widened as read. V and K
-     * are host arrays of h pointers to the heads' rows. NULL on a backend
+     * are host arrays of h pointers to the heads' rows, bf16 (the values
+     * copied as stored, the keys rounded from f32). NULL on a backend
      * without them (the engine then keeps the books on the host). */
     void (*sk_books)(int h, int k, int n_cand, const int *sel, int *slot_id, int *where, unsigned *stamp,
                      unsigned *epoch, int *slot_of, int *miss, int *n_miss);
     void (*sk_gather_misses)(const uint16_t *store, int c, int d, int h, int k, int n_cand, size_t blk0,
-                             const int *sel, const int *slot_of, const int *miss, const int *n_miss, float *const *V,
-                             int row_slot);
+                             const int *sel, const int *slot_of, const int *miss, const int *n_miss,
+                             uint16_t *const *V, int row_slot);
     void (*sk_rebuild_misses)(const uint16_t *U, int r, const float *SVt, int d, int c, int h, int k, int n_cand,
                               const int *cand, const int *sel, const int *slot_of, const int *miss, const int *n_miss,
-                              const rope_ctx *rope, const float *cs, const float *sn, float *const *K, int row_slot);
+                              const rope_ctx *rope, const float *cs, const float *sn, uint16_t *const *K,
+                              int row_slot);
     /* ShadowKV's decode step of a layer for a whole batch (kernels/cpu/
      * shadowkv_ops.h: sk_step, its job table of every (sequence, KV head),
      * and the CPU twins shadowkv_step_*): on a device one launch each,
@@ -295,6 +302,11 @@ typedef struct skv_backend {
      * the CPU, whose memory is the host's (skv bench --max-parallel then
      * fits a batch in two pools). 0 or SKV_E*. */
     int (*mem_info)(size_t *free_bytes, size_t *total_bytes);
+    /* The most bytes of alloc's buffers live at once since the last reset;
+     * reset: start again from the bytes live now (returned). What making
+     * a sequence holds at its peak (a fork replays a prefill dense before
+     * it compresses), beside what it keeps. NULL on the CPU. */
+    size_t (*mem_peak)(int reset);
 
     /* ---- timeline (device backends; NULL on the CPU, whose ops the engine
      * times with the host clock) ---- */

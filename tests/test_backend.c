@@ -325,12 +325,12 @@ static void test_attention(const skv_backend *be) {
         float pm[12], pl[12];
         double *r = malloc(sizeof(double) * g * d);
         for (int a = 0; a < g; a++) ref_attend(q + (size_t)a * d, K + d, V + d, n, d, stride, 0.3, r + (size_t)a * d);
-        be->attend_group(q, g, K + d, V + d, n, d, stride, 0.3f, out, NULL, NULL);
+        be->attend_group(q, g, K + d, V + d, SKV_ELT_F32, n, d, stride, 0.3f, out, NULL, NULL);
         check(be, n > 1000 ? "attend_group (3000 rows)" : "attend_group", rel(out, r, (size_t)g * d), 1e-5);
         int cut[4] = { 0, n / 3, n / 3, n };
         for (int p = 0; p < 3; p++)
-            be->attend_group(q, g, K + d + (size_t)cut[p] * stride, V + d + (size_t)cut[p] * stride, cut[p + 1] - cut[p], d,
-                             stride, 0.3f, po + (size_t)p * g * d, pm + p * g, pl + p * g);
+            be->attend_group(q, g, K + d + (size_t)cut[p] * stride, V + d + (size_t)cut[p] * stride, SKV_ELT_F32,
+                             cut[p + 1] - cut[p], d, stride, 0.3f, po + (size_t)p * g * d, pm + p * g, pl + p * g);
         be->attend_merge(3, g, d, po, pm, pl, out);
         check(be, n > 1000 ? "attend_group in 3 parts + attend_merge (3000 rows)" : "attend_group in 3 parts + attend_merge",
               rel(out, r, (size_t)g * d), 1e-5);
@@ -352,19 +352,44 @@ static void test_attention(const skv_backend *be) {
                     double *r = malloc(sizeof(double) * g * d);
                     for (int a = 0; a < g; a++)
                         ref_attend(q + (size_t)a * d, K + d, V + d, n, d, stride, 0.3, r + (size_t)a * d);
-                    be->attend_group(q, g, K + d, V + d, n, d, stride, 0.3f, out, NULL, NULL);
-                    be->attend_group(q, g, K + d, V + d, n, d, stride, 0.3f, po, pm, pl);
+                    be->attend_group(q, g, K + d, V + d, SKV_ELT_F32, n, d, stride, 0.3f, out, NULL, NULL);
+                    be->attend_group(q, g, K + d, V + d, SKV_ELT_F32, n, d, stride, 0.3f, po, pm, pl);
                     int same = 1;
                     for (int a = 0; a < g; a++) {
-                        be->attend_group(q + (size_t)a * d, 1, K + d, V + d, n, d, stride, 0.3f, one, NULL, NULL);
+                        be->attend_group(q + (size_t)a * d, 1, K + d, V + d, SKV_ELT_F32, n, d, stride, 0.3f, one, NULL,
+                                         NULL);
                         same &= !memcmp(one, out + (size_t)a * d, sizeof(float) * d);
-                        be->attend_group(q + (size_t)a * d, 1, K + d, V + d, n, d, stride, 0.3f, one, &m1, &l1);
+                        be->attend_group(q + (size_t)a * d, 1, K + d, V + d, SKV_ELT_F32, n, d, stride, 0.3f, one, &m1,
+                                         &l1);
                         same &= !memcmp(one, po + (size_t)a * d, sizeof(float) * d) && m1 == pm[a] && l1 == pl[a];
                     }
                     char msg[160];
                     snprintf(msg, sizeof msg, "attend_group, head_dim %d, %d rows, group %d: each head as alone, bitwise",
                              d, n, g);
                     test_cond(msg, same && rel(out, r, (size_t)g * d) < 1e-5);
+                    /* bf16 rows (ShadowKV's): the bits of f32 rows holding the
+                     * same values, whole and as a part; and different from
+                     * the unrounded rows' (the rows are read as bf16) */
+                    size_t nv = (size_t)n * stride;
+                    uint16_t *Kb = malloc(sizeof(uint16_t) * nv), *Vb = malloc(sizeof(uint16_t) * nv);
+                    float *Kr = malloc(sizeof(float) * nv), *Vr = malloc(sizeof(float) * nv);
+                    float *ob = malloc(sizeof(float) * g * d), *pb = malloc(sizeof(float) * g * d), pmb[6], plb[6];
+                    for (size_t i = 0; i < nv; i++) {
+                        Kb[i] = km_f32_to_bf16(K[i]), Vb[i] = km_f32_to_bf16(V[i]);
+                        Kr[i] = km_bf16_to_f32(Kb[i]), Vr[i] = km_bf16_to_f32(Vb[i]);
+                    }
+                    be->attend_group(q, g, Kr + d, Vr + d, SKV_ELT_F32, n, d, stride, 0.3f, out, NULL, NULL);
+                    be->attend_group(q, g, Kr + d, Vr + d, SKV_ELT_F32, n, d, stride, 0.3f, po, pm, pl);
+                    be->attend_group(q, g, Kb + d, Vb + d, SKV_ELT_BF16, n, d, stride, 0.3f, ob, NULL, NULL);
+                    be->attend_group(q, g, Kb + d, Vb + d, SKV_ELT_BF16, n, d, stride, 0.3f, pb, pmb, plb);
+                    same = !memcmp(out, ob, sizeof(float) * g * d) && !memcmp(po, pb, sizeof(float) * g * d) &&
+                           !memcmp(pm, pmb, sizeof(float) * g) && !memcmp(pl, plb, sizeof(float) * g);
+                    double moved = rel(ob, r, (size_t)g * d);
+                    snprintf(msg, sizeof msg,
+                             "attend_group on bf16 rows, head_dim %d, %d rows, group %d: the bits of their f32 values "
+                             "(%.1e from the unrounded rows' reference, under 2^-6)", d, n, g, moved);
+                    test_cond(msg, same && moved > 1e-6 && moved < 1.0 / 64);
+                    free(Kb); free(Vb); free(Kr); free(Vr); free(ob); free(pb);
                     free(q); free(K); free(V); free(out); free(po); free(r);
                 }
     /* attend_causal: GQA 3:1, a block of queries after a prefix */
@@ -669,8 +694,17 @@ static __attribute__((noinline)) void test_sparse_stages(const skv_backend *be) 
             for (int rr = 0; rr < rows; rr++)
                 for (int t = 0; t < cols; t++)
                     ref[off[i] + (size_t)rr * stride + t] = km_bf16_to_f32(src[((size_t)sidx[i] * rows + rr) * cols + t]);
-        be->gather(src, rows, cols, sidx, 3, dst, off, stride);
+        be->gather(src, rows, cols, sidx, 3, dst, SKV_ELT_F32, off, stride);
         check(be, "gather", rel(dst, ref, (size_t)3 * rows * stride), 0);
+        /* into bf16 rows: the stored bits as they are, nothing else written */
+        uint16_t *db = malloc(sizeof(uint16_t) * 3 * rows * stride);
+        for (int i = 0; i < 3 * rows * stride; i++) db[i] = 0xdead;
+        be->gather(src, rows, cols, sidx, 3, db, SKV_ELT_BF16, off, stride);
+        int same = 1;
+        for (int i = 0; i < 3 * rows * stride; i++)
+            same &= ref[i] != 0 ? db[i] == km_f32_to_bf16((float)ref[i]) : db[i] == 0xdead || db[i] == 0;
+        test_cond("gather into bf16 rows: each block's bits at its offset, the rest untouched", same);
+        free(db);
         free(src); free(srcf); free(dst); free(ref);
     }
     /* rebuild: RoPE(U[t0+i]·svt) at position t0+i; project: V_r·V_rᵀ·x */
@@ -696,8 +730,15 @@ static __attribute__((noinline)) void test_sparse_stages(const skv_backend *be) 
                 ref[i * d + 2 * k + 1] = row[2 * k] * sin(th) + row[2 * k + 1] * cos(th);
             }
         }
-        be->rebuild(U, rr, svt, d, t0, nr, &rc, NULL, NULL, out);
+        be->rebuild(U, rr, svt, d, t0, nr, &rc, NULL, NULL, out, SKV_ELT_F32);
         check(be, "rebuild", rel(out, ref, (size_t)nr * d), 1e-5);
+        /* to bf16 rows: each f32 result rounded to nearest even */
+        uint16_t ob[4 * 8];
+        SKV_ASSERT(nr * d <= 32);
+        be->rebuild(U, rr, svt, d, t0, nr, &rc, NULL, NULL, ob, SKV_ELT_BF16);
+        int same = 1;
+        for (int i = 0; i < nr * d; i++) same &= ob[i] == km_f32_to_bf16(out[i]);
+        test_cond("rebuild into bf16 rows: the f32 rebuild rounded to nearest even", same);
         float *Vt = rnd((size_t)rr * n), *x = rnd(n), y[24], coef[3];
         double yr[24];
         for (int j = 0; j < n; j++) {

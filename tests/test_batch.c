@@ -96,9 +96,13 @@ static void check_model(const char *path, const char *label, const char *const *
         snprintf(msg, sizeof msg, "%s, %s: 4 sequences (prompts of 300-700 tokens) decoded together give each one's "
                  "greedy tokens alone (%d steps)", label, policies[p], STEPS);
         test_cond(msg, rc == 0 && !memcmp(want, got, sizeof want));
-        snprintf(msg, sizeof msg, "%s, %s: batched logits within rounding of each sequence alone (worst rel L2 %.2g)",
-                 label, policies[p], worst);
-        test_cond(msg, rc == 0 && worst < 1e-4);
+        /* ShadowKV's rows are bf16: a key or value whose last f32 bit the
+         * batched matmul moves may round one bf16 step (2^-8) the other way,
+         * so its bound is that step's share, 2^-9, not float rounding */
+        double bound = !strcmp(policies[p], "shadowkv") ? 0x1p-9 : 1e-4;
+        snprintf(msg, sizeof msg, "%s, %s: batched logits within rounding of each sequence alone (worst rel L2 %.2g < %.2g)",
+                 label, policies[p], worst, bound);
+        test_cond(msg, rc == 0 && worst < bound);
         batch_free(b);
 
         /* shared prefix: one prefill, forked into NSEQ sequences */
@@ -296,14 +300,16 @@ static void test_lanes(const char *path) {
  * rounding of dense's (options as test_peers' full-budget cases).
  * ShadowKV is exact so with its f32_state; with its default bf16 state
  * (each stored value within u = 2^-8 relative) within 8u = 2^-5, the bound
- * test_shadowkv's exact configuration reasons out. */
+ * test_shadowkv's exact configuration reasons out. Each sequence is fed
+ * dense's tokens, so every step is compared in the same context; with the
+ * bf16 state a near tie may give another greedy token, with f32 none may. */
 static void test_full_budget(const char *path, const char *label) {
     enum { NB = 3 };
     static const int lens[NB] = { 300, 417, 555 };
     static const struct { const char *policy, *opts[4][2]; double tol; } cases[] = {
         /* and rank = the KV width: its exact configuration */
         {"shadowkv", {{"outliers", "0"}, {"local", "0"}, {"f32_state", "1"}}, 1e-4},
-        /* bf16 state: measured 1.8e-3 (demo), 2.2e-3 (mini-smollm-f32) */
+        /* bf16 state (U, store and rows): measured 2.6e-3 (demo), 2.3e-3 (mini-smollm-f32) */
         {"shadowkv", {{"outliers", "0"}, {"local", "0"}}, 0x1p-5},
         {"quest", {{"dense_layers", "0"}}, 1e-4},
         {"freekv", {{"dense_layers", "0"}, {"page", "16"}, {"sink", "16"}, {"window", "16"}}, 1e-4},
@@ -342,7 +348,7 @@ static void test_full_budget(const char *path, const char *label) {
         skv_batch *b = NULL;
         if (!r2) r2 = batch_new(seqs, NB, &b);
         if (r2) for (int i = 0; i < NB; i++) session_free(seqs[i]);
-        int same = 1;
+        int flips = 0;
         double worst = 0;
         for (int t = 0; !r2 && t < STEPS; t++) {
             int32_t tok[NB];
@@ -351,18 +357,21 @@ static void test_full_budget(const char *path, const char *label) {
                 double num = 0, den = 0;
                 for (int v = 0; v < V; v++) { num += (l[v] - a[v]) * (l[v] - a[v]); den += a[v] * a[v]; }
                 worst = fmax(worst, sqrt(num / (den > 0 ? den : 1)));
-                tok[i] = sampler_argmax(l, V);
-                same &= tok[i] == want[i][t];
+                flips += sampler_argmax(l, V) != want[i][t];
+                tok[i] = want[i][t]; /* dense's token: each step compared in the same context */
             }
             r2 = batch_decode(b, tok);
         }
         batch_free(b);
+        /* within float rounding the greedy tokens are dense's; the bf16
+         * state's rounding may flip a near tie (the bound holds each step) */
+        int exact = cases[c].tol < 1e-3;
         char msg[240];
         snprintf(msg, sizeof msg, "%s, %s%s at a full budget: each of 3 sequences decoded together decodes as dense "
-                 "alone (worst rel L2 %.2g < %.2g)", label, cases[c].policy,
-                 !strcmp(cases[c].policy, "shadowkv") ? cases[c].tol < 1e-3 ? " (f32_state)" : " (bf16 state)" : "",
-                 worst, cases[c].tol);
-        test_cond(msg, r2 == 0 && same && worst < cases[c].tol);
+                 "alone (worst rel L2 %.2g < %.2g; %d of %d greedy tokens differ%s)", label, cases[c].policy,
+                 !strcmp(cases[c].policy, "shadowkv") ? exact ? " (f32_state)" : " (bf16 state)" : "",
+                 worst, cases[c].tol, flips, NB * STEPS, exact ? ", none may" : "");
+        test_cond(msg, r2 == 0 && (!exact || !flips) && worst < cases[c].tol);
     }
     test_cond("dense alone, the full-budget reference", rc == 0);
     free(la);

@@ -260,9 +260,9 @@ static void d_attend_rows(const float *q, const float *K, const float *V, int n,
                           float *out) { cpu->attend_rows(DF(q), DF(K), DF(V), n, d, stride, scale, DF(out)); }
 #undef OP
 #define OP "attend_group"
-static void d_attend_group(const float *q, int g, const float *K, const float *V, int n, int d, int stride,
+static void d_attend_group(const float *q, int g, const void *K, const void *V, int elt, int n, int d, int stride,
                            float scale, float *out, float *m, float *l) {
-    cpu->attend_group(DF(q), g, DF(K), DF(V), n, d, stride, scale, DF(out), DF(m), DF(l));
+    cpu->attend_group(DF(q), g, D(K, OP), D(V, OP), elt, n, d, stride, scale, DF(out), DF(m), DF(l));
 }
 #undef OP
 #define OP "attend_merge"
@@ -320,9 +320,9 @@ static void d_score(const float *q, int nq, size_t q_stride, int group, int d, c
     cpu->score(CF(q), nq, q_stride, group, d, CH(lm), n_lm, scale, F(tmp), F(score));
 }
 static int d_topk(const float *score, int n, int k, int *idx) { return cpu->topk(CF(score), n, k, T(idx)); }
-static void d_gather(const uint16_t *src, int rows, int cols, const int *src_idx, int n, float *dst,
+static void d_gather(const uint16_t *src, int rows, int cols, const int *src_idx, int n, void *dst, int dst_elt,
                      const size_t *dst_off, int dst_stride) {
-    cpu->gather(CH(src), rows, cols, T(src_idx), n, F(dst), T(dst_off), dst_stride);
+    cpu->gather(CH(src), rows, cols, T(src_idx), n, T(dst), dst_elt, T(dst_off), dst_stride);
 }
 static void d_pack_h(const float *x, size_t n, uint16_t *y, int elt) {
     cpu->pack_h((const float *)D(x, "pack_h"), n, (uint16_t *)D(y, "pack_h"), elt);
@@ -334,8 +334,8 @@ static void d_sk_gather_chunks(const float *src, size_t src_row, size_t src_head
                           (const int *)D(cand, "sk_gather_chunks"), h, n_cand, rows, d, T(dst), dst_head, dst_elt);
 }
 static void d_rebuild(const uint16_t *U, int r, const float *svt, int d, int t0, int n, const rope_ctx *rope,
-                      const float *cs, const float *sn, float *out) {
-    cpu->rebuild(CH(U), r, CF(svt), d, t0, n, rope, CF(cs), CF(sn), F(out));
+                      const float *cs, const float *sn, void *out, int out_elt) {
+    cpu->rebuild(CH(U), r, CF(svt), d, t0, n, rope, CF(cs), CF(sn), T(out), out_elt);
 }
 /* The fused books, counted: the device path with them must call them. */
 static int n_fused_books;
@@ -345,24 +345,24 @@ static void d_sk_books(int h, int k, int n_cand, const int *sel, int *slot_id, i
     cpu->sk_books(h, k, n_cand, T(sel), T(slot_id), T(where), T(stamp), T(epoch), T(slot_of), T(miss), T(n_miss));
 }
 /* The heads' row pointers (a host array of device addresses), translated. */
-static float **rows_of(int h, float *const *P) {
-    float **p = malloc(sizeof *p * (size_t)h);
+static uint16_t **rows_of(int h, uint16_t *const *P) {
+    uint16_t **p = malloc(sizeof *p * (size_t)h);
     SKV_ASSERT(p);
-    for (int i = 0; i < h; i++) p[i] = F(P[i]);
+    for (int i = 0; i < h; i++) p[i] = T(P[i]);
     return p;
 }
 static void d_sk_gather_misses(const uint16_t *store, int c, int d, int h, int k, int n_cand, size_t blk0,
                                const int *sel, const int *slot_of, const int *miss, const int *n_miss,
-                               float *const *V, int row_slot) {
-    float **v = rows_of(h, V);
+                               uint16_t *const *V, int row_slot) {
+    uint16_t **v = rows_of(h, V);
     cpu->sk_gather_misses(CH(store), c, d, h, k, n_cand, blk0, T(sel), T(slot_of), T(miss), T(n_miss), v, row_slot);
     free(v);
 }
 static void d_sk_rebuild_misses(const uint16_t *U, int r, const float *SVt, int d, int c, int h, int k, int n_cand,
                                 const int *cand, const int *sel, const int *slot_of, const int *miss,
                                 const int *n_miss, const rope_ctx *rope, const float *cs, const float *sn,
-                                float *const *K, int row_slot) {
-    float **kk = rows_of(h, K);
+                                uint16_t *const *K, int row_slot) {
+    uint16_t **kk = rows_of(h, K);
     cpu->sk_rebuild_misses(CH(U), r, CF(SVt), d, c, h, k, n_cand, T(cand), T(sel), T(slot_of), T(miss), T(n_miss),
                            rope, CF(cs), CF(sn), kk, row_slot);
     free(kk);

@@ -174,7 +174,7 @@ static void t_attention(void) {
     float *q = rnd((size_t)G * d), *K = rnd((size_t)n * stride), *V = rnd((size_t)n * stride);
     float out[4 * 64], ref[4 * 64];
     emu_attend(q, G, K, V, 0, n, stride, d, 0.125f, out, NULL, NULL, 1);
-    skv_backend_cpu.attend_group(q, G, K, V, n, d, stride, 0.125f, ref, NULL, NULL);
+    skv_backend_cpu.attend_group(q, G, K, V, SKV_ELT_F32, n, d, stride, 0.125f, ref, NULL, NULL);
     double e = test_rel_l2(out, ref, (size_t)G * d);
     char msg[160];
     snprintf(msg, sizeof msg, "attention by 64-row tiles and km_osm within %.1e of the CPU attend_group (bound 1e-5)", e);

@@ -6,7 +6,7 @@ On the demo model and samples/prompts/needle.txt, 8 decode steps fed the same
 tokens: the PyTorch Quest and ShadowKV of probes/python/examples select the
 same blocks as `skv run --kv quest|shadowkv --oracle` at every step, layer
 and KV head, and their oracle measures (recall, overlap, output error, mass
-kept) agree within float32 noise. The views draw from the Python traces
+kept) agree within float32 noise (ShadowKV's out_err: bf16 rounding). The views draw from the Python traces
 (skv export --view; skv inspect --replay names the writer and leaves out the
 tabs without events), `skv needle --diagnose` explains a needle the PyTorch
 ShadowKV missed, a recorder stopped mid-run leaves a trace skv loads, and the
@@ -86,10 +86,18 @@ try:
                 worst[f] = float(np.abs(oa[f].astype(np.float64) - ob[f].astype(np.float64)).max())
             for f in ("n_kept", "n_gen", "ctx", "unit"):
                 worst[f] = int(np.abs(oa[f].astype(np.int64) - ob[f].astype(np.int64)).max())
-        check("PyTorch %s's oracle agrees with skv's --oracle within float32 noise (largest differences: %s)" % (
-              pol, ", ".join("%s %.1e" % (k, v) for k, v in worst.items() if isinstance(v, float))),
+        # ShadowKV's attention rows are bf16 in both: where the two f32
+        # paths (LAPACK and torch's SVD, each's matmul order) land on either
+        # side of a bf16 rounding, a value moves one bf16 step (2^-8
+        # relative) and the output by a share of it: out_err within 2^-12
+        tol = {f: 2e-5 for f in ("recall", "overlap", "out_err", "mass_kept")}
+        if pol == "shadowkv":
+            tol["out_err"] = 2 ** -12
+        check("PyTorch %s's oracle agrees with skv's --oracle within float32 noise%s (largest differences: %s)" % (
+              pol, ", out_err within bf16 rounding (2^-12)" if pol == "shadowkv" else "",
+              ", ".join("%s %.1e" % (k, v) for k, v in worst.items() if isinstance(v, float))),
               same_keys and len(keys(oa)) == STEPS * 4 * 2 and
-              all(worst[f] <= 2e-5 for f in ("recall", "overlap", "out_err", "mass_kept")) and
+              all(worst[f] <= tol[f] for f in tol) and
               all(worst[f] == 0 for f in ("n_kept", "n_gen", "ctx", "unit")), worst or (len(keys(oa)), len(keys(ob))))
         books = all(a["step"][f].tolist() == b["step"][f].tolist() for f in ("n_fetch", "fetch_bytes", "hit_rate"))
         check("PyTorch %s: the steps feed the same tokens, agree with dense, and fetch and hit what skv's do "

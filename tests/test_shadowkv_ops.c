@@ -373,6 +373,31 @@ static int cmp_better(const void *a, const void *b) {
     return x - y;
 }
 
+/* shadowkv_pack to bf16 (vectorized eight at a time) against km_f32_to_bf16
+ * one at a time: ties both ways, the largest finite value (to infinity),
+ * infinities, both zeros, subnormals and NaNs (quiet and signalling, both
+ * signs), at every position of a vector and in the scalar tail. */
+static void test_pack_bf16(void) {
+    static const uint32_t special[] = {
+        0x3f808000u, 0x3f818000u, 0xbf808000u, 0x3f80ffffu, 0x7f7fffffu, 0xff7fffffu, 0x7f800000u, 0xff800000u,
+        0x00000000u, 0x80000000u, 0x00000001u, 0x807fffffu, 0x7fc00000u, 0x7f800001u, 0xffc00123u, 0xff800001u,
+        0x3f7f7fffu, 0x477fe000u, 0x00008000u, 0x00018000u,
+    };
+    int ns = (int)(sizeof special / sizeof special[0]), ok = 1, n = 8 * 9 + 5;
+    float x[8 * 9 + 5];
+    uint16_t y[8 * 9 + 5];
+    for (int shift = 0; shift < 8; shift++) {
+        for (int i = 0; i < n; i++) {
+            uint32_t u = (i + shift) % 3 ? special[(i + shift) % ns] : (uint32_t)rand() * 2654435761u;
+            memcpy(&x[i], &u, 4);
+        }
+        shadowkv_pack(x, (size_t)n, y, SKV_ELT_BF16);
+        for (int i = 0; i < n; i++) ok &= y[i] == km_f32_to_bf16(x[i]);
+    }
+    test_cond("pack to bf16: each value's bits as km_f32_to_bf16 gives them (ties to even, NaN quiet, overflow to inf)",
+              ok);
+}
+
 static void test_topk(void) {
     int ok = 1;
     /* the special values: signed zeros (equal as floats), infinities and
@@ -646,7 +671,7 @@ static void test_store_tier(const char *path, const char *tier0, int eb) {
     float g[2 * 8 * 32];
     int gi[2] = {4, 0};
     size_t go[2] = {0, 8 * 32 + 16};
-    shadowkv_gather_blocks(st.data, eb, rows, cols, gi, 2, g, go, 32);
+    shadowkv_gather_blocks(st.data, eb, rows, cols, gi, 2, g, SKV_ELT_F32, go, 32);
     for (int i = 0; i < rows; i++)
         ok &= !memcmp(g + i * 32, src + (size_t)(4 * rows + i) * stride + 16, sizeof(float) * cols) &&
               !memcmp(g + go[1] + i * 32, src + (size_t)i * stride + 16, sizeof(float) * cols);
@@ -692,6 +717,7 @@ int main(void) {
     test_score();
     test_score_logits();
     test_score_logits_h();
+    test_pack_bf16();
     test_topk();
     test_rebuild();
     test_cache();

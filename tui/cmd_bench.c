@@ -256,7 +256,12 @@ static int bench_parallel(cli_gen *g, skv_model *m, const int32_t *ids, int np, 
                    ko.policy);
             fflush(stdout);
         }
+        /* the most the fork holds while it is made (on a device, its
+         * replayed prefill before it compresses): beyond what it keeps,
+         * counted once in the fit (sequences are made one at a time) */
+        size_t live0 = be->mem_peak ? be->mem_peak(1) : 0;
         if ((rc = session_fork(src, &ko, &one))) break;
+        double made_peak = be->mem_peak ? (double)(be->mem_peak(0) - live0) : 0;
         tick_clock c1;
         tick_start(&c1);
         for (int t = 0; t < g->n_predict && !rc && !cli_stop_requested(); t++) {
@@ -287,8 +292,9 @@ static int bench_parallel(cli_gen *g, skv_model *m, const int32_t *ids, int np, 
         double n_a = -1, n_b = -1; /* sequences each pool holds (-1: no limit) */
         const char *bound;
         if (be->mem_info) {
-            fit = batch_fit(0, per_dev, dev_avail, per_host, host_avail, &pool); /* read with the weights in */
-            if (per_dev > 0) n_a = floor(dev_avail / per_dev);
+            double extra = made_peak > per_dev ? made_peak - per_dev : 0;
+            fit = batch_fit(extra, per_dev, dev_avail, per_host, host_avail, &pool); /* read with the weights in */
+            if (per_dev > 0) n_a = floor((dev_avail - extra) / per_dev);
             if (per_host > 0) n_b = floor(host_avail / per_host);
             bound = bound_name(fit, n_a, n_b, pool, "device", "host");
         } else {

@@ -53,7 +53,8 @@
 #include <string.h>
 
 typedef struct {
-    float *K, *V;          /* (cap, d) attention rows: [outliers | cache slots | local | generated] */
+    void *K, *V;           /* (cap, d) attention rows: [outliers | cache slots | local | generated], of
+                              type kv_sk.row_elt: bf16 (rounded to nearest even as written), or f32 */
     int cap;               /* rows allocated */
     int *cand;             /* (n_cand) prompt chunk id of each candidate, ascending */
     /* (n_cand, d) landmarks of the candidates in IEEE half, on every backend
@@ -139,6 +140,8 @@ typedef struct {
     int n_local;           /* local window tokens: s - local_start*c */
     int n_out, n_cand, k, r;
     int row_slot, row_local, row_gen; /* first row of each part in sk_head K/V */
+    int row_elt;           /* the type of sk_head K/V: SKV_ELT_BF16, or SKV_ELT_F32 with so.f32_state or
+                              without candidates (dense) */
     float *rope_cs, *rope_sn; /* (s, rope_dim/2) RoPE tables for rebuilt keys */
     /* Every layer's U (s, r) in bf16 and every KV head's candidate
      * landmarks (lm_rows, d) in IEEE half, in two allocations (sk_layer.U
@@ -167,7 +170,7 @@ typedef struct {
     uint64_t pend_sync;    /* sk_syncs when the last of them was queued: a sync since has done them */
     uint64_t id;           /* distinct for every cache of the process (a batch's table names its caches) */
     struct sk_group *grp;  /* the device job table of the last batch step this cache led (step_batch) */
-    float **kp, **vp;
+    uint16_t **kp, **vp;   /* (h) the heads' K and V rows for the fused ops (bf16: a device refuses f32_state) */
     int att_parts;         /* the most parts a KV head's attention rows split into (about two tasks a thread) */
     float *att_po;         /* (h*att_parts, group, d) partial results of the attention tasks, */
     float *att_pm, *att_pl; /* (h*att_parts, group) and their maxima and sums (attend_group's partials) */
@@ -246,6 +249,12 @@ static void group_free(kv_sk *c);
 static inline int sk_dev(const kv_sk *c) { return c->base.shape.be != &skv_backend_cpu; }
 /* Bytes a value of U (and of the offload store): 2 (bf16), 4 with f32_state. */
 static inline int sk_u_bytes(const kv_sk *c) { return c->so.f32_state ? 4 : 2; }
+/* Bytes a value of the heads' attention rows (row_elt). */
+static inline size_t sk_row_bytes(const kv_sk *c) { return c->row_elt == SKV_ELT_F32 ? 4 : 2; }
+/* Row i of a head's K or V rows. */
+static inline void *sk_row(const kv_sk *c, void *rows, size_t i) {
+    return (char *)rows + i * c->d * sk_row_bytes(c);
+}
 /* The decode books stay in a device backend's memory (its fused ops). */
 static inline int sk_fused(const kv_sk *c) {
     const skv_backend *be = c->base.shape.be;
@@ -279,20 +288,24 @@ static void sk_release(kv_sk *c, void *p) {
     else free(p);
 }
 
-/* Grows *p from old to want bytes, keeping its content. */
-static int sk_grow(kv_sk *c, float **p, size_t old, size_t want) {
-    if (!sk_dev(c)) {
-        float *q = realloc(*p, want);
-        if (!q) return SKV_ENOMEM;
-        *p = q;
-        return 0;
-    }
-    float *q = c->base.shape.be->alloc(want);
-    if (!q) return SKV_ENOMEM;
-    if (*p && old) c->base.shape.be->copy(q, *p, old);
-    sk_release(c, *p);
-    *p = q;
-    return 0;
+/* p grown from old to want bytes, its content kept; NULL when out of
+ * memory (p is then left as it was). */
+static void *sk_grow(kv_sk *c, void *p, size_t old, size_t want) {
+    if (!sk_dev(c)) return realloc(p, want);
+    void *q = c->base.shape.be->alloc(want);
+    if (!q) return NULL;
+    if (p && old) c->base.shape.be->copy(q, p, old);
+    sk_release(c, p);
+    return q;
+}
+
+/* n rows of d floats (src, contiguous) to a head's rows from row i,
+ * rounded to bf16 when row_elt is. */
+static void sk_put_rows(kv_sk *c, void *rows, size_t i, const float *src, int n) {
+    const skv_backend *be = c->base.shape.be;
+    size_t len = (size_t)n * c->d;
+    if (c->row_elt == SKV_ELT_F32) be->copy(sk_row(c, rows, i), src, sizeof(float) * len);
+    else be->pack_h(src, len, sk_row(c, rows, i), SKV_ELT_BF16);
 }
 
 /* rows rows of n floats, src rows sstride floats apart, dst rows dstride apart. */
@@ -315,11 +328,19 @@ static int grow_dense(kv_sk *c, sk_layer *L, int need) {
     while (cap < need) cap *= 2;
     if (cap > c->base.shape.max_ctx) cap = c->base.shape.max_ctx;
     size_t row = (size_t)c->kvd * sizeof(float), old = row * L->cap, want = row * cap;
-    if ((!c->prefilled && sk_grow(c, &L->kpre, old, want)) || sk_grow(c, &L->k, old, want) ||
-        sk_grow(c, &L->v, old, want))
-        return skv_error(SKV_ENOMEM, "shadowkv: out of memory for %d positions", cap);
+    float *p;
+    if (!c->prefilled) {
+        if (!(p = sk_grow(c, L->kpre, old, want))) goto oom;
+        L->kpre = p;
+    }
+    if (!(p = sk_grow(c, L->k, old, want))) goto oom;
+    L->k = p;
+    if (!(p = sk_grow(c, L->v, old, want))) goto oom;
+    L->v = p;
     L->cap = cap;
     return 0;
+oom: /* the buffers grown so far keep their new size, within the old cap */
+    return skv_error(SKV_ENOMEM, "shadowkv: out of memory for %d positions", cap);
 }
 
 /* Exact causal attention over the dense prompt rows (before end_prefill):
@@ -339,9 +360,12 @@ static int grow_heads(kv_sk *c, sk_layer *L) {
         sk_head *H = &L->head[kh];
         if (need <= H->cap) continue;
         int cap = H->cap * 2 > need ? H->cap * 2 : need + 32;
-        size_t old = sizeof(float) * (size_t)H->cap * c->d, want = sizeof(float) * (size_t)cap * c->d;
-        if (sk_grow(c, &H->K, old, want) || sk_grow(c, &H->V, old, want))
-            return skv_error(SKV_ENOMEM, "shadowkv: out of memory for %d generated tokens", L->n_gen + 1);
+        size_t old = sk_row_bytes(c) * H->cap * c->d, want = sk_row_bytes(c) * cap * c->d;
+        void *K = sk_grow(c, H->K, old, want);
+        if (K) H->K = K;
+        void *V = K ? sk_grow(c, H->V, old, want) : NULL;
+        if (!V) return skv_error(SKV_ENOMEM, "shadowkv: out of memory for %d generated tokens", L->n_gen + 1);
+        H->V = V;
         H->cap = cap;
         L->ver++;
     }
@@ -386,8 +410,8 @@ static int sk_append(kv_cache *base, int layer, int pos, int n, const float *k_p
     }
     int r = c->row_gen + L->n_gen;
     for (int kh = 0; kh < c->h; kh++) {
-        base->shape.be->copy(L->head[kh].K + (size_t)r * c->d, key + (size_t)kh * c->d, sizeof(float) * c->d);
-        base->shape.be->copy(L->head[kh].V + (size_t)r * c->d, v + (size_t)kh * c->d, sizeof(float) * c->d);
+        sk_put_rows(c, L->head[kh].K, (size_t)r, key + (size_t)kh * c->d, 1);
+        sk_put_rows(c, L->head[kh].V, (size_t)r, v + (size_t)kh * c->d, 1);
     }
     L->n_gen++;
     return 0;
@@ -498,11 +522,11 @@ static void fetch_head(kv_sk *c, int layer, int kh) {
         S->g_off[m] = (size_t)(c->row_slot + S->slot_of[i] * c->c) * c->d;
     }
     if (c->so.f32_state) /* the CPU's gather at f32 (the backend's op reads bf16) */
-        shadowkv_gather_blocks(c->store.data, 4, c->store.rows, c->store.cols, S->g_idx, S->n_miss, H->V, S->g_off,
-                               c->d);
+        shadowkv_gather_blocks(c->store.data, 4, c->store.rows, c->store.cols, S->g_idx, S->n_miss, H->V,
+                               SKV_ELT_F32, S->g_off, c->d);
     else
-        c->base.shape.be->gather(c->store.data, c->store.rows, c->store.cols, S->g_idx, S->n_miss, H->V, S->g_off,
-                                 c->d);
+        c->base.shape.be->gather(c->store.data, c->store.rows, c->store.cols, S->g_idx, S->n_miss, H->V, c->row_elt,
+                                 S->g_off, c->d);
     shadowkv_store_count(&c->store, S->n_miss);
 }
 
@@ -523,13 +547,13 @@ static void attend_task(kv_sk *c, sk_layer *L, int t, int parts, const float *q,
     int r0 = (int)((long long)rows * p / parts), r1 = (int)((long long)rows * (p + 1) / parts);
     size_t off = (size_t)kh * g * d;
     if (parts == 1) {
-        c->base.shape.be->attend_group(q + off, g, H->K, H->V, rows, d, d, 1.0f / sqrtf((float)d), out + off, NULL,
-                                       NULL);
+        c->base.shape.be->attend_group(q + off, g, H->K, H->V, c->row_elt, rows, d, d, 1.0f / sqrtf((float)d),
+                                       out + off, NULL, NULL);
         return;
     }
-    c->base.shape.be->attend_group(q + off, g, H->K + (size_t)r0 * d, H->V + (size_t)r0 * d, r1 - r0, d, d,
-                                   1.0f / sqrtf((float)d), c->att_po + (size_t)t * g * d, c->att_pm + (size_t)t * g,
-                                   c->att_pl + (size_t)t * g);
+    c->base.shape.be->attend_group(q + off, g, sk_row(c, H->K, (size_t)r0), sk_row(c, H->V, (size_t)r0), c->row_elt,
+                                   r1 - r0, d, d, 1.0f / sqrtf((float)d), c->att_po + (size_t)t * g * d,
+                                   c->att_pm + (size_t)t * g, c->att_pl + (size_t)t * g);
 }
 
 /* Merges KV head kh's parts (tasks kh*parts.., contiguous) into out. */
@@ -629,11 +653,18 @@ static probe_event watch_event(kv_sk *c, const sk_head *H, int layer, int kh) {
     return ev;
 }
 
-/* Softmax of q·K[t]·scale over n rows (stride floats apart) into p. */
-static void watch_softmax(const float *q, const float *K, int n, int d, size_t stride, float scale, float *p) {
-    float mx = -INFINITY;
+/* Softmax of q·K[t]·scale over n rows (stride values apart, f32 or, with
+ * elt SKV_ELT_BF16, bf16 widened) into p. */
+static void watch_softmax(const float *q, const void *K, int elt, int n, int d, size_t stride, float scale, float *p) {
+    float mx = -INFINITY, row[256];
+    SKV_ASSERT(elt == SKV_ELT_F32 || d <= 256);
     for (int t = 0; t < n; t++) {
-        p[t] = vec_dot(q, K + (size_t)t * stride, d) * scale;
+        const float *k = (const float *)K + (size_t)t * stride;
+        if (elt == SKV_ELT_BF16) {
+            shadowkv_from_bf16(row, (const uint16_t *)K + (size_t)t * stride, (size_t)d);
+            k = row;
+        }
+        p[t] = vec_dot(q, k, d) * scale;
         if (p[t] > mx) mx = p[t];
     }
     double sum = 0;
@@ -670,14 +701,14 @@ static void watch_decode(kv_sk *c, int layer, int kh, const float *q, const floa
     for (int g = 0; g < c->group; g++) {
         int hq = kh * c->group + g;
         const float *qh = q + (size_t)hq * d;
-        watch_softmax(qh, H->K, rows, d, (size_t)d, scale, c->w_p);
+        watch_softmax(qh, H->K, c->row_elt, rows, d, (size_t)d, scale, c->w_p);
         for (int t = c->wb; t < c->we; t++) {
             int j = t / cc;
             if (t >= lstart) m_sparse += c->w_p[c->row_local + t - lstart];
             else if (c->w_rowbase[j] >= 0) m_sparse += c->w_p[c->w_rowbase[j] + t - j * cc];
         }
         if (!c->o.oracle) continue;
-        watch_softmax(qh, L->k + (size_t)kh * d, T, d, (size_t)c->kvd, scale, c->w_p);
+        watch_softmax(qh, L->k + (size_t)kh * d, SKV_ELT_F32, T, d, (size_t)c->kvd, scale, c->w_p);
         double kept = 0, kept_needle = 0;
         for (int t = 0; t < T; t++)
             if (t >= lstart || c->w_rowbase[t / cc] >= 0) kept += c->w_p[t];
@@ -781,13 +812,13 @@ static void rebuild_one(kv_sk *c, sk_layer *L, int kh, int m) {
     sk_scratch *S = &c->scr[kh];
     sk_head *H = &L->head[kh];
     int d = c->d, cc = c->c, i = S->miss[m];
-    float *out = H->K + (size_t)(c->row_slot + S->slot_of[i] * cc) * d;
+    void *out = sk_row(c, H->K, (size_t)(c->row_slot + S->slot_of[i] * cc));
     if (c->so.f32_state) /* the CPU's rebuild at f32 (the backend's op reads bf16) */
         shadowkv_rebuild_w(L->U, 4, c->r, L->SVt + (size_t)kh * c->r * d, d, S->sel_id[i] * cc, cc,
                            c->base.shape.rope, c->rope_cs, c->rope_sn, out);
     else
         c->base.shape.be->rebuild(L->U, c->r, L->SVt + (size_t)kh * c->r * d, d, S->sel_id[i] * cc, cc,
-                                  c->base.shape.rope, c->rope_cs, c->rope_sn, out);
+                                  c->base.shape.rope, c->rope_cs, c->rope_sn, out, c->row_elt);
 }
 
 /* Asks the caches for what rebuild_one(kh, m) will read. */
@@ -926,6 +957,7 @@ static void fused_select(kv_sk *c, int layer, const float *q) {
     int *slot_id = cache, *where = slot_id + (size_t)h * k;
     unsigned *stamp = (unsigned *)(where + (size_t)h * nc), *epoch = stamp + (size_t)h * k;
     be->sk_books(h, k, nc, sel, slot_id, where, stamp, epoch, slot_of, miss, n_miss);
+    SKV_ASSERT(c->row_elt == SKV_ELT_BF16);
     for (int kh = 0; kh < h; kh++) {
         c->kp[kh] = L->head[kh].K;
         c->vp[kh] = L->head[kh].V;
@@ -1406,8 +1438,8 @@ typedef struct {
 static int alloc_head(kv_sk *c, int layer, int kh, sk_head *H) {
     int d = c->d;
     H->cap = c->row_gen + 32;
-    H->K = sk_alloc(c, sizeof(float) * (size_t)H->cap * d);
-    H->V = sk_alloc(c, sizeof(float) * (size_t)H->cap * d);
+    H->K = sk_alloc(c, sk_row_bytes(c) * H->cap * d);
+    H->V = sk_alloc(c, sk_row_bytes(c) * H->cap * d);
     H->cand = skv_malloc(sizeof(int) * (size_t)c->n_cand);
     H->lm_h = c->lm_arena + ((size_t)layer * c->h + kh) * lm_rows(c) * d;
     H->outl = skv_malloc(sizeof(int) * (size_t)c->n_out);
@@ -1416,8 +1448,8 @@ static int alloc_head(kv_sk *c, int layer, int kh, sk_head *H) {
     /* Slots are filled before they are first read; zero them for the
      * sanitizers (a device backend's alloc zeroes). */
     if (!sk_dev(c)) {
-        memset(H->K, 0, sizeof(float) * (size_t)H->cap * d);
-        memset(H->V, 0, sizeof(float) * (size_t)H->cap * d);
+        memset(H->K, 0, sk_row_bytes(c) * H->cap * d);
+        memset(H->V, 0, sk_row_bytes(c) * H->cap * d);
     }
     return shadowkv_cache_init(&H->cache, c->k, c->n_cand);
 }
@@ -1560,22 +1592,28 @@ static int build_layer(kv_sk *c, int layer, sk_build *B, const float *sv, const 
     t[4] = skv_now();
     if (spans) span(c, PROBE_STREAM_COMPUTE, "outliers", layer, p0), p0 = probe_time(bus);
 
-    /* Dense rows (outliers, local window) into the head buffers; candidate V to the store. */
+    /* Dense rows (outliers, local window) into the head buffers, as row_elt
+     * (rounded to bf16 as they are stored); candidate V to the store. The
+     * local window is one "chunk" of n_local rows at index 0 of its start:
+     * zero, an index that is 0 in the backend's memory (on a device, the
+     * last int of idx_d, which nothing writes). */
+    static const int zero_host = 0;
+    const int *zero = dev_ops ? B->idx_d + (size_t)h * (c->n_cand + c->n_out) : &zero_host;
     for (int kh = 0; kh < h; kh++) {
         sk_head *H = &L->head[kh];
-        if (outl_d) { /* the head's outlier chunks, keys and values, a launch each */
-            const int *o = outl_d + (size_t)kh * c->n_out;
-            be->sk_gather_chunks(L->k + (size_t)kh * d, (size_t)kvd, 0, o, 1, c->n_out, cc, d, H->K, 0, SKV_ELT_F32);
-            be->sk_gather_chunks(L->v + (size_t)kh * d, (size_t)kvd, 0, o, 1, c->n_out, cc, d, H->V, 0, SKV_ELT_F32);
+        /* the head's outlier chunks, keys and values, a call each */
+        const int *o = outl_d ? outl_d + (size_t)kh * c->n_out : H->outl;
+        if (c->n_out > 0) {
+            be->sk_gather_chunks(L->k + (size_t)kh * d, (size_t)kvd, 0, o, 1, c->n_out, cc, d, H->K, 0, c->row_elt);
+            be->sk_gather_chunks(L->v + (size_t)kh * d, (size_t)kvd, 0, o, 1, c->n_out, cc, d, H->V, 0, c->row_elt);
         }
-        for (int i = 0; i < c->n_out && !outl_d; i++) {
-            size_t src = (size_t)H->outl[i] * cc * kvd + (size_t)kh * d, dst = (size_t)i * cc * d;
-            sk_copy_rows(c, H->K + dst, (size_t)d, L->k + src, (size_t)kvd, d, cc);
-            sk_copy_rows(c, H->V + dst, (size_t)d, L->v + src, (size_t)kvd, d, cc);
+        size_t src = (size_t)c->local_start * cc * kvd + (size_t)kh * d;
+        if (c->n_local > 0) {
+            be->sk_gather_chunks(L->k + src, (size_t)kvd, 0, zero, 1, 1, c->n_local, d,
+                                 sk_row(c, H->K, (size_t)c->row_local), 0, c->row_elt);
+            be->sk_gather_chunks(L->v + src, (size_t)kvd, 0, zero, 1, 1, c->n_local, d,
+                                 sk_row(c, H->V, (size_t)c->row_local), 0, c->row_elt);
         }
-        size_t src = (size_t)c->local_start * cc * kvd + (size_t)kh * d, dst = (size_t)c->row_local * d;
-        sk_copy_rows(c, H->K + dst, (size_t)d, L->k + src, (size_t)kvd, d, c->n_local);
-        sk_copy_rows(c, H->V + dst, (size_t)d, L->v + src, (size_t)kvd, d, c->n_local);
         /* the candidates' values to the store, rounded to bf16 */
         for (int i = 0; i < c->n_cand && !cand_d; i++)
             shadowkv_store_put(&c->store, (layer * h + kh) * c->n_cand + i,
@@ -1636,8 +1674,8 @@ static int alloc_scratch(kv_sk *c) {
         size_t nl = (size_t)c->base.shape.n_layers;
         c->pack_d = sk_alloc(c, c->pack_bytes * nl);
         c->pack_h = c->base.shape.be->host_alloc(c->pack_bytes * nl);
-        c->kp = skv_malloc(sizeof(float *) * (size_t)c->h);
-        c->vp = skv_malloc(sizeof(float *) * (size_t)c->h);
+        c->kp = skv_malloc(sizeof(uint16_t *) * (size_t)c->h);
+        c->vp = skv_malloc(sizeof(uint16_t *) * (size_t)c->h);
         if (!c->pack_d || !c->pack_h || !c->kp || !c->vp)
             return skv_error(SKV_ENOMEM, "shadowkv: out of memory for the device books");
     }
@@ -1751,6 +1789,9 @@ static int sk_end_prefill(kv_cache *base) {
         notice_add(c, "shadowkv: budget %d tokens is less than one chunk of %d; no chunk is selected", budget,
                    c->c);
     c->row_slot = c->n_out * c->c;
+    /* the rows in bf16, but in f32 with f32_state and when they are the
+     * whole prompt (no candidate: attention is dense, and stays exact) */
+    c->row_elt = c->so.f32_state || c->n_cand == 0 ? SKV_ELT_F32 : SKV_ELT_BF16;
     c->row_local = c->row_slot + c->k * c->c;
     c->row_gen = c->row_local + c->n_local;
 
@@ -1859,10 +1900,11 @@ static void parts(const kv_sk *c, kv_shadowkv_stats *st) {
         st->b_U += (size_t)c->s * c->r * sk_u_bytes(c);
         st->b_SVt += (size_t)c->r * c->kvd * f * (c->so.plus ? 2 : 1);
         st->b_landmarks += h * c->n_cand * d * sizeof(uint16_t);
-        st->b_outliers += 2 * h * c->n_out * cc * d * f;
-        st->b_local += 2 * h * c->n_local * d * f;
-        st->b_generated += 2 * h * L->n_gen * d * f;
-        st->b_cache += 2 * h * c->k * cc * d * f;
+        size_t rb = sk_row_bytes(c); /* the heads' rows */
+        st->b_outliers += 2 * h * c->n_out * cc * d * rb;
+        st->b_local += 2 * h * c->n_local * d * rb;
+        st->b_generated += 2 * h * L->n_gen * d * rb;
+        st->b_cache += 2 * h * c->k * cc * d * rb;
         if (c->o.oracle) st->b_oracle += 2 * (size_t)L->n * c->kvd * f;
     }
     st->resident = st->b_U + st->b_SVt + st->b_landmarks + st->b_outliers + st->b_local + st->b_generated +

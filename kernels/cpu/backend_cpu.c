@@ -305,23 +305,31 @@ static void softmax_causal(float *row, int len, int L) {
  * in L1; the exp is the vectorized one of the prefill softmax. */
 #define GROUP_MAX 64
 
+/* d values of a 16-bit row (elt: SKV_ELT_F16 or SKV_ELT_BF16) widened to f32 (exactly). */
+static inline __attribute__((always_inline)) void widen_row(float *y, const uint16_t *x, int elt, int d) {
+    if (elt == SKV_ELT_F16) vec_from_f16(y, x, d);
+    else shadowkv_from_bf16(y, x, (size_t)d);
+}
+
 /* Rows j..j+3 of X (rows stride apart) as f32: pointers into X, or, for
- * half-precision rows, into w4 where they are widened. */
-static inline __attribute__((always_inline)) void rows4(const void *X, int half, int j, int stride, int d,
+ * 16-bit rows (elt), into w4 where they are widened. */
+static inline __attribute__((always_inline)) void rows4(const void *X, int elt, int j, int stride, int d,
                                                         float w4[4][256], const float *out[4]) {
     for (int r = 0; r < 4; r++) {
         out[r] = (const float *)X + (size_t)(j + r) * stride;
-        if (half) {
-            vec_from_f16(w4[r], (const uint16_t *)X + (size_t)(j + r) * stride, d);
+        if (elt != SKV_ELT_F32) {
+            widen_row(w4[r], (const uint16_t *)X + (size_t)(j + r) * stride, elt, d);
             out[r] = w4[r];
         }
     }
 }
 #if defined(__AVX512F__)
-/* 16 values of a row at element off: f32, or f16 widened (exactly). */
-static inline __attribute__((always_inline)) __m512 row16(const void *X, int half, size_t off) {
-    return half ? _mm512_cvtph_ps(_mm256_loadu_si256((const __m256i *)(const void *)((const uint16_t *)X + off)))
-                : _mm512_loadu_ps((const float *)X + off);
+/* 16 values of a row at element off: f32, or f16 or bf16 widened (exactly). */
+static inline __attribute__((always_inline)) __m512 row16(const void *X, int elt, size_t off) {
+    if (elt == SKV_ELT_F32) return _mm512_loadu_ps((const float *)X + off);
+    __m256i h = _mm256_loadu_si256((const __m256i *)(const void *)((const uint16_t *)X + off));
+    if (elt == SKV_ELT_F16) return _mm512_cvtph_ps(h);
+    return _mm512_castsi512_ps(_mm512_slli_epi32(_mm512_cvtepu16_epi32(h), 16));
 }
 
 /* out (G, d) = Σ_j p[a][j]·V[j] for the G heads' weights p (G rows n
@@ -331,7 +339,7 @@ static inline __attribute__((always_inline)) __m512 row16(const void *X, int hal
  * registers over all the rows (G a constant at each call: 4*G accumulators)
  * instead of each head's output being loaded and stored every four rows, and
  * each V row is read once for the group. */
-static inline __attribute__((always_inline)) void pv_regs(int G, const float *p, int n, const void *V, int half,
+static inline __attribute__((always_inline)) void pv_regs(int G, const float *p, int n, const void *V, int elt,
                                                            int stride, int d, float *out) {
     for (int e0 = 0; e0 < d; e0 += 64) {
         __m512 acc[4][4];
@@ -339,8 +347,8 @@ static inline __attribute__((always_inline)) void pv_regs(int G, const float *p,
         for (int a = 0; a < G; a++) acc[a][0] = acc[a][1] = acc[a][2] = acc[a][3] = _mm512_setzero_ps();
         for (int j = 0; j < n; j++) {
             size_t off = (size_t)j * stride + e0;
-            __m512 v0 = row16(V, half, off), v1 = row16(V, half, off + 16), v2 = row16(V, half, off + 32),
-                   v3 = row16(V, half, off + 48);
+            __m512 v0 = row16(V, elt, off), v1 = row16(V, elt, off + 16), v2 = row16(V, elt, off + 32),
+                   v3 = row16(V, elt, off + 48);
 #pragma GCC unroll 4
             for (int a = 0; a < G; a++) {
                 __m512 w = _mm512_set1_ps(p[(size_t)a * n + j]);
@@ -357,14 +365,16 @@ static inline __attribute__((always_inline)) void pv_regs(int G, const float *p,
 }
 #endif
 
-/* K and V are f32 rows, or half-precision rows (the f16 dense cache) when
- * half: the same sums in the same order on the widened values, so the two
- * give the same bits on f16-representable data. Inlined with a constant
- * half, the branches fold away. */
+/* K and V are rows of type elt: f32, half precision (the f16 dense cache)
+ * or bf16 (ShadowKV's rows): the same sums in the same order on the widened
+ * values, so all give the same bits on data each can represent. Inlined
+ * with a constant elt, the branches fold away. */
 static inline __attribute__((always_inline)) void attend_group_t(const float *q, int g, const void *K,
-                                                                 const void *V, int half, int n, int d, int stride,
+                                                                 const void *V, int elt, int n, int d, int stride,
                                                                  float scale, float *out, float *m, float *l) {
     SKV_ASSERT(g >= 1 && g <= GROUP_MAX && n >= 0);
+    SKV_ASSERT(elt != SKV_ELT_BF16 || d <= 256);
+    int half = elt != SKV_ELT_F32; /* 16-bit rows */
     float stack[8192], mx[GROUP_MAX], sum[GROUP_MAX];
     size_t need = (size_t)g * (n > 0 ? n : 1);
     float *s = need <= 8192 ? stack : malloc(sizeof(float) * need);
@@ -380,7 +390,7 @@ static inline __attribute__((always_inline)) void attend_group_t(const float *q,
         float w4[4][256] __attribute__((aligned(32)));
         for (; j + 4 <= n; j += 4) {
             const float *kr[4];
-            rows4(K, half, j, stride, d, w4, kr);
+            rows4(K, elt, j, stride, d, w4, kr);
             for (int a = 0; a < g; a++) {
                 const float *qa = q + (size_t)a * d;
                 __m256 c0 = _mm256_setzero_ps(), c1 = c0, c2 = c0, c3 = c0;
@@ -402,7 +412,7 @@ static inline __attribute__((always_inline)) void attend_group_t(const float *q,
         const float *k = (const float *)K + (size_t)j * stride;
         const uint16_t *kh = (const uint16_t *)K + (size_t)j * stride;
         if (widen) {
-            vec_from_f16(row, kh, d);
+            widen_row(row, kh, elt, d);
             k = row;
         }
         for (int a = 0; a < g; a++) {
@@ -426,10 +436,10 @@ static inline __attribute__((always_inline)) void attend_group_t(const float *q,
      * registers over all the rows */
     if (d % 64 == 0 && d <= 256 && g <= 4) {
         switch (g) {
-        case 1: pv_regs(1, s, n, V, half, stride, d, out); break;
-        case 2: pv_regs(2, s, n, V, half, stride, d, out); break;
-        case 3: pv_regs(3, s, n, V, half, stride, d, out); break;
-        default: pv_regs(4, s, n, V, half, stride, d, out); break;
+        case 1: pv_regs(1, s, n, V, elt, stride, d, out); break;
+        case 2: pv_regs(2, s, n, V, elt, stride, d, out); break;
+        case 3: pv_regs(3, s, n, V, elt, stride, d, out); break;
+        default: pv_regs(4, s, n, V, elt, stride, d, out); break;
         }
         j = n;
     }
@@ -440,7 +450,7 @@ static inline __attribute__((always_inline)) void attend_group_t(const float *q,
         float w4[4][256] __attribute__((aligned(32)));
         for (; j + 4 <= n; j += 4) {
             const float *vr[4];
-            rows4(V, half, j, stride, d, w4, vr);
+            rows4(V, elt, j, stride, d, w4, vr);
             for (int a = 0; a < g; a++) {
                 const float *sa = s + (size_t)a * n + j;
                 __m256 p0 = _mm256_set1_ps(sa[0]), p1 = _mm256_set1_ps(sa[1]), p2 = _mm256_set1_ps(sa[2]),
@@ -458,7 +468,7 @@ static inline __attribute__((always_inline)) void attend_group_t(const float *q,
 #endif
     for (; j < n; j++) {
         if (widen) {
-            vec_from_f16(row, (const uint16_t *)V + (size_t)j * stride, d);
+            widen_row(row, (const uint16_t *)V + (size_t)j * stride, elt, d);
             for (int a = 0; a < g; a++) vec_axpy(out + (size_t)a * d, s[(size_t)a * n + j], row, d);
         } else if (half) {
             const uint16_t *v = (const uint16_t *)V + (size_t)j * stride;
@@ -479,14 +489,21 @@ static inline __attribute__((always_inline)) void attend_group_t(const float *q,
     if (s != stack) free(s);
 }
 
-static void cpu_attend_group(const float *q, int g, const float *K, const float *V, int n, int d, int stride,
-                             float scale, float *out, float *m, float *l) {
-    attend_group_t(q, g, K, V, 0, n, d, stride, scale, out, m, l);
+static void attend_group_f(const float *q, int g, const float *K, const float *V, int n, int d, int stride,
+                           float scale, float *out, float *m, float *l) {
+    attend_group_t(q, g, K, V, SKV_ELT_F32, n, d, stride, scale, out, m, l);
 }
 
 static void attend_group_h(const float *q, int g, const uint16_t *K, const uint16_t *V, int n, int d, int stride,
                            float scale, float *out, float *m, float *l) {
-    attend_group_t(q, g, K, V, 1, n, d, stride, scale, out, m, l);
+    attend_group_t(q, g, K, V, SKV_ELT_F16, n, d, stride, scale, out, m, l);
+}
+
+static void cpu_attend_group(const float *q, int g, const void *K, const void *V, int elt, int n, int d, int stride,
+                             float scale, float *out, float *m, float *l) {
+    if (elt == SKV_ELT_BF16) attend_group_t(q, g, K, V, SKV_ELT_BF16, n, d, stride, scale, out, m, l);
+    else if (elt == SKV_ELT_F16) attend_group_h(q, g, K, V, n, d, stride, scale, out, m, l);
+    else attend_group_f(q, g, K, V, n, d, stride, scale, out, m, l);
 }
 
 static void cpu_attend_merge(int parts, int g, int d, const float *o, const float *m, const float *l, float *out) {
@@ -535,8 +552,8 @@ static int attend_decode_t(const float *q, int n_heads, int nkv, int hd, const v
             attend_group_h(qg, grp, (const uint16_t *)K + off, (const uint16_t *)V + off, r1 - r0, hd, stride, scale,
                            o, m, l);
         else
-            cpu_attend_group(qg, grp, (const float *)K + off, (const float *)V + off, r1 - r0, hd, stride, scale, o, m,
-                             l);
+            attend_group_f(qg, grp, (const float *)K + off, (const float *)V + off, r1 - r0, hd, stride, scale, o, m,
+                           l);
     }
     if (parts > 1)
         for (int kh = 0; kh < nkv; kh++)
@@ -676,9 +693,9 @@ static int cpu_attend_decode_batch_h(const skv_kv_seq *seq, int n, int n_heads, 
     return attend_decode_batch_t(seq, n, n_heads, n_kv, d, 1, q, out);
 }
 
-static void cpu_gather(const uint16_t *src, int rows, int cols, const int *src_idx, int n, float *dst,
+static void cpu_gather(const uint16_t *src, int rows, int cols, const int *src_idx, int n, void *dst, int dst_elt,
                        const size_t *dst_off, int dst_stride) {
-    shadowkv_gather_blocks(src, 2, rows, cols, src_idx, n, dst, dst_off, dst_stride);
+    shadowkv_gather_blocks(src, 2, rows, cols, src_idx, n, dst, dst_elt, dst_off, dst_stride);
 }
 
 const skv_backend skv_backend_cpu = {
@@ -735,7 +752,7 @@ const skv_backend skv_backend_cpu = {
     .gather = cpu_gather,
     .pack_h = shadowkv_pack,
     .sk_gather_chunks = shadowkv_gather_chunks,
-    .rebuild = shadowkv_rebuild,
+    .rebuild = shadowkv_rebuild_to,
     .sk_books = shadowkv_books,
     .sk_gather_misses = shadowkv_gather_misses,
     .sk_rebuild_misses = shadowkv_rebuild_misses,

@@ -276,7 +276,24 @@ void shadowkv_pack(const float *x, size_t n, uint16_t *y, int elt) {
         return;
     }
     SKV_ASSERT(elt == SKV_ELT_BF16);
-    for (size_t i = 0; i < n; i++) y[i] = km_f32_to_bf16(x[i]);
+    size_t i = 0;
+#if defined(__AVX2__)
+    /* km_f32_to_bf16 eight at a time: u + 0x7fff + (bit 16 of u), the top
+     * half; a NaN lane keeps its top half with the quiet bit set */
+    const __m256i bias = _mm256_set1_epi32(0x7fff), one = _mm256_set1_epi32(1), q = _mm256_set1_epi32(0x40);
+    const __m256i abs = _mm256_set1_epi32(0x7fffffff), inf = _mm256_set1_epi32(0x7f800000);
+    for (; i + 8 <= n; i += 8) {
+        __m256i u = _mm256_castps_si256(_mm256_loadu_ps(x + i));
+        __m256i r = _mm256_srli_epi32(_mm256_add_epi32(u, _mm256_add_epi32(bias, _mm256_and_si256(
+                                                               _mm256_srli_epi32(u, 16), one))), 16);
+        __m256i nan = _mm256_cmpgt_epi32(_mm256_and_si256(u, abs), inf);
+        r = _mm256_blendv_epi8(r, _mm256_or_si256(_mm256_srli_epi32(u, 16), q), nan);
+        /* the eight 32-bit results (each under 2^16) to 16 bits, in order */
+        __m128i lo = _mm256_castsi256_si128(r), hi = _mm256_extracti128_si256(r, 1);
+        _mm_storeu_si128((__m128i *)(y + i), _mm_packus_epi32(lo, hi));
+    }
+#endif
+    for (; i < n; i++) y[i] = km_f32_to_bf16(x[i]);
 }
 
 void shadowkv_gather_chunks(const float *src, size_t src_row, size_t src_head, const int *cand, int h, int n_cand,
@@ -548,6 +565,22 @@ void shadowkv_rebuild_w(const void *U, int u_bytes, int r, const float *svt, int
         for (int i = 0; i < n; i++) rope_apply(rope, out + (size_t)i * d, 1, t0 + i);
 }
 
+void shadowkv_rebuild_to(const uint16_t *U, int r, const float *svt, int d, int t0, int n, const rope_ctx *rope,
+                         const float *cs, const float *sn, void *out, int out_elt) {
+    if (out_elt == SKV_ELT_F32) {
+        shadowkv_rebuild(U, r, svt, d, t0, n, rope, cs, sn, out);
+        return;
+    }
+    SKV_ASSERT(out_elt == SKV_ELT_BF16 && d <= 256);
+    /* four rows at a time in f32 (the AVX-512 path's block), then rounded */
+    float tmp[4 * 256];
+    for (int i = 0; i < n; i += 4) {
+        int m = n - i < 4 ? n - i : 4;
+        shadowkv_rebuild(U, r, svt, d, t0 + i, m, rope, cs, sn, tmp);
+        shadowkv_pack(tmp, (size_t)m * d, (uint16_t *)out + (size_t)i * d, SKV_ELT_BF16);
+    }
+}
+
 void shadowkv_rebuild_prefetch(const void *U, int u_bytes, int r, int t0, int n, const rope_ctx *rope,
                                const float *cs, const float *sn) {
     vec_prefetch((const char *)U + (size_t)t0 * r * u_bytes, (size_t)u_bytes * n * r);
@@ -609,26 +642,27 @@ void shadowkv_books(int h, int k, int n_cand, const int *sel, int *slot_id, int 
 
 
 void shadowkv_gather_misses(const uint16_t *store, int c, int d, int h, int k, int n_cand, size_t blk0,
-                            const int *sel, const int *slot_of, const int *miss, const int *n_miss, float *const *V,
-                            int row_slot) {
+                            const int *sel, const int *slot_of, const int *miss, const int *n_miss,
+                            uint16_t *const *V, int row_slot) {
     size_t blk = (size_t)c * d;
     for (int kh = 0; kh < h; kh++)
         for (int m = 0; m < n_miss[kh]; m++) {
             int i = miss[(size_t)kh * k + m];
             const uint16_t *src = store + (blk0 + (size_t)kh * n_cand + sel[(size_t)kh * k + i]) * blk;
-            shadowkv_from_bf16(V[kh] + (size_t)(row_slot + slot_of[(size_t)kh * k + i] * c) * d, src, blk);
+            memcpy(V[kh] + (size_t)(row_slot + slot_of[(size_t)kh * k + i] * c) * d, src, sizeof(uint16_t) * blk);
         }
 }
 
 void shadowkv_rebuild_misses(const uint16_t *U, int r, const float *SVt, int d, int c, int h, int k, int n_cand,
                              const int *cand, const int *sel, const int *slot_of, const int *miss, const int *n_miss,
-                             const rope_ctx *rope, const float *cs, const float *sn, float *const *K, int row_slot) {
+                             const rope_ctx *rope, const float *cs, const float *sn, uint16_t *const *K,
+                             int row_slot) {
     for (int kh = 0; kh < h; kh++)
         for (int m = 0; m < n_miss[kh]; m++) {
             int i = miss[(size_t)kh * k + m];
             int chunk = cand[(size_t)kh * n_cand + sel[(size_t)kh * k + i]];
-            shadowkv_rebuild(U, r, SVt + (size_t)kh * r * d, d, chunk * c, c, rope, cs, sn,
-                             K[kh] + (size_t)(row_slot + slot_of[(size_t)kh * k + i] * c) * d);
+            shadowkv_rebuild_to(U, r, SVt + (size_t)kh * r * d, d, chunk * c, c, rope, cs, sn,
+                                K[kh] + (size_t)(row_slot + slot_of[(size_t)kh * k + i] * c) * d, SKV_ELT_BF16);
         }
 }
 
@@ -641,14 +675,17 @@ void shadowkv_step_append(const sk_step *st, float *q, const float *k, const flo
         const sk_job *J = &st->jobs[j];
         const int *sq = st->seq + 2 * J->gi;
         size_t off = (size_t)sq[0] * st->kvd + (size_t)J->kh * d, row = (size_t)(J->row_gen + sq[1]) * d;
-        memcpy(J->K + row, J->key ? J->key : k + off, sizeof(float) * d);
-        memcpy(J->V + row, v + off, sizeof(float) * d);
+        float key[SK_STEP_D_MAX];
+        SKV_ASSERT(d <= SK_STEP_D_MAX);
+        memcpy(key, J->key ? J->key : k + off, sizeof(float) * d);
         if (st->rope_new) { /* rope_qk's angles and rotation, at the row's position */
             float cs[512], sn[512];
             rope_angles(st->rope, J->s + sq[1], cs, sn);
             rope_rotate(st->rope, q + (size_t)sq[0] * st->qd + (size_t)J->kh * st->group * d, st->group, cs, sn);
-            if (!J->key) rope_rotate(st->rope, J->K + row, 1, cs, sn);
+            if (!J->key) rope_rotate(st->rope, key, 1, cs, sn);
         }
+        shadowkv_pack(key, (size_t)d, J->K + row, SKV_ELT_BF16);
+        shadowkv_pack(v + off, (size_t)d, J->V + row, SKV_ELT_BF16);
     }
 }
 
@@ -696,8 +733,8 @@ void shadowkv_step_fetch(const sk_step *st) {
         size_t blk = (size_t)J->c * st->d;
         for (int m = 0; m < *J->n_miss; m++) {
             int i = J->miss[m];
-            shadowkv_from_bf16(J->V + (size_t)(J->row_slot + J->slot_of[i] * J->c) * st->d, J->store + (size_t)J->sel[i] * blk,
-                      blk);
+            memcpy(J->V + (size_t)(J->row_slot + J->slot_of[i] * J->c) * st->d, J->store + (size_t)J->sel[i] * blk,
+                   sizeof(uint16_t) * blk);
         }
     }
 }
@@ -707,8 +744,8 @@ void shadowkv_step_rebuild(const sk_step *st) {
         const sk_job *J = &st->jobs[j];
         for (int m = 0; m < *J->n_miss; m++) {
             int i = J->miss[m];
-            shadowkv_rebuild(J->U, J->r, J->svt, st->d, J->cand[J->sel[i]] * J->c, J->c, st->rope, J->cs, J->sn,
-                             J->K + (size_t)(J->row_slot + J->slot_of[i] * J->c) * st->d);
+            shadowkv_rebuild_to(J->U, J->r, J->svt, st->d, J->cand[J->sel[i]] * J->c, J->c, st->rope, J->cs, J->sn,
+                                J->K + (size_t)(J->row_slot + J->slot_of[i] * J->c) * st->d, SKV_ELT_BF16);
         }
     }
 }
@@ -720,20 +757,25 @@ void shadowkv_step_attend(const sk_step *st, const float *q, float *out) {
         const sk_job *J = &st->jobs[j];
         const int *sq = st->seq + 2 * J->gi;
         int rows = J->row_gen + sq[1] + 1;
+        float kr[SK_STEP_D_MAX], vr[SK_STEP_D_MAX];
+        SKV_ASSERT(d <= SK_STEP_D_MAX);
         for (int g = 0; g < st->group; g++) {
             size_t off = (size_t)sq[0] * st->qd + (size_t)(J->kh * st->group + g) * d;
             const float *qg = q + off;
             float *o = out + off, mx = -INFINITY;
             for (int t = 0; t < rows; t++) {
-                float s = vec_dot(qg, J->K + (size_t)t * d, d) * scale;
+                shadowkv_from_bf16(kr, J->K + (size_t)t * d, (size_t)d);
+                float s = vec_dot(qg, kr, d) * scale;
                 if (s > mx) mx = s;
             }
             double l = 0;
             memset(o, 0, sizeof(float) * d);
             for (int t = 0; t < rows; t++) {
-                float w = expf(vec_dot(qg, J->K + (size_t)t * d, d) * scale - mx);
+                shadowkv_from_bf16(kr, J->K + (size_t)t * d, (size_t)d);
+                shadowkv_from_bf16(vr, J->V + (size_t)t * d, (size_t)d);
+                float w = expf(vec_dot(qg, kr, d) * scale - mx);
                 l += w;
-                vec_axpy(o, w, J->V + (size_t)t * d, d);
+                vec_axpy(o, w, vr, d);
             }
             for (int e = 0; e < d; e++) o[e] = l > 0 ? (float)(o[e] / l) : 0.0f;
         }
@@ -838,20 +880,24 @@ void shadowkv_store_count(shadowkv_store *st, int n) {
 void shadowkv_store_fetch(shadowkv_store *st, int b, float *dst, int dst_stride) {
     SKV_ASSERT(b >= 0 && b < st->n_blocks);
     size_t off = 0;
-    shadowkv_gather_blocks(st->data, st->elt_bytes, st->rows, st->cols, &b, 1, dst, &off, dst_stride);
+    shadowkv_gather_blocks(st->data, st->elt_bytes, st->rows, st->cols, &b, 1, dst, SKV_ELT_F32, &off, dst_stride);
     __atomic_fetch_add(&st->n_fetch, 1, __ATOMIC_RELAXED);
     __atomic_fetch_add(&st->fetch_bytes, (uint64_t)st->elt_bytes * st->rows * st->cols, __ATOMIC_RELAXED);
 }
 
-/* One row of n values, eb bytes wide, to f32. */
-static void row_to_f32(float *y, const void *x, int eb, size_t n) {
-    if (eb == 4) memcpy(y, x, sizeof(float) * n);
+/* One row of n values, eb bytes wide, to dst_elt: f32 copied or bf16
+ * widened to f32, or bf16 copied. */
+static void row_to(void *y, int dst_elt, const void *x, int eb, size_t n) {
+    if (dst_elt == SKV_ELT_BF16) memcpy(y, x, sizeof(uint16_t) * n);
+    else if (eb == 4) memcpy(y, x, sizeof(float) * n);
     else shadowkv_from_bf16(y, x, n);
 }
 
 void shadowkv_gather_blocks(const void *src, int elt_bytes, int rows, int cols, const int *src_idx, int n,
-                            float *dst, const size_t *dst_off, int dst_stride) {
+                            void *dst, int dst_elt, const size_t *dst_off, int dst_stride) {
     SKV_ASSERT(elt_bytes == 2 || elt_bytes == 4);
+    SKV_ASSERT(dst_elt == SKV_ELT_F32 || (dst_elt == SKV_ELT_BF16 && elt_bytes == 2));
+    size_t db = dst_elt == SKV_ELT_BF16 ? 2 : 4;
     size_t blk = (size_t)rows * cols, bb = blk * elt_bytes;
     const char *base = src;
     /* blocks sit at random places: each asked for two blocks ahead of its
@@ -860,12 +906,13 @@ void shadowkv_gather_blocks(const void *src, int elt_bytes, int rows, int cols, 
     for (int i = 0; i < n; i++) {
         if (i + 2 < n) vec_prefetch(base + (size_t)src_idx[i + 2] * bb, bb);
         const char *s = base + (size_t)src_idx[i] * bb;
-        float *d = dst + dst_off[i];
+        char *d = (char *)dst + dst_off[i] * db;
         if (dst_stride == cols) {
-            row_to_f32(d, s, elt_bytes, blk);
+            row_to(d, dst_elt, s, elt_bytes, blk);
         } else {
             for (int r = 0; r < rows; r++)
-                row_to_f32(d + (size_t)r * dst_stride, s + (size_t)r * cols * elt_bytes, elt_bytes, (size_t)cols);
+                row_to(d + (size_t)r * dst_stride * db, dst_elt, s + (size_t)r * cols * elt_bytes, elt_bytes,
+                       (size_t)cols);
         }
     }
 }

@@ -110,6 +110,13 @@ void shadowkv_rebuild(const uint16_t *U, int r, const float *svt, int d, int t0,
 void shadowkv_rebuild_w(const void *U, int u_bytes, int r, const float *svt, int d, int t0, int n,
                         const rope_ctx *rope, const float *cs, const float *sn, float *out);
 
+/* shadowkv_rebuild stored as out_elt: SKV_ELT_F32, or SKV_ELT_BF16 (each
+ * f32 result rounded to nearest even, km_f32_to_bf16): the CPU backend's
+ * rebuild, and the rounding every backend's rebuild of ShadowKV's bf16 key
+ * rows follows. */
+void shadowkv_rebuild_to(const uint16_t *U, int r, const float *svt, int d, int t0, int n, const rope_ctx *rope,
+                         const float *cs, const float *sn, void *out, int out_elt);
+
 /* Asks the caches for what shadowkv_rebuild of rows [t0, t0+n) will read
  * from memory (the U rows and the RoPE table rows; cs may be NULL): a
  * chunk's rows sit at a random place, so without it every chunk's rebuild
@@ -157,16 +164,17 @@ void shadowkv_books(int h, int k, int n_cand, const int *sel, int *slot_id, int 
                     unsigned *epoch, int *slot_of, int *miss, int *n_miss);
 /* The misses' values: head kh's miss m (i = miss[kh][m]) copies block
  * blk0 + kh*n_cand + sel[kh][i] of the store ((c, d) bf16 values each,
- * blocks back to back), widened, to rows row_slot + slot_of[kh][i]*c.. of
- * V[kh]. */
+ * blocks back to back), as they are, to the bf16 rows row_slot +
+ * slot_of[kh][i]*c.. of V[kh]. */
 void shadowkv_gather_misses(const uint16_t *store, int c, int d, int h, int k, int n_cand, size_t blk0, const int *sel,
-                            const int *slot_of, const int *miss, const int *n_miss, float *const *V, int row_slot);
+                            const int *slot_of, const int *miss, const int *n_miss, uint16_t *const *V, int row_slot);
 /* The misses' keys: the c positions of chunk cand[kh][sel[kh][i]] rebuilt
- * (shadowkv_rebuild with SVt + kh*r*d) into rows row_slot + slot_of[kh][i]*c..
- * of K[kh]. */
+ * (shadowkv_rebuild_to with SVt + kh*r*d, rounded to bf16) into the rows
+ * row_slot + slot_of[kh][i]*c.. of K[kh]. */
 void shadowkv_rebuild_misses(const uint16_t *U, int r, const float *SVt, int d, int c, int h, int k, int n_cand,
                              const int *cand, const int *sel, const int *slot_of, const int *miss, const int *n_miss,
-                             const rope_ctx *rope, const float *cs, const float *sn, float *const *K, int row_slot);
+                             const rope_ctx *rope, const float *cs, const float *sn, uint16_t *const *K,
+                             int row_slot);
 
 /* ---- a batched decode step: every sequence and KV head of a layer at once --
  * (the backend ops sk_step_*: on a device one launch each, whatever the
@@ -195,7 +203,7 @@ static inline int sk_step_parts(int rows) {
 /* One (sequence, KV head) of the step. Every pointer is the backend's
  * memory but store (host_alloc's, read by the fetch). */
 typedef struct sk_job {
-    float *K, *V;            /* (cap, d) the head's attention rows: [outliers | slots | local | generated] */
+    uint16_t *K, *V;         /* (cap, d) the head's attention rows in bf16: [outliers | slots | local | generated] */
     const uint16_t *lm;      /* (n_cand, d) the candidates' landmarks, IEEE half */
     const uint16_t *U;       /* (s, r) the layer's left singular vectors, bf16 */
     const float *svt;        /* (r, d) the head's block of Σ·Vᵀ */
@@ -234,9 +242,10 @@ typedef struct sk_step {
 } sk_step;
 
 /* Each job's new rows: key (job's key, else k's row) and v's row of its
- * sequence to row row_gen + gen of K and V. With rope_new, first q's query
- * heads kh*group.. of the row rotated in place and k's head rotated on its
- * way (k itself is not written), as rope_qk at position s + gen. */
+ * sequence to row row_gen + gen of K and V, rounded to bf16. With
+ * rope_new, first q's query heads kh*group.. of the row rotated in place
+ * and k's head rotated on its way (k itself is not written), as rope_qk at
+ * position s + gen, then rounded. */
 void shadowkv_step_append(const sk_step *st, float *q, const float *k, const float *v);
 /* Each job's landmark logits into its scratch lg (group, n_cand): the
  * group's q·lm_j/√d (shadowkv_score_logits_h). */
@@ -254,15 +263,16 @@ void shadowkv_step_books(const sk_step *st);
 /* The three above in order (stats skipped when st->scored): the twin of
  * the one select launch. */
 void shadowkv_step_select(const sk_step *st);
-/* Each job's misses' values: store block sel[i], widened from bf16, to
- * rows row_slot + slot_of[i]*c.. of V. */
+/* Each job's misses' values: store block sel[i], bf16 as it is, to rows
+ * row_slot + slot_of[i]*c.. of V. */
 void shadowkv_step_fetch(const sk_step *st);
 /* Each job's misses' keys: chunk cand[sel[i]]'s c rows rebuilt
- * (shadowkv_rebuild with the job's svt and tables) into rows row_slot +
- * slot_of[i]*c.. of K. */
+ * (shadowkv_rebuild_to with the job's svt and tables, rounded to bf16)
+ * into rows row_slot + slot_of[i]*c.. of K. */
 void shadowkv_step_rebuild(const sk_step *st);
 /* Each job's attention: its query group over rows 0..row_gen+gen of K and
- * V (the new row included), scale 1/√d, into out's row, heads kh*group... */
+ * V (the new row included; bf16 widened), scale 1/√d, into out's row,
+ * heads kh*group... */
 void shadowkv_step_attend(const sk_step *st, const float *q, float *out);
 
 /* ---- offload store ---------------------------------------------------- */
@@ -310,11 +320,13 @@ void shadowkv_store_count(shadowkv_store *st, int n);
 /* Copies block b, widened, to dst (rows dst_stride floats apart) and counts it. */
 void shadowkv_store_fetch(shadowkv_store *st, int b, float *dst, int dst_stride);
 
-/* Copies n blocks of (rows, cols) values, each elt_bytes wide (2: bf16,
- * widened; 4: f32), block src_idx[i] of src (blocks back to back) to dst +
- * dst_off[i] floats, rows dst_stride apart: the CPU backend's gather (at
- * 2), and the f32 store's (at 4). Counts nothing. */
+/* Copies n blocks of (rows, cols) values, each elt_bytes wide (2: bf16;
+ * 4: f32), block src_idx[i] of src (blocks back to back) to dst +
+ * dst_off[i] values of type dst_elt, rows dst_stride values apart: bf16
+ * widened to SKV_ELT_F32 or copied to SKV_ELT_BF16; f32 to SKV_ELT_F32
+ * only. The CPU backend's gather (at 2), and the f32 store's (at 4).
+ * Counts nothing. */
 void shadowkv_gather_blocks(const void *src, int elt_bytes, int rows, int cols, const int *src_idx, int n,
-                            float *dst, const size_t *dst_off, int dst_stride);
+                            void *dst, int dst_elt, const size_t *dst_off, int dst_stride);
 
 #endif

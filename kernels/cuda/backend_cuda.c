@@ -11,6 +11,7 @@ const skv_backend skv_backend_cuda = {
     .available = cu_available,
     .alloc = cu_alloc,
     .mem_info = cu_mem_info,
+    .mem_peak = cu_mem_peak,
     .free = cu_free,
     .upload = cu_upload,
     .download = cu_download,

@@ -437,6 +437,32 @@ static void host_release(int wait) {
     g_host_held.clear();
 }
 
+/* The bytes of cu_alloc's buffers live now and at most since the last
+ * reset (cu_mem_peak), each buffer's size kept until its free. */
+static std::mutex g_dev_mu;
+static std::unordered_map<void *, size_t> g_dev_size;
+static size_t g_dev_live, g_dev_peak;
+
+size_t cu_mem_peak(int reset) {
+    std::lock_guard<std::mutex> lock(g_dev_mu);
+    if (reset) g_dev_peak = g_dev_live;
+    return reset ? g_dev_live : g_dev_peak;
+}
+
+static void dev_count(void *p, size_t n) {
+    std::lock_guard<std::mutex> lock(g_dev_mu);
+    if (n) {
+        g_dev_size[p] = n;
+        g_dev_live += n;
+        if (g_dev_live > g_dev_peak) g_dev_peak = g_dev_live;
+        return;
+    }
+    auto it = g_dev_size.find(p);
+    if (it == g_dev_size.end()) return;
+    g_dev_live -= it->second;
+    g_dev_size.erase(it);
+}
+
 void *cu_alloc(size_t bytes) {
     cuda_graph_break();
     host_release(0);
@@ -458,6 +484,7 @@ void *cu_alloc(size_t bytes) {
      * it by an event); cudaMemset would queue on the legacy default stream,
      * which the two non-blocking streams are not ordered with. */
     CK(cudaMemsetAsync(p, 0, n, st));
+    dev_count(p, n);
     return p;
 }
 
@@ -465,6 +492,7 @@ void cu_free(void *p) {
     cuda_graph_break();
     host_release(0);
     if (!p) return;
+    dev_count(p, 0);
     /* after the work queued on both streams: the compute stream first waits
      * for the last gather on the fetch stream (an event) */
     CK(cudaFreeAsync(p, cuda_after_fetch()));

@@ -16,6 +16,7 @@ extern "C" {
 int cu_available(char *why, size_t n);
 void *cu_alloc(size_t bytes);
 int cu_mem_info(size_t *free_bytes, size_t *total_bytes);
+size_t cu_mem_peak(int reset);
 void cu_free(void *p);
 void cu_upload(void *dst, const void *host_src, size_t bytes);
 void cu_download(void *host_dst, const void *src, size_t bytes);
@@ -68,8 +69,8 @@ void cu_weight_free(skv_weight *w);
 /* ops_attention.cu */
 void cu_attend_rows(const float *q, const float *K, const float *V, int n, int d, int stride, float scale,
                     float *out);
-void cu_attend_group(const float *q, int g, const float *K, const float *V, int n, int d, int stride, float scale,
-                     float *out, float *m, float *l);
+void cu_attend_group(const float *q, int g, const void *K, const void *V, int elt, int n, int d, int stride,
+                     float scale, float *out, float *m, float *l);
 void cu_attend_merge(int parts, int g, int d, const float *o, const float *m, const float *l, float *out);
 int cu_attend_decode(const float *q, int n_heads, int n_kv, int d, const float *K, const float *V, int rows,
                      int stride, size_t head_stride, float *out);
@@ -87,20 +88,21 @@ void cu_cos_min(const float *K, int stride, int d, int c, int n_chunks, const fl
 void cu_score(const float *q, int nq, size_t q_stride, int group, int d, const uint16_t *lm, int n_lm, float scale,
               float *tmp, float *score);
 int cu_topk(const float *score, int n, int k, int *idx);
-void cu_gather(const uint16_t *src, int rows, int cols, const int *src_idx, int n, float *dst, const size_t *dst_off,
-               int dst_stride);
+void cu_gather(const uint16_t *src, int rows, int cols, const int *src_idx, int n, void *dst, int dst_elt,
+               const size_t *dst_off, int dst_stride);
 void cu_pack_h(const float *x, size_t n, uint16_t *y, int elt);
 void cu_sk_gather_chunks(const float *src, size_t src_row, size_t src_head, const int *cand, int h, int n_cand,
                          int rows, int d, void *dst, size_t dst_head, int dst_elt);
 void cu_rebuild(const uint16_t *U, int r, const float *svt, int d, int t0, int n, const rope_ctx *rope, const float *cs,
-                const float *sn, float *out);
+                const float *sn, void *out, int out_elt);
 void cu_sk_books(int h, int k, int n_cand, const int *sel, int *slot_id, int *where, unsigned *stamp, unsigned *epoch,
                  int *slot_of, int *miss, int *n_miss);
 void cu_sk_gather_misses(const uint16_t *store, int c, int d, int h, int k, int n_cand, size_t blk0, const int *sel,
-                         const int *slot_of, const int *miss, const int *n_miss, float *const *V, int row_slot);
+                         const int *slot_of, const int *miss, const int *n_miss, uint16_t *const *V, int row_slot);
 void cu_sk_rebuild_misses(const uint16_t *U, int r, const float *SVt, int d, int c, int h, int k, int n_cand,
                           const int *cand, const int *sel, const int *slot_of, const int *miss, const int *n_miss,
-                          const rope_ctx *rope, const float *cs, const float *sn, float *const *K, int row_slot);
+                          const rope_ctx *rope, const float *cs, const float *sn, uint16_t *const *K,
+                          int row_slot);
 void cu_project(const float *Vt, int r, int n, const float *x, float *y, float *coef);
 /* ops_sk_step.cu */
 void cu_sk_step_append(const sk_step *st, float *q, const float *k, const float *v);

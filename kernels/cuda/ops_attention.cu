@@ -5,7 +5,8 @@
  * every (head, row) pair, updates each head's running max and sum, and each
  * thread, owning one dimension, adds the tile's weighted value rows to its G
  * accumulators, so every K and V row is read once for the whole group.
- * - attend_rows / attend_group: one block (a row set, ShadowKV's sparse set);
+ * - attend_rows / attend_group: one block (a row set, ShadowKV's sparse set:
+ *   its rows f32 or bf16, widened as read);
  * - attend_decode and attend_decode_batch: split-K flash-decoding, one
  *   launch over (part of the rows, KV head, sequence) with 16-byte loads and
  *   the parts merged by the last to finish (below); kv_store_batch stores a
@@ -25,15 +26,22 @@
 #include <stdint.h>
 #include <string.h>
 
-/* A cache element as f32: the f32 cache's own, or a half-precision
- * (--f16-kv) element widened exactly. */
+/* A bf16 value (ShadowKV's attention rows, SKV_ELT_BF16): its 16 bits, a
+ * type of its own so that the overloads below tell it from IEEE half. */
+struct bf16r {
+    uint16_t u;
+};
+
+/* A cache element as f32: the f32 cache's own, a half-precision (--f16-kv)
+ * element or a bf16 one widened exactly. */
 __device__ __forceinline__ float ld(const float *p) { return *p; }
 __device__ __forceinline__ float ld(const __half *p) { return __half2float(*p); }
+__device__ __forceinline__ float ld(const bf16r *p) { return km_bf16_to_f32(p->u); }
 
 /* Attends q (G heads, rows q_stride floats apart) over rows [r0, r1) of K
- * and V (rows `stride` elements apart, f32 or half). Writes, per head, the accumulated output
- * (normalized when norm, else unnormalized) to out + g*d, and the state to
- * m_out[g], l_out[g] when given. */
+ * and V (rows `stride` elements apart, f32, half or bf16). Writes, per
+ * head, the accumulated output (normalized when norm, else unnormalized) to
+ * out + g*d, and the state to m_out[g], l_out[g] when given. */
 template <typename T>
 __device__ void attend_block(const float *q, int G, size_t q_stride, const T *K, const T *V, int r0, int r1,
                              int stride, int d, float scale, float *out, float *m_out, float *l_out, int norm) {
@@ -99,8 +107,10 @@ __device__ void attend_block(const float *q, int G, size_t q_stride, const T *K,
     }
 }
 
-__global__ void k_attend_group(const float *q, int G, const float *K, const float *V, int n, int d, int stride,
-                               float scale, float *out, float *m, float *l) {
+/* K and V rows of type T: float, or bf16r (attend_group's SKV_ELT_BF16). */
+template <typename T>
+__global__ void k_attend_group(const float *q, int G, const T *K, const T *V, int n, int d, int stride, float scale,
+                               float *out, float *m, float *l) {
     attend_block(q, G, (size_t)d, K, V, 0, n, stride, d, scale, out, m, l, m == NULL);
 }
 
@@ -109,17 +119,22 @@ void cu_attend_rows(const float *q, const float *K, const float *V, int n, int d
     SKV_ASSERT(d <= D_MAX);
     cudaStream_t st = cuda_after_fetch();
     cuda_span_mark sp = cuda_span_begin(0);
-    SKV_LAUNCH(k_attend_group, 1, THREADS, 0, st)(q, 1, K, V, n, d, stride, scale, out, NULL, NULL);
+    SKV_LAUNCH(k_attend_group<float>, 1, THREADS, 0, st)(q, 1, K, V, n, d, stride, scale, out, NULL, NULL);
     CKL();
     cuda_span_end(sp, 0, "attend");
 }
 
-void cu_attend_group(const float *q, int g, const float *K, const float *V, int n, int d, int stride, float scale,
-                     float *out, float *m, float *l) {
-    SKV_ASSERT(g >= 1 && g <= G_MAX && d <= D_MAX);
+void cu_attend_group(const float *q, int g, const void *K, const void *V, int elt, int n, int d, int stride,
+                     float scale, float *out, float *m, float *l) {
+    SKV_ASSERT(g >= 1 && g <= G_MAX && d <= D_MAX && (elt == SKV_ELT_F32 || elt == SKV_ELT_BF16));
     cudaStream_t st = cuda_after_fetch();
     cuda_span_mark sp = cuda_span_begin(0);
-    SKV_LAUNCH(k_attend_group, 1, THREADS, 0, st)(q, g, K, V, n, d, stride, scale, out, m, l);
+    if (elt == SKV_ELT_BF16)
+        SKV_LAUNCH(k_attend_group<bf16r>, 1, THREADS, 0, st)(q, g, (const bf16r *)K, (const bf16r *)V, n, d, stride,
+                                                             scale, out, m, l);
+    else
+        SKV_LAUNCH(k_attend_group<float>, 1, THREADS, 0, st)(q, g, (const float *)K, (const float *)V, n, d, stride,
+                                                             scale, out, m, l);
     CKL();
     cuda_span_end(sp, 0, "attend");
 }

@@ -6,8 +6,9 @@
  * than the grid's shape (fewer candidates, a smaller k, fewer misses or
  * rows) skips the rest on the device. Nothing is read back: the selection
  * and the books stay in the jobs' buffers (the policy's packs).
- * - append: a block a job copies its new key and value rows, RoPE of its
- *   query heads and its key first when the step does it (rope_new);
+ * - append: a block a job stores its new key and value rows rounded to
+ *   bf16, RoPE of its query heads and its key (in f32) first when the step
+ *   does it (rope_new);
  * - logits: a warp a landmark (IEEE half) for the job's whole query group;
  * - select: a block a job, three phases between barriers: each head's
  *   softmax statistics and the group max; a radix select of the k-th key
@@ -17,11 +18,13 @@
  *   prefix sum, free slots likewise, the m-th miss to the m-th free slot
  *   (km_cache_update's rule, in parallel);
  * - fetch: the missed values (bf16) from pinned, mapped host memory on the
- *   fetch stream, widened to f32, 16-byte loads, four in flight a lane, 16
- *   blocks;
- * - rebuild: a block a miss, the keys U·ΣVᵀ with RoPE (U in bf16);
+ *   fetch stream, copied as they are into the bf16 rows, 16-byte accesses,
+ *   four in flight a lane, 16 blocks;
+ * - rebuild: a block a miss, the keys U·ΣVᵀ with RoPE (U in bf16), rounded
+ *   to bf16;
  * - attend: a block a (job, part of the rows), a warp a row at a time with
- *   an online softmax for the group; the last part done merges (split-K).
+ *   an online softmax for the group over the bf16 rows widened; the last
+ *   part done merges (split-K).
  * CPU twins: kernels/cpu/shadowkv_ops.c's shadowkv_step_*. */
 #include "cuda_util.h"
 
@@ -33,21 +36,10 @@ extern "C" {
 
 #define SK_THREADS 256
 
-/* Four floats read or written as one 16-byte access. */
-struct __align__(16) sk_f4 {
-    float x, y, z, w;
-};
-
-/* Eight bf16 values read as one 16-byte access, two to a word (the lower
- * address in the low half). */
+/* Eight bf16 values moved as one 16-byte access. */
 struct __align__(16) sk_b8 {
     unsigned w[4];
 };
-
-/* The two bf16 values of word w, widened (exact): the low half, the high. */
-static __device__ __forceinline__ float sk_bf_lo(unsigned w) { return km_bits_f32(w << 16); }
-static __device__ __forceinline__ float sk_bf_hi(unsigned w) { return km_bits_f32(w & 0xffff0000u); }
-
 
 /* The place of this thread's pred among the block's threads that have it,
  * in thread order, and their count (*total); every thread calls it. */
@@ -72,33 +64,38 @@ static __device__ __forceinline__ unsigned sk_desc(float s) { return (unsigned)(
 
 /* ---- append ---- */
 
-/* A block a job: the new key (the job's own, or k's head) and value rows;
- * with inv (rope_new), first the job's query heads rotated in place and
- * the key rotated in its row, pair by pair as k_rope_qk does (the same
- * angles and rotation, so the same bits). */
+/* A block a job: the new key (the job's own, or k's head) and value rows,
+ * rounded to bf16 (km_f32_to_bf16); with inv (rope_new), first the job's
+ * query heads rotated in place and the key rotated in f32 in shared memory
+ * (then rounded), pair by pair as k_rope_qk does (the same angles and
+ * rotation, so the same bits). */
 __global__ void k_sk_step_append(sk_step st, float *q, const float *k, const float *v, const float *inv, int rope_dim,
                                  int mode) {
+    SKV_DYN_SHARED(float, kr); /* (d) the key in f32 */
     const sk_job *J = &st.jobs[blockIdx.x];
     int row = st.seq[2 * J->gi], gen = st.seq[2 * J->gi + 1], d = st.d, half = rope_dim / 2;
     size_t off = (size_t)row * st.kvd + (size_t)J->kh * d, dst = (size_t)(J->row_gen + gen) * d;
     const float *key = J->key ? J->key : k + off;
     for (int e = threadIdx.x; e < d; e += blockDim.x) {
-        J->K[dst + e] = key[e];
-        J->V[dst + e] = v[off + e];
+        kr[e] = key[e];
+        J->V[dst + e] = km_f32_to_bf16(v[off + e]);
     }
-    if (!inv) return;
-    int pos = J->s + gen, G = st.group;
-    float *qh = q + (size_t)row * st.qd + (size_t)J->kh * G * d;
+    if (inv) {
+        int pos = J->s + gen, G = st.group;
+        float *qh = q + (size_t)row * st.qd + (size_t)J->kh * G * d;
+        __syncthreads();
+        for (int x = threadIdx.x; x < (G + 1) * half; x += blockDim.x) {
+            int g = x / half, p = x % half, a, b;
+            if (g == G && J->key) break; /* the job's own key is rotated already */
+            float *h = g < G ? qh + (size_t)g * d : kr;
+            float cs, sn;
+            km_rope_pair_index(mode, p, rope_dim, &a, &b);
+            km_rope_cs(inv[p], pos, &cs, &sn);
+            km_rotate(&h[a], &h[b], cs, sn);
+        }
+    }
     __syncthreads();
-    for (int x = threadIdx.x; x < (G + 1) * half; x += blockDim.x) {
-        int g = x / half, p = x % half, a, b;
-        if (g == G && J->key) break; /* the job's own key is rotated already */
-        float *h = g < G ? qh + (size_t)g * d : J->K + dst;
-        float cs, sn;
-        km_rope_pair_index(mode, p, rope_dim, &a, &b);
-        km_rope_cs(inv[p], pos, &cs, &sn);
-        km_rotate(&h[a], &h[b], cs, sn);
-    }
+    for (int e = threadIdx.x; e < d; e += blockDim.x) J->K[dst + e] = km_f32_to_bf16(kr[e]);
 }
 
 void cu_sk_step_append(const sk_step *st, float *q, const float *k, const float *v) {
@@ -107,8 +104,8 @@ void cu_sk_step_append(const sk_step *st, float *q, const float *k, const float 
     /* the table forward's rope_qk uploaded at the prefill (no copy here) */
     const float *inv = half ? cuda_const_upload(st->rope->inv_freq, (size_t)half) : NULL;
     cuda_span_mark sp = cuda_span_begin(0);
-    SKV_LAUNCH(k_sk_step_append, st->n_jobs, 128, 0, cuda_after_fetch())(*st, q, k, v, inv, 2 * half,
-                                                                        half ? (int)st->rope->mode : 0);
+    SKV_LAUNCH(k_sk_step_append, st->n_jobs, 128, sizeof(float) * st->d, cuda_after_fetch())(
+        *st, q, k, v, inv, 2 * half, half ? (int)st->rope->mode : 0);
     CKL();
     cuda_span_end(sp, 0, "append");
 }
@@ -337,9 +334,9 @@ void cu_sk_step_select(const sk_step *st) {
 
 /* ---- the misses' values, on the fetch stream ---- */
 
-/* Warps over (job, miss) pairs, max_k a job; a warp copies one chunk from
- * bf16 to f32, 16 bytes (eight values) a lane read and four of them in
- * flight, when both ends allow it. */
+/* Warps over (job, miss) pairs, max_k a job; a warp copies one chunk of
+ * bf16 values as they are, 16 bytes (eight values) a lane access and four
+ * reads in flight, when both ends allow it. */
 __global__ void k_sk_step_fetch(sk_step st) {
     int lane = threadIdx.x % 32, warps = gridDim.x * blockDim.x / 32, d = st.d;
     for (int w = (blockIdx.x * blockDim.x + threadIdx.x) / 32; w < st.n_jobs * st.max_k; w += warps) {
@@ -349,24 +346,20 @@ __global__ void k_sk_step_fetch(sk_step st) {
         int i = J->miss[m];
         size_t blk = (size_t)J->c * d;
         const uint16_t *src = J->store + (size_t)J->sel[i] * blk;
-        float *dst = J->V + (size_t)(J->row_slot + J->slot_of[i] * J->c) * d;
+        uint16_t *dst = J->V + (size_t)(J->row_slot + J->slot_of[i] * J->c) * d;
         if (blk % 8 == 0 && (((uintptr_t)src | (uintptr_t)dst) & 15) == 0) {
             const sk_b8 *s8 = (const sk_b8 *)src;
-            sk_f4 *d4 = (sk_f4 *)dst;
+            sk_b8 *d8 = (sk_b8 *)dst;
             size_t n8 = blk / 8;
             for (size_t e = lane; e < n8; e += 128) {
                 sk_b8 a[4];
                 for (int u = 0; u < 4; u++)
                     if (e + 32 * u < n8) a[u] = s8[e + 32 * u];
                 for (int u = 0; u < 4; u++)
-                    if (e + 32 * u < n8) {
-                        const unsigned *w = a[u].w;
-                        d4[2 * (e + 32 * u)] = sk_f4{sk_bf_lo(w[0]), sk_bf_hi(w[0]), sk_bf_lo(w[1]), sk_bf_hi(w[1])};
-                        d4[2 * (e + 32 * u) + 1] = sk_f4{sk_bf_lo(w[2]), sk_bf_hi(w[2]), sk_bf_lo(w[3]), sk_bf_hi(w[3])};
-                    }
+                    if (e + 32 * u < n8) d8[e + 32 * u] = a[u];
             }
         } else {
-            for (size_t e = lane; e < blk; e += 32) dst[e] = km_bf16_to_f32(src[e]);
+            for (size_t e = lane; e < blk; e += 32) dst[e] = src[e];
         }
     }
 }
@@ -388,14 +381,15 @@ void cu_sk_step_fetch(const sk_step *st) {
 /* ---- the misses' keys, with RoPE ---- */
 
 /* Block (miss, job): the chunk's c rows, one after the other: U[t]·svt
- * into the shared row, RoPE at t from the tables, written out. */
+ * into the shared row, RoPE at t from the tables, written out rounded to
+ * bf16. */
 __global__ void k_sk_step_rebuild(sk_step st, int rope_dim, int mode) {
     SKV_DYN_SHARED(float, row);
     const sk_job *J = &st.jobs[blockIdx.y];
     int m = blockIdx.x, d = st.d, half = rope_dim / 2;
     if (m >= *J->n_miss) return;
     int i = J->miss[m], r = J->r, t0 = J->cand[J->sel[i]] * J->c;
-    float *out = J->K + (size_t)(J->row_slot + J->slot_of[i] * J->c) * d;
+    uint16_t *out = J->K + (size_t)(J->row_slot + J->slot_of[i] * J->c) * d;
     for (int tt = 0; tt < J->c; tt++) {
         int t = t0 + tt;
         const uint16_t *u = J->U + (size_t)t * r;
@@ -411,7 +405,7 @@ __global__ void k_sk_step_rebuild(sk_step st, int rope_dim, int mode) {
             km_rotate(&row[a], &row[b], J->cs[(size_t)t * half + p], J->sn[(size_t)t * half + p]);
         }
         __syncthreads();
-        for (int e = threadIdx.x; e < d; e += blockDim.x) out[(size_t)tt * d + e] = row[e];
+        for (int e = threadIdx.x; e < d; e += blockDim.x) out[(size_t)tt * d + e] = km_f32_to_bf16(row[e]);
         __syncthreads();
     }
 }
@@ -468,13 +462,13 @@ __global__ void k_sk_step_attend(sk_step st, const float *q, float *out, float s
         }
     }
     for (int t = r0 + warp; t < r1; t += SK_ATT_WARPS) {
-        const float *kr = J->K + (size_t)t * d, *vr = J->V + (size_t)t * d;
+        const uint16_t *kr = J->K + (size_t)t * d, *vr = J->V + (size_t)t * d;
         float kv[SK_LANE_DIMS], vv[SK_LANE_DIMS];
 #pragma unroll
         for (int i = 0; i < SK_LANE_DIMS; i++) {
             int e = lane + 32 * i;
-            kv[i] = e < d ? kr[e] : 0.0f;
-            vv[i] = e < d ? vr[e] : 0.0f;
+            kv[i] = e < d ? km_bf16_to_f32(kr[e]) : 0.0f;
+            vv[i] = e < d ? km_bf16_to_f32(vr[e]) : 0.0f;
         }
 #pragma unroll
         for (int g = 0; g < SK_STEP_G_MAX; g++)

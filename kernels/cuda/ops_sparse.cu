@@ -4,8 +4,9 @@
  * landmarks and cosine minima, landmark scoring (softmax per query head,
  * summed over positions, max over the GQA group), top-k (CUB radix sort of
  * kmath.h's order keys), the gather of offloaded values straight from
- * pinned, mapped host memory (a warp per chunk, on the fetch stream), the
- * key rebuild fused with RoPE, ShadowKV+'s projection, Quest's page bounds
+ * pinned, mapped host memory (a warp per chunk, on the fetch stream) into
+ * f32 or bf16 rows, the key rebuild fused with RoPE (stored f32 or rounded
+ * to bf16), ShadowKV+'s projection, Quest's page bounds
  * and scores, and one KIVI group. CPU twins: kernels/cpu/shadowkv_ops.c,
  * page_ops.c, kivi.c. */
 #include "cuda_util.h"
@@ -13,6 +14,7 @@
 #include <cub/cub.cuh>
 #include <cuda_fp16.h>
 #include <math.h>
+#include <stdint.h>
 #include <stdlib.h>
 #include <vector>
 
@@ -297,22 +299,35 @@ int cu_topk(const float *score, int n, int k, int *idx) {
 
 /* ---- gather of offloaded values: a warp per block, from mapped host memory ---- */
 
-__global__ void k_gather(const uint16_t *src, int rows, int cols, const int *src_idx, int n, float *dst,
+/* A bf16 value stored as a row element: widened exactly into an f32 row,
+ * copied as it is into a bf16 one. */
+__device__ __forceinline__ void put_bf(float *p, uint16_t v) { *p = km_bf16_to_f32(v); }
+__device__ __forceinline__ void put_bf(uint16_t *p, uint16_t v) { *p = v; }
+
+/* An f32 result stored as a row element: as it is, or rounded to nearest
+ * even into bf16 (km_f32_to_bf16, the CPU's shadowkv_rebuild_to). */
+__device__ __forceinline__ void put_f(float *p, float x) { *p = x; }
+__device__ __forceinline__ void put_f(uint16_t *p, float x) { *p = km_f32_to_bf16(x); }
+
+/* dst rows of type O: float (SKV_ELT_F32) or uint16_t (SKV_ELT_BF16). */
+template <typename O>
+__global__ void k_gather(const uint16_t *src, int rows, int cols, const int *src_idx, int n, O *dst,
                          const size_t *dst_off, int dst_stride) {
     int warp = (blockIdx.x * blockDim.x + threadIdx.x) / 32, lane = threadIdx.x % 32;
     if (warp >= n) return;
     const uint16_t *s = src + (size_t)src_idx[warp] * rows * cols;
-    float *d = dst + dst_off[warp];
-    for (int i = lane; i < rows * cols; i += 32) d[(size_t)(i / cols) * dst_stride + i % cols] = km_bf16_to_f32(s[i]);
+    O *d = dst + dst_off[warp];
+    for (int i = lane; i < rows * cols; i += 32) put_bf(d + (size_t)(i / cols) * dst_stride + i % cols, s[i]);
 }
 
 /* src is host memory from host_alloc (pinned and mapped): the kernel reads
  * it over the bus itself, on the fetch stream, so the copy overlaps what
  * the compute stream does next (the key rebuild); the attention ops wait
  * for it (cuda_after_fetch). The index lists are host arrays. */
-void cu_gather(const uint16_t *src, int rows, int cols, const int *src_idx, int n, float *dst, const size_t *dst_off,
-               int dst_stride) {
+void cu_gather(const uint16_t *src, int rows, int cols, const int *src_idx, int n, void *dst, int dst_elt,
+               const size_t *dst_off, int dst_stride) {
     if (n <= 0) return;
+    SKV_ASSERT(dst_elt == SKV_ELT_F32 || dst_elt == SKV_ELT_BF16);
     const uint16_t *dsrc = NULL;
     CK(cudaHostGetDevicePointer((void **)&dsrc, (void *)src, 0));
     int *d_idx = NULL;
@@ -324,8 +339,12 @@ void cu_gather(const uint16_t *src, int rows, int cols, const int *src_idx, int 
     CK(cudaMemcpyAsync(d_idx, src_idx, sizeof(int) * n, cudaMemcpyHostToDevice, fs));
     CK(cudaMemcpyAsync(d_off, dst_off, sizeof(size_t) * n, cudaMemcpyHostToDevice, fs));
     cuda_span_mark sp = cuda_span_begin(1);
-    SKV_LAUNCH(k_gather, cuda_blocks((size_t)n * 32, 256), 256, 0, fs)(dsrc, rows, cols, d_idx, n, dst, d_off,
-                                                                     dst_stride);
+    if (dst_elt == SKV_ELT_BF16)
+        SKV_LAUNCH(k_gather<uint16_t>, cuda_blocks((size_t)n * 32, 256), 256, 0, fs)(dsrc, rows, cols, d_idx, n,
+                                                                                  (uint16_t *)dst, d_off, dst_stride);
+    else
+        SKV_LAUNCH(k_gather<float>, cuda_blocks((size_t)n * 32, 256), 256, 0, fs)(dsrc, rows, cols, d_idx, n,
+                                                                               (float *)dst, d_off, dst_stride);
     CKL();
     CK(cudaFreeAsync(d_idx, fs));
     CK(cudaFreeAsync(d_off, fs));
@@ -400,10 +419,11 @@ void cu_sk_gather_chunks(const float *src, size_t src_row, size_t src_head, cons
 /* ---- key rebuild fused with RoPE: a block per row ---- */
 
 /* Key row t rebuilt by the block into out (d): U[t]·svt into the shared row,
- * RoPE at t (tables cs/sn, or inv_freq), written out. The one row of both
- * rebuild kernels. */
+ * RoPE at t (tables cs/sn, or inv_freq), written out as O (f32, or rounded
+ * to bf16 by put_f). The one row of both rebuild kernels. */
+template <typename O>
 __device__ void rebuild_row_dev(const uint16_t *U, int r, const float *svt, int d, int t, int rope_dim, int mode,
-                                const float *inv_freq, const float *cs, const float *sn, float *row, float *out) {
+                                const float *inv_freq, const float *cs, const float *sn, float *row, O *out) {
     const uint16_t *u = U + (size_t)t * r;
     for (int e = threadIdx.x; e < d; e += blockDim.x) {
         float s = 0.0f;
@@ -425,26 +445,34 @@ __device__ void rebuild_row_dev(const uint16_t *U, int r, const float *svt, int 
         km_rotate(&row[a], &row[b], c, s);
     }
     __syncthreads();
-    for (int e = threadIdx.x; e < d; e += blockDim.x) out[e] = row[e];
+    for (int e = threadIdx.x; e < d; e += blockDim.x) put_f(out + e, row[e]);
     __syncthreads();
 }
 
+/* out rows of type O: float (SKV_ELT_F32) or uint16_t (SKV_ELT_BF16). */
+template <typename O>
 __global__ void k_rebuild(const uint16_t *U, int r, const float *svt, int d, int t0, int rope_dim, int mode,
-                          const float *inv_freq, const float *cs, const float *sn, float *out) {
+                          const float *inv_freq, const float *cs, const float *sn, O *out) {
     SKV_DYN_SHARED(float, row);
     int i = blockIdx.x;
     rebuild_row_dev(U, r, svt, d, t0 + i, rope_dim, mode, inv_freq, cs, sn, row, out + (size_t)i * d);
 }
 
 void cu_rebuild(const uint16_t *U, int r, const float *svt, int d, int t0, int n, const rope_ctx *rope, const float *cs,
-                const float *sn, float *out) {
+                const float *sn, void *out, int out_elt) {
     if (n <= 0) return;
+    SKV_ASSERT(out_elt == SKV_ELT_F32 || out_elt == SKV_ELT_BF16);
     cuda_span_mark sp = cuda_span_begin(0);
     const float *inv = cuda_const_upload(rope->inv_freq, (size_t)(rope->rope_dim / 2));
     /* the compute stream does not wait for a queued gather here: the
      * rebuild reads no value rows, so it runs beside the fetch */
-    SKV_LAUNCH(k_rebuild, n, 128, sizeof(float) * d, cuda_get()->compute)(U, r, svt, d, t0, rope->rope_dim, (int)rope->mode,
-                                                                  inv, cs, sn, out);
+    cudaStream_t st = cuda_get()->compute;
+    if (out_elt == SKV_ELT_BF16)
+        SKV_LAUNCH(k_rebuild<uint16_t>, n, 128, sizeof(float) * d, st)(U, r, svt, d, t0, rope->rope_dim,
+                                                                      (int)rope->mode, inv, cs, sn, (uint16_t *)out);
+    else
+        SKV_LAUNCH(k_rebuild<float>, n, 128, sizeof(float) * d, st)(U, r, svt, d, t0, rope->rope_dim, (int)rope->mode,
+                                                                   inv, cs, sn, (float *)out);
     CKL();
     cuda_span_end(sp, 0, "rebuild_k");
 }
@@ -482,16 +510,43 @@ void cu_sk_books(int h, int k, int n_cand, const int *sel, int *slot_id, int *wh
  * (no copy, no staging of pageable memory, no sync); more heads take more
  * launches of SK_PTRS each. */
 #define SK_PTRS 64
-typedef struct { float *p[SK_PTRS]; } sk_ptrs;
+typedef struct { uint16_t *p[SK_PTRS]; } sk_ptrs;
 
-static sk_ptrs ptrs_from(float *const *host, int h0, int n) {
+static sk_ptrs ptrs_from(uint16_t *const *host, int h0, int n) {
     sk_ptrs v;
     memset(&v, 0, sizeof v);
     for (int i = 0; i < n; i++) v.p[i] = host[h0 + i];
     return v;
 }
 
-/* Heads h0..h0+n-1 (V.p[j] the rows of head h0+j). */
+/* Eight bf16 values moved as one 16-byte access. */
+struct __align__(16) sp_b8 {
+    unsigned w[4];
+};
+
+/* The warp copies n bf16 values from src to dst as they are: 16 bytes a
+ * lane access and four of them in flight (src is mapped host memory: each
+ * read crosses the bus) when both ends are 16-byte aligned and n a multiple
+ * of 8, else a value a lane access. */
+static __device__ void copy_bf16_warp(const uint16_t *src, uint16_t *dst, size_t n, int lane) {
+    if (n % 8 == 0 && (((uintptr_t)src | (uintptr_t)dst) & 15) == 0) {
+        const sp_b8 *s8 = (const sp_b8 *)src;
+        sp_b8 *d8 = (sp_b8 *)dst;
+        size_t n8 = n / 8;
+        for (size_t e = lane; e < n8; e += 128) {
+            sp_b8 a[4];
+            for (int u = 0; u < 4; u++)
+                if (e + 32 * u < n8) a[u] = s8[e + 32 * u];
+            for (int u = 0; u < 4; u++)
+                if (e + 32 * u < n8) d8[e + 32 * u] = a[u];
+        }
+    } else {
+        for (size_t e = lane; e < n; e += 32) dst[e] = src[e];
+    }
+}
+
+/* Heads h0..h0+n-1 (V.p[j] the bf16 rows of head h0+j): a warp a miss,
+ * its chunk of c*d store values copied as they are. */
 __global__ void k_gather_misses(const uint16_t *store, int c, int d, int h0, int n, int k, int n_cand, size_t blk0,
                                 const int *sel, const int *slot_of, const int *miss, const int *n_miss, sk_ptrs V,
                                 int row_slot) {
@@ -502,13 +557,13 @@ __global__ void k_gather_misses(const uint16_t *store, int c, int d, int h0, int
         if (m >= n_miss[kh]) continue;
         int i = miss[(size_t)kh * k + m];
         const uint16_t *src = store + (blk0 + (size_t)kh * n_cand + sel[(size_t)kh * k + i]) * blk;
-        float *dst = V.p[j] + (size_t)(row_slot + slot_of[(size_t)kh * k + i] * c) * d;
-        for (size_t e = lane; e < blk; e += 32) dst[e] = km_bf16_to_f32(src[e]);
+        uint16_t *dst = V.p[j] + (size_t)(row_slot + slot_of[(size_t)kh * k + i] * c) * d;
+        copy_bf16_warp(src, dst, blk, lane);
     }
 }
 
 void cu_sk_gather_misses(const uint16_t *store, int c, int d, int h, int k, int n_cand, size_t blk0, const int *sel,
-                         const int *slot_of, const int *miss, const int *n_miss, float *const *V, int row_slot) {
+                         const int *slot_of, const int *miss, const int *n_miss, uint16_t *const *V, int row_slot) {
     const uint16_t *dsrc = NULL;
     CK(cudaHostGetDevicePointer((void **)&dsrc, (void *)store, 0));
     cudaStream_t fs = cuda_fetch_begin(); /* after the books, and the attention still reading these rows */
@@ -523,8 +578,9 @@ void cu_sk_gather_misses(const uint16_t *store, int c, int d, int h, int k, int 
     cuda_span_end(sp, 1, "fetch_v");
 }
 
-/* Block (m, j): head h0+j's miss m, its c rows one after the other (the misses along
- * grid.x, whose limit is 2^31 - 1, the heads along grid.y, at most SK_PTRS). */
+/* Block (m, j): head h0+j's miss m, its c rows one after the other, rounded
+ * to bf16 (the misses along grid.x, whose limit is 2^31 - 1, the heads
+ * along grid.y, at most SK_PTRS). */
 __global__ void k_rebuild_misses(const uint16_t *U, int r, const float *SVt, int d, int c, int h0, int k, int n_cand,
                                  const int *cand, const int *sel, const int *slot_of, const int *miss,
                                  const int *n_miss, int rope_dim, int mode, const float *inv_freq, const float *cs,
@@ -535,14 +591,15 @@ __global__ void k_rebuild_misses(const uint16_t *U, int r, const float *SVt, int
     int i = miss[(size_t)kh * k + m];
     int t0 = cand[(size_t)kh * n_cand + sel[(size_t)kh * k + i]] * c;
     const float *svt = SVt + (size_t)kh * r * d;
-    float *out = K.p[j] + (size_t)(row_slot + slot_of[(size_t)kh * k + i] * c) * d;
+    uint16_t *out = K.p[j] + (size_t)(row_slot + slot_of[(size_t)kh * k + i] * c) * d;
     for (int tt = 0; tt < c; tt++)
         rebuild_row_dev(U, r, svt, d, t0 + tt, rope_dim, mode, inv_freq, cs, sn, row, out + (size_t)tt * d);
 }
 
 void cu_sk_rebuild_misses(const uint16_t *U, int r, const float *SVt, int d, int c, int h, int k, int n_cand,
                           const int *cand, const int *sel, const int *slot_of, const int *miss, const int *n_miss,
-                          const rope_ctx *rope, const float *cs, const float *sn, float *const *K, int row_slot) {
+                          const rope_ctx *rope, const float *cs, const float *sn, uint16_t *const *K,
+                          int row_slot) {
     if (h <= 0 || k <= 0) return;
     cudaStream_t st = cuda_get()->compute; /* beside the fetch: the rebuild reads no value rows */
     const float *inv = cuda_const_upload(rope->inv_freq, (size_t)(rope->rope_dim / 2));

@@ -5,8 +5,10 @@ per KV head the post-RoPE chunk landmarks (means of `chunk` keys, kept in
 half precision), each chunk's cosine minimum against its landmark, the
 `outliers` chunks with the lowest minima kept dense, the last `local`
 chunks and the tail kept dense; the other chunks are the candidates, whose
-values would be offloaded. As skv keeps them, U and the offloaded values are
-rounded to bf16 (a fetched value, and a fetch's bytes, are bf16's). Each decode step, per KV head: landmark scores
+values would be offloaded. As skv keeps them, U, the offloaded values and the
+attention rows (outliers, rebuilt keys, local window and generated tokens)
+are rounded to bf16 (a fetched value, and a fetch's bytes, are bf16's); with
+no candidate the rows stay f32 and attention is exact. Each decode step, per KV head: landmark scores
 (softmax per query head, max over the group), the top budget/chunk
 candidates (ties: the lower), their keys rebuilt as RoPE(U Sigma V^T), and
 exact attention over [outliers | selected | local | generated]. A chunk
@@ -106,9 +108,9 @@ class ShadowKV:
             with span("rebuild_k", layer, 2):  # the selected chunks' keys from the low-rank factors
                 opos = (self.outl[layer][kh][:, None] * c + torch.arange(c)).reshape(-1)
                 kr, spos = self._rebuilt(layer, kh, sel_id)
-                keys = torch.cat([K[opos, kh], kr, K[tail, kh]])
+                keys = torch.cat([K[opos, kh], kr, K[tail, kh]]).to(torch.bfloat16).float()  # skv's bf16 rows
             with span("fetch_v", layer, 1):  # the values (offloaded in ShadowKV; here in memory)
-                vals = torch.cat([V[opos, kh], V[spos, kh].to(torch.bfloat16).float(), V[tail, kh]])
+                vals = torch.cat([V[opos, kh], V[spos, kh], V[tail, kh]]).to(torch.bfloat16).float()
             with span("sparse_attn", layer, 0):
                 for j in range(g):
                     hq = kh * g + j
