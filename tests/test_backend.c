@@ -363,7 +363,7 @@ static void test_attention(const skv_backend *be) {
                                          &l1);
                         same &= !memcmp(one, po + (size_t)a * d, sizeof(float) * d) && m1 == pm[a] && l1 == pl[a];
                     }
-                    char msg[160];
+                    char msg[256];
                     snprintf(msg, sizeof msg, "attend_group, head_dim %d, %d rows, group %d: each head as alone, bitwise",
                              d, n, g);
                     test_cond(msg, same && rel(out, r, (size_t)g * d) < 1e-5);
