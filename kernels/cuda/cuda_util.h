@@ -194,4 +194,30 @@ static __device__ __attribute__((unused)) void block_softmax_stats(const float *
     *sum = block_reduce(s, 0);
 }
 
+/* Eight bf16 values moved as one 16-byte access. */
+struct __align__(16) bf16x8 {
+    unsigned w[4];
+};
+
+/* The warp copies n bf16 values from src to dst as they are: 16 bytes a
+ * lane access and four of them in flight (src may be mapped host memory,
+ * each read crossing the bus: the offloaded values) when both ends are
+ * 16-byte aligned and n a multiple of 8, else a value a lane access. */
+static __device__ __attribute__((unused)) void copy_bf16_warp(const uint16_t *src, uint16_t *dst, size_t n, int lane) {
+    if (n % 8 == 0 && (((uintptr_t)src | (uintptr_t)dst) & 15) == 0) {
+        const bf16x8 *s8 = (const bf16x8 *)src;
+        bf16x8 *d8 = (bf16x8 *)dst;
+        size_t n8 = n / 8;
+        for (size_t e = lane; e < n8; e += 128) {
+            bf16x8 a[4];
+            for (int u = 0; u < 4; u++)
+                if (e + 32 * u < n8) a[u] = s8[e + 32 * u];
+            for (int u = 0; u < 4; u++)
+                if (e + 32 * u < n8) d8[e + 32 * u] = a[u];
+        }
+    } else {
+        for (size_t e = lane; e < n; e += 32) dst[e] = src[e];
+    }
+}
+
 #endif

@@ -36,11 +36,6 @@ extern "C" {
 
 #define SK_THREADS 256
 
-/* Eight bf16 values moved as one 16-byte access. */
-struct __align__(16) sk_b8 {
-    unsigned w[4];
-};
-
 /* The place of this thread's pred among the block's threads that have it,
  * in thread order, and their count (*total); every thread calls it. */
 static __device__ int sk_rank(int pred, int *total) {
@@ -347,20 +342,7 @@ __global__ void k_sk_step_fetch(sk_step st) {
         size_t blk = (size_t)J->c * d;
         const uint16_t *src = J->store + (size_t)J->sel[i] * blk;
         uint16_t *dst = J->V + (size_t)(J->row_slot + J->slot_of[i] * J->c) * d;
-        if (blk % 8 == 0 && (((uintptr_t)src | (uintptr_t)dst) & 15) == 0) {
-            const sk_b8 *s8 = (const sk_b8 *)src;
-            sk_b8 *d8 = (sk_b8 *)dst;
-            size_t n8 = blk / 8;
-            for (size_t e = lane; e < n8; e += 128) {
-                sk_b8 a[4];
-                for (int u = 0; u < 4; u++)
-                    if (e + 32 * u < n8) a[u] = s8[e + 32 * u];
-                for (int u = 0; u < 4; u++)
-                    if (e + 32 * u < n8) d8[e + 32 * u] = a[u];
-            }
-        } else {
-            for (size_t e = lane; e < blk; e += 32) dst[e] = src[e];
-        }
+        copy_bf16_warp(src, dst, blk, lane);
     }
 }
 

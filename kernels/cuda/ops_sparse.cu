@@ -519,32 +519,6 @@ static sk_ptrs ptrs_from(uint16_t *const *host, int h0, int n) {
     return v;
 }
 
-/* Eight bf16 values moved as one 16-byte access. */
-struct __align__(16) sp_b8 {
-    unsigned w[4];
-};
-
-/* The warp copies n bf16 values from src to dst as they are: 16 bytes a
- * lane access and four of them in flight (src is mapped host memory: each
- * read crosses the bus) when both ends are 16-byte aligned and n a multiple
- * of 8, else a value a lane access. */
-static __device__ void copy_bf16_warp(const uint16_t *src, uint16_t *dst, size_t n, int lane) {
-    if (n % 8 == 0 && (((uintptr_t)src | (uintptr_t)dst) & 15) == 0) {
-        const sp_b8 *s8 = (const sp_b8 *)src;
-        sp_b8 *d8 = (sp_b8 *)dst;
-        size_t n8 = n / 8;
-        for (size_t e = lane; e < n8; e += 128) {
-            sp_b8 a[4];
-            for (int u = 0; u < 4; u++)
-                if (e + 32 * u < n8) a[u] = s8[e + 32 * u];
-            for (int u = 0; u < 4; u++)
-                if (e + 32 * u < n8) d8[e + 32 * u] = a[u];
-        }
-    } else {
-        for (size_t e = lane; e < n; e += 32) dst[e] = src[e];
-    }
-}
-
 /* Heads h0..h0+n-1 (V.p[j] the bf16 rows of head h0+j): a warp a miss,
  * its chunk of c*d store values copied as they are. */
 __global__ void k_gather_misses(const uint16_t *store, int c, int d, int h0, int n, int k, int n_cand, size_t blk0,
