@@ -192,6 +192,19 @@ static kv_cache *new_sk(kv_opts *o, probe_bus *bus) {
     return c;
 }
 
+/* run_pair(203, 24) of a new cache with options o and f32_state, its
+ * inputs drawn from seed (so two calls see the same ones); its stats into
+ * *st. */
+static run_result run_seeded(kv_opts *o, int f32_state, uint64_t seed, kv_shadowkv_stats *st) {
+    rng_state = seed;
+    kv_opts_set_num(o, "f32_state", f32_state);
+    kv_cache *c = new_sk(o, NULL);
+    run_result R = run_pair(c, 203, 24);
+    kv_shadowkv_stats_get(c, st);
+    kv_free(c);
+    return R;
+}
+
 static void test_policy(void) {
     make_rope();
     char msg[512];
@@ -229,13 +242,8 @@ static void test_policy(void) {
      * with the attention rows in bf16 too (8.6e-3 with f32 rows; the
      * prefill is dense, exact), against 9.7e-7 with f32_state. */
     uint64_t seed1 = rng_state;
-    rng_state = seed0;
-    kv_opts_set_num(&o, "f32_state", 0);
-    c = new_sk(&o, NULL);
-    run_result R16 = run_pair(c, 203, 24);
     kv_shadowkv_stats st16;
-    kv_shadowkv_stats_get(c, &st16);
-    kv_free(c);
+    run_result R16 = run_seeded(&o, 0, seed0, &st16);
     rng_state = seed1;
     snprintf(msg, sizeof msg, "policy exact config, bf16 state: prefill %.1e, 24 decode steps %.1e rel L2 vs dense "
              "(<= 2^-5: 8x bf16's rounding; f32_state %.1e)", R16.max_prefill, R16.max_decode, R.max_decode);
@@ -255,19 +263,10 @@ static void test_policy(void) {
      * sk_gather_chunks, and a row out of place would show here. With the
      * default state they are bf16, within 2^-5, and take half the bytes. */
     seed1 = rng_state;
-    rng_state = seed0;
     kv_opts_set_num(&o, "outliers", 3);
     kv_opts_set_num(&o, "local", 2);
-    c = new_sk(&o, NULL);
-    R = run_pair(c, 203, 24);
-    kv_shadowkv_stats_get(c, &st);
-    kv_free(c);
-    rng_state = seed0;
-    kv_opts_set_num(&o, "f32_state", 0);
-    c = new_sk(&o, NULL);
-    R16 = run_pair(c, 203, 24);
-    kv_shadowkv_stats_get(c, &st16);
-    kv_free(c);
+    R = run_seeded(&o, 1, seed0, &st);
+    R16 = run_seeded(&o, 0, seed0, &st16);
     rng_state = seed1;
     snprintf(msg, sizeof msg, "exact config with 3 outlier chunks and a local window: %d outliers, %d local tokens, "
              "f32_state %.1e (<= 1e-4), bf16 rows %.1e (<= 2^-5) rel L2 vs dense over 24 steps", st.outliers,
