@@ -803,6 +803,72 @@ static void t_fused(void) {
     free(cache_c); free(cand); free(st_h); free(U); free(SVt); free(sel); free(out_c); free(got); free(cache_g);
 }
 
+/* sk_gather_misses where the 16-byte copy cannot be used (copy_bf16_warp's
+ * element-wise path): rows that start one value past 16-byte alignment, and
+ * a chunk of c*d values that is not a multiple of 8. The rows must equal the
+ * CPU twin's bit for bit, and nothing outside the missed slots may change. */
+static void t_gather_unaligned(void) {
+    static const struct { int c, d, shift; const char *what; } cs[] = {
+        {8, 64, 1, "rows one value past 16-byte alignment"},
+        {3, 6, 0, "chunks of 3 x 6 = 18 values (not a multiple of 8)"},
+        {5, 12, 3, "chunks of 60 values, rows three values off"},
+    };
+    int h = 2, k = 3, nc = 10, row_slot = 2;
+    for (size_t t = 0; t < sizeof cs / sizeof cs[0]; t++) {
+        int c = cs[t].c, d = cs[t].d, sh = cs[t].shift;
+        size_t rows = (size_t)row_slot + (size_t)k * c, nv = rows * d + (size_t)sh, sn_ = (size_t)h * nc * c * d;
+        float *stf = rnd(sn_);
+        uint16_t *st_h = packed(stf, sn_, SKV_ELT_BF16), *store = cu->host_alloc(sizeof(uint16_t) * sn_);
+        memcpy(store, st_h, sizeof(uint16_t) * sn_);
+        free(stf);
+        /* each head: slots 0..k-1 hold selections sel[i]; misses are every
+         * other selection (the hits keep the rows' old contents) */
+        int sel[2 * 3], so[2 * 3], mi[2 * 3], nm[2];
+        for (int kh = 0; kh < h; kh++) {
+            nm[kh] = 0;
+            for (int i = 0; i < k; i++) {
+                sel[kh * k + i] = (3 * i + 2 * kh + 1) % nc;
+                so[kh * k + i] = (i + kh) % k;
+                if ((i + kh) % 2 == 0) mi[kh * k + nm[kh]++] = i;
+            }
+            for (int m = nm[kh]; m < k; m++) mi[kh * k + m] = 0;
+        }
+        int *dsel = dev(sel, sizeof sel), *dso = dev(so, sizeof so), *dmi = dev(mi, sizeof mi), *dnm = dev(nm, sizeof nm);
+        uint16_t *base_c[2], *base_d[2], *Vc[2], *Vd[2];
+        float *fill = rnd(nv);
+        uint16_t *fill16 = packed(fill, nv, SKV_ELT_BF16);
+        free(fill);
+        for (int kh = 0; kh < h; kh++) {
+            base_c[kh] = malloc(sizeof(uint16_t) * nv);
+            memcpy(base_c[kh], fill16, sizeof(uint16_t) * nv);
+            base_d[kh] = dev(fill16, sizeof(uint16_t) * nv);
+            Vc[kh] = base_c[kh] + sh;
+            Vd[kh] = base_d[kh] + sh;
+        }
+        cpu->sk_gather_misses(st_h, c, d, h, k, nc, 0, sel, so, mi, nm, Vc, row_slot);
+        cu->sk_gather_misses(store, c, d, h, k, nc, 0, dsel, dso, dmi, dnm, Vd, row_slot);
+        int same = 1, changed = 0;
+        for (int kh = 0; kh < h; kh++) {
+            uint16_t *g = back16(base_d[kh], nv);
+            same &= !memcmp(g, base_c[kh], sizeof(uint16_t) * nv);
+            changed += memcmp(base_c[kh], fill16, sizeof(uint16_t) * nv) != 0;
+            free(g);
+        }
+        char msg[200];
+        snprintf(msg, sizeof msg, "cuda sk_gather_misses, %s: the rows equal the CPU twin's bit for bit, the rest "
+                 "untouched (%d of %d heads written)", cs[t].what, changed, h);
+        test_cond(msg, same && changed == h);
+        for (int kh = 0; kh < h; kh++) {
+            free(base_c[kh]);
+            cu->free(base_d[kh]);
+        }
+        free(fill16);
+        free(st_h);
+        cu->host_free(store);
+        cu->free(dsel); cu->free(dso); cu->free(dmi); cu->free(dnm);
+    }
+}
+
 /* The batched decode step (the dense policy's): kv_store_batch and
  * attend_decode_batch over n sequences of different lengths, each its own
  * head-major cache (capacity not a multiple of anything), f32 and f16,
@@ -1604,6 +1670,7 @@ int main(void) {
     t_prefill_end();
     t_pinned_pool();
     t_fused();
+    t_gather_unaligned();
     t_sk_step();
     t_forward_fused();
     t_timeline();
