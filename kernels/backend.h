@@ -305,7 +305,9 @@ typedef struct skv_backend {
     /* The most bytes of alloc's buffers live at once since the last reset;
      * reset: start again from the bytes live now (returned). What making
      * a sequence holds at its peak (a fork replays a prefill dense before
-     * it compresses), beside what it keeps. NULL on the CPU. */
+     * it compresses), beside what it keeps. On the CPU, whose memory is the
+     * process's, the resident bytes and their high-water mark (Linux's
+     * VmRSS and VmHWM; 0 where /proc cannot tell). */
     size_t (*mem_peak)(int reset);
 
     /* ---- timeline (device backends; NULL on the CPU, whose ops the engine

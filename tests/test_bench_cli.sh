@@ -28,6 +28,14 @@ n=$(sed -n 's/.*max_parallel=\([0-9]*\).*/\1/p' "$TMP/o")
 check "--parallel fit under a small --mem: bound=memory, fewer than 4096, no cap said" \
     $([ $rc -eq 0 ] && grep -q "bound=memory" "$TMP/o" && [ "${n:-4096}" -lt 4096 ] && ! grep -q cap "$TMP/e" &&
       echo 0 || echo 1)
+# the fork's peak (the rise of the resident bytes while it was made, beyond
+# what it keeps) is said and fitted beside the batch: B sequences and it
+# within --mem
+check "--parallel fit says the fork's peak, and B sequences beside it fit in --mem" \
+    $(awk 'function val(k) { return match(" " $0, " " k "=[^ ]*") ? substr(" " $0, RSTART + length(k) + 2, RLENGTH - length(k) - 2) : "" }
+        /max_parallel=/ { seen = 1; ok = val("fork_peak_bytes") ~ /^[0-9]+$/ &&
+            val("max_parallel") * val("per_seq_bytes") + val("fork_peak_bytes") <= val("mem_bytes") }
+        END { print seen && ok ? 0 : 1 }' "$TMP/o")
 timeout -k 5 120 $B --parallel 4000 --mem 0.05 >"$TMP/o" 2>"$TMP/e"; rc=$?
 check "a batch over --mem is refused in one line naming the GiB" \
     $([ $rc -ne 0 ] && [ "$(cat "$TMP/o" "$TMP/e" | wc -l)" -eq 1 ] && grep -q "GiB" "$TMP/e" && echo 0 || echo 1)

@@ -256,12 +256,14 @@ static int bench_parallel(cli_gen *g, skv_model *m, const int32_t *ids, int np, 
                    ko.policy);
             fflush(stdout);
         }
-        /* the most the fork holds while it is made (on a device, its
-         * replayed prefill before it compresses): beyond what it keeps,
-         * counted once in the fit (sequences are made one at a time) */
+        /* the most the fork holds while it is made (its replayed prefill
+         * before it compresses; on the CPU, the rise of the process's
+         * resident bytes): beyond what it keeps, counted once in the fit
+         * (sequences are made one at a time) */
         size_t live0 = be->mem_peak ? be->mem_peak(1) : 0;
         if ((rc = session_fork(src, &ko, &one))) break;
-        double made_peak = be->mem_peak ? (double)(be->mem_peak(0) - live0) : 0;
+        size_t peak1 = be->mem_peak ? be->mem_peak(0) : 0;
+        double made_peak = peak1 > live0 ? (double)(peak1 - live0) : 0;
         tick_clock c1;
         tick_start(&c1);
         for (int t = 0; t < g->n_predict && !rc && !cli_stop_requested(); t++) {
@@ -290,18 +292,21 @@ static int bench_parallel(cli_gen *g, skv_model *m, const int32_t *ids, int np, 
          * they would take more. */
         int pool = 0, fit = NP_CAP;
         double n_a = -1, n_b = -1; /* sequences each pool holds (-1: no limit) */
+        double extra = 0;          /* the last fork's peak beyond what it keeps */
         const char *bound;
         if (be->mem_info) {
-            double extra = made_peak > per_dev ? made_peak - per_dev : 0;
+            extra = made_peak > per_dev ? made_peak - per_dev : 0;
             fit = batch_fit(extra, per_dev, dev_avail, per_host, host_avail, &pool); /* read with the weights in */
             if (per_dev > 0) n_a = floor((dev_avail - extra) / per_dev);
             if (per_host > 0) n_b = floor(host_avail / per_host);
             bound = bound_name(fit, n_a, n_b, pool, "device", "host");
         } else {
             double disk = off_seq > 0 ? disk_free(g->s.kv.offload_file) * 0.8 : 0;
+            /* the resident bytes' rise over the fork, beyond what it keeps */
+            extra = made_peak > per ? made_peak - per : 0;
             if (avail > 0) {
-                fit = batch_fit(fixed, per, avail, off_seq, disk, &pool);
-                if (per > 0) n_a = floor((avail - fixed) / per);
+                fit = batch_fit(fixed + extra, per, avail, off_seq, disk, &pool);
+                if (per > 0) n_a = floor((avail - fixed - extra) / per);
                 if (off_seq > 0) n_b = floor(disk / off_seq);
             }
             bound = bound_name(fit, n_a, n_b, pool, "memory", "disk");
@@ -325,12 +330,13 @@ static int bench_parallel(cli_gen *g, skv_model *m, const int32_t *ids, int np, 
                 }
                 if (be->mem_info)
                     printf("kv=%s max_parallel=%d per_seq_bytes=%.0f mem_bytes=%.0f file_bytes_seq=0 bound=%s "
-                           "device_bytes_seq=%.0f device_free_bytes=%.0f host_bytes_seq=%.0f host_free_bytes=%.0f\n",
+                           "device_bytes_seq=%.0f device_free_bytes=%.0f host_bytes_seq=%.0f host_free_bytes=%.0f "
+                           "fork_peak_bytes=%.0f\n",
                            ko.policy, B, per_dev + per_host, dev_avail + host_avail, bound, per_dev, dev_avail,
-                           per_host, host_avail);
+                           per_host, host_avail, extra);
                 else
-                    printf("kv=%s max_parallel=%d per_seq_bytes=%.0f mem_bytes=%.0f file_bytes_seq=%.0f bound=%s\n",
-                           ko.policy, B, per, avail, off_seq, bound);
+                    printf("kv=%s max_parallel=%d per_seq_bytes=%.0f mem_bytes=%.0f file_bytes_seq=%.0f bound=%s "
+                           "fork_peak_bytes=%.0f\n", ko.policy, B, per, avail, off_seq, bound, extra);
                 fflush(stdout);
                 if (!strcmp(bound, "cap")) {
                     char held[64] = "more";
@@ -343,7 +349,7 @@ static int bench_parallel(cli_gen *g, skv_model *m, const int32_t *ids, int np, 
                 }
                 if (bs[k] == NP_FIT) continue;
             } else if (B > fit) {
-                double need = be->mem_info ? (per_dev + per_host) * B : fixed + per * B;
+                double need = be->mem_info ? (per_dev + per_host) * B + extra : fixed + extra + per * B;
                 double have = be->mem_info ? dev_avail + host_avail : avail;
                 if (n_bs > 1) { /* one size of a list: said, skipped */
                     printf("kv=%s parallel=%d over_memory=1 need_bytes=%.0f mem_bytes=%.0f bound=%s\n", ko.policy, B,

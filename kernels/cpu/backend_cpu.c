@@ -26,6 +26,7 @@
 #include <immintrin.h>
 #endif
 #include <omp.h>
+#include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 
@@ -698,6 +699,38 @@ static void cpu_gather(const uint16_t *src, int rows, int cols, const int *src_i
     shadowkv_gather_blocks(src, 2, rows, cols, src_idx, n, dst, dst_elt, dst_off, dst_stride);
 }
 
+/* The process's resident bytes from /proc/self/status: field "VmRSS:" or
+ * "VmHWM:" (its peak), in kB there; 0 where it cannot be read. */
+static size_t proc_status_bytes(const char *field) {
+    FILE *f = fopen("/proc/self/status", "r");
+    if (!f) return 0;
+    char line[256];
+    size_t kb = 0, n = strlen(field);
+    while (fgets(line, sizeof line, f))
+        if (!strncmp(line, field, n)) {
+            kb = (size_t)strtoull(line + n, NULL, 10);
+            break;
+        }
+    fclose(f);
+    return kb * 1024;
+}
+
+/* mem_peak on the CPU: its memory is the process's, so the peak is the
+ * kernel's high-water mark of resident memory, which writing "5" to
+ * /proc/self/clear_refs sets back to the resident bytes now. Where either
+ * cannot be done it returns 0 for both, and a fit counts no peak. */
+static _Atomic int g_peak_reset; /* the last reset took */
+
+static size_t cpu_mem_peak(int reset) {
+    if (!reset) return g_peak_reset ? proc_status_bytes("VmHWM:") : 0;
+    FILE *f = fopen("/proc/self/clear_refs", "w");
+    int ok = f && fputs("5", f) >= 0;
+    if (f) ok &= fclose(f) == 0;
+    size_t now = ok ? proc_status_bytes("VmRSS:") : 0;
+    g_peak_reset = now > 0;
+    return now;
+}
+
 const skv_backend skv_backend_cpu = {
     .name = "cpu",
     .summary = "the reference: "
@@ -718,6 +751,7 @@ const skv_backend skv_backend_cpu = {
     .host_alloc = cpu_alloc,
     .host_alloc_raw = cpu_alloc_raw,
     .host_free = cpu_free,
+    .mem_peak = cpu_mem_peak,
     .weight_load = cpu_weight_load,
     .weight_free = cpu_weight_free,
     .kv_store = cpu_kv_store,

@@ -3,7 +3,7 @@
 # `skv` built on the CUDA simulator ($(BUILD)/sim/skv, tests/cusim): a traced
 # ShadowKV run on --backend cuda and its timeline PNG, dense and ShadowKV
 # benches from one prefill at batch 1 and 2 (forks and batches on the
-# device), and a --parallel run. Each step under a timeout that kills; each
+# device), the largest batch a small device fits, run, and a --parallel run. Each step under a timeout that kills; each
 # must run on cuda, not fall back to the CPU. The bench runs as gpu-check's
 # do, with SKV_CUDA_COUNT=1: after each bench line the backend's own count of
 # that run's launches and host syncs a step, which must agree with the
@@ -79,6 +79,24 @@ rows=$(awk '($1 == "dense" || $1 == "shadowkv") && $6 ~ /^[0-9]+$/ && $8 ~ /^[0-
 if grep -q '^== figures beside their targets' "$T/table.txt" && [ "$rows" -eq "$n" ]; then
     ok "summary.sh: a row a bench run with its launches and syncs a step ($rows rows)"
 else ko "summary.sh: $rows rows with counts of $n: $(cat "$T/table.txt")"; fi
+# --parallel max on a device sized for 2.5 sequences beside the fork's peak:
+# the fit counts a fork's transient (its replayed prefill, dense, before it
+# compresses) once beside what each keeps, so 2 fit and run; counted as
+# kept bytes alone it said 14 and ran out of device memory. The device's
+# size comes from a first run on 1 GiB: what it takes anyway (the weights,
+# the source) is 1 GiB less the free bytes the bench reads.
+FB="$SIM bench --backend cuda -m $T/small.gguf --prompt-tokens 300 -c 340 -n 2 --kv shadowkv --budget 64 --rank 16 --outliers 2"
+SKV_CUSIM_DEVICE_BYTES=1073741824 step fit-probe 120 $FB --parallel fit
+D2=$(awk 'function val(k) { return match(" " $0, " " k "=[^ ]*") ? substr(" " $0, RSTART + length(k) + 2, RLENGTH - length(k) - 2) : "" }
+    /max_parallel=/ && val("fork_peak_bytes") > 0 {
+        printf "%.0f", 1073741824 - val("device_free_bytes") / 0.9 + (2.5 * val("device_bytes_seq") + val("fork_peak_bytes")) / 0.9 }' \
+    "$T/fit-probe.log")
+if [ -n "$D2" ] && SKV_CUSIM_DEVICE_BYTES=$D2 step fit-max 180 $FB --parallel max &&
+    grep -q 'max_parallel=2 .*bound=device' "$T/fit-max.log" && grep -q ' parallel=2 .*decode_tok_s=' "$T/fit-max.log"; then
+    ok "bench --parallel max on a $D2-byte device: 2 sequences fit beside a fork's peak, and ran"
+else
+    ko "bench --parallel max on a device for 2.5 sequences beside a fork's peak (${D2:-no size: $(cat "$T/fit-probe.log")}): $(tail -2 "$T/fit-max.log" 2>&1)"
+fi
 step parallel 180 "$SIM" run --backend cuda -m "$T/small.gguf" --kv shadowkv --budget 64 --rank 16 --outliers 2 \
     -f "$CFG" -n 3 --parallel 2
 echo "test_gpu_steps: $pass passed, $fail failed, 0 skipped"
