@@ -346,18 +346,21 @@ int cu_mem_info(size_t *free_bytes, size_t *total_bytes) {
 static std::mutex g_held_mu;
 static std::vector<void *> g_host_held;
 
-/* Pinning is slow (cudaHostAlloc maps page by page: seconds for the 16 GB
- * store of a long sequence) and cudaFreeHost waits for the device, so a
- * block of at least HOST_POOL_MIN bytes that host_release would free goes,
- * once nothing queued reads it, to a pool of at most HOST_POOL_MAX (the
- * oldest leaves first) and is handed to the next allocation of the same
- * size: a bench that frees and makes sequences pins its stores once.
- * Smaller blocks pin fast and are freed. The pool is given back when an
- * allocation fails and at exit. All under g_held_mu. */
-#define HOST_POOL_MAX 4
-#define HOST_POOL_MIN ((size_t)1 << 20)
-static std::vector<void *> g_host_pool;
+/* Pinning is slow (cudaHostAlloc maps page by page: about 1 GB/s, seconds
+ * for the store of a long sequence) and cudaFreeHost waits for the device,
+ * so a pinned block that host_release would free goes, once nothing queued
+ * reads it, to a pool, and is handed to the next allocation it fits (the
+ * smallest pooled block of n to n + n/4 bytes): a bench that frees and makes
+ * sequences pins its stores once. The pool is bounded by the most pinned
+ * bytes the process held at once: before pinning a new block, the oldest
+ * pooled ones are freed until the live and pooled blocks and the new one
+ * come to no more than that peak (the new block counted in it), so pooling
+ * never pins more than the allocations themselves asked for together. The
+ * pool is given back when an allocation fails and at exit. All under
+ * g_held_mu. */
+static std::vector<void *> g_host_pool; /* oldest first */
 static std::unordered_map<void *, size_t> g_host_size; /* each pinned block's size, live or pooled */
+static size_t g_pin_live, g_pin_peak, g_pool_bytes; /* bytes handed out (held included), their peak, pooled */
 static int g_pool_hooked;
 
 static void pool_free_one(void *p) {
@@ -366,33 +369,46 @@ static void pool_free_one(void *p) {
 }
 
 static void pool_put(void *p) {
-    if (g_host_size[p] < HOST_POOL_MIN) {
-        pool_free_one(p);
-        return;
-    }
-    if (g_host_pool.size() >= HOST_POOL_MAX) {
-        pool_free_one(g_host_pool.front());
-        g_host_pool.erase(g_host_pool.begin());
-    }
+    size_t n = g_host_size[p];
+    g_pin_live -= n;
+    g_pool_bytes += n;
     g_host_pool.push_back(p);
 }
 
-/* A pooled block of n bytes, or NULL. */
+/* A pooled block for n bytes, or NULL. */
 static void *pool_take(size_t n) {
     std::lock_guard<std::mutex> lock(g_held_mu);
-    for (size_t i = 0; i < g_host_pool.size(); i++)
-        if (g_host_size[g_host_pool[i]] == n) {
-            void *p = g_host_pool[i];
-            g_host_pool.erase(g_host_pool.begin() + (long)i);
-            return p;
-        }
-    return NULL;
+    long best = -1;
+    for (size_t i = 0; i < g_host_pool.size(); i++) {
+        size_t b = g_host_size[g_host_pool[i]];
+        if (b >= n && b - n <= n / 4 && (best < 0 || b < g_host_size[g_host_pool[(size_t)best]])) best = (long)i;
+    }
+    if (best < 0) return NULL;
+    void *p = g_host_pool[(size_t)best];
+    g_host_pool.erase(g_host_pool.begin() + best);
+    g_pool_bytes -= g_host_size[p];
+    g_pin_live += g_host_size[p];
+    return p;
+}
+
+/* Frees pooled blocks, oldest first, until pinning n more bytes keeps the
+ * live and pooled bytes within the peak (n counted in it). */
+static void pool_trim_for(size_t n) {
+    std::lock_guard<std::mutex> lock(g_held_mu);
+    size_t peak = g_pin_live + n > g_pin_peak ? g_pin_live + n : g_pin_peak;
+    while (!g_host_pool.empty() && g_pin_live + n + g_pool_bytes > peak) {
+        void *p = g_host_pool.front();
+        g_pool_bytes -= g_host_size[p];
+        g_host_pool.erase(g_host_pool.begin());
+        pool_free_one(p);
+    }
 }
 
 static void pool_drain(void) {
     std::lock_guard<std::mutex> lock(g_held_mu);
     for (void *p : g_host_pool) pool_free_one(p);
     g_host_pool.clear();
+    g_pool_bytes = 0;
 }
 
 /* At exit (hooked after the runtime started, so before its own teardown):
@@ -535,6 +551,7 @@ static void *host_alloc(size_t bytes, int zero) {
     host_release(0); /* pinned blocks held back by frees, if nothing queued reads them now */
     void *p = pool_take(n);
     if (!p) {
+        pool_trim_for(n);
         if (cudaHostAlloc(&p, n, cudaHostAllocMapped | cudaHostAllocPortable) != cudaSuccess) {
             cudaGetLastError();
             /* out of pinned memory: wait for the queued work, take a block
@@ -550,7 +567,11 @@ static void *host_alloc(size_t bytes, int zero) {
             }
         }
         std::lock_guard<std::mutex> lock(g_held_mu);
-        if (!g_host_size.count(p)) g_host_size[p] = n;
+        if (!g_host_size.count(p)) { /* pinned now (not a pooled block taken after a failure) */
+            g_host_size[p] = n;
+            g_pin_live += n;
+            if (g_pin_live > g_pin_peak) g_pin_peak = g_pin_live;
+        }
         if (!g_pool_hooked) {
             g_pool_hooked = 1;
             atexit(pool_at_exit);

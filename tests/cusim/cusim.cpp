@@ -1815,6 +1815,7 @@ cudaError_t cudaHostAlloc(void **p, size_t bytes, unsigned flags) {
     if (!h) return set_error(cudaErrorMemoryAllocation);
     g_pinned[(uintptr_t)h] = pinned_rec{bytes ? bytes : 1, (flags & cudaHostAllocMapped) != 0};
     g_cnt.pinned_bytes += bytes;
+    g_cnt.pinned_allocs++;
     *p = h;
     return cudaSuccess;
 }

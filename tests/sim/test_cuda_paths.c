@@ -658,6 +658,32 @@ int main(int argc, char **argv) {
              (unsigned long long)wdev, wexp, model_weight_bytes(m), (long long)(dev_bytes() - b0));
     test_cond(msg, rc == 0 && wdev == wexp && dev_bytes() == b0);
 
+    /* The pool never pins more than the allocations asked for at once: 3
+     * blocks of 1 MiB freed, then one of 4 MiB (the three are given back
+     * before it is pinned), freed, then the three again (the 4 MiB block is
+     * too big for them: given back). */
+    {
+        size_t MB = (size_t)1 << 20, p0;
+        cusim_counters c0, c1, c2;
+        cusim_counters_get(&c0);
+        p0 = c0.pinned_bytes;
+        void *h3[3], *h4;
+        for (int i = 0; i < 3; i++) h3[i] = cu->host_alloc(MB);
+        for (int i = 0; i < 3; i++) cu->host_free(h3[i]);
+        h4 = cu->host_alloc(4 * MB);
+        cusim_counters_get(&c1);
+        cu->host_free(h4);
+        for (int i = 0; i < 3; i++) h3[i] = cu->host_alloc(MB);
+        cusim_counters_get(&c2);
+        for (int i = 0; i < 3; i++) cu->host_free(h3[i]);
+        /* (nothing pooled yet: before any session; counted from p0) */
+        snprintf(msg, sizeof msg, "the pinned pool is bounded by the most pinned at once: with 4 MiB live %.2f MiB "
+                 "pinned, with 3 x 1 MiB live after it %.2f MiB (at most 4 each)", (double)(c1.pinned_bytes - p0) / MB,
+                 (double)(c2.pinned_bytes - p0) / MB);
+        test_cond(msg, h4 && c1.pinned_bytes - p0 <= 4 * MB && c2.pinned_bytes - p0 <= 4 * MB &&
+                       c1.pinned_bytes - p0 >= 4 * MB && c2.pinned_bytes - p0 >= 3 * MB);
+    }
+
     /* ---- 1: forks of one recorded ShadowKV prefill ---- */
     session_opts so = opts("shadowkv", 64, 1);
     skv_session *src = NULL, *f[NF] = {0};
@@ -690,6 +716,27 @@ int main(int argc, char **argv) {
              (unsigned long long)(d4 - d0), (long long)(dev_bytes() - d0));
     test_cond(msg, dev_bytes() == d0);
 
+    /* Pinned once (issue 45): 6 forks made, freed and made again pin
+     * nothing the second time (their offload stores and books come from the
+     * backend's pool), and pin no more than the first 6 did. */
+    {
+        enum { NR = 6 };
+        skv_session *g[NR] = {0};
+        cusim_counters a, b;
+        int grc = 0;
+        for (int i = 0; i < NR && !grc; i++) grc = session_fork(src, &so.kv, &g[i]);
+        cusim_counters_get(&a);
+        for (int i = 0; i < NR; i++) { session_free(g[i]); g[i] = NULL; }
+        cusim_counters_reset();
+        for (int i = 0; i < NR && !grc; i++) grc = session_fork(src, &so.kv, &g[i]);
+        cusim_counters_get(&b);
+        for (int i = 0; i < NR; i++) session_free(g[i]);
+        snprintf(msg, sizeof msg, "%d ShadowKV forks freed and made again pin %llu blocks the second time (0: the pool "
+                 "hands back the first ones), %llu pinned bytes against %llu (rc %d)", NR,
+                 (unsigned long long)b.pinned_allocs, (unsigned long long)b.pinned_bytes,
+                 (unsigned long long)a.pinned_bytes, grc);
+        test_cond(msg, grc == 0 && b.pinned_allocs == 0 && b.pinned_bytes == a.pinned_bytes);
+    }
     /* 4 forks of other budgets, each decoded alone, against sessions of the
      * same options prefilled from scratch on cuda */
     for (int i = 0; i < NF && !rc; i++) {
