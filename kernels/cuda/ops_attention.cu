@@ -683,13 +683,16 @@ __global__ void k_attend_causal(const float *q, int pos, int n_heads, int grp, i
  * log2 domain (the row max over the 4 lanes of a row by two shuffles; each
  * lane rescales its own rows of O and keeps a partial row sum, summed over
  * the 4 lanes at the end), then O += P V with P's fragments taken straight
- * from S's accumulators (mma_util.h), B fragments of V by 16-bit loads.
+ * from S's accumulators (mma_util.h). The B fragments of K and V come from
+ * shared memory by ldmatrix (mma_util.h's ldsm_x4: four 8x8 matrices a
+ * warp instruction, the B registers of two mma; V's transposed by the
+ * load), not element by element.
  *
  * Shared memory: 2 x 2 x FA_BN x (D + FA_PAD) x 2 bytes: 20 KiB at D = 32,
  * 36 KiB at 64, 68 KiB at 128 (past 48 KiB: the launch sets the attribute).
  * Bank conflicts: a row is (D + 8) / 2 words, 4 mod 32 (or 20 at D = 32), so
- * the 32-bit K loads of lane (g, t) at word g·(D + 8)/2 + t hit 32 distinct
- * banks, and the 16-bit V loads (rows 2t, 2t+1, column g) 16 distinct words.
+ * the 8 rows of 16 bytes an ldmatrix phase reads (8 consecutive rows, K's
+ * or V's) start 4 (or 20) banks apart and cover the 32 banks once.
  *
  * Rounding, which the CPU twin's test bounds assume (tests/gpu/test_cuda_ops.c,
  * t_flash_prefill): an f32 cache: Q·scale, K, V and P rounded to bf16 (rel L2
@@ -782,6 +785,7 @@ k_flash_gqa(const float *q, int nq, int pos, int n_heads, int grp, const typenam
     constexpr int D = C::D;
     typedef typename fa_op<T>::type OpT;
     constexpr int LD = D + FA_PAD, KS = D / 16, NT = FA_BN / 8, DT = D / 8;
+    static_assert(DT % 2 == 0 && NT % 2 == 0, "ldmatrix x4 loads the B fragments of two tiles at once");
     constexpr float LOG2E = 1.4426950408889634f;
     SKV_DYN_SHARED(uint16_t, smem);
     uint16_t *Ks = smem;                      /* (2, FA_BN, LD) */
@@ -837,11 +841,14 @@ k_flash_gqa(const float *q, int nq, int pos, int n_heads, int grp, const typenam
             float s[NT][4];
             for (int j = 0; j < NT; j++) s[j][0] = s[j][1] = s[j][2] = s[j][3] = 0.0f;
             for (int ks = 0; ks < KS; ks++)
-                for (int j = 0; j < NT; j++) {
-                    /* B (dims × keys): rows 2t, 2t+1 (+8) of column g = key j·8 + g's dims */
-                    const uint16_t *kr = Kt + (j * 8 + g) * LD + ks * 16 + 2 * t4;
-                    uint32_t b[2] = {*(const uint32_t *)kr, *(const uint32_t *)(kr + 8)};
+                for (int j = 0; j < NT; j += 2) {
+                    /* B (dims × keys) of key tiles j and j+1, one ldmatrix: lane 8m + i gives the row
+                     * of key (j + m/2)·8 + i at dims ks·16 + (m%2)·8; register m then holds dims
+                     * 2t, 2t+1 (+8 for odd m) of key g of its tile */
+                    uint32_t b[4];
+                    ldsm_x4(b, Kt + ((j + (lane >> 4)) * 8 + (lane & 7)) * LD + ks * 16 + ((lane >> 3) & 1) * 8);
                     mma_16816<OpT>(s[j], qf[ks], b);
+                    mma_16816<OpT>(s[j + 1], qf[ks], b + 2);
                 }
             /* mask, row max (log2 domain) over the quad's 4 lanes */
             float xa = -INFINITY, xb = -INFINITY;
@@ -882,13 +889,15 @@ k_flash_gqa(const float *q, int nq, int pos, int n_heads, int grp, const typenam
                 uint32_t a[4] = {mma_pack<OpT>(s[2 * kk][0], s[2 * kk][1]), mma_pack<OpT>(s[2 * kk][2], s[2 * kk][3]),
                                  mma_pack<OpT>(s[2 * kk + 1][0], s[2 * kk + 1][1]),
                                  mma_pack<OpT>(s[2 * kk + 1][2], s[2 * kk + 1][3])};
-                const uint16_t *v0 = Vt + (kk * 16 + 2 * t4) * LD + g;
-                for (int j = 0; j < DT; j++) {
-                    /* B (keys × dims): keys 2t, 2t+1 (+8) of dim j·8 + g */
-                    const uint16_t *v = v0 + j * 8;
-                    uint32_t b[2] = {(uint32_t)v[0] | (uint32_t)v[LD] << 16,
-                                     (uint32_t)v[8 * LD] | (uint32_t)v[9 * LD] << 16};
+                /* lane 8m + i's row: key kk·16 + (m%2)·8 + i, from dim (j + m/2)·8 */
+                const uint16_t *v0 = Vt + (kk * 16 + ((lane >> 3) & 1) * 8 + (lane & 7)) * LD + (lane >> 4) * 8;
+                for (int j = 0; j < DT; j += 2) {
+                    /* B (keys × dims) of dim tiles j and j+1, one transposing ldmatrix: register m
+                     * holds keys 2t, 2t+1 (+8 for odd m) of dim g of its tile */
+                    uint32_t b[4];
+                    ldsm_x4_trans(b, v0 + j * 8);
                     mma_16816<OpT>(o[j], a, b);
+                    mma_16816<OpT>(o[j + 1], a, b + 2);
                 }
             }
         }

@@ -1245,6 +1245,15 @@ void pipeline_copy(void *dst, const void *src, size_t n, size_t zfill) {
     t->cp.push_back(sim_thread::pending_copy{dst, src, n, zfill, t->cp_group});
 }
 
+void shared_check(const void *p, size_t n, const char *what) {
+    if (!g_running || !g_blk) {
+        fault(cudaErrorLaunchFailure, "%s outside a kernel", what);
+        abort();
+    }
+    if ((uintptr_t)p % n) kernel_fault(cudaErrorIllegalAddress, "%s at %p: not %zu-byte aligned", what, p, n);
+    if (!in_shared((uintptr_t)p, n)) kernel_fault(cudaErrorIllegalAddress, "%s at %p: not shared memory", what, p);
+}
+
 void pipeline_commit(void) {
     if (g_running) g_running->cp_group++;
 }

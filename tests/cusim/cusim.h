@@ -276,6 +276,9 @@ void warp_fetch(void *p, size_t n);
  * lanes' (lane i's at i*n) once every lane has arrived; a meeting of the
  * full warp that, as mma.sync, orders no shared-memory access. */
 void warp_exchange(const void *mine, size_t n, void *all, const char *what);
+/* A fault unless p is an n-byte, n-aligned range of the block's shared
+ * memory (what names the instruction). */
+void shared_check(const void *p, size_t n, const char *what);
 /* cp.async (include/cuda_pipeline.h): a copy of n (4, 8 or 16) bytes into
  * shared memory, its last zfill bytes zeros, checked when issued and landing
  * when the issuing thread waits for its commit group. */

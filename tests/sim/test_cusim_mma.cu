@@ -1,9 +1,10 @@
-/* test_cusim_mma.cu: the CUDA simulator's stand-ins for two instructions the
+/* test_cusim_mma.cu: the CUDA simulator's stand-ins for three instructions the
  * prefill kernel (ops_attention.cu's k_flash_gqa) uses, held to their
  * definitions: mma.sync m16n8k16 (kernels/cuda/mma_util.h, emulated by
  * tests/cusim/include/cusim_mma.h) against a plain matrix product on the
  * host, the fragments loaded by the PTX ISA's layout, bf16 and f16, several
- * warps and chained calls; and cp.async (tests/cusim/include/cuda_pipeline.h):
+ * warps and chained calls; ldmatrix x4, plain and .trans, against the ISA's
+ * fragment layout (a misaligned row a fault); and cp.async (tests/cusim/include/cuda_pipeline.h):
  * a copy lands at its wait, so a read before the wait is a fault, and the
  * exchange of an mma orders no shared memory (a read it does not order is a
  * race). Built by the simulator's rules only. */
@@ -78,6 +79,28 @@ __global__ void k_cp(const float *x, int keep, int half, float *out) {
     for (int e = 0; e < 4; e++) out[4 * i + e] = buf[512 * half + 4 * j + e];
 }
 
+/* ldmatrix x4: shared memory holds four 8x8 matrices of 16-bit elements,
+ * matrix m's row i at row 9m + i of a (36, 8 + pad) array (rows of 16 bytes
+ * padded to 16 + 2·pad, so rows are not consecutive); element (m, i, j) =
+ * 256m + 16i + j. Lane 8m + i gives that row (misalign: one element past
+ * it, which is not 16-byte aligned); out[lane][r] the register r it got,
+ * without and with .trans. */
+__global__ void k_ldsm(int pad, int misalign, uint32_t *out) {
+    __shared__ uint16_t sm[36 * 16];
+    int lane = threadIdx.x, ld = 8 + pad;
+    for (int m = 0; m < 4; m++)
+        for (int i = lane; i < 64; i += 32) sm[(9 * m + i / 8) * ld + i % 8] = (uint16_t)(256 * m + 16 * (i / 8) + i % 8);
+    __syncwarp();
+    const uint16_t *row = sm + (9 * (lane >> 3) + (lane & 7)) * ld + misalign;
+    uint32_t r[4], rt[4];
+    ldsm_x4(r, row);
+    ldsm_x4_trans(rt, row);
+    for (int m = 0; m < 4; m++) {
+        out[lane * 8 + m] = r[m];
+        out[lane * 8 + 4 + m] = rt[m];
+    }
+}
+
 /* ---- host side ---- */
 
 static uint64_t rs = 0x9e3779b97f4a7c15ull;
@@ -147,6 +170,24 @@ static int cp_run(int keep, int half) {
             if (got[4 * i + e] != h[512 * half + 4 * ((i + 1) % 128) + e]) return 2;
     return 0;
 }
+/* ldmatrix: 0 when every lane's registers hold the PTX ISA's elements: in
+ * register m of lane l = 4q + t, matrix m's (row q, columns 2t and 2t + 1),
+ * with .trans its (rows 2t and 2t + 1, column q), the first in the low half. */
+static int ldsm_run(int pad, int misalign) {
+    uint32_t got[256], *d;
+    CK(cudaMalloc(&d, sizeof got));
+    SKV_LAUNCH(k_ldsm, 1, 32, 0, 0)(pad, misalign, d);
+    if (cudaMemcpy(got, d, sizeof got, cudaMemcpyDeviceToHost) != cudaSuccess) return 1;
+    cudaFree(d);
+    for (int l = 0; l < 32; l++)
+        for (int m = 0; m < 4; m++) {
+            int q = l / 4, t = l % 4;
+            uint32_t e = (uint32_t)(256 * m + 16 * q + 2 * t) | (uint32_t)(256 * m + 16 * q + 2 * t + 1) << 16;
+            uint32_t et = (uint32_t)(256 * m + 16 * (2 * t) + q) | (uint32_t)(256 * m + 16 * (2 * t + 1) + q) << 16;
+            if (got[l * 8 + m] != e || got[l * 8 + 4 + m] != et) return 2;
+        }
+    return 0;
+}
 static int order_run(int sync) {
     float *d;
     CK(cudaMalloc(&d, 4));
@@ -179,6 +220,10 @@ int main(void) {
            "which no thread of the block has written");
     expect("cp.async never waited for: a read is a fault", []() { return cp_run(2, 0); }, 1,
            "which no thread of the block has written");
+    expect("ldmatrix.m8n8.x4 and .trans: every lane's 4 registers hold the ISA's elements (rows of 16 bytes "
+           "apart)", []() { return ldsm_run(0, 0); }, 0, NULL);
+    expect("... rows padded to 32 bytes, not consecutive: the same", []() { return ldsm_run(8, 0); }, 0, NULL);
+    expect("... a row not 16-byte aligned: a fault", []() { return ldsm_run(8, 1); }, 1, "not 16-byte aligned");
     expect("lane 1 reads lane 0's shared store after an mma only: a race", []() { return order_run(0); }, 1,
            "shared-memory race");
     expect("... and after a __syncwarp: no race", []() { return order_run(1); }, 0, NULL);

@@ -59,5 +59,32 @@ static inline void mma_m16n8k16(float d[4], const uint32_t a[4], const uint32_t 
     }
     for (int i = 0; i < 4; i++) d[i] = out[i];
 }
+
+/* ldmatrix.sync.aligned.m8n8.x4{.trans}.shared.b16: four 8x8 matrices of
+ * 16-bit elements from shared memory, lane 8m + i giving the address of
+ * row i of matrix m (16 bytes, 16-byte aligned). Register m of lane l holds
+ * two elements of matrix m, the first in the low half: row l / 4, columns
+ * 2(l % 4) and 2(l % 4) + 1; with trans, rows 2(l % 4) and 2(l % 4) + 1 of
+ * column l / 4. The warp meets to exchange the addresses (the instruction
+ * orders no memory), then each lane reads its elements. */
+static inline void ldmatrix_x4(uint32_t r[4], const void *row, int trans) {
+    const char *mine = (const char *)row, *all[32];
+    const char *what = trans ? "ldmatrix.m8n8.x4.trans" : "ldmatrix.m8n8.x4";
+    shared_check(mine, 16, what);
+    warp_exchange(&mine, sizeof mine, all, what);
+    int lane = lane_id(), q = lane / 4, t = lane % 4;
+    for (int m = 0; m < 4; m++) {
+        uint16_t e0, e1;
+        if (!trans) {
+            const uint16_t *rw = (const uint16_t *)all[8 * m + q];
+            e0 = rw[2 * t];
+            e1 = rw[2 * t + 1];
+        } else {
+            e0 = ((const uint16_t *)all[8 * m + 2 * t])[q];
+            e1 = ((const uint16_t *)all[8 * m + 2 * t + 1])[q];
+        }
+        r[m] = (uint32_t)e0 | (uint32_t)e1 << 16;
+    }
+}
 } /* namespace cusim */
 #endif
