@@ -302,8 +302,10 @@ static int bench_parallel(cli_gen *g, skv_model *m, const int32_t *ids, int np, 
             bound = bound_name(fit, n_a, n_b, pool, "device", "host");
         } else {
             double disk = off_seq > 0 ? disk_free(g->s.kv.offload_file) * 0.8 : 0;
-            /* the resident bytes' rise over the fork, beyond what it keeps */
-            extra = made_peak > per ? made_peak - per : 0;
+            /* the resident bytes' rise over the fork, beyond what it keeps
+             * (with the file tier, resident counts its mapped file's pages
+             * too: off_seq of them at most, which the disk holds) */
+            extra = made_peak > per + off_seq ? made_peak - per - off_seq : 0;
             if (avail > 0) {
                 fit = batch_fit(fixed + extra, per, avail, off_seq, disk, &pool);
                 if (per > 0) n_a = floor((avail - fixed - extra) / per);
