@@ -136,6 +136,10 @@ int session_prefill(skv_session *s, const int32_t *tokens, int n, int (*progress
     s->kv->step = -1;
     s->fwd.step = -1;
     if (s->n_past == 0 && probe_wants(s->o.bus, PROBE_RUN)) emit_run(s, n);
+    if (s->n_past == 0) { /* the whole prompt in this call, most likely */
+        kv_begin_prefill(s->kv, n);
+        if (s->twin_kv) kv_begin_prefill(s->twin_kv, n);
+    }
     if (probe_wants(s->o.bus, PROBE_TOKEN))
         for (int i = 0; i < n; i++) emit_token(s, s->n_past + i, tokens[i], i ? tokens[i - 1] : -1, -1);
     for (int i = 0; i < n; i += s->o.batch) {

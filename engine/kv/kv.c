@@ -214,6 +214,14 @@ int kv_end_step(kv_cache *c) {
     return 0;
 }
 
+void kv_begin_prefill(kv_cache *c, int n) {
+    for (kv_cache *k = c; k; k = k->wrapped)
+        if (k->cls->begin_prefill) {
+            k->cls->begin_prefill(k, n);
+            return;
+        }
+}
+
 double kv_stat(const kv_cache *c, const char *key) {
     const kv_class *p = c->policy ? c->policy : c->cls;
     double val[KV_MAX_STATS];

@@ -86,6 +86,11 @@ typedef struct kv_class {
     int (*attend)(kv_cache *c, int layer, int pos, int n, const float *q, float *out);
     /* The prompt is complete in every layer. */
     int (*end_prefill)(kv_cache *c);
+    /* The prompt's length n, before its first append: a policy may start
+     * what it will need at end_prefill (ShadowKV on a device starts pinning
+     * its offload store, to overlap the prefill). A hint: end_prefill must
+     * work without it, or with another length. NULL: nothing to start. */
+    void (*begin_prefill)(kv_cache *c, int n);
     /* Bytes held resident (fast memory) and offloaded (slow memory). */
     void (*bytes)(const kv_cache *c, size_t *resident, size_t *offloaded);
     /* val (n_stats) in the order of stat_defs; NaN for one not known yet. May be NULL with n_stats 0. */
@@ -223,6 +228,9 @@ double kv_stat(const kv_cache *c, const char *key);
 /* The end of a decode step for c, or for the policy a wrapper wraps
  * (kv_class.end_step); 0 when nothing is pending. */
 int kv_end_step(kv_cache *c);
+/* The prompt's length, before its first append, to c or the policy a
+ * wrapper wraps (kv_class.begin_prefill). */
+void kv_begin_prefill(kv_cache *c, int n);
 
 /* What kv_opts_describe says of o, with the values c put in force where a
  * statistic of the same name differs from the option asked ("rank=64

@@ -205,6 +205,11 @@ int kv_rec_replay(const kv_cache *c, kv_cache *dst) {
                  ? skv_error(SKV_ENOMEM, "kv_rec_replay: out of memory for %zu rows on %s", rows, be->name)
                  : 0;
     dst->step = -1;
+    int len = 0; /* the recorded prompt's length, the most layer 0 held */
+    for (int i = 0; i < r->n_calls; i++)
+        if (r->calls[i].kind == 0 && r->calls[i].layer == 0 && r->calls[i].pos + r->calls[i].n > len)
+            len = r->calls[i].pos + r->calls[i].n;
+    if (!rc && len > 0) kv_begin_prefill(dst, len);
     for (int i = 0; i < r->n_calls && !rc; i++) {
         const rec_call *k = &r->calls[i];
         size_t at_kv = (size_t)k->pos * kvd, at_q = (size_t)k->pos * qd;

@@ -1745,6 +1745,34 @@ static int watch_init(kv_sk *c) {
     return 0;
 }
 
+/* A prompt of s tokens in chunks of so.chunk: its chunks, the first of
+ * the local window, the outlier chunks; returns the candidates (the chunks
+ * before the window, less the outliers). */
+static int sk_chunks(const kv_sk *c, int s, int *n_chunks, int *local_start, int *n_out) {
+    *n_chunks = s / c->so.chunk;
+    *local_start = *n_chunks > c->so.local ? *n_chunks - c->so.local : 0;
+    *n_out = c->so.outliers < *local_start ? c->so.outliers : *local_start;
+    return *local_start - *n_out;
+}
+
+/* The bytes of the offload store on a device (bf16 values of every
+ * candidate chunk) for a prompt of s tokens. */
+static size_t sk_dev_store_bytes(const kv_sk *c, int s) {
+    int nch, ls, no, nc = sk_chunks(c, s, &nch, &ls, &no);
+    return sizeof(uint16_t) * (size_t)c->base.shape.n_layers * c->h * nc * c->so.chunk * c->d;
+}
+
+/* On a device the offload store is pinned host memory, which pins at
+ * about 1 GB/s: started in the background at the prompt's start, it is
+ * ready (or nearly) when end_prefill fills it. */
+static void sk_begin_prefill(kv_cache *base, int n) {
+    kv_sk *c = (kv_sk *)base;
+    const skv_backend *be = base->shape.be;
+    if (!sk_dev(c) || !be->host_reserve || c->prefilled || n < 1) return;
+    size_t bytes = sk_dev_store_bytes(c, n);
+    if (bytes) be->host_reserve(bytes);
+}
+
 static int sk_end_prefill(kv_cache *base) {
     kv_sk *c = (kv_sk *)base;
     const kv_shape *sh = &base->shape;
@@ -1765,11 +1793,8 @@ static int sk_end_prefill(kv_cache *base) {
     base->notice[0] = 0;
     c->s = s;
     c->c = c->so.chunk;
-    c->n_chunks = s / c->c;
-    c->local_start = c->n_chunks > c->so.local ? c->n_chunks - c->so.local : 0;
+    c->n_cand = sk_chunks(c, s, &c->n_chunks, &c->local_start, &c->n_out);
     c->n_local = s - c->local_start * c->c;
-    c->n_out = c->so.outliers < c->local_start ? c->so.outliers : c->local_start;
-    c->n_cand = c->local_start - c->n_out;
     int budget = kv_budget_tokens(&c->o, s);
     int want_k = budget / c->c;
     c->k = want_k < c->n_cand ? want_k : c->n_cand;
@@ -1819,8 +1844,10 @@ static int sk_end_prefill(kv_cache *base) {
     }
     int n_blocks = sh->n_layers * c->h * c->n_cand;
     if (sk_dev(c)) {
-        /* the offloaded values in pinned, mapped host memory: the device's gather reads them over the bus */
-        size_t bytes = sizeof(uint16_t) * (size_t)n_blocks * c->c * c->d;
+        /* the offloaded values in pinned, mapped host memory: the device's gather reads them over the bus
+         * (the block sk_begin_prefill reserved, when the prompt is as long as it said) */
+        size_t bytes = sk_dev_store_bytes(c, s);
+        SKV_ASSERT(bytes == sizeof(uint16_t) * (size_t)n_blocks * c->c * c->d);
         void *(*pin)(size_t) = sh->be->host_alloc_raw ? sh->be->host_alloc_raw : sh->be->host_alloc;
         uint16_t *data = pin(bytes ? bytes : sizeof(float)); /* written whole by the offload: not zeroed */
         if (!data) return skv_error(SKV_ENOMEM, "shadowkv: cannot pin %.1f MiB of host memory for the offloaded values",
@@ -2151,6 +2178,7 @@ const kv_class kv_policy_shadowkv = {
     .append = sk_append,
     .attend = sk_attend,
     .end_prefill = sk_end_prefill,
+    .begin_prefill = sk_begin_prefill,
     .bytes = sk_bytes,
     .stats = sk_stats,
     .kept = sk_kept,

@@ -19,6 +19,7 @@ const skv_backend skv_backend_cuda = {
     .copy2d = cu_copy2d,
     .host_alloc = cu_host_alloc,
     .host_alloc_raw = cu_host_alloc_raw,
+    .host_reserve = cu_host_reserve,
     .host_free = cu_host_free,
     .sync = cu_sync,
     .weight_load = cu_weight_load,

@@ -13,11 +13,13 @@
  * checks on any machine. */
 #include "cuda_util.h"
 
+#include <atomic>
 #include <mutex>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 #include <unistd.h>
+#include <thread>
 #include <unordered_map>
 #include <vector>
 
@@ -375,20 +377,100 @@ static void pool_put(void *p) {
     g_host_pool.push_back(p);
 }
 
+/* A block of b bytes serves an allocation of n: n to n + n/4. */
+static int pool_fits(size_t b, size_t n) { return b >= n && b - n <= n / 4; }
+
 /* A pooled block for n bytes, or NULL. */
 static void *pool_take(size_t n) {
     std::lock_guard<std::mutex> lock(g_held_mu);
     long best = -1;
     for (size_t i = 0; i < g_host_pool.size(); i++) {
         size_t b = g_host_size[g_host_pool[i]];
-        if (b >= n && b - n <= n / 4 && (best < 0 || b < g_host_size[g_host_pool[(size_t)best]])) best = (long)i;
+        if (pool_fits(b, n) && (best < 0 || b < g_host_size[g_host_pool[(size_t)best]])) best = (long)i;
     }
     if (best < 0) return NULL;
     void *p = g_host_pool[(size_t)best];
     g_host_pool.erase(g_host_pool.begin() + best);
     g_pool_bytes -= g_host_size[p];
     g_pin_live += g_host_size[p];
+    if (g_pin_live > g_pin_peak) g_pin_peak = g_pin_live;
     return p;
+}
+
+/* Reservations (cu_host_reserve): a block pinned by a thread of its own
+ * while the caller goes on queueing work. The first host_alloc it fits
+ * joins it (waiting if it is still pinning) and takes it from the pool;
+ * any host_alloc after it is done joins it into the pool, where it counts
+ * as pinned memory asked for (the peak), and the exit joins what is left.
+ * The list is under g_held_mu; a job's thread touches only its job. */
+struct pin_job {
+    size_t n;
+    void *p;
+    std::atomic<int> done;
+    std::thread th;
+};
+static std::vector<pin_job *> g_pin_jobs;
+
+static void pool_hook(void);
+static void host_release(int wait);
+
+void cu_host_reserve(size_t bytes) {
+    if (!bytes) return;
+    cuda_get();
+    host_release(0); /* blocks freed since, if nothing queued reads them */
+    {
+        std::lock_guard<std::mutex> lock(g_held_mu);
+        for (void *p : g_host_pool) /* pinned already: nothing to start */
+            if (pool_fits(g_host_size[p], bytes)) return;
+    }
+    int dev = 0;
+    CK(cudaGetDevice(&dev));
+    pin_job *j = new pin_job();
+    j->n = bytes;
+    j->p = NULL;
+    j->done = 0;
+    j->th = std::thread([j, dev]() {
+        void *p = NULL;
+        if (cudaSetDevice(dev) != cudaSuccess ||
+            cudaHostAlloc(&p, j->n, cudaHostAllocMapped | cudaHostAllocPortable) != cudaSuccess) {
+            cudaGetLastError(); /* out of pinned memory: the allocation it was for pins (or fails) itself */
+            p = NULL;
+        }
+        j->p = p;
+        j->done = 1;
+    });
+    std::lock_guard<std::mutex> lock(g_held_mu);
+    g_pin_jobs.push_back(j);
+    pool_hook();
+}
+
+/* Joins the reservations that are done and (n > 0) those that fit n bytes,
+ * their blocks into the pool. */
+static void pin_jobs_join(size_t n) {
+    std::vector<pin_job *> mine;
+    {
+        std::lock_guard<std::mutex> lock(g_held_mu);
+        for (size_t i = 0; i < g_pin_jobs.size();) {
+            pin_job *j = g_pin_jobs[i];
+            if (j->done || (n && pool_fits(j->n, n))) {
+                mine.push_back(j);
+                g_pin_jobs.erase(g_pin_jobs.begin() + (long)i);
+            } else {
+                i++;
+            }
+        }
+    }
+    for (pin_job *j : mine) {
+        j->th.join();
+        if (j->p) {
+            std::lock_guard<std::mutex> lock(g_held_mu);
+            g_host_size[j->p] = j->n;
+            g_pool_bytes += j->n;
+            g_host_pool.push_back(j->p);
+            if (g_pin_live + g_pool_bytes > g_pin_peak) g_pin_peak = g_pin_live + g_pool_bytes;
+        }
+        delete j;
+    }
 }
 
 /* Frees pooled blocks, oldest first, until pinning n more bytes keeps the
@@ -415,8 +497,25 @@ static void pool_drain(void) {
  * errors ignored, a fault's sticky error included. */
 static void pool_at_exit(void) {
     std::lock_guard<std::mutex> lock(g_held_mu);
+    for (pin_job *j : g_pin_jobs) {
+        j->th.join();
+        if (j->p) cudaFreeHost(j->p);
+        delete j;
+    }
+    g_pin_jobs.clear();
     for (void *p : g_host_pool) cudaFreeHost(p);
     g_host_pool.clear();
+    for (void *p : g_host_held) cudaFreeHost(p); /* (cudaFreeHost waits for the device) */
+    g_host_held.clear();
+}
+
+/* Hooks pool_at_exit once (under g_held_mu, after the runtime started, so
+ * before its own teardown). */
+static void pool_hook(void) {
+    if (!g_pool_hooked) {
+        g_pool_hooked = 1;
+        atexit(pool_at_exit);
+    }
 }
 
 /* 1 when stream s has work queued that has not finished (a query, not a
@@ -549,6 +648,7 @@ static void *host_alloc(size_t bytes, int zero) {
     size_t n = bytes ? bytes : 16;
     cuda_get();
     host_release(0); /* pinned blocks held back by frees, if nothing queued reads them now */
+    pin_jobs_join(n); /* a reservation for this allocation (waited for), and those done */
     void *p = pool_take(n);
     if (!p) {
         pool_trim_for(n);
@@ -572,10 +672,7 @@ static void *host_alloc(size_t bytes, int zero) {
             g_pin_live += n;
             if (g_pin_live > g_pin_peak) g_pin_peak = g_pin_live;
         }
-        if (!g_pool_hooked) {
-            g_pool_hooked = 1;
-            atexit(pool_at_exit);
-        }
+        pool_hook();
     }
     if (zero) memset(p, 0, n);
     return p;

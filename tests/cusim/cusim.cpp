@@ -12,6 +12,7 @@
 #include <cxxabi.h>
 #include <elf.h>
 #include <execinfo.h>
+#include <pthread.h>
 #include <signal.h>
 #include <stdarg.h>
 #include <stdio.h>
@@ -207,8 +208,11 @@ static void segv_handler(int sig, siginfo_t *si, void *uc) {
     (void)uc;
 }
 
+static pthread_t g_first_thread; /* the thread of the first API call */
+
 static void arena_init(void) {
     if (g_arena) return;
+    g_first_thread = pthread_self();
     void *p = mmap(NULL, ARENA_BYTES, PROT_NONE, MAP_PRIVATE | MAP_ANONYMOUS | MAP_NORESERVE, -1, 0);
     if (p == MAP_FAILED) {
         fprintf(stderr, "cusim: cannot reserve %llu bytes of address space for device memory\n", ARENA_BYTES);
@@ -1825,6 +1829,10 @@ cudaError_t cudaHostAlloc(void **p, size_t bytes, unsigned flags) {
     g_pinned[(uintptr_t)h] = pinned_rec{bytes ? bytes : 1, (flags & cudaHostAllocMapped) != 0};
     g_cnt.pinned_bytes += bytes;
     g_cnt.pinned_allocs++;
+    if (!pthread_equal(pthread_self(), g_first_thread)) {
+        g_cnt.pinned_allocs_other++;
+        g_cnt.pinned_bytes_other += bytes;
+    }
     *p = h;
     return cudaSuccess;
 }

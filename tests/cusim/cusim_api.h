@@ -34,6 +34,7 @@ typedef struct {
     uint64_t device_peak;      /* the most live device bytes since the last reset */
     uint64_t pinned_bytes;     /* live pinned host bytes */
     uint64_t pinned_allocs;    /* cudaHostAlloc/cudaMallocHost calls that pinned a block */
+    uint64_t pinned_allocs_other, pinned_bytes_other; /* those from another thread than the first API call's */
     uint64_t faults;           /* faults reported (the first sets the sticky error) */
     uint64_t copies;           /* copy calls queued: cudaMemcpy, cudaMemcpyAsync, cudaMemcpy2D(Async) */
 } cusim_counters;

@@ -683,6 +683,25 @@ int main(int argc, char **argv) {
         test_cond(msg, h4 && c1.pinned_bytes - p0 <= 4 * MB && c2.pinned_bytes - p0 <= 4 * MB &&
                        c1.pinned_bytes - p0 >= 4 * MB && c2.pinned_bytes - p0 >= 3 * MB);
     }
+    /* host_reserve: the block is pinned off the calling thread and the
+     * allocation it fits takes it (waiting for it), with no pin of its own;
+     * one no allocation takes stays pinned until the exit joins it */
+    {
+        size_t MB = (size_t)1 << 20;
+        cusim_counters c0, c1;
+        cusim_counters_get(&c0);
+        cu->host_reserve(6 * MB);
+        void *x = cu->host_alloc_raw(6 * MB - 4096);
+        cusim_counters_get(&c1);
+        snprintf(msg, sizeof msg, "host_reserve(6 MiB), then host_alloc_raw(6 MiB - 4 KiB): %llu pins in all, %llu "
+                 "off the calling thread (%llu B)", (unsigned long long)(c1.pinned_allocs - c0.pinned_allocs),
+                 (unsigned long long)(c1.pinned_allocs_other - c0.pinned_allocs_other),
+                 (unsigned long long)(c1.pinned_bytes_other - c0.pinned_bytes_other));
+        test_cond(msg, x && c1.pinned_allocs - c0.pinned_allocs == 1 && c1.pinned_allocs_other - c0.pinned_allocs_other == 1 &&
+                       c1.pinned_bytes_other - c0.pinned_bytes_other == 6 * MB);
+        cu->host_free(x);
+        cu->host_reserve(9 * MB); /* never taken */
+    }
 
     /* ---- 1: forks of one recorded ShadowKV prefill ---- */
     session_opts so = opts("shadowkv", 64, 1);
@@ -913,6 +932,32 @@ int main(int argc, char **argv) {
         test_cond(msg, src == 0 && blocks > 0 && st.offloaded == blocks * (size_t)st.chunk * d * 2 &&
                        st.b_U == L * (size_t)st.prompt_len * st.rank * 2 &&
                        st.b_landmarks == blocks * d * 2);
+        session_free(s);
+    }
+
+    /* ---- 3d: the offload store pinned in the background (issue 45: pinning
+     * runs near 1 GB/s): session_prefill tells the policy the prompt's
+     * length first, and ShadowKV starts pinning its store on a thread of its
+     * own, which end_prefill then takes. A prompt of NP/2 tokens, whose
+     * store no block pooled by the sections above fits. ---- */
+    {
+        session_opts o = opts("shadowkv", 64, 0);
+        skv_session *s = NULL;
+        cusim_counters a, b;
+        int n = NP / 2;
+        rc = session_new(m, &o, &s);
+        cusim_counters_get(&a);
+        if (!rc) rc = session_prefill(s, ids, n, NULL, NULL);
+        cusim_counters_get(&b);
+        kv_shadowkv_stats st;
+        memset(&st, 0, sizeof st);
+        int src2 = rc ? rc : kv_shadowkv_stats_get(s->kv, &st);
+        uint64_t bg = b.pinned_allocs_other - a.pinned_allocs_other, bgb = b.pinned_bytes_other - a.pinned_bytes_other;
+        if (!src2) src2 = session_decode(s, ids[0]);
+        snprintf(msg, sizeof msg, "shadowkv's store (%zu B for a %d-token prompt) pinned in the background: %llu "
+                 "blocks, %llu B pinned off the calling thread; it decodes (rc %d)", st.offloaded, n,
+                 (unsigned long long)bg, (unsigned long long)bgb, src2);
+        test_cond(msg, src2 == 0 && st.offloaded > 0 && bg == 1 && bgb == st.offloaded);
         session_free(s);
     }
 
