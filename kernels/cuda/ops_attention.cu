@@ -688,6 +688,14 @@ __global__ void k_attend_causal(const float *q, int pos, int n_heads, int grp, i
  * warp instruction, the B registers of two mma; V's transposed by the
  * load), not element by element.
  *
+ * Row tiles of 128 (8 warps): each row tile reads the K and V rows up to
+ * its last position once, so the rows a block holds set the traffic; at a
+ * long prompt that traffic bounds the kernel (at 122,880 tokens of the 8B
+ * shape, an f32 cache, 64-row tiles read about 3.9 TB a layer from L2 and
+ * memory, 128-row tiles half that). With about 200 registers a thread
+ * (ptxas, D = 128) a block of 256 threads fills an SM's registers alone:
+ * the same 8 warps an SM as two blocks of 4 had.
+ *
  * Shared memory: 2 x 2 x FA_BN x (D + FA_PAD) x 2 bytes: 20 KiB at D = 32,
  * 36 KiB at 64, 68 KiB at 128 (past 48 KiB: the launch sets the attribute).
  * Bank conflicts: a row is (D + 8) / 2 words, 4 mod 32 (or 20 at D = 32), so
@@ -701,9 +709,9 @@ __global__ void k_attend_causal(const float *q, int pos, int n_heads, int grp, i
 #include <cuda_pipeline.h>
 #include "mma_util.h"
 
-#define FA_ROWS 64  /* (query, head) rows a block: 16 a warp */
+#define FA_ROWS 128 /* (query, head) rows a block: 16 a warp */
 #define FA_BN 64    /* keys a tile */
-#define FA_WARPS 4
+#define FA_WARPS 8
 #define FA_PAD 8    /* elements after each shared row: 16 bytes, rows stay 16-byte aligned */
 
 /* The tiles' shared memory: K and V, two buffers each, FA_BN rows of d +
