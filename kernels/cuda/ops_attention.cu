@@ -694,7 +694,8 @@ __global__ void k_attend_causal(const float *q, int pos, int n_heads, int grp, i
  * shape, an f32 cache, 64-row tiles read about 3.9 TB a layer from L2 and
  * memory, 128-row tiles half that). With about 200 registers a thread
  * (ptxas, D = 128) a block of 256 threads fills an SM's registers alone:
- * the same 8 warps an SM as two blocks of 4 had.
+ * the same 8 warps an SM as two blocks of 4 had (at D = 64, 142 registers:
+ * 8 warps where three blocks of 4 made 12; at D = 32, 16 either way).
  *
  * Shared memory: 2 x 2 x FA_BN x (D + FA_PAD) x 2 bytes: 20 KiB at D = 32,
  * 36 KiB at 64, 68 KiB at 128 (past 48 KiB: the launch sets the attribute).
