@@ -673,7 +673,9 @@ __global__ void k_attend_causal(const float *q, int pos, int n_heads, int grp, i
  * group in shared memory in rows padded by FA_PAD elements (the fragment
  * loads below are then free of bank conflicts), double-buffered: a half
  * cache (--f16-kv) is copied with cp.async (the next tile's copies in flight
- * while this one is computed); an f32 cache is loaded and rounded to bf16.
+ * while this one is computed); an f32 cache too, as it is into a tile of
+ * floats, each thread rounding the chunks it copied to bf16 into the other
+ * buffer once this tile's compute is done.
  *
  * Each of the FA_WARPS warps owns 16 rows. Its Q fragments (scaled by the
  * softmax scale, rounded to the operand type) and its O accumulator (16 x
@@ -698,7 +700,9 @@ __global__ void k_attend_causal(const float *q, int pos, int n_heads, int grp, i
  * 8 warps where three blocks of 4 made 12; at D = 32, 16 either way).
  *
  * Shared memory: 2 x 2 x FA_BN x (D + FA_PAD) x 2 bytes: 20 KiB at D = 32,
- * 36 KiB at 64, 68 KiB at 128 (past 48 KiB: the launch sets the attribute).
+ * 36 KiB at 64, 68 KiB at 128 (past 48 KiB: the launch sets the attribute);
+ * an f32 cache adds 2 x FA_BN x D x 4: 132 KiB in all at D = 128 (an
+ * H100 allows 227 KiB a block, an A100 163).
  * Bank conflicts: a row is (D + 8) / 2 words, 4 mod 32 (or 20 at D = 32), so
  * the 8 rows of 16 bytes an ldmatrix phase reads (8 consecutive rows, K's
  * or V's) start 4 (or 20) banks apart and cover the 32 banks once.
@@ -716,8 +720,12 @@ __global__ void k_attend_causal(const float *q, int pos, int n_heads, int grp, i
 #define FA_PAD 8    /* elements after each shared row: 16 bytes, rows stay 16-byte aligned */
 
 /* The tiles' shared memory: K and V, two buffers each, FA_BN rows of d +
- * FA_PAD 2-byte elements. */
-static size_t flash_smem(int d) { return sizeof(uint16_t) * 2 * 2 * FA_BN * (size_t)(d + FA_PAD); }
+ * FA_PAD 2-byte elements; with an f32 cache (elt 4) also one tile of K and
+ * V as they are, FA_BN rows of d floats each, which cp.async fills. */
+static size_t flash_smem(int d, size_t elt) {
+    return sizeof(uint16_t) * 2 * 2 * FA_BN * (size_t)(d + FA_PAD) +
+           (elt == 4 ? sizeof(float) * 2 * FA_BN * (size_t)d : 0);
+}
 
 /* Aligned pairs and quads: 8- and 16-byte loads and stores (vector types
  * of CUDA's own that the simulator does not have). */
@@ -741,41 +749,50 @@ struct fa_op<__half> {
     typedef __half type;
 };
 
-/* Stages keys [t0, t0 + nk) of K and V into Kd, Vd ((FA_BN, D + FA_PAD)
- * each), zeros past nk: a half cache by cp.async (landing at the caller's
- * wait), an f32 cache rounded to bf16 here. */
+/* Copies keys [t0, t0 + nk) of K and V by cp.async, 16 bytes a copy,
+ * zeros past nk (zfill: nothing read), landing at the caller's wait: a half
+ * cache straight into the tiles Kd, Vd ((FA_BN, D + FA_PAD) each); an f32
+ * cache as it is into Kf, Vf ((FA_BN, D) floats each), which fa_round then
+ * rounds into the tiles. Thread tid copies chunks tid, tid + FA_WARPS·32,
+ * ...: the chunks fa_round gives it, so after its own wait it reads only
+ * what it copied (no barrier between). */
 template <typename T, int D>
-__device__ __forceinline__ void fa_stage(uint16_t *Kd, uint16_t *Vd, const T *Kh, const T *Vh, int t0, int nk,
-                                         int stride, int tid) {
-    constexpr int LD = D + FA_PAD;
-    if constexpr (sizeof(T) == 2) {
-        constexpr int C = D / 8; /* 16-byte chunks a row */
-        for (int x = tid; x < FA_BN * C; x += FA_WARPS * 32) {
-            int r = x / C, c = (x % C) * 8;
-            uint16_t *kd = Kd + r * LD + c, *vd = Vd + r * LD + c;
-            if (r < nk) {
-                size_t off = (size_t)(t0 + r) * stride + c;
-                __pipeline_memcpy_async(kd, Kh + off, 16);
-                __pipeline_memcpy_async(vd, Vh + off, 16);
-            } else { /* zeros (zfill: nothing read) */
-                __pipeline_memcpy_async(kd, Kh, 16, 16);
-                __pipeline_memcpy_async(vd, Vh, 16, 16);
-            }
+__device__ __forceinline__ void fa_fetch(uint16_t *Kd, uint16_t *Vd, float *Kf, float *Vf, const T *Kh, const T *Vh,
+                                         int t0, int nk, int stride, int tid) {
+    constexpr int E = 16 / sizeof(T), C = D / E; /* elements a copy, copies a row */
+    for (int x = tid; x < FA_BN * C; x += FA_WARPS * 32) {
+        int r = x / C, c = (x % C) * E;
+        void *kd, *vd;
+        if constexpr (sizeof(T) == 2) {
+            kd = Kd + r * (D + FA_PAD) + c;
+            vd = Vd + r * (D + FA_PAD) + c;
+        } else {
+            kd = Kf + r * D + c;
+            vd = Vf + r * D + c;
         }
-    } else {
-        constexpr int C = D / 4; /* 4 floats a load */
-        for (int x = tid; x < FA_BN * C; x += FA_WARPS * 32) {
-            int r = x / C, c = (x % C) * 4;
-            fa_u2 kw = {0, 0}, vw = {0, 0};
-            if (r < nk) {
-                size_t off = (size_t)(t0 + r) * stride + c;
-                fa_f4 k4 = *(const fa_f4 *)(Kh + off), v4 = *(const fa_f4 *)(Vh + off);
-                kw = fa_u2{mma_pack<__nv_bfloat16>(k4.x, k4.y), mma_pack<__nv_bfloat16>(k4.z, k4.w)};
-                vw = fa_u2{mma_pack<__nv_bfloat16>(v4.x, v4.y), mma_pack<__nv_bfloat16>(v4.z, v4.w)};
-            }
-            *(fa_u2 *)(Kd + r * LD + c) = kw;
-            *(fa_u2 *)(Vd + r * LD + c) = vw;
+        if (r < nk) {
+            size_t off = (size_t)(t0 + r) * stride + c;
+            __pipeline_memcpy_async(kd, Kh + off, 16);
+            __pipeline_memcpy_async(vd, Vh + off, 16);
+        } else {
+            __pipeline_memcpy_async(kd, Kh, 16, 16);
+            __pipeline_memcpy_async(vd, Vh, 16, 16);
         }
+    }
+}
+
+/* An f32 cache's tile, as fa_fetch copied it (this thread's chunks),
+ * rounded to bf16 into Kd, Vd. */
+template <int D>
+__device__ __forceinline__ void fa_round(uint16_t *Kd, uint16_t *Vd, const float *Kf, const float *Vf, int tid) {
+    constexpr int C = D / 4;
+    for (int x = tid; x < FA_BN * C; x += FA_WARPS * 32) {
+        int r = x / C, c = (x % C) * 4;
+        fa_f4 k4 = *(const fa_f4 *)(Kf + r * D + c), v4 = *(const fa_f4 *)(Vf + r * D + c);
+        *(fa_u2 *)(Kd + r * (D + FA_PAD) + c) =
+            fa_u2{mma_pack<__nv_bfloat16>(k4.x, k4.y), mma_pack<__nv_bfloat16>(k4.z, k4.w)};
+        *(fa_u2 *)(Vd + r * (D + FA_PAD) + c) =
+            fa_u2{mma_pack<__nv_bfloat16>(v4.x, v4.y), mma_pack<__nv_bfloat16>(v4.z, v4.w)};
     }
 }
 
@@ -799,6 +816,8 @@ k_flash_gqa(const float *q, int nq, int pos, int n_heads, int grp, const typenam
     SKV_DYN_SHARED(uint16_t, smem);
     uint16_t *Ks = smem;                      /* (2, FA_BN, LD) */
     uint16_t *Vs = smem + 2 * FA_BN * LD;     /* (2, FA_BN, LD) */
+    float *Kf = (float *)(smem + 4 * FA_BN * LD); /* an f32 cache's tile as copied: (FA_BN, D) */
+    float *Vf = Kf + FA_BN * D;
     int kh = blockIdx.y, tid = threadIdx.x, warp = tid / 32, lane = tid % 32, g = lane >> 2, t4 = lane & 3;
     int nrows = nq * grp, r0 = (int)blockIdx.x * FA_ROWS;
     const T *Kh = K + (size_t)kh * head_stride, *Vh = V + (size_t)kh * head_stride;
@@ -829,18 +848,25 @@ k_flash_gqa(const float *q, int nq, int pos, int n_heads, int grp, const typenam
     for (int j = 0; j < DT; j++) o[j][0] = o[j][1] = o[j][2] = o[j][3] = 0.0f;
     float ma = -INFINITY, mb = -INFINITY, la = 0.0f, lb = 0.0f;
 
+    /* The pipeline: tile it+1's copies are in flight while tile it is
+     * computed. A half cache lands in the other tile buffer; an f32 cache in
+     * Kf, Vf, rounded into the other buffer after the compute (that buffer
+     * was last read by tile it-1's compute, before this tile's barrier). */
     int ntiles = (nkeys + FA_BN - 1) / FA_BN;
-    fa_stage<T, D>(Ks, Vs, Kh, Vh, 0, nkeys < FA_BN ? nkeys : FA_BN, stride, tid);
-    if constexpr (sizeof(T) == 2) __pipeline_commit();
+    fa_fetch<T, D>(Ks, Vs, Kf, Vf, Kh, Vh, 0, nkeys < FA_BN ? nkeys : FA_BN, stride, tid);
+    __pipeline_commit();
+    if constexpr (sizeof(T) == 4) {
+        __pipeline_wait_prior(0);
+        fa_round<D>(Ks, Vs, Kf, Vf, tid);
+    }
     for (int it = 0; it < ntiles; it++) {
         int cur = it & 1, t0 = it * FA_BN;
         if (it + 1 < ntiles) {
             int t1 = t0 + FA_BN, n1 = nkeys - t1 < FA_BN ? nkeys - t1 : FA_BN;
-            fa_stage<T, D>(Ks + (cur ^ 1) * FA_BN * LD, Vs + (cur ^ 1) * FA_BN * LD, Kh, Vh, t1, n1, stride, tid);
-            if constexpr (sizeof(T) == 2) {
-                __pipeline_commit();
-                __pipeline_wait_prior(1); /* this tile's copies landed; the next one's in flight */
-            }
+            fa_fetch<T, D>(Ks + (cur ^ 1) * FA_BN * LD, Vs + (cur ^ 1) * FA_BN * LD, Kf, Vf, Kh, Vh, t1, n1, stride,
+                           tid);
+            __pipeline_commit();
+            if constexpr (sizeof(T) == 2) __pipeline_wait_prior(1); /* this tile's copies landed; the next one's in flight */
         } else if constexpr (sizeof(T) == 2) {
             __pipeline_wait_prior(0);
         }
@@ -910,6 +936,11 @@ k_flash_gqa(const float *q, int nq, int pos, int n_heads, int grp, const typenam
                 }
             }
         }
+        if constexpr (sizeof(T) == 4)
+            if (it + 1 < ntiles) { /* the next tile, copied while this one was computed, rounded */
+                __pipeline_wait_prior(0);
+                fa_round<D>(Ks + (cur ^ 1) * FA_BN * LD, Vs + (cur ^ 1) * FA_BN * LD, Kf, Vf, tid);
+            }
         __syncthreads(); /* the buffer is free for the tile after next */
     }
     for (int m = 1; m <= 2; m <<= 1) {
@@ -936,13 +967,13 @@ static int flash_ok(int nq, int d, const float *q, const float *out, const void 
     if (max_smem < 0) CK(cudaDeviceGetAttribute(&max_smem, cudaDevAttrMaxSharedMemoryPerBlockOptin, 0));
     return nq >= 16 && (d == 32 || d == 64 || d == 128) && (uintptr_t)q % 8 == 0 && (uintptr_t)out % 8 == 0 &&
            (uintptr_t)K % 16 == 0 && (uintptr_t)V % 16 == 0 && (stride * elt) % 16 == 0 &&
-           (head_stride * elt) % 16 == 0 && flash_smem(d) <= (size_t)max_smem;
+           (head_stride * elt) % 16 == 0 && flash_smem(d, elt) <= (size_t)max_smem;
 }
 
 template <typename T, int D>
 static void flash_launch(const float *q, int nq, int pos, int n_heads, int n_kv_heads, const T *K, const T *V,
                          int stride, size_t head_stride, float scale, float *out, cudaStream_t st) {
-    size_t sm = flash_smem(D);
+    size_t sm = flash_smem(D, sizeof(T));
     int grp = n_heads / n_kv_heads;
     typedef fa_cfg<T, D> C;
     CK(cudaFuncSetAttribute(k_flash_gqa<C>, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)sm));

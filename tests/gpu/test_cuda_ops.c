@@ -429,6 +429,8 @@ static void t_flash_prefill(void) {
     struct { int nh, nkv, d, pos, nq, half; } cs[] = {
         {2, 2, 64, 0, 17, 0},  {8, 2, 128, 37, 17, 1}, {7, 1, 64, 70, SIM(1000, 100), 1},
         {4, 1, 128, 0, SIM(300, 100), 0}, {7, 1, 128, 9, 17, 0}, {4, 2, 32, 3, 40, 1}, {2, 1, 96, 5, 20, 1},
+        /* an f32 cache over 4 and 3 key tiles: each copied while the one before is computed */
+        {4, 1, 128, 200, 40, 0}, {6, 2, 64, 130, 24, 0},
     };
     for (size_t c = 0; c < sizeof cs / sizeof cs[0]; c++) {
         int nh = cs[c].nh, nkv = cs[c].nkv, dd = cs[c].d, pos = cs[c].pos, nq = cs[c].nq, T = pos + nq;
