@@ -956,8 +956,10 @@ k_flash_gqa(const float *q, int nq, int pos, int n_heads, int grp, const typenam
 }
 
 /* Whether attend_causal takes the tensor-core path: a prefill of at least
- * a fragment's queries, a head dim of 32, 64 or 128 (the instantiated
- * kernels; the demo models have 32, Llama 3 128), rows whose 16-byte chunks
+ * a fragment's queries, a head dim of 32, 64, 96 or 128 (the instantiated
+ * kernels; the demo models have 32, Llama 3 128; 256 would take about 300
+ * registers a thread for its O and Q fragments, past the 255 a thread may
+ * have), rows whose 16-byte chunks
  * are aligned (cp.async, vector loads; q and out 8-byte aligned), and a
  * device whose shared memory holds the tiles. Other shapes take
  * k_attend_causal. */
@@ -965,7 +967,7 @@ static int flash_ok(int nq, int d, const float *q, const float *out, const void 
                     size_t head_stride, size_t elt) {
     static int max_smem = -1;
     if (max_smem < 0) CK(cudaDeviceGetAttribute(&max_smem, cudaDevAttrMaxSharedMemoryPerBlockOptin, 0));
-    return nq >= 16 && (d == 32 || d == 64 || d == 128) && (uintptr_t)q % 8 == 0 && (uintptr_t)out % 8 == 0 &&
+    return nq >= 16 && (d == 32 || d == 64 || d == 96 || d == 128) && (uintptr_t)q % 8 == 0 && (uintptr_t)out % 8 == 0 &&
            (uintptr_t)K % 16 == 0 && (uintptr_t)V % 16 == 0 && (stride * elt) % 16 == 0 &&
            (head_stride * elt) % 16 == 0 && flash_smem(d, elt) <= (size_t)max_smem;
 }
@@ -991,6 +993,7 @@ static void attend_causal_t(const float *q, int nq, int pos, int n_heads, int n_
     if (flash_ok(nq, d, q, out, K, V, stride, head_stride, sizeof(T))) {
         if (d == 32) flash_launch<T, 32>(q, nq, pos, n_heads, n_kv_heads, K, V, stride, head_stride, scale, out, st);
         else if (d == 64) flash_launch<T, 64>(q, nq, pos, n_heads, n_kv_heads, K, V, stride, head_stride, scale, out, st);
+        else if (d == 96) flash_launch<T, 96>(q, nq, pos, n_heads, n_kv_heads, K, V, stride, head_stride, scale, out, st);
         else flash_launch<T, 128>(q, nq, pos, n_heads, n_kv_heads, K, V, stride, head_stride, scale, out, st);
     } else {
         SKV_LAUNCH(k_attend_causal<T>, dim3(nq, n_heads), THREADS, 0, st)(q, pos, n_heads, n_heads / n_kv_heads, d, K, V,

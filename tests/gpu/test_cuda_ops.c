@@ -428,7 +428,8 @@ static void t_attention(void) {
 static void t_flash_prefill(void) {
     struct { int nh, nkv, d, pos, nq, half; } cs[] = {
         {2, 2, 64, 0, 17, 0},  {8, 2, 128, 37, 17, 1}, {7, 1, 64, 70, SIM(1000, 100), 1},
-        {4, 1, 128, 0, SIM(300, 100), 0}, {7, 1, 128, 9, 17, 0}, {4, 2, 32, 3, 40, 1}, {2, 1, 96, 5, 20, 1},
+        {4, 1, 128, 0, SIM(300, 100), 0}, {7, 1, 128, 9, 17, 0}, {4, 2, 32, 3, 40, 1}, {2, 1, 80, 5, 20, 1},
+        {2, 1, 96, 5, 20, 1}, {3, 1, 96, 70, 30, 0},
         /* an f32 cache over 4 and 3 key tiles: each copied while the one before is computed */
         {4, 1, 128, 200, 40, 0}, {6, 2, 64, 130, 24, 0},
     };
@@ -436,7 +437,7 @@ static void t_flash_prefill(void) {
         int nh = cs[c].nh, nkv = cs[c].nkv, dd = cs[c].d, pos = cs[c].pos, nq = cs[c].nq, T = pos + nq;
         int cap = T + 3; /* head-major rows, a few spare */
         size_t hs = (size_t)cap * dd, cl = (size_t)nkv * hs, ql = (size_t)nq * nh * dd;
-        int flash = dd == 32 || dd == 64 || dd == 128;
+        int flash = dd == 32 || dd == 64 || dd == 96 || dd == 128;
         float *q = rnd(ql), *oc = malloc(sizeof(float) * ql);
         float *dq = dev(q, sizeof(float) * ql), *dout = dev(NULL, sizeof(float) * ql);
         float *kr = rnd((size_t)T * nkv * dd), *vr = rnd((size_t)T * nkv * dd);
