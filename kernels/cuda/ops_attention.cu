@@ -858,6 +858,7 @@ k_flash_gqa(const float *q, int nq, int pos, int n_heads, int grp, const typenam
     if constexpr (sizeof(T) == 4) {
         __pipeline_wait_prior(0);
         fa_round<D>(Ks, Vs, Kf, Vf, tid);
+        __syncthreads(); /* the reads of Kf, Vf done before the loop refills them (cp.async writes are not ordered after earlier loads) */
     }
     for (int it = 0; it < ntiles; it++) {
         int cur = it & 1, t0 = it * FA_BN;
