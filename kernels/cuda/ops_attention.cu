@@ -858,7 +858,9 @@ k_flash_gqa(const float *q, int nq, int pos, int n_heads, int grp, const typenam
     if constexpr (sizeof(T) == 4) {
         __pipeline_wait_prior(0);
         fa_round<D>(Ks, Vs, Kf, Vf, tid);
-        __syncthreads(); /* the reads of Kf, Vf done before the loop refills them (cp.async writes are not ordered after earlier loads) */
+        /* the reads of Kf, Vf done before the loop refills them (cp.async
+         * writes are not ordered after earlier loads) */
+        __syncthreads();
     }
     for (int it = 0; it < ntiles; it++) {
         int cur = it & 1, t0 = it * FA_BN;
@@ -867,7 +869,8 @@ k_flash_gqa(const float *q, int nq, int pos, int n_heads, int grp, const typenam
             fa_fetch<T, D>(Ks + (cur ^ 1) * FA_BN * LD, Vs + (cur ^ 1) * FA_BN * LD, Kf, Vf, Kh, Vh, t1, n1, stride,
                            tid);
             __pipeline_commit();
-            if constexpr (sizeof(T) == 2) __pipeline_wait_prior(1); /* this tile's copies landed; the next one's in flight */
+            /* a half cache: this tile's copies landed, the next one's in flight */
+            if constexpr (sizeof(T) == 2) __pipeline_wait_prior(1);
         } else if constexpr (sizeof(T) == 2) {
             __pipeline_wait_prior(0);
         }
@@ -968,7 +971,8 @@ static int flash_ok(int nq, int d, const float *q, const float *out, const void 
                     size_t head_stride, size_t elt) {
     static int max_smem = -1;
     if (max_smem < 0) CK(cudaDeviceGetAttribute(&max_smem, cudaDevAttrMaxSharedMemoryPerBlockOptin, 0));
-    return nq >= 16 && (d == 32 || d == 64 || d == 96 || d == 128) && (uintptr_t)q % 8 == 0 && (uintptr_t)out % 8 == 0 &&
+    return nq >= 16 && (d == 32 || d == 64 || d == 96 || d == 128) && (uintptr_t)q % 8 == 0 &&
+           (uintptr_t)out % 8 == 0 &&
            (uintptr_t)K % 16 == 0 && (uintptr_t)V % 16 == 0 && (stride * elt) % 16 == 0 &&
            (head_stride * elt) % 16 == 0 && flash_smem(d, elt) <= (size_t)max_smem;
 }
