@@ -76,23 +76,20 @@ __device__ __forceinline__ void mma_16816<__half>(float c[4], const uint32_t a[4
  * holds row g, columns 2t and 2t+1 of matrix m (with trans: rows 2t and
  * 2t+1 of column g), the first in the low half: an mma B fragment's
  * register read from keys-major rows (K, without trans) or from rows along
- * the reduction (V, with it). Every lane calls it, converged. */
+ * the reduction (V, with it): ldsm_x4<false> and ldsm_x4<true>. Every lane
+ * calls it, converged. */
+template <bool TRANS>
 __device__ __forceinline__ void ldsm_x4(uint32_t r[4], const uint16_t *row) {
 #ifdef __CUDACC__
-    asm volatile("ldmatrix.sync.aligned.m8n8.x4.shared.b16 {%0,%1,%2,%3}, [%4];\n"
-                 : "=r"(r[0]), "=r"(r[1]), "=r"(r[2]), "=r"(r[3])
-                 : "r"((uint32_t)__cvta_generic_to_shared(row)));
+    uint32_t a = (uint32_t)__cvta_generic_to_shared(row);
+    if constexpr (TRANS)
+        asm volatile("ldmatrix.sync.aligned.m8n8.x4.trans.shared.b16 {%0,%1,%2,%3}, [%4];\n"
+                     : "=r"(r[0]), "=r"(r[1]), "=r"(r[2]), "=r"(r[3]) : "r"(a));
+    else
+        asm volatile("ldmatrix.sync.aligned.m8n8.x4.shared.b16 {%0,%1,%2,%3}, [%4];\n"
+                     : "=r"(r[0]), "=r"(r[1]), "=r"(r[2]), "=r"(r[3]) : "r"(a));
 #else
-    cusim::ldmatrix_x4(r, row, 0);
-#endif
-}
-__device__ __forceinline__ void ldsm_x4_trans(uint32_t r[4], const uint16_t *row) {
-#ifdef __CUDACC__
-    asm volatile("ldmatrix.sync.aligned.m8n8.x4.trans.shared.b16 {%0,%1,%2,%3}, [%4];\n"
-                 : "=r"(r[0]), "=r"(r[1]), "=r"(r[2]), "=r"(r[3])
-                 : "r"((uint32_t)__cvta_generic_to_shared(row)));
-#else
-    cusim::ldmatrix_x4(r, row, 1);
+    cusim::ldmatrix_x4(r, row, TRANS);
 #endif
 }
 

@@ -885,7 +885,7 @@ k_flash_gqa(const float *q, int nq, int pos, int n_heads, int grp, const typenam
                      * of key (j + m/2)·8 + i at dims ks·16 + (m%2)·8; register m then holds dims
                      * 2t, 2t+1 (+8 for odd m) of key g of its tile */
                     uint32_t b[4];
-                    ldsm_x4(b, Kt + ((j + (lane >> 4)) * 8 + (lane & 7)) * LD + ks * 16 + ((lane >> 3) & 1) * 8);
+                    ldsm_x4<false>(b, Kt + ((j + (lane >> 4)) * 8 + (lane & 7)) * LD + ks * 16 + ((lane >> 3) & 1) * 8);
                     mma_16816<OpT>(s[j], qf[ks], b);
                     mma_16816<OpT>(s[j + 1], qf[ks], b + 2);
                 }
@@ -934,7 +934,7 @@ k_flash_gqa(const float *q, int nq, int pos, int n_heads, int grp, const typenam
                     /* B (keys × dims) of dim tiles j and j+1, one transposing ldmatrix: register m
                      * holds keys 2t, 2t+1 (+8 for odd m) of dim g of its tile */
                     uint32_t b[4];
-                    ldsm_x4_trans(b, v0 + j * 8);
+                    ldsm_x4<true>(b, v0 + j * 8);
                     mma_16816<OpT>(o[j], a, b);
                     mma_16816<OpT>(o[j + 1], a, b + 2);
                 }

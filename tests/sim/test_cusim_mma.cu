@@ -93,8 +93,8 @@ __global__ void k_ldsm(int pad, int misalign, uint32_t *out) {
     __syncwarp();
     const uint16_t *row = sm + (9 * (lane >> 3) + (lane & 7)) * ld + misalign;
     uint32_t r[4], rt[4];
-    ldsm_x4(r, row);
-    ldsm_x4_trans(rt, row);
+    ldsm_x4<false>(r, row);
+    ldsm_x4<true>(rt, row);
     for (int m = 0; m < 4; m++) {
         out[lane * 8 + m] = r[m];
         out[lane * 8 + 4 + m] = rt[m];
