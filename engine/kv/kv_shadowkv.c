@@ -1847,7 +1847,6 @@ static int sk_end_prefill(kv_cache *base) {
         /* the offloaded values in pinned, mapped host memory: the device's gather reads them over the bus
          * (the block sk_begin_prefill reserved, when the prompt is as long as it said) */
         size_t bytes = sk_dev_store_bytes(c, s);
-        SKV_ASSERT(bytes == sizeof(uint16_t) * (size_t)n_blocks * c->c * c->d);
         void *(*pin)(size_t) = sh->be->host_alloc_raw ? sh->be->host_alloc_raw : sh->be->host_alloc;
         uint16_t *data = pin(bytes ? bytes : sizeof(float)); /* written whole by the offload: not zeroed */
         if (!data) return skv_error(SKV_ENOMEM, "shadowkv: cannot pin %.1f MiB of host memory for the offloaded values",
