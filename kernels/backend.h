@@ -105,6 +105,11 @@ typedef struct skv_backend {
      * knows its store's size early (ShadowKV, at the prompt's start)
      * overlaps it with the prefill. NULL: allocation is cheap (the CPU). */
     void (*host_reserve)(size_t bytes);
+    /* Gives back the pinned memory host_free kept for reuse (the next
+     * host_alloc pins anew): for a caller done with one kind of sequence
+     * before another takes the host's memory (a bench moving to its next
+     * policy). Waits for the queued work. NULL: nothing is kept (the CPU). */
+    void (*host_trim)(void);
     /* Waits until the queued work is done (NULL: every op is synchronous). */
     void (*sync)(void);
 

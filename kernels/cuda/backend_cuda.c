@@ -20,6 +20,7 @@ const skv_backend skv_backend_cuda = {
     .host_alloc = cu_host_alloc,
     .host_alloc_raw = cu_host_alloc_raw,
     .host_reserve = cu_host_reserve,
+    .host_trim = cu_host_trim,
     .host_free = cu_host_free,
     .sync = cu_sync,
     .weight_load = cu_weight_load,

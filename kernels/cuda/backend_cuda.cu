@@ -358,8 +358,8 @@ static std::vector<void *> g_host_held;
  * pooled ones are freed until the live and pooled blocks and the new one
  * come to no more than that peak (the new block counted in it), so pooling
  * never pins more than the allocations themselves asked for together. The
- * pool is given back when an allocation fails and at exit. All under
- * g_held_mu. */
+ * pool is given back when an allocation fails, by cu_host_trim and at exit.
+ * All under g_held_mu. */
 static std::vector<void *> g_host_pool; /* oldest first */
 static std::unordered_map<void *, size_t> g_host_size; /* each pinned block's size, live or pooled */
 static size_t g_pin_live, g_pin_peak, g_pool_bytes; /* bytes handed out (held included), their peak, pooled */
@@ -682,6 +682,20 @@ void *cu_host_alloc(size_t bytes) { return host_alloc(bytes, 1); }
 
 /* Not zeroed: for memory written whole before it is read (the offload store). */
 void *cu_host_alloc_raw(size_t bytes) { return host_alloc(bytes, 0); }
+
+/* The pool given back: the held blocks once the queued work that may read
+ * them is done, and the reservations that are done, freed with it; the
+ * peak starts again from the live blocks, so pooling after this is bounded
+ * by what is pinned from now on. A reservation still pinning stays. */
+void cu_host_trim(void) {
+    cuda_graph_break();
+    cuda_get();
+    host_release(1);
+    pin_jobs_join(0);
+    pool_drain();
+    std::lock_guard<std::mutex> lock(g_held_mu);
+    g_pin_peak = g_pin_live;
+}
 
 void cu_host_free(void *p) {
     if (!p) return;

@@ -25,6 +25,7 @@ void cu_copy2d(void *dst, size_t dpitch, const void *src, size_t spitch, size_t 
 void *cu_host_alloc(size_t bytes);
 void *cu_host_alloc_raw(size_t bytes);
 void cu_host_reserve(size_t bytes);
+void cu_host_trim(void);
 void cu_host_free(void *p);
 void cu_sync(void);
 void cu_span_tag(int layer, int step);

@@ -764,6 +764,25 @@ int main(int argc, char **argv) {
                  (unsigned long long)b.pinned_allocs, (unsigned long long)b.pinned_bytes,
                  (unsigned long long)a.pinned_bytes, grc);
         test_cond(msg, grc == 0 && b.pinned_allocs == 0 && b.pinned_bytes == a.pinned_bytes);
+        /* host_trim gives the pool back: the 6 forks' blocks are unpinned,
+         * and a fork made after it pins its own again */
+        size_t res1 = 0, off1 = 0;
+        if (!grc) {
+            cusim_counters_get(&a);
+            cu->host_trim();
+            cusim_counters_get(&b);
+            grc = session_fork(src, &so.kv, &g[0]);
+        }
+        cusim_counters c;
+        cusim_counters_get(&c);
+        if (!grc) g[0]->kv->cls->bytes(g[0]->kv, &res1, &off1);
+        session_free(g[0]);
+        snprintf(msg, sizeof msg, "host_trim gives back the pool's %llu pinned B (the %d forks' stores among "
+                 "them: at least %d x %zu B), and a fork made after it pins %llu blocks again (rc %d)",
+                 (unsigned long long)(a.pinned_bytes - b.pinned_bytes), NR, NR, off1,
+                 (unsigned long long)(c.pinned_allocs - b.pinned_allocs), grc);
+        test_cond(msg, grc == 0 && off1 > 0 && a.pinned_bytes - b.pinned_bytes >= NR * off1 &&
+                       c.pinned_allocs > b.pinned_allocs);
     }
     /* 4 forks of other budgets, each decoded alone, against sessions of the
      * same options prefilled from scratch on cuda */
