@@ -63,6 +63,17 @@ cuda_ctx *cuda_get(void) {
         CK(cudaEventCreateWithFlags(&g_ctx.fetched, cudaEventDisableTiming));
         CKB(cublasCreate(&g_ctx.blas));
         CKB(cublasSetStream(g_ctx.blas, g_ctx.compute));
+        /* A workspace of its own, after the stream (setting a stream puts
+         * the handle back on cuBLAS's pool): a GEMM captured into a step's
+         * graph (a batch over MV_MAX_N) then takes no allocation there, so
+         * the graph stays updatable in place. 32 MiB on sm_90, 4 MiB
+         * before, as cuBLAS's guide suggests; kept for the process. */
+        int dev = 0, major = 0;
+        CK(cudaGetDevice(&dev));
+        CK(cudaDeviceGetAttribute(&major, cudaDevAttrComputeCapabilityMajor, dev));
+        g_ctx.blas_ws_bytes = (size_t)(major >= 9 ? 32 : 4) << 20;
+        CK(cudaMalloc(&g_ctx.blas_ws, g_ctx.blas_ws_bytes));
+        CKB(cublasSetWorkspace(g_ctx.blas, g_ctx.blas_ws, g_ctx.blas_ws_bytes));
         /* fp32 GEMMs stay fp32 (no TF32): they are the CPU's twins */
         CKB(cublasSetMathMode(g_ctx.blas, CUBLAS_DEFAULT_MATH));
         CKS(cusolverDnCreate(&g_ctx.solver));

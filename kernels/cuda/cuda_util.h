@@ -102,6 +102,8 @@ typedef struct {
     cudaEvent_t compute_done;     /* recorded on the compute stream when a gather is forked (cuda_fetch_begin) */
     int fetch_pending;            /* a gather was queued since the compute stream last waited */
     cublasHandle_t blas;
+    void *blas_ws;                /* blas's workspace (cudaMalloc, kept for the process) */
+    size_t blas_ws_bytes;
     cusolverDnHandle_t solver;
 } cuda_ctx;
 

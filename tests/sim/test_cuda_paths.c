@@ -363,6 +363,61 @@ static int graph_run(skv_session *src, int B, int on, graph_run_out *o) {
     return rc;
 }
 
+/* A batch wider than k_matvec's 8 rows (MV_MAX_N): its projections go
+ * through cuBLAS GEMMs, which the step's graph captures with the kernels
+ * (on the handle's own workspace, so no allocation in the step). WB forks
+ * of src, GS steps, graphs off then on: the same tokens and logits bit for
+ * bit, and from step 3 one graph launch holding the GEMMs, no allocation
+ * or free, updated in place. */
+enum { WB = 10 };
+static int wide_run(skv_session *src, int on, int32_t tok[WB][GS], float *lg, cusim_counters c[GS]) {
+    int V = src->m->cfg.vocab, rc = 0;
+    cu_graph_set(on);
+    skv_session *f[WB] = {0};
+    skv_batch *b = NULL;
+    for (int i = 0; i < WB && !rc; i++) rc = session_fork(src, &src->o.kv, &f[i]);
+    if (!rc && (rc = batch_new(f, WB, &b)) == 0) memset(f, 0, sizeof f);
+    for (int t = 0; t < GS && !rc; t++) {
+        int32_t tk[WB];
+        for (int i = 0; i < WB; i++) {
+            const float *l = session_logits(batch_seq(b, i));
+            memcpy(lg + ((size_t)i * GS + t) * V, l, sizeof(float) * (size_t)V);
+            tok[i][t] = tk[i] = sampler_argmax(l, V);
+        }
+        cusim_counters_reset();
+        rc = batch_decode(b, tk);
+        cusim_counters_get(&c[t]);
+    }
+    batch_free(b);
+    for (int i = 0; i < WB; i++) session_free(f[i]);
+    cu_graph_set(1);
+    return rc;
+}
+
+static void wide_batch_check(skv_session *src, const char *pol) {
+    size_t n = (size_t)WB * GS * src->m->cfg.vocab;
+    float *lo = malloc(sizeof(float) * n), *ln = malloc(sizeof(float) * n);
+    int32_t to[WB][GS], tn[WB][GS];
+    cusim_counters co[GS], cn[GS];
+    memset(to, 0, sizeof to);
+    memset(tn, 0xff, sizeof tn);
+    int rc = !lo || !ln ? SKV_ENOMEM : wide_run(src, 0, to, lo, co);
+    if (!rc) rc = wide_run(src, 1, tn, ln, cn);
+    int same = !rc && !memcmp(to, tn, sizeof to) && !memcmp(lo, ln, sizeof(float) * n), steady = !rc;
+    for (int t = 2; t < GS; t++)
+        steady &= one_graph(&cn[t]) && cn[t].lib_calls > 0 && cn[t].allocs == 0 && cn[t].frees == 0 &&
+                  cn[t].host_syncs <= 1 && cn[t].graph_updates == 1 && cn[t].graph_instantiations == 0;
+    char msg[600];
+    snprintf(msg, sizeof msg, "%s, a batch of %d (over k_matvec's 8 rows): the step graphs give the eager tokens and "
+             "logits bit for bit, and steps 3-%d are each one graph launch of %llu kernels and %llu cuBLAS calls, "
+             "no allocation or free, updated in place (rc %d %s)", pol, WB, GS,
+             (unsigned long long)cn[GS - 1].graph_kernels, (unsigned long long)cn[GS - 1].lib_calls, rc,
+             rc ? skv_last_error() : "");
+    test_cond(msg, same && steady);
+    free(lo);
+    free(ln);
+}
+
 static void graph_checks(skv_model *m, const int32_t *ids, skv_session *sk_src, cusim_counters two[2][2]) {
     int V = m->cfg.vocab;
     graph_run_out *off = calloc(1, sizeof *off), *on = calloc(1, sizeof *on);
@@ -423,6 +478,10 @@ static void graph_checks(skv_model *m, const int32_t *ids, skv_session *sk_src, 
             }
             two[pi][B > 1] = on->c[GS - 1];
         }
+    if (!rc) {
+        wide_batch_check(dn_src, "dense");
+        wide_batch_check(sk_src, "shadowkv");
+    }
     cu_graph_stats_get(&g1);
     char msg[400];
     snprintf(msg, sizeof msg, "the backend's own tally of the graph runs: %llu steps as one graph (%llu updated, %llu "
@@ -648,6 +707,7 @@ int main(int argc, char **argv) {
 
     /* the weights' device bytes, from the model and as loaded */
     size_t wexp = dev_weight_bytes(m);
+    cu->sync(); /* the context first: its cuBLAS workspace is not the weights' */
     uint64_t b0 = dev_bytes();
     forward_weights *fw = NULL;
     rc = forward_weights_get(m, cu, &fw);
@@ -966,13 +1026,15 @@ int main(int argc, char **argv) {
     /* ---- 3d: the offload store pinned in the background (issue 45: pinning
      * runs near 1 GB/s): session_prefill tells the policy the prompt's
      * length first, and ShadowKV starts pinning its store on a thread of its
-     * own, which end_prefill then takes. A prompt of NP/2 tokens, whose
-     * store no block pooled by the sections above fits. ---- */
+     * own, which end_prefill then takes. A prompt of NP/2 tokens, the pool
+     * given back first (host_trim): a block pooled by the sections above
+     * would serve the store with no pin. ---- */
     {
         session_opts o = opts("shadowkv", 64, 0);
         skv_session *s = NULL;
         cusim_counters a, b;
         int n = NP / 2;
+        cu->host_trim();
         rc = session_new(m, &o, &s);
         cusim_counters_get(&a);
         if (!rc) rc = session_prefill(s, ids, n, NULL, NULL);

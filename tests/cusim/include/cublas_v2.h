@@ -29,6 +29,7 @@ cublasStatus_t cublasDestroy(cublasHandle_t h);
 cublasStatus_t cublasSetStream(cublasHandle_t h, cudaStream_t s);
 cublasStatus_t cublasSetMathMode(cublasHandle_t h, cublasMath_t m);
 cublasStatus_t cublasSetPointerMode(cublasHandle_t h, cublasPointerMode_t m);
+cublasStatus_t cublasSetWorkspace(cublasHandle_t h, void *workspace, size_t bytes);
 const char *cublasGetStatusString(cublasStatus_t s);
 cublasStatus_t cublasSgemm(cublasHandle_t h, cublasOperation_t ta, cublasOperation_t tb, int m, int n, int k,
                            const float *alpha, const float *A, int lda, const float *B, int ldb, const float *beta,
