@@ -147,7 +147,7 @@ try:
               "each bench step marked with its model's layers", not bad, "; ".join(bad))
         # the table: a row a bench line but the two-layer ones (they only project), each with its target;
         # the one-layer rows with the whole model's tok/s projected from the two-layer ones
-        rows = [l.split() for l in summ.splitlines() if l.split()[:1] in (["dense"], ["shadowkv"]) and len(l.split()) >= 10]
+        rows = [l.split() for l in summ.splitlines() if l.split()[:1] in (["dense"], ["shadowkv"]) and len(l.split()) >= 11]
 
         def positive(x):
             try:
@@ -157,10 +157,10 @@ try:
         want = sum(len(b) for n, (ly, runs, f) in BENCHES.items() if ly != 2 for k, c, b in runs)
         one = [r for r in rows if r[3] == "1"]
         check("gpu-check summary: the table of figures beside their targets, a row a (policy, context, batch), "
-              "launches and syncs '-' on the CPU, the one-layer rows projected to 32 layers (%d rows)" % len(rows),
+              "launches, calls and syncs '-' on the CPU, the one-layer rows projected to 32 layers (%d rows)" % len(rows),
               "== figures beside their targets" in summ and len(rows) == want and
-              all(r[5] == "-" and r[7] == "-" for r in rows) and len(one) == 4 and
-              all(positive(r[8]) for r in one) and "largest batch that fits: kv=dense (one layer)" in summ, summ)
+              all(r[5] == "-" and r[6] == "-" and r[7] == "-" and r[8] == "-" for r in rows) and len(one) == 4 and
+              all(positive(r[9]) for r in one) and "largest batch that fits: kv=dense (one layer)" in summ, summ)
 
         out2 = os.path.join(tmp, "out-hang")
         budget = 15

@@ -11,13 +11,15 @@
  * process's exit) one line goes to stdout, after whatever the run printed:
  *   cuda_count: steps=N layers=L launches_step=X lib_calls_step=Y
  *     graph_launches_step=G graph_nodes_step=K syncs_step=S
- *     launches_layer=(X+K)/L
+ *     launches_layer=(X+K)/L calls_layer=(X+K+Y)/L
  * each the median over the N steps (the first and the last can carry
  * one-off work: the first allocations, the forks of the next batch).
  * launches_step counts the kernels launched one by one (0 when the step
  * runs as a graph), graph_nodes_step the kernels recorded into the step's
- * graph, and launches_layer the kernels a layer either way (issue 45's
- * budget, before graph capture). On the CUDA simulator (tests/cusim) the
+ * graph, launches_layer the kernels a layer either way, and calls_layer
+ * those and the library calls a layer (issue 45's budget, before graph
+ * capture: a cuBLAS call launches a kernel or more; a batch over k_matvec's
+ * 8 rows runs its projections as cuBLAS GEMMs). On the CUDA simulator (tests/cusim) the
  * line adds the simulator's own counts of the same steps
  * (sim_launches_step, sim_lib_calls_step, sim_graph_launches_step,
  * sim_graph_nodes_step, sim_syncs_step: its host syncs count blocking
@@ -94,8 +96,9 @@ static void segment_close(void) {
         unsigned long long l = median(C_LAUNCH), k = median(C_NODE);
         int layers = g_layers > 0 ? g_layers : 1;
         printf("cuda_count: steps=%zu layers=%d launches_step=%llu lib_calls_step=%llu graph_launches_step=%llu "
-               "graph_nodes_step=%llu syncs_step=%llu launches_layer=%.1f",
-               g_steps.size(), layers, l, median(C_LIB), median(C_GRAPH), k, median(C_SYNC), (double)(l + k) / layers);
+               "graph_nodes_step=%llu syncs_step=%llu launches_layer=%.1f calls_layer=%.1f",
+               g_steps.size(), layers, l, median(C_LIB), median(C_GRAPH), k, median(C_SYNC), (double)(l + k) / layers,
+               (double)(l + k + median(C_LIB)) / layers);
 #ifndef __CUDACC__
         printf(" sim_launches_step=%llu sim_lib_calls_step=%llu sim_graph_launches_step=%llu sim_graph_nodes_step=%llu "
                "sim_syncs_step=%llu", median(C_SIM_LAUNCH), median(C_SIM_LIB), median(C_SIM_GRAPH), median(C_SIM_NODE),

@@ -9,11 +9,14 @@
 # (model=... kv=K prompt=N parallel=B ... decode_tok_s=T decode_ms=M ...;
 # kv=K max_parallel=B ...: the largest batch that fits) and the CUDA
 # backend's counts of each decode run under SKV_CUDA_COUNT=1 (cuda_count:
-# ... launches_step=X graph_launches_step=G syncs_step=S launches_layer=Y;
+# ... launches_step=X graph_launches_step=G syncs_step=S launches_layer=Y
+# calls_layer=Z;
 # the first such line after a bench line is that run's). A row a (policy,
 # context, batch): tok/s, kernels launched alone and host syncs a step,
-# kernels a layer (captured into the step's graph or not: issue 45's budget),
-# graph launches a step (1 with the step graphs), and the target. A
+# kernels a layer (captured into the step's graph or not), kernels and
+# library calls a layer (issue 45's budget: a cuBLAS call launches a kernel
+# or more, and a batch over 8 runs its projections as cuBLAS GEMMs), graph
+# launches a step (1 with the step graphs), and the target. A
 # one-layer row adds the whole model's tok/s projected from the one- and
 # two-layer runs at the same batch (a step of 32 layers = the one-layer
 # step + 31 x the second layer's time, the two-layer step less the
@@ -46,15 +49,16 @@ function or_dash(x) { return x == "" ? "-" : x }
 /^cuda_count:/ {
     if (last) {
         L[last] = val(line, "launches_step"); S[last] = val(line, "syncs_step"); LL[last] = val(line, "launches_layer")
+        CL[last] = val(line, "calls_layer")
         G[last] = val(line, "graph_launches_step")
     }
     last = 0
     next
 }
 END {
-    printf "== figures beside their targets (../shared/GPU.md, H100; issue 45: <= 12 launches a layer, 1 sync a step; a step one graph launch) ==\n"
-    printf "%-9s %7s %5s %6s %10s %9s %10s %13s %9s %8s  %s\n", "kv", "context", "batch", "layers", "tok/s", "launch/st",
-        "launch/lay", "host_sync/st", "32L tok/s", "graph/st", "target (tok/s, whole model)"
+    printf "== figures beside their targets (../shared/GPU.md, H100; issue 45: <= 12 launches a layer, kernels and library calls (calls/lay), 1 sync a step; a step one graph launch) ==\n"
+    printf "%-9s %7s %5s %6s %10s %9s %10s %9s %13s %9s %8s  %s\n", "kv", "context", "batch", "layers", "tok/s", "launch/st",
+        "launch/lay", "calls/lay", "host_sync/st", "32L tok/s", "graph/st", "target (tok/s, whole model)"
     rows = 0
     for (i = 1; i <= n; i++) {
         if (Ly[i] == 2) continue
@@ -66,8 +70,8 @@ END {
                     t = M[i] + 31 * (d > 0 ? d : 0)
                     proj = sprintf("%.1f", 1000 * B[i] / t)
                 }
-        printf "%-9s %7s %5s %6s %10s %9s %10s %13s %9s %8s  %s\n", K[i], C[i], B[i], Ly[i] ? Ly[i] : "all", T[i], or_dash(L[i]),
-            or_dash(LL[i]), or_dash(S[i]), proj, or_dash(G[i]), target(K[i], C[i], B[i])
+        printf "%-9s %7s %5s %6s %10s %9s %10s %9s %13s %9s %8s  %s\n", K[i], C[i], B[i], Ly[i] ? Ly[i] : "all", T[i], or_dash(L[i]),
+            or_dash(LL[i]), or_dash(CL[i]), or_dash(S[i]), proj, or_dash(G[i]), target(K[i], C[i], B[i])
         rows++
     }
     if (!rows) printf "(no bench line)\n"

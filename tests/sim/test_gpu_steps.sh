@@ -2,7 +2,7 @@
 # test_gpu_steps.sh: gpu-check's steps (tests/gpu/run.sh) at tiny sizes, with
 # `skv` built on the CUDA simulator ($(BUILD)/sim/skv, tests/cusim): a traced
 # ShadowKV run on --backend cuda and its timeline PNG, dense and ShadowKV
-# benches from one prefill at batch 1 and 2 (forks and batches on the
+# benches from one prefill at batch 1 and 10 (forks and batches on the
 # device), the largest batch a small device fits, run, and a --parallel run. Each step under a timeout that kills; each
 # must run on cuda, not fall back to the CPU. The bench runs as gpu-check's
 # do, with SKV_CUDA_COUNT=1: after each bench line the backend's own count of
@@ -49,9 +49,9 @@ else
     ko "the traced step's timeline PNG ($(ls -l "$T/timeline.png" 2>&1))"
 fi
 step bench 240 env SKV_CUDA_COUNT=1 "$SIM" bench --backend cuda -m "$T/small.gguf" --prompt-tokens 300 -c 340 -n 4 \
-    --kv dense,shadowkv --budget 64 --rank 16 --outliers 2 --parallel 1,2
+    --kv dense,shadowkv --budget 64 --rank 16 --outliers 2 --parallel 1,10
 n=$(grep -c 'decode_tok_s=' "$T/bench.log")
-if [ "$n" -ge 4 ]; then ok "bench: $n lines with decode_tok_s (dense and shadowkv at batch 1 and 2)"
+if [ "$n" -ge 4 ]; then ok "bench: $n lines with decode_tok_s (dense and shadowkv at batch 1 and 10)"
 else ko "bench: $n lines with decode_tok_s, expected 4: $(tail -3 "$T/bench.log")"; fi
 # each bench line followed by its run's count line, and the two counts agree
 bad=$(awk '
@@ -64,7 +64,8 @@ bad=$(awk '
             val("launches_step") != 0 || val("graph_launches_step") != 1 ||
             val("launches_step") != val("sim_launches_step") || val("lib_calls_step") != val("sim_lib_calls_step") ||
             val("graph_launches_step") != val("sim_graph_launches_step") ||
-            val("graph_nodes_step") != val("sim_graph_nodes_step") || val("syncs_step") + 0 > val("sim_syncs_step") + 0)
+            val("graph_nodes_step") != val("sim_graph_nodes_step") || val("syncs_step") + 0 > val("sim_syncs_step") + 0 ||
+            val("calls_layer") != sprintf("%.1f", (val("launches_step") + val("graph_nodes_step") + val("lib_calls_step")) / 2))
             print "counts disagree: " $0
         else good++
     }
@@ -75,10 +76,16 @@ if [ -z "$bad" ]; then ok "SKV_CUDA_COUNT=1: each bench run's step one graph lau
 else ko "SKV_CUDA_COUNT=1: $bad"; fi
 { echo "step=bench layers=0"; cat "$T/bench.log"; } > "$T/bench.txt"
 sh tests/gpu/summary.sh "$T/bench.txt" > "$T/table.txt" 2>&1
-rows=$(awk '($1 == "dense" || $1 == "shadowkv") && $6 ~ /^[0-9]+$/ && $8 ~ /^[0-9]+$/ && $7 ~ /^[0-9.]+$/' "$T/table.txt" | wc -l)
-if grep -q '^== figures beside their targets' "$T/table.txt" && [ "$rows" -eq "$n" ]; then
-    ok "summary.sh: a row a bench run with its launches and syncs a step ($rows rows)"
-else ko "summary.sh: $rows rows with counts of $n: $(cat "$T/table.txt")"; fi
+# (launch/st and host_sync/st integers; launch/lay and calls/lay, with the
+# library calls, as the count line says them)
+rows=$(awk '($1 == "dense" || $1 == "shadowkv") && $6 ~ /^[0-9]+$/ && $9 ~ /^[0-9]+$/ && $7 ~ /^[0-9.]+$/ &&
+    $8 ~ /^[0-9.]+$/ && $8 + 0 >= $7 + 0' "$T/table.txt" | wc -l)
+# the batch of 10 (over k_matvec's 8 rows) runs its projections as cuBLAS
+# GEMMs: its calls a layer exceed its kernels a layer
+wide=$(awk '($1 == "dense" || $1 == "shadowkv") && $3 == 10 && $8 + 0 > $7 + 0' "$T/table.txt" | wc -l)
+if grep -q '^== figures beside their targets' "$T/table.txt" && [ "$rows" -eq "$n" ] && [ "$wide" -eq 2 ]; then
+    ok "summary.sh: a row a bench run with its launches, calls and syncs ($rows rows; the 2 batches of 10 count their cuBLAS calls)"
+else ko "summary.sh: $rows rows with counts of $n, $wide batches of 10 with library calls: $(cat "$T/table.txt")"; fi
 # --parallel max on a device sized for 2.5 sequences beside the fork's peak:
 # the fit counts a fork's transient (its replayed prefill, dense, before it
 # compresses) once beside what each keeps, so 2 fit and run; counted as
