@@ -136,7 +136,7 @@ $(BUILD)/%.o: %.c
 	@mkdir -p $(dir $@)
 	$(CC) $(CFLAGS) -c $< -o $@
 
-$(BUILD)/%.cu.o: %.cu kernels/cuda/cuda_util.h kernels/cuda/cuda_ops.h kernels/kmath.h kernels/backend.h
+$(BUILD)/%.cu.o: %.cu $(wildcard kernels/cuda/*.h) kernels/kmath.h kernels/backend.h
 	@mkdir -p $(dir $@)
 	$(NVCC) $(NVCCFLAGS) $(addprefix -I,$(INC_DIRS)) -c $< -o $@
 
@@ -144,7 +144,7 @@ $(BUILD)/tests/%: tests/%.c tests/testhelp.h tests/batchhelp.h $(BUILD)/libskv.a
 	@mkdir -p $(dir $@)
 	$(CC) $(CFLAGS) -Itests -o $@ $< $(BUILD)/libskv.a $(LDLIBS) $(TEST_RPATH)
 
-$(SIM_DIR)/cuda/%.o: kernels/cuda/%.cu kernels/cuda/cuda_util.h kernels/cuda/cuda_ops.h kernels/kmath.h \
+$(SIM_DIR)/cuda/%.o: kernels/cuda/%.cu $(wildcard kernels/cuda/*.h) kernels/kmath.h \
                      kernels/backend.h $(wildcard tests/cusim/*.h tests/cusim/include/*.h tests/cusim/include/cub/*)
 	@mkdir -p $(dir $@)
 	$(SIM_CXX) $(SIM_CXXFLAGS) -fsanitize-coverage=edge,trace-loads,trace-stores -x c++ -c $< -o $@

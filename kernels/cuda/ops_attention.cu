@@ -16,6 +16,7 @@
  *   a few queries (a block per (query, head) over the causal prefix) in f32.
  * The CPU twins are kernels/cpu/backend_cpu.c's ops of the same names. */
 #include "cuda_util.h"
+#include "flash_decode.h"
 
 #define TILE 64
 #define G_MAX 8
@@ -25,18 +26,6 @@
 #include <cuda_fp16.h>
 #include <stdint.h>
 #include <string.h>
-
-/* A bf16 value (ShadowKV's attention rows, SKV_ELT_BF16): its 16 bits, a
- * type of its own so that the overloads below tell it from IEEE half. */
-struct bf16r {
-    uint16_t u;
-};
-
-/* A cache element as f32: the f32 cache's own, a half-precision (--f16-kv)
- * element or a bf16 one widened exactly. */
-__device__ __forceinline__ float ld(const float *p) { return *p; }
-__device__ __forceinline__ float ld(const __half *p) { return __half2float(*p); }
-__device__ __forceinline__ float ld(const bf16r *p) { return km_bf16_to_f32(p->u); }
 
 /* Attends q (G heads, rows q_stride floats apart) over rows [r0, r1) of K
  * and V (rows `stride` elements apart, f32, half or bf16). Writes, per
@@ -173,19 +162,12 @@ void cu_attend_merge(int parts, int g, int d, const float *o, const float *m, co
  * One launch attends every sequence's decode query over its whole cache:
  * block (p, kh, s) takes part p of sequence s's rows of KV head kh for the
  * G query heads of its group, so each K and V row is read once for the
- * group. Inside a block a row group of `tpr` lanes owns a row at a time:
- * each lane loads its 16-byte slices of the row's key and value (4 floats
- * or 8 halves; one element where the rows are not aligned for that), the
- * group's dot products are summed over the row group by shuffles, and each
- * row group keeps its own online softmax (scores in base 2, log2(e) folded
- * into the query's scale). The row groups of a warp merge by shuffles, the
- * warps through shared memory. A sequence of several parts writes a
- * partial result (unnormalized output, max, sum); the part that finishes
- * last (a counter per (sequence, KV head)) merges them and resets the
- * counter, so the merge costs no launch. The sequences' caches and row
+ * group; flash_decode.h's fd_attend is the block's work (shared with
+ * ShadowKV's k_sk_step_attend), its partial results merged by the last
+ * part to finish (a counter per (sequence, KV head)), so the merge costs
+ * no launch. The sequences' caches and row
  * counts travel in the kernel's parameters (FD_SEQ_MAX a launch): no host
  * table, no copy, no sync. */
-#define FD_WARPS 4
 #define FD_SEQ_MAX 64       /* sequences a launch (2 KiB of parameters) */
 #define FD_MIN_ROWS 256     /* rows a part at least */
 #define FD_SPLIT_MAX 256
@@ -200,88 +182,17 @@ struct fd_batch {
     fd_seq s[FD_SEQ_MAX];
 };
 
-/* 16 bytes of a row, loaded at once (LDG.128 under nvcc). */
-#ifdef __CUDACC__
-typedef uint4 fd_raw;
-__device__ __forceinline__ float fd_as_float(unsigned w) { return __uint_as_float(w); }
-__device__ __forceinline__ float fd_half(unsigned short b) { return __half2float(__ushort_as_half(b)); }
-#else
-struct __align__(16) fd_raw {
-    unsigned x, y, z, w;
-};
-static inline float fd_as_float(unsigned w) {
-    float f;
-    memcpy(&f, &w, 4);
-    return f;
-}
-static inline float fd_half(unsigned short b) {
-    __half h;
-    h.x = b;
-    return __half2float(h);
-}
-#endif
-/* A cache row is read once a step: a streaming load (evict first), so it
- * does not push out what the step reads again. */
-__device__ __forceinline__ fd_raw fd_stream(const void *p) {
-#ifdef __CUDACC__
-    return __ldcs((const uint4 *)p);
-#else
-    return *(const fd_raw *)p;
-#endif
-}
-__device__ __forceinline__ unsigned fd_word(const fd_raw &r, int c) {
-    return c == 0 ? r.x : c == 1 ? r.y : c == 2 ? r.z : r.w;
-}
-
-/* A lane's slice of a row: VEC elements of T, element c as f32. */
-template <typename T, int VEC>
-struct fd_frag;
-template <>
-struct fd_frag<float, 4> {
-    fd_raw r;
-    __device__ __forceinline__ void load(const float *p) { r = fd_stream(p); }
-    __device__ __forceinline__ void zero() { r.x = r.y = r.z = r.w = 0u; }
-    __device__ __forceinline__ float get(int c) const { return fd_as_float(fd_word(r, c)); }
-};
-template <>
-struct fd_frag<__half, 8> {
-    fd_raw r;
-    __device__ __forceinline__ void load(const __half *p) { r = fd_stream(p); }
-    __device__ __forceinline__ void zero() { r.x = r.y = r.z = r.w = 0u; }
-    __device__ __forceinline__ float get(int c) const {
-        return fd_half((unsigned short)(fd_word(r, c >> 1) >> ((c & 1) * 16)));
-    }
-};
-template <typename T>
-struct fd_frag<T, 1> {
-    float x;
-    __device__ __forceinline__ void load(const T *p) { x = ld(p); }
-    __device__ __forceinline__ void zero() { x = 0.0f; }
-    __device__ __forceinline__ float get(int) const { return x; }
-};
-
-/* One kernel configuration: the cache's element type, elements a load
- * (VEC), loads a lane covers of a row (NV), and the largest group size
- * (GM >= G) its registers hold. */
-template <typename T_, int VEC_, int NV_, int GM_>
-struct fd_cfg {
-    typedef T_ T;
-    /* E: elements a lane holds of a row; U: rows a row group loads ahead (fewer where a row's slice, or the
-     * group's accumulators, take many registers) */
-    enum { VEC = VEC_, NV = NV_, GM = GM_, E = VEC_ * NV_, U = GM_ >= 8 || NV_ * (VEC_ == 1 ? 1 : 4) >= 8 ? 2 : 4 };
-};
-
 /* q and out (n, n_kv*G*d); part p of sequence s's rows of KV head kh.
  * po (tasks, G, d) and pml (tasks, G, 2) the partial results, task
  * (s*n_kv + kh)*splits + p; cnt (n*n_kv) the parts done, 0 between launches.
- * Four blocks fit a multiprocessor (two for groups over 4: their registers),
- * which fd_split_cap counts on. */
+ * Four blocks fit a multiprocessor (FD_MIN_BLOCKS: two for groups over 4,
+ * three for groups of 3-4 over unaligned rows), which fd_split_cap counts
+ * on. */
 template <typename C>
-__global__ void __launch_bounds__(FD_WARPS * 32, C::GM >= 8 ? 2 : 4)
+__global__ void __launch_bounds__(FD_WARPS * 32, FD_MIN_BLOCKS(C))
 k_flash_decode(fd_batch b, const float *q, int n_kv, int G, int d, int stride, int tpr, float qscale, float *po,
                float *pml, unsigned *cnt, float *out) {
     typedef typename C::T T;
-    enum { VEC = C::VEC, NV = C::NV, GM = C::GM, E = C::E, U = C::U };
     SKV_DYN_SHARED(float, sh); /* (FD_WARPS, G, d) outputs, then (FD_WARPS, G, 2) max and sum */
     __shared__ int last;
     int p = blockIdx.x, kh = blockIdx.y, s = blockIdx.z, splits = gridDim.x;
@@ -290,174 +201,10 @@ k_flash_decode(fd_batch b, const float *q, int n_kv, int G, int d, int stride, i
     if (parts < 1) parts = 1;
     if (p >= parts) return;
     int r0 = (int)((long long)rows * p / parts), r1 = (int)((long long)rows * (p + 1) / parts);
-    int tid = threadIdx.x, warp = tid / 32, lane = tid % 32;
-    int rpw = 32 / tpr, nrg = FD_WARPS * rpw, rg = warp * rpw + lane / tpr, sub = lane % tpr;
-    int nvec = (d + VEC - 1) / VEC;
     const T *K = (const T *)b.s[s].k + kh * b.s[s].head_stride, *V = (const T *)b.s[s].v + kh * b.s[s].head_stride;
-    size_t qoff = ((size_t)s * n_kv + kh) * G * d;
-    float qr[GM][E], acc[GM][E], m[GM], l[GM];
-#pragma unroll
-    for (int g = 0; g < GM; g++) {
-        m[g] = -INFINITY;
-        l[g] = 0.0f;
-#pragma unroll
-        for (int j = 0; j < NV; j++)
-#pragma unroll
-            for (int c = 0; c < VEC; c++) {
-                int e = (sub + j * tpr) * VEC + c;
-                qr[g][j * VEC + c] = g < G && e < d ? q[qoff + (size_t)g * d + e] * qscale : 0.0f;
-                acc[g][j * VEC + c] = 0.0f;
-            }
-    }
-    /* rows base + u*nrg + rg; the loop's count is the block's, so every lane reaches the shuffles */
-    for (int base = r0; base < r1; base += nrg * U) {
-        fd_frag<T, VEC> kf[U][NV], vf[U][NV];
-        float sc[U][GM];
-#pragma unroll
-        for (int u = 0; u < U; u++) {
-            int row = base + u * nrg + rg;
-#pragma unroll
-            for (int j = 0; j < NV; j++) {
-                int vi = sub + j * tpr;
-                if (row < r1 && vi < nvec) {
-                    kf[u][j].load(K + (size_t)row * stride + vi * VEC);
-                    vf[u][j].load(V + (size_t)row * stride + vi * VEC);
-                } else {
-                    kf[u][j].zero();
-                    vf[u][j].zero();
-                }
-            }
-        }
-#pragma unroll
-        for (int u = 0; u < U; u++)
-#pragma unroll
-            for (int g = 0; g < GM; g++) {
-                float dot = 0.0f;
-#pragma unroll
-                for (int j = 0; j < NV; j++)
-#pragma unroll
-                    for (int c = 0; c < VEC; c++) dot += qr[g][j * VEC + c] * kf[u][j].get(c);
-                sc[u][g] = dot;
-            }
-        for (int o = tpr / 2; o; o >>= 1)
-#pragma unroll
-            for (int u = 0; u < U; u++)
-#pragma unroll
-                for (int g = 0; g < GM; g++)
-                    if (g < G) sc[u][g] += __shfl_xor_sync(0xffffffffu, sc[u][g], o);
-        /* the online softmax of the row group's U rows: one rescale for them */
-#pragma unroll
-        for (int g = 0; g < GM; g++) {
-            if (g >= G) continue;
-            float mx = m[g];
-#pragma unroll
-            for (int u = 0; u < U; u++) {
-                if (base + u * nrg + rg >= r1) sc[u][g] = -INFINITY;
-                mx = fmaxf(mx, sc[u][g]);
-            }
-            float f = mx == -INFINITY ? 1.0f : exp2f(m[g] - mx), sum = 0.0f;
-#pragma unroll
-            for (int u = 0; u < U; u++) {
-                sc[u][g] = mx == -INFINITY ? 0.0f : exp2f(sc[u][g] - mx);
-                sum += sc[u][g];
-            }
-            l[g] = l[g] * f + sum;
-            m[g] = mx;
-#pragma unroll
-            for (int e = 0; e < E; e++) acc[g][e] *= f;
-        }
-#pragma unroll
-        for (int u = 0; u < U; u++)
-#pragma unroll
-            for (int j = 0; j < NV; j++)
-#pragma unroll
-                for (int c = 0; c < VEC; c++) {
-                    float v = vf[u][j].get(c);
-#pragma unroll
-                    for (int g = 0; g < GM; g++) acc[g][j * VEC + c] += sc[u][g] * v;
-                }
-    }
-    /* the warp's row groups merged (lanes tpr apart hold the same elements) */
-    for (int o = tpr; o < 32; o <<= 1)
-#pragma unroll
-        for (int g = 0; g < GM; g++) {
-            if (g >= G) continue;
-            float mo = __shfl_xor_sync(0xffffffffu, m[g], o), lo = __shfl_xor_sync(0xffffffffu, l[g], o);
-            float mn = fmaxf(m[g], mo);
-            float fa = m[g] == -INFINITY ? 0.0f : exp2f(m[g] - mn), fb = mo == -INFINITY ? 0.0f : exp2f(mo - mn);
-            l[g] = l[g] * fa + lo * fb;
-            m[g] = mn;
-#pragma unroll
-            for (int e = 0; e < E; e++) {
-                float ao = __shfl_xor_sync(0xffffffffu, acc[g][e], o);
-                acc[g][e] = acc[g][e] * fa + ao * fb;
-            }
-        }
-    float *sml = sh + (size_t)FD_WARPS * G * d;
-    if (lane < tpr)
-#pragma unroll
-        for (int g = 0; g < GM; g++) {
-            if (g >= G) continue;
-#pragma unroll
-            for (int j = 0; j < NV; j++)
-#pragma unroll
-                for (int c = 0; c < VEC; c++) {
-                    int e = (sub + j * tpr) * VEC + c;
-                    if (e < d) sh[((size_t)warp * G + g) * d + e] = acc[g][j * VEC + c];
-                }
-            if (lane == 0) {
-                sml[(warp * G + g) * 2] = m[g];
-                sml[(warp * G + g) * 2 + 1] = l[g];
-            }
-        }
-    __syncthreads();
-    /* the warps merged: output element x = g*d + e of the group */
-    size_t t = ((size_t)s * n_kv + kh) * splits + p;
-    for (int x = tid; x < G * d; x += blockDim.x) {
-        int g = x / d;
-        float M = -INFINITY;
-        for (int w = 0; w < FD_WARPS; w++) M = fmaxf(M, sml[(w * G + g) * 2]);
-        float L = 0.0f, O = 0.0f;
-        for (int w = 0; w < FD_WARPS; w++) {
-            float mw = sml[(w * G + g) * 2];
-            float fw = mw == -INFINITY ? 0.0f : exp2f(mw - M);
-            L += sml[(w * G + g) * 2 + 1] * fw;
-            O += sh[(size_t)w * G * d + x] * fw;
-        }
-        if (parts == 1) {
-            out[qoff + x] = L > 0 ? O / L : 0.0f;
-        } else {
-            po[t * G * d + x] = O;
-            if (x % d == 0) {
-                pml[(t * G + g) * 2] = M;
-                pml[(t * G + g) * 2 + 1] = L;
-            }
-        }
-    }
-    if (parts == 1) return;
-    /* the last part of (s, kh) to finish merges every part's result */
-    __threadfence();
-    __syncthreads();
-    if (tid == 0) last = atomicAdd(&cnt[(size_t)s * n_kv + kh], 1u) == (unsigned)parts - 1;
-    __syncthreads();
-    if (!last) return;
-    __threadfence();
-    size_t t0 = ((size_t)s * n_kv + kh) * splits;
-    const volatile float *vpo = po, *vpml = pml;
-    for (int x = tid; x < G * d; x += blockDim.x) {
-        int g = x / d;
-        float M = -INFINITY;
-        for (int pp = 0; pp < parts; pp++) M = fmaxf(M, vpml[((t0 + pp) * G + g) * 2]);
-        float L = 0.0f, O = 0.0f;
-        for (int pp = 0; pp < parts; pp++) {
-            float mp = vpml[((t0 + pp) * G + g) * 2];
-            float fp = mp == -INFINITY ? 0.0f : exp2f(mp - M);
-            L += vpml[((t0 + pp) * G + g) * 2 + 1] * fp;
-            O += vpo[(t0 + pp) * G * d + x] * fp;
-        }
-        out[qoff + x] = L > 0 ? O / L : 0.0f;
-    }
-    if (tid == 0) cnt[(size_t)s * n_kv + kh] = 0u;
+    size_t g0 = (size_t)s * n_kv + kh, qoff = g0 * G * d;
+    fd_attend<C>(K, V, stride, r0, r1, q + qoff, qscale, G, d, tpr, p, parts, po, pml, g0 * splits, cnt, (int)g0,
+                 out, qoff, sh, &last);
 }
 
 /* Stores row rows-1 of every sequence's cache, KV head kh's at + kh*head_stride
@@ -503,12 +250,6 @@ static unsigned *fd_counters(size_t n, cudaStream_t st) {
         have = want;
     }
     return cnt;
-}
-
-static int fd_pow2(int x) {
-    int p = 1;
-    while (p < x) p <<= 1;
-    return p;
 }
 
 template <typename C>

@@ -22,11 +22,12 @@
  *   four in flight a lane, 16 blocks;
  * - rebuild: a block a miss, the keys U·ΣVᵀ with RoPE (U in bf16), rounded
  *   to bf16;
- * - attend: a block a (job, part of the rows), a warp a row at a time with
- *   an online softmax for the group over the bf16 rows widened; the last
- *   part done merges (split-K).
+ * - attend: a block a (job, part of the rows), flash_decode.h's split-K
+ *   flash-decoding body (dense's k_flash_decode's): row groups of lanes,
+ *   16-byte loads of the bf16 rows, the last part done merges.
  * CPU twins: kernels/cpu/shadowkv_ops.c's shadowkv_step_*. */
 #include "cuda_util.h"
+#include "flash_decode.h"
 
 #include <cuda_fp16.h>
 
@@ -411,132 +412,60 @@ static __device__ __forceinline__ int sk_parts_dev(int rows) {
     return p < 1 ? 1 : p > SK_STEP_PARTS ? SK_STEP_PARTS : p;
 }
 
-#define SK_ATT_WARPS 4
-#define SK_LANE_DIMS (SK_STEP_D_MAX / 32)
-
-/* Block (part, job): rows [r0, r1) of the job's parts; warp w takes rows
- * r0+w, r0+w+4, ..., keeping per query head an online softmax (km_osm)
- * and its lanes' dims of the weighted sum; the warps' states merged in
- * shared memory. One part writes the output; several write partials, and
- * the last to finish (a counter per job) merges them in part order, so the
- * result does not depend on which finished last. */
-__global__ void k_sk_step_attend(sk_step st, const float *q, float *out, float scale) {
-    SKV_DYN_SHARED(float, sm); /* (warps, G, d) outputs, then (warps, G) m and l */
-    __shared__ int s_last;
-    const sk_job *J = &st.jobs[blockIdx.y];
-    int G = st.group, d = st.d, lane = threadIdx.x % 32, warp = threadIdx.x / 32, tid = threadIdx.x;
+/* Block (part, job): rows [r0, r1) of the job's attention rows (bf16, d
+ * apart), flash_decode.h's fd_attend for the job's query group, its
+ * partials in st.part (tasks job*SK_STEP_PARTS + part of (n_jobs *
+ * SK_STEP_PARTS, G, d), then of (..., G, 2)) and its counter st.done[job]:
+ * the same body as dense's k_flash_decode. */
+template <typename C>
+__global__ void __launch_bounds__(FD_WARPS * 32, FD_MIN_BLOCKS(C))
+k_sk_step_attend(sk_step st, const float *q, float *out, int tpr, float qscale) {
+    SKV_DYN_SHARED(float, sh); /* (FD_WARPS, G, d) outputs, then (FD_WARPS, G, 2) max and sum */
+    __shared__ int last;
+    int j = blockIdx.y, G = st.group, d = st.d;
+    const sk_job *J = &st.jobs[j];
     int row = st.seq[2 * J->gi], rows = J->row_gen + st.seq[2 * J->gi + 1] + 1;
     int parts = sk_parts_dev(rows), p = blockIdx.x;
     if (p >= parts) return;
     int r0 = (int)((long long)rows * p / parts), r1 = (int)((long long)rows * (p + 1) / parts);
     size_t qoff = (size_t)row * st.qd + (size_t)J->kh * G * d;
-    float qr[SK_STEP_G_MAX][SK_LANE_DIMS], acc[SK_STEP_G_MAX][SK_LANE_DIMS];
-    km_osm o[SK_STEP_G_MAX];
-    /* registers: the loops over heads and dims are unrolled to constants */
-#pragma unroll
-    for (int g = 0; g < SK_STEP_G_MAX; g++) {
-        o[g] = km_osm_init();
-#pragma unroll
-        for (int i = 0; i < SK_LANE_DIMS; i++) {
-            int e = lane + 32 * i;
-            qr[g][i] = g < G && e < d ? q[qoff + (size_t)g * d + e] : 0.0f;
-            acc[g][i] = 0.0f;
-        }
-    }
-    for (int t = r0 + warp; t < r1; t += SK_ATT_WARPS) {
-        const uint16_t *kr = J->K + (size_t)t * d, *vr = J->V + (size_t)t * d;
-        float kv[SK_LANE_DIMS], vv[SK_LANE_DIMS];
-#pragma unroll
-        for (int i = 0; i < SK_LANE_DIMS; i++) {
-            int e = lane + 32 * i;
-            kv[i] = e < d ? km_bf16_to_f32(kr[e]) : 0.0f;
-            vv[i] = e < d ? km_bf16_to_f32(vr[e]) : 0.0f;
-        }
-#pragma unroll
-        for (int g = 0; g < SK_STEP_G_MAX; g++)
-            if (g < G) { /* the same for the whole warp */
-                float s = 0.0f;
-#pragma unroll
-                for (int i = 0; i < SK_LANE_DIMS; i++) s += qr[g][i] * kv[i];
-                for (int x = 16; x; x >>= 1) s += __shfl_xor_sync(0xffffffffu, s, x);
-                float w, f = km_osm_push(&o[g], s * scale, &w);
-#pragma unroll
-                for (int i = 0; i < SK_LANE_DIMS; i++) acc[g][i] = acc[g][i] * f + w * vv[i];
-            }
-    }
-    float *so = sm, *smx = sm + (size_t)SK_ATT_WARPS * G * d, *sl = smx + SK_ATT_WARPS * G;
-#pragma unroll
-    for (int g = 0; g < SK_STEP_G_MAX; g++)
-        if (g < G) {
-#pragma unroll
-            for (int i = 0; i < SK_LANE_DIMS; i++) {
-                int e = lane + 32 * i;
-                if (e < d) so[((size_t)warp * G + g) * d + e] = acc[g][i];
-            }
-            if (lane == 0) {
-                smx[warp * G + g] = o[g].m;
-                sl[warp * G + g] = o[g].l;
-            }
-        }
-    __syncthreads();
-    /* the block's state: the warps merged in order, a thread a (head, dim) */
-    float *pt = st.part + ((size_t)blockIdx.y * SK_STEP_PARTS + p) * G * (d + 2);
-    for (int x = tid; x < G * d; x += blockDim.x) {
-        int g = x / d, e = x % d;
-        km_osm a = km_osm_init();
-        float y = 0.0f;
-        for (int w = 0; w < SK_ATT_WARPS; w++) {
-            km_osm b;
-            b.m = smx[w * G + g];
-            b.l = sl[w * G + g];
-            float fa, fb;
-            km_osm_merge(&a, b, &fa, &fb);
-            y = y * fa + fb * so[((size_t)w * G + g) * d + e];
-        }
-        if (parts == 1) {
-            out[qoff + (size_t)g * d + e] = a.l > 0 ? y / a.l : 0.0f;
-        } else {
-            pt[(size_t)g * d + e] = y;
-            if (e == 0) {
-                pt[(size_t)G * d + g] = a.m;
-                pt[(size_t)G * d + G + g] = a.l;
-            }
-        }
-    }
-    if (parts == 1) return;
-    __threadfence();
-    __syncthreads();
-    if (tid == 0) s_last = atomicAdd(&st.done[blockIdx.y], 1u) == (unsigned)parts - 1;
-    __syncthreads();
-    if (!s_last) return;
-    __threadfence();
-    const volatile float *all = st.part + (size_t)blockIdx.y * SK_STEP_PARTS * G * (d + 2);
-    for (int x = tid; x < G * d; x += blockDim.x) {
-        int g = x / d, e = x % d;
-        km_osm a = km_osm_init();
-        float y = 0.0f;
-        for (int pp = 0; pp < parts; pp++) {
-            const volatile float *pp_ = all + (size_t)pp * G * (d + 2);
-            km_osm b;
-            b.m = pp_[(size_t)G * d + g];
-            b.l = pp_[(size_t)G * d + G + g];
-            float fa, fb;
-            km_osm_merge(&a, b, &fa, &fb);
-            y = y * fa + fb * pp_[(size_t)g * d + e];
-        }
-        out[qoff + (size_t)g * d + e] = a.l > 0 ? y / a.l : 0.0f;
-    }
-    if (tid == 0) st.done[blockIdx.y] = 0;
+    float *pml = st.part + (size_t)st.n_jobs * SK_STEP_PARTS * G * d;
+    fd_attend<C>((const bf16r *)J->K, (const bf16r *)J->V, d, r0, r1, q + qoff, qscale, G, d, tpr, p, parts, st.part,
+                 pml, (size_t)j * SK_STEP_PARTS, st.done, j, out, qoff, sh, &last);
+}
+
+template <typename C>
+static void sk_attend_launch(const sk_step *st, dim3 grid, size_t smem, cudaStream_t cs, const float *q, float *out,
+                             int tpr, float qscale) {
+    SKV_LAUNCH(k_sk_step_attend<C>, grid, FD_WARPS * 32, smem, cs)(*st, q, out, tpr, qscale);
+}
+
+/* The configuration for a group of G (the smallest register group that
+ * holds it) and the rows' loads: 8 bf16 a load where d is a multiple of 8
+ * (every job's rows then start on 16 bytes: each head's buffer is an
+ * allocation of its own, rows d apart), else one element. */
+template <int VEC, int NV>
+static void sk_attend_g(const sk_step *st, dim3 grid, size_t smem, cudaStream_t cs, const float *q, float *out,
+                        int tpr, float qscale) {
+    int G = st->group;
+    if (G <= 1) sk_attend_launch<fd_cfg<bf16r, VEC, NV, 1>>(st, grid, smem, cs, q, out, tpr, qscale);
+    else if (G <= 2) sk_attend_launch<fd_cfg<bf16r, VEC, NV, 2>>(st, grid, smem, cs, q, out, tpr, qscale);
+    else if (G <= 4) sk_attend_launch<fd_cfg<bf16r, VEC, NV, 4>>(st, grid, smem, cs, q, out, tpr, qscale);
+    else sk_attend_launch<fd_cfg<bf16r, VEC, NV, 8>>(st, grid, smem, cs, q, out, tpr, qscale);
 }
 
 void cu_sk_step_attend(const sk_step *st, const float *q, float *out) {
     if (st->n_jobs <= 0) return;
-    SKV_ASSERT(st->group >= 1 && st->group <= SK_STEP_G_MAX && st->d <= SK_STEP_D_MAX && st->n_jobs <= 65535);
+    SKV_ASSERT(st->group >= 1 && st->group <= SK_STEP_G_MAX && SK_STEP_G_MAX <= 8 && st->d <= SK_STEP_D_MAX &&
+               SK_STEP_D_MAX <= 256 && st->n_jobs <= 65535);
     cudaStream_t cs = cuda_after_fetch();
     cuda_span_mark sp = cuda_span_begin(0);
-    size_t smem = sizeof(float) * SK_ATT_WARPS * st->group * ((size_t)st->d + 2);
+    int d = st->d;
+    size_t smem = sizeof(float) * FD_WARPS * st->group * ((size_t)d + 2);
     dim3 grid((unsigned)sk_step_parts(st->max_rows), (unsigned)st->n_jobs);
-    SKV_LAUNCH(k_sk_step_attend, grid, 32 * SK_ATT_WARPS, smem, cs)(*st, q, out, 1.0f / sqrtf((float)st->d));
+    float qscale = 1.4426950408889634f / sqrtf((float)d); /* 1/sqrt(d), in base 2 */
+    if (d % 8 == 0) sk_attend_g<8, 1>(st, grid, smem, cs, q, out, fd_pow2(d / 8), qscale);
+    else sk_attend_g<1, 8>(st, grid, smem, cs, q, out, d < 32 ? fd_pow2(d) : 32, qscale);
     CKL();
     cuda_span_end(sp, 0, "attend");
 }

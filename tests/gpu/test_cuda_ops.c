@@ -1241,6 +1241,9 @@ static void t_sk_step(void) {
     t_sk_step_case(3, 2, 4, 64, nc3, k3, 4, 16);
     int nc7[3] = {24, 20, 24}, k7[3] = {2, 5, 4};
     t_sk_step_case(3, 1, 7, 128, nc7, k7, 8, 12);
+    /* head dim 36: rows 72 bytes apart, so attention loads one element at a time */
+    int nc2[2] = {30, 26}, k2[2] = {4, 3};
+    t_sk_step_case(2, 2, 3, 36, nc2, k2, 4, 8);
     t_sk_step_select_edges();
 }
 
