@@ -237,7 +237,9 @@ typedef struct sk_step {
     int scored;              /* 1: select takes the jobs' scores as they are and skips the statistics
                                 (tests of the order: ties, NaN and -0, which the statistics never give) */
     float *lg;               /* scratch: the jobs' logits */
-    float *part;             /* scratch: (n_jobs, SK_STEP_PARTS, group, d + 2) attention partials */
+    float *part;             /* scratch: n_jobs * SK_STEP_PARTS * group * (d + 2) floats, the attention
+                                partials (the device's: outputs (n_jobs * SK_STEP_PARTS, group, d),
+                                then max and sum (..., group, 2)) */
     unsigned *done;          /* (n_jobs) zero between steps: attention parts finished (the last merges) */
 } sk_step;
 
