@@ -80,23 +80,16 @@ struct fd_frag<float, 4> {
     __device__ __forceinline__ void zero() { r.x = r.y = r.z = r.w = 0u; }
     __device__ __forceinline__ float get(int c) const { return fd_as_float(fd_word(r, c)); }
 };
-template <>
-struct fd_frag<__half, 8> {
+/* A 16-bit element's bits as f32: IEEE half, or bf16 (exact: a shift). */
+__device__ __forceinline__ float fd_widen(const __half *, unsigned short b) { return fd_half(b); }
+__device__ __forceinline__ float fd_widen(const bf16r *, unsigned short b) { return fd_as_float((unsigned)b << 16); }
+template <typename T>
+struct fd_frag<T, 8> { /* T: __half or bf16r */
     fd_raw r;
-    __device__ __forceinline__ void load(const __half *p) { r = fd_stream(p); }
+    __device__ __forceinline__ void load(const T *p) { r = fd_stream(p); }
     __device__ __forceinline__ void zero() { r.x = r.y = r.z = r.w = 0u; }
     __device__ __forceinline__ float get(int c) const {
-        return fd_half((unsigned short)(fd_word(r, c >> 1) >> ((c & 1) * 16)));
-    }
-};
-template <>
-struct fd_frag<bf16r, 8> {
-    fd_raw r;
-    __device__ __forceinline__ void load(const bf16r *p) { r = fd_stream(p); }
-    __device__ __forceinline__ void zero() { r.x = r.y = r.z = r.w = 0u; }
-    __device__ __forceinline__ float get(int c) const {
-        unsigned w = fd_word(r, c >> 1);
-        return fd_as_float(c & 1 ? w & 0xffff0000u : w << 16);
+        return fd_widen((const T *)0, (unsigned short)(fd_word(r, c >> 1) >> ((c & 1) * 16)));
     }
 };
 template <typename T>
