@@ -329,25 +329,25 @@ static void layer_budgets(const cusim_counters two[2][2]) {
  * copy, so one copy a layer, not four) cannot update the graph before and
  * is instantiated anew, and still gives the eager tokens. Each on-run's
  * last step is a budget step of part 3b (two). */
-enum { GS = 5 }; /* steps a run */
+enum { GS = 5, WB = 10 }; /* steps a run; the widest batch (over k_matvec's 8 rows, wide_batch_check) */
 
 typedef struct {
-    int32_t tok[NF][GS];
-    float *lg;               /* (NF, GS, vocab) the logits before each step */
+    int32_t tok[WB][GS];
+    float *lg;               /* (B, GS, vocab) the logits before each step */
     cusim_counters c[GS];    /* each step's */
 } graph_run_out;
 
-/* GS steps of B forks of src (a batch when B > 1), the step graphs on or off. */
+/* GS steps of B <= WB forks of src (a batch when B > 1), the step graphs on or off. */
 static int graph_run(skv_session *src, int B, int on, graph_run_out *o) {
     int V = src->m->cfg.vocab, rc = 0;
     cu_graph_set(on);
     memset(o->tok, 0, sizeof o->tok);
-    skv_session *f[NF] = {0};
+    skv_session *f[WB] = {0};
     skv_batch *b = NULL;
     for (int i = 0; i < B && !rc; i++) rc = session_fork(src, &src->o.kv, &f[i]);
     if (!rc && B > 1 && (rc = batch_new(f, B, &b)) == 0) memset(f, 0, sizeof f);
     for (int t = 0; t < GS && !rc; t++) {
-        int32_t tok[NF];
+        int32_t tok[WB];
         for (int i = 0; i < B; i++) {
             const float *l = session_logits(b ? batch_seq(b, i) : f[i]);
             memcpy(o->lg + ((size_t)i * GS + t) * V, l, sizeof(float) * (size_t)V);
@@ -358,7 +358,7 @@ static int graph_run(skv_session *src, int B, int on, graph_run_out *o) {
         cusim_counters_get(&o->c[t]);
     }
     batch_free(b);
-    for (int i = 0; i < NF; i++) session_free(f[i]);
+    for (int i = 0; i < WB; i++) session_free(f[i]);
     cu_graph_set(1);
     return rc;
 }
@@ -369,53 +369,30 @@ static int graph_run(skv_session *src, int B, int on, graph_run_out *o) {
  * of src, GS steps, graphs off then on: the same tokens and logits bit for
  * bit, and from step 3 one graph launch holding the GEMMs, no allocation
  * or free, updated in place. */
-enum { WB = 10 };
-static int wide_run(skv_session *src, int on, int32_t tok[WB][GS], float *lg, cusim_counters c[GS]) {
-    int V = src->m->cfg.vocab, rc = 0;
-    cu_graph_set(on);
-    skv_session *f[WB] = {0};
-    skv_batch *b = NULL;
-    for (int i = 0; i < WB && !rc; i++) rc = session_fork(src, &src->o.kv, &f[i]);
-    if (!rc && (rc = batch_new(f, WB, &b)) == 0) memset(f, 0, sizeof f);
-    for (int t = 0; t < GS && !rc; t++) {
-        int32_t tk[WB];
-        for (int i = 0; i < WB; i++) {
-            const float *l = session_logits(batch_seq(b, i));
-            memcpy(lg + ((size_t)i * GS + t) * V, l, sizeof(float) * (size_t)V);
-            tok[i][t] = tk[i] = sampler_argmax(l, V);
-        }
-        cusim_counters_reset();
-        rc = batch_decode(b, tk);
-        cusim_counters_get(&c[t]);
-    }
-    batch_free(b);
-    for (int i = 0; i < WB; i++) session_free(f[i]);
-    cu_graph_set(1);
-    return rc;
-}
-
 static void wide_batch_check(skv_session *src, const char *pol) {
     size_t n = (size_t)WB * GS * src->m->cfg.vocab;
-    float *lo = malloc(sizeof(float) * n), *ln = malloc(sizeof(float) * n);
-    int32_t to[WB][GS], tn[WB][GS];
-    cusim_counters co[GS], cn[GS];
-    memset(to, 0, sizeof to);
-    memset(tn, 0xff, sizeof tn);
-    int rc = !lo || !ln ? SKV_ENOMEM : wide_run(src, 0, to, lo, co);
-    if (!rc) rc = wide_run(src, 1, tn, ln, cn);
-    int same = !rc && !memcmp(to, tn, sizeof to) && !memcmp(lo, ln, sizeof(float) * n), steady = !rc;
-    for (int t = 2; t < GS; t++)
+    graph_run_out *off = calloc(1, sizeof *off), *on = calloc(1, sizeof *on);
+    if (off) off->lg = malloc(sizeof(float) * n);
+    if (on) on->lg = malloc(sizeof(float) * n);
+    int rc = !off || !on || !off->lg || !on->lg ? SKV_ENOMEM : graph_run(src, WB, 0, off);
+    if (!rc) rc = graph_run(src, WB, 1, on);
+    int same = !rc && !memcmp(off->tok, on->tok, sizeof off->tok) && !memcmp(off->lg, on->lg, sizeof(float) * n);
+    int steady = !rc;
+    const cusim_counters *cn = rc ? NULL : on->c;
+    for (int t = 2; t < GS && cn; t++)
         steady &= one_graph(&cn[t]) && cn[t].lib_calls > 0 && cn[t].allocs == 0 && cn[t].frees == 0 &&
                   cn[t].host_syncs <= 1 && cn[t].graph_updates == 1 && cn[t].graph_instantiations == 0;
     char msg[600];
     snprintf(msg, sizeof msg, "%s, a batch of %d (over k_matvec's 8 rows): the step graphs give the eager tokens and "
              "logits bit for bit, and steps 3-%d are each one graph launch of %llu kernels and %llu cuBLAS calls, "
              "no allocation or free, updated in place (rc %d %s)", pol, WB, GS,
-             (unsigned long long)cn[GS - 1].graph_kernels, (unsigned long long)cn[GS - 1].lib_calls, rc,
-             rc ? skv_last_error() : "");
+             cn ? (unsigned long long)cn[GS - 1].graph_kernels : 0ULL,
+             cn ? (unsigned long long)cn[GS - 1].lib_calls : 0ULL, rc, rc ? skv_last_error() : "");
     test_cond(msg, same && steady);
-    free(lo);
-    free(ln);
+    if (off) free(off->lg);
+    if (on) free(on->lg);
+    free(off);
+    free(on);
 }
 
 static void graph_checks(skv_model *m, const int32_t *ids, skv_session *sk_src, cusim_counters two[2][2]) {
