@@ -4,7 +4,8 @@
 
 const skv_backend skv_backend_cuda = {
     .name = "cuda",
-    .summary = "NVIDIA GPUs (sm_80, sm_90): cuBLAS BF16 GEMMs, tensor-core flash-attention prefill, "
+    .summary = "NVIDIA GPUs (sm_80, sm_90): BF16 weights (decode projections on tensor cores up to 64 "
+               "rows, cuBLAS GEMMs past), tensor-core flash-attention prefill, "
                "flash-decoding, an f16 dense cache (--f16-kv), ShadowKV's stages "
                "(cuSOLVER Gram-route SVD, zero-copy gather of pinned values on its own stream, fused "
                "rebuild + RoPE); built, not yet verified on hardware",

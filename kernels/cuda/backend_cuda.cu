@@ -65,7 +65,7 @@ cuda_ctx *cuda_get(void) {
         CKB(cublasSetStream(g_ctx.blas, g_ctx.compute));
         /* A workspace of its own, after the stream (setting a stream puts
          * the handle back on cuBLAS's pool): a GEMM captured into a step's
-         * graph (a batch over MV_MAX_N) then takes no allocation there, so
+         * graph (a batch over MM_MAX_N) then takes no allocation there, so
          * the graph stays updatable in place. 32 MiB on sm_90, 4 MiB
          * before, as cuBLAS's guide suggests; kept for the process. */
         int dev = 0, major = 0;

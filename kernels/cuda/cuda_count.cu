@@ -19,7 +19,7 @@
  * graph, launches_layer the kernels a layer either way, and calls_layer
  * those and the library calls a layer (issue 45's budget, before graph
  * capture: a cuBLAS call launches a kernel or more; a batch over
- * k_matvec's 8 rows runs its projections as cuBLAS GEMMs). On the CUDA
+ * k_matmma's 64 rows runs its projections as cuBLAS GEMMs). On the CUDA
  * simulator (tests/cusim) the line adds the simulator's own counts of the same steps
  * (sim_launches_step, sim_lib_calls_step, sim_graph_launches_step,
  * sim_graph_nodes_step, sim_syncs_step: its host syncs count blocking

@@ -1,12 +1,14 @@
 /* ops_forward.cu: the forward pass's ops on the GPU: weights in BF16,
- * projections (a decode step's through one warp-per-rows matvec launch for
- * all the matrices of one input, SwiGLU fused for gate and up; larger
- * batches through cuBLAS: BF16 inputs, fp32 accumulation and output),
+ * projections (a decode step's through one launch for all the matrices of
+ * one input, SwiGLU fused for gate and up: a warp-per-rows matvec up to 8
+ * rows, tensor-core tiles up to 64; prefill chunks through cuBLAS: BF16
+ * inputs, fp32 accumulation and output),
  * embedding, RMSNorm (and residual add fused with it), RoPE (q and k in one
  * launch), bias, residual add, SwiGLU, and the head-major KV store.
  * Per-element math from kernels/kmath.h; the CPU twins are the ops of
  * kernels/cpu/backend_cpu.c (tests/gpu/test_cuda_ops.c compares). */
 #include "cuda_util.h"
+#include "mma_util.h"
 
 #include <cuda_fp16.h>
 
@@ -77,12 +79,12 @@ void cu_weight_free(skv_weight *w) {
  * each activation row (from L1/L2), so the warp takes R weight rows at a
  * time to keep those reads near 4x the weight bytes at any n; past 8 rows
  * the FMAs per weight byte reach the order of an H100's fp32 rate over its
- * memory bandwidth, and the tensor cores (cuBLAS) win. Several matrices of
+ * memory bandwidth, and the tensor cores win (k_matmma below). Several matrices of
  * one x (Q, K, V; gate and up) run in one launch: a warp's task names its
  * matrix. Each output is one lane-strided sum and a fixed shuffle tree, so
  * a row's result does not depend on n or on the other matrices. */
 
-#define MV_MAX_N 8  /* rows through k_matvec; more through cuBLAS */
+#define MV_MAX_N 8  /* rows through k_matvec; more through k_matmma */
 #define MV_WARPS 4  /* warps a block */
 
 struct mv_args {
@@ -100,6 +102,35 @@ struct alignas(16) mv_f4 { float a[4]; };
 __device__ __forceinline__ float mv_lo(uint32_t w) { return km_bits_f32(w << 16); }
 __device__ __forceinline__ float mv_hi(uint32_t w) { return km_bits_f32(w & 0xffff0000u); }
 
+/* A task's matrix (a task is a warp's in k_matvec, a block's in k_matmma)
+ * and the number of its matrix's first task; false past the last task. The
+ * matrix is chosen by constant indices only (a dynamic index into the
+ * parameters would copy them to local memory). */
+struct mv_task {
+    const uint16_t *W;
+    float *y;
+    int rows, first;
+};
+__device__ __forceinline__ bool mv_find(const mv_args &a, int task, mv_task *o) {
+    o->W = a.W[0];
+    o->y = a.y[0];
+    o->rows = a.rows[0];
+    o->first = 0;
+    int end = a.task_end[0];
+#pragma unroll
+    for (int m = 1; m < 4; m++) {
+        if (m >= a.k) break;
+        if (task >= end) {
+            o->W = a.W[m];
+            o->y = a.y[m];
+            o->rows = a.rows[m];
+            o->first = end;
+        }
+        end = a.task_end[m] > end ? a.task_end[m] : end;
+    }
+    return task < end;
+}
+
 /* Weight rows a warp for n activation rows (the reads of x per weight byte
  * at most 4, see above): 1 up to 2 rows, 2 up to 4, 4 up to 8; at least 2
  * with SWIGLU (a gate row and its up row). */
@@ -115,23 +146,11 @@ __device__ __forceinline__ void mv_body(const mv_args &a, const float *__restric
     const int R = mv_r(N, SWIGLU);
     int lane = threadIdx.x & 31;
     int task = blockIdx.x * MV_WARPS + (int)(threadIdx.x >> 5);
-    /* the task's matrix, chosen by constant indices only (a dynamic index
-     * into the parameters would copy them to local memory) */
-    const uint16_t *W = a.W[0];
-    float *y = a.y[0];
-    int nrows = a.rows[0], start = 0, end = a.task_end[0];
-#pragma unroll
-    for (int m = 1; m < 4; m++) {
-        if (m >= a.k) break;
-        if (task >= end) {
-            W = a.W[m];
-            y = a.y[m];
-            nrows = a.rows[m];
-            start = end;
-        }
-        end = a.task_end[m] > end ? a.task_end[m] : end;
-    }
-    if (task >= end) return; /* the whole warp: a task is a warp's */
+    mv_task mt;
+    if (!mv_find(a, task, &mt)) return; /* the whole warp: a task is a warp's */
+    const uint16_t *W = mt.W;
+    float *y = mt.y;
+    int nrows = mt.rows, start = mt.first;
     const int RT = SWIGLU ? R / 2 : R; /* output rows a task */
     int r0 = (task - start) * RT;
     const uint16_t *wr[R];
@@ -229,9 +248,7 @@ static void matvec_n(mv_args *a, const float *x, int cols, int vec, cudaStream_t
 
 /* y_i = x · W_iᵀ (SWIGLU: gate = silu(x · W_0ᵀ) * (x · W_1ᵀ)) for n <=
  * MV_MAX_N rows of x, every matrix in one launch. */
-static void matvec(mv_args *a, const float *x, int cols, int n, bool swiglu, cudaStream_t st) {
-    int vec = cols % 8 == 0 && ((uintptr_t)x & 15) == 0;
-    for (int i = 0; i < (swiglu ? 2 : a->k); i++) vec &= ((uintptr_t)a->W[i] & 15) == 0;
+static void matvec(mv_args *a, const float *x, int cols, int n, bool swiglu, int vec, cudaStream_t st) {
 #define MV_CASE(NN)                                                        \
     case NN:                                                              \
         if (swiglu) matvec_n<NN, true>(a, x, cols, vec, st);              \
@@ -243,6 +260,231 @@ static void matvec(mv_args *a, const float *x, int cols, int n, bool swiglu, cud
     }
 #undef MV_CASE
 }
+
+/* ---- k_matmma: 9 to MM_MAX_N activation rows on the tensor cores ----
+ *
+ * Past MV_MAX_N rows the FMAs per weight byte outgrow the fp32 units, and
+ * up to MM_MAX_N (a decode batch) one launch of mma.sync m16n8k16 tiles
+ * takes every matrix of one x, as k_matvec does: Q, K and V, or gate and up
+ * with SwiGLU fused (cuBLAS would take a conversion launch and a call a
+ * matrix, and SwiGLU one more). Past it (a prefill chunk) cuBLAS runs.
+ *
+ * The weights are the A operand, 16 rows a tile; x is B, 8 rows a tile, so
+ * 9 rows waste 7 of 16 columns, not 7 of 16 rows. x stays fp32 in memory
+ * and goes in as two BF16 parts, hi = bf16(x) and lo = bf16(x - hi): two
+ * MMAs a tile keep about 16 of x's 24 bits (a relative error near 2^-17,
+ * against 2^-9 for x rounded once), so a sequence's projections barely
+ * move when a batch grows past 8.
+ *
+ * A block is MM_KS warps on MM_MT weight tiles. Warp w takes the 32-column
+ * chunks w, w + MM_KS, ... (a block reads 512 contiguous bytes of each
+ * weight row a round); the warps' sums meet in shared memory in a fixed
+ * tree, so an output does not depend on timing. Inside a chunk lane
+ * (g, t) loads columns 8t..8t+7 of its rows with one 16-byte load; the
+ * order of the reduction's 16 columns in each MMA is a permutation of the
+ * physical ones, the same for A and B: MMA s of the chunk takes physical
+ * pairs 4t + 2s (as the fragment's columns 2t, 2t+1) and 4t + 2s + 1 (as
+ * 2t + 8, 2t + 9). With SWIGLU a tile's rows g are gate rows and rows
+ * g + 8 the same rows of up, so a lane holds both halves of its outputs. */
+
+#define MM_MAX_N 64 /* rows through k_matmma; more through cuBLAS */
+#define MM_KS 8     /* warps a block, each a slice of the columns */
+#define MM_MT 2     /* 16-row weight tiles a block */
+
+/* 8 BF16 weights of a row from column c (cols % 8 == 0 with vec, so a
+ * load is all in or all out), packed in pairs; zero past cols. */
+__device__ __forceinline__ void mm_wload(uint32_t w[4], const uint16_t *row, int c, int cols, int vec) {
+    if (vec) {
+        mv_u4 v = {};
+        if (c < cols) v = *reinterpret_cast<const mv_u4 *>(row + c);
+#pragma unroll
+        for (int i = 0; i < 4; i++) w[i] = v.a[i];
+        return;
+    }
+#pragma unroll
+    for (int i = 0; i < 4; i++) {
+        uint32_t lo = c + 2 * i < cols ? row[c + 2 * i] : 0, hi = c + 2 * i + 1 < cols ? row[c + 2 * i + 1] : 0;
+        w[i] = lo | hi << 16;
+    }
+}
+
+/* 8 floats of an activation row from column c as BF16 pairs, hi and lo
+ * parts; zero past cols or for a row past n (in = 0). */
+__device__ __forceinline__ void mm_xload(uint32_t h[4], uint32_t l[4], const float *row, int c, int cols, int vec,
+                                         bool in) {
+    float v[8];
+    if (vec) {
+        mv_f4 v0 = {}, v1 = {};
+        if (in && c < cols) {
+            v0 = *reinterpret_cast<const mv_f4 *>(row + c);
+            v1 = *reinterpret_cast<const mv_f4 *>(row + c + 4);
+        }
+#pragma unroll
+        for (int i = 0; i < 4; i++) {
+            v[i] = v0.a[i];
+            v[4 + i] = v1.a[i];
+        }
+    } else {
+#pragma unroll
+        for (int i = 0; i < 8; i++) v[i] = in && c + i < cols ? row[c + i] : 0.0f;
+    }
+#pragma unroll
+    for (int i = 0; i < 4; i++) {
+        uint32_t h0 = km_f32_to_bf16(v[2 * i]), h1 = km_f32_to_bf16(v[2 * i + 1]);
+        uint32_t l0 = km_f32_to_bf16(v[2 * i] - km_bf16_to_f32((uint16_t)h0));
+        uint32_t l1 = km_f32_to_bf16(v[2 * i + 1] - km_bf16_to_f32((uint16_t)h1));
+        h[i] = h0 | h1 << 16;
+        l[i] = l0 | l1 << 16;
+    }
+}
+
+/* NT tiles of 8 activation rows (n <= 8 NT). A task is a block: MM_MT
+ * tiles of 16 weight rows (SWIGLU: 8 gate rows and the same 8 of up each),
+ * numbered across the matrices by task_end as in k_matvec. */
+template <int NT, bool SWIGLU>
+__device__ __forceinline__ void mm_body(const mv_args &a, const float *__restrict__ x, int n, int cols, int vec) {
+    __shared__ float red[MM_KS / 2][MM_MT * NT * 4][32];
+    int lane = threadIdx.x & 31, warp = threadIdx.x >> 5, g = lane >> 2, t = lane & 3;
+    int task = blockIdx.x;
+    mv_task mt;
+    if (!mv_find(a, task, &mt)) return; /* the whole block */
+    const uint16_t *W = mt.W;
+    float *y = mt.y;
+    int nrows = mt.rows, start = mt.first;
+    const int OT = SWIGLU ? 8 : 16; /* output rows a tile */
+    int r0 = (task - start) * MM_MT * OT;
+    const uint16_t *wr[MM_MT][2]; /* rows g and g + 8 of each tile */
+#pragma unroll
+    for (int m = 0; m < MM_MT; m++) {
+        int ra = r0 + m * OT + g, rb = SWIGLU ? ra : ra + 8;
+        wr[m][0] = W + (size_t)(ra < nrows ? ra : nrows - 1) * cols;
+        wr[m][1] = (SWIGLU ? a.W[1] : W) + (size_t)(rb < nrows ? rb : nrows - 1) * cols;
+    }
+    float acc[MM_MT][NT][4];
+#pragma unroll
+    for (int m = 0; m < MM_MT; m++)
+#pragma unroll
+        for (int j = 0; j < NT; j++)
+#pragma unroll
+            for (int e = 0; e < 4; e++) acc[m][j][e] = 0.0f;
+    for (int c0 = warp * 32; c0 < cols; c0 += MM_KS * 32) { /* warp-uniform */
+        int c = c0 + 8 * t;
+        uint32_t w[MM_MT][2][4];
+#pragma unroll
+        for (int m = 0; m < MM_MT; m++) {
+            mm_wload(w[m][0], wr[m][0], c, cols, vec);
+            mm_wload(w[m][1], wr[m][1], c, cols, vec);
+        }
+#pragma unroll
+        for (int j = 0; j < NT; j++) {
+            int act = 8 * j + g;
+            uint32_t xh[4], xl[4];
+            mm_xload(xh, xl, x + (size_t)(act < n ? act : 0) * cols, c, cols, vec, act < n);
+#pragma unroll
+            for (int s = 0; s < 2; s++) {
+                uint32_t bh[2] = {xh[2 * s], xh[2 * s + 1]}, bl[2] = {xl[2 * s], xl[2 * s + 1]};
+#pragma unroll
+                for (int m = 0; m < MM_MT; m++) {
+                    uint32_t af[4] = {w[m][0][2 * s], w[m][1][2 * s], w[m][0][2 * s + 1], w[m][1][2 * s + 1]};
+                    mma_16816<__nv_bfloat16>(acc[m][j], af, bh);
+                    mma_16816<__nv_bfloat16>(acc[m][j], af, bl);
+                }
+            }
+        }
+    }
+    /* the warps' sums, halved in a fixed tree onto warp 0 */
+#pragma unroll
+    for (int h = MM_KS / 2; h >= 1; h >>= 1) {
+        if (warp >= h && warp < 2 * h)
+#pragma unroll
+            for (int m = 0; m < MM_MT; m++)
+#pragma unroll
+                for (int j = 0; j < NT; j++)
+#pragma unroll
+                    for (int e = 0; e < 4; e++) red[warp - h][(m * NT + j) * 4 + e][lane] = acc[m][j][e];
+        __syncthreads();
+        if (warp < h)
+#pragma unroll
+            for (int m = 0; m < MM_MT; m++)
+#pragma unroll
+                for (int j = 0; j < NT; j++)
+#pragma unroll
+                    for (int e = 0; e < 4; e++) acc[m][j][e] += red[warp][(m * NT + j) * 4 + e][lane];
+        __syncthreads();
+    }
+    if (warp) return;
+    /* lane (g, t) holds rows g and g + 8 of each tile for activations
+     * 8j + 2t and 8j + 2t + 1 */
+#pragma unroll
+    for (int m = 0; m < MM_MT; m++)
+#pragma unroll
+        for (int j = 0; j < NT; j++)
+#pragma unroll
+            for (int e = 0; e < 2; e++) {
+                int act = 8 * j + 2 * t + e;
+                if (act >= n) continue;
+                if (SWIGLU) {
+                    int row = r0 + m * 8 + g;
+                    if (row < nrows) y[(size_t)act * nrows + row] = km_silu_mul(acc[m][j][e], acc[m][j][2 + e]);
+                } else {
+#pragma unroll
+                    for (int hf = 0; hf < 2; hf++) {
+                        int row = r0 + m * 16 + 8 * hf + g;
+                        if (row < nrows) y[(size_t)act * nrows + row] = acc[m][j][2 * hf + e];
+                    }
+                }
+            }
+}
+
+template <int NT>
+__global__ void __launch_bounds__(MM_KS * 32) k_matmma(mv_args a, const float *__restrict__ x, int n, int cols, int vec) {
+    mm_body<NT, false>(a, x, n, cols, vec);
+}
+
+template <int NT>
+__global__ void __launch_bounds__(MM_KS * 32)
+    k_matmma_swiglu(mv_args a, const float *__restrict__ x, int n, int cols, int vec) {
+    mm_body<NT, true>(a, x, n, cols, vec);
+}
+
+template <int NT, bool SWIGLU>
+static void matmma_n(mv_args *a, const float *x, int n, int cols, int vec, cudaStream_t st) {
+    const int per = MM_MT * (SWIGLU ? 8 : 16); /* output rows a task */
+    int tasks = 0;
+    for (int i = 0; i < a->k; i++) {
+        tasks += (a->rows[i] + per - 1) / per;
+        a->task_end[i] = tasks;
+    }
+    if (!tasks) return;
+    if (SWIGLU) SKV_LAUNCH(k_matmma_swiglu<NT>, tasks, MM_KS * 32, 0, st)(*a, x, n, cols, vec);
+    else SKV_LAUNCH(k_matmma<NT>, tasks, MM_KS * 32, 0, st)(*a, x, n, cols, vec);
+    CKL();
+}
+
+/* The same for 9 <= n <= MM_MAX_N rows. */
+static void matmma(mv_args *a, const float *x, int cols, int n, bool swiglu, int vec, cudaStream_t st) {
+#define MM_CASE(NT)                                                        \
+    case NT:                                                              \
+        if (swiglu) matmma_n<NT, true>(a, x, n, cols, vec, st);           \
+        else matmma_n<NT, false>(a, x, n, cols, vec, st);                 \
+        break;
+    switch ((n + 7) / 8) {
+        MM_CASE(2) MM_CASE(3) MM_CASE(4) MM_CASE(5) MM_CASE(6) MM_CASE(7) MM_CASE(8)
+    default: SKV_ASSERT(!"matmma: rows outside 9..MM_MAX_N");
+    }
+#undef MM_CASE
+}
+
+/* y_i = x · W_iᵀ for the k matrices of a (SWIGLU: y_0 = silu(x · W_0ᵀ) *
+ * (x · W_1ᵀ)), n <= MM_MAX_N rows of x: one launch, k_matvec up to
+ * MV_MAX_N rows, k_matmma past them. */
+static void project(mv_args *a, const float *x, int cols, int n, bool swiglu, cudaStream_t st) {
+    int vec = cols % 8 == 0 && ((uintptr_t)x & 15) == 0;
+    for (int i = 0; i < (swiglu ? 2 : a->k); i++) vec &= ((uintptr_t)a->W[i] & 15) == 0;
+    if (n <= MV_MAX_N) matvec(a, x, cols, n, swiglu, vec, st);
+    else matmma(a, x, cols, n, swiglu, vec, st);
+}
+
 
 __global__ void k_to_bf16(const float *x, __nv_bfloat16 *y, size_t n) {
     size_t i = blockIdx.x * (size_t)blockDim.x + threadIdx.x;
@@ -269,8 +511,8 @@ static void gemm_bf16(const void *W, int rows, int cols, const __nv_bfloat16 *xb
                      CUDA_R_16BF, cols, &zero, y, CUDA_R_32F, rows, CUBLAS_COMPUTE_32F, CUBLAS_GEMM_DEFAULT));
 }
 
-/* y (n, rows) = x (n, cols) · Wᵀ. BF16 weights: n <= MV_MAX_N through
- * k_matvec on x as it is; more through cuBLAS, x rounded to BF16. fp32
+/* y (n, rows) = x (n, cols) · Wᵀ. BF16 weights: n <= MM_MAX_N in one
+ * launch (project); more through cuBLAS, x rounded to BF16. fp32
  * ones (vectors loaded as weights never reach here) run an fp32 GEMM. */
 void cu_matmul(enum ggml_type t, const void *W, int rows, int cols, const float *x, int n, float *y,
                skv_workspace *ws) {
@@ -278,13 +520,13 @@ void cu_matmul(enum ggml_type t, const void *W, int rows, int cols, const float 
     cuda_ctx *c = cuda_get();
     cudaStream_t st = cuda_after_fetch();
     cuda_span_mark sp = cuda_span_begin(0);
-    if (t == GGML_BF16 && n <= MV_MAX_N) {
+    if (t == GGML_BF16 && n <= MM_MAX_N) {
         mv_args a = {};
         a.W[0] = (const uint16_t *)W;
         a.y[0] = y;
         a.rows[0] = rows;
         a.k = 1;
-        matvec(&a, x, cols, n, false, st);
+        project(&a, x, cols, n, false, st);
     } else if (t == GGML_BF16) {
         __nv_bfloat16 *xb = to_bf16(x, (size_t)n * cols, st);
         gemm_bf16(W, rows, cols, xb, n, y);
@@ -298,8 +540,8 @@ void cu_matmul(enum ggml_type t, const void *W, int rows, int cols, const float 
     cuda_span_end(sp, 0, "matmul");
 }
 
-/* Every matrix BF16 (as cu_weight_load stores them): one k_matvec launch
- * for a decode step, or x rounded once for the k GEMMs. */
+/* Every matrix BF16 (as cu_weight_load stores them): one launch for a
+ * decode step (project), or x rounded once for the k GEMMs. */
 void cu_matmul_k(int k, const enum ggml_type *t, const void *const *W, const int *rows, int cols, const float *x,
                  int n, float *const *y, skv_workspace *ws) {
     SKV_ASSERT(k >= 1 && k <= 4);
@@ -311,7 +553,7 @@ void cu_matmul_k(int k, const enum ggml_type *t, const void *const *W, const int
     }
     cudaStream_t st = cuda_after_fetch();
     cuda_span_mark sp = cuda_span_begin(0);
-    if (n <= MV_MAX_N) {
+    if (n <= MM_MAX_N) {
         mv_args a = {};
         for (int i = 0; i < k; i++) {
             a.W[i] = (const uint16_t *)W[i];
@@ -319,7 +561,7 @@ void cu_matmul_k(int k, const enum ggml_type *t, const void *const *W, const int
             a.rows[i] = rows[i];
         }
         a.k = k;
-        matvec(&a, x, cols, n, false, st);
+        project(&a, x, cols, n, false, st);
     } else {
         __nv_bfloat16 *xb = to_bf16(x, (size_t)n * cols, st);
         for (int i = 0; i < k; i++) gemm_bf16(W[i], rows[i], cols, xb, n, y[i]);
@@ -328,11 +570,11 @@ void cu_matmul_k(int k, const enum ggml_type *t, const void *const *W, const int
     cuda_span_end(sp, 0, "matmul");
 }
 
-/* gate = silu(x · Wgᵀ) * (x · Wuᵀ): for a decode step one k_matvec launch
- * that writes gate alone; otherwise the two GEMMs and swiglu. */
+/* gate = silu(x · Wgᵀ) * (x · Wuᵀ): for a decode step one launch
+ * (project) that writes gate alone; otherwise the two GEMMs and swiglu. */
 void cu_matmul_swiglu(enum ggml_type tg, const void *Wg, enum ggml_type tu, const void *Wu, int rows, int cols,
                       const float *x, int n, float *gate, float *up, skv_workspace *ws) {
-    if (tg == GGML_BF16 && tu == GGML_BF16 && n <= MV_MAX_N) {
+    if (tg == GGML_BF16 && tu == GGML_BF16 && n <= MM_MAX_N) {
         cudaStream_t st = cuda_after_fetch();
         cuda_span_mark sp = cuda_span_begin(0);
         mv_args a = {};
@@ -341,7 +583,7 @@ void cu_matmul_swiglu(enum ggml_type tg, const void *Wg, enum ggml_type tu, cons
         a.y[0] = gate;
         a.rows[0] = rows;
         a.k = 1; /* one task list: the gate rows, each with its up row */
-        matvec(&a, x, cols, n, true, st);
+        project(&a, x, cols, n, true, st);
         cuda_span_end(sp, 0, "matmul");
         return;
     }

@@ -15,7 +15,7 @@
 # context, batch): tok/s, kernels launched alone and host syncs a step,
 # kernels a layer (captured into the step's graph or not), kernels and
 # library calls a layer (issue 45's budget: a cuBLAS call launches a kernel
-# or more, and a batch over 8 runs its projections as cuBLAS GEMMs), graph
+# or more; a decode batch over 64 would run its projections as cuBLAS GEMMs), graph
 # launches a step (1 with the step graphs), and the target. A
 # one-layer row adds the whole model's tok/s projected from the one- and
 # two-layer runs at the same batch (a step of 32 layers = the one-layer

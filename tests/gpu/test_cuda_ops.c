@@ -1299,7 +1299,8 @@ static uint16_t *bf16_weights(int rows, int cols, skv_weight *gw) {
 
 /* The forward pass's decode ops: the matvec kernel (n <= 8 rows, x not
  * rounded: every n, the vector and the scalar paths, k matrices in one
- * launch), cuBLAS past it, the fused gate/up with SwiGLU, add_rmsnorm and
+ * launch), the tensor-core kernel past it (9 to 64 rows, x in two BF16
+ * parts), cuBLAS past that, the fused gate/up with SwiGLU, add_rmsnorm and
  * rope_qk; on the simulator, their launch counts and a step's one sync. */
 static void t_forward_fused(void) {
     skv_workspace ws = {0};
@@ -1312,9 +1313,11 @@ static void t_forward_fused(void) {
             int cols = cols_of[ci];
             skv_weight gw;
             uint16_t *wb = bf16_weights(rows, cols, &gw);
-            double worst = 0;
-            for (int n = 1; n <= 9; n++)
+            double worst = 0, worst_mma = 0;
+            static const int ns[] = {1, 2, 3, 4, 5, 6, 7, 8, 9, 16, 17, 40, 64, 65};
+            for (size_t ni = 0; ni < sizeof ns / sizeof ns[0]; ni++)
                 for (int off = 0; off < (ci ? 1 : 2); off++) {
+                    int n = ns[ni];
                     float *x = rnd((size_t)n * cols + 1), *yc = malloc(sizeof(float) * n * rows);
                     cpu->matmul(GGML_BF16, wb, rows, cols, x + off, n, yc, &ws);
                     float *dx = dev(x, sizeof(float) * (n * cols + 1)), *dy = dev(NULL, sizeof(float) * n * rows);
@@ -1326,33 +1329,56 @@ static void t_forward_fused(void) {
                     cusim_counters c;
                     cusim_counters_get(&c);
                     snprintf(op, sizeof op, "cuda matmul n=%d: %s (%llu launches, %llu library calls)", n,
-                             n <= 8 ? "one k_matvec launch, no cuBLAS" : "cuBLAS", (unsigned long long)c.launches,
-                             (unsigned long long)c.lib_calls);
-                    if (n <= 8) test_cond(op, c.launches == 1 && c.lib_calls == 0 && cusim_launches_of("k_matvec") == 1);
-                    else test_cond(op, c.lib_calls == 1 && cusim_launches_of("k_matvec") == 0);
+                             n <= 8    ? "one k_matvec launch, no cuBLAS"
+                             : n <= 64 ? "one k_matmma launch, no cuBLAS"
+                                       : "cuBLAS",
+                             (unsigned long long)c.launches, (unsigned long long)c.lib_calls);
+                    if (n <= 64)
+                        test_cond(op, c.launches == 1 && c.lib_calls == 0 &&
+                                          cusim_launches_of(n <= 8 ? "k_matvec" : "k_matmma") == 1);
+                    else test_cond(op, c.lib_calls == 1 && cusim_launches_of("k_mat") == 0);
 #endif
                     float *yg = back(dy, (size_t)n * rows);
                     double e = test_rel_l2(yg, yc, (size_t)n * rows);
                     if (n <= 8) worst = e > worst ? e : worst;
+                    else if (n <= 64) worst_mma = e > worst_mma ? e : worst_mma;
                     snprintf(op, sizeof op, "matmul bf16 n=%d cols=%d%s", n, cols, off ? " (x unaligned)" : "");
-                    cmp(op, yg, yc, (size_t)n * rows, n <= 8 ? 1e-5 : 1e-2); /* cuBLAS rounds x to BF16 */
+                    cmp(op, yg, yc, (size_t)n * rows, n <= 64 ? 1e-5 : 1e-2); /* cuBLAS rounds x to BF16 */
                     cu->free(dx); cu->free(dy);
                     free(x); free(yc); free(yg);
                 }
             snprintf(op, sizeof op, "cuda matvec (n <= 8, cols %d): worst rel L2 %.1e from the CPU twin", cols, worst);
             test_cond(op, worst <= 1e-5);
+            /* x in two BF16 parts keeps about 16 bits: near 2^-18 a value,
+             * against 2^-9 for x rounded once (cuBLAS's 1e-3 or so) */
+            snprintf(op, sizeof op, "cuda matmma (9 <= n <= 64, cols %d): worst rel L2 %.1e from the CPU twin (bound 1e-5)",
+                     cols, worst_mma);
+            test_cond(op, worst_mma > 0 && worst_mma <= 1e-5);
+            /* a row's outputs do not depend on how many rows run beside it */
+            {
+                float *x = rnd((size_t)64 * cols), *dx = dev(x, sizeof(float) * 64 * cols);
+                float *d9 = dev(NULL, sizeof(float) * 9 * rows), *d64 = dev(NULL, sizeof(float) * 64 * rows);
+                cu->matmul(gw.type, gw.data, rows, cols, dx, 9, d9, &ws);
+                cu->matmul(gw.type, gw.data, rows, cols, dx, 64, d64, &ws);
+                float *y9 = back(d9, (size_t)9 * rows), *y64 = back(d64, (size_t)64 * rows);
+                snprintf(op, sizeof op, "cuda matmma (cols %d): the first 9 rows of a batch of 64 are a batch of 9's, "
+                         "bit for bit", cols);
+                test_cond(op, !memcmp(y9, y64, sizeof(float) * 9 * rows));
+                cu->free(dx); cu->free(d9); cu->free(d64);
+                free(x); free(y9); free(y64);
+            }
             cu->weight_free(&gw);
             free(wb);
         }
     }
-    /* matmul_k: Q, K, V shapes in one launch (n <= 8), one BF16 rounding for all (n > 8) */
+    /* matmul_k: Q, K, V shapes in one launch (n <= 64), one BF16 rounding for all (n > 64) */
     {
         int rows[3] = {96, 33, 48}, cols = 128;
         skv_weight gw[3];
         uint16_t *wb[3];
         for (int i = 0; i < 3; i++) wb[i] = bf16_weights(rows[i], cols, &gw[i]);
-        int ns[4] = {1, 3, 8, 12};
-        for (int ni = 0; ni < 4; ni++) {
+        int ns[6] = {1, 3, 8, 12, 64, 65};
+        for (int ni = 0; ni < 6; ni++) {
             int n = ns[ni];
             float *x = rnd((size_t)n * cols), *dx = dev(x, sizeof(float) * n * cols), *dy[3], *yc[3];
             for (int i = 0; i < 3; i++) {
@@ -1371,13 +1397,15 @@ static void t_forward_fused(void) {
             cusim_counters_get(&c);
             snprintf(op, sizeof op, "cuda matmul_k of 3, n=%d: %llu launches, %llu library calls (%s)", n,
                      (unsigned long long)c.launches, (unsigned long long)c.lib_calls,
-                     n <= 8 ? "1 and 0" : "1 conversion, 3 GEMMs");
-            test_cond(op, n <= 8 ? c.launches == 1 && c.lib_calls == 0 : c.launches == 1 && c.lib_calls == 3);
+                     n <= 8 ? "1 k_matvec and 0" : n <= 64 ? "1 k_matmma and 0" : "1 conversion, 3 GEMMs");
+            test_cond(op, n <= 64 ? c.launches == 1 && c.lib_calls == 0 &&
+                                        cusim_launches_of(n <= 8 ? "k_matvec" : "k_matmma") == 1
+                                  : c.launches == 1 && c.lib_calls == 3);
 #endif
             for (int i = 0; i < 3; i++) {
                 float *yg = back(dy[i], (size_t)n * rows[i]);
                 snprintf(op, sizeof op, "matmul_k bf16 n=%d matrix %d", n, i);
-                cmp(op, yg, yc[i], (size_t)n * rows[i], n <= 8 ? 1e-5 : 1e-2);
+                cmp(op, yg, yc[i], (size_t)n * rows[i], n <= 64 ? 1e-5 : 1e-2);
                 free(yg); free(yc[i]);
                 cu->free(dy[i]);
             }
@@ -1391,8 +1419,8 @@ static void t_forward_fused(void) {
         int rows = 70, cols = 128;
         skv_weight gg, gu;
         uint16_t *wg = bf16_weights(rows, cols, &gg), *wu = bf16_weights(rows, cols, &gu);
-        int ns[4] = {1, 4, 7, 10};
-        for (int ni = 0; ni < 4; ni++) {
+        int ns[6] = {1, 4, 7, 10, 33, 65};
+        for (int ni = 0; ni < 6; ni++) {
             int n = ns[ni];
             size_t len = (size_t)n * rows;
             float *x = rnd((size_t)n * cols), *gc = malloc(sizeof(float) * len), *uc = malloc(sizeof(float) * len);
@@ -1407,12 +1435,14 @@ static void t_forward_fused(void) {
             cusim_counters c;
             cusim_counters_get(&c);
             snprintf(op, sizeof op, "cuda matmul_swiglu n=%d: %llu launches (%s)", n, (unsigned long long)c.launches,
-                     n <= 8 ? "one k_matvec_swiglu" : "conversion, GEMMs, swiglu");
-            test_cond(op, n <= 8 ? c.launches == 1 && cusim_launches_of("k_matvec_swiglu") == 1 : c.launches == 2);
+                     n <= 8 ? "one k_matvec_swiglu" : n <= 64 ? "one k_matmma_swiglu" : "conversion, GEMMs, swiglu");
+            test_cond(op, n <= 64 ? c.launches == 1 && c.lib_calls == 0 &&
+                                        cusim_launches_of(n <= 8 ? "k_matvec_swiglu" : "k_matmma_swiglu") == 1
+                                  : c.launches == 2 && c.lib_calls == 2);
 #endif
             float *yg = back(dg, len);
             snprintf(op, sizeof op, "matmul_swiglu bf16 n=%d", n);
-            cmp(op, yg, gc, len, n <= 8 ? 1e-5 : 1e-2);
+            cmp(op, yg, gc, len, n <= 64 ? 1e-5 : 1e-2);
             cu->free(dx); cu->free(dg); cu->free(du);
             free(x); free(gc); free(uc); free(yg);
         }

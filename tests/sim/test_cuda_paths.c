@@ -258,7 +258,7 @@ static int count_policy(const char *path, const char *policy, int one, cusim_cou
  * counted, on any depth they are the same), at most 12 for the whole batch,
  * counted before graph capture (a graph's kernels); the same kernels for a
  * batch of 4 as for one sequence, and for 4 KV heads as for 2; no library
- * call (the decode matmuls are the backend's own kernels up to 8 rows); one
+ * call (the decode matmuls are the backend's own kernels up to 64 rows); one
  * host sync a step; no allocation or free; each step one graph launch. The
  * 2-layer, 2-KV-head steps are part 5's (two[policy][batch of 1, of 4]: the
  * same model, options and forks); the 4-layer ones come from one prefill a
@@ -364,12 +364,12 @@ static int graph_run(skv_session *src, int B, int on, graph_run_out *o) {
 }
 
 /* A batch wider than k_matvec's 8 rows (MV_MAX_N): its projections go
- * through cuBLAS GEMMs, which the step's graph captures with the kernels
- * (on the handle's own workspace, so no allocation in the step). WB forks
- * of src, GS steps, graphs off then on: the same tokens and logits bit for
- * bit, and from step 3 one graph launch holding the GEMMs, no allocation
- * or free, updated in place. */
-static void wide_batch_check(skv_session *src, const char *pol) {
+ * through the tensor-core k_matmma, one launch for the matrices of one
+ * input as k_matvec's, so the step has the kernels of a batch of 4 (four,
+ * its last graph step) and no library call. WB forks of src, GS steps,
+ * graphs off then on: the same tokens and logits bit for bit, and from
+ * step 3 one graph launch, no allocation or free, updated in place. */
+static void wide_batch_check(skv_session *src, const char *pol, const cusim_counters *four) {
     size_t n = (size_t)WB * GS * src->m->cfg.vocab;
     graph_run_out *off = calloc(1, sizeof *off), *on = calloc(1, sizeof *on);
     if (off) off->lg = malloc(sizeof(float) * n);
@@ -380,15 +380,37 @@ static void wide_batch_check(skv_session *src, const char *pol) {
     int steady = !rc;
     const cusim_counters *cn = rc ? NULL : on->c;
     for (int t = 2; t < GS && cn; t++)
-        steady &= one_graph(&cn[t]) && cn[t].lib_calls > 0 && cn[t].allocs == 0 && cn[t].frees == 0 &&
-                  cn[t].host_syncs <= 1 && cn[t].graph_updates == 1 && cn[t].graph_instantiations == 0;
-    char msg[600];
+        steady &= one_graph(&cn[t]) && cn[t].lib_calls == 0 && cn[t].allocs == 0 && cn[t].frees == 0 &&
+                  cn[t].host_syncs <= 1 && cn[t].graph_updates == 1 && cn[t].graph_instantiations == 0 &&
+                  cn[t].graph_kernels == four->graph_kernels;
+    uint64_t mma = rc ? 0 : cusim_launches_of("k_matmma"); /* the last step's */
+    /* every row is a fork of src, so each decodes as one fork alone (its
+     * projections through k_matvec, fp32 x): the same tokens, the logits
+     * apart by k_matmma's two BF16 parts of x (cuBLAS's one rounding of x
+     * put them about 1e-3 apart) */
+    graph_run_out *one = calloc(1, sizeof *one);
+    if (one) one->lg = malloc(sizeof(float) * GS * src->m->cfg.vocab);
+    int rc1 = rc ? rc : !one || !one->lg ? SKV_ENOMEM : graph_run(src, 1, 1, one);
+    int alone = !rc1;
+    double worst = 0;
+    for (int i = 0; i < WB && alone; i++) {
+        alone &= !memcmp(on->tok[i], one->tok[0], sizeof one->tok[0]);
+        double e = test_rel_l2(on->lg + (size_t)i * GS * src->m->cfg.vocab, one->lg, (size_t)GS * src->m->cfg.vocab);
+        worst = e > worst ? e : worst;
+    }
+    if (one) free(one->lg);
+    free(one);
+    char msg[700];
     snprintf(msg, sizeof msg, "%s, a batch of %d (over k_matvec's 8 rows): the step graphs give the eager tokens and "
-             "logits bit for bit, and steps 3-%d are each one graph launch of %llu kernels and %llu cuBLAS calls, "
-             "no allocation or free, updated in place (rc %d %s)", pol, WB, GS,
-             cn ? (unsigned long long)cn[GS - 1].graph_kernels : 0ULL,
-             cn ? (unsigned long long)cn[GS - 1].lib_calls : 0ULL, rc, rc ? skv_last_error() : "");
-    test_cond(msg, same && steady);
+             "logits bit for bit, and steps 3-%d are each one graph launch of %llu kernels (a batch of 4: %llu; %llu "
+             "of them k_matmma) and %llu library calls, no allocation or free, updated in place (rc %d %s)", pol, WB,
+             GS, cn ? (unsigned long long)cn[GS - 1].graph_kernels : 0ULL, (unsigned long long)four->graph_kernels,
+             (unsigned long long)mma, cn ? (unsigned long long)cn[GS - 1].lib_calls : 0ULL, rc,
+             rc ? skv_last_error() : "");
+    test_cond(msg, same && steady && mma > 0);
+    snprintf(msg, sizeof msg, "... each of its %d rows gives the greedy tokens of one fork alone (%d steps), the "
+             "logits within rel L2 %.1e of its (bound 1e-4; rc %d)", WB, GS, worst, rc1);
+    test_cond(msg, alone && worst <= 1e-4);
     if (off) free(off->lg);
     if (on) free(on->lg);
     free(off);
@@ -456,8 +478,8 @@ static void graph_checks(skv_model *m, const int32_t *ids, skv_session *sk_src, 
             two[pi][B > 1] = on->c[GS - 1];
         }
     if (!rc) {
-        wide_batch_check(dn_src, "dense");
-        wide_batch_check(sk_src, "shadowkv");
+        wide_batch_check(dn_src, "dense", &two[0][1]);
+        wide_batch_check(sk_src, "shadowkv", &two[1][1]);
     }
     cu_graph_stats_get(&g1);
     char msg[400];
