@@ -241,7 +241,10 @@ ALL_TESTS = $(TESTS_LONG) $(filter-out $(TESTS_LONG),$(TESTS_LISTED))
 test_pick = $(or $(filter %/test_$(1) %/test_$(1).py,$(ALL_TESTS)),$(error TESTS: no test '$(1)' (tests/test_$(1).c or .py)))
 RUN_TESTS = $(if $(strip $(TESTS)),$(foreach t,$(TESTS),$(call test_pick,$(t))),$(ALL_TESTS))
 FAST_TESTS = $(filter-out $(SLOW_TESTS),$(patsubst test_%,%,$(notdir $(ALL_TESTS))))
-test: $(filter $(BUILD)/%,$(RUN_TESTS)) $(BUILD)/skv $(BUILD)/default-model.gguf $(SIM_DIR)/skv
+# With the CUDA backend, the device binaries too: tests/test_gpu_check.py packs
+# and runs them on the CPU fallback (they find no device and say so).
+GPU_CHECK_BIN = $(if $(CUDA_SO),$(addprefix $(BUILD)/tests/gpu/,test_cuda_ops test_cuda_model bench_proj))
+test: $(filter $(BUILD)/%,$(RUN_TESTS)) $(BUILD)/skv $(BUILD)/default-model.gguf $(SIM_DIR)/skv $(GPU_CHECK_BIN)
 	@SKV_BIN=$(abspath $(BUILD))/skv sh tests/run.sh $(RUN_TESTS)
 test-fast:
 	@$(MAKE) --no-print-directory test TESTS="$(FAST_TESTS)"
@@ -268,7 +271,7 @@ bench: skv
 .PHONY: gpu-check
 gpu-check:
 	@$(MAKE) --no-print-directory BUILD=build-gpu DNNL=0 OPT="-O2 -march=x86-64-v3 -fvect-cost-model=dynamic" \
-	  build-gpu/skv build-gpu/tests/gpu/test_cuda_ops build-gpu/tests/gpu/test_cuda_model
+	  build-gpu/skv $(addprefix build-gpu/tests/gpu/,test_cuda_ops test_cuda_model bench_proj)
 	@sh tests/gpu/pack.sh
 
 .PHONY: bench-ref

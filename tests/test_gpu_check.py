@@ -8,7 +8,8 @@ marked with its model's layers; the summary's table of figures beside their
 targets, with the one-layer runs projected to the whole model); the bundle
 carries libskv-cuda.so beside skv and no CUDA library; a step made to hang
 is cut by its timeout and the script still ends within its budget; the pack
-refuses a bundle over its size limit and a missing 8B config. Needs the
+refuses a bundle over its size limit and a missing 8B config; the
+projections' bench runs twice and says there is no device. Needs the
 build's CUDA test binaries (a build with nvcc). Prints PASS/FAIL/SKIP."""
 import os
 import shutil
@@ -27,7 +28,7 @@ for tool in ("xz", "timeout", "ldd", "strip"):
         print("SKIP gpu-check: %s not found" % tool)
         sys.exit(0)
 
-STEPS = ["device", "synth-small", "synth-2layer", "op-tests", "model-small", "model-2layer", "traced-step",
+STEPS = ["device", "synth-small", "synth-2layer", "op-tests", "model-small", "model-2layer", "proj-bench", "traced-step",
          "timeline-png", "synth-1layer", "bench-1024-1l-dense", "bench-1024-1l-shadowkv", "bench-1024-2l", "synth-big",
          "bench-128-dense", "bench-128-shadowkv", "bench-256-dense", "bench-256-shadowkv", "bench-1024", "sanitizer"]
 # what each bench step runs on the CPU fallback: (layers, [(kv, context, batches)], fit lines)
@@ -104,8 +105,8 @@ try:
     if p.returncode == 0:
         lst = subprocess.run(["sh", "-c", "xz -dc '%s' | tar -tf -" % os.path.join(pk, "skv-gpu.tar.xz")],
                              capture_output=True, text=True).stdout.split()
-        want = ["./bin/skv", "./bin/libskv-cuda.so", "./bin/test_cuda_ops", "./bin/test_cuda_model", "./run.sh",
-                "./summary.sh", "./configs/default-model.config.json"]
+        want = ["./bin/skv", "./bin/libskv-cuda.so", "./bin/test_cuda_ops", "./bin/test_cuda_model", "./bin/bench_proj",
+                "./run.sh", "./summary.sh", "./configs/default-model.config.json"]
         check("gpu-check bundle: the binaries, the CUDA backend's object beside skv, run.sh, summary.sh, the configs "
               "and their libraries (no CUDA library)",
               all(w in lst for w in want) and any(x.startswith("./lib/lib") for x in lst) and
@@ -128,6 +129,9 @@ try:
         tr = subprocess.run([SKV, "trace", "info", os.path.join(out, "gpu.trace")], capture_output=True, text=True)
         check("gpu-check results: skv trace info reads the traced step", tr.returncode == 0, tr.stderr)
         summ = open(os.path.join(out, "summary.txt")).read()
+        # bench_proj twice (the backend's kernels, then cuBLAS), each saying there is no device here
+        check("gpu-check summary: the projections' step ran bench_proj twice, each line in the summary",
+              summ.count("bench_proj: no CUDA device") == 2, summ)
         check("gpu-check summary: one layer's prefill, dense against ShadowKV, with the overhead",
               "prefill of one layer at 1024 tokens: dense" in summ and "overhead" in summ, summ)
         steps = bench_steps(os.path.join(out, "bench.txt")) if "bench.txt" in files else {}

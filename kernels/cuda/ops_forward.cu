@@ -475,6 +475,20 @@ static void matmma(mv_args *a, const float *x, int cols, int n, bool swiglu, int
 #undef MM_CASE
 }
 
+/* Rows through the backend's own projection kernels: MM_MAX_N, or R from
+ * SKV_CUDA_GEMM_ROWS=R (0 to MM_MAX_N) to send batches past R to cuBLAS,
+ * for tests/gpu/bench_proj's side by side of the two on a device. */
+static int own_rows(void) {
+    static int rows = -1;
+    if (rows < 0) {
+        const char *v = getenv("SKV_CUDA_GEMM_ROWS");
+        char *e = NULL;
+        long r = v && *v ? strtol(v, &e, 10) : MM_MAX_N;
+        rows = e && *e ? MM_MAX_N : r < 0 ? 0 : r > MM_MAX_N ? MM_MAX_N : (int)r;
+    }
+    return rows;
+}
+
 /* y_i = x · W_iᵀ for the k matrices of a (SWIGLU: y_0 = silu(x · W_0ᵀ) *
  * (x · W_1ᵀ)), n <= MM_MAX_N rows of x: one launch, k_matvec up to
  * MV_MAX_N rows, k_matmma past them. */
@@ -511,8 +525,8 @@ static void gemm_bf16(const void *W, int rows, int cols, const __nv_bfloat16 *xb
                      CUDA_R_16BF, cols, &zero, y, CUDA_R_32F, rows, CUBLAS_COMPUTE_32F, CUBLAS_GEMM_DEFAULT));
 }
 
-/* y (n, rows) = x (n, cols) · Wᵀ. BF16 weights: n <= MM_MAX_N in one
- * launch (project); more through cuBLAS, x rounded to BF16. fp32
+/* y (n, rows) = x (n, cols) · Wᵀ. BF16 weights: n <= MM_MAX_N (own_rows)
+ * in one launch (project); more through cuBLAS, x rounded to BF16. fp32
  * ones (vectors loaded as weights never reach here) run an fp32 GEMM. */
 void cu_matmul(enum ggml_type t, const void *W, int rows, int cols, const float *x, int n, float *y,
                skv_workspace *ws) {
@@ -520,7 +534,7 @@ void cu_matmul(enum ggml_type t, const void *W, int rows, int cols, const float 
     cuda_ctx *c = cuda_get();
     cudaStream_t st = cuda_after_fetch();
     cuda_span_mark sp = cuda_span_begin(0);
-    if (t == GGML_BF16 && n <= MM_MAX_N) {
+    if (t == GGML_BF16 && n <= own_rows()) {
         mv_args a = {};
         a.W[0] = (const uint16_t *)W;
         a.y[0] = y;
@@ -553,7 +567,7 @@ void cu_matmul_k(int k, const enum ggml_type *t, const void *const *W, const int
     }
     cudaStream_t st = cuda_after_fetch();
     cuda_span_mark sp = cuda_span_begin(0);
-    if (n <= MM_MAX_N) {
+    if (n <= own_rows()) {
         mv_args a = {};
         for (int i = 0; i < k; i++) {
             a.W[i] = (const uint16_t *)W[i];
@@ -574,7 +588,7 @@ void cu_matmul_k(int k, const enum ggml_type *t, const void *const *W, const int
  * (project) that writes gate alone; otherwise the two GEMMs and swiglu. */
 void cu_matmul_swiglu(enum ggml_type tg, const void *Wg, enum ggml_type tu, const void *Wu, int rows, int cols,
                       const float *x, int n, float *gate, float *up, skv_workspace *ws) {
-    if (tg == GGML_BF16 && tu == GGML_BF16 && n <= MM_MAX_N) {
+    if (tg == GGML_BF16 && tu == GGML_BF16 && n <= own_rows()) {
         cudaStream_t st = cuda_after_fetch();
         cuda_span_mark sp = cuda_span_begin(0);
         mv_args a = {};

@@ -2,7 +2,8 @@
 # pack.sh (make gpu-check): what a device machine needs for tests/gpu/run.sh,
 # in two files under build/gpu-check/:
 #   skv-gpu.tar.xz  bin/ (skv, the CUDA backend's libskv-cuda.so, which skv
-#                   loads from beside itself, and the GPU tests of
+#                   loads from beside itself, and the GPU tests and
+#                   bench_proj of
 #                   build-gpu/, a portable x86-64-v3 build with OpenBLAS
 #                   GEMMs), lib/ (every shared library ldd lists for them
 #                   except the C library and the CUDA libraries the box
@@ -28,13 +29,15 @@ if [ "$CPU" != 1 ] && [ ! -f "$CFG8B" ]; then
     echo "gpu-check: $CFG8B not found: the benches need the Llama-3.1-8B shape (set SKV_SHARED)" >&2
     exit 1
 fi
-for f in "$BIN/skv" "$BIN/libskv-cuda.so" "$BIN/tests/gpu/test_cuda_ops" "$BIN/tests/gpu/test_cuda_model"; do
+for f in "$BIN/skv" "$BIN/libskv-cuda.so" "$BIN/tests/gpu/test_cuda_ops" "$BIN/tests/gpu/test_cuda_model" \
+    "$BIN/tests/gpu/bench_proj"; do
     [ -x "$f" ] || { echo "gpu-check: $f not built" >&2; exit 1; }
 done
 S=$P/stage
 rm -rf "$S"
 mkdir -p "$S/bin" "$S/lib" "$S/configs"
-cp "$BIN/skv" "$BIN/libskv-cuda.so" "$BIN/tests/gpu/test_cuda_ops" "$BIN/tests/gpu/test_cuda_model" "$S/bin/"
+cp "$BIN/skv" "$BIN/libskv-cuda.so" "$BIN/tests/gpu/test_cuda_ops" "$BIN/tests/gpu/test_cuda_model" \
+    "$BIN/tests/gpu/bench_proj" "$S/bin/"
 strip --strip-debug "$S"/bin/*
 cp tests/gpu/run.sh tests/gpu/summary.sh "$S/"
 cp samples/default-model.config.json "$S/configs/"

@@ -20,7 +20,8 @@
 # same weights. The 8B model is written in the background while the tests run.
 # Order: device info; the op tests (every kernel against its CPU twin); the
 # whole-model tests (CPU vs GPU logits) on a small model and on the
-# Llama-3.1-8B shape with 2 layers; a traced decode step and its timeline PNG;
+# Llama-3.1-8B shape with 2 layers; one layer's projections at batches 1 to
+# 64, the backend's kernels beside cuBLAS; a traced decode step and its timeline PNG;
 # then the benches, dense and ShadowKV, each from its own prefill, at
 # batches of 1, 4 and the largest that fits, with the backend's own count of
 # launches and host syncs a decode step (SKV_CUDA_COUNT=1): at 122K on one
@@ -120,6 +121,7 @@ else
     # bytes a step)
     DENSE_OPT="--f16-kv"
 fi
+PROJ_OPT="--reps 20" # the 8B shape; on the CPU fallback bench_proj finds no device and says so
 
 say "skv gpu-check: budget ${BUDGET}s, backend $BE, results in $OUT"
 step device 30 sh -c "(nvidia-smi || echo 'nvidia-smi: not found'); uname -a; nproc; free -g; \
@@ -148,6 +150,13 @@ step op-tests 120 bin/test_cuda_ops ||
     step op-tests-sync 120 env SKV_CUDA_SYNC=1 bin/test_cuda_ops  # again, a sync after each launch: names the kernel
 step model-small 60 env SKV_GPU_MODEL=small.gguf bin/test_cuda_model
 step model-2layer 90 env SKV_GPU_MODEL=big-2l.gguf bin/test_cuda_model
+# one layer's decode projections at batches 1 to 64 (8B shape): the
+# backend's kernels (k_matvec, k_matmma), then cuBLAS on the same shapes
+# (SKV_CUDA_GEMM_ROWS=0); a "proj" line a batch into the summary
+step proj-bench 40 sh -c "bin/bench_proj $PROJ_OPT > '$OUT/.proj.txt' && \
+    SKV_CUDA_GEMM_ROWS=0 bin/bench_proj $PROJ_OPT --n 8,9,16,32,64 >> '$OUT/.proj.txt'"
+cat "$OUT/.proj.txt" 2>/dev/null | tee -a "$LOG" >> "$SUM"
+rm -f "$OUT/.proj.txt"
 
 rm -f "$OUT/gpu.trace" "$OUT/timeline.png"
 step traced-step 60 "$SKV" run --backend $BE -m big-2l.gguf --kv shadowkv $TRACE_OPT -f configs/default-model.config.json \

@@ -1,0 +1,161 @@
+/* bench_proj: a decode step's projections of one layer on the CUDA backend,
+ * timed at each batch: q/k/v (matmul_k of 3), o, gate and up with SwiGLU
+ * (matmul_swiglu), down, on random BF16 weights of the Llama-3.1-8B shape
+ * (or --dim, --kv, --ffn). A line a batch:
+ *     proj n=N path=P qkv_us= o_us= gate_up_us= down_us= layer_us= weight_GBps=
+ * (each the median of --reps timed calls, a sync after each; weight_GBps the
+ * layer's weight bytes over layer_us). The path is the backend's kernel for
+ * n rows: k_matvec up to 8, k_matmma up to 64, cuBLAS past; with
+ * SKV_CUDA_GEMM_ROWS=R in the environment rows past R go to cuBLAS, so two
+ * runs, one with SKV_CUDA_GEMM_ROWS=0, set the backend's kernels beside
+ * cuBLAS on the same shapes (tests/gpu/run.sh's proj-bench step). Without a
+ * usable CUDA device it says why and exits 0, as the op tests skip. */
+#include "backend.h"
+#include "quant.h"
+#include "skv.h"
+
+#include <stdint.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <time.h>
+
+static const skv_backend *cu;
+
+static double now_us(void) {
+    struct timespec t;
+    clock_gettime(CLOCK_MONOTONIC, &t);
+    return t.tv_sec * 1e6 + t.tv_nsec / 1e3;
+}
+
+/* xorshift64: BF16 weights of about unit scale over sqrt(cols) */
+static uint64_t rng = 0x9e3779b97f4a7c15ull;
+static float frand(void) {
+    rng ^= rng << 13;
+    rng ^= rng >> 7;
+    rng ^= rng << 17;
+    return (float)((rng >> 40) * (1.0 / 16777216.0)) * 2.0f - 1.0f;
+}
+
+static int load(int rows, int cols, skv_weight *w) {
+    size_t n = (size_t)rows * cols;
+    uint16_t *h = malloc(sizeof(uint16_t) * (n ? n : 1));
+    if (!h) return -1;
+    for (size_t i = 0; i < n; i++) h[i] = f32_to_bf16(frand() * 0.03f);
+    int rc = cu->weight_load(GGML_BF16, h, rows, cols, w);
+    free(h);
+    return rc;
+}
+
+static int cmp_d(const void *a, const void *b) {
+    double x = *(const double *)a, y = *(const double *)b;
+    return (x > y) - (x < y);
+}
+
+/* a positive int from s, or -1 */
+static int pos_int(const char *s) {
+    char *e;
+    long v = strtol(s, &e, 10);
+    return *s && !*e && v > 0 && v <= 1 << 20 ? (int)v : -1;
+}
+
+int main(int argc, char **argv) {
+    int dim = 4096, kv = 1024, ffn = 14336, reps = 20;
+    int ns[32] = {1, 4, 8, 9, 16, 32, 64}, nn = 7;
+    for (int i = 1; i < argc; i++) {
+        int *dst = !strcmp(argv[i], "--dim")    ? &dim
+                   : !strcmp(argv[i], "--kv")   ? &kv
+                   : !strcmp(argv[i], "--ffn")  ? &ffn
+                   : !strcmp(argv[i], "--reps") ? &reps
+                                                : NULL;
+        if (dst && i + 1 < argc && (*dst = pos_int(argv[i + 1])) > 0) {
+            i++;
+            continue;
+        }
+        if (!strcmp(argv[i], "--n") && i + 1 < argc) {
+            int ok = 1;
+            nn = 0;
+            for (char *p = argv[i + 1], *tok; ok && (tok = strtok(p, ",")); p = NULL) {
+                int n = pos_int(tok);
+                ok = nn < 32 && n > 0 && n <= 4096;
+                if (ok) ns[nn++] = n;
+            }
+            if (ok && nn > 0) {
+                i++;
+                continue;
+            }
+        }
+        fprintf(stderr, "bench_proj: bad argument '%s' (--dim D --kv K --ffn F --reps R --n N,N,...)\n", argv[i]);
+        return 2;
+    }
+    cu = skv_backend_find("cuda");
+    char why[256] = "";
+    if (!cu || !cu->available(why, sizeof why)) {
+        printf("bench_proj: no CUDA device: %s\n", cu ? why : "this build has no CUDA backend");
+        return 0;
+    }
+    int gemm_rows = 64;
+    const char *env = getenv("SKV_CUDA_GEMM_ROWS");
+    if (env && *env) gemm_rows = atoi(env);
+    skv_weight wq, wk, wv, wo, wg, wu, wd;
+    if (load(dim, dim, &wq) || load(kv, dim, &wk) || load(kv, dim, &wv) || load(dim, dim, &wo) ||
+        load(ffn, dim, &wg) || load(ffn, dim, &wu) || load(dim, ffn, &wd)) {
+        printf("bench_proj: the weights do not load: %s\n", skv_last_error());
+        return 1;
+    }
+    double wbytes = 2.0 * ((double)dim * dim * 2 + 2.0 * kv * dim + 3.0 * ffn * dim);
+    int nmax = 0;
+    for (int i = 0; i < nn; i++) nmax = ns[i] > nmax ? ns[i] : nmax;
+    size_t xs = (size_t)nmax * (ffn > dim ? ffn : dim);
+    float *hx = malloc(sizeof(float) * xs);
+    float *x = cu->alloc(sizeof(float) * xs), *q = cu->alloc(sizeof(float) * nmax * dim);
+    float *k = cu->alloc(sizeof(float) * nmax * kv), *v = cu->alloc(sizeof(float) * nmax * kv);
+    float *o = cu->alloc(sizeof(float) * nmax * dim), *g = cu->alloc(sizeof(float) * nmax * ffn);
+    float *u = cu->alloc(sizeof(float) * nmax * ffn);
+    double *t = malloc(sizeof(double) * (size_t)reps);
+    if (!hx || !x || !q || !k || !v || !o || !g || !u || !t) {
+        printf("bench_proj: out of memory\n");
+        return 1;
+    }
+    for (size_t i = 0; i < xs; i++) hx[i] = frand();
+    cu->upload(x, hx, sizeof(float) * xs);
+    skv_workspace ws = {0};
+    for (int i = 0; i < nn; i++) {
+        int n = ns[i];
+        double med[4];
+        for (int op = 0; op < 4; op++) {
+            for (int r = -3; r < reps; r++) { /* 3 warm-up calls */
+                double t0 = now_us();
+                if (op == 0) {
+                    enum ggml_type ty[3] = {wq.type, wk.type, wv.type};
+                    const void *W[3] = {wq.data, wk.data, wv.data};
+                    int rows[3] = {dim, kv, kv};
+                    float *y[3] = {q, k, v};
+                    cu->matmul_k(3, ty, W, rows, dim, x, n, y, &ws);
+                } else if (op == 1) {
+                    cu->matmul(wo.type, wo.data, dim, dim, x, n, o, &ws);
+                } else if (op == 2) {
+                    cu->matmul_swiglu(wg.type, wg.data, wu.type, wu.data, ffn, dim, x, n, g, u, &ws);
+                } else {
+                    cu->matmul(wd.type, wd.data, dim, ffn, x, n, o, &ws);
+                }
+                cu->sync();
+                if (r >= 0) t[r] = now_us() - t0;
+            }
+            qsort(t, (size_t)reps, sizeof *t, cmp_d);
+            med[op] = t[reps / 2];
+        }
+        double layer = med[0] + med[1] + med[2] + med[3];
+        printf("proj n=%d path=%s qkv_us=%.1f o_us=%.1f gate_up_us=%.1f down_us=%.1f layer_us=%.1f weight_GBps=%.0f\n",
+               n, n > gemm_rows ? "cublas" : n <= 8 ? "k_matvec" : "k_matmma", med[0], med[1], med[2], med[3], layer,
+               wbytes / (layer * 1e3));
+        fflush(stdout);
+    }
+    skv_workspace_free(&ws);
+    cu->free(x); cu->free(q); cu->free(k); cu->free(v); cu->free(o); cu->free(g); cu->free(u);
+    skv_weight *all[7] = {&wq, &wk, &wv, &wo, &wg, &wu, &wd};
+    for (int i = 0; i < 7; i++) cu->weight_free(all[i]);
+    free(hx);
+    free(t);
+    return 0;
+}
