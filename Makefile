@@ -242,9 +242,11 @@ test_pick = $(or $(filter %/test_$(1) %/test_$(1).py,$(ALL_TESTS)),$(error TESTS
 RUN_TESTS = $(if $(strip $(TESTS)),$(foreach t,$(TESTS),$(call test_pick,$(t))),$(ALL_TESTS))
 FAST_TESTS = $(filter-out $(SLOW_TESTS),$(patsubst test_%,%,$(notdir $(ALL_TESTS))))
 # With the CUDA backend, the device binaries too: tests/test_gpu_check.py packs
-# and runs them on the CPU fallback (they find no device and say so).
+# and runs them on the CPU fallback (they find no device and say so);
+# bench_proj on the simulator for tests/sim/test_gpu_steps.sh.
 GPU_CHECK_BIN = $(if $(CUDA_SO),$(addprefix $(BUILD)/tests/gpu/,test_cuda_ops test_cuda_model bench_proj))
-test: $(filter $(BUILD)/%,$(RUN_TESTS)) $(BUILD)/skv $(BUILD)/default-model.gguf $(SIM_DIR)/skv $(GPU_CHECK_BIN)
+test: $(filter $(BUILD)/%,$(RUN_TESTS)) $(BUILD)/skv $(BUILD)/default-model.gguf $(SIM_DIR)/skv \
+      $(SIM_DIR)/tests/gpu/bench_proj $(GPU_CHECK_BIN)
 	@SKV_BIN=$(abspath $(BUILD))/skv sh tests/run.sh $(RUN_TESTS)
 test-fast:
 	@$(MAKE) --no-print-directory test TESTS="$(FAST_TESTS)"

@@ -22,6 +22,8 @@
 # step + 31 x the second layer's time, the two-layer step less the
 # one-layer one). CTX_BIG (default 122880): the
 # context of the prefill row (one layer's prefill, dense against ShadowKV).
+# bench_proj's lines (proj n=N path=P ... layer_us=U weight_GBps=G) make a
+# second table: a batch a row, the backend's kernel beside cuBLAS.
 awk -v big="${2:-122880}" '
 function val(line, key) {
     if (match(line, " " key "=[^ ]*")) return substr(line, RSTART + length(key) + 2, RLENGTH - length(key) - 2)
@@ -46,6 +48,13 @@ function or_dash(x) { return x == "" ? "-" : x }
     next
 }
 /^kv=/ && / max_parallel=/ { fit[layers + 0, val(line, "kv")] = val(line, "max_parallel"); next }
+/^proj / && / layer_us=/ {
+    pn = val(line, "n")
+    if (!(pn in seen)) { seen[pn] = 1; pord[++np] = pn }
+    if (val(line, "path") == "cublas") { cub[pn] = val(line, "layer_us"); cubg[pn] = val(line, "weight_GBps") }
+    else { own[pn] = val(line, "layer_us"); owng[pn] = val(line, "weight_GBps"); ownk[pn] = val(line, "path") }
+    next
+}
 /^cuda_count:/ {
     if (last) {
         L[last] = val(line, "launches_step"); S[last] = val(line, "syncs_step"); LL[last] = val(line, "launches_layer")
@@ -88,4 +97,14 @@ END {
     if (pd != "" && ps != "")
         printf "prefill of one layer at %d tokens: dense %.1f ms (target <= 622: 2x SDPA'"'"'s 311), shadowkv %.1f ms, overhead %.1f%% (target <= 6%%)\n",
             big, 1000 * big / pd, 1000 * big / ps, 100 * (pd / ps - 1)
+    if (np) {
+        printf "== one layer'"'"'s decode projections (tests/gpu/bench_proj): the backend'"'"'s kernels beside cuBLAS; weights read at HBM'"'"'s 3080 GB/s (../shared/GPU.md) at best ==\n"
+        printf "%5s %9s %9s %9s %10s %11s %11s\n", "batch", "kernel", "layer_us", "GB/s", "cublas_us", "cublas_GB/s", "cublas/own"
+        for (i = 1; i <= np; i++) {
+            pn = pord[i]
+            r = (pn in own) && (pn in cub) && own[pn] > 0 ? sprintf("%.2f", cub[pn] / own[pn]) : "-"
+            printf "%5s %9s %9s %9s %10s %11s %11s\n", pn, (pn in own) ? ownk[pn] : "-", (pn in own) ? own[pn] : "-",
+                (pn in own) ? owng[pn] : "-", (pn in cub) ? cub[pn] : "-", (pn in cub) ? cubg[pn] : "-", r
+        }
+    }
 }' "$1"

@@ -3,7 +3,8 @@
 # `skv` built on the CUDA simulator ($(BUILD)/sim/skv, tests/cusim): a traced
 # ShadowKV run on --backend cuda and its timeline PNG, dense and ShadowKV
 # benches from one prefill at batch 1 and 10 (forks and batches on the
-# device), the largest batch a small device fits, run, and a --parallel run. Each step under a timeout that kills; each
+# device), the largest batch a small device fits, run, and a --parallel run,
+# and the projections' bench (tests/gpu/bench_proj on the simulator). Each step under a timeout that kills; each
 # must run on cuda, not fall back to the CPU. The bench runs as gpu-check's
 # do, with SKV_CUDA_COUNT=1: after each bench line the backend's own count of
 # that run's launches and host syncs a step, which must agree with the
@@ -108,5 +109,24 @@ else
 fi
 step parallel 180 "$SIM" run --backend cuda -m "$T/small.gguf" --kv shadowkv --budget 64 --rank 16 --outliers 2 \
     -f "$CFG" -n 3 --parallel 2
+# gpu-check's proj-bench: bench_proj on the simulator at a tiny shape, the
+# backend's kernels then cuBLAS (SKV_CUDA_GEMM_ROWS=0), into summary.sh's
+# second table; and the switch itself, counted: a decode step of one
+# sequence under SKV_CUDA_GEMM_ROWS=0 makes library calls, where it makes none
+PB=$(dirname "$SIM")/tests/gpu/bench_proj
+PO="--dim 128 --kv 32 --ffn 256 --reps 2"
+step proj-bench 120 sh -c "'$PB' $PO --n 1,9,40 > '$T/proj.txt' && SKV_CUDA_GEMM_ROWS=0 '$PB' $PO --n 9,40 >> '$T/proj.txt'"
+{ echo "step=proj-bench layers=1"; cat "$T/proj.txt"; } > "$T/proj-bench.txt"
+sh tests/gpu/summary.sh "$T/proj-bench.txt" > "$T/proj-table.txt" 2>&1
+prow=$(awk '/^== one layer.s decode projections/ { on = 1; next } on && $1 ~ /^[0-9]+$/' "$T/proj-table.txt")
+if echo "$prow" | grep -q '^ *1  *k_matvec .* - *- *-$' && echo "$prow" | grep -Eq '^ *9  *k_matmma .* [0-9]+\.[0-9]{2}$' &&
+    echo "$prow" | grep -Eq '^ *40  *k_matmma .* [0-9]+\.[0-9]{2}$'; then
+    ok "proj-bench: bench_proj's lines make summary.sh's table, batches 9 and 40 on k_matmma beside cuBLAS"
+else ko "proj-bench: summary.sh's projections table: $(cat "$T/proj-table.txt" "$T/proj.txt")"; fi
+step gemm-rows 120 env SKV_CUDA_COUNT=1 SKV_CUDA_GEMM_ROWS=0 "$SIM" bench --backend cuda -m "$T/small.gguf" \
+    --prompt-tokens 100 -c 120 -n 3 --kv dense --parallel 1
+lib=$(awk '/^cuda_count:/ { if (match($0, / lib_calls_step=[0-9]+/)) print substr($0, RSTART + 16, RLENGTH - 16); exit }' "$T/gemm-rows.log")
+if [ "${lib:-0}" -gt 0 ]; then ok "SKV_CUDA_GEMM_ROWS=0: one sequence's decode step projects through cuBLAS ($lib library calls a step)"
+else ko "SKV_CUDA_GEMM_ROWS=0: no library call counted: $(grep -m1 '^cuda_count:' "$T/gemm-rows.log")"; fi
 echo "test_gpu_steps: $pass passed, $fail failed, 0 skipped"
 [ $fail -eq 0 ]
