@@ -272,7 +272,7 @@ static void matvec(mv_args *a, const float *x, int cols, int n, bool swiglu, int
  * The weights are the A operand, 16 rows a tile; x is B, 8 rows a tile, so
  * 9 rows waste 7 of 16 columns, not 7 of 16 rows. x stays fp32 in memory
  * and goes in as two BF16 parts, hi = bf16(x) and lo = bf16(x - hi): two
- * MMAs a tile keep about 16 of x's 24 bits (a relative error near 2^-17,
+ * MMAs a tile keep about 16 of x's 24 bits (x's error at most 2^-18 of it,
  * against 2^-9 for x rounded once), so a sequence's projections barely
  * move when a batch grows past 8.
  *
