@@ -25,12 +25,7 @@
 
 static uint64_t rng = 0x9e3779b97f4a7c15ull;
 
-static float frand(void) {
-    rng ^= rng << 13;
-    rng ^= rng >> 7;
-    rng ^= rng << 17;
-    return (float)((rng >> 11) * (1.0 / 9007199254740992.0)) * 2.0f - 1.0f;
-}
+static float frand(void) { return test_frand(&rng); }
 
 static void fill(float *x, size_t n, float s) {
     for (size_t i = 0; i < n; i++) x[i] = s * frand();

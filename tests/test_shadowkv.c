@@ -26,12 +26,7 @@
 
 static uint64_t rng_state = 0x2545f4914f6cdd1dull;
 
-static float frand(void) {
-    rng_state ^= rng_state << 13;
-    rng_state ^= rng_state >> 7;
-    rng_state ^= rng_state << 17;
-    return (float)((rng_state >> 11) * (1.0 / 9007199254740992.0)) * 2.0f - 1.0f;
-}
+static float frand(void) { return test_frand(&rng_state); }
 
 /* ---- probe collection ----------------------------------------------------- */
 

@@ -8,6 +8,7 @@
 #define SKV_TESTHELP_H
 
 #include <math.h>
+#include <stdint.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -52,6 +53,15 @@ static inline double test_rel_l2(const float *a, const float *b, size_t n) {
         den += (double)b[i] * b[i];
     }
     return den > 0 ? sqrt(num / den) : sqrt(num);
+}
+
+/* The next of a xorshift64 sequence (*s, a nonzero seed, advances): uniform
+ * in [-1, 1), from the top 53 bits. Each test keeps its own state and seed. */
+static inline float test_frand(uint64_t *s) {
+    *s ^= *s << 13;
+    *s ^= *s >> 7;
+    *s ^= *s << 17;
+    return (float)((*s >> 11) * (1.0 / 9007199254740992.0)) * 2.0f - 1.0f;
 }
 
 /* A scratch directory unique to this test binary (created; caller may leave it). */

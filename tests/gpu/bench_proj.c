@@ -13,6 +13,7 @@
 #include "backend.h"
 #include "quant.h"
 #include "skv.h"
+#include "testhelp.h"
 
 #include <stdint.h>
 #include <stdio.h>
@@ -28,14 +29,8 @@ static double now_us(void) {
     return t.tv_sec * 1e6 + t.tv_nsec / 1e3;
 }
 
-/* xorshift64: BF16 weights of about unit scale over sqrt(cols) */
 static uint64_t rng = 0x9e3779b97f4a7c15ull;
-static float frand(void) {
-    rng ^= rng << 13;
-    rng ^= rng >> 7;
-    rng ^= rng << 17;
-    return (float)((rng >> 40) * (1.0 / 16777216.0)) * 2.0f - 1.0f;
-}
+static float frand(void) { return test_frand(&rng); }
 
 static int load(int rows, int cols, skv_weight *w) {
     size_t n = (size_t)rows * cols;

@@ -35,12 +35,7 @@ static const skv_backend *cu;
 static const skv_backend *cpu = &skv_backend_cpu;
 
 static uint64_t rs = 0x6a09e667f3bcc909ull;
-static float frand(void) {
-    rs ^= rs << 13;
-    rs ^= rs >> 7;
-    rs ^= rs << 17;
-    return (float)((rs >> 11) * (1.0 / 9007199254740992.0)) * 2.0f - 1.0f;
-}
+static float frand(void) { return test_frand(&rs); }
 static float *rnd(size_t n) {
     float *x = malloc(sizeof(float) * (n ? n : 1));
     for (size_t i = 0; i < n; i++) x[i] = frand();

@@ -104,12 +104,7 @@ __global__ void k_ldsm(int pad, int misalign, uint32_t *out) {
 /* ---- host side ---- */
 
 static uint64_t rs = 0x9e3779b97f4a7c15ull;
-static float frand(void) {
-    rs ^= rs << 13;
-    rs ^= rs >> 7;
-    rs ^= rs << 17;
-    return (float)((rs >> 11) * (1.0 / 9007199254740992.0)) * 2.0f - 1.0f;
-}
+static float frand(void) { return test_frand(&rs); }
 
 static uint16_t to16(float x, int f16) {
     return f16 ? __half_as_ushort(__float2half_rn(x)) : __bfloat16_as_ushort(__float2bfloat16_rn(x));
