@@ -1301,10 +1301,11 @@ static void t_forward_fused(void) {
     skv_workspace ws = {0};
     char op[200];
     /* matmul: cols 512 (16-byte loads), 100 (not a multiple of 8: the
-     * scalar path), and x one float off 16-byte alignment (scalar too) */
+     * scalar path), 200 (16-byte loads, but k_matmma's last 32-column chunk
+     * a quarter full), and x one float off 16-byte alignment (scalar too) */
     {
-        int rows = 75, cols_of[2] = {512, 100};
-        for (int ci = 0; ci < 2; ci++) {
+        int rows = 75, cols_of[3] = {512, 100, 200};
+        for (int ci = 0; ci < 3; ci++) {
             int cols = cols_of[ci];
             skv_weight gw;
             uint16_t *wb = bf16_weights(rows, cols, &gw);
