@@ -3,8 +3,11 @@
  * (matmul_swiglu), down, on random BF16 weights of the Llama-3.1-8B shape
  * (or --dim, --kv, --ffn). A line a batch:
  *     proj n=N path=P qkv_us= o_us= gate_up_us= down_us= layer_us= weight_GBps=
- * (each the median of --reps timed calls, a sync after each; weight_GBps the
- * layer's weight bytes over layer_us). The path is the backend's kernel for
+ * each the median of --reps timed runs: an op alone, then the layer's four
+ * back to back (launches overlapping, as in a step), a sync after each run
+ * and the L2 emptied before it (a matvec over --flush-mib, default 128 MiB,
+ * not timed), so no weight is read from the cache; weight_GBps is the layer's weight bytes
+ * over layer_us. The path is the backend's kernel for
  * n rows: k_matvec up to 8, k_matmma up to 64, cuBLAS past; with
  * SKV_CUDA_GEMM_ROWS=R in the environment rows past R go to cuBLAS, so two
  * runs, one with SKV_CUDA_GEMM_ROWS=0, set the backend's kernels beside
@@ -55,13 +58,14 @@ static int pos_int(const char *s) {
 }
 
 int main(int argc, char **argv) {
-    int dim = 4096, kv = 1024, ffn = 14336, reps = 20;
+    int dim = 4096, kv = 1024, ffn = 14336, reps = 20, flush_mib = 128;
     int ns[32] = {1, 4, 8, 9, 16, 32, 64}, nn = 7;
     for (int i = 1; i < argc; i++) {
         int *dst = !strcmp(argv[i], "--dim")    ? &dim
                    : !strcmp(argv[i], "--kv")   ? &kv
                    : !strcmp(argv[i], "--ffn")  ? &ffn
                    : !strcmp(argv[i], "--reps") ? &reps
+                   : !strcmp(argv[i], "--flush-mib") ? &flush_mib
                                                 : NULL;
         if (dst && i + 1 < argc && (*dst = pos_int(argv[i + 1])) > 0) {
             i++;
@@ -80,7 +84,8 @@ int main(int argc, char **argv) {
                 continue;
             }
         }
-        fprintf(stderr, "bench_proj: bad argument '%s' (--dim D --kv K --ffn F --reps R --n N,N,...)\n", argv[i]);
+        fprintf(stderr, "bench_proj: bad argument '%s' (--dim D --kv K --ffn F --reps R --n N,N,... --flush-mib M)\n",
+                argv[i]);
         return 2;
     }
     cu = skv_backend_find("cuda");
@@ -92,9 +97,11 @@ int main(int argc, char **argv) {
     int gemm_rows = 64;
     const char *env = getenv("SKV_CUDA_GEMM_ROWS");
     if (env && *env) gemm_rows = atoi(env);
-    skv_weight wq, wk, wv, wo, wg, wu, wd;
+    skv_weight wq, wk, wv, wo, wg, wu, wd, wf;
+    int frows = (int)(((size_t)flush_mib << 20) / 2 / (size_t)dim); /* the L2 flush: BF16 rows */
+    if (frows < 1) frows = 1;
     if (load(dim, dim, &wq) || load(kv, dim, &wk) || load(kv, dim, &wv) || load(dim, dim, &wo) ||
-        load(ffn, dim, &wg) || load(ffn, dim, &wu) || load(dim, ffn, &wd)) {
+        load(ffn, dim, &wg) || load(ffn, dim, &wu) || load(dim, ffn, &wd) || load(frows, dim, &wf)) {
         printf("bench_proj: the weights do not load: %s\n", skv_last_error());
         return 1;
     }
@@ -106,9 +113,9 @@ int main(int argc, char **argv) {
     float *x = cu->alloc(sizeof(float) * xs), *q = cu->alloc(sizeof(float) * nmax * dim);
     float *k = cu->alloc(sizeof(float) * nmax * kv), *v = cu->alloc(sizeof(float) * nmax * kv);
     float *o = cu->alloc(sizeof(float) * nmax * dim), *g = cu->alloc(sizeof(float) * nmax * ffn);
-    float *u = cu->alloc(sizeof(float) * nmax * ffn);
+    float *u = cu->alloc(sizeof(float) * nmax * ffn), *f = cu->alloc(sizeof(float) * frows);
     double *t = malloc(sizeof(double) * (size_t)reps);
-    if (!hx || !x || !q || !k || !v || !o || !g || !u || !t) {
+    if (!hx || !x || !q || !k || !v || !o || !g || !u || !f || !t) {
         printf("bench_proj: out of memory\n");
         return 1;
     }
@@ -117,39 +124,40 @@ int main(int argc, char **argv) {
     skv_workspace ws = {0};
     for (int i = 0; i < nn; i++) {
         int n = ns[i];
-        double med[4];
-        for (int op = 0; op < 4; op++) {
-            for (int r = -3; r < reps; r++) { /* 3 warm-up calls */
+        double med[5]; /* the four ops, then the layer */
+        for (int op = 0; op < 5; op++) {
+            for (int r = -3; r < reps; r++) { /* 3 warm-up rounds */
+                /* the L2 emptied first (the o weights, 32 MiB, would stay in
+                 * a 50 MiB L2 from the call before): one matvec over a
+                 * --flush-mib matrix (128 MiB), outside the time */
+                cu->matmul(wf.type, wf.data, frows, dim, x, 1, f, &ws);
+                cu->sync();
                 double t0 = now_us();
-                if (op == 0) {
+                if (op == 0 || op == 4) {
                     enum ggml_type ty[3] = {wq.type, wk.type, wv.type};
                     const void *W[3] = {wq.data, wk.data, wv.data};
                     int rows[3] = {dim, kv, kv};
                     float *y[3] = {q, k, v};
                     cu->matmul_k(3, ty, W, rows, dim, x, n, y, &ws);
-                } else if (op == 1) {
-                    cu->matmul(wo.type, wo.data, dim, dim, x, n, o, &ws);
-                } else if (op == 2) {
-                    cu->matmul_swiglu(wg.type, wg.data, wu.type, wu.data, ffn, dim, x, n, g, u, &ws);
-                } else {
-                    cu->matmul(wd.type, wd.data, dim, ffn, x, n, o, &ws);
                 }
+                if (op == 1 || op == 4) cu->matmul(wo.type, wo.data, dim, dim, x, n, o, &ws);
+                if (op == 2 || op == 4) cu->matmul_swiglu(wg.type, wg.data, wu.type, wu.data, ffn, dim, x, n, g, u, &ws);
+                if (op == 3 || op == 4) cu->matmul(wd.type, wd.data, dim, ffn, x, n, o, &ws);
                 cu->sync();
                 if (r >= 0) t[r] = now_us() - t0;
             }
             qsort(t, (size_t)reps, sizeof *t, cmp_d);
             med[op] = t[reps / 2];
         }
-        double layer = med[0] + med[1] + med[2] + med[3];
         printf("proj n=%d path=%s qkv_us=%.1f o_us=%.1f gate_up_us=%.1f down_us=%.1f layer_us=%.1f weight_GBps=%.0f\n",
-               n, n > gemm_rows ? "cublas" : n <= 8 ? "k_matvec" : "k_matmma", med[0], med[1], med[2], med[3], layer,
-               wbytes / (layer * 1e3));
+               n, n > gemm_rows ? "cublas" : n <= 8 ? "k_matvec" : "k_matmma", med[0], med[1], med[2], med[3], med[4],
+               wbytes / (med[4] * 1e3));
         fflush(stdout);
     }
     skv_workspace_free(&ws);
-    cu->free(x); cu->free(q); cu->free(k); cu->free(v); cu->free(o); cu->free(g); cu->free(u);
-    skv_weight *all[7] = {&wq, &wk, &wv, &wo, &wg, &wu, &wd};
-    for (int i = 0; i < 7; i++) cu->weight_free(all[i]);
+    cu->free(x); cu->free(q); cu->free(k); cu->free(v); cu->free(o); cu->free(g); cu->free(u); cu->free(f);
+    skv_weight *all[8] = {&wq, &wk, &wv, &wo, &wg, &wu, &wd, &wf};
+    for (int i = 0; i < 8; i++) cu->weight_free(all[i]);
     free(hx);
     free(t);
     return 0;

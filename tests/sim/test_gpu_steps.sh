@@ -114,7 +114,7 @@ step parallel 180 "$SIM" run --backend cuda -m "$T/small.gguf" --kv shadowkv --b
 # second table; and the switch itself, counted: a decode step of one
 # sequence under SKV_CUDA_GEMM_ROWS=0 makes library calls, where it makes none
 PB=$(dirname "$SIM")/tests/gpu/bench_proj
-PO="--dim 128 --kv 32 --ffn 256 --reps 2"
+PO="--dim 128 --kv 32 --ffn 256 --reps 2 --flush-mib 1" # a simulated L2 flush of 128 MiB takes minutes
 step proj-bench 120 sh -c "'$PB' $PO --n 1,9,40 > '$T/proj.txt' && SKV_CUDA_GEMM_ROWS=0 '$PB' $PO --n 9,40 >> '$T/proj.txt'"
 { echo "step=proj-bench layers=1"; cat "$T/proj.txt"; } > "$T/proj-bench.txt"
 sh tests/gpu/summary.sh "$T/proj-bench.txt" > "$T/proj-table.txt" 2>&1
