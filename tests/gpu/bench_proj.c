@@ -94,9 +94,14 @@ int main(int argc, char **argv) {
         printf("bench_proj: no CUDA device: %s\n", cu ? why : "this build has no CUDA backend");
         return 0;
     }
+    /* the label follows ops_forward.cu's own_rows: 0 to 64, anything else 64 */
     int gemm_rows = 64;
     const char *env = getenv("SKV_CUDA_GEMM_ROWS");
-    if (env && *env) gemm_rows = atoi(env);
+    if (env && *env) {
+        char *e;
+        long r = strtol(env, &e, 10);
+        gemm_rows = *e ? 64 : r < 0 ? 0 : r > 64 ? 64 : (int)r;
+    }
     skv_weight wq, wk, wv, wo, wg, wu, wd, wf;
     int frows = (int)(((size_t)flush_mib << 20) / 2 / (size_t)dim); /* the L2 flush: BF16 rows */
     if (frows < 1) frows = 1;
