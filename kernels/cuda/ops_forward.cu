@@ -231,14 +231,20 @@ __global__ void __launch_bounds__(MV_WARPS * 32)
     mv_body<N, true>(a, x, cols, vec);
 }
 
-template <int N, bool SWIGLU>
-static void matvec_n(mv_args *a, const float *x, int cols, int vec, cudaStream_t st) {
-    const int RT = SWIGLU ? mv_r(N, true) / 2 : mv_r(N, false);
+/* The task list of a launch whose task is per output rows of a matrix:
+ * each matrix's running end (task_end, which mv_find reads) and the total. */
+static int mv_tasks(mv_args *a, int per) {
     int tasks = 0;
     for (int i = 0; i < a->k; i++) {
-        tasks += (a->rows[i] + RT - 1) / RT;
+        tasks += (a->rows[i] + per - 1) / per;
         a->task_end[i] = tasks;
     }
+    return tasks;
+}
+
+template <int N, bool SWIGLU>
+static void matvec_n(mv_args *a, const float *x, int cols, int vec, cudaStream_t st) {
+    int tasks = mv_tasks(a, SWIGLU ? mv_r(N, true) / 2 : mv_r(N, false));
     if (!tasks) return;
     int blocks = cuda_blocks((size_t)tasks, MV_WARPS);
     if (SWIGLU) SKV_LAUNCH(k_matvec_swiglu<N>, blocks, MV_WARPS * 32, 0, st)(*a, x, cols, vec);
@@ -449,12 +455,7 @@ __global__ void __launch_bounds__(MM_KS * 32)
 
 template <int NT, bool SWIGLU>
 static void matmma_n(mv_args *a, const float *x, int n, int cols, int vec, cudaStream_t st) {
-    const int per = MM_MT * (SWIGLU ? 8 : 16); /* output rows a task */
-    int tasks = 0;
-    for (int i = 0; i < a->k; i++) {
-        tasks += (a->rows[i] + per - 1) / per;
-        a->task_end[i] = tasks;
-    }
+    int tasks = mv_tasks(a, MM_MT * (SWIGLU ? 8 : 16));
     if (!tasks) return;
     if (SWIGLU) SKV_LAUNCH(k_matmma_swiglu<NT>, tasks, MM_KS * 32, 0, st)(*a, x, n, cols, vec);
     else SKV_LAUNCH(k_matmma<NT>, tasks, MM_KS * 32, 0, st)(*a, x, n, cols, vec);
