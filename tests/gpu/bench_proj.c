@@ -8,10 +8,10 @@
  * and the L2 emptied before it (a matvec over --flush-mib, default 128 MiB,
  * not timed), so no weight is read from the cache; weight_GBps is the layer's weight bytes
  * over layer_us. The path is the backend's kernel for
- * n rows: k_matvec up to 8, k_matmma up to 64, cuBLAS past; with
- * SKV_CUDA_GEMM_ROWS=R in the environment rows past R go to cuBLAS, so two
- * runs, one with SKV_CUDA_GEMM_ROWS=0, set the backend's kernels beside
- * cuBLAS on the same shapes (tests/gpu/run.sh's proj-bench step). Without a
+ * n rows: k_matvec up to 8, k_matmma up to 64, cuBLAS past; --cublas sets
+ * SKV_CUDA_GEMM_ROWS=0, which sends every batch to cuBLAS, so two runs, one
+ * with --cublas, set the backend's kernels beside cuBLAS on the same shapes
+ * (tests/gpu/run.sh's proj-bench step). Without a
  * usable CUDA device it says why and exits 0, as the op tests skip. */
 #include "backend.h"
 #include "quant.h"
@@ -59,8 +59,12 @@ static int pos_int(const char *s) {
 
 int main(int argc, char **argv) {
     int dim = 4096, kv = 1024, ffn = 14336, reps = 20, flush_mib = 128;
-    int ns[32] = {1, 4, 8, 9, 16, 32, 64}, nn = 7;
+    int ns[32] = {1, 4, 8, 9, 16, 32, 64}, nn = 7, cublas = 0;
     for (int i = 1; i < argc; i++) {
+        if (!strcmp(argv[i], "--cublas")) {
+            cublas = 1;
+            continue;
+        }
         int *dst = !strcmp(argv[i], "--dim")    ? &dim
                    : !strcmp(argv[i], "--kv")   ? &kv
                    : !strcmp(argv[i], "--ffn")  ? &ffn
@@ -84,23 +88,20 @@ int main(int argc, char **argv) {
                 continue;
             }
         }
-        fprintf(stderr, "bench_proj: bad argument '%s' (--dim D --kv K --ffn F --reps R --n N,N,... --flush-mib M)\n",
+        fprintf(stderr, "bench_proj: bad argument '%s' (--dim D --kv K --ffn F --reps R --n N,N,... --flush-mib M --cublas)\n",
                 argv[i]);
         return 2;
+    }
+    /* read by the backend at its first projection */
+    if (cublas && setenv("SKV_CUDA_GEMM_ROWS", "0", 1)) {
+        printf("bench_proj: setenv failed\n");
+        return 1;
     }
     cu = skv_backend_find("cuda");
     char why[256] = "";
     if (!cu || !cu->available(why, sizeof why)) {
         printf("bench_proj: no CUDA device: %s\n", cu ? why : "this build has no CUDA backend");
         return 0;
-    }
-    /* the label follows ops_forward.cu's own_rows: 0 to 64, anything else 64 */
-    int gemm_rows = 64;
-    const char *env = getenv("SKV_CUDA_GEMM_ROWS");
-    if (env && *env) {
-        char *e;
-        long r = strtol(env, &e, 10);
-        gemm_rows = *e ? 64 : r < 0 ? 0 : r > 64 ? 64 : (int)r;
     }
     skv_weight wq, wk, wv, wo, wg, wu, wd, wf;
     int frows = (int)(((size_t)flush_mib << 20) / 2 / (size_t)dim); /* the L2 flush: BF16 rows */
@@ -155,7 +156,7 @@ int main(int argc, char **argv) {
             med[op] = t[reps / 2];
         }
         printf("proj n=%d path=%s qkv_us=%.1f o_us=%.1f gate_up_us=%.1f down_us=%.1f layer_us=%.1f weight_GBps=%.0f\n",
-               n, n > gemm_rows ? "cublas" : n <= 8 ? "k_matvec" : "k_matmma", med[0], med[1], med[2], med[3], med[4],
+               n, cublas || n > 64 ? "cublas" : n <= 8 ? "k_matvec" : "k_matmma", med[0], med[1], med[2], med[3], med[4],
                wbytes / (med[4] * 1e3));
         fflush(stdout);
     }

@@ -110,12 +110,12 @@ fi
 step parallel 180 "$SIM" run --backend cuda -m "$T/small.gguf" --kv shadowkv --budget 64 --rank 16 --outliers 2 \
     -f "$CFG" -n 3 --parallel 2
 # gpu-check's proj-bench: bench_proj on the simulator at a tiny shape, the
-# backend's kernels then cuBLAS (SKV_CUDA_GEMM_ROWS=0), into summary.sh's
+# backend's kernels then cuBLAS (--cublas), into summary.sh's
 # second table; and the switch itself, counted: a decode step of one
 # sequence under SKV_CUDA_GEMM_ROWS=0 makes library calls, where it makes none
 PB=$(dirname "$SIM")/tests/gpu/bench_proj
 PO="--dim 128 --kv 32 --ffn 256 --reps 2 --flush-mib 1" # a simulated L2 flush of 128 MiB takes minutes
-step proj-bench 120 sh -c "'$PB' $PO --n 1,9,40 > '$T/proj.txt' && SKV_CUDA_GEMM_ROWS=0 '$PB' $PO --n 9,40 >> '$T/proj.txt'"
+step proj-bench 120 sh -c "'$PB' $PO --n 1,9,40 > '$T/proj.txt' && '$PB' --cublas $PO --n 9,40 >> '$T/proj.txt'"
 { echo "step=proj-bench layers=1"; cat "$T/proj.txt"; } > "$T/proj-bench.txt"
 sh tests/gpu/summary.sh "$T/proj-bench.txt" > "$T/proj-table.txt" 2>&1
 prow=$(awk '/^== one layer.s decode projections/ { on = 1; next } on && $1 ~ /^[0-9]+$/' "$T/proj-table.txt")
