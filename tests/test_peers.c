@@ -2,6 +2,11 @@
  * measures every policy the same way.
  *  - page bounds (Quest, FreeKV): incremental min/max equal a brute force,
  *    and the page score bounds q·k for every key of the page;
+ *  - the row store (kv_rows) the peers and the oracle share: rows copied into
+ *    the policy's own members as appends grow it, page bounds kept, other
+ *    members untouched, past the context and past what is stored refused
+ *    with the policy's name; every policy's create refuses bad heads and a
+ *    negative budget the same way;
  *  - Quest: the selection path equals a brute force (scores, top-k, the
  *    forced last page, attention over the kept rows); at a budget that
  *    covers the context it attends exactly as dense; bad options refused;
@@ -11,6 +16,7 @@
  *  - model level (../shared): Quest's logits equal dense's at a full budget. */
 #include "backend.h"
 #include "kv.h"
+#include "kv_rows.h"
 #include "model.h"
 #include "kivi.h"
 #include "page_ops.h"
@@ -843,6 +849,101 @@ static void oracle_brute(const kv_data *kd, int hq, const float *q, const float 
     *err = sqrt(num / den);
 }
 
+/* ---- the shared row store ------------------------------------------------ */
+
+typedef struct {
+    int before;
+    float *k, *mn, *v, *mx;
+    int after;
+} rows_layer;
+
+static void test_rows(void) {
+    enum { NL = 2, H = 2, D = 4, KVD = H * D, P = 16, CTX = 300 };
+    kv_shape sh = {.n_layers = NL, .n_heads = 4, .n_kv_heads = H, .head_dim = D, .max_ctx = CTX};
+    rows_layer L[NL] = {{.before = 11, .after = 12}, {.before = 21, .after = 22}};
+    static const kv_rows_array arr[] = {
+        {offsetof(rows_layer, k), KV_ROWS_KEYS},
+        {offsetof(rows_layer, v), KV_ROWS_VALUES},
+        {offsetof(rows_layer, mn), KV_ROWS_PAGE_MIN},
+        {offsetof(rows_layer, mx), KV_ROWS_PAGE_MAX},
+    };
+    kv_rows s;
+    kv_rows_init(&s, "rowtest", &sh, L, sizeof L[0], arr, 4, P);
+    static float K[NL][CTX * KVD], V[NL][CTX * KVD];
+    for (int l = 0; l < NL; l++) {
+        fill(K[l], CTX * KVD, 2.0f);
+        fill(V[l], CTX * KVD, 1.0f);
+    }
+    /* pieces that cross pages and the first growth (256 rows) */
+    int cuts[] = {0, 5, 16, 40, 41, 250, 260, 299}, n_cuts = sizeof cuts / sizeof cuts[0], ok = 1;
+    for (int i = 0; i + 1 < n_cuts; i++)
+        for (int l = 0; l < NL; l++) {
+            int t0 = cuts[i], n = cuts[i + 1] - t0;
+            ok &= kv_rows_append(&s, l, t0, n, K[l] + t0 * KVD, V[l] + t0 * KVD) == 0;
+        }
+    test_cond("row store: every append in pieces accepted, grown past 256 rows", ok && s.cap >= 299 && s.n == 299);
+    int T = 299, same = 1, bounds = 1;
+    for (int l = 0; l < NL; l++) {
+        same &= !memcmp(L[l].k, K[l], sizeof(float) * T * KVD) && !memcmp(L[l].v, V[l], sizeof(float) * T * KVD);
+        for (int j = 0; j < (T + P - 1) / P; j++)
+            for (int c = 0; c < KVD; c++) {
+                float lo = INFINITY, hi = -INFINITY;
+                for (int t = j * P; t < (j + 1) * P && t < T; t++) {
+                    lo = fminf(lo, K[l][t * KVD + c]);
+                    hi = fmaxf(hi, K[l][t * KVD + c]);
+                }
+                bounds &= L[l].mn[j * KVD + c] == lo && L[l].mx[j * KVD + c] == hi;
+            }
+    }
+    test_cond("row store: keys and values copied into each layer's own members", same);
+    test_cond("row store: page min and max of each layer equal a brute force", bounds);
+    test_cond("row store: the layer struct's other members untouched",
+              L[0].before == 11 && L[0].after == 12 && L[1].before == 21 && L[1].after == 22);
+    int rc = kv_rows_append(&s, 0, 299, 2, K[0], V[0]);
+    test_cond("row store: an append past the context is refused with the policy's name",
+              rc == SKV_ERANGE && strstr(skv_last_error(), "rowtest: position 300 is past the context of 300") &&
+                  s.n == 299);
+    test_cond("row store: attends within what layer 0 holds pass the check",
+              kv_rows_check(&s, 1, 0, 299) == 0 && kv_rows_check(&s, 1, 298, 1) == 0);
+    rc = kv_rows_check(&s, 1, 298, 2);
+    test_cond("row store: an attend past what is stored is refused",
+              rc == SKV_EINVAL && strstr(skv_last_error(), "rowtest: layer 1 attends up to position 299, only 299 stored"));
+    test_cond("row store: a negative position is refused", kv_rows_check(&s, 0, -1, 1) == SKV_EINVAL);
+    kv_rows_free(&s);
+    test_cond("row store: freed members are cleared", !L[0].k && !L[0].v && !L[1].mn && !L[1].mx);
+
+    /* every policy's create: heads that do not split, a negative budget */
+    const char *peers[] = {"quest", "freekv", "specache", "tailorkv"};
+    for (size_t i = 0; i < sizeof peers / sizeof peers[0]; i++) {
+        kv_opts o;
+        kv_opts_default(&o);
+        snprintf(o.policy, sizeof o.policy, "%s", peers[i]);
+        kv_shape bad = sh;
+        bad.n_heads = 3;
+        kv_cache *c = NULL;
+        char want[96];
+        snprintf(want, sizeof want, "%s: 3 query heads do not split into 2 KV heads", peers[i]);
+        char what[128];
+        rc = kv_new(&o, &bad, &c);
+        snprintf(what, sizeof what, "%s's create: heads that do not split are refused", peers[i]);
+        test_cond(what, rc == SKV_EINVAL && !c && strstr(skv_last_error(), want));
+        o.budget = -1;
+        snprintf(want, sizeof want, "%s: the budget must be >= 0 (got -1)", peers[i]);
+        rc = kv_new(&o, &sh, &c);
+        snprintf(what, sizeof what, "%s's create: a negative budget is refused", peers[i]);
+        test_cond(what, rc == SKV_EINVAL && !c && strstr(skv_last_error(), want));
+        o.budget = 64;
+        rc = kv_new(&o, &sh, &c);
+        int stored = c && c->cls->append(c, 0, 0, 1, K[0], K[0], V[0]) == 0 &&
+                     c->cls->append(c, 0, 299, 2, K[0], K[0], V[0]) == SKV_ERANGE;
+        snprintf(want, sizeof want, "%s: position 300 is past the context of 300", peers[i]);
+        snprintf(what, sizeof what, "%s's create: a good shape gives a cache that refuses appends past the context",
+                 peers[i]);
+        test_cond(what, rc == 0 && stored && strstr(skv_last_error(), want));
+        kv_free(c);
+    }
+}
+
 static void test_oracle(void) {
     probe_bus *bus = NULL;
     probe_sub *sub = NULL;
@@ -1002,6 +1103,7 @@ int main(void) {
     test_kivi();
     test_specache();
     test_tailorkv();
+    test_rows();
     test_oracle();
     test_model("models/stories260k.gguf");
     test_model("models/mini-smollm-f32.gguf");

@@ -253,3 +253,25 @@ int kv_attend_all(const kv_shape *sh, const float *q, const float *K, const floa
     const skv_backend *be = sh->be ? sh->be : &skv_backend_cpu;
     return be->attend_decode(q, sh->n_heads, sh->n_kv_heads, sh->head_dim, K, V, rows, stride, head_stride, out);
 }
+
+int kv_policy_alloc(const kv_class *p, const kv_shape *shape, const kv_opts *o, size_t size, size_t layer_size,
+                    void **cache, void **layers) {
+    *cache = *layers = NULL;
+    if (shape->n_kv_heads < 1 || shape->n_heads % shape->n_kv_heads || shape->head_dim < 1)
+        return skv_error(SKV_EINVAL, "%s: %d query heads do not split into %d KV heads", p->name, shape->n_heads,
+                         shape->n_kv_heads);
+    if (o->budget < 0) return skv_error(SKV_EINVAL, "%s: the budget must be >= 0 (got %d)", p->name, o->budget);
+    kv_cache *c = skv_calloc(1, size);
+    void *L = c ? skv_calloc((size_t)shape->n_layers, layer_size) : NULL;
+    if (!L) {
+        free(c);
+        return skv_error(SKV_ENOMEM, "out of memory");
+    }
+    c->cls = c->policy = p;
+    c->shape = *shape;
+    if (!c->shape.be) c->shape.be = &skv_backend_cpu;
+    c->step = -1;
+    *cache = c;
+    *layers = L;
+    return 0;
+}

@@ -253,6 +253,15 @@ extern const kv_class kv_policy_dense, kv_policy_shadowkv, kv_policy_quest, kv_p
 int kv_attend_all(const kv_shape *sh, const float *q, const float *K, const float *V, int rows, int stride,
                   size_t head_stride, float *out);
 
+/* The start of a peer policy's create: checks that shape's query heads split
+ * into its KV heads and that o's budget is not negative, then allocates the
+ * policy's struct (size bytes, zeroed, its kv_cache first) into *cache, with
+ * the base set for class p on shape (the CPU backend when shape has none,
+ * step -1), and shape->n_layers zeroed layer structs of layer_size bytes
+ * into *layers. 0, or SKV_EINVAL or SKV_ENOMEM with nothing allocated. */
+int kv_policy_alloc(const kv_class *p, const kv_shape *shape, const kv_opts *o, size_t size, size_t layer_size,
+                    void **cache, void **layers);
+
 /* A dense cache (the oracle's exact twin, tests). */
 int kv_dense_new(const kv_shape *shape, kv_cache **out);
 

@@ -22,6 +22,7 @@
  * The first decode step picks with its own query. A page cache per KV head
  * holds the last step's pages; only pages not in it are fetched. */
 #include "kv.h"
+#include "kv_rows.h"
 #include "probe.h"
 #include "skv.h"
 
@@ -30,8 +31,8 @@
 #include <string.h>
 
 typedef struct {
-    float *k, *v;      /* (cap, kvd) post-RoPE keys and values (the offload store and the resident rows) */
-    float *mn, *mx;    /* (cap_pages, kvd) page bounds on the absolute page grid */
+    float *k, *v;      /* (cap, kvd) post-RoPE keys and values (the offload store and the resident rows; kv_rows) */
+    float *mn, *mx;    /* (cap_pages, kvd) page bounds on the absolute page grid (kv_rows) */
     float *q_prev;     /* (n_heads * d) the layer's query at the previous decode step */
     int has_prev;
     int dense;         /* last decode attend read every position */
@@ -56,7 +57,8 @@ typedef struct {
     int page, sink, window, dense_layers, avg_raw;
     float tau;
     int h, d, kvd, group, nh;
-    int cap, max_pages, n, prompt, budget, k;
+    int max_pages, prompt, budget, k;
+    kv_rows rows;              /* the layers' keys, values and page bounds; rows.n: positions in layer 0 */
     int ws;                    /* window start of the last decode step */
     fk_layer *L;
     fk_head *hd;               /* (n_kv_heads) */
@@ -65,46 +67,16 @@ typedef struct {
     int *mark;                 /* (max_pages) */
 } kv_fk;
 
-static int fk_grow(kv_fk *c, int need) {
-    if (need <= c->cap) return 0;
-    if (need > c->base.shape.max_ctx)
-        return skv_error(SKV_ERANGE, "freekv: position %d is past the context of %d", need - 1, c->base.shape.max_ctx);
-    int cap = c->cap ? c->cap : 256;
-    while (cap < need) cap *= 2;
-    if (cap > c->base.shape.max_ctx) cap = c->base.shape.max_ctx;
-    int pages = (cap + c->page - 1) / c->page;
-    size_t row = (size_t)c->kvd * sizeof(float);
-    for (int l = 0; l < c->base.shape.n_layers; l++) {
-        fk_layer *L = &c->L[l];
-        float *p;
-        if (!(p = realloc(L->k, row * cap))) goto oom;
-        L->k = p;
-        if (!(p = realloc(L->v, row * cap))) goto oom;
-        L->v = p;
-        if (!(p = realloc(L->mn, row * pages))) goto oom;
-        L->mn = p;
-        if (!(p = realloc(L->mx, row * pages))) goto oom;
-        L->mx = p;
-    }
-    c->cap = cap;
-    return 0;
-oom:
-    return skv_error(SKV_ENOMEM, "freekv: out of memory for %d positions", cap);
-}
+static const kv_rows_array fk_arrays[] = {
+    {offsetof(fk_layer, k), KV_ROWS_KEYS},
+    {offsetof(fk_layer, v), KV_ROWS_VALUES},
+    {offsetof(fk_layer, mn), KV_ROWS_PAGE_MIN},
+    {offsetof(fk_layer, mx), KV_ROWS_PAGE_MAX},
+};
 
 static int fk_append(kv_cache *base, int layer, int pos, int n, const float *k_pre, const float *k, const float *v) {
     (void)k_pre;
-    kv_fk *c = (kv_fk *)base;
-    int rc = fk_grow(c, pos + n);
-    if (rc) return rc;
-    fk_layer *L = &c->L[layer];
-    memcpy(L->k + (size_t)pos * c->kvd, k, sizeof(float) * (size_t)n * c->kvd);
-    memcpy(L->v + (size_t)pos * c->kvd, v, sizeof(float) * (size_t)n * c->kvd);
-    for (int kh = 0; kh < c->h; kh++)
-        base->shape.be->page_bounds(L->k + (size_t)kh * c->d, c->kvd, c->d, c->page, pos, n,
-                                    L->mn + (size_t)kh * c->d, L->mx + (size_t)kh * c->d, c->kvd);
-    if (layer == 0 && pos + n > c->n) c->n = pos + n;
-    return 0;
+    return kv_rows_append(&((kv_fk *)base)->rows, layer, pos, n, k, v);
 }
 
 static float cosine(const float *a, const float *b, int d) {
@@ -253,9 +225,8 @@ static int decode(kv_fk *c, int layer, int pos, const float *q, float *out) {
 static int fk_attend(kv_cache *base, int layer, int pos, int n, const float *q, float *out) {
     kv_fk *c = (kv_fk *)base;
     const kv_shape *sh = &base->shape;
-    if (pos + n > c->n || pos < 0)
-        return skv_error(SKV_EINVAL, "freekv: layer %d attends up to position %d, only %d stored", layer, pos + n - 1,
-                         c->n);
+    int rc = kv_rows_check(&c->rows, layer, pos, n);
+    if (rc) return rc;
     if (!c->prompt || n > 1) {
         sh->be->attend_causal(q, n, pos, sh->n_heads, sh->n_kv_heads, sh->head_dim, c->L[layer].k, c->L[layer].v,
                               c->kvd, (size_t)sh->head_dim, out);
@@ -266,7 +237,7 @@ static int fk_attend(kv_cache *base, int layer, int pos, int n, const float *q, 
 
 static int fk_end_prefill(kv_cache *base) {
     kv_fk *c = (kv_fk *)base;
-    c->prompt = c->n;
+    c->prompt = c->rows.n;
     c->budget = kv_budget_tokens(&c->o, c->prompt);
     int sel = c->budget - c->sink - c->window;
     c->k = sel > 0 ? sel / c->page : 0;
@@ -304,7 +275,7 @@ static int fk_end_prefill(kv_cache *base) {
 
 static void fk_bytes(const kv_cache *base, size_t *resident, size_t *offloaded) {
     const kv_fk *c = (const kv_fk *)base;
-    size_t f = sizeof(float), kvd = (size_t)c->kvd, n = (size_t)c->n, pages = (n + c->page - 1) / c->page;
+    size_t f = sizeof(float), kvd = (size_t)c->kvd, n = (size_t)c->rows.n, pages = (n + c->page - 1) / c->page;
     size_t nl = (size_t)base->shape.n_layers;
     if (!c->prompt || n <= (size_t)c->budget) { /* dense while the context fits the budget */
         *resident = nl * 2 * n * kvd * f;
@@ -320,7 +291,7 @@ static void fk_bytes(const kv_cache *base, size_t *resident, size_t *offloaded) 
 static int fk_kept(const kv_cache *base, int layer, int hq, int *pos, int *unit) {
     const kv_fk *c = (const kv_fk *)base;
     const fk_layer *L = &c->L[layer];
-    int T = c->n, n = 0;
+    int T = c->rows.n, n = 0;
     *unit = c->page;
     if (L->dense || !c->hd) {
         for (int t = 0; t < T; t++) pos[n++] = t;
@@ -361,7 +332,7 @@ static void fk_stats(const kv_cache *base, double *v) {
     fk_bytes(base, &res, &off);
     double hm = (double)c->hits + c->misses;
     double out[] = {
-        c->prompt ? c->prompt : c->n, c->page, c->prompt ? c->k : NAN, c->dense_layers, (double)c->steps,
+        c->prompt ? c->prompt : c->rows.n, c->page, c->prompt ? c->k : NAN, c->dense_layers, (double)c->steps,
         (double)c->corrections, c->decisions ? 100.0 * c->corrections / c->decisions : NAN,
         (double)c->step_corrections, (double)c->hits, (double)c->misses, hm > 0 ? 100 * c->hits / hm : NAN,
         (double)c->fetch_bytes, (double)c->step_hits, (double)c->step_misses, (double)c->step_misses,
@@ -375,10 +346,11 @@ static void fk_free(kv_cache *base) {
     kv_fk *c = (kv_fk *)base;
     for (int l = 0; c->L && l < base->shape.n_layers; l++) {
         fk_layer *L = &c->L[l];
-        free(L->k); free(L->v); free(L->mn); free(L->mx); free(L->q_prev);
+        free(L->q_prev);
         for (int kh = 0; L->cache && kh < c->h; kh++) free(L->cache[kh]);
         free(L->cache); free(L->n_cache);
     }
+    kv_rows_free(&c->rows);
     free(c->L);
     for (int kh = 0; c->hd && kh < c->h; kh++) {
         fk_head *H = &c->hd[kh];
@@ -432,20 +404,15 @@ const kv_class kv_policy_freekv = {
 static int fk_create(const kv_opts *o, const kv_shape *shape, kv_cache **out) {
     *out = NULL;
     const kv_class *p = &kv_policy_freekv;
-    if (shape->n_kv_heads < 1 || shape->n_heads % shape->n_kv_heads || shape->head_dim < 1)
-        return skv_error(SKV_EINVAL, "freekv: %d query heads do not split into %d KV heads", shape->n_heads,
-                         shape->n_kv_heads);
     int page = kv_opt_int(o, p, "page"), sink = kv_opt_int(o, p, "sink"), window = kv_opt_int(o, p, "window");
     if (sink % page || window % page)
         return skv_error(SKV_EINVAL, "freekv: sink (%d) and window (%d) must be multiples of the page (%d)", sink,
                          window, page);
-    if (o->budget < 0) return skv_error(SKV_EINVAL, "freekv: the budget must be >= 0 (got %d)", o->budget);
-    kv_fk *c = skv_calloc(1, sizeof *c);
-    if (!c) return skv_error(SKV_ENOMEM, "out of memory");
-    c->base.cls = c->base.policy = p;
-    c->base.shape = *shape;
-    if (!c->base.shape.be) c->base.shape.be = &skv_backend_cpu;
-    c->base.step = -1;
+    void *cv, *lv;
+    int rc = kv_policy_alloc(p, shape, o, sizeof(kv_fk), sizeof(fk_layer), &cv, &lv);
+    if (rc) return rc;
+    kv_fk *c = cv;
+    c->L = lv;
     c->o = *o;
     c->page = page;
     c->sink = sink;
@@ -459,10 +426,8 @@ static int fk_create(const kv_opts *o, const kv_shape *shape, kv_cache **out) {
     c->nh = shape->n_heads;
     c->group = c->nh / c->h;
     c->max_pages = (shape->max_ctx + page - 1) / page;
-    if (!(c->L = skv_calloc((size_t)shape->n_layers, sizeof *c->L))) {
-        free(c);
-        return skv_error(SKV_ENOMEM, "out of memory");
-    }
+    kv_rows_init(&c->rows, p->name, &c->base.shape, c->L, sizeof *c->L, fk_arrays, sizeof fk_arrays / sizeof fk_arrays[0],
+                 page);
     *out = &c->base;
     return 0;
 }

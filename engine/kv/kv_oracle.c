@@ -15,6 +15,7 @@
  * view and the diagnosis read the same measures whatever the policy. The
  * policy never sees the copy and behaves exactly as it would alone. */
 #include "kv.h"
+#include "kv_rows.h"
 #include "probe.h"
 #include "skv.h"
 #include "vec.h"
@@ -40,12 +41,16 @@ typedef struct {
 } or_head;
 
 typedef struct {
+    float *k, *v;              /* (cap, kvd) the copy of the layer's keys and values (kv_rows) */
+} or_layer;
+
+typedef struct {
     kv_cache base;
     kv_cache *inner;           /* owned */
     int kvd, group;
-    float **k, **v;            /* (n_layers) -> (cap, kvd) */
-    int cap, prompt;           /* rows allocated; prompt length (0 until end_prefill) */
-    int n0;                    /* positions appended to layer 0 */
+    or_layer *L;               /* (n_layers) */
+    kv_rows rows;              /* rows.n: positions appended to layer 0 */
+    int prompt;                /* prompt length (0 until end_prefill) */
     int wb, we;                /* the needle span, clipped to the prompt at end_prefill */
     int n_more;                /* extra watched spans (kv_opts watch_more), clipped likewise */
     int more[KV_WATCH_MORE][2];
@@ -54,33 +59,16 @@ typedef struct {
     kv_oracle_summary *lsum;   /* (n_layers) */
 } kv_or;
 
-static int or_grow(kv_or *c, int need) {
-    if (need <= c->cap) return 0;
-    if (need > c->base.shape.max_ctx)
-        return skv_error(SKV_ERANGE, "oracle: position %d is past the context of %d", need - 1, c->base.shape.max_ctx);
-    int cap = c->cap ? c->cap : 256;
-    while (cap < need) cap *= 2;
-    if (cap > c->base.shape.max_ctx) cap = c->base.shape.max_ctx;
-    for (int l = 0; l < c->base.shape.n_layers; l++) {
-        float *k = realloc(c->k[l], sizeof(float) * (size_t)c->kvd * cap);
-        if (k) c->k[l] = k;
-        float *v = realloc(c->v[l], sizeof(float) * (size_t)c->kvd * cap);
-        if (v) c->v[l] = v;
-        if (!k || !v) return skv_error(SKV_ENOMEM, "oracle: out of memory for %d positions", cap);
-    }
-    c->cap = cap;
-    return 0;
-}
+static const kv_rows_array or_arrays[] = {
+    {offsetof(or_layer, k), KV_ROWS_KEYS},
+    {offsetof(or_layer, v), KV_ROWS_VALUES},
+};
 
 static int or_append(kv_cache *b, int layer, int pos, int n, const float *k_pre, const float *k, const float *v) {
     kv_or *c = (kv_or *)b;
     c->inner->step = b->step;
     int rc = c->inner->cls->append(c->inner, layer, pos, n, k_pre, k, v);
-    if (rc || (rc = or_grow(c, pos + n))) return rc;
-    if (layer == 0 && pos + n > c->n0) c->n0 = pos + n;
-    memcpy(c->k[layer] + (size_t)pos * c->kvd, k, sizeof(float) * (size_t)n * c->kvd);
-    memcpy(c->v[layer] + (size_t)pos * c->kvd, v, sizeof(float) * (size_t)n * c->kvd);
-    return 0;
+    return rc ? rc : kv_rows_append(&c->rows, layer, pos, n, k, v);
 }
 
 /* The sum of the B largest of x (n values, B <= n) and the B-th largest
@@ -139,7 +127,7 @@ static void score_head(kv_or *c, int layer, int kh, int T, const float *q, const
     const kv_shape *sh = &c->base.shape;
     int d = sh->head_dim, g = c->group;
     float scale = 1.0f / sqrtf((float)d);
-    const float *K = c->k[layer] + (size_t)kh * d, *V = c->v[layer] + (size_t)kh * d;
+    const float *K = c->L[layer].k + (size_t)kh * d, *V = c->L[layer].v + (size_t)kh * d;
     for (int t = 0; t < T; t++) H->pm[t] = 0, H->mark[t] = 0;
     H->mass_kept = 0;
     for (int j = 0; j < g; j++) {
@@ -293,7 +281,7 @@ static int or_end_prefill(kv_cache *b) {
     memcpy(b->notice, c->inner->notice, sizeof b->notice);
     if (rc) return rc;
     /* The prompt is what layer 0 holds (the policy has checked the appends). */
-    c->prompt = c->n0;
+    c->prompt = c->rows.n;
     if (c->wb < 0) c->wb = 0;
     if (c->we > c->prompt) c->we = c->prompt;
     for (int i = 0; i < c->n_more; i++) {
@@ -317,12 +305,8 @@ static void or_stats(const kv_cache *b, double *val) {
 static void or_free(kv_cache *b) {
     kv_or *c = (kv_or *)b;
     kv_free(c->inner);
-    for (int l = 0; c->k && l < b->shape.n_layers; l++) {
-        free(c->k[l]);
-        free(c->v[l]);
-    }
-    free(c->k);
-    free(c->v);
+    kv_rows_free(&c->rows);
+    free(c->L);
     for (int kh = 0; c->hd && kh < b->shape.n_kv_heads; kh++) {
         or_head *H = &c->hd[kh];
         free(H->p); free(H->tmp); free(H->pm); free(H->pos); free(H->mark); free(H->o);
@@ -362,16 +346,15 @@ int kv_oracle_new(kv_cache *inner, const kv_opts *o, kv_cache **out) {
     c->we = o->watch_end;
     c->n_more = o->n_watch_more < 0 ? 0 : o->n_watch_more > KV_WATCH_MORE ? KV_WATCH_MORE : o->n_watch_more;
     memcpy(c->more, o->watch_more, sizeof c->more);
-    c->k = skv_calloc((size_t)sh->n_layers, sizeof(float *));
-    c->v = skv_calloc((size_t)sh->n_layers, sizeof(float *));
+    c->L = skv_calloc((size_t)sh->n_layers, sizeof *c->L);
     c->lsum = skv_calloc((size_t)sh->n_layers, sizeof *c->lsum);
-    if (!c->k || !c->v || !c->lsum) {
-        free(c->k);
-        free(c->v);
+    if (!c->L || !c->lsum) {
+        free(c->L);
         free(c->lsum);
         free(c);
         return skv_error(SKV_ENOMEM, "out of memory");
     }
+    kv_rows_init(&c->rows, "oracle", &c->base.shape, c->L, sizeof *c->L, or_arrays, sizeof or_arrays / sizeof or_arrays[0], 0);
     c->inner = c->base.wrapped = inner;
     *out = &c->base;
     return 0;

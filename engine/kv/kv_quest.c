@@ -14,6 +14,7 @@
  * Quest's cost is memory read, not moved: step_read_bytes counts the bounds
  * scored and the rows attended. */
 #include "kv.h"
+#include "kv_rows.h"
 #include "probe.h"
 #include "skv.h"
 #include "vec.h"
@@ -23,8 +24,8 @@
 #include <string.h>
 
 typedef struct {
-    float *k, *v;      /* (cap, kvd) post-RoPE keys and values */
-    float *mn, *mx;    /* (cap_pages, kvd) page bounds */
+    float *k, *v;      /* (cap, kvd) post-RoPE keys and values (kv_rows) */
+    float *mn, *mx;    /* (cap_pages, kvd) page bounds (kv_rows) */
     int dense;         /* last decode attend read every position */
 } qu_layer;
 
@@ -41,7 +42,8 @@ typedef struct {
     kv_opts o;                 /* the shared options (the budget is resolved at end_prefill) */
     int page, dense_layers, group_max, budget;
     int h, d, kvd, group, nh;
-    int cap, max_pages, n;     /* rows allocated, page rows allocated, positions in layer 0 */
+    int max_pages;             /* pages the context holds */
+    kv_rows rows;              /* the layers' keys, values and page bounds; rows.n: positions in layer 0 */
     int prompt;                /* prompt length (0 until end_prefill) */
     qu_layer *L;
     qu_qhead *qh;              /* (n_heads) */
@@ -55,46 +57,16 @@ typedef struct {
     int last_pages;            /* pages at the last decode step */
 } kv_qu;
 
-static int qu_grow(kv_qu *c, int need) {
-    if (need <= c->cap) return 0;
-    if (need > c->base.shape.max_ctx)
-        return skv_error(SKV_ERANGE, "quest: position %d is past the context of %d", need - 1, c->base.shape.max_ctx);
-    int cap = c->cap ? c->cap : 256;
-    while (cap < need) cap *= 2;
-    if (cap > c->base.shape.max_ctx) cap = c->base.shape.max_ctx;
-    int pages = (cap + c->page - 1) / c->page;
-    size_t row = (size_t)c->kvd * sizeof(float);
-    for (int l = 0; l < c->base.shape.n_layers; l++) {
-        qu_layer *L = &c->L[l];
-        float *p;
-        if (!(p = realloc(L->k, row * cap))) goto oom;
-        L->k = p;
-        if (!(p = realloc(L->v, row * cap))) goto oom;
-        L->v = p;
-        if (!(p = realloc(L->mn, row * pages))) goto oom;
-        L->mn = p;
-        if (!(p = realloc(L->mx, row * pages))) goto oom;
-        L->mx = p;
-    }
-    c->cap = cap;
-    return 0;
-oom:
-    return skv_error(SKV_ENOMEM, "quest: out of memory for %d positions", cap);
-}
+static const kv_rows_array qu_arrays[] = {
+    {offsetof(qu_layer, k), KV_ROWS_KEYS},
+    {offsetof(qu_layer, v), KV_ROWS_VALUES},
+    {offsetof(qu_layer, mn), KV_ROWS_PAGE_MIN},
+    {offsetof(qu_layer, mx), KV_ROWS_PAGE_MAX},
+};
 
 static int qu_append(kv_cache *base, int layer, int pos, int n, const float *k_pre, const float *k, const float *v) {
     (void)k_pre;
-    kv_qu *c = (kv_qu *)base;
-    int rc = qu_grow(c, pos + n);
-    if (rc) return rc;
-    qu_layer *L = &c->L[layer];
-    memcpy(L->k + (size_t)pos * c->kvd, k, sizeof(float) * (size_t)n * c->kvd);
-    memcpy(L->v + (size_t)pos * c->kvd, v, sizeof(float) * (size_t)n * c->kvd);
-    for (int kh = 0; kh < c->h; kh++)
-        base->shape.be->page_bounds(L->k + (size_t)kh * c->d, c->kvd, c->d, c->page, pos, n,
-                                    L->mn + (size_t)kh * c->d, L->mx + (size_t)kh * c->d, c->kvd);
-    if (layer == 0 && pos + n > c->n) c->n = pos + n;
-    return 0;
+    return kv_rows_append(&((kv_qu *)base)->rows, layer, pos, n, k, v);
 }
 
 static int alloc_scratch(kv_qu *c) {
@@ -259,9 +231,8 @@ static int decode(kv_qu *c, int layer, int pos, const float *q, float *out) {
 static int qu_attend(kv_cache *base, int layer, int pos, int n, const float *q, float *out) {
     kv_qu *c = (kv_qu *)base;
     const kv_shape *sh = &base->shape;
-    if (pos + n > c->n || pos < 0)
-        return skv_error(SKV_EINVAL, "quest: layer %d attends up to position %d, only %d stored", layer, pos + n - 1,
-                         c->n);
+    int rc = kv_rows_check(&c->rows, layer, pos, n);
+    if (rc) return rc;
     if (!c->prompt || n > 1) {
         sh->be->attend_causal(q, n, pos, sh->n_heads, sh->n_kv_heads, sh->head_dim, c->L[layer].k, c->L[layer].v,
                               c->kvd, (size_t)sh->head_dim, out);
@@ -272,7 +243,7 @@ static int qu_attend(kv_cache *base, int layer, int pos, int n, const float *q, 
 
 static int qu_end_prefill(kv_cache *base) {
     kv_qu *c = (kv_qu *)base;
-    c->prompt = c->n;
+    c->prompt = c->rows.n;
     c->budget = kv_budget_tokens(&c->o, c->prompt);
     int kb = c->budget / c->page; /* pages the budget holds, the last one included */
     c->k = kb > 1 ? kb - 1 : 0;
@@ -285,15 +256,15 @@ static int qu_end_prefill(kv_cache *base) {
 
 static void qu_bytes(const kv_cache *base, size_t *resident, size_t *offloaded) {
     const kv_qu *c = (const kv_qu *)base;
-    size_t pages = (size_t)(c->n + c->page - 1) / c->page;
-    *resident = (size_t)base->shape.n_layers * ((size_t)2 * c->n + 2 * pages) * c->kvd * sizeof(float);
+    size_t pages = (size_t)(c->rows.n + c->page - 1) / c->page;
+    *resident = (size_t)base->shape.n_layers * ((size_t)2 * c->rows.n + 2 * pages) * c->kvd * sizeof(float);
     *offloaded = 0;
 }
 
 static int qu_kept(const kv_cache *base, int layer, int hq, int *pos, int *unit) {
     const kv_qu *c = (const kv_qu *)base;
     const qu_layer *L = &c->L[layer];
-    int T = c->n, n = 0;
+    int T = c->rows.n, n = 0;
     *unit = c->page;
     /* The layer's last decode attend was at the newest position of layer 0
      * once layer 0 has appended; layers run in turn, so T is that of this step. */
@@ -331,7 +302,7 @@ static void qu_stats(const kv_cache *base, double *v) {
     size_t res, off;
     qu_bytes(base, &res, &off);
     double out[] = {
-        c->prompt ? c->prompt : c->n, c->page, c->last_pages, c->prompt ? c->k : NAN,
+        c->prompt ? c->prompt : c->rows.n, c->page, c->last_pages, c->prompt ? c->k : NAN,
         c->prompt ? (double)(c->k + 1) * c->page : NAN, c->dense_layers, (double)c->steps,
         (double)c->step_read_bytes, (double)c->read_bytes, 0, (double)res, (double)off,
     };
@@ -341,9 +312,7 @@ static void qu_stats(const kv_cache *base, double *v) {
 
 static void qu_free(kv_cache *base) {
     kv_qu *c = (kv_qu *)base;
-    for (int l = 0; c->L && l < base->shape.n_layers; l++) {
-        free(c->L[l].k); free(c->L[l].v); free(c->L[l].mn); free(c->L[l].mx);
-    }
+    kv_rows_free(&c->rows);
     free(c->L);
     for (int i = 0; c->qh && i < c->nh; i++) {
         free(c->qh[i].U); free(c->qh[i].sel); free(c->qh[i].K); free(c->qh[i].V);
@@ -392,16 +361,11 @@ const kv_class kv_policy_quest = {
 static int qu_create(const kv_opts *o, const kv_shape *shape, kv_cache **out) {
     *out = NULL;
     const kv_class *p = &kv_policy_quest;
-    if (shape->n_kv_heads < 1 || shape->n_heads % shape->n_kv_heads || shape->head_dim < 1)
-        return skv_error(SKV_EINVAL, "quest: %d query heads do not split into %d KV heads", shape->n_heads,
-                         shape->n_kv_heads);
-    if (o->budget < 0) return skv_error(SKV_EINVAL, "quest: the budget must be >= 0 (got %d)", o->budget);
-    kv_qu *c = skv_calloc(1, sizeof *c);
-    if (!c) return skv_error(SKV_ENOMEM, "out of memory");
-    c->base.cls = c->base.policy = p;
-    c->base.shape = *shape;
-    if (!c->base.shape.be) c->base.shape.be = &skv_backend_cpu;
-    c->base.step = -1;
+    void *cv, *lv;
+    int rc = kv_policy_alloc(p, shape, o, sizeof(kv_qu), sizeof(qu_layer), &cv, &lv);
+    if (rc) return rc;
+    kv_qu *c = cv;
+    c->L = lv;
     c->page = kv_opt_int(o, p, "page");
     c->dense_layers = kv_opt_int(o, p, "dense_layers");
     c->group_max = kv_opt_int(o, p, "group_max");
@@ -412,10 +376,7 @@ static int qu_create(const kv_opts *o, const kv_shape *shape, kv_cache **out) {
     c->nh = shape->n_heads;
     c->group = c->nh / c->h;
     c->max_pages = (shape->max_ctx + c->page - 1) / c->page;
-    if (!(c->L = skv_calloc((size_t)shape->n_layers, sizeof *c->L))) {
-        free(c);
-        return skv_error(SKV_ENOMEM, "out of memory");
-    }
+    kv_rows_init(&c->rows, p->name, &c->base.shape, c->L, sizeof *c->L, qu_arrays, sizeof qu_arrays / sizeof qu_arrays[0], c->page);
     *out = &c->base;
     return 0;
 }

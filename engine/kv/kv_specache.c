@@ -17,6 +17,7 @@
  * token through the whole forward pass to pick the rows one step ahead.
  * It needs an extra row in the forward pass and the session, not only here. */
 #include "kv.h"
+#include "kv_rows.h"
 #include "kv_lowbit.h"
 #include "probe.h"
 #include "skv.h"
@@ -27,8 +28,8 @@
 #include <string.h>
 
 typedef struct {
-    float *kx, *vx;    /* (cap, kvd) exact keys and values: the offload store */
-    float *kd, *vd;    /* (cap, kvd) what the low-bit cache decodes to (exact where not yet quantized) */
+    float *kx, *vx;    /* (cap, kvd) exact keys and values: the offload store (kv_rows) */
+    float *kd, *vd;    /* (cap, kvd) what the low-bit cache decodes to, exact where not yet quantized (kv_rows) */
     int nq_k, nq_v;    /* positions quantized */
     int **buf;         /* (n_kv_heads) -> (k) positions fetched at the previous step, in the buffer */
     int *n_buf;
@@ -49,51 +50,23 @@ typedef struct {
     kv_opts o;
     lowbit_cfg q;
     int h, d, kvd, group, nh;
-    int cap, n, prompt, budget, k;
+    int prompt, budget, k;
+    kv_rows rows;              /* the layers' exact and decoded rows; rows.n: positions in layer 0 */
     sc_layer *L;
     sc_head *hd;
     uint64_t steps, hits, misses, fetch_bytes, step_hits, step_misses, step_fetch_bytes;
 } kv_sc;
 
-static int sc_grow(kv_sc *c, int need) {
-    if (need <= c->cap) return 0;
-    if (need > c->base.shape.max_ctx)
-        return skv_error(SKV_ERANGE, "specache: position %d is past the context of %d", need - 1, c->base.shape.max_ctx);
-    int cap = c->cap ? c->cap : 256;
-    while (cap < need) cap *= 2;
-    if (cap > c->base.shape.max_ctx) cap = c->base.shape.max_ctx;
-    size_t row = (size_t)c->kvd * sizeof(float);
-    for (int l = 0; l < c->base.shape.n_layers; l++) {
-        sc_layer *L = &c->L[l];
-        float *p;
-        if (!(p = realloc(L->kx, row * cap))) goto oom;
-        L->kx = p;
-        if (!(p = realloc(L->vx, row * cap))) goto oom;
-        L->vx = p;
-        if (!(p = realloc(L->kd, row * cap))) goto oom;
-        L->kd = p;
-        if (!(p = realloc(L->vd, row * cap))) goto oom;
-        L->vd = p;
-    }
-    c->cap = cap;
-    return 0;
-oom:
-    return skv_error(SKV_ENOMEM, "specache: out of memory for %d positions", cap);
-}
+static const kv_rows_array sc_arrays[] = {
+    {offsetof(sc_layer, kx), KV_ROWS_KEYS},
+    {offsetof(sc_layer, vx), KV_ROWS_VALUES},
+    {offsetof(sc_layer, kd), KV_ROWS_KEYS},
+    {offsetof(sc_layer, vd), KV_ROWS_VALUES},
+};
 
 static int sc_append(kv_cache *base, int layer, int pos, int n, const float *k_pre, const float *k, const float *v) {
     (void)k_pre;
-    kv_sc *c = (kv_sc *)base;
-    int rc = sc_grow(c, pos + n);
-    if (rc) return rc;
-    sc_layer *L = &c->L[layer];
-    size_t off = (size_t)pos * c->kvd, len = sizeof(float) * (size_t)n * c->kvd;
-    memcpy(L->kx + off, k, len);
-    memcpy(L->vx + off, v, len);
-    memcpy(L->kd + off, k, len);
-    memcpy(L->vd + off, v, len);
-    if (layer == 0 && pos + n > c->n) c->n = pos + n;
-    return 0;
+    return kv_rows_append(&((kv_sc *)base)->rows, layer, pos, n, k, v);
 }
 
 /* Softmax probabilities (1/sqrt(d)) of KV head kh's query heads over the T
@@ -183,9 +156,8 @@ static int sc_attend(kv_cache *base, int layer, int pos, int n, const float *q, 
     kv_sc *c = (kv_sc *)base;
     const kv_shape *sh = &base->shape;
     sc_layer *L = &c->L[layer];
-    if (pos + n > c->n || pos < 0)
-        return skv_error(SKV_EINVAL, "specache: layer %d attends up to position %d, only %d stored", layer,
-                         pos + n - 1, c->n);
+    int rc = kv_rows_check(&c->rows, layer, pos, n);
+    if (rc) return rc;
     if (!c->prompt || n > 1) {
         sh->be->attend_causal(q, n, pos, sh->n_heads, sh->n_kv_heads, sh->head_dim, L->kx, L->vx, c->kvd,
                               (size_t)sh->head_dim, out);
@@ -225,7 +197,7 @@ static int sc_attend(kv_cache *base, int layer, int pos, int n, const float *q, 
 static int sc_end_prefill(kv_cache *base) {
     kv_sc *c = (kv_sc *)base;
     const kv_shape *sh = &base->shape;
-    c->prompt = c->n;
+    c->prompt = c->rows.n;
     c->budget = kv_budget_tokens(&c->o, c->prompt);
     c->k = c->budget - c->q.residual > 0 ? c->budget - c->q.residual : 0;
     if (c->k == 0)
@@ -264,21 +236,21 @@ static void sc_bytes(const kv_cache *base, size_t *resident, size_t *offloaded) 
     const kv_sc *c = (const kv_sc *)base;
     size_t f = sizeof(float), nl = (size_t)base->shape.n_layers, kvd = (size_t)c->kvd;
     if (!c->prompt) {
-        *resident = nl * 2 * (size_t)c->n * kvd * f;
+        *resident = nl * 2 * (size_t)c->rows.n * kvd * f;
         *offloaded = 0;
         return;
     }
     size_t r = 0;
     for (int l = 0; l < base->shape.n_layers; l++)
-        r += lowbit_bytes(&c->q, c->h, c->d, c->n, c->L[l].nq_k, c->L[l].nq_v) + 2 * (size_t)c->k * kvd * f;
+        r += lowbit_bytes(&c->q, c->h, c->d, c->rows.n, c->L[l].nq_k, c->L[l].nq_v) + 2 * (size_t)c->k * kvd * f;
     *resident = r;
-    *offloaded = nl * 2 * (size_t)c->n * kvd * f;
+    *offloaded = nl * 2 * (size_t)c->rows.n * kvd * f;
 }
 
 static int sc_kept(const kv_cache *base, int layer, int hq, int *pos, int *unit) {
     const kv_sc *c = (const kv_sc *)base;
     (void)layer;
-    int T = c->n, n = 0;
+    int T = c->rows.n, n = 0;
     *unit = 1;
     if (!c->hd) {
         for (int t = 0; t < T; t++) pos[n++] = t;
@@ -318,7 +290,7 @@ static void sc_stats(const kv_cache *base, double *v) {
     sc_bytes(base, &res, &off);
     double hm = (double)c->hits + c->misses;
     double out[] = {
-        c->prompt ? c->prompt : c->n, c->q.bits, c->prompt ? c->k : NAN, (double)c->steps, (double)c->hits,
+        c->prompt ? c->prompt : c->rows.n, c->q.bits, c->prompt ? c->k : NAN, (double)c->steps, (double)c->hits,
         (double)c->misses, hm > 0 ? 100 * c->hits / hm : NAN, (double)c->fetch_bytes, (double)c->step_hits,
         (double)c->step_misses, (double)c->step_misses, (double)c->step_fetch_bytes, (double)res, (double)off,
     };
@@ -330,10 +302,10 @@ static void sc_free(kv_cache *base) {
     kv_sc *c = (kv_sc *)base;
     for (int l = 0; c->L && l < base->shape.n_layers; l++) {
         sc_layer *L = &c->L[l];
-        free(L->kx); free(L->vx); free(L->kd); free(L->vd);
         for (int kh = 0; L->buf && kh < c->h; kh++) free(L->buf[kh]);
         free(L->buf); free(L->n_buf);
     }
+    kv_rows_free(&c->rows);
     free(c->L);
     for (int kh = 0; c->hd && kh < c->h; kh++) {
         sc_head *H = &c->hd[kh];
@@ -382,21 +354,16 @@ const kv_class kv_policy_specache = {
 static int sc_create(const kv_opts *o, const kv_shape *shape, kv_cache **out) {
     *out = NULL;
     const kv_class *p = &kv_policy_specache;
-    if (shape->n_kv_heads < 1 || shape->n_heads % shape->n_kv_heads || shape->head_dim < 1)
-        return skv_error(SKV_EINVAL, "specache: %d query heads do not split into %d KV heads", shape->n_heads,
-                         shape->n_kv_heads);
     lowbit_cfg q = {.bits = kv_opt_int(o, p, "bits"), .group = kv_opt_int(o, p, "group"),
                     .residual = kv_opt_int(o, p, "residual"), .midpoint = kv_opt_int(o, p, "midpoint")};
     if (q.residual % q.group)
         return skv_error(SKV_EINVAL, "specache: the residual (%d) must be a multiple of the group (%d)", q.residual,
                          q.group);
-    if (o->budget < 0) return skv_error(SKV_EINVAL, "specache: the budget must be >= 0 (got %d)", o->budget);
-    kv_sc *c = skv_calloc(1, sizeof *c);
-    if (!c) return skv_error(SKV_ENOMEM, "out of memory");
-    c->base.cls = c->base.policy = p;
-    c->base.shape = *shape;
-    if (!c->base.shape.be) c->base.shape.be = &skv_backend_cpu;
-    c->base.step = -1;
+    void *cv, *lv;
+    int rc = kv_policy_alloc(p, shape, o, sizeof(kv_sc), sizeof(sc_layer), &cv, &lv);
+    if (rc) return rc;
+    kv_sc *c = cv;
+    c->L = lv;
     c->o = *o;
     c->q = q;
     c->h = shape->n_kv_heads;
@@ -404,10 +371,8 @@ static int sc_create(const kv_opts *o, const kv_shape *shape, kv_cache **out) {
     c->kvd = c->h * c->d;
     c->nh = shape->n_heads;
     c->group = c->nh / c->h;
-    if (!(c->L = skv_calloc((size_t)shape->n_layers, sizeof *c->L))) {
-        free(c);
-        return skv_error(SKV_ENOMEM, "out of memory");
-    }
+    kv_rows_init(&c->rows, p->name, &c->base.shape, c->L, sizeof *c->L, sc_arrays, sizeof sc_arrays / sizeof sc_arrays[0],
+                 0);
     *out = &c->base;
     return 0;
 }

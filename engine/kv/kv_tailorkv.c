@@ -23,6 +23,7 @@
  * predicts layer l's query from layer l-1's normed input and needs that
  * from the forward pass. */
 #include "kv.h"
+#include "kv_rows.h"
 #include "kv_lowbit.h"
 #include "probe.h"
 #include "skv.h"
@@ -36,7 +37,7 @@
 #define CALIB_ROWS 32
 
 typedef struct {
-    float *k, *v;      /* (cap, kvd) exact rows (S: the offload store for the prompt; Q: decoded low-bit) */
+    float *k, *v;      /* (cap, kvd) exact rows (S: the offload store for the prompt; Q: decoded low-bit; kv_rows) */
     int quant;         /* 1: Q layer */
     int nq_k, nq_v;    /* Q: positions quantized */
     float *maxabs;     /* (kvd) S: max |K| per channel over the prompt */
@@ -61,43 +62,22 @@ typedef struct {
     int qlayers, start, recent, channels, qcausal;
     float tau;
     int h, d, kvd, group, nh;
-    int cap, n, prompt, budget, n_topk, dense;
+    int prompt, budget, n_topk, dense;
+    kv_rows rows;      /* the layers' keys and values; rows.n: positions in layer 0 */
     tk_layer *L;
     tk_head *hd;
     int n_q;           /* Q layers */
     uint64_t steps, fetch_bytes, step_fetch_bytes, ch_bytes, row_bytes;
 } kv_tk;
 
-static int tk_grow(kv_tk *c, int need) {
-    if (need <= c->cap) return 0;
-    if (need > c->base.shape.max_ctx)
-        return skv_error(SKV_ERANGE, "tailorkv: position %d is past the context of %d", need - 1, c->base.shape.max_ctx);
-    int cap = c->cap ? c->cap : 256;
-    while (cap < need) cap *= 2;
-    if (cap > c->base.shape.max_ctx) cap = c->base.shape.max_ctx;
-    size_t row = (size_t)c->kvd * sizeof(float);
-    for (int l = 0; l < c->base.shape.n_layers; l++) {
-        float *p;
-        if (!(p = realloc(c->L[l].k, row * cap))) goto oom;
-        c->L[l].k = p;
-        if (!(p = realloc(c->L[l].v, row * cap))) goto oom;
-        c->L[l].v = p;
-    }
-    c->cap = cap;
-    return 0;
-oom:
-    return skv_error(SKV_ENOMEM, "tailorkv: out of memory for %d positions", cap);
-}
+static const kv_rows_array tk_arrays[] = {
+    {offsetof(tk_layer, k), KV_ROWS_KEYS},
+    {offsetof(tk_layer, v), KV_ROWS_VALUES},
+};
 
 static int tk_append(kv_cache *base, int layer, int pos, int n, const float *k_pre, const float *k, const float *v) {
     (void)k_pre;
-    kv_tk *c = (kv_tk *)base;
-    int rc = tk_grow(c, pos + n);
-    if (rc) return rc;
-    memcpy(c->L[layer].k + (size_t)pos * c->kvd, k, sizeof(float) * (size_t)n * c->kvd);
-    memcpy(c->L[layer].v + (size_t)pos * c->kvd, v, sizeof(float) * (size_t)n * c->kvd);
-    if (layer == 0 && pos + n > c->n) c->n = pos + n;
-    return 0;
+    return kv_rows_append(&((kv_tk *)base)->rows, layer, pos, n, k, v);
 }
 
 /* Keeps the last CALIB_ROWS prompt queries of layer L (a ring by position). */
@@ -120,7 +100,7 @@ static float calib_P(const kv_tk *c, const tk_layer *L, float *p, float *tmp) {
         if (pos < 0) continue;
         /* The official search code: every row sees all s prompt keys (no
          * mask) and keeps int(0.05 s); qcausal: row pos sees pos + 1. */
-        int n = c->qcausal ? pos + 1 : c->n, k = (int)(0.05 * n);
+        int n = c->qcausal ? pos + 1 : c->rows.n, k = (int)(0.05 * n);
         if (k < 1) k = 1;
         for (int hq = 0; hq < c->nh; hq++) {
             const float *qh = L->calib_q + (size_t)r * c->nh * c->d + (size_t)hq * c->d;
@@ -182,9 +162,8 @@ static int tk_attend(kv_cache *base, int layer, int pos, int n, const float *q, 
     kv_tk *c = (kv_tk *)base;
     const kv_shape *sh = &base->shape;
     tk_layer *L = &c->L[layer];
-    if (pos + n > c->n || pos < 0)
-        return skv_error(SKV_EINVAL, "tailorkv: layer %d attends up to position %d, only %d stored", layer,
-                         pos + n - 1, c->n);
+    int rc = kv_rows_check(&c->rows, layer, pos, n);
+    if (rc) return rc;
     if (!c->prompt || n > 1) {
         if (!c->prompt && L->calib_q) calib_keep(c, L, pos, n, q);
         sh->be->attend_causal(q, n, pos, sh->n_heads, sh->n_kv_heads, sh->head_dim, L->k, L->v, c->kvd,
@@ -237,7 +216,7 @@ static int tk_end_prefill_base(kv_cache *base) { return tk_end_prefill((kv_tk *)
 
 static int tk_end_prefill(kv_tk *c) {
     const kv_shape *sh = &c->base.shape;
-    int s = c->prompt = c->n, d = c->d;
+    int s = c->prompt = c->rows.n, d = c->d;
     c->budget = kv_budget_tokens(&c->o, s);
     c->n_topk = c->budget - c->start - c->recent;
     c->dense = c->budget >= s || c->start + c->recent >= s || c->n_topk <= 0;
@@ -310,12 +289,12 @@ static int tk_end_prefill(kv_tk *c) {
 
 static void tk_bytes(const kv_cache *base, size_t *resident, size_t *offloaded) {
     const kv_tk *c = (const kv_tk *)base;
-    size_t f = sizeof(float), kvd = (size_t)c->kvd, n = (size_t)c->n, s = (size_t)c->prompt;
+    size_t f = sizeof(float), kvd = (size_t)c->kvd, n = (size_t)c->rows.n, s = (size_t)c->prompt;
     *resident = *offloaded = 0;
     for (int l = 0; l < base->shape.n_layers; l++) {
         const tk_layer *L = &c->L[l];
         if (!c->prompt) *resident += 2 * n * kvd * f;
-        else if (L->quant) *resident += lowbit_bytes(&c->q, c->h, c->d, c->n, L->nq_k, L->nq_v);
+        else if (L->quant) *resident += lowbit_bytes(&c->q, c->h, c->d, c->rows.n, L->nq_k, L->nq_v);
         else if (c->dense) *resident += 2 * n * kvd * f;
         else {
             *resident += 2 * ((size_t)c->start + (size_t)c->recent + (n - s)) * kvd * f + kvd * f;
@@ -327,7 +306,7 @@ static void tk_bytes(const kv_cache *base, size_t *resident, size_t *offloaded) 
 static int tk_kept(const kv_cache *base, int layer, int hq, int *pos, int *unit) {
     const kv_tk *c = (const kv_tk *)base;
     const tk_layer *L = &c->L[layer];
-    int T = c->n, n = 0;
+    int T = c->rows.n, n = 0;
     *unit = 1;
     /* A quantized layer attends its low-bit cache whether or not the sparse
      * layers fall back to dense: only its unquantized rows are exact. */
@@ -368,7 +347,7 @@ static void tk_stats(const kv_cache *base, double *v) {
     size_t res, off;
     tk_bytes(base, &res, &off);
     double out[] = {
-        c->prompt ? c->prompt : c->n, c->prompt ? c->n_q : NAN, c->q.bits, c->prompt ? c->n_topk : NAN,
+        c->prompt ? c->prompt : c->rows.n, c->prompt ? c->n_q : NAN, c->q.bits, c->prompt ? c->n_topk : NAN,
         c->channels, (double)c->steps, (double)c->fetch_bytes, (double)c->ch_bytes, (double)c->row_bytes,
         (double)c->step_fetch_bytes, (double)res, (double)off,
     };
@@ -380,8 +359,9 @@ static void tk_free(kv_cache *base) {
     kv_tk *c = (kv_tk *)base;
     for (int l = 0; c->L && l < base->shape.n_layers; l++) {
         tk_layer *L = &c->L[l];
-        free(L->k); free(L->v); free(L->maxabs); free(L->calib_q); free(L->calib_pos);
+        free(L->maxabs); free(L->calib_q); free(L->calib_pos);
     }
+    kv_rows_free(&c->rows);
     free(c->L);
     for (int kh = 0; c->hd && kh < c->h; kh++) {
         tk_head *H = &c->hd[kh];
@@ -438,21 +418,16 @@ const kv_class kv_policy_tailorkv = {
 static int tk_create(const kv_opts *o, const kv_shape *shape, kv_cache **out) {
     *out = NULL;
     const kv_class *p = &kv_policy_tailorkv;
-    if (shape->n_kv_heads < 1 || shape->n_heads % shape->n_kv_heads || shape->head_dim < 1)
-        return skv_error(SKV_EINVAL, "tailorkv: %d query heads do not split into %d KV heads", shape->n_heads,
-                         shape->n_kv_heads);
     lowbit_cfg q = {.bits = kv_opt_int(o, p, "bits"), .group = kv_opt_int(o, p, "group"),
                     .residual = kv_opt_int(o, p, "residual"), .midpoint = 0};
     if (q.residual % q.group)
         return skv_error(SKV_EINVAL, "tailorkv: the residual (%d) must be a multiple of the group (%d)", q.residual,
                          q.group);
-    if (o->budget < 0) return skv_error(SKV_EINVAL, "tailorkv: the budget must be >= 0 (got %d)", o->budget);
-    kv_tk *c = skv_calloc(1, sizeof *c);
-    if (!c) return skv_error(SKV_ENOMEM, "out of memory");
-    c->base.cls = c->base.policy = p;
-    c->base.shape = *shape;
-    if (!c->base.shape.be) c->base.shape.be = &skv_backend_cpu;
-    c->base.step = -1;
+    void *cv, *lv;
+    int rc = kv_policy_alloc(p, shape, o, sizeof(kv_tk), sizeof(tk_layer), &cv, &lv);
+    if (rc) return rc;
+    kv_tk *c = cv;
+    c->L = lv;
     c->o = *o;
     c->q = q;
     c->qlayers = kv_opt_int(o, p, "qlayers");
@@ -467,10 +442,8 @@ static int tk_create(const kv_opts *o, const kv_shape *shape, kv_cache **out) {
     c->nh = shape->n_heads;
     c->group = c->nh / c->h;
     if (c->channels > c->d) c->channels = c->d;
-    if (!(c->L = skv_calloc((size_t)shape->n_layers, sizeof *c->L))) {
-        free(c);
-        return skv_error(SKV_ENOMEM, "out of memory");
-    }
+    kv_rows_init(&c->rows, p->name, &c->base.shape, c->L, sizeof *c->L, tk_arrays, sizeof tk_arrays / sizeof tk_arrays[0],
+                 0);
     if (c->qlayers < 0)
         for (int l = 0; l < shape->n_layers; l++) {
             tk_layer *L = &c->L[l];
