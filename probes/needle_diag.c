@@ -311,6 +311,19 @@ static void answers_from_tokens(const probe_store *st, needle_report *rep) {
     }
 }
 
+/* Layer l, with output error e, into the report's four worst layers (kept
+ * sorted, worst first). */
+static void div_take(needle_report *rep, int l, float e) {
+    int at = rep->n_div < 4 ? rep->n_div++ : 3;
+    if (at == 3 && rep->n_div == 4 && e <= rep->div_err[3]) return;
+    rep->div_layer[at] = l;
+    rep->div_err[at] = e;
+    for (int i = at; i > 0 && rep->div_err[i] > rep->div_err[i - 1]; i--) {
+        float te = rep->div_err[i]; rep->div_err[i] = rep->div_err[i - 1]; rep->div_err[i - 1] = te;
+        int tl = rep->div_layer[i]; rep->div_layer[i] = rep->div_layer[i - 1]; rep->div_layer[i - 1] = tl;
+    }
+}
+
 /* Layers whose sparse attention output differs most from exact at step s. */
 static void diagnose_layers(const probe_store *st, needle_report *rep, int s) {
     rep->n_div = 0;
@@ -320,15 +333,7 @@ static void diagnose_layers(const probe_store *st, needle_report *rep, int s) {
             const probe_ev_needle *ev = probe_store_needle(st, rep->id, s, l, h);
             if (ev && ev->out_err > e) e = ev->out_err;
         }
-        if (e < 0) continue;
-        int at = rep->n_div < 4 ? rep->n_div++ : 3;
-        if (at == 3 && rep->n_div == 4 && e <= rep->div_err[3]) continue;
-        rep->div_layer[at] = l;
-        rep->div_err[at] = e;
-        for (int i = at; i > 0 && rep->div_err[i] > rep->div_err[i - 1]; i--) {
-            float te = rep->div_err[i]; rep->div_err[i] = rep->div_err[i - 1]; rep->div_err[i - 1] = te;
-            int tl = rep->div_layer[i]; rep->div_layer[i] = rep->div_layer[i - 1]; rep->div_layer[i - 1] = tl;
-        }
+        if (e >= 0) div_take(rep, l, e);
     }
 }
 
@@ -383,16 +388,14 @@ static void generic_layers(const probe_store *st, needle_report *rep, int s) {
             const probe_ev_oracle *ev = probe_store_oracle(st, s, l, h);
             if (ev && ev->out_err > e) e = ev->out_err;
         }
-        if (e < 0) continue;
-        int at = rep->n_div < 4 ? rep->n_div++ : 3;
-        if (at == 3 && rep->n_div == 4 && e <= rep->div_err[3]) continue;
-        rep->div_layer[at] = l;
-        rep->div_err[at] = e;
-        for (int i = at; i > 0 && rep->div_err[i] > rep->div_err[i - 1]; i--) {
-            float te = rep->div_err[i]; rep->div_err[i] = rep->div_err[i - 1]; rep->div_err[i - 1] = te;
-            int tl = rep->div_layer[i]; rep->div_layer[i] = rep->div_layer[i - 1]; rep->div_layer[i - 1] = tl;
-        }
+        if (e >= 0) div_take(rep, l, e);
     }
+}
+
+/* "step 0" or "steps 0-N": the decode steps the report covers. */
+static void steps_text(const needle_report *rep, char *buf, size_t n) {
+    if (rep->last_step > 0) snprintf(buf, n, "steps 0-%d", rep->last_step);
+    else snprintf(buf, n, "step 0");
 }
 
 static void set_divergence(needle_report *rep) {
@@ -497,8 +500,7 @@ static int diagnose_generic(const probe_store *st, const probe_ev_oracle *first,
     rep->share_misranked = mis / Wn;
     rep->share_selected = 1 - rep->share_dropped;
     char steps[48];
-    if (rep->last_step > 0) snprintf(steps, sizeof steps, "steps 0-%d", rep->last_step);
-    else snprintf(steps, sizeof steps, "step 0");
+    steps_text(rep, steps, sizeof steps);
     if (!n_ev)
         snprintf(rep->kept, sizeof rep->kept, "no decode step has needle data, so nothing can be said about what %s kept",
                  rep->policy);
@@ -723,8 +725,7 @@ int needle_diagnose(const probe_store *st, int id, needle_report *rep) {
         lay_drop += any;
     }
     char steps[48];
-    if (rep->last_step > 0) snprintf(steps, sizeof steps, "steps 0-%d", rep->last_step);
-    else snprintf(steps, sizeof steps, "step 0");
+    steps_text(rep, steps, sizeof steps);
 
     /* What ShadowKV kept. */
     if (a.n_ev == 0) {
@@ -738,22 +739,7 @@ int needle_diagnose(const probe_store *st, int id, needle_report *rep) {
                  rep->has_oracle ? "exact attention mass" : "chunk-weighted tokens", 100 * rep->share_outlier,
                  100 * rep->share_local, 100 * rep->share_selected, rep->rank, 100 * rep->share_dropped);
     }
-    if (rep->diverge_step >= 0) {
-        snprintf(rep->divergence, sizeof rep->divergence, "first divergence at decode step %d (answer token %d): the sparse "
-                 "argmax differs from dense", rep->diverge_step, rep->diverge_step + 2);
-        if (rep->diverge_logit >= 0) cat(rep->divergence, sizeof rep->divergence, ", logit distance %.3f", rep->diverge_logit);
-        if (rep->n_div) {
-            cat(rep->divergence, sizeof rep->divergence, "; attention output error by layer:");
-            for (int i = 0; i < rep->n_div; i++)
-                cat(rep->divergence, sizeof rep->divergence, "%s layer %d %.3f", i ? "," : "", rep->div_layer[i],
-                    rep->div_err[i]);
-        }
-    } else if (rep->has_oracle) {
-        snprintf(rep->divergence, sizeof rep->divergence, "no divergence: the sparse argmax equals dense at all %d decode "
-                 "steps (the first answer token comes from the exact prefill)", rep->n_steps);
-    } else {
-        snprintf(rep->divergence, sizeof rep->divergence, "divergence unknown (run without the oracle)");
-    }
+    set_divergence(rep);
 
     /* The causes. */
     if (rep->dense_hit == 0) {
@@ -957,6 +943,19 @@ void needle_headline(const needle_report *rep, char *buf, size_t n) {
     }
 }
 
+/* The verdict of a miss: each cause in order, or (none) "<policy> <none>",
+ * then what the policy kept. */
+static void print_causes(FILE *f, const needle_report *rep, const char *none) {
+    fprintf(f, "  verdict:\n");
+    if (rep->n_causes == 0) fprintf(f, "    no cause passed its threshold: %s %s\n", rep->policy, none);
+    for (int i = 0; i < rep->n_causes; i++) {
+        char line[2400];
+        needle_cause_text(rep, &rep->causes[i], line, sizeof line);
+        fprintf(f, "    %d. %s\n", i + 1, line);
+    }
+    fprintf(f, "  %s\n", rep->kept);
+}
+
 static void print_verdict(FILE *f, const needle_report *rep) {
     fprintf(f, "  %s\n", rep->divergence);
     if (rep->sparse_hit > 0) { /* a hit: what would break first, never a list of failures */
@@ -967,16 +966,8 @@ static void print_verdict(FILE *f, const needle_report *rep) {
         fprintf(f, "  %s\n", rep->kept);
         return;
     }
-    fprintf(f, "  verdict:\n");
-    if (rep->n_causes == 0)
-        fprintf(f, "    no cause passed its threshold: %s kept the needle; look at the divergence above (what else it "
-                   "kept or dropped changed the hidden state)\n", rep->policy);
-    for (int i = 0; i < rep->n_causes; i++) {
-        char line[2400];
-        needle_cause_text(rep, &rep->causes[i], line, sizeof line);
-        fprintf(f, "    %d. %s\n", i + 1, line);
-    }
-    fprintf(f, "  %s\n", rep->kept);
+    print_causes(f, rep, "kept the needle; look at the divergence above (what else it kept or dropped changed "
+                          "the hidden state)");
 }
 
 static void print_generic(FILE *f, const probe_store *st, const needle_report *rep, int verbose) {
@@ -1065,16 +1056,8 @@ void needle_report_print(FILE *f, const probe_store *st, const needle_report *re
                     fprintf(f, " | sparse mass %.4f\n", e->mass_sparse);
             }
     fprintf(f, "  %s\n", rep->divergence);
-    fprintf(f, "  verdict:\n");
-    if (rep->n_causes == 0)
-        fprintf(f, "    no cause passed its threshold: %s kept the needle with accurate keys; look at the "
-                   "divergence above (other chunks' selection changed the hidden state)\n", rep->policy);
-    for (int i = 0; i < rep->n_causes; i++) {
-        char line[2400];
-        needle_cause_text(rep, &rep->causes[i], line, sizeof line);
-        fprintf(f, "    %d. %s\n", i + 1, line);
-    }
-    fprintf(f, "  %s\n", rep->kept);
+    print_causes(f, rep, "kept the needle with accurate keys; look at the divergence above (other chunks' "
+                          "selection changed the hidden state)");
 }
 
 /* ---- two policies on the same needle ---------------------------------------- */

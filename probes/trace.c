@@ -79,6 +79,17 @@ static void put_u64(unsigned char *p, uint64_t v) {
     put_u32(p + 4, (uint32_t)(v >> 32));
 }
 
+int trace_utf8_len(const unsigned char *s, size_t n) {
+    unsigned c = s[0];
+    int len = c < 0x80 ? 1 : (c & 0xE0) == 0xC0 ? 2 : (c & 0xF0) == 0xE0 ? 3 : (c & 0xF8) == 0xF0 ? 4 : 0;
+    if (!len || (size_t)len > n || (len == 2 && c < 0xC2)) return 0;
+    for (int i = 1; i < len; i++)
+        if ((s[i] & 0xC0) != 0x80) return 0;
+    if (len == 3 && ((c == 0xE0 && s[1] < 0xA0) || (c == 0xED && s[1] >= 0xA0))) return 0;
+    if (len == 4 && ((c == 0xF0 && s[1] < 0x90) || c > 0xF4 || (c == 0xF4 && s[1] >= 0x90))) return 0;
+    return len;
+}
+
 uint32_t trace_crc32(uint32_t crc, const void *data, size_t n) {
     pthread_once(&crc_once, crc_init);
     const unsigned char *p = data;

@@ -91,4 +91,9 @@ int trace_info(const char *path, FILE *out);
 /* CRC-32 (IEEE 802.3, as in zlib): pass 0 first, then the previous result. */
 uint32_t trace_crc32(uint32_t crc, const void *data, size_t n);
 
+/* Length of the well-formed UTF-8 sequence at s (n bytes left: no overlong
+ * forms, surrogates or code points past U+10FFFF), 0 when there is none:
+ * the exports copy such sequences and escape every other byte. */
+int trace_utf8_len(const unsigned char *s, size_t n);
+
 #endif

@@ -466,18 +466,6 @@ static void place_steps(ch_trace *t) {
 
 /* ---- writing ------------------------------------------------------------- */
 
-/* Length of the valid UTF-8 sequence at s (n bytes left), 0 when invalid. */
-static int utf8_len(const unsigned char *s, size_t n) {
-    unsigned c = s[0];
-    int len = c < 0x80 ? 1 : (c & 0xE0) == 0xC0 ? 2 : (c & 0xF0) == 0xE0 ? 3 : (c & 0xF8) == 0xF0 ? 4 : 0;
-    if (!len || (size_t)len > n || (len == 2 && c < 0xC2)) return 0;
-    for (int i = 1; i < len; i++)
-        if ((s[i] & 0xC0) != 0x80) return 0;
-    if (len == 3 && ((c == 0xE0 && s[1] < 0xA0) || (c == 0xED && s[1] >= 0xA0))) return 0;
-    if (len == 4 && ((c == 0xF0 && s[1] < 0x90) || c > 0xF4 || (c == 0xF4 && s[1] >= 0x90))) return 0;
-    return len;
-}
-
 /* A JSON string: valid UTF-8 as is, control characters escaped, any byte
  * that is not part of valid UTF-8 as U+FFFD. */
 static void put_str(FILE *f, const char *s) {
@@ -494,7 +482,7 @@ static void put_str(FILE *f, const char *s) {
             i++;
             continue;
         }
-        int len = utf8_len(u, n - i);
+        int len = trace_utf8_len(u, n - i);
         if (!len) { fputs("\\ufffd", f); i++; continue; }
         fwrite(u, 1, (size_t)len, f);
         i += (size_t)len;

@@ -254,6 +254,14 @@ int kv_attend_all(const kv_shape *sh, const float *q, const float *K, const floa
     return be->attend_decode(q, sh->n_heads, sh->n_kv_heads, sh->head_dim, K, V, rows, stride, head_stride, out);
 }
 
+int kv_grow_cap(const char *who, int have, int need, int max_ctx, int *cap) {
+    if (need > max_ctx) return skv_error(SKV_ERANGE, "%s: position %d is past the context of %d", who, need - 1, max_ctx);
+    int c = have > 0 ? have : 256;
+    while (c < need) c = c > max_ctx / 2 ? max_ctx : 2 * c;
+    *cap = c < max_ctx ? c : max_ctx;
+    return 0;
+}
+
 int kv_policy_alloc(const kv_class *p, const kv_shape *shape, const kv_opts *o, size_t size, size_t layer_size,
                     void **cache, void **layers) {
     *cache = *layers = NULL;

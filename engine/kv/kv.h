@@ -253,6 +253,12 @@ extern const kv_class kv_policy_dense, kv_policy_shadowkv, kv_policy_quest, kv_p
 int kv_attend_all(const kv_shape *sh, const float *q, const float *K, const float *V, int rows, int stride,
                   size_t head_stride, float *out);
 
+/* The capacity, in positions, a growing store that holds have takes to hold
+ * need > have: have doubled (256 from empty) until it holds need, at most
+ * max_ctx, into *cap. 0, or SKV_ERANGE (a message naming who) when need is
+ * past max_ctx. */
+int kv_grow_cap(const char *who, int have, int need, int max_ctx, int *cap);
+
 /* The start of a peer policy's create: checks that shape's query heads split
  * into its KV heads and that o's budget is not negative, then allocates the
  * policy's struct (size bytes, zeroed, its kv_cache first) into *cache, with

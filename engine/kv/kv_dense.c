@@ -27,12 +27,8 @@ typedef struct {
 
 static int grow(kv_dense *c, int need) {
     if (need <= c->cap) return 0;
-    if (need > c->base.shape.max_ctx)
-        return skv_error(SKV_ERANGE, "KV cache: position %d is past the context of %d", need - 1,
-                         c->base.shape.max_ctx);
-    int cap = c->cap ? c->cap : 256;
-    while (cap < need) cap *= 2;
-    if (cap > c->base.shape.max_ctx) cap = c->base.shape.max_ctx;
+    int cap, rc = kv_grow_cap("KV cache", c->cap, need, c->base.shape.max_ctx, &cap);
+    if (rc) return rc;
     size_t hd = (size_t)c->base.shape.head_dim, nkv = (size_t)c->base.shape.n_kv_heads;
     const skv_backend *be = c->base.shape.be;
     size_t el = c->half ? sizeof(uint16_t) : sizeof(float);

@@ -34,11 +34,8 @@ void kv_rows_init(kv_rows *s, const char *who, const kv_shape *shape, void *laye
  * leaves that array as it was, so a later call may try again. */
 static int grow(kv_rows *s, int need) {
     if (need <= s->cap) return 0;
-    if (need > s->max_ctx)
-        return skv_error(SKV_ERANGE, "%s: position %d is past the context of %d", s->who, need - 1, s->max_ctx);
-    int cap = s->cap ? s->cap : 256;
-    while (cap < need) cap *= 2;
-    if (cap > s->max_ctx) cap = s->max_ctx;
+    int cap, rc = kv_grow_cap(s->who, s->cap, need, s->max_ctx, &cap);
+    if (rc) return rc;
     size_t row = (size_t)s->kvd * sizeof(float);
     for (int l = 0; l < s->n_layers; l++)
         for (int i = 0; i < s->n_arr; i++) {

@@ -321,12 +321,8 @@ static void sk_copy_rows(kv_sk *c, float *dst, size_t dstride, const float *src,
  * oracle mode also the generated tokens, without pre-RoPE keys). */
 static int grow_dense(kv_sk *c, sk_layer *L, int need) {
     if (need <= L->cap) return 0;
-    if (need > c->base.shape.max_ctx)
-        return skv_error(SKV_ERANGE, "shadowkv: position %d is past the context of %d", need - 1,
-                         c->base.shape.max_ctx);
-    int cap = L->cap ? L->cap : 256;
-    while (cap < need) cap *= 2;
-    if (cap > c->base.shape.max_ctx) cap = c->base.shape.max_ctx;
+    int cap, rc = kv_grow_cap("shadowkv", L->cap, need, c->base.shape.max_ctx, &cap);
+    if (rc) return rc;
     size_t row = (size_t)c->kvd * sizeof(float), old = row * L->cap, want = row * cap;
     float *p;
     if (!c->prefilled) {
