@@ -197,6 +197,26 @@ static __device__ __attribute__((unused)) void block_softmax_stats(const float *
 }
 
 /* Eight bf16 values moved as one 16-byte access. */
+/* A vector access (8 or 16 bytes: LDG/STG/LDS/STS.64 and .128) as one
+ * instruction. p must be aligned to the type's size, or a GPU faults
+ * (misaligned address); the simulator checks that here, because its host
+ * compiler splits the access and its load and store hooks never see the
+ * width. Every such access in the kernels goes through these two. */
+template <typename V>
+__device__ __forceinline__ V vec_ld(const V *p) {
+#ifndef __CUDACC__
+    cusim::vec_aligned(p, sizeof(V), "a vector load");
+#endif
+    return *p;
+}
+template <typename V>
+__device__ __forceinline__ void vec_st(V *p, const V &v) {
+#ifndef __CUDACC__
+    cusim::vec_aligned(p, sizeof(V), "a vector store");
+#endif
+    *p = v;
+}
+
 struct __align__(16) bf16x8 {
     unsigned w[4];
 };
@@ -213,9 +233,9 @@ static __device__ __attribute__((unused)) void copy_bf16_warp(const uint16_t *sr
         for (size_t e = lane; e < n8; e += 128) {
             bf16x8 a[4];
             for (int u = 0; u < 4; u++)
-                if (e + 32 * u < n8) a[u] = s8[e + 32 * u];
+                if (e + 32 * u < n8) a[u] = vec_ld(s8 + e + 32 * u);
             for (int u = 0; u < 4; u++)
-                if (e + 32 * u < n8) d8[e + 32 * u] = a[u];
+                if (e + 32 * u < n8) vec_st(d8 + e + 32 * u, a[u]);
         }
     } else {
         for (size_t e = lane; e < n; e += 32) dst[e] = src[e];

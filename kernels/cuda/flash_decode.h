@@ -63,7 +63,7 @@ __device__ __forceinline__ fd_raw fd_stream(const void *p) {
 #ifdef __CUDACC__
     return __ldcs((const uint4 *)p);
 #else
-    return *(const fd_raw *)p;
+    return vec_ld((const fd_raw *)p);
 #endif
 }
 __device__ __forceinline__ unsigned fd_word(const fd_raw &r, int c) {

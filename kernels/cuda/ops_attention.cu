@@ -529,11 +529,11 @@ __device__ __forceinline__ void fa_round(uint16_t *Kd, uint16_t *Vd, const float
     constexpr int C = D / 4;
     for (int x = tid; x < FA_BN * C; x += FA_WARPS * 32) {
         int r = x / C, c = (x % C) * 4;
-        fa_f4 k4 = *(const fa_f4 *)(Kf + r * D + c), v4 = *(const fa_f4 *)(Vf + r * D + c);
-        *(fa_u2 *)(Kd + r * (D + FA_PAD) + c) =
-            fa_u2{mma_pack<__nv_bfloat16>(k4.x, k4.y), mma_pack<__nv_bfloat16>(k4.z, k4.w)};
-        *(fa_u2 *)(Vd + r * (D + FA_PAD) + c) =
-            fa_u2{mma_pack<__nv_bfloat16>(v4.x, v4.y), mma_pack<__nv_bfloat16>(v4.z, v4.w)};
+        fa_f4 k4 = vec_ld((const fa_f4 *)(Kf + r * D + c)), v4 = vec_ld((const fa_f4 *)(Vf + r * D + c));
+        vec_st((fa_u2 *)(Kd + r * (D + FA_PAD) + c),
+               fa_u2{mma_pack<__nv_bfloat16>(k4.x, k4.y), mma_pack<__nv_bfloat16>(k4.z, k4.w)});
+        vec_st((fa_u2 *)(Vd + r * (D + FA_PAD) + c),
+               fa_u2{mma_pack<__nv_bfloat16>(v4.x, v4.y), mma_pack<__nv_bfloat16>(v4.z, v4.w)});
     }
 }
 
@@ -576,10 +576,10 @@ k_flash_gqa(const float *q, int nq, int pos, int n_heads, int grp, const typenam
     uint32_t qf[KS][4];
     for (int ks = 0; ks < KS; ks++) {
         int c = ks * 16 + 2 * t4;
-        fa_f2 a0 = pa >= 0 ? *(const fa_f2 *)(q + oa + c) : fa_f2{0, 0};
-        fa_f2 a1 = pa >= 0 ? *(const fa_f2 *)(q + oa + c + 8) : fa_f2{0, 0};
-        fa_f2 b0 = pb >= 0 ? *(const fa_f2 *)(q + ob + c) : fa_f2{0, 0};
-        fa_f2 b1 = pb >= 0 ? *(const fa_f2 *)(q + ob + c + 8) : fa_f2{0, 0};
+        fa_f2 a0 = pa >= 0 ? vec_ld((const fa_f2 *)(q + oa + c)) : fa_f2{0, 0};
+        fa_f2 a1 = pa >= 0 ? vec_ld((const fa_f2 *)(q + oa + c + 8)) : fa_f2{0, 0};
+        fa_f2 b0 = pb >= 0 ? vec_ld((const fa_f2 *)(q + ob + c)) : fa_f2{0, 0};
+        fa_f2 b1 = pb >= 0 ? vec_ld((const fa_f2 *)(q + ob + c + 8)) : fa_f2{0, 0};
         qf[ks][0] = mma_pack<OpT>(a0.x * scale, a0.y * scale);
         qf[ks][1] = mma_pack<OpT>(b0.x * scale, b0.y * scale);
         qf[ks][2] = mma_pack<OpT>(a1.x * scale, a1.y * scale);
@@ -695,8 +695,8 @@ k_flash_gqa(const float *q, int nq, int pos, int n_heads, int grp, const typenam
     float ia = la > 0.0f ? 1.0f / la : 0.0f, ib = lb > 0.0f ? 1.0f / lb : 0.0f;
     for (int j = 0; j < DT; j++) {
         int c = j * 8 + 2 * t4;
-        if (pa >= 0) *(fa_f2 *)(out + oa + c) = fa_f2{o[j][0] * ia, o[j][1] * ia};
-        if (pb >= 0) *(fa_f2 *)(out + ob + c) = fa_f2{o[j][2] * ib, o[j][3] * ib};
+        if (pa >= 0) vec_st((fa_f2 *)(out + oa + c), fa_f2{o[j][0] * ia, o[j][1] * ia});
+        if (pb >= 0) vec_st((fa_f2 *)(out + ob + c), fa_f2{o[j][2] * ib, o[j][3] * ib});
     }
 }
 

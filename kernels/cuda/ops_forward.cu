@@ -168,11 +168,11 @@ __device__ __forceinline__ void mv_body(const mv_args &a, const float *__restric
         for (int c = lane * 8; c < cols; c += 256) {
             mv_u4 w[R];
 #pragma unroll
-            for (int rr = 0; rr < R; rr++) w[rr] = *reinterpret_cast<const mv_u4 *>(wr[rr] + c);
+            for (int rr = 0; rr < R; rr++) w[rr] = vec_ld(reinterpret_cast<const mv_u4 *>(wr[rr] + c));
 #pragma unroll
             for (int j = 0; j < N; j++) {
-                mv_f4 x0 = *reinterpret_cast<const mv_f4 *>(x + (size_t)j * cols + c);
-                mv_f4 x1 = *reinterpret_cast<const mv_f4 *>(x + (size_t)j * cols + c + 4);
+                mv_f4 x0 = vec_ld(reinterpret_cast<const mv_f4 *>(x + (size_t)j * cols + c));
+                mv_f4 x1 = vec_ld(reinterpret_cast<const mv_f4 *>(x + (size_t)j * cols + c + 4));
 #pragma unroll
                 for (int rr = 0; rr < R; rr++) {
                     float s = acc[rr][j];
@@ -302,7 +302,7 @@ static void matvec(mv_args *a, const float *x, int cols, int n, bool swiglu, int
 __device__ __forceinline__ void mm_wload(uint32_t w[4], const uint16_t *row, int c, int cols, int vec) {
     if (vec) {
         mv_u4 v = {};
-        if (c < cols) v = *reinterpret_cast<const mv_u4 *>(row + c);
+        if (c < cols) v = vec_ld(reinterpret_cast<const mv_u4 *>(row + c));
 #pragma unroll
         for (int i = 0; i < 4; i++) w[i] = v.a[i];
         return;
@@ -322,8 +322,8 @@ __device__ __forceinline__ void mm_xload(uint32_t h[4], uint32_t l[4], const flo
     if (vec) {
         mv_f4 v0 = {}, v1 = {};
         if (in && c < cols) {
-            v0 = *reinterpret_cast<const mv_f4 *>(row + c);
-            v1 = *reinterpret_cast<const mv_f4 *>(row + c + 4);
+            v0 = vec_ld(reinterpret_cast<const mv_f4 *>(row + c));
+            v1 = vec_ld(reinterpret_cast<const mv_f4 *>(row + c + 4));
         }
 #pragma unroll
         for (int i = 0; i < 4; i++) {

@@ -1258,6 +1258,15 @@ void shared_check(const void *p, size_t n, const char *what) {
     if (!in_shared((uintptr_t)p, n)) kernel_fault(cudaErrorIllegalAddress, "%s at %p: not shared memory", what, p);
 }
 
+void vec_aligned(const void *p, size_t n, const char *what) {
+    if (!g_running || !g_blk) {
+        fault(cudaErrorLaunchFailure, "%s outside a kernel", what);
+        abort();
+    }
+    if ((uintptr_t)p % n)
+        kernel_fault(cudaErrorMisalignedAddress, "%s at %p: not %zu-byte aligned (misaligned address)", what, p, n);
+}
+
 void pipeline_commit(void) {
     if (g_running) g_running->cp_group++;
 }
@@ -1641,6 +1650,7 @@ const char *cudaGetErrorString(cudaError_t e) {
     case cudaErrorInvalidResourceHandle: return "invalid resource handle";
     case cudaErrorNotReady: return "device not ready";
     case cudaErrorIllegalAddress: return "an illegal memory access was encountered";
+    case cudaErrorMisalignedAddress: return "misaligned address";
     case cudaErrorLaunchTimeout: return "the launch timed out and was terminated";
     case cudaErrorLaunchFailure: return "unspecified launch failure";
     case cudaErrorStreamCaptureUnsupported: return "operation not permitted when stream is capturing";
@@ -1663,6 +1673,7 @@ const char *cudaGetErrorName(cudaError_t e) {
     case cudaErrorMemoryAllocation: return "cudaErrorMemoryAllocation";
     case cudaErrorInvalidConfiguration: return "cudaErrorInvalidConfiguration";
     case cudaErrorIllegalAddress: return "cudaErrorIllegalAddress";
+    case cudaErrorMisalignedAddress: return "cudaErrorMisalignedAddress";
     case cudaErrorLaunchFailure: return "cudaErrorLaunchFailure";
     case cudaErrorLaunchTimeout: return "cudaErrorLaunchTimeout";
     case cudaErrorIllegalState: return "cudaErrorIllegalState";

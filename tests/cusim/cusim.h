@@ -50,6 +50,7 @@ enum cudaError {
     cudaErrorNotReady = 600,
     cudaErrorIllegalAddress = 700,
     cudaErrorLaunchTimeout = 702,
+    cudaErrorMisalignedAddress = 716,
     cudaErrorLaunchFailure = 719,
     cudaErrorStreamCaptureUnsupported = 900,
     cudaErrorStreamCaptureInvalidated = 901,
@@ -279,6 +280,11 @@ void warp_exchange(const void *mine, size_t n, void *all, const char *what);
 /* A fault unless p is an n-byte, n-aligned range of the block's shared
  * memory (what names the instruction). */
 void shared_check(const void *p, size_t n, const char *what);
+/* A fault (cudaErrorMisalignedAddress) unless p is n-byte aligned: the
+ * kernels' 8- and 16-byte vector loads and stores call it (vec_ld and
+ * vec_st, kernels/cuda/cuda_util.h). A GPU faults on a misaligned one; the
+ * host compiler splits them, so the access hooks never see their width. */
+void vec_aligned(const void *p, size_t n, const char *what);
 /* cp.async (include/cuda_pipeline.h): a copy of n (4, 8 or 16) bytes into
  * shared memory, its last zfill bytes zeros, checked when issued and landing
  * when the issuing thread waits for its commit group. */

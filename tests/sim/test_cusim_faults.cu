@@ -1,5 +1,5 @@
 /* test_cusim_faults.cu: proof that the CUDA simulator (tests/cusim) catches
- * what a GPU would: eight faults planted in copies of skv's kernel shapes
+ * what a GPU would: faults planted in copies of skv's kernel shapes
  * and call sites, each run in a child process and required to fail with a
  * message that names it; beside each, the same code without the fault,
  * which must run clean and right. Also the counters, a graph's replay, and
@@ -86,6 +86,15 @@ __global__ void k_copy(const float *x, float *y, int n) {
     if (i < n) y[i] = x[i];
 }
 
+/* Four floats a thread as one 16-byte load from x + off (vec_ld, as the
+ * kernels' vector loads are; off a multiple of 4 keeps it aligned), summed
+ * into out. */
+struct alignas(16) f4 { float x, y, z, w; };
+__global__ void k_vec4(const float *x, int off, float *out) {
+    f4 v = vec_ld(reinterpret_cast<const f4 *>(x + off) + threadIdx.x);
+    out[threadIdx.x] = v.x + v.y + v.z + v.w;
+}
+
 /* A barrier that half of a warp skips (it returns instead). */
 __global__ void k_half_barrier(float *out) {
     if (threadIdx.x < 16) __syncthreads();
@@ -167,6 +176,11 @@ static int f_oom(void) {
 static int f_mask(void) {
     float *x = ramp_dev(32), *o = dev_alloc(1);
     SKV_LAUNCH(k_warp_sum, 1, 32, 0, 0)(x, 0x7fffffffu, o);
+    return fails();
+}
+static int f_misaligned(void) {
+    float *x = ramp_dev(68), *o = dev_alloc(16);
+    SKV_LAUNCH(k_vec4, 1, 16, 0, 0)(x, 1, o); /* 16-byte loads at 4 bytes past alignment */
     return fails();
 }
 /* SKV_CUDA_SYNC=1: the backend's launch check syncs and names the kernel. */
@@ -593,6 +607,7 @@ int main(void) {
     expect_fault("a device allocation past the device's size", f_oom, "cudaMalloc of 41943040 bytes refused",
                  "cudaErrorMemoryAllocation");
     expect_fault("a shuffle mask that leaves out an active lane", f_mask, "leaves out lane 31", "k_warp_sum");
+    expect_fault("a 16-byte load one float past its alignment", f_misaligned, "not 16-byte aligned", "k_vec4");
     {
         int bad = stream_join(0);
         char msg[240];
@@ -644,6 +659,13 @@ int main(void) {
         SKV_LAUNCH(k_warp_sum, 1, 32, 0, 0)(w, 0xffffffffu, o);
         down(&h, o, 1);
         test_cond("a warp sum with the full mask: right, no fault", h == ramp_sum(32) && !fails());
+        float *v4 = ramp_dev(68), *o4 = dev_alloc(16), h4[16];
+        SKV_LAUNCH(k_vec4, 1, 16, 0, 0)(v4, 4, o4);
+        down(h4, o4, 16);
+        test_cond("16-byte loads at 16-byte alignment: right, no fault",
+                  !fails() && h4[0] == (float)(4 % 7 + 5 % 7 + 6 % 7 + 7 % 7) &&
+                      h4[15] == (float)(64 % 7 + 65 % 7 + 66 % 7 + 67 % 7));
+        cudaFree(v4); cudaFree(o4);
         int bad = stream_join(1);
         char msg[200];
         snprintf(msg, sizeof msg, "the compute stream waits for the fetch stream's event: %d wrong rows", bad);
