@@ -137,33 +137,20 @@ static void check_model(const char *path, const char *label, const char *const *
     model_free(m);
 }
 
-static const char *skv_bin(void) {
-    const char *b = getenv("SKV_BIN");
-    return b && *b ? b : "./build/skv";
-}
-
-static int sh(char *out, size_t cap, const char *cmd) {
-    FILE *p = popen(cmd, "r");
-    if (!p) return -1;
-    size_t n = fread(out, 1, cap - 1, p);
-    out[n] = 0;
-    return pclose(p);
-}
-
 /* skv run --parallel 4: each sequence's text is the text of skv run alone,
  * for every policy (greedy); skv bench --parallel 4 reports its batch. */
 static void test_cli(const char *const *policies) {
     struct stat sb;
-    if (stat(skv_bin(), &sb) != 0) { test_skip("no skv binary: the --parallel CLI checks"); return; }
+    if (stat(test_skv_bin(), &sb) != 0) { test_skip("no skv binary: the --parallel CLI checks"); return; }
     static char one[1 << 14], four[1 << 16], cmd[2048];
     for (int p = 0; policies[p]; p++) {
         const char *flags = !strcmp(policies[p], "shadowkv") ? "--rank 16" : "";
         snprintf(cmd, sizeof cmd, "%s run -f samples/prompts/needle.txt -n 12 --kv %s --budget 64 %s 2>/dev/null",
-                 skv_bin(), policies[p], flags);
-        int a = sh(one, sizeof one, cmd);
+                 test_skv_bin(), policies[p], flags);
+        int a = test_popen(one, sizeof one, "%s", cmd);
         snprintf(cmd, sizeof cmd, "%s run -f samples/prompts/needle.txt -n 12 --kv %s --budget 64 %s --parallel 4 "
-                 "2>/dev/null", skv_bin(), policies[p], flags);
-        int b = sh(four, sizeof four, cmd);
+                 "2>/dev/null", test_skv_bin(), policies[p], flags);
+        int b = test_popen(four, sizeof four, "%s", cmd);
         /* one's text ends with a newline; each sequence's block is "--- sequence i ---\nTEXT\n" */
         int same = a == 0 && b == 0, seen = 0;
         for (const char *q = four; (q = strstr(q, "--- sequence ")); seen++) {
@@ -179,14 +166,14 @@ static void test_cli(const char *const *policies) {
         test_cond(msg, same && seen == 4);
     }
     snprintf(cmd, sizeof cmd, "%s bench -m samples/model/skv-demo.gguf --prompt-tokens 256 -n 8 --kv shadowkv --budget 64 "
-             "--rank 16 --parallel 4 2>&1", skv_bin());
-    int rc = sh(four, sizeof four, cmd);
+             "--rank 16 --parallel 4 2>&1", test_skv_bin());
+    int rc = test_popen(four, sizeof four, "%s", cmd);
     test_cond("skv bench --parallel 4 reports the batch: parallel=4, its tok/s and the resident bytes",
               rc == 0 && strstr(four, "parallel=4") && strstr(four, "decode_tok_s=") && strstr(four, "resident_bytes_seq="));
     /* one prefill forked into two policies and three batch sizes, the last the largest that fits */
     snprintf(cmd, sizeof cmd, "%s bench -m samples/model/skv-demo.gguf --prompt-tokens 256 -n 2 --kv dense,shadowkv "
-             "--budget 64 --rank 16 --parallel 1,3,4000,fit,max --mem 0.5 2>&1", skv_bin());
-    rc = sh(four, sizeof four, cmd);
+             "--budget 64 --rank 16 --parallel 1,3,4000,fit,max --mem 0.5 2>&1", test_skv_bin());
+    rc = test_popen(four, sizeof four, "%s", cmd);
     int lines = 0, maxes = 0;
     for (const char *q = four; (q = strstr(q, "model=")); q++) lines++;
     for (const char *q = four; (q = strstr(q, "max_parallel=")); q++) maxes++;
@@ -201,9 +188,9 @@ static void test_cli(const char *const *policies) {
         "--parallel 4000 --mem 0.01",
     };
     for (size_t i = 0; i < sizeof bad / sizeof bad[0]; i++) {
-        snprintf(cmd, sizeof cmd, "%s bench -m samples/model/skv-demo.gguf --prompt-tokens 64 -n 2 %s 2>&1", skv_bin(),
+        snprintf(cmd, sizeof cmd, "%s bench -m samples/model/skv-demo.gguf --prompt-tokens 64 -n 2 %s 2>&1", test_skv_bin(),
                  bad[i]);
-        rc = sh(four, sizeof four, cmd);
+        rc = test_popen(four, sizeof four, "%s", cmd);
         int nl = 0;
         for (const char *q = four; *q; q++) nl += *q == '\n';
         char msg[200];

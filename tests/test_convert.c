@@ -17,21 +17,9 @@
 #include <dirent.h>
 #include <sys/wait.h>
 
-static const char *skv_bin(void) {
-    const char *b = getenv("SKV_BIN");
-    return b && *b ? b : "./build/skv";
-}
-
 /* Runs skv with args; the exit status (-1 on a signal), output in out. */
 static int run(const char *args, char *out, size_t cap) {
-    char cmd[4096];
-    snprintf(cmd, sizeof cmd, "%s %s 2>&1", skv_bin(), args);
-    FILE *p = popen(cmd, "r");
-    if (!p) return -2;
-    size_t n = fread(out, 1, cap - 1, p);
-    out[n] = 0;
-    int st = pclose(p);
-    return WIFEXITED(st) ? WEXITSTATUS(st) : -1;
+    return test_sh(out, cap, "%s %s", test_skv_bin(), args);
 }
 
 static int lines(const char *s) {

@@ -32,11 +32,6 @@
 /* The views this test covers (needle and niah need a needle run). */
 static const char *const my_views[] = { "spectrum", "chunkmap", "selection", "cache", "timeline", "tokens", NULL };
 
-static const char *skv_bin(void) {
-    const char *b = getenv("SKV_BIN");
-    return b && *b ? b : "./build/skv";
-}
-
 /* Runs argv with stdout and stderr into files; returns the exit status, or -1. */
 static int run(const char *out, const char *err, char *const argv[]) {
     fflush(stdout);
@@ -104,7 +99,7 @@ static uint8_t *read_png(const char *path, int *w, int *h) {
 static int export(const char *dir, const char *const *args) {
     char *argv[32];
     int n = 0;
-    argv[n++] = (char *)skv_bin();
+    argv[n++] = (char *)test_skv_bin();
     argv[n++] = "export";
     for (int i = 0; args[i] && n < 31; i++) argv[n++] = (char *)args[i];
     argv[n] = NULL;
@@ -393,7 +388,7 @@ int main(void) {
         n_predict = 6;
     }
     if (!model) { test_skip("no model: neither ../shared/models/stories260k.gguf nor build/default-model.gguf"); return test_report("test_export"); }
-    if (stat(skv_bin(), &sb) != 0) { test_skip("no skv binary (set SKV_BIN or run make)"); return test_report("test_export"); }
+    if (stat(test_skv_bin(), &sb) != 0) { test_skip("no skv binary (set SKV_BIN or run make)"); return test_report("test_export"); }
 
     char trace[600], nbuf[16];
     snprintf(trace, sizeof trace, "%s/run.skvtrace", dir);
@@ -401,7 +396,7 @@ int main(void) {
     char out[600], err[600];
     snprintf(out, sizeof out, "%s/run-out.txt", dir);
     snprintf(err, sizeof err, "%s/run-err.txt", dir);
-    char *argv[] = { (char *)skv_bin(), "run", "-m", (char *)model, "-p", (char *)prompt, "-n", nbuf, "--kv", "shadowkv",
+    char *argv[] = { (char *)test_skv_bin(), "run", "-m", (char *)model, "-p", (char *)prompt, "-n", nbuf, "--kv", "shadowkv",
                      "--rank", "8", "--budget", "16", "--outliers", "1", "--local", "1", "--oracle", "--trace", trace, NULL };
     int rc = run(out, err, argv);
     test_cond("a sample trace is recorded with skv run --kv shadowkv --oracle --trace", rc == 0 && stat(trace, &sb) == 0);

@@ -624,23 +624,9 @@ static void test_hit_is_hit(void) {
 
 /* ---- CLI level --------------------------------------------------------------- */
 
-static const char *skv_bin(void) {
-    const char *b = getenv("SKV_BIN");
-    return b && *b ? b : "./build/skv";
-}
-
 /* Runs skv with args, stdout into out (cap bytes) and stderr into err; the exit status. */
 static int run_skv(const char *args, char *out, size_t cap, const char *err_path) {
-    char cmd[4096];
-    snprintf(cmd, sizeof cmd, "%s %s 2>%s", skv_bin(), args, err_path);
-    FILE *p = popen(cmd, "r");
-    if (!p) return -2;
-    size_t n = fread(out, 1, cap - 1, p);
-    out[n] = 0;
-    char sink[4096];
-    while (fread(sink, 1, sizeof sink, p) > 0) {} /* the rest, so the child never sees a closed pipe */
-    int st = pclose(p);
-    return WIFEXITED(st) ? WEXITSTATUS(st) : -1;
+    return test_popen(out, cap, "%s %s 2>%s", test_skv_bin(), args, err_path);
 }
 
 /* Drops what only a live --explain says: each fix's check (" -> retrieved
@@ -1057,7 +1043,7 @@ static void checked_case(const char *what, const char *args, const char *method,
 
 static void test_checked(void) {
     struct stat sb;
-    if (stat("samples/model/skv-demo.gguf", &sb) != 0 || stat(skv_bin(), &sb) != 0) {
+    if (stat("samples/model/skv-demo.gguf", &sb) != 0 || stat(test_skv_bin(), &sb) != 0) {
         test_skip("the demo model or the skv binary is missing: the checked-fix cases");
         return;
     }

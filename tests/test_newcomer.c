@@ -17,35 +17,20 @@
 #include <signal.h>
 #include <sys/wait.h>
 
-static const char *skv_bin(void) {
-    const char *b = getenv("SKV_BIN");
-    return b && *b ? b : "./build/skv";
-}
-
-/* Runs sh -c cmd; its stdout (and stderr) into out; returns the exit status. */
-static int sh_out(char *out, size_t cap, const char *cmd) {
-    FILE *p = popen(cmd, "r");
-    if (!p) return -1;
-    size_t n = fread(out, 1, cap - 1, p);
-    out[n] = 0;
-    int st = pclose(p);
-    return WIFEXITED(st) ? WEXITSTATUS(st) : -1;
-}
-
 static void test_piped(const char *model) {
     char cmd[2048], out[8192];
-    snprintf(cmd, sizeof cmd, "printf 'Once upon a time' | %s run -m %s -n 3 2>/dev/null", skv_bin(), model);
-    int a = sh_out(out, sizeof out, cmd);
+    snprintf(cmd, sizeof cmd, "printf 'Once upon a time' | %s run -m %s -n 3 2>/dev/null", test_skv_bin(), model);
+    int a = test_popen(out, sizeof out, "%s", cmd);
     test_cond("a prompt piped in with no -p or -f is read", a == 0 && strlen(out) > 0);
-    snprintf(cmd, sizeof cmd, "printf 'Once upon a time' | %s run -m %s -n 3 -f - 2>/dev/null", skv_bin(), model);
+    snprintf(cmd, sizeof cmd, "printf 'Once upon a time' | %s run -m %s -n 3 -f - 2>/dev/null", test_skv_bin(), model);
     char out2[8192];
-    int b = sh_out(out2, sizeof out2, cmd);
+    int b = test_popen(out2, sizeof out2, "%s", cmd);
     test_cond("-f - reads the same prompt from standard input", b == 0 && !strcmp(out, out2));
-    snprintf(cmd, sizeof cmd, "printf 'Once upon a time' | %s run -m %s -n 3 -f /dev/stdin 2>/dev/null", skv_bin(), model);
-    int c = sh_out(out2, sizeof out2, cmd);
+    snprintf(cmd, sizeof cmd, "printf 'Once upon a time' | %s run -m %s -n 3 -f /dev/stdin 2>/dev/null", test_skv_bin(), model);
+    int c = test_popen(out2, sizeof out2, "%s", cmd);
     test_cond("-f /dev/stdin too", c == 0 && !strcmp(out, out2));
-    snprintf(cmd, sizeof cmd, "%s run -m %s -n 3 </dev/null 2>&1", skv_bin(), model);
-    int d = sh_out(out2, sizeof out2, cmd);
+    snprintf(cmd, sizeof cmd, "%s run -m %s -n 3 </dev/null 2>&1", test_skv_bin(), model);
+    int d = test_popen(out2, sizeof out2, "%s", cmd);
     test_cond("an empty pipe is 'no prompt', one line and a non-zero exit",
               d != 0 && strstr(out2, "no prompt") && strchr(out2, '\n') == out2 + strlen(out2) - 1);
 }
@@ -58,16 +43,16 @@ static void test_force(const char *model, const char *dir) {
         fputs("precious", f);
         fclose(f);
     }
-    snprintf(cmd, sizeof cmd, "%s run -m %s -p hi -n 2 --trace %s 2>&1", skv_bin(), model, path);
-    int rc = sh_out(out, sizeof out, cmd);
+    snprintf(cmd, sizeof cmd, "%s run -m %s -p hi -n 2 --trace %s 2>&1", test_skv_bin(), model, path);
+    int rc = test_popen(out, sizeof out, "%s", cmd);
     size_t n = 0;
     char *b = NULL;
     skv_read_file(path, 1 << 20, &b, &n);
     test_cond("skv run --trace EXISTING refuses without --force, and keeps the file",
               rc == 1 && strstr(out, "--force") && b && !strcmp(b, "precious"));
     free(b);
-    snprintf(cmd, sizeof cmd, "%s run -m %s -p hi -n 2 --trace %s --force 2>&1", skv_bin(), model, path);
-    rc = sh_out(out, sizeof out, cmd);
+    snprintf(cmd, sizeof cmd, "%s run -m %s -p hi -n 2 --trace %s --force 2>&1", test_skv_bin(), model, path);
+    rc = test_popen(out, sizeof out, "%s", cmd);
     b = NULL;
     skv_read_file(path, 1 << 20, &b, &n);
     test_cond("with --force it replaces the file by a trace", rc == 0 && b && !memcmp(b, "SKVTRACE", 8));
@@ -139,7 +124,7 @@ static void test_ctrl_c(const char *dir) {
         snprintf(out, sizeof out, "%s/run.out", dir);
         unlink(out);
         snprintf(cmd, sizeof cmd, "exec %s run -m build/default-model.gguf -p 'hello there' -n 1000000 -c 8000 "
-                 "--trace %s >%s 2>/dev/null", skv_bin(), trace, out);
+                 "--trace %s >%s 2>/dev/null", test_skv_bin(), trace, out);
         int rc = interrupt_after(cmd, out, NULL, 0.3); /* generated text is flowing */
         unlink(out);
         probe_store *st = NULL;
@@ -159,7 +144,7 @@ static void test_ctrl_c(const char *dir) {
         char table[720];
         snprintf(table, sizeof table, "%s/needle.out", dir);
         snprintf(cmd, sizeof cmd, "exec %s needle -m samples/model/skv-demo.gguf --lengths 300 --depths 0:100:1 --runs 8 "
-                 "--json %s >%s 2>%s", skv_bin(), json, table, err);
+                 "--json %s >%s 2>%s", test_skv_bin(), json, table, err);
         /* Two cases have finished; the other 806 (about 10 s) are still to
          * run. Eight interrupts at staggered moments: a Ctrl-C whose handler
          * landed on a thread inside a oneDNN GEMM used to corrupt the heap
@@ -205,7 +190,7 @@ int main(void) {
     test_tokens_utf8();
     const char *model = test_shared("models/stories260k.gguf");
     struct stat sb;
-    if (stat(skv_bin(), &sb) != 0) test_skip("no skv binary (set SKV_BIN or run make)");
+    if (stat(test_skv_bin(), &sb) != 0) test_skip("no skv binary (set SKV_BIN or run make)");
     else if (!model) test_skip("../shared/models/stories260k.gguf is missing: the command-line parts");
     else {
         const char *dir = test_tmpdir("newcomer");

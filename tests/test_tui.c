@@ -54,23 +54,6 @@ static int sh(const char *fmt, ...) {
     return st != -1 && WIFEXITED(st) ? WEXITSTATUS(st) : -1;
 }
 
-/* Runs a command and returns its output (stdout+stderr) in out; exit status as sh. */
-static int sh_out(char *out, size_t cap, const char *fmt, ...) __attribute__((format(printf, 3, 4)));
-static int sh_out(char *out, size_t cap, const char *fmt, ...) {
-    char cmd[8192];
-    va_list ap;
-    va_start(ap, fmt);
-    vsnprintf(cmd, sizeof cmd, fmt, ap);
-    va_end(ap);
-    out[0] = 0;
-    FILE *p = popen(cmd, "r");
-    if (!p) return -2;
-    size_t n = fread(out, 1, cap - 1, p);
-    out[n] = 0;
-    int st = pclose(p);
-    return st != -1 && WIFEXITED(st) ? WEXITSTATUS(st) : -1;
-}
-
 static int lines(const char *s) {
     int n = 0;
     for (; *s; s++) n += *s == '\n';
@@ -115,7 +98,7 @@ static void stop(const char *name) { sh("tmux -S %s kill-session -t %s >/dev/nul
 static char screen[65536];
 
 static const char *capture(const char *name) {
-    if (sh_out(screen, sizeof screen, "tmux -S %s capture-pane -p -t %s 2>&1", sock, name) != 0) screen[0] = 0;
+    if (test_popen(screen, sizeof screen, "tmux -S %s capture-pane -p -t %s 2>&1", sock, name) != 0) screen[0] = 0;
     return screen;
 }
 
@@ -187,7 +170,7 @@ static void click(const char *name, int x, int y) {
 
 static int alternate_off(const char *name) {
     char out[64];
-    sh_out(out, sizeof out, "tmux -S %s display -p -t %s '#{alternate_on}'", sock, name);
+    test_popen(out, sizeof out, "tmux -S %s display -p -t %s '#{alternate_on}'", sock, name);
     return out[0] == '0';
 }
 
@@ -204,7 +187,7 @@ static void quit_and_check(const char *what, const char *name) {
 /* The pid of the pane shell's child (the skv process), or -1. */
 static int pane_child(const char *name) {
     char out[64];
-    if (sh_out(out, sizeof out, "tmux -S %s display -p -t %s '#{pane_pid}'", sock, name)) return -1;
+    if (test_popen(out, sizeof out, "tmux -S %s display -p -t %s '#{pane_pid}'", sock, name)) return -1;
     int parent = atoi(out);
     DIR *d = opendir("/proc");
     if (!d) return -1;
@@ -285,22 +268,22 @@ static void remove_scratch(void) {
 
 static void test_bad_input(const char *trace) {
     char out[8192];
-    int rc = sh_out(out, sizeof out, "%s inspect --no-such-flag 2>&1 </dev/null", bin);
+    int rc = test_popen(out, sizeof out, "%s inspect --no-such-flag 2>&1 </dev/null", bin);
     test_cond("a bad flag: one line and a non-zero exit", rc > 0 && lines(out) == 1 && strstr(out, "--no-such-flag"));
-    rc = sh_out(out, sizeof out, "%s inspect --replay %s/missing.trace 2>&1 </dev/null", bin, dir);
+    rc = test_popen(out, sizeof out, "%s inspect --replay %s/missing.trace 2>&1 </dev/null", bin, dir);
     test_cond("a missing trace: one line naming it and a non-zero exit",
               rc > 0 && lines(out) == 1 && strstr(out, "missing.trace"));
-    rc = sh_out(out, sizeof out, "%s inspect --trace %s/t.trace --kv dense 2>&1 </dev/null", bin, dir);
+    rc = test_popen(out, sizeof out, "%s inspect --trace %s/t.trace --kv dense 2>&1 </dev/null", bin, dir);
     test_cond("replay with generation flags: one line and a non-zero exit", rc > 0 && lines(out) == 1);
-    rc = sh_out(out, sizeof out, "%s inspect -m %s/missing.gguf -p hi 2>&1 </dev/null", bin, dir);
+    rc = test_popen(out, sizeof out, "%s inspect -m %s/missing.gguf -p hi 2>&1 </dev/null", bin, dir);
     test_cond("a missing model: one line and a non-zero exit", rc > 0 && lines(out) == 1 && strstr(out, "missing.gguf"));
     if (trace) {
-        rc = sh_out(out, sizeof out, "%s inspect --trace %s 2>&1 </dev/null | cat", bin, trace);
+        rc = test_popen(out, sizeof out, "%s inspect --trace %s 2>&1 </dev/null | cat", bin, trace);
         test_cond("stdout not a terminal: one line saying so", lines(out) == 1 && strstr(out, "not a terminal"));
-        rc = sh_out(out, sizeof out, "%s inspect --trace %s 2>&1 </dev/null >/dev/null; echo rc=$?", bin, trace);
+        rc = test_popen(out, sizeof out, "%s inspect --trace %s 2>&1 </dev/null >/dev/null; echo rc=$?", bin, trace);
         test_cond("stdout not a terminal: non-zero exit", strstr(out, "rc=0") == NULL);
     }
-    rc = sh_out(out, sizeof out, "%s inspect --help", bin);
+    rc = test_popen(out, sizeof out, "%s inspect --help", bin);
     test_cond("--help documents keys and options", rc == 0 && strstr(out, "keys:") && strstr(out, "--trace"));
 }
 
@@ -417,7 +400,7 @@ static void test_live(const char *model_args) {
         /* the default session records no needle results: the diagnosis reads the value from the
          * watched needle and the answer from the generated tokens, and says the outcome first */
         char out[1 << 14];
-        sh_out(out, sizeof out, "%s needle --diagnose %s 2>&1", bin, path);
+        test_popen(out, sizeof out, "%s needle --diagnose %s 2>&1", bin, path);
         test_cond("live: skv needle --diagnose of the recording names the value and opens with the outcome",
                   strstr(out, "4817093") && (strstr(out, "  shadowkv retrieved 4817093") ||
                                              strstr(out, "  shadowkv missed 4817093") ||
@@ -491,7 +474,7 @@ static int tab_row(const char *scr, char titles[][32], int cap) {
 static void test_tab_jump(const char *model_args) {
     char out[8192], trace[PATH_MAX + 32], cmd[PATH_MAX * 2 + 128], want[64];
     snprintf(trace, sizeof trace, "%s/cmp.trace", dir);
-    int rc = sh_out(out, sizeof out, "%s run %s --kv shadowkv,quest,freekv,specache,tailorkv --oracle -n 3 --trace %s 2>&1",
+    int rc = test_popen(out, sizeof out, "%s run %s --kv shadowkv,quest,freekv,specache,tailorkv --oracle -n 3 --trace %s 2>&1",
                     bin, model_args, trace);
     test_cond("a compare trace of five policies is recorded", rc == 0);
     if (rc) { printf("  got: %s", out); return; }
@@ -542,10 +525,10 @@ static void test_tab_jump(const char *model_args) {
 static void test_batch_replay(const char *rec_args) {
     char path[PATH_MAX + 32], cmd[PATH_MAX * 2 + 700], out[8192], what[200];
     snprintf(path, sizeof path, "%s/batch.trace", dir);
-    int rc = sh_out(out, sizeof out, "%s run %s --temp 0.9 -n 4 --parallel 6 --trace %s 2>&1", bin, rec_args, path);
+    int rc = test_popen(out, sizeof out, "%s run %s --temp 0.9 -n 4 --parallel 6 --trace %s 2>&1", bin, rec_args, path);
     test_cond("skv run --parallel 6 --trace records the batch", rc == 0 && strstr(out, "trace written to"));
     if (rc) { printf("  got: %s", out); return; }
-    rc = sh_out(out, sizeof out, "%s inspect --replay %s --seq 6 2>&1 </dev/null", bin, path);
+    rc = test_popen(out, sizeof out, "%s inspect --replay %s --seq 6 2>&1 </dev/null", bin, path);
     test_cond("inspect --seq past the batch: one line naming the sequences there are",
               rc == 2 && lines(out) == 1 && strstr(out, "sequences 0 to 5"));
     const char *titles[32];
@@ -572,7 +555,7 @@ static void test_batch_replay(const char *rec_args) {
     int drawn = 0, bad = 0;
     for (int v = 0; v < nt; v++)
         for (int q = 0; q < 6; q += 5) {
-            rc = sh_out(out, sizeof out, "%s export --trace %s --view '%s' --seq %d -o %s/b.png --force 2>&1", bin, path,
+            rc = test_popen(out, sizeof out, "%s export --trace %s --view '%s' --seq %d -o %s/b.png --force 2>&1", bin, path,
                         titles[v], q, dir);
             if (rc == 0) drawn++;
             else if (!strstr(out, "has no data for view")) { bad++; printf("  %s, seq %d: %s", titles[v], q, out); }
@@ -684,7 +667,7 @@ int main(void) {
     snprintf(trace, sizeof trace, "%s/t.trace", dir);
     int have_trace = 0;
     if (rec_args[0]) {
-        int rc = sh_out(out, sizeof out, "%s run %s -n 6 --trace %s 2>&1", bin, rec_args, trace);
+        int rc = test_popen(out, sizeof out, "%s run %s -n 6 --trace %s 2>&1", bin, rec_args, trace);
         have_trace = rc == 0 && stat(trace, &sb) == 0;
         test_cond("a trace is recorded with skv run --trace", have_trace);
         if (!have_trace) printf("  got: %s", out);

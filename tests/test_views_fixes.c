@@ -44,23 +44,6 @@ static const char *dir;
 
 static int add(probe_store *st, probe_event ev) { return probe_store_add(st, &ev); }
 
-/* Runs sh -c on the command built from fmt; its output (stdout and stderr)
- * into out; returns the exit status (-1 on a signal). */
-static int sh_out(char *out, size_t cap, const char *fmt, ...) __attribute__((format(printf, 3, 4)));
-static int sh_out(char *out, size_t cap, const char *fmt, ...) {
-    char cmd[8192];
-    va_list ap;
-    va_start(ap, fmt);
-    vsnprintf(cmd, sizeof cmd, fmt, ap);
-    va_end(ap);
-    FILE *p = popen(cmd, "r");
-    if (!p) return -1;
-    size_t n = fread(out, 1, cap - 1, p);
-    out[n] = 0;
-    int st = pclose(p);
-    return WIFEXITED(st) ? WEXITSTATUS(st) : -1;
-}
-
 /* The text of view name drawn from st into a w x h terminal canvas. */
 static char *draw_text(const char *name, const probe_store *st, const view_cursor *cur, int w, int h, int *rc,
                        paint_result *res) {
@@ -395,7 +378,7 @@ static void test_chunkmap_caption(void) {
 /* Records a trace with skv; 0 on success. */
 static int record(const char *path, const char *args) {
     char out[8192];
-    return sh_out(out, sizeof out, "%s %s --trace %s --force 2>&1", bin, args, path);
+    return test_popen(out, sizeof out, "%s %s --trace %s --force 2>&1", bin, args, path);
 }
 
 /* The kinds of events that belong to a decode step, with that step. */
@@ -452,7 +435,7 @@ static void test_needle_figure(void) {
         test_cond("skv needle --case records a trace", 0);
         return;
     }
-    int rc = sh_out(out, sizeof out, "%s export --trace %s --view needle --step 0 -o %s --force 2>&1", bin, trace, svg);
+    int rc = test_popen(out, sizeof out, "%s export --trace %s --view needle --step 0 -o %s --force 2>&1", bin, trace, svg);
     char *s = NULL;
     size_t n = 0;
     int read = rc == 0 && !skv_read_file(svg, 1 << 24, &s, &n);
@@ -467,24 +450,24 @@ static void test_needle_figure(void) {
 /* Finding 12 and "shared by 1 sequences": the command line. */
 static void test_cli(const char *t15) {
     char out[8192], cmd_dir[PATH_MAX];
-    int rc = sh_out(out, sizeof out, "%s inspect --replay %s --policy quest </dev/null 2>&1", bin, t15);
+    int rc = test_popen(out, sizeof out, "%s inspect --replay %s --policy quest </dev/null 2>&1", bin, t15);
     test_cond("inspect --replay --policy a trace does not hold: status 2, one line listing its policies",
               rc == 2 && strstr(out, "no such policy") && strstr(out, "shadowkv") && strchr(out, '\n') == out + strlen(out) - 1);
     snprintf(cmd_dir, sizeof cmd_dir, "%s/dump9", dir);
-    rc = sh_out(out, sizeof out, "%s dump -m " MODEL " -p hi --layer 9 -o %s 2>&1", bin, cmd_dir);
+    rc = test_popen(out, sizeof out, "%s dump -m " MODEL " -p hi --layer 9 -o %s 2>&1", bin, cmd_dir);
     struct stat sb;
     test_cond("dump --layer 9 (4 layers): refused, and no folder made", rc != 0 && strstr(out, "out of range") &&
                                                                             stat(cmd_dir, &sb) != 0);
-    rc = sh_out(out, sizeof out, "%s info --backends 2>&1", bin);
+    rc = test_popen(out, sizeof out, "%s info --backends 2>&1", bin);
     if (stat("/proc/driver/nvidia/version", &sb) != 0)
         test_cond("info --backends without an NVIDIA driver: no advice to upgrade one",
                   rc == 0 && !strstr(out, "insufficient"));
     else
         test_skip("an NVIDIA driver is installed: the no-driver wording of info --backends");
-    rc = sh_out(out, sizeof out, "%s run --parallel 1 -m " MODEL " -p 'Once upon a time' -n 2 2>&1 >/dev/null", bin);
+    rc = test_popen(out, sizeof out, "%s run --parallel 1 -m " MODEL " -p 'Once upon a time' -n 2 2>&1 >/dev/null", bin);
     test_cond("run --parallel 1: 'shared by 1 sequence', '1 step of 1 sequence'",
               rc == 0 && strstr(out, "shared by 1 sequence)") && strstr(out, "1 step of 1 sequence,"));
-    rc = sh_out(out, sizeof out, "%s needle --kv shadowkv --lengths 1k --depths 0:100:50 --case 1 2>&1 >/dev/null", bin);
+    rc = test_popen(out, sizeof out, "%s needle --kv shadowkv --lengths 1k --depths 0:100:50 --case 1 2>&1 >/dev/null", bin);
     test_cond("needle --case N: its progress line ends without time 'left'",
               rc == 0 && strstr(out, "case 1 (2 of 3)") && !strstr(out, "s left"));
 }
@@ -497,7 +480,7 @@ static int tmux_up;
 static int tmux_start(const char *name, int w, int h, const char *cmd) {
     char out[512];
     for (int i = 0; i < 50; i++) {
-        if (!sh_out(out, sizeof out, "tmux -S %s -f /dev/null new-session -d -s %s -x %d -y %d "
+        if (!test_popen(out, sizeof out, "tmux -S %s -f /dev/null new-session -d -s %s -x %d -y %d "
                                      "'LC_ALL=C.UTF-8 TERM=xterm-256color %s; echo EXITED $?; sleep 600' 2>&1",
                     sock, name, w, h, cmd)) {
             tmux_up = 1;
@@ -510,7 +493,7 @@ static int tmux_start(const char *name, int w, int h, const char *cmd) {
 }
 
 static const char *tmux_screen(const char *name, char *buf, size_t n) {
-    if (sh_out(buf, n, "tmux -S %s capture-pane -p -t %s 2>&1", sock, name)) buf[0] = 0;
+    if (test_popen(buf, n, "tmux -S %s capture-pane -p -t %s 2>&1", sock, name)) buf[0] = 0;
     return buf;
 }
 
@@ -526,12 +509,12 @@ static int tmux_wait(const char *name, const char *want, double secs, char *buf,
 
 static void tmux_keys(const char *name, const char *keys) {
     char out[256];
-    sh_out(out, sizeof out, "tmux -S %s send-keys -t %s %s 2>&1", sock, name, keys);
+    test_popen(out, sizeof out, "tmux -S %s send-keys -t %s %s 2>&1", sock, name, keys);
 }
 
 static void tmux_stop(const char *name) {
     char out[256];
-    sh_out(out, sizeof out, "tmux -S %s kill-session -t %s 2>&1", sock, name);
+    test_popen(out, sizeof out, "tmux -S %s kill-session -t %s 2>&1", sock, name);
 }
 
 /* Lines of the screen holding half blocks between "decode step" and the x axis. */
@@ -627,9 +610,9 @@ int main(void) {
         test_needle_figure();
         if (!r1) test_cli(t15);
         snprintf(sock, sizeof sock, "%s/tmux.sock", dir);
-        if (sh_out(out, sizeof out, "command -v tmux >/dev/null 2>&1")) test_skip("no tmux: the on-screen checks");
+        if (test_popen(out, sizeof out, "command -v tmux >/dev/null 2>&1")) test_skip("no tmux: the on-screen checks");
         else if (!r1 && !r2) test_tmux(t15, batch);
-        if (tmux_up) sh_out(out, sizeof out, "tmux -S %s kill-server 2>&1", sock);
+        if (tmux_up) test_popen(out, sizeof out, "tmux -S %s kill-server 2>&1", sock);
         unlink(t15);
         unlink(batch);
         unlink(sock);

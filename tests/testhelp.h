@@ -79,21 +79,43 @@ static inline const char *test_skv_bin(void) {
     return b && *b ? b : "./build/skv";
 }
 
-/* Runs sh -c cmd with stderr merged; its output into out; the exit status. */
-static inline int test_sh(char *out, size_t cap, const char *fmt, ...) __attribute__((format(printf, 3, 4)));
-static inline int test_sh(char *out, size_t cap, const char *fmt, ...) {
-    char cmd[4096];
-    va_list ap;
-    va_start(ap, fmt);
+/* Runs sh -c cmd (cmd from fmt; with merge, stderr joins stdout): its stdout
+ * into out (at most cap - 1 bytes; the rest read and dropped, so the command
+ * never writes into a closed pipe); its exit status, -1 on a signal or when
+ * it cannot start. */
+static inline int test_vpopen(char *out, size_t cap, int merge, const char *fmt, va_list ap) {
+    char cmd[8192];
     vsnprintf(cmd, sizeof cmd, fmt, ap);
-    va_end(ap);
-    strncat(cmd, " 2>&1", sizeof cmd - strlen(cmd) - 1);
+    if (merge) strncat(cmd, " 2>&1", sizeof cmd - strlen(cmd) - 1);
+    out[0] = 0;
     FILE *p = popen(cmd, "r");
     if (!p) return -1;
     size_t n = fread(out, 1, cap - 1, p);
     out[n] = 0;
+    char sink[4096];
+    while (fread(sink, 1, sizeof sink, p) > 0) {}
     int st = pclose(p);
-    return WIFEXITED(st) ? WEXITSTATUS(st) : -1;
+    return st != -1 && WIFEXITED(st) ? WEXITSTATUS(st) : -1;
+}
+
+/* The command as written (its own redirections, if any). */
+static inline int test_popen(char *out, size_t cap, const char *fmt, ...) __attribute__((format(printf, 3, 4)));
+static inline int test_popen(char *out, size_t cap, const char *fmt, ...) {
+    va_list ap;
+    va_start(ap, fmt);
+    int rc = test_vpopen(out, cap, 0, fmt, ap);
+    va_end(ap);
+    return rc;
+}
+
+/* The command with stderr merged into out. */
+static inline int test_sh(char *out, size_t cap, const char *fmt, ...) __attribute__((format(printf, 3, 4)));
+static inline int test_sh(char *out, size_t cap, const char *fmt, ...) {
+    va_list ap;
+    va_start(ap, fmt);
+    int rc = test_vpopen(out, cap, 1, fmt, ap);
+    va_end(ap);
+    return rc;
 }
 
 #endif
