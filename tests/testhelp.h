@@ -82,10 +82,15 @@ static inline const char *test_skv_bin(void) {
 /* Runs sh -c cmd (cmd from fmt; with merge, stderr joins stdout): its stdout
  * into out (at most cap - 1 bytes; the rest read and dropped, so the command
  * never writes into a closed pipe); its exit status, -1 on a signal or when
- * it cannot start. */
-static inline int test_vpopen(char *out, size_t cap, int merge, const char *fmt, va_list ap) {
+ * it cannot start. test_popen runs the command as written (its own
+ * redirections, if any), test_sh with stderr merged into out. */
+static inline int test_cmd(char *out, size_t cap, int merge, const char *fmt, ...) __attribute__((format(printf, 4, 5)));
+static inline int test_cmd(char *out, size_t cap, int merge, const char *fmt, ...) {
     char cmd[8192];
+    va_list ap;
+    va_start(ap, fmt);
     vsnprintf(cmd, sizeof cmd, fmt, ap);
+    va_end(ap);
     if (merge) strncat(cmd, " 2>&1", sizeof cmd - strlen(cmd) - 1);
     out[0] = 0;
     FILE *p = popen(cmd, "r");
@@ -97,25 +102,7 @@ static inline int test_vpopen(char *out, size_t cap, int merge, const char *fmt,
     int st = pclose(p);
     return st != -1 && WIFEXITED(st) ? WEXITSTATUS(st) : -1;
 }
-
-/* The command as written (its own redirections, if any). */
-static inline int test_popen(char *out, size_t cap, const char *fmt, ...) __attribute__((format(printf, 3, 4)));
-static inline int test_popen(char *out, size_t cap, const char *fmt, ...) {
-    va_list ap;
-    va_start(ap, fmt);
-    int rc = test_vpopen(out, cap, 0, fmt, ap);
-    va_end(ap);
-    return rc;
-}
-
-/* The command with stderr merged into out. */
-static inline int test_sh(char *out, size_t cap, const char *fmt, ...) __attribute__((format(printf, 3, 4)));
-static inline int test_sh(char *out, size_t cap, const char *fmt, ...) {
-    va_list ap;
-    va_start(ap, fmt);
-    int rc = test_vpopen(out, cap, 1, fmt, ap);
-    va_end(ap);
-    return rc;
-}
+#define test_popen(out, cap, ...) test_cmd(out, cap, 0, __VA_ARGS__)
+#define test_sh(out, cap, ...) test_cmd(out, cap, 1, __VA_ARGS__)
 
 #endif
