@@ -386,6 +386,18 @@ static void test_freekv(void) {
                   ok_fetch && kv_stat(c, "misses") > 0 && kv_stat(c, "hits") > 0);
         kv_free(c);
     }
+    /* a budget of the sink and window alone picks nothing, so it corrects nothing */
+    {
+        kv_cache *c = make_freekv(sink + window, "1");
+        kv_data kd;
+        int rc = c ? feed_prompt(c, &kd, 100) : -1;
+        float q[NH * HD], out[NH * HD];
+        for (int s = 0; s < 4 && !rc; s++) rc = decode_step(c, &kd, q, out);
+        test_cond("freekv with no page to pick (budget = sink + window, tau 1) counts no correction and no rate",
+                  rc == 0 && kv_stat(c, "k") == 0 && kv_stat(c, "corrections") == 0 &&
+                      isnan(kv_stat(c, "correction_rate")));
+        kv_free(c);
+    }
     /* a budget that covers the context: exactly dense */
     kv_data kd, kd2;
     kv_cache *fc = make_freekv(4096, "0.8"), *dc = make("dense", 0, NULL, NULL);

@@ -173,7 +173,9 @@ static int decode(kv_fk *c, int layer, int pos, const float *q, float *out) {
                 for (int g = 0; g < c->group; g++)
                     cs += cosine(q + (size_t)(kh * c->group + g) * d, L->q_prev + (size_t)(kh * c->group + g) * d, d);
                 H->cos = (float)(cs / c->group);
-                H->corrected = H->cos < c->tau;
+                /* a correction re-picks: none where nothing can be picked (a budget
+                 * of the sink and window alone, or no candidate page yet) */
+                H->corrected = H->cos < c->tau && c->k > 0 && n_cand > 0;
                 if (!H->corrected) qs = L->q_prev;
             }
             pick(c, L, kh, qs, sp, n_cand);
@@ -193,7 +195,7 @@ static int decode(kv_fk *c, int layer, int pos, const float *q, float *out) {
             c->hits += (uint64_t)(H->n_sel - H->misses);
             c->misses += (uint64_t)H->misses;
             c->fetch_bytes += b;
-            if (L->has_prev) {
+            if (L->has_prev && c->k > 0 && n_cand > 0) {
                 c->decisions++;
                 c->corrections += (uint64_t)H->corrected;
                 c->step_corrections += (uint64_t)H->corrected;
