@@ -69,6 +69,14 @@ void view_fit_text(canvas *c, int font, double w, char *buf) {
     buf[0] = 0;
 }
 
+int view_note_lines(canvas *c, int cells, double w, double pad, const char *note, char (*lines)[VIEW_LINE_MAX],
+                    int max) {
+    if (!cells) return view_wrap(c, CANVAS_FONT_BODY, w - 2 * pad, note, lines, max);
+    snprintf(lines[0], VIEW_LINE_MAX, "%s", note);
+    view_fit_text(c, CANVAS_FONT_BODY, w, lines[0]);
+    return 1;
+}
+
 int view_wrap(canvas *c, int font, double w, const char *text, char (*lines)[VIEW_LINE_MAX], int max) {
     int n = 0;
     const char *p = text;

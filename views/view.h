@@ -108,6 +108,11 @@ void view_fit_text(canvas *c, int font, double w, char *buf);
  * wide in font, breaking at spaces; the last line ends in an ellipsis when
  * the text does not fit. Returns the number of lines (0 for empty text). */
 int view_wrap(canvas *c, int font, double w, const char *text, char (*lines)[VIEW_LINE_MAX], int max);
+/* The note under a figure (body font) into lines: a terminal (cells) gets
+ * one line, cut to w; a figure wraps it into at most max lines within w
+ * less a pad each side. Returns the number of lines. */
+int view_note_lines(canvas *c, int cells, double w, double pad, const char *note, char (*lines)[VIEW_LINE_MAX],
+                    int max);
 
 /* Clears res, draws title and a centred message in r, records the message as
  * the last error and returns SKV_EMISSING: what a view draws when the store

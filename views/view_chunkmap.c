@@ -187,12 +187,7 @@ static int chunkmap_draw(canvas *c, canvas_rect r, const probe_store *st, const 
     view_fit_text(c, CANVAS_FONT_TITLE, r.w, title);
     /* the line under the figure: a terminal cuts it, a figure wraps it (up to three lines) */
     char info_l[3][VIEW_LINE_MAX];
-    int n_info = 1;
-    if (g->cells) {
-        view_fit_text(c, CANVAS_FONT_BODY, r.w, info);
-        snprintf(info_l[0], sizeof info_l[0], "%s", info);
-    } else
-        n_info = view_wrap(c, CANVAS_FONT_BODY, r.w - 2 * g->pad, info, info_l, 3);
+    int n_info = view_note_lines(c, g->cells, r.w, g->pad, info, info_l, 3);
     paint_strip sp = {
         .title = title, .v = v, .n = n,
         .x = { .label = xlabel, .min = -0.5, .max = n - 0.5 },

@@ -192,12 +192,7 @@ static int selection_draw(canvas *c, canvas_rect r, const probe_store *st, const
     view_fit_text(c, CANVAS_FONT_TITLE, r.w, title);
     /* the line under the raster: a terminal cuts it, a figure wraps it (two lines at most) */
     char info_l[2][VIEW_LINE_MAX];
-    int n_info = 1;
-    if (g->cells) {
-        view_fit_text(c, CANVAS_FONT_BODY, r.w, info);
-        snprintf(info_l[0], sizeof info_l[0], "%s", info);
-    } else
-        n_info = view_wrap(c, CANVAS_FONT_BODY, r.w - 2 * g->pad, info, info_l, 2);
+    int n_info = view_note_lines(c, g->cells, r.w, g->pad, info, info_l, 2);
 
     static const char *names[CAT_N] = { "not selected", "local window (dense)", "outlier (dense)", "selected",
                                         "selected, cache hit", "selected, fetched (miss)" };
