@@ -9,7 +9,7 @@ targets, with the one-layer runs projected to the whole model); the bundle
 carries libskv-cuda.so beside skv and no CUDA library; a step made to hang
 is cut by its timeout and the script still ends within its budget; the pack
 refuses a bundle over its size limit and a missing 8B config; the
-projections' bench runs twice and says there is no device. Needs the
+projections' bench runs three times and says there is no device. Needs the
 build's CUDA test binaries (a build with nvcc). Prints PASS/FAIL/SKIP."""
 import os
 import shutil
@@ -129,9 +129,10 @@ try:
         tr = subprocess.run([SKV, "trace", "info", os.path.join(out, "gpu.trace")], capture_output=True, text=True)
         check("gpu-check results: skv trace info reads the traced step", tr.returncode == 0, tr.stderr)
         summ = open(os.path.join(out, "summary.txt")).read()
-        # bench_proj twice (the backend's kernels, then cuBLAS), each saying there is no device here
-        check("gpu-check summary: the projections' step ran bench_proj twice, each line in the summary",
-              summ.count("bench_proj: no CUDA device") == 2, summ)
+        # bench_proj three times (the backend's kernels, k_matmma two chunks ahead, cuBLAS), each saying
+        # there is no device here
+        check("gpu-check summary: the projections' step ran bench_proj three times, each line in the summary",
+              summ.count("bench_proj: no CUDA device") == 3, summ)
         check("gpu-check summary: one layer's prefill, dense against ShadowKV, with the overhead",
               "prefill of one layer at 1024 tokens: dense" in summ and "overhead" in summ, summ)
         steps = bench_steps(os.path.join(out, "bench.txt")) if "bench.txt" in files else {}

@@ -346,8 +346,12 @@ __device__ __forceinline__ void mm_xload(uint32_t h[4], uint32_t l[4], const flo
 
 /* NT tiles of 8 activation rows (n <= 8 NT). A task is a block: MM_MT
  * tiles of 16 weight rows (SWIGLU: 8 gate rows and the same 8 of up each),
- * numbered across the matrices by task_end as in k_matvec. */
-template <int NT, bool SWIGLU>
+ * numbered across the matrices by task_end as in k_matvec. A warp loads the
+ * weights of PF of its chunks (1 or 2) before their MMAs: PF = 2 keeps
+ * twice the bytes in flight (4 KiB a warp), for the o and down projections'
+ * one block an SM; the MMAs run in the same order, so the sums are the same
+ * bits either way (SKV_CUDA_MM_PREFETCH, mm_prefetch). */
+template <int NT, int PF, bool SWIGLU>
 __device__ __forceinline__ void mm_body(const mv_args &a, const float *__restrict__ x, int n, int cols, int vec) {
     __shared__ float red[MM_KS / 2][MM_MT * NT * 4][32];
     int lane = threadIdx.x & 31, warp = threadIdx.x >> 5, g = lane >> 2, t = lane & 3;
@@ -373,27 +377,35 @@ __device__ __forceinline__ void mm_body(const mv_args &a, const float *__restric
         for (int j = 0; j < NT; j++)
 #pragma unroll
             for (int e = 0; e < 4; e++) acc[m][j][e] = 0.0f;
-    for (int c0 = warp * 32; c0 < cols; c0 += MM_KS * 32) { /* warp-uniform */
-        int c = c0 + 8 * t;
-        uint32_t w[MM_MT][2][4];
+    for (int c0 = warp * 32; c0 < cols; c0 += PF * MM_KS * 32) { /* warp-uniform */
+        uint32_t w[PF][MM_MT][2][4];
 #pragma unroll
-        for (int m = 0; m < MM_MT; m++) {
-            mm_wload(w[m][0], wr[m][0], c, cols, vec);
-            mm_wload(w[m][1], wr[m][1], c, cols, vec);
-        }
+        for (int p = 0; p < PF; p++) /* zeros past cols */
 #pragma unroll
-        for (int j = 0; j < NT; j++) {
-            int act = 8 * j + g;
-            uint32_t xh[4], xl[4];
-            mm_xload(xh, xl, x + (size_t)(act < n ? act : 0) * cols, c, cols, vec, act < n);
+            for (int m = 0; m < MM_MT; m++) {
+                int c = c0 + p * MM_KS * 32 + 8 * t;
+                mm_wload(w[p][m][0], wr[m][0], c, cols, vec);
+                mm_wload(w[p][m][1], wr[m][1], c, cols, vec);
+            }
 #pragma unroll
-            for (int s = 0; s < 2; s++) {
-                uint32_t bh[2] = {xh[2 * s], xh[2 * s + 1]}, bl[2] = {xl[2 * s], xl[2 * s + 1]};
+        for (int p = 0; p < PF; p++) {
+            int cp = c0 + p * MM_KS * 32, c = cp + 8 * t;
+            if (p && cp >= cols) break; /* warp-uniform */
 #pragma unroll
-                for (int m = 0; m < MM_MT; m++) {
-                    uint32_t af[4] = {w[m][0][2 * s], w[m][1][2 * s], w[m][0][2 * s + 1], w[m][1][2 * s + 1]};
-                    mma_16816<__nv_bfloat16>(acc[m][j], af, bh);
-                    mma_16816<__nv_bfloat16>(acc[m][j], af, bl);
+            for (int j = 0; j < NT; j++) {
+                int act = 8 * j + g;
+                uint32_t xh[4], xl[4];
+                mm_xload(xh, xl, x + (size_t)(act < n ? act : 0) * cols, c, cols, vec, act < n);
+#pragma unroll
+                for (int s = 0; s < 2; s++) {
+                    uint32_t bh[2] = {xh[2 * s], xh[2 * s + 1]}, bl[2] = {xl[2 * s], xl[2 * s + 1]};
+#pragma unroll
+                    for (int m = 0; m < MM_MT; m++) {
+                        uint32_t af[4] = {w[p][m][0][2 * s], w[p][m][1][2 * s], w[p][m][0][2 * s + 1],
+                                          w[p][m][1][2 * s + 1]};
+                        mma_16816<__nv_bfloat16>(acc[m][j], af, bh);
+                        mma_16816<__nv_bfloat16>(acc[m][j], af, bl);
+                    }
                 }
             }
         }
@@ -444,21 +456,48 @@ __device__ __forceinline__ void mm_body(const mv_args &a, const float *__restric
 
 template <int NT>
 __global__ void __launch_bounds__(MM_KS * 32) k_matmma(mv_args a, const float *__restrict__ x, int n, int cols, int vec) {
-    mm_body<NT, false>(a, x, n, cols, vec);
+    mm_body<NT, 1, false>(a, x, n, cols, vec);
 }
 
 template <int NT>
 __global__ void __launch_bounds__(MM_KS * 32)
     k_matmma_swiglu(mv_args a, const float *__restrict__ x, int n, int cols, int vec) {
-    mm_body<NT, true>(a, x, n, cols, vec);
+    mm_body<NT, 1, true>(a, x, n, cols, vec);
+}
+
+/* The same, two chunks loaded ahead (SKV_CUDA_MM_PREFETCH=2). */
+template <int NT>
+__global__ void __launch_bounds__(MM_KS * 32)
+    k_matmma_pf2(mv_args a, const float *__restrict__ x, int n, int cols, int vec) {
+    mm_body<NT, 2, false>(a, x, n, cols, vec);
+}
+
+template <int NT>
+__global__ void __launch_bounds__(MM_KS * 32)
+    k_matmma_swiglu_pf2(mv_args a, const float *__restrict__ x, int n, int cols, int vec) {
+    mm_body<NT, 2, true>(a, x, n, cols, vec);
+}
+
+/* Chunks a warp of k_matmma loads ahead (mm_body's PF): 1, or 2 with
+ * SKV_CUDA_MM_PREFETCH=2, for tests/gpu/bench_proj's side by side of the
+ * two on a device. Read at each launch (a test switches it), which a step's
+ * graph replays without. */
+static int mm_prefetch(void) {
+    const char *v = getenv("SKV_CUDA_MM_PREFETCH");
+    return v && !strcmp(v, "2") ? 2 : 1;
 }
 
 template <int NT, bool SWIGLU>
 static void matmma_n(mv_args *a, const float *x, int n, int cols, int vec, cudaStream_t st) {
     int tasks = mv_tasks(a, MM_MT * (SWIGLU ? 8 : 16));
     if (!tasks) return;
-    if (SWIGLU) SKV_LAUNCH(k_matmma_swiglu<NT>, tasks, MM_KS * 32, 0, st)(*a, x, n, cols, vec);
-    else SKV_LAUNCH(k_matmma<NT>, tasks, MM_KS * 32, 0, st)(*a, x, n, cols, vec);
+    if (mm_prefetch() == 2) {
+        if (SWIGLU) SKV_LAUNCH(k_matmma_swiglu_pf2<NT>, tasks, MM_KS * 32, 0, st)(*a, x, n, cols, vec);
+        else SKV_LAUNCH(k_matmma_pf2<NT>, tasks, MM_KS * 32, 0, st)(*a, x, n, cols, vec);
+    } else {
+        if (SWIGLU) SKV_LAUNCH(k_matmma_swiglu<NT>, tasks, MM_KS * 32, 0, st)(*a, x, n, cols, vec);
+        else SKV_LAUNCH(k_matmma<NT>, tasks, MM_KS * 32, 0, st)(*a, x, n, cols, vec);
+    }
     CKL();
 }
 

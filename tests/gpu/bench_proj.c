@@ -11,7 +11,9 @@
  * n rows: k_matvec up to 8, k_matmma up to 64, cuBLAS past; --cublas sets
  * SKV_CUDA_GEMM_ROWS=0, which sends every batch to cuBLAS, so two runs, one
  * with --cublas, set the backend's kernels beside cuBLAS on the same shapes
- * (tests/gpu/run.sh's proj-bench step). Without a
+ * (tests/gpu/run.sh's proj-bench step). --prefetch 2 sets
+ * SKV_CUDA_MM_PREFETCH=2: k_matmma loads two chunks of weights ahead
+ * (path=k_matmma_pf2), so a third run sets that beside the default. Without a
  * usable CUDA device it says why and exits 0, as the op tests skip. */
 #include "backend.h"
 #include "quant.h"
@@ -59,10 +61,15 @@ static int pos_int(const char *s) {
 
 int main(int argc, char **argv) {
     int dim = 4096, kv = 1024, ffn = 14336, reps = 20, flush_mib = 128;
-    int ns[32] = {1, 4, 8, 9, 16, 32, 64}, nn = 7, cublas = 0;
+    int ns[32] = {1, 4, 8, 9, 16, 32, 64}, nn = 7, cublas = 0, pf2 = 0;
     for (int i = 1; i < argc; i++) {
         if (!strcmp(argv[i], "--cublas")) {
             cublas = 1;
+            continue;
+        }
+        if (!strcmp(argv[i], "--prefetch") && i + 1 < argc && !strcmp(argv[i + 1], "2")) {
+            pf2 = 1;
+            i++;
             continue;
         }
         int *dst = !strcmp(argv[i], "--dim")    ? &dim
@@ -88,12 +95,12 @@ int main(int argc, char **argv) {
                 continue;
             }
         }
-        fprintf(stderr, "bench_proj: bad argument '%s' (--dim D --kv K --ffn F --reps R --n N,N,... --flush-mib M --cublas)\n",
+        fprintf(stderr, "bench_proj: bad argument '%s' (--dim D --kv K --ffn F --reps R --n N,N,... --flush-mib M --cublas --prefetch 2)\n",
                 argv[i]);
         return 2;
     }
     /* read by the backend at its first projection */
-    if (cublas && setenv("SKV_CUDA_GEMM_ROWS", "0", 1)) {
+    if ((cublas && setenv("SKV_CUDA_GEMM_ROWS", "0", 1)) || (pf2 && setenv("SKV_CUDA_MM_PREFETCH", "2", 1))) {
         printf("bench_proj: setenv failed\n");
         return 1;
     }
@@ -156,7 +163,8 @@ int main(int argc, char **argv) {
             med[op] = t[reps / 2];
         }
         printf("proj n=%d path=%s qkv_us=%.1f o_us=%.1f gate_up_us=%.1f down_us=%.1f layer_us=%.1f weight_GBps=%.0f\n",
-               n, cublas || n > 64 ? "cublas" : n <= 8 ? "k_matvec" : "k_matmma", med[0], med[1], med[2], med[3], med[4],
+               n, cublas || n > 64 ? "cublas" : n <= 8 ? "k_matvec" : pf2 ? "k_matmma_pf2" : "k_matmma", med[0], med[1],
+               med[2], med[3], med[4],
                wbytes / (med[4] * 1e3));
         fflush(stdout);
     }

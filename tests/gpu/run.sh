@@ -151,9 +151,11 @@ step op-tests 120 bin/test_cuda_ops ||
 step model-small 60 env SKV_GPU_MODEL=small.gguf bin/test_cuda_model
 step model-2layer 90 env SKV_GPU_MODEL=big-2l.gguf bin/test_cuda_model
 # one layer's decode projections at batches 1 to 64 (8B shape): the
-# backend's kernels (k_matvec, k_matmma), then cuBLAS on the same shapes
-# (--cublas: SKV_CUDA_GEMM_ROWS=0); a "proj" line a batch into the summary
-step proj-bench 40 sh -c "bin/bench_proj $PROJ_OPT > '$OUT/.proj.txt' && \
+# backend's kernels (k_matvec, k_matmma), k_matmma with two chunks loaded
+# ahead (--prefetch 2: SKV_CUDA_MM_PREFETCH=2), then cuBLAS on the same
+# shapes (--cublas: SKV_CUDA_GEMM_ROWS=0); a "proj" line a batch into the summary
+step proj-bench 60 sh -c "bin/bench_proj $PROJ_OPT > '$OUT/.proj.txt' && \
+    bin/bench_proj --prefetch 2 $PROJ_OPT --n 9,16,32,64 >> '$OUT/.proj.txt' && \
     bin/bench_proj --cublas $PROJ_OPT --n 8,9,16,32,64 >> '$OUT/.proj.txt'"
 cat "$OUT/.proj.txt" 2>/dev/null | tee -a "$LOG" >> "$SUM"
 { echo "step=proj-bench layers=1"; grep '^proj ' "$OUT/.proj.txt" 2>/dev/null; } >> "$OUT/bench.txt" # for summary.sh's table

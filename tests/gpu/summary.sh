@@ -23,7 +23,8 @@
 # one-layer one). CTX_BIG (default 122880): the
 # context of the prefill row (one layer's prefill, dense against ShadowKV).
 # bench_proj's lines (proj n=N path=P ... layer_us=U weight_GBps=G) make a
-# second table: a batch a row, the backend's kernel beside cuBLAS.
+# second table: a batch a row, the backend's kernel beside k_matmma with two
+# chunks loaded ahead (path k_matmma_pf2) and cuBLAS.
 awk -v big="${2:-122880}" '
 function val(line, key) {
     if (match(line, " " key "=[^ ]*")) return substr(line, RSTART + length(key) + 2, RLENGTH - length(key) - 2)
@@ -52,6 +53,7 @@ function or_dash(x) { return x == "" ? "-" : x }
     pn = val(line, "n")
     if (!(pn in seen)) { seen[pn] = 1; pord[++np] = pn }
     if (val(line, "path") == "cublas") { cub[pn] = val(line, "layer_us"); cubg[pn] = val(line, "weight_GBps") }
+    else if (val(line, "path") == "k_matmma_pf2") { pf[pn] = val(line, "layer_us"); pfg[pn] = val(line, "weight_GBps") }
     else { own[pn] = val(line, "layer_us"); owng[pn] = val(line, "weight_GBps"); ownk[pn] = val(line, "path") }
     next
 }
@@ -98,13 +100,15 @@ END {
         printf "prefill of one layer at %d tokens: dense %.1f ms (target <= 622: 2x SDPA'"'"'s 311), shadowkv %.1f ms, overhead %.1f%% (target <= 6%%)\n",
             big, 1000 * big / pd, 1000 * big / ps, 100 * (pd / ps - 1)
     if (np) {
-        printf "== one layer'"'"'s decode projections (tests/gpu/bench_proj): the backend'"'"'s kernels beside cuBLAS; weights read at HBM'"'"'s 3080 GB/s (../shared/GPU.md) at best ==\n"
-        printf "%5s %9s %9s %9s %10s %11s %11s\n", "batch", "kernel", "layer_us", "GB/s", "cublas_us", "cublas_GB/s", "cublas/own"
+        printf "== one layer'"'"'s decode projections (tests/gpu/bench_proj): the backend'"'"'s kernels beside k_matmma two chunks ahead (pf2) and cuBLAS; weights read at HBM'"'"'s 3080 GB/s (../shared/GPU.md) at best ==\n"
+        printf "%5s %9s %9s %9s %9s %9s %10s %11s %11s\n", "batch", "kernel", "layer_us", "GB/s", "pf2_us", "pf2_GB/s",
+            "cublas_us", "cublas_GB/s", "cublas/own"
         for (i = 1; i <= np; i++) {
             pn = pord[i]
             r = (pn in own) && (pn in cub) && own[pn] > 0 ? sprintf("%.2f", cub[pn] / own[pn]) : "-"
-            printf "%5s %9s %9s %9s %10s %11s %11s\n", pn, (pn in own) ? ownk[pn] : "-", (pn in own) ? own[pn] : "-",
-                (pn in own) ? owng[pn] : "-", (pn in cub) ? cub[pn] : "-", (pn in cub) ? cubg[pn] : "-", r
+            printf "%5s %9s %9s %9s %9s %9s %10s %11s %11s\n", pn, (pn in own) ? ownk[pn] : "-", (pn in own) ? own[pn] : "-",
+                (pn in own) ? owng[pn] : "-", (pn in pf) ? pf[pn] : "-", (pn in pf) ? pfg[pn] : "-",
+                (pn in cub) ? cub[pn] : "-", (pn in cub) ? cubg[pn] : "-", r
         }
     }
 }' "$1"

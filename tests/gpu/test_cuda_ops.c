@@ -1367,6 +1367,56 @@ static void t_forward_fused(void) {
             free(wb);
         }
     }
+    /* k_matmma with two chunks' weights loaded ahead (SKV_CUDA_MM_PREFETCH=2):
+     * the same MMAs in the same order, so the same bits as one chunk ahead;
+     * cols 768 (three chunks a warp: a pair, then one alone), 1000 (not a
+     * multiple of 8: the scalar path, the last chunk part full), 512 with x
+     * off alignment, and 200 (one chunk a warp or none) */
+    {
+        int rows = 75, cols_of[4] = {768, 1000, 512, 200};
+        for (int ci = 0; ci < 4; ci++) {
+            int cols = cols_of[ci], off = ci == 2;
+            skv_weight gw, gg;
+            uint16_t *wb = bf16_weights(rows, cols, &gw), *wg = bf16_weights(rows, cols, &gg);
+            static const int ns[] = {9, 40, 64};
+            int same = 1, ran = 1;
+            for (size_t ni = 0; ni < sizeof ns / sizeof ns[0]; ni++) {
+                int n = ns[ni];
+                size_t len = (size_t)n * rows;
+                float *x = rnd((size_t)n * cols + 1), *dx = dev(x, sizeof(float) * (n * cols + 1));
+                float *y[2][3];
+                for (int pf = 0; pf < 2; pf++) {
+                    if (pf) setenv("SKV_CUDA_MM_PREFETCH", "2", 1);
+                    float *d[3];
+                    for (int i = 0; i < 3; i++) d[i] = dev(NULL, sizeof(float) * len);
+#ifdef SKV_CUSIM
+                    cusim_counters_reset();
+#endif
+                    cu->matmul(gw.type, gw.data, rows, cols, dx + off, n, d[0], &ws);
+                    cu->matmul_swiglu(gw.type, gw.data, gg.type, gg.data, rows, cols, dx + off, n, d[1], d[2], &ws);
+#ifdef SKV_CUSIM
+                    ran &= cusim_launches_of(pf ? "k_matmma_pf2<" : "k_matmma<") == 1 &&
+                           cusim_launches_of(pf ? "k_matmma_swiglu_pf2<" : "k_matmma_swiglu<") == 1;
+#endif
+                    unsetenv("SKV_CUDA_MM_PREFETCH");
+                    for (int i = 0; i < 3; i++) {
+                        y[pf][i] = back(d[i], len);
+                        cu->free(d[i]);
+                    }
+                }
+                for (int i = 0; i < 2; i++) same &= !memcmp(y[0][i], y[1][i], sizeof(float) * len);
+                for (int pf = 0; pf < 2; pf++)
+                    for (int i = 0; i < 3; i++) free(y[pf][i]);
+                cu->free(dx);
+                free(x);
+            }
+            snprintf(op, sizeof op, "cuda matmma, two chunks loaded ahead (cols %d%s): matmul and matmul_swiglu "
+                     "bit for bit one chunk ahead's, n = 9, 40, 64", cols, off ? ", x unaligned" : "");
+            test_cond(op, same && ran);
+            cu->weight_free(&gw); cu->weight_free(&gg);
+            free(wb); free(wg);
+        }
+    }
     /* matmul_k: Q, K, V shapes in one launch (n <= 64), one BF16 rounding for all (n > 64) */
     {
         int rows[3] = {96, 33, 48}, cols = 128;

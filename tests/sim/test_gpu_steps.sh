@@ -110,18 +110,20 @@ fi
 step parallel 180 "$SIM" run --backend cuda -m "$T/small.gguf" --kv shadowkv --budget 64 --rank 16 --outliers 2 \
     -f "$CFG" -n 3 --parallel 2
 # gpu-check's proj-bench: bench_proj on the simulator at a tiny shape, the
-# backend's kernels then cuBLAS (--cublas), into summary.sh's
+# backend's kernels, k_matmma two chunks ahead (--prefetch 2), then cuBLAS (--cublas), into summary.sh's
 # second table; and the switch itself, counted: a decode step of one
 # sequence under SKV_CUDA_GEMM_ROWS=0 makes library calls, where it makes none
 PB=$(dirname "$SIM")/tests/gpu/bench_proj
 PO="--dim 128 --kv 32 --ffn 256 --reps 2 --flush-mib 1" # a simulated L2 flush of 128 MiB takes minutes
-step proj-bench 120 sh -c "'$PB' $PO --n 1,9,40 > '$T/proj.txt' && '$PB' --cublas $PO --n 9,40 >> '$T/proj.txt'"
+step proj-bench 180 sh -c "'$PB' $PO --n 1,9,40 > '$T/proj.txt' && '$PB' --prefetch 2 $PO --n 9,40 >> '$T/proj.txt' &&
+    '$PB' --cublas $PO --n 9,40 >> '$T/proj.txt'"
 { echo "step=proj-bench layers=1"; cat "$T/proj.txt"; } > "$T/proj-bench.txt"
 sh tests/gpu/summary.sh "$T/proj-bench.txt" > "$T/proj-table.txt" 2>&1
 prow=$(awk '/^== one layer.s decode projections/ { on = 1; next } on && $1 ~ /^[0-9]+$/' "$T/proj-table.txt")
-if echo "$prow" | grep -q '^ *1  *k_matvec .* - *- *-$' && echo "$prow" | grep -Eq '^ *9  *k_matmma .* [0-9]+\.[0-9]{2}$' &&
-    echo "$prow" | grep -Eq '^ *40  *k_matmma .* [0-9]+\.[0-9]{2}$'; then
-    ok "proj-bench: bench_proj's lines make summary.sh's table, batches 9 and 40 on k_matmma beside cuBLAS"
+pf2=$(echo "$prow" | awk '($1 == 9 || $1 == 40) && $2 == "k_matmma" && $5 ~ /^[0-9.]+$/ && $6 ~ /^[0-9]+$/' | wc -l)
+if echo "$prow" | grep -q '^ *1  *k_matvec .* - *- *- *- *-$' && echo "$prow" | grep -Eq '^ *9  *k_matmma .* [0-9]+\.[0-9]{2}$' &&
+    echo "$prow" | grep -Eq '^ *40  *k_matmma .* [0-9]+\.[0-9]{2}$' && [ "$pf2" -eq 2 ]; then
+    ok "proj-bench: bench_proj's lines make summary.sh's table, batches 9 and 40 on k_matmma beside two chunks ahead and cuBLAS"
 else ko "proj-bench: summary.sh's projections table: $(cat "$T/proj-table.txt" "$T/proj.txt")"; fi
 step gemm-rows 120 env SKV_CUDA_COUNT=1 SKV_CUDA_GEMM_ROWS=0 "$SIM" bench --backend cuda -m "$T/small.gguf" \
     --prompt-tokens 100 -c 120 -n 3 --kv dense --parallel 1
