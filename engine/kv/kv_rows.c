@@ -17,7 +17,7 @@ void kv_rows_init(kv_rows *s, const char *who, const kv_shape *shape, void *laye
                   const kv_rows_array *arr, int n_arr, int page) {
     memset(s, 0, sizeof *s);
     s->who = who;
-    s->be = shape->be ? shape->be : &skv_backend_cpu;
+    s->shape = shape;
     s->n_layers = shape->n_layers;
     s->h = shape->n_kv_heads;
     s->d = shape->head_dim;
@@ -64,9 +64,10 @@ int kv_rows_append(kv_rows *s, int layer, int pos, int n, const float *k, const 
         case KV_ROWS_PAGE_MAX: mx = a; break;
         }
     }
+    const skv_backend *be = s->shape->be ? s->shape->be : &skv_backend_cpu;
     if (keys && mn && mx)
         for (int kh = 0; kh < s->h; kh++)
-            s->be->page_bounds(keys + (size_t)kh * s->d, s->kvd, s->d, s->page, pos, n, mn + (size_t)kh * s->d,
+            be->page_bounds(keys + (size_t)kh * s->d, s->kvd, s->d, s->page, pos, n, mn + (size_t)kh * s->d,
                                mx + (size_t)kh * s->d, s->kvd);
     if (layer == 0 && pos + n > s->n) s->n = pos + n;
     return 0;

@@ -33,7 +33,7 @@ typedef struct {
 
 typedef struct {
     const char *who;          /* the policy's name, for messages */
-    const skv_backend *be;    /* page_bounds runs here */
+    const kv_shape *shape;    /* the policy's (page_bounds runs on its backend, the CPU's when it has none) */
     int n_layers, h, d, kvd, max_ctx, page;
     char *layers;             /* the policy's layer structs */
     size_t stride;            /* bytes from one to the next */
@@ -43,10 +43,10 @@ typedef struct {
     int n;                    /* positions appended to layer 0 (the layers fill in turn) */
 } kv_rows;
 
-/* Sets up an empty store for shape (the CPU backend when shape has none):
- * arrays arr[0..n_arr-1] (n_arr <= KV_ROWS_ARRAYS) in each of shape->n_layers
- * layer structs of stride bytes from layers. The page size matters only
- * for the page kinds (> 0 then). */
+/* Sets up an empty store for shape (which must outlive it: the policy's
+ * own): arrays arr[0..n_arr-1] (n_arr <= KV_ROWS_ARRAYS) in each of
+ * shape->n_layers layer structs of stride bytes from layers. The page size
+ * matters only for the page kinds (> 0 then). */
 void kv_rows_init(kv_rows *s, const char *who, const kv_shape *shape, void *layers, size_t stride,
                   const kv_rows_array *arr, int n_arr, int page);
 

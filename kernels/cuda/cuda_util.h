@@ -196,7 +196,6 @@ static __device__ __attribute__((unused)) void block_softmax_stats(const float *
     *sum = block_reduce(s, 0);
 }
 
-/* Eight bf16 values moved as one 16-byte access. */
 /* A vector access (8 or 16 bytes: LDG/STG/LDS/STS.64 and .128) as one
  * instruction. p must be aligned to the type's size, or a GPU faults
  * (misaligned address); the simulator checks that here, because its host
@@ -217,6 +216,7 @@ __device__ __forceinline__ void vec_st(V *p, const V &v) {
     *p = v;
 }
 
+/* Eight bf16 values moved as one 16-byte access. */
 struct __align__(16) bf16x8 {
     unsigned w[4];
 };

@@ -480,8 +480,8 @@ __global__ void __launch_bounds__(MM_KS * 32)
 
 /* Chunks a warp of k_matmma loads ahead (mm_body's PF): 1, or 2 with
  * SKV_CUDA_MM_PREFETCH=2, for tests/gpu/bench_proj's side by side of the
- * two on a device. Read at each launch (a test switches it), which a step's
- * graph replays without. */
+ * two on a device. Read at each call (a test switches it); a step's graph
+ * keeps the kernel it captured. */
 static int mm_prefetch(void) {
     const char *v = getenv("SKV_CUDA_MM_PREFETCH");
     return v && !strcmp(v, "2") ? 2 : 1;
