@@ -161,6 +161,10 @@ static int decode(kv_fk *c, int layer, int pos, const float *q, float *out) {
         if (win_full < 0) win_full = 0;
         if (win_full > nfull) win_full = nfull;
         int n_cand = nfull - win_full, ws = c->sink + n_cand * p;
+        /* a correction re-picks: none, and no decision toward the rate, where
+         * nothing can be picked (a budget of the sink and window alone, or no
+         * candidate page yet) */
+        int picks = c->k > 0 && n_cand > 0;
         c->ws = ws;
         #pragma omp parallel for schedule(dynamic, 1) if (c->h > 1)
         for (int kh = 0; kh < c->h; kh++) {
@@ -173,9 +177,7 @@ static int decode(kv_fk *c, int layer, int pos, const float *q, float *out) {
                 for (int g = 0; g < c->group; g++)
                     cs += cosine(q + (size_t)(kh * c->group + g) * d, L->q_prev + (size_t)(kh * c->group + g) * d, d);
                 H->cos = (float)(cs / c->group);
-                /* a correction re-picks: none where nothing can be picked (a budget
-                 * of the sink and window alone, or no candidate page yet) */
-                H->corrected = H->cos < c->tau && c->k > 0 && n_cand > 0;
+                H->corrected = picks && H->cos < c->tau;
                 if (!H->corrected) qs = L->q_prev;
             }
             pick(c, L, kh, qs, sp, n_cand);
@@ -195,7 +197,7 @@ static int decode(kv_fk *c, int layer, int pos, const float *q, float *out) {
             c->hits += (uint64_t)(H->n_sel - H->misses);
             c->misses += (uint64_t)H->misses;
             c->fetch_bytes += b;
-            if (L->has_prev && c->k > 0 && n_cand > 0) {
+            if (L->has_prev && picks) {
                 c->decisions++;
                 c->corrections += (uint64_t)H->corrected;
                 c->step_corrections += (uint64_t)H->corrected;

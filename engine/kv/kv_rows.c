@@ -9,6 +9,10 @@ static float **member(const kv_rows *s, int layer, int i) {
     return (float **)(s->layers + (size_t)layer * s->stride + s->arr[i].member);
 }
 
+static size_t row_bytes(const kv_rows *s) {
+    return (size_t)s->shape->n_kv_heads * s->shape->head_dim * sizeof(float);
+}
+
 static int is_page(const kv_rows *s, int i) {
     return s->arr[i].kind == KV_ROWS_PAGE_MIN || s->arr[i].kind == KV_ROWS_PAGE_MAX;
 }
@@ -18,11 +22,6 @@ void kv_rows_init(kv_rows *s, const char *who, const kv_shape *shape, void *laye
     memset(s, 0, sizeof *s);
     s->who = who;
     s->shape = shape;
-    s->n_layers = shape->n_layers;
-    s->h = shape->n_kv_heads;
-    s->d = shape->head_dim;
-    s->kvd = s->h * s->d;
-    s->max_ctx = shape->max_ctx;
     s->page = page > 0 ? page : 1;
     s->layers = layers;
     s->stride = stride;
@@ -34,12 +33,12 @@ void kv_rows_init(kv_rows *s, const char *who, const kv_shape *shape, void *laye
  * leaves that array as it was, so a later call may try again. */
 static int grow(kv_rows *s, int need) {
     if (need <= s->cap) return 0;
-    int cap, rc = kv_grow_cap(s->who, s->cap, need, s->max_ctx, &cap);
+    int cap, rc = kv_grow_cap(s->who, s->cap, need, s->shape->max_ctx, &cap);
     if (rc) return rc;
-    size_t row = (size_t)s->kvd * sizeof(float);
-    for (int l = 0; l < s->n_layers; l++)
+    for (int l = 0; l < s->shape->n_layers; l++)
         for (int i = 0; i < s->n_arr; i++) {
-            float **m = member(s, l, i), *p = realloc(*m, row * (size_t)(is_page(s, i) ? kv_rows_pages(s, cap) : cap));
+            size_t rows = (size_t)(is_page(s, i) ? (cap + s->page - 1) / s->page : cap);
+            float **m = member(s, l, i), *p = realloc(*m, row_bytes(s) * rows);
             if (!p) return skv_error(SKV_ENOMEM, "%s: out of memory for %d positions", s->who, cap);
             *m = p;
         }
@@ -50,7 +49,8 @@ static int grow(kv_rows *s, int need) {
 int kv_rows_append(kv_rows *s, int layer, int pos, int n, const float *k, const float *v) {
     int rc = grow(s, pos + n);
     if (rc) return rc;
-    size_t off = (size_t)pos * s->kvd, len = sizeof(float) * (size_t)n * s->kvd;
+    int d = s->shape->head_dim, kvd = s->shape->n_kv_heads * d;
+    size_t off = (size_t)pos * kvd, len = row_bytes(s) * (size_t)n;
     float *keys = NULL, *mn = NULL, *mx = NULL;
     for (int i = 0; i < s->n_arr; i++) {
         float *a = *member(s, layer, i);
@@ -66,9 +66,9 @@ int kv_rows_append(kv_rows *s, int layer, int pos, int n, const float *k, const 
     }
     const skv_backend *be = s->shape->be ? s->shape->be : &skv_backend_cpu;
     if (keys && mn && mx)
-        for (int kh = 0; kh < s->h; kh++)
-            be->page_bounds(keys + (size_t)kh * s->d, s->kvd, s->d, s->page, pos, n, mn + (size_t)kh * s->d,
-                               mx + (size_t)kh * s->d, s->kvd);
+        for (int kh = 0; kh < s->shape->n_kv_heads; kh++)
+            be->page_bounds(keys + (size_t)kh * d, kvd, d, s->page, pos, n, mn + (size_t)kh * d, mx + (size_t)kh * d,
+                            kvd);
     if (layer == 0 && pos + n > s->n) s->n = pos + n;
     return 0;
 }
@@ -81,7 +81,7 @@ int kv_rows_check(const kv_rows *s, int layer, int pos, int n) {
 }
 
 void kv_rows_free(kv_rows *s) {
-    for (int l = 0; s->layers && l < s->n_layers; l++)
+    for (int l = 0; s->layers && l < s->shape->n_layers; l++)
         for (int i = 0; i < s->n_arr; i++) {
             float **m = member(s, l, i);
             free(*m);

@@ -33,8 +33,9 @@ typedef struct {
 
 typedef struct {
     const char *who;          /* the policy's name, for messages */
-    const kv_shape *shape;    /* the policy's (page_bounds runs on its backend, the CPU's when it has none) */
-    int n_layers, h, d, kvd, max_ctx, page;
+    const kv_shape *shape;    /* the policy's: layers, heads, context; page_bounds runs on its backend
+                                 (the CPU's when it has none) */
+    int page;
     char *layers;             /* the policy's layer structs */
     size_t stride;            /* bytes from one to the next */
     int n_arr;
@@ -58,9 +59,6 @@ int kv_rows_append(kv_rows *s, int layer, int pos, int n, const float *k, const 
 /* The check that opens an attend of queries at pos..pos+n-1 in layer: 0, or
  * SKV_EINVAL with a message when they reach past what layer 0 holds. */
 int kv_rows_check(const kv_rows *s, int layer, int pos, int n);
-
-/* Pages that n positions fill, the last one partly. */
-static inline int kv_rows_pages(const kv_rows *s, int n) { return (n + s->page - 1) / s->page; }
 
 /* Frees the arrays (the layer structs must still be there). */
 void kv_rows_free(kv_rows *s);
