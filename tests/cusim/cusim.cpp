@@ -1040,6 +1040,13 @@ static void access(const void *p, size_t n, int w) {
     if (!b || !t) return;
     /* the thread's own stack: locals, parameters */
     if (a - (uintptr_t)t->stack.lo < t->stack.size) return;
+    /* A 2- or 4-byte access (an f16/bf16, a float or an int) off its size's
+     * alignment faults on a GPU. Wider ones are left to vec_ld/vec_st: the
+     * host compiler may join aligned floats into one 8- or 16-byte access
+     * that need only be 4-byte aligned. */
+    if (__builtin_expect((n == 2 || n == 4) && (a & (n - 1)), 0))
+        kernel_fault(cudaErrorMisalignedAddress, "%s %zu bytes at %p: not %zu-byte aligned (misaligned address)",
+                     w ? "writes" : "reads", n, p, n);
     if (b->dyn && a - (uintptr_t)b->dyn < b->dyn_n + 64) {
         if (a + n - (uintptr_t)b->dyn > b->dyn_n)
             kernel_fault(cudaErrorIllegalAddress,

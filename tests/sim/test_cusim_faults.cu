@@ -95,6 +95,14 @@ __global__ void k_vec4(const float *x, int off, float *out) {
     out[threadIdx.x] = v.x + v.y + v.z + v.w;
 }
 
+/* Scalar accesses at a byte offset: a float read at b + off + 4i, a half
+ * (2 bytes) written at o + off2 + 2i. A GPU faults on either off its size's
+ * alignment. */
+__global__ void k_scalar_at(const unsigned char *b, int off, unsigned char *o, int off2) {
+    float v = *reinterpret_cast<const float *>(b + off + 4 * threadIdx.x);
+    *reinterpret_cast<unsigned short *>(o + off2 + 2 * threadIdx.x) = (unsigned short)v;
+}
+
 /* A barrier that half of a warp skips (it returns instead). */
 __global__ void k_half_barrier(float *out) {
     if (threadIdx.x < 16) __syncthreads();
@@ -181,6 +189,16 @@ static int f_mask(void) {
 static int f_misaligned(void) {
     float *x = ramp_dev(68), *o = dev_alloc(16);
     SKV_LAUNCH(k_vec4, 1, 16, 0, 0)(x, 1, o); /* 16-byte loads at 4 bytes past alignment */
+    return fails();
+}
+static int f_scalar_load(void) {
+    unsigned char *b = (unsigned char *)dev_alloc(32), *o = (unsigned char *)dev_alloc(32);
+    SKV_LAUNCH(k_scalar_at, 1, 16, 0, 0)(b, 2, o, 0); /* 4-byte loads at 2 bytes past alignment */
+    return fails();
+}
+static int f_scalar_store(void) {
+    unsigned char *b = (unsigned char *)dev_alloc(32), *o = (unsigned char *)dev_alloc(32);
+    SKV_LAUNCH(k_scalar_at, 1, 16, 0, 0)(b, 0, o, 1); /* 2-byte stores at odd addresses */
     return fails();
 }
 /* SKV_CUDA_SYNC=1: the backend's launch check syncs and names the kernel. */
@@ -608,6 +626,8 @@ int main(void) {
                  "cudaErrorMemoryAllocation");
     expect_fault("a shuffle mask that leaves out an active lane", f_mask, "leaves out lane 31", "k_warp_sum");
     expect_fault("a 16-byte load one float past its alignment", f_misaligned, "not 16-byte aligned", "k_vec4");
+    expect_fault("a float read 2 bytes past its alignment", f_scalar_load, "reads 4 bytes", "not 4-byte aligned");
+    expect_fault("a 2-byte store at an odd address", f_scalar_store, "writes 2 bytes", "not 2-byte aligned");
     {
         int bad = stream_join(0);
         char msg[240];
@@ -666,6 +686,13 @@ int main(void) {
                   !fails() && h4[0] == (float)(4 % 7 + 5 % 7 + 6 % 7 + 7 % 7) &&
                       h4[15] == (float)(64 % 7 + 65 % 7 + 66 % 7 + 67 % 7));
         cudaFree(v4); cudaFree(o4);
+        unsigned char *sb = (unsigned char *)ramp_dev(20), *so = (unsigned char *)dev_alloc(16);
+        unsigned short hs[16];
+        SKV_LAUNCH(k_scalar_at, 1, 16, 0, 0)(sb, 4, so, 2);
+        cudaMemcpy(hs, so, sizeof hs, cudaMemcpyDeviceToHost);
+        test_cond("a float read and a 2-byte store each at its size's alignment: right, no fault",
+                  !fails() && hs[1] == 1 && hs[2] == 2 && hs[8] == 1);
+        cudaFree(sb); cudaFree(so);
         int bad = stream_join(1);
         char msg[200];
         snprintf(msg, sizeof msg, "the compute stream waits for the fetch stream's event: %d wrong rows", bad);
