@@ -132,7 +132,7 @@ int session_prefill(skv_session *s, const int32_t *tokens, int n, int (*progress
     if (s->n_past + n > s->o.ctx)
         return skv_error(SKV_ERANGE, "the prompt has %d tokens, more than the context of %d (raise it with -c)",
                          s->n_past + n, s->o.ctx);
-    double t0 = skv_now();
+    double t0 = skv_now(), rec0 = kv_rec_seconds(s->rec);
     s->kv->step = -1;
     s->fwd.step = -1;
     if (s->n_past == 0 && probe_wants(s->o.bus, PROBE_RUN)) emit_run(s, n);
@@ -162,7 +162,8 @@ int session_prefill(skv_session *s, const int32_t *tokens, int n, int (*progress
         if (!(s->prefill_logits = malloc(sizeof(float) * V))) return skv_error(SKV_ENOMEM, "out of memory");
         memcpy(s->prefill_logits, s->fwd.logits, sizeof(float) * V);
     }
-    s->t_prefill += skv_now() - t0;
+    /* the recorder's copies for the forks (kv_rec_seconds) are not the prefill's */
+    s->t_prefill += skv_now() - t0 - (kv_rec_seconds(s->rec) - rec0);
     return 0;
 }
 

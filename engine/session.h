@@ -41,7 +41,7 @@ struct skv_session {
     int n_past;              /* positions filled */
     int n_prompt;
     int step;                /* decode steps done */
-    double t_prefill;        /* seconds (the policy's end_prefill included) */
+    double t_prefill;        /* seconds (the policy's end_prefill included; record_prefill's copies not) */
     double t_end_prefill;    /* seconds of the policy's end_prefill (ShadowKV's SVD, landmarks, offload) */
     double t_decode;         /* seconds, summed over steps */
     int last_token;          /* last token fed (for token text) */

@@ -204,7 +204,12 @@ static int bench_prefill(skv_session *s, const int32_t *ids, int np) {
  * steps alone gives what a sequence costs in memory, hence the largest B
  * under avail bytes ("max") or the refusal of a B over it; then for each B,
  * B forks decode n steps together, timed (the best of R repeats, each from
- * fresh forks). One line a (policy, B).
+ * fresh forks). One line a (policy, B). Its prefill_tok_s is the source's
+ * prefill without the recording's copies (session.h's t_prefill), which
+ * prefill_record_s gives: on a device, downloads of every layer's rows and
+ * queries (at 122K tokens of an 8B layer 1.5 GB, and 2 GB more for a policy
+ * whose prefill attends keep state, through pageable memory), which would
+ * otherwise count in its prefill and ShadowKV's prefill overhead.
  *
  * A fork into another policy than the first replays the first's recorded
  * prefill: its keys and values past layer 0 were computed through the
@@ -437,10 +442,10 @@ static int bench_parallel(cli_gen *g, skv_model *m, const int32_t *ids, int np, 
             const model_config *c = &m->cfg;
             printf("model=%s kv=%s threads=%d prompt=%d decode=%d parallel=%d prefill_tok_s=%.1f decode_tok_s=%.2f "
                    "decode_ms=%.3f resident_bytes=%zu resident_bytes_seq=%.0f offloaded_bytes=%zu tier=%s "
-                   "weight_bytes=%.0f seq_bytes=%.0f%s\n",
+                   "weight_bytes=%.0f seq_bytes=%.0f prefill_record_s=%.3f%s\n",
                    c->name[0] ? c->name : g->model, ko.policy, skv_threads(), np, best_steps, B, pp, best_tg, best_ms,
                    res_all, (double)res_all / B, off_all, file ? "file" : "memory", weight_bytes(m), per,
-                   cut ? " partial=1" : "");
+                   kv_rec_seconds(src->rec), cut ? " partial=1" : "");
             fflush(stdout);
             runs++;
             if (cut)

@@ -290,6 +290,11 @@ int kv_rec_new(kv_cache *inner, kv_cache **out);
 int kv_rec_replay(const kv_cache *rec, kv_cache *dst);
 /* Bytes the recording itself holds (beside the cache it wraps). */
 size_t kv_rec_held(const kv_cache *rec);
+/* Seconds the recording took: its copies (a device's downloads, each after
+ * a sync of the work queued before it, so that work is not counted) and its
+ * growth; a prefill's time less this is the prefill's own. 0 for a cache
+ * that is not a recorder. */
+double kv_rec_seconds(const kv_cache *rec);
 
 int kv_tap_new(kv_cache *inner, int layer, kv_cache **out);
 const kv_tap_data *kv_tap_get(const kv_cache *c);   /* NULL if c is not a tap */

@@ -33,6 +33,7 @@ typedef struct {
     float **k_pre, **k, **v, **q; /* per layer: (cap, kvd) x 3 and (cap, qd) */
     int cap;             /* positions allocated per layer */
     size_t max_bytes;    /* rec_max_bytes() at the start */
+    double t_copy;       /* seconds the recording took (kv_rec_seconds) */
 } kv_rec;
 
 /* The most a recording may hold: past it the prefill is not recorded (the
@@ -80,17 +81,28 @@ static int log_call(kv_rec *r, int kind, int layer, int pos, int n) {
 /* The backend whose memory the cache's rows are in. */
 static const skv_backend *be_of(const kv_cache *c) { return c->shape.be ? c->shape.be : &skv_backend_cpu; }
 
+/* The start of the recording's own time: once the backend has done what
+ * was queued before it (a device's download would wait for that anyway),
+ * what follows until the next op is the recording's alone. */
+static double rec_clock(const kv_cache *b) {
+    const skv_backend *be = be_of(b);
+    if (be->sync) be->sync();
+    return skv_now();
+}
+
 static int rec_append(kv_cache *b, int layer, int pos, int n, const float *k_pre, const float *k, const float *v) {
     kv_rec *r = (kv_rec *)b;
     r->inner->step = b->step;
     int rc = r->inner->cls->append(r->inner, layer, pos, n, k_pre, k, v);
     if (rc || r->done || r->err) return rc;
+    double t0 = rec_clock(b);
     if (grow(r, pos + n) || log_call(r, 0, layer, pos, n)) { r->err = 1; skv_clear_error(); return 0; }
     size_t kvd = (size_t)b->shape.n_kv_heads * b->shape.head_dim, at = (size_t)pos * kvd, len = sizeof(float) * kvd * n;
     const skv_backend *be = be_of(b); /* the rows are the backend's: downloaded (the CPU's: copied) */
     be->download(r->k_pre[layer] + at, k_pre, len);
     be->download(r->k[layer] + at, k, len);
     be->download(r->v[layer] + at, v, len);
+    r->t_copy += skv_now() - t0;
     return 0;
 }
 
@@ -98,11 +110,13 @@ static int rec_attend(kv_cache *b, int layer, int pos, int n, const float *q, fl
     kv_rec *r = (kv_rec *)b;
     r->inner->step = b->step;
     if (!r->done && !r->err && !r->pure) {
+        double t0 = rec_clock(b);
         if (grow(r, pos + n) || log_call(r, 1, layer, pos, n)) { r->err = 1; skv_clear_error(); }
         else {
             size_t qd = (size_t)b->shape.n_heads * b->shape.head_dim;
             be_of(b)->download(r->q[layer] + (size_t)pos * qd, q, sizeof(float) * qd * n);
         }
+        r->t_copy += skv_now() - t0;
     }
     return r->inner->cls->attend(r->inner, layer, pos, n, q, out);
 }
@@ -238,6 +252,10 @@ int kv_rec_replay(const kv_cache *c, kv_cache *dst) {
     }
     if (!rc) rc = dst->cls->end_prefill(dst);
     return rc;
+}
+
+double kv_rec_seconds(const kv_cache *c) {
+    return c && c->cls == &kv_rec_class ? ((const kv_rec *)c)->t_copy : 0;
 }
 
 size_t kv_rec_held(const kv_cache *c) {

@@ -24,6 +24,17 @@
  * (sim_launches_step, sim_lib_calls_step, sim_graph_launches_step,
  * sim_graph_nodes_step, sim_syncs_step: its host syncs count blocking
  * copies too), so a test can hold the two counts side by side.
+ *
+ * The prefill's counts (the step -1 tags, with what follows them before the
+ * first decode step: ShadowKV's compression, a fork's replay) make one more
+ * line when the first decode step begins, or at the process's exit:
+ *   cuda_count_prefill: chunks=P layers=L launches=X lib_calls=Y syncs=S
+ *     launches_chunk_layer=X/(P*L) calls_chunk_layer=(X+Y)/(P*L)
+ *     syncs_chunk_layer=S/(P*L)
+ * P the forward passes (prompt chunks; 0 for a fork's replay, with no
+ * per-layer figures), and the simulator's sim_launches, sim_lib_calls,
+ * sim_syncs beside them. What ran before the first tag (the weights'
+ * upload) is in neither line.
  * tests/gpu/run.sh reads these lines into gpu-check's summary. */
 #include "cuda_util.h"
 
@@ -51,6 +62,7 @@ static std::mutex g_mu;
 static unsigned long long g_now[C_N];      /* counts since the current step began */
 static std::vector<std::vector<unsigned long long>> g_steps; /* the segment's finished steps */
 static int g_step = -1, g_layers;
+static int g_pre_chunks, g_pre_layers, g_pre_last = -1; /* the prefill's passes, layers, last layer tag */
 static int g_exit_hooked;
 #ifndef __CUDACC__
 static cusim_counters g_sim0; /* the simulator's counters when the step began */
@@ -67,8 +79,8 @@ void cuda_count_launch(void) {
 }
 
 /* Ends the current step: its counts join the segment's (a decode step's
- * only), and the next step starts from zero. */
-static void step_close(void) {
+ * only) and are left in last, and the next step starts from zero. */
+static void step_close(unsigned long long *last) {
 #ifndef __CUDACC__
     cusim_counters c;
     cusim_counters_get(&c);
@@ -80,7 +92,7 @@ static void step_close(void) {
     g_sim0 = c; /* (a test's counter reset between steps gives garbage for that step: medians absorb one) */
 #endif
     if (g_step >= 0) g_steps.push_back(std::vector<unsigned long long>(g_now, g_now + C_N));
-    for (int i = 0; i < C_N; i++) g_now[i] = 0;
+    for (int i = 0; i < C_N; i++) last[i] = g_now[i], g_now[i] = 0;
 }
 
 static unsigned long long median(int what) {
@@ -111,9 +123,39 @@ static void segment_close(void) {
     g_layers = 0;
 }
 
+/* After step_close of a prefill: its line (when anything was counted). */
+static void prefill_close(const unsigned long long *c) {
+    unsigned long long x = c[C_LAUNCH] + c[C_NODE], y = c[C_LIB], sy = c[C_SYNC];
+    if (g_pre_chunks || x || y || sy) {
+        printf("cuda_count_prefill: chunks=%d layers=%d launches=%llu lib_calls=%llu syncs=%llu", g_pre_chunks,
+               g_pre_layers, x, y, sy);
+        if (g_pre_chunks && g_pre_layers) {
+            double pl = (double)g_pre_chunks * g_pre_layers;
+            printf(" launches_chunk_layer=%.1f calls_chunk_layer=%.1f syncs_chunk_layer=%.2f", x / pl, (x + y) / pl,
+                   sy / pl);
+        }
+#ifndef __CUDACC__
+        printf(" sim_launches=%llu sim_lib_calls=%llu sim_syncs=%llu", c[C_SIM_LAUNCH] + c[C_SIM_NODE], c[C_SIM_LIB],
+               c[C_SIM_SYNC]);
+#endif
+        printf("\n");
+        fflush(stdout);
+    }
+    g_pre_chunks = g_pre_layers = 0;
+    g_pre_last = -1;
+}
+
+/* Ends the current step or prefill (step_close), and a prefill's line. */
+static void step_or_prefill_close(void) {
+    unsigned long long c[C_N];
+    int pre = g_step < 0;
+    step_close(c);
+    if (pre) prefill_close(c);
+}
+
 static void at_exit(void) {
     std::lock_guard<std::mutex> lock(g_mu);
-    step_close();
+    step_or_prefill_close();
     segment_close();
 }
 
@@ -126,13 +168,18 @@ void cuda_count_tag(int layer, int step) {
 #ifndef __CUDACC__
         cusim_counters_get(&g_sim0);
 #endif
+        for (int i = 0; i < C_N; i++) g_now[i] = 0; /* the weights' upload: before any step */
     }
-    if (step == g_step) {
-        if (step >= 0 && layer + 1 > g_layers) g_layers = layer + 1;
-        return;
+    if (step != g_step) {
+        step_or_prefill_close();
+        if (step < 0 || step < g_step) segment_close(); /* a prefill, or another run's first step */
+        g_step = step;
     }
-    step_close();
-    if (step < 0 || step < g_step) segment_close(); /* a prefill, or another run's first step */
-    g_step = step;
-    if (step >= 0 && layer + 1 > g_layers) g_layers = layer + 1;
+    if (step >= 0) {
+        if (layer + 1 > g_layers) g_layers = layer + 1;
+    } else if (layer != g_pre_last) {
+        if (layer == 0) g_pre_chunks++; /* a forward pass begins */
+        if (layer + 1 > g_pre_layers) g_pre_layers = layer + 1;
+        g_pre_last = layer;
+    }
 }

@@ -12,7 +12,8 @@
 # kernels a step's graph captured and library calls equal; syncs at most the
 # simulator's, which adds the blocking copies): each step one graph launch
 # and no kernel launched alone (the step graphs, on by default); and
-# tests/gpu/summary.sh makes its table of them.
+# tests/gpu/summary.sh makes its table of them. A plain run's prefill count
+# (cuda_count_prefill) holds one host sync a prompt chunk, none a layer.
 SIM=${SKV_SIM_BIN:-$(dirname "${SKV_BIN:-build/skv}")/sim/skv}
 pass=0 fail=0
 ok() { echo "PASS $1"; pass=$((pass + 1)); }
@@ -75,6 +76,10 @@ bad=$(awk '
 ex=$(grep -m1 '^cuda_count:' "$T/bench.log")
 if [ -z "$bad" ]; then ok "SKV_CUDA_COUNT=1: each bench run's step one graph launch, its kernels and host syncs as the simulator counts them: $ex"
 else ko "SKV_CUDA_COUNT=1: $bad"; fi
+# the source's prefill time without the recording for the forks, which each line gives
+nrec=$(grep -c ' parallel=[0-9]* .* prefill_record_s=[0-9][0-9.]*' "$T/bench.log")
+if [ "$nrec" -eq "$n" ]; then ok "bench --parallel: each line gives its prefill's recording time apart (prefill_record_s)"
+else ko "bench --parallel: $nrec of $n lines with prefill_record_s: $(grep -m1 'decode_tok_s=' "$T/bench.log")"; fi
 { echo "step=bench layers=0"; cat "$T/bench.log"; } > "$T/bench.txt"
 sh tests/gpu/summary.sh "$T/bench.txt" > "$T/table.txt" 2>&1
 # (launch/st and host_sync/st integers; launch/lay and calls/lay, with the
@@ -107,6 +112,18 @@ if [ -n "$D2" ] && SKV_CUSIM_DEVICE_BYTES=$D2 step fit-max 180 $FB --parallel ma
 else
     ko "bench --parallel max on a device for 2.5 sequences beside a fork's peak (${D2:-no size: $(cat "$T/fit-probe.log")}): $(tail -2 "$T/fit-max.log" 2>&1)"
 fi
+# the prefill's own count (cuda_count_prefill, a plain run: no recording):
+# a dense prompt of 641 tokens in chunks of 128 makes one host sync a chunk
+# (its logits) and one upload of the RoPE tables, none a layer; the
+# backend's launches and library calls are the simulator's
+step prefill-count 120 env SKV_CUDA_COUNT=1 "$SIM" run --backend cuda -m "$T/small.gguf" --kv dense -f "$CFG" -n 2 -b 128
+pre=$(grep -o 'cuda_count_prefill:.*' "$T/prefill-count.log")
+if echo "$pre" | awk 'function val(k) { return match(" " $0, " " k "=[^ ]*") ? substr(" " $0, RSTART + length(k) + 2, RLENGTH - length(k) - 2) : "" }
+    { ok = val("chunks") == 6 && val("layers") == 2 && val("syncs") == val("chunks") + 1 && val("launches") > 0 &&
+        val("launches") == val("sim_launches") && val("lib_calls") == val("sim_lib_calls") && val("syncs") <= val("sim_syncs") + 0 }
+    END { exit !(NR == 1 && ok) }'; then
+    ok "SKV_CUDA_COUNT=1: a dense prefill of 6 chunks and 2 layers: one host sync a chunk and the RoPE upload, counted as the simulator counts: $pre"
+else ko "SKV_CUDA_COUNT=1: the prefill's count line: ${pre:-none: $(tail -3 "$T/prefill-count.log")}"; fi
 step parallel 180 "$SIM" run --backend cuda -m "$T/small.gguf" --kv shadowkv --budget 64 --rank 16 --outliers 2 \
     -f "$CFG" -n 3 --parallel 2
 # gpu-check's proj-bench: bench_proj on the simulator at a tiny shape, the
