@@ -191,10 +191,14 @@ bench() {
     [ "$2" = shadowkv ] && opts="--parallel $PAR_SK $SKOPT"
     bench_step "bench-$1-$2" "$3" "$BIG" "$1" 0 -n $NDEC --kv $2 $opts
 }
-# prefill seconds at ctx on the whole model, from its bench line (empty when none)
+# prefill seconds at ctx on the whole model, from its bench line (empty when
+# none): its prefill, and the recording for the forks said apart
 pre_secs() {
     awk -v n="$1" '/^step=/ { whole = / layers=0/ } whole && $0 ~ "prompt=" n " " { print; exit }' "$OUT/bench.txt" |
-        sed -n 's/.*prefill_tok_s=\([0-9.]*\).*/\1/p' | awk -v n="$1" '$1 > 0 { printf "%.1f\n", n / $1 }'
+        awk -v n="$1" '{ p = r = 0
+            if (match($0, / prefill_tok_s=[0-9.]+/)) p = substr($0, RSTART + 15, RLENGTH - 15) + 0
+            if (match($0, / prefill_record_s=[0-9.]+/)) r = substr($0, RSTART + 18, RLENGTH - 18) + 0
+            if (p > 0) printf "%.1f\n", n / p + r }'
 }
 
 # The long context first, on one and two layers of the shape (the whole
