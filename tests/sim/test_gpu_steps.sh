@@ -76,10 +76,11 @@ bad=$(awk '
 ex=$(grep -m1 '^cuda_count:' "$T/bench.log")
 if [ -z "$bad" ]; then ok "SKV_CUDA_COUNT=1: each bench run's step one graph launch, its kernels and host syncs as the simulator counts them: $ex"
 else ko "SKV_CUDA_COUNT=1: $bad"; fi
-# the source's prefill time without the recording for the forks, which each line gives
-nrec=$(grep -c ' parallel=[0-9]* .* prefill_record_s=[0-9][0-9.]*' "$T/bench.log")
-if [ "$nrec" -eq "$n" ]; then ok "bench --parallel: each line gives its prefill's recording time apart (prefill_record_s)"
-else ko "bench --parallel: $nrec of $n lines with prefill_record_s: $(grep -m1 'decode_tok_s=' "$T/bench.log")"; fi
+# the source's prefill time without the recording for the forks, and the
+# decode's without its first step (the step graph's capture), each said apart
+nrec=$(grep -c ' parallel=[0-9]* .* prefill_record_s=[0-9][0-9.]* warmup_ms=[0-9][0-9.]*' "$T/bench.log")
+if [ "$nrec" -eq "$n" ]; then ok "bench --parallel: each line gives the prefill's recording and the first step's time apart"
+else ko "bench --parallel: $nrec of $n lines with prefill_record_s and warmup_ms: $(grep -m1 'decode_tok_s=' "$T/bench.log")"; fi
 { echo "step=bench layers=0"; cat "$T/bench.log"; } > "$T/bench.txt"
 sh tests/gpu/summary.sh "$T/bench.txt" > "$T/table.txt" 2>&1
 # (launch/st and host_sync/st integers; launch/lay and calls/lay, with the
