@@ -25,7 +25,9 @@ static void help(FILE *o) {
                "decode roofline: the weight bytes a step reads, a dense cache's K and V bytes\n"
                "(f32; f16 with --kv dense --f16-kv) at the mean decode context, the memory's\n"
                "read bandwidth with these threads (measured here) and the tok/s that bandwidth\n"
-               "allows a dense decode.\n"
+               "allows a dense decode. The first decode step warms up (on a GPU it captures\n"
+               "the step's graph): decode tok/s, ms/step and the stages below are over the\n"
+               "steps after it, and it is said apart (warmup_ms).\n"
                "ShadowKV on the CPU adds a second line, \"stages:\": the decode attention's wall\n"
                "time per step by stage (select: landmark scores, softmax, top-k; rebuild: the\n"
                "misses' value fetch and key rebuild; attend: the sparse attention), the rest of\n"
@@ -582,13 +584,16 @@ int cmd_bench(int argc, char **argv) {
         return rc;
     }
     double best_pp = 0, best_tg = 0, compress_pct = 0, fetch_step = NAN, read_step = NAN;
-    double fetch_gbs = NAN, equiv_gbs = NAN, stage_ms[3] = {NAN, NAN, NAN}, hit_pct = NAN;
+    double fetch_gbs = NAN, equiv_gbs = NAN, stage_ms[3] = {NAN, NAN, NAN}, hit_pct = NAN, best_warm = 0;
     static const char *const stage_key[3] = {"select_ms", "rebuild_ms", "attend_ms"};
     int rc = 0, steps = g.n_predict, stopped = 0;
     /* The runs are timed with no probe bus: every probe is off. A policy's
      * setup (ShadowKV's SVD, landmarks, cos-min, outliers, offload) is the
-     * session's end_prefill time. Ctrl-C stops after the step in flight:
-     * the line then says the steps made (decode=) and partial=1. */
+     * session's end_prefill time. The first decode step warms up (on a
+     * device it captures the step's graph): timed apart (warmup_ms) when
+     * steps follow it, and left out of decode_tok_s, decode_ms and the
+     * stage clocks. Ctrl-C stops after the step in flight: the line then
+     * says the steps made (decode=) and partial=1. */
     cli_stop_catch("decode step (or prefill chunk)");
     for (int r = 0; r < repeat && !rc && !stopped; r++) {
         skv_session *s;
@@ -596,8 +601,13 @@ int cmd_bench(int argc, char **argv) {
         if ((rc = bench_prefill(s, ids, np))) { session_free(s); break; }
         tick_clock tc;
         tick_start(&tc);
+        double t_first = 0, st_first[3] = {0, 0, 0}; /* the first step's seconds, its stage clocks' ms */
         for (int i = 0; i < g.n_predict && !rc; i++) {
             if (session_decode(s, ids[i % np])) { rc = cli_fail(); break; }
+            if (i == 0) {
+                t_first = s->t_decode;
+                for (int k = 0; k < 3; k++) st_first[k] = kv_stat(s->kv, stage_key[k]) * kv_stat(s->kv, "steps");
+            }
             if (cli_stop_requested()) { stopped = 1; break; }
             if (i + 1 < g.n_predict && tick_due(&tc))
                 cli_msg("step %d of %d, %.0f ms a step, about %.0f s left\n", i + 1, g.n_predict,
@@ -605,7 +615,10 @@ int cmd_bench(int argc, char **argv) {
         }
         if (rc) { session_free(s); break; }
         if (stopped && (best_tg > 0 || !s->step)) { session_free(s); break; } /* a finished repeat stands */
-        double pp = np / s->t_prefill, tg = s->step ? s->step / s->t_decode : 0;
+        int ns = s->step, warm = ns > 1; /* the steps timed: past the first when more followed it */
+        double td = s->t_decode - (warm ? t_first : 0);
+        ns -= warm;
+        double pp = np / s->t_prefill, tg = ns && td > 0 ? ns / td : 0;
         if (stopped) steps = s->step;
         /* the policy's setup: end_prefill's wall time (its layers may run in
          * parallel, so the probe's per-layer times would add past it) */
@@ -614,7 +627,11 @@ int cmd_bench(int argc, char **argv) {
             best_tg = tg;
             fetch_gbs = kv_stat(s->kv, "fetch_gbs");
             equiv_gbs = kv_stat(s->kv, "equiv_gbs");
-            for (int k = 0; k < 3; k++) stage_ms[k] = kv_stat(s->kv, stage_key[k]);
+            best_warm = 1000 * t_first;
+            double n_st = kv_stat(s->kv, "steps"); /* the policy's stage clocks: ms a step over its steps */
+            for (int k = 0; k < 3; k++)
+                stage_ms[k] = warm && n_st > 1 ? (kv_stat(s->kv, stage_key[k]) * n_st - st_first[k]) / (n_st - 1)
+                                               : kv_stat(s->kv, stage_key[k]);
             hit_pct = kv_stat(s->kv, "hit_rate");
         }
         /* bytes moved per decode step: fetched from slow memory, and read
@@ -641,11 +658,12 @@ int cmd_bench(int argc, char **argv) {
         double rg = g.n_predict > 0 ? read_gbs() : 0;
         printf("model=%s kv=%s threads=%d prompt=%d decode=%d prefill_tok_s=%.1f decode_tok_s=%.2f decode_ms=%.3f "
                "compress_pct=%.2f fetch_bytes_step=%.0f read_bytes_step=%.0f fetch_gbs=%.2f equiv_gbs=%.2f copy_gbs=%.2f "
-               "weight_bytes=%.0f dense_kv_bytes_step=%.0f read_gbs=%.2f dense_roof_tok_s=%.2f%s\n",
+               "weight_bytes=%.0f dense_kv_bytes_step=%.0f read_gbs=%.2f dense_roof_tok_s=%.2f warmup_ms=%.3f%s\n",
                c->name[0] ? c->name : g.model, g.s.kv.policy, skv_threads(), np, steps, best_pp, best_tg,
                best_tg > 0 ? 1000.0 / best_tg : 0.0, compress_pct, isnan(fetch_step) ? 0 : fetch_step,
                isnan(read_step) ? 0 : read_step, isnan(fetch_gbs) ? 0 : fetch_gbs, isnan(equiv_gbs) ? 0 : equiv_gbs,
-               copy_gbs(), wb, kvb, rg, rg > 0 ? rg * 1e9 / (wb + kvb) : 0.0, steps < g.n_predict ? " partial=1" : "");
+               copy_gbs(), wb, kvb, rg, rg > 0 ? rg * 1e9 / (wb + kvb) : 0.0, best_warm,
+               steps < g.n_predict ? " partial=1" : "");
         /* where a policy with stage clocks (ShadowKV on the CPU) spends its
          * decode attention, per step, and its chunk cache's hit rate: a
          * second line, so the first keeps its fields for every policy */
