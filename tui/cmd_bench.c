@@ -209,12 +209,13 @@ static int bench_prefill(skv_session *s, const int32_t *ids, int np) {
  * under avail bytes ("max") or the refusal of a B over it; then for each B,
  * B forks decode n steps together, timed (the best of R repeats, each from
  * fresh forks; the first step apart, as warmup_ms, when more follow: on a
- * device it captures the batch's step graph). One line a (policy, B). Its prefill_tok_s is the source's
- * prefill without the recording's copies (session.h's t_prefill), which
- * prefill_record_s gives: on a device, downloads of every layer's rows and
- * queries (at 122K tokens of an 8B layer 1.5 GB, and 2 GB more for a policy
- * whose prefill attends keep state, through pageable memory), which would
- * otherwise count in its prefill and ShadowKV's prefill overhead.
+ * device it captures the batch's step graph). One line a (policy, B). Its
+ * prefill_tok_s is the source's prefill without the recording's copies
+ * (session.h's t_prefill), which prefill_record_s gives: on a device,
+ * downloads of every layer's rows and queries (at 122K tokens of an 8B
+ * layer 1.5 GB, and 2 GB more for a policy whose prefill attends keep
+ * state, through pageable memory), which would otherwise count in its
+ * prefill and ShadowKV's prefill overhead.
  *
  * A fork into another policy than the first replays the first's recorded
  * prefill: its keys and values past layer 0 were computed through the

@@ -24,6 +24,7 @@
  * (sim_launches_step, sim_lib_calls_step, sim_graph_launches_step,
  * sim_graph_nodes_step, sim_syncs_step: its host syncs count blocking
  * copies too), so a test can hold the two counts side by side.
+ * tests/gpu/run.sh reads these lines into gpu-check's summary.
  *
  * The prefill's counts (the step -1 tags, with what follows them before the
  * first decode step: ShadowKV's compression, a fork's replay) make one more
@@ -34,8 +35,7 @@
  * P the forward passes (prompt chunks; 0 for a fork's replay, with no
  * per-layer figures), and the simulator's sim_launches, sim_lib_calls,
  * sim_syncs beside them. What ran before the first tag (the weights'
- * upload) is in neither line.
- * tests/gpu/run.sh reads these lines into gpu-check's summary. */
+ * upload) is in neither line. */
 #include "cuda_util.h"
 
 #include <algorithm>
