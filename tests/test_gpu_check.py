@@ -12,6 +12,7 @@ refuses a bundle over its size limit and a missing 8B config; the
 projections' bench runs three times and says there is no device. Needs the
 build's CUDA test binaries (a build with nvcc). Prints PASS/FAIL/SKIP."""
 import os
+import re
 import shutil
 import subprocess
 import sys
@@ -133,8 +134,10 @@ try:
         # there is no device here
         check("gpu-check summary: the projections' step ran bench_proj three times, each line in the summary",
               summ.count("bench_proj: no CUDA device") == 3, summ)
-        check("gpu-check summary: one layer's prefill, dense against ShadowKV, with the overhead",
-              "prefill of one layer at 1024 tokens: dense" in summ and "overhead" in summ, summ)
+        pre = [l for l in summ.splitlines() if l.startswith("prefill of one layer at 1024 tokens: dense")]
+        rec = re.search(r"the recording for the forks apart: ([0-9.]+) and ([0-9.]+) s$", pre[0]) if pre else None
+        check("gpu-check summary: one layer's prefill, dense against ShadowKV, with the overhead and the recording "
+              "for the forks said apart", len(pre) == 1 and "overhead" in pre[0] and rec is not None, summ)
         steps = bench_steps(os.path.join(out, "bench.txt")) if "bench.txt" in files else {}
         bad = []
         for name, (layers, runs, fits) in BENCHES.items():
@@ -162,9 +165,11 @@ try:
         want = sum(len(b) for n, (ly, runs, f) in BENCHES.items() if ly != 2 for k, c, b in runs)
         one = [r for r in rows if r[3] == "1"]
         check("gpu-check summary: the table of figures beside their targets, a row a (policy, context, batch), "
-              "launches, calls and syncs '-' on the CPU, the one-layer rows projected to 32 layers (%d rows)" % len(rows),
+              "launches, calls and syncs '-' on the CPU, the first step's ms, the one-layer rows projected to 32 "
+              "layers (%d rows)" % len(rows),
               "== figures beside their targets" in summ and len(rows) == want and
-              all(r[5] == "-" and r[6] == "-" and r[7] == "-" and r[8] == "-" for r in rows) and len(one) == 4 and
+              all(r[5] == "-" and r[6] == "-" and r[7] == "-" and r[8] == "-" and positive(r[11]) for r in rows) and
+              len(one) == 4 and
               all(positive(r[9]) for r in one) and "largest batch that fits: kv=dense (one layer)" in summ, summ)
 
         out2 = os.path.join(tmp, "out-hang")
