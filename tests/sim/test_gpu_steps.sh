@@ -120,8 +120,8 @@ fi
 step prefill-count 120 env SKV_CUDA_COUNT=1 "$SIM" run --backend cuda -m "$T/small.gguf" --kv dense -f "$CFG" -n 2 -b 128
 pre=$(grep -o 'cuda_count_prefill:.*' "$T/prefill-count.log")
 if echo "$pre" | awk 'function val(k) { return match(" " $0, " " k "=[^ ]*") ? substr(" " $0, RSTART + length(k) + 2, RLENGTH - length(k) - 2) : "" }
-    { ok = val("chunks") == 6 && val("layers") == 2 && val("syncs") == val("chunks") + 1 && val("launches") > 0 &&
-        val("launches") == val("sim_launches") && val("lib_calls") == val("sim_lib_calls") && val("syncs") <= val("sim_syncs") + 0 }
+    { ok = val("chunks") + 0 == 6 && val("layers") + 0 == 2 && val("syncs") + 0 == val("chunks") + 1 && val("launches") + 0 > 0 &&
+        val("launches") == val("sim_launches") && val("lib_calls") == val("sim_lib_calls") && val("syncs") + 0 <= val("sim_syncs") + 0 }
     END { exit !(NR == 1 && ok) }'; then
     ok "SKV_CUDA_COUNT=1: a dense prefill of 6 chunks and 2 layers: one host sync a chunk and the RoPE upload, counted as the simulator counts: $pre"
 else ko "SKV_CUDA_COUNT=1: the prefill's count line: ${pre:-none: $(tail -3 "$T/prefill-count.log")}"; fi
