@@ -168,6 +168,22 @@ static void t_elementwise(void) {
         cu->free(dx);
         free(tab); free(tb); free(xc); free(xg);
     }
+    /* a one-row table stays f32 on the device (weight_load): k_embed_f32 */
+    {
+        float *tab = rnd((size_t)dim);
+        skv_weight gw;
+        cu->weight_load(GGML_F32, tab, 1, dim, &gw);
+        int32_t ids[3] = {0, 0, 0};
+        float *xc = malloc(sizeof(float) * 3 * dim), *dx = dev(NULL, sizeof(float) * 3 * dim);
+        cpu->embed(GGML_F32, tab, dim, ids, 3, xc);
+        cu->embed(gw.type, gw.data, dim, ids, 3, dx);
+        float *xg = back(dx, (size_t)3 * dim);
+        test_cond("cuda embed from a one-row table, kept in f32 on the device", gw.type == GGML_F32);
+        cmp("embed (f32 table)", xg, xc, (size_t)3 * dim, 0);
+        cu->weight_free(&gw);
+        cu->free(dx);
+        free(tab); free(xc); free(xg);
+    }
     /* rmsnorm, add_bias, add, swiglu */
     {
         float *x = rnd(len), *w = rnd(dim), *yc = malloc(sizeof(float) * len);
