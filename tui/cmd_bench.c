@@ -178,6 +178,15 @@ static int tick_due(tick_clock *c) {
     return 1;
 }
 
+/* The decode seconds and steps that count, of t_all over *steps: past the
+ * first step (t_first), which warms up (on a device it captures the step's
+ * graph and makes the first allocations), when more steps followed it. */
+static double past_warmup(double t_all, double t_first, int *steps) {
+    if (*steps <= 1) return t_all;
+    (*steps)--;
+    return t_all - t_first;
+}
+
 /* session_prefill's progress: a line now and then, and Ctrl-C cancels. */
 static int prefill_tick(void *user, int done, int total) {
     tick_clock *c = user;
@@ -426,12 +435,8 @@ static int bench_parallel(cli_gen *g, skv_model *m, const int32_t *ids, int np, 
                     }
                 }
                 if (!rc && b && batch_steps(b) > 0) { /* a run cut short by Ctrl-C keeps the steps it made */
-                    /* the batch's first step warms up (it captures the
-                     * batch's step graph on a device, makes its first
-                     * allocations): timed apart when steps follow it */
                     int ns = batch_steps(b);
-                    double t = batch_t_decode(b);
-                    if (ns > 1) t -= t_first, ns--;
+                    double t = past_warmup(batch_t_decode(b), t_first, &ns);
                     double tg = t > 0 ? (double)B * ns / t : 0;
                     if (tg > best_tg && (!stopped || !best_steps)) {
                         best_tg = tg;
@@ -616,9 +621,9 @@ int cmd_bench(int argc, char **argv) {
         }
         if (rc) { session_free(s); break; }
         if (stopped && (best_tg > 0 || !s->step)) { session_free(s); break; } /* a finished repeat stands */
-        int ns = s->step, warm = ns > 1; /* the steps timed: past the first when more followed it */
-        double td = s->t_decode - (warm ? t_first : 0);
-        ns -= warm;
+        int ns = s->step;
+        double td = past_warmup(s->t_decode, t_first, &ns);
+        int warm = ns < s->step;
         double pp = np / s->t_prefill, tg = ns && td > 0 ? ns / td : 0;
         if (stopped) steps = s->step;
         /* the policy's setup: end_prefill's wall time (its layers may run in
