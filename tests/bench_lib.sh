@@ -121,6 +121,7 @@ quiet_check() {
         cal="calibration $cm ms, no quiet figure recorded yet to compare it with"
         late=0
     fi
+    QUIET_CALIB_MS=$cm; QUIET_LOAD=$ld; QUIET_FIGURE=$ref
     QUIET_WHY="load $ld on $BENCH_CORES cores (tasks runnable besides the bench, mean over 1 s; at most $lmax is quiet;\
  1-minute load average $la), $cal (at most ${BENCH_CALIB_SLOW:-15} % is quiet)"
     [ "$busy" -eq 0 ] && [ "$late" -eq 0 ]
@@ -129,11 +130,15 @@ quiet_check() {
 # ---- a case's runs: quiet or not --------------------------------------------------
 # case_begin before a case's runs; side_check before each side's run (a
 # loaded one marks the whole case); case_loaded says whether any was.
-case_begin() { CASE_LOADED=0; CASE_WHY=""; CASE_RUNS=0; CASE_LOADED_RUNS=0; }
+# Every check's calibration and load are kept (CASE_CALIBS, CASE_LOADS) for
+# the spread case_why_line gives.
+case_begin() { CASE_LOADED=0; CASE_WHY=""; CASE_RUNS=0; CASE_LOADED_RUNS=0; CASE_CALIBS=""; CASE_LOADS=""; }
 side_check() {
     CASE_RUNS=$((CASE_RUNS + 1))
     if [ -n "${BENCH_NO_QUIET_CHECK:-}" ]; then return 0; fi
-    if ! quiet_check; then
+    if quiet_check; then q=0; else q=1; fi
+    CASE_CALIBS="$CASE_CALIBS $QUIET_CALIB_MS"; CASE_LOADS="$CASE_LOADS $QUIET_LOAD"
+    if [ $q -ne 0 ]; then
         CASE_LOADED=1; CASE_LOADED_RUNS=$((CASE_LOADED_RUNS + 1))
         [ -n "$CASE_WHY" ] || CASE_WHY="$1: $QUIET_WHY"
     fi
@@ -143,6 +148,17 @@ case_loaded() { [ "$CASE_LOADED" -eq 1 ]; }
 case_why_line() {
     echo "   loaded: not comparable ($CASE_LOADED_RUNS of $CASE_RUNS runs of this case were made under load; no ratio is"
     echo "   printed against them). The first: $CASE_WHY"
+    # the spread over all the case's checks: a slow calibration at a load
+    # near 0 is CPU taken from outside this machine, not a process on it
+    set -- $(spread $CASE_CALIBS)
+    echo "   Over the case's $CASE_RUNS checks: calibration min $1, median $2, max $3 ms against the quiet figure" \
+        "${QUIET_FIGURE:--} ms; load at most $(spread $CASE_LOADS | cut -d' ' -f3)."
+}
+# spread V... -> "min median max" of the numbers among V ("- - -" when none)
+spread() {
+    printf '%s\n' "$@" | grep -E '^[0-9.]+$' | sort -g | awk '{ v[NR] = $1 }
+        END { if (!NR) { print "- - -"; exit }
+              m = NR % 2 ? v[(NR + 1) / 2] : (v[NR / 2] + v[NR / 2 + 1]) / 2; printf "%g %g %g\n", v[1], m, v[NR] }'
 }
 
 # cmp_row LABEL SKV_VALUES OTHER_VALUES TARGET [FA] [ROOF_VALUES]: one row of

@@ -66,6 +66,15 @@ check "a case with one run under load prints its figures but no ratio: 'loaded'"
 check "and one line says why: which run, the load on the cores, the calibration" \
     $(has "$why" "loaded: not comparable (1 of 3 runs" && has "$why" "llama.cpp tg128: load 2.0 on 2 cores" &&
       has "$why" "calibration" && echo 0 || echo 1)
+check "and one line gives the spread over the case's checks: calibration min, median and max, the load's max" \
+    $(has "$why" "Over the case's 3 checks: calibration min 90, median 90, max 90 ms against the quiet figure 90 ms; load at most 2." &&
+      echo 0 || echo 1)
+echo "0.05 0.10 0.10 1/120 4242" >"$BENCH_LOADAVG_FILE"
+BENCH_CALIB_MS=150 side_check "skv again"
+why=$(case_why_line)
+check "a slow calibration at a quiet load is in the spread: max 150 ms, the median 90, the load's max still 2" \
+    $(has "$why" "(2 of 4 runs" && has "$why" "Over the case's 4 checks: calibration min 90, median 90, max 150 ms" &&
+      has "$why" "load at most 2." && echo 0 || echo 1)
 row=$(cmp_row "case" "20 30 40" "" "1.0x")
 check "no llama.cpp: 'not run', no ratio" $(has "$row" "not run" && ! has "$row" "[0-9][.][0-9][0-9]x" && echo 0 || echo 1)
 
