@@ -11,10 +11,13 @@
 ratio() { awk -v a="$1" -v b="$2" 'BEGIN { if (a ~ /^[0-9.]+$/ && b ~ /^[0-9.]+$/ && b + 0 > 0) printf "%.2fx", a / b; else printf "-" }'; }
 
 # minmed V... -> "min median" of the numbers among V ("- -" when none)
-minmed() {
+minmed() { spread "$@" | awk '$1 == "-" { print "- -"; next } { printf "%.2f %.2f\n", $1, $2 }'; }
+
+# spread V... -> "min median max" of the numbers among V ("- - -" when none)
+spread() {
     printf '%s\n' "$@" | grep -E '^[0-9.]+$' | sort -g | awk '{ v[NR] = $1 }
-        END { if (!NR) { print "- -"; exit }
-              m = NR % 2 ? v[(NR + 1) / 2] : (v[NR / 2] + v[NR / 2 + 1]) / 2; printf "%.2f %.2f\n", v[1], m }'
+        END { if (!NR) { print "- - -"; exit }
+              m = NR % 2 ? v[(NR + 1) / 2] : (v[NR / 2] + v[NR / 2 + 1]) / 2; printf "%.10g %.10g %.10g\n", v[1], m, v[NR] }'
 }
 
 # paired A B -> the median over rounds of A_i / B_i, A and B being the
@@ -154,12 +157,7 @@ case_why_line() {
     echo "   Over the case's $CASE_RUNS checks: calibration min $1, median $2, max $3 ms against the quiet figure" \
         "${QUIET_FIGURE:--} ms; load at most $(spread $CASE_LOADS | cut -d' ' -f3)."
 }
-# spread V... -> "min median max" of the numbers among V ("- - -" when none)
-spread() {
-    printf '%s\n' "$@" | grep -E '^[0-9.]+$' | sort -g | awk '{ v[NR] = $1 }
-        END { if (!NR) { print "- - -"; exit }
-              m = NR % 2 ? v[(NR + 1) / 2] : (v[NR / 2] + v[NR / 2 + 1]) / 2; printf "%g %g %g\n", v[1], m, v[NR] }'
-}
+
 
 # cmp_row LABEL SKV_VALUES OTHER_VALUES TARGET [FA] [ROOF_VALUES]: one row of
 # a comparison: each side's min and median over the rounds, the ratio of the
