@@ -152,12 +152,11 @@ case_why_line() {
     echo "   loaded: not comparable ($CASE_LOADED_RUNS of $CASE_RUNS runs of this case were made under load; no ratio is"
     echo "   printed against them). The first: $CASE_WHY"
     # the spread over all the case's checks: a slow calibration at a load
-    # near 0 is CPU taken from outside this machine, not a process on it
+    # near 0 points to CPU taken outside this machine, not to a process on it
     set -- $(spread $CASE_CALIBS)
     echo "   Over the case's $CASE_RUNS checks: calibration min $1, median $2, max $3 ms against the quiet figure" \
         "${QUIET_FIGURE:--} ms; load at most $(spread $CASE_LOADS | cut -d' ' -f3)."
 }
-
 
 # cmp_row LABEL SKV_VALUES OTHER_VALUES TARGET [FA] [ROOF_VALUES]: one row of
 # a comparison: each side's min and median over the rounds, the ratio of the
