@@ -147,6 +147,25 @@ static void t_matmul(void) {
     skv_workspace_free(&ws);
 }
 
+/* The device's embedding of ids from a type table of vocab rows against the
+ * CPU's, exact; dev_type >= 0: the type the device must keep the table in. */
+static void check_embed(const char *name, enum ggml_type type, const void *tab, int vocab, int dim, const int32_t *ids, int n,
+                        int dev_type) {
+    size_t len = (size_t)n * dim;
+    skv_weight gw;
+    cu->weight_load(type, tab, vocab, dim, &gw);
+    float *xc = malloc(sizeof(float) * len), *dx = dev(NULL, sizeof(float) * len);
+    cpu->embed(type, tab, dim, ids, n, xc);
+    cu->embed(gw.type, gw.data, dim, ids, n, dx);
+    float *xg = back(dx, len);
+    if (dev_type >= 0)
+        test_cond("cuda embed: the table kept in the type it must have on the device", (int)gw.type == dev_type);
+    cmp(name, xg, xc, len, 0);
+    cu->weight_free(&gw);
+    cu->free(dx);
+    free(xc); free(xg);
+}
+
 static void t_elementwise(void) {
     int n = 5, dim = 320;
     size_t len = (size_t)n * dim;
@@ -156,33 +175,16 @@ static void t_elementwise(void) {
         float *tab = rnd((size_t)vocab * dim);
         uint16_t *tb = malloc(sizeof(uint16_t) * vocab * dim);
         for (size_t i = 0; i < (size_t)vocab * dim; i++) tb[i] = f32_to_bf16(tab[i]);
-        skv_weight gw;
-        cu->weight_load(GGML_BF16, tb, vocab, dim, &gw);
         int32_t ids[5] = {3, 49, 0, 3, 17};
-        float *xc = malloc(sizeof(float) * len), *dx = dev(NULL, sizeof(float) * len);
-        cpu->embed(GGML_BF16, tb, dim, ids, n, xc);
-        cu->embed(gw.type, gw.data, dim, ids, n, dx);
-        float *xg = back(dx, len);
-        cmp("embed", xg, xc, len, 0);
-        cu->weight_free(&gw);
-        cu->free(dx);
-        free(tab); free(tb); free(xc); free(xg);
+        check_embed("embed", GGML_BF16, tb, vocab, dim, ids, n, -1);
+        free(tab); free(tb);
     }
     /* a one-row table stays f32 on the device (weight_load): k_embed_f32 */
     {
         float *tab = rnd((size_t)dim);
-        skv_weight gw;
-        cu->weight_load(GGML_F32, tab, 1, dim, &gw);
         int32_t ids[3] = {0, 0, 0};
-        float *xc = malloc(sizeof(float) * 3 * dim), *dx = dev(NULL, sizeof(float) * 3 * dim);
-        cpu->embed(GGML_F32, tab, dim, ids, 3, xc);
-        cu->embed(gw.type, gw.data, dim, ids, 3, dx);
-        float *xg = back(dx, (size_t)3 * dim);
-        test_cond("cuda embed from a one-row table, kept in f32 on the device", gw.type == GGML_F32);
-        cmp("embed (f32 table)", xg, xc, (size_t)3 * dim, 0);
-        cu->weight_free(&gw);
-        cu->free(dx);
-        free(tab); free(xc); free(xg);
+        check_embed("embed (f32 table)", GGML_F32, tab, 1, dim, ids, 3, GGML_F32);
+        free(tab);
     }
     /* rmsnorm, add_bias, add, swiglu */
     {
