@@ -167,6 +167,23 @@ static void test_lockstep(const char *dir) {
         test_cond("a view stacks one band per policy, each named", drc == 0 && t && strstr(t, "quest") &&
                                                                    strstr(t, "shadowkv") && strstr(t, "selected"));
         free(t);
+        /* one policy's trace: the compare view's own draw, scored by the
+         * oracle for a sparse policy; for dense it says there is nothing to
+         * score rather than asking for --oracle, which the run had */
+        const view_class *vcmp = view_find("compare");
+        canvas_clear(cv);
+        drc = vcmp->draw(cv, (canvas_rect){0, 0, 120, 40}, sts[0], &cur, NULL);
+        t = canvas_cells_text(cv);
+        test_cond("the compare view draws one sparse policy alone, with the oracle's means",
+                  drc == 0 && t && strstr(t, "quest") && strstr(t, "oracle means") && strstr(t, "%") &&
+                      !strstr(t, "run with --oracle"));
+        free(t);
+        canvas_clear(cv);
+        drc = vcmp->draw(cv, (canvas_rect){0, 0, 120, 40}, sts[2], &cur, NULL);
+        t = canvas_cells_text(cv);
+        test_cond("the compare view of dense alone says dense is exact, not \"run with --oracle\"",
+                  drc == 0 && t && strstr(t, "dense is exact") && !strstr(t, "run with --oracle"));
+        free(t);
         canvas_free(cv);
     }
     probe_lanes_free(L);

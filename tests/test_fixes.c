@@ -6,7 +6,8 @@
  *    before any work; skv dump keeps existing .npy files without --force;
  *    the CSV export checks meta.json before writing a table; outputs 0644;
  *  - an empty prompt is an error; skv run and skv eval default to the demo
- *    model and say so; --oracle timings say they include the oracle;
+ *    model and say so; --oracle timings say they include the oracle, and
+ *    --oracle on dense says there is nothing to score;
  *  - lengths far past the trained context are refused without --force;
  *  - the needle table marks unrun cells, trace info on a cut or compare
  *    trace names every policy and counts the finished steps;
@@ -143,6 +144,9 @@ static void test_prompts_and_defaults(const char *dir) {
     rc = test_sh(out, sizeof out, "%s run -m " DEMO " -f samples/prompts/needle.txt --kv shadowkv --oracle -n 6", test_skv_bin());
     test_cond("skv run --oracle says its decode rate includes the oracle, and gives the rate without it",
               rc == 0 && strstr(out, "including the oracle's scoring") && strstr(out, "without it"));
+    rc = test_sh(out, sizeof out, "%s run -m " DEMO " -p 'Once upon a time' --oracle -n 2", test_skv_bin());
+    test_cond("skv run --kv dense --oracle says there is nothing to score, not silence",
+              rc == 0 && strstr(out, "dense attends every token exactly") && !strstr(out, "including the oracle"));
     double t0 = skv_now();
     rc = test_sh(out, sizeof out, "timeout -k 5 60 %s needle --lengths 100k --depths 50", test_skv_bin());
     test_cond("skv needle --lengths 100k on a 4096-position model: refused at once without --force",

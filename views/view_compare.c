@@ -159,13 +159,19 @@ static int compare_lanes(canvas *c, canvas_rect r, const probe_store *const *st,
         else snprintf(txt[i][7], 32, "-");
         for (int j = 0; j < PC; j++) cells[i * PC + j] = txt[i][j];
     }
+    /* dense alone has nothing for the oracle to score: say that, not "run with --oracle" */
+    int only_dense = 1;
+    for (int i = 0; i < n; i++) only_dense &= names && names[i] && !strcmp(names[i], "dense");
     char title[160];
     snprintf(title, sizeof title, "Compare: %d polic%s%s", n, n == 1 ? "y" : "ies",
-             any_oracle ? " (mass recall, overlap, output error: oracle means; top-1: agreement with dense)"
-                        : " (run with --oracle for mass recall and error)");
+             any_oracle   ? " (mass recall, overlap, output error: oracle means; top-1: agreement with dense)"
+             : only_dense ? " (dense is exact attention: the oracle scores sparse policies against it)"
+                          : " (run with --oracle for mass recall and error)");
     if (canvas_text_width(c, title, CANVAS_FONT_TITLE) > r.w) /* the shorter wording before any cut */
         snprintf(title, sizeof title, "Compare: %d polic%s%s", n, n == 1 ? "y" : "ies",
-                 any_oracle ? " (oracle means; top-1 agrees with dense)" : " (--oracle adds mass recall, error)");
+                 any_oracle   ? " (oracle means; top-1 agrees with dense)"
+                 : only_dense ? " (dense is exact: nothing to score)"
+                              : " (--oracle adds mass recall, error)");
     view_fit_text(c, CANVAS_FONT_TITLE, r.w, title);
     paint_table t1 = {.title = title, .cols = pcols, .n_cols = PC, .cells = cells, .n_rows = n};
     /* per layer: the policy keeping the most exact mass, and the one with the least error */
