@@ -82,6 +82,24 @@ int main(void) {
         test_cond("info --backends lists the cpu backend as available", rc == 0 && strstr(out, "cpu") &&
                   strstr(out, "available"));
     }
+    {
+        /* skv info on the demo model (4 layers of f32, hidden 128, 2 KV
+         * heads of 32): layer 0's tensors with type, shape and size in a
+         * unit that fits (a norm is 512 B, not "0.00 MiB"), then memory */
+        char out[16384];
+        int rc = run("info -m samples/model/skv-demo.gguf", out, sizeof out);
+        test_cond("info lists layer 0's tensors with type, shape and a size in a unit that fits",
+                  rc == 0 && strstr(out, "blk.0.wq") && strstr(out, "f32   [128, 128] 64.0 KiB") &&
+                      strstr(out, "[1, 128] 512 B") && !strstr(out, "0.00 MiB") && !strstr(out, "blk.1.") &&
+                      strstr(out, "3 more layers; --all lists them"));
+        test_cond("info gives the weights and the dense KV cache a token and at the context, f32 and f16",
+                  rc == 0 && strstr(out, "weights 4.00 MiB") && strstr(out, "2.0 KiB per token in f32") &&
+                      strstr(out, "8.00 MiB at 4096 tokens (4.00 MiB in f16"));
+        rc = run("info samples/model/skv-demo.gguf --all", out, sizeof out);
+        test_cond("info --all lists every layer's tensors", rc == 0 && strstr(out, "blk.3.w_down") &&
+                                                                 !strstr(out, "more layers"));
+    }
+    expect_error("info without a model", "info", "no model");
     expect_error("bad --temp", "run -m x.gguf -p hi --temp -1", "--temp expects a number");
     expect_error("bad --kv", "run -m x.gguf -p hi --kv sparse", "unknown KV policy 'sparse'");
     expect_error("--kv-opt with an unknown key", "run -m x.gguf -p hi --kv-opt bogus=1", "unknown KV option 'bogus'");

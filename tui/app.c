@@ -15,6 +15,7 @@
  * terminal as a last resort. */
 #define NCURSES_WIDECHAR 1
 #include "app.h"
+#include "cli.h"
 #include "skv.h"
 
 #include <curses.h>
@@ -140,14 +141,6 @@ static void set_msg(app *a, const char *fmt, ...) {
     vsnprintf(a->msg, sizeof a->msg, fmt, ap);
     va_end(ap);
     a->msg_until = skv_now() + 6;
-}
-
-/* Bytes in binary units, short: "512B", "3.1K", "1.64M", "2.00G". */
-static void fmt_bytes(char *buf, size_t cap, double n) {
-    if (n < 1024) snprintf(buf, cap, "%.0f B", n);
-    else if (n < 1048576) snprintf(buf, cap, "%.1f KiB", n / 1024);
-    else if (n < 1073741824.0) snprintf(buf, cap, "%.2f MiB", n / 1048576);
-    else snprintf(buf, cap, "%.2f GiB", n / 1073741824.0);
 }
 
 static const view_class *cur_view(const app *a) { return view_classes[a->view]; }
@@ -716,8 +709,8 @@ static void draw_status(app *a, int y, int h) {
     double off = se ? (double)se->kv_offloaded : live(a) ? (double)a->ws.kv_offloaded : -1;
     if (res >= 0 && (res > 0 || off > 0)) {
         char rb[32], ob[32];
-        fmt_bytes(rb, sizeof rb, res);
-        fmt_bytes(ob, sizeof ob, off);
+        cli_bytes(rb, sizeof rb, res);
+        cli_bytes(ob, sizeof ob, off);
         seg(&l, 5, "KV res %s off %s", rb, ob);
     }
     if (probe_store_count(a->st, PROBE_DECODE_HEAD) > 0 || (live(a) && a->ws.hits + a->ws.misses)) {

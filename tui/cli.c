@@ -526,3 +526,10 @@ void cli_len_label(int v, char *buf, size_t n) {
     if (v >= 1024 && v % 1024 == 0) snprintf(buf, n, "%dk", v / 1024);
     else snprintf(buf, n, "%d", v);
 }
+
+void cli_bytes(char *buf, size_t cap, double n) {
+    if (n < 1024) snprintf(buf, cap, "%.0f B", n);
+    else if (n < 1048576) snprintf(buf, cap, "%.1f KiB", n / 1024);
+    else if (n < 1073741824.0) snprintf(buf, cap, "%.2f MiB", n / 1048576);
+    else snprintf(buf, cap, "%.2f GiB", n / 1073741824.0);
+}

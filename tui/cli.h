@@ -120,6 +120,8 @@ void cli_msg(const char *fmt, ...) __attribute__((format(printf, 1, 2)));
 
 /* "4k" for a multiple of 1024 tokens, else the number: how lengths are labelled. */
 void cli_len_label(int v, char *buf, size_t n);
+/* Bytes in binary units: "512 B", "3.1 KiB", "1.64 MiB", "2.00 GiB". */
+void cli_bytes(char *buf, size_t cap, double n);
 
 /* Prints "skv CMD: <last error>" to stderr and returns 1. */
 int cli_fail(void);

@@ -10,8 +10,9 @@
 
 static void print_tensor(const char *name, const skv_tensor *t) {
     if (!t->data) return;
-    printf("  %-28s %-5s [%d, %d] %.2f MiB\n", name, ggml_type_name(t->type), t->rows, t->cols,
-           ggml_row_size(t->type, t->cols) * (double)t->rows / (1 << 20));
+    char b[32];
+    cli_bytes(b, sizeof b, ggml_row_size(t->type, t->cols) * (double)t->rows);
+    printf("  %-28s %-5s [%d, %d] %s\n", name, ggml_type_name(t->type), t->rows, t->cols, b);
 }
 
 /* The backends built into this binary and whether each can run here. */
@@ -75,8 +76,13 @@ int cmd_info(int argc, char **argv) {
     }
     if (!all && c->n_layers > 1) printf("  ... (%d more layers; --all lists them)\n", c->n_layers - 1);
     double kvtok = 2.0 * c->n_layers * c->n_kv_heads * c->head_dim * sizeof(float);
-    printf("memory:       weights %.2f MiB; KV cache (fp32) %.1f KiB per token, %.1f MiB at %d tokens\n",
-           model_weight_bytes(m) / 1048576.0, kvtok / 1024, kvtok * c->ctx_train / 1048576.0, c->ctx_train);
+    char w[32], tok[32], ctx[32], ctx16[32];
+    cli_bytes(w, sizeof w, (double)model_weight_bytes(m));
+    cli_bytes(tok, sizeof tok, kvtok);
+    cli_bytes(ctx, sizeof ctx, kvtok * c->ctx_train);
+    cli_bytes(ctx16, sizeof ctx16, kvtok / 2 * c->ctx_train);
+    printf("memory:       weights %s; dense KV cache %s per token in f32, %s at %d tokens (%s in f16, --f16-kv)\n",
+           w, tok, ctx, c->ctx_train, ctx16);
     model_free(m);
     return 0;
 }
