@@ -3,9 +3,9 @@
  * Bad input (an unknown flag, a missing trace, no terminal) must give one
  * line and a non-zero exit before curses starts. Then, in tmux panes, the
  * inspector replays a trace recorded with `skv run --trace` (views, tab and
- * shift-tab, a mouse click on the tab bar, stepping, the help overlay, PNG
- * export), runs live on the built-in default model (n steps the engine, r
- * runs to -n), shows the "too small" message in a 40x12 pane and recovers on
+ * shift-tab, a mouse click on the tab bar, stepping with n g G , . and with
+ * the arrows and hjkl inside a view, the help overlay, PNG export), runs
+ * live on the built-in default model (n steps the engine, r runs to -n), shows the "too small" message in a 40x12 pane and recovers on
  * resize, falls back to ASCII without a UTF-8 locale and to no colour on a
  * vt100, refuses a terminal that cannot move the cursor, and on q or SIGTERM leaves the terminal as it found it (the shell
  * after it prints "EXITED <status>" and tmux reports the alternate screen
@@ -324,6 +324,16 @@ static void test_replay(void) {
     check_screen("replay: G goes to the last step", "replay", want, UI_TIMEOUT);
     keys("replay", "g");
     check_screen("replay: g goes to the first step", "replay", "(at 0)", UI_TIMEOUT);
+    keys("replay", "'.'");
+    check_screen("replay: . moves to the next recorded step", "replay", "(at 1)", UI_TIMEOUT);
+    keys("replay", "','");
+    check_screen("replay: , moves back a step", "replay", "(at 0)", UI_TIMEOUT);
+    if (nt >= 3 && !strcmp(titles[2], "Selection")) { /* the view the click chose: j and k move its step */
+        keys("replay", "j");
+        check_screen("replay: j in the selection raster moves down a step", "replay", "(at 1)", UI_TIMEOUT);
+        keys("replay", "k");
+        check_screen("replay: k moves back up", "replay", "(at 0)", UI_TIMEOUT);
+    }
     keys("replay", "']'");
     check_screen("replay: ] selects the next layer", "replay", "L1/", UI_TIMEOUT);
     keys("replay", "'?'");
@@ -332,6 +342,17 @@ static void test_replay(void) {
     test_cond("replay: any key closes the help", wait_screen("replay", "skv inspect: keys", 1, UI_TIMEOUT));
     int before = count_png();
     keys("replay", "Tab");
+    if (nt >= 4 && !strcmp(titles[3], "Cache")) { /* the arrows in the hit-rate plot: up/down the layer, left/right the step */
+        check_screen("replay: tab goes on to the cache view", "replay", "[Cache]", UI_TIMEOUT);
+        keys("replay", "Down");
+        check_screen("replay: the down arrow in the cache view picks the next layer", "replay", "L2/", UI_TIMEOUT);
+        keys("replay", "Up");
+        check_screen("replay: the up arrow the previous one", "replay", "L1/", UI_TIMEOUT);
+        keys("replay", "Right");
+        check_screen("replay: the right arrow the next step", "replay", "(at 1)", UI_TIMEOUT);
+        keys("replay", "Left");
+        check_screen("replay: the left arrow the step before", "replay", "(at 0)", UI_TIMEOUT);
+    }
     keys("replay", "e");
     check_screen("replay: e exports and names the file", "replay", "exported skv-", UI_TIMEOUT);
     test_cond("replay: the exported PNG is in the export folder skv-exports/", count_png() == before + 1);
