@@ -16,8 +16,10 @@
 #include "kv.h"
 #include "needle.h"
 #include "needle_diag.h"
+#include "skv.h"
 #include "store.h"
 
+#include <math.h>
 #include <regex.h>
 #include <signal.h>
 #include <stdarg.h>
@@ -242,6 +244,74 @@ static void test_options(void) {
     probe_store_free(st);
 }
 
+/* ---- a distractor's answer: which fact did the policy keep? ---- */
+
+/* One layer, one KV head, two steps: the asked fact (the watched needle,
+ * 16 tokens) with needle_kept[s] of them kept and exact mass tmass[s], and
+ * distractor 1 with the "distractors" metric's share kept and mass (no
+ * metric when dshare is NULL). */
+static probe_store *planted_facts(const int *needle_kept, const float *tmass, const float *dshare, const float *dmass) {
+    probe_store *st;
+    if (probe_store_new(&st)) return NULL;
+    int bad = add(st, (probe_event){ .kind = PROBE_RUN, .run = { .model = "planted", .n_layers = 1, .n_heads = 2,
+                                                                 .n_kv_heads = 1, .head_dim = 16, .max_ctx = 1024,
+                                                                 .prompt_len = 640, .kv_policy = "shadowkv", .budget = 64,
+                                                                 .oracle = 1 } });
+    int qk[2] = { 48, 48 };
+    float q[2] = { 0.5f, 0.5f };
+    for (int s = 0; s < 2; s++) {
+        bad |= add(st, (probe_event){ .kind = PROBE_ORACLE, .oracle = {
+            .step = s, .layer = 0, .head = 0, .n_q = 2, .unit = 8, .ctx = 641 + s, .n_kept = 48, .n_gen = 1,
+            .recall = 0.5f, .overlap = 0.5f, .out_err = 0.2f, .mass_kept = 0.5f, .needle_len = 16,
+            .needle_kept = needle_kept[s], .needle_rank = 3, .needle_mass = tmass[s], .q_kept = qk, .q_recall = q,
+            .q_overlap = q, .q_out_err = q } });
+        float v[2] = { dshare ? dshare[s] : 0, dmass[s] };
+        if (dshare)
+            bad |= add(st, (probe_event){ .kind = PROBE_METRIC, .metric = {
+                .step = s, .layer = 0, .head = 0, .name = "distractors", .value = 1, .n = 2, .vals = v } });
+    }
+    if (bad) { probe_store_free(st); return NULL; }
+    return st;
+}
+
+static void test_distractor(void) {
+    needle_distractor d;
+    const int none[2] = { 0, 0 }, all[2] = { 16, 16 }, half[2] = { 16, 0 };
+    const float tm[2] = { 0.3f, 0.1f }, one[2] = { 1, 1 }, zero[2] = { 0, 0 }, dm[2] = { 0.2f, 0.2f };
+    probe_store *st = planted_facts(none, tm, one, dm);
+    int rc = st ? needle_distractor_check(st, 1, -1, "Anna", "Ben", &d) : -1;
+    test_cond("a policy that kept the distractor whole and none of the asked fact is said to have kept the "
+              "distractor and dropped the asked fact, naming both keys",
+              rc == 0 && d.target_kept == 0 && fabs(d.distractor_kept - 1) < 1e-6 && d.steps == 2 &&
+                  strstr(d.text, "kept the distractor and dropped the asked fact") && strstr(d.text, "Anna") &&
+                  strstr(d.text, "Ben"));
+    test_cond("the exact masses are the means per (step, layer, KV head)",
+              rc == 0 && fabs(d.target_mass - 0.2) < 1e-6 && fabs(d.distractor_mass - 0.2) < 1e-6);
+    probe_store_free(st);
+    st = planted_facts(half, tm, one, dm);
+    rc = st ? needle_distractor_check(st, 1, -1, "Anna", "Ben", &d) : -1;
+    test_cond("the asked fact's share kept is weighted by its exact mass at each step (0.3 kept, 0.1 dropped: 75%), "
+              "and keeping both makes the mix-up the model's",
+              rc == 0 && fabs(d.target_kept - 0.75) < 1e-6 && strstr(d.text, "kept both facts"));
+    rc = st ? needle_distractor_check(st, 1, 0, "Anna", "Ben", &d) : -1;
+    test_cond("last_step 0 reads step 0 alone", rc == 0 && d.steps == 1 && fabs(d.target_kept - 1) < 1e-6);
+    probe_store_free(st);
+    st = planted_facts(all, tm, zero, dm);
+    rc = st ? needle_distractor_check(st, 1, -1, NULL, NULL, &d) : -1;
+    test_cond("kept the asked fact and dropped the distractor, yet answered it: said so, with generic names",
+              rc == 0 && strstr(d.text, "kept the asked fact and dropped the distractor") &&
+                  strstr(d.text, "the distractor's"));
+    rc = st ? needle_distractor_check(st, 2, -1, "Anna", "Ben", &d) : -1;
+    test_cond("a fact the metric does not hold (2 of 1) is no record, not a guess",
+              rc == SKV_EMISSING && strstr(d.text, "no record"));
+    probe_store_free(st);
+    st = planted_facts(none, tm, NULL, dm);
+    rc = st ? needle_distractor_check(st, 1, -1, "Anna", "Ben", &d) : -1;
+    test_cond("without the distractors metric (a run without --oracle): SKV_EMISSING and why",
+              rc == SKV_EMISSING && strstr(d.text, "--oracle"));
+    probe_store_free(st);
+}
+
 /* ---- finding 3: one default, dense layers marked ---- */
 
 static void test_dense_layers(const char *dir) {
@@ -319,6 +389,7 @@ int main(void) {
     }
     const char *dir = test_tmpdir("needle-fixes");
     test_options();
+    test_distractor();
     test_dense_layers(dir);
     test_interrupted(dir);
     test_explain_case8(dir);
