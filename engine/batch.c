@@ -67,8 +67,6 @@ int batch_new(skv_session **seqs, int n, skv_batch **out) {
     return 0;
 }
 
-int batch_size(const skv_batch *b) { return b->n; }
-
 skv_session *batch_seq(skv_batch *b, int i) { return i >= 0 && i < b->n ? b->s[i] : NULL; }
 
 double batch_t_decode(const skv_batch *b) { return b->t_decode; }

@@ -18,7 +18,6 @@ typedef struct skv_batch skv_batch;
 int batch_new(skv_session **seqs, int n, skv_batch **out);
 void batch_free(skv_batch *b);
 
-int batch_size(const skv_batch *b);
 skv_session *batch_seq(skv_batch *b, int i);   /* sequence i (NULL out of range) */
 int batch_steps(const skv_batch *b);           /* steps done */
 double batch_t_decode(const skv_batch *b);     /* seconds in batch_decode */

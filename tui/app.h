@@ -80,8 +80,6 @@ void tui_worker_free(tui_worker *w);
 /* Sets up colours after the screen exists: 256 colours when the terminal
  * has them, else 8, else none. Returns the count used (256, 8 or 0). */
 int tui_blit_init(void);
-/* Colours in use: 256, 8 or 0. */
-int tui_blit_colors(void);
 /* The curses colour pair for an RGB (or CANVAS_DEFAULT) pair; 0 without colour. */
 int tui_blit_pair(canvas_color fg, canvas_color bg);
 /* Copies the canvas's grid onto the screen with its top-left cell at (y, x),

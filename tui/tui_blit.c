@@ -38,8 +38,6 @@ int tui_blit_init(void) {
     return n_colors;
 }
 
-int tui_blit_colors(void) { return n_colors; }
-
 static int sq(int a) { return a * a; }
 
 static int nearest_cube(int v) {

@@ -30,7 +30,6 @@ void canvas_init_base(canvas *c, const canvas_ops *ops, const canvas_theme *them
 
 const canvas_geom *canvas_geometry(const canvas *c) { return &c->geom; }
 const canvas_theme *canvas_get_theme(const canvas *c) { return &c->theme; }
-void canvas_set_theme(canvas *c, const canvas_theme *t) { if (t) c->theme = *t; }
 
 void canvas_clear(canvas *c) {
     c->clip = (canvas_rect){ 0, 0, c->geom.w, c->geom.h };

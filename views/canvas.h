@@ -95,7 +95,6 @@ typedef struct canvas_theme {
 
 const canvas_geom *canvas_geometry(const canvas *c);
 const canvas_theme *canvas_get_theme(const canvas *c);
-void canvas_set_theme(canvas *c, const canvas_theme *t);
 
 /* Fills the whole canvas with the theme background and resets the clip. */
 void canvas_clear(canvas *c);

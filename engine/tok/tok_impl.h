@@ -44,8 +44,6 @@ int tok_pre_new(const char *name, tok_pre **out);
  * the field in error messages. */
 int tok_pre_add(tok_pre *p, const char *pattern, int literal, const char *what);
 void tok_pre_free(tok_pre *p);
-const char *tok_pre_get_name(const tok_pre *p);
-int tok_pre_count(const tok_pre *p);
 /* The llama.cpp name (tokenizer.ggml.pre) whose regex list is exactly p's,
  * pattern for pattern, or NULL when no name has that list. */
 const char *tok_pre_gguf_name(const tok_pre *p);

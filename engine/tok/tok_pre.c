@@ -123,9 +123,6 @@ void tok_pre_free(tok_pre *p) {
     free(p);
 }
 
-const char *tok_pre_get_name(const tok_pre *p) { return p->name; }
-int tok_pre_count(const tok_pre *p) { return p->n; }
-
 int tok_utf8_len(unsigned char c) {
     if (c < 0x80) return 1;
     if ((c & 0xE0) == 0xC0) return 2;
