@@ -434,6 +434,56 @@ static int enc_is(const tok_vocab *v, const char *text, int parse_special, const
     return ok;
 }
 
+/* model.ignore_merges (Llama 3's tokenizer.json): a piece that is a whole
+ * token is taken as it is, without the merges having to build it. "lo" is
+ * a token (265) no merge makes; "z" loses its byte token, so a piece with
+ * no token at all for a byte drops that byte, as llama.cpp does. */
+static void test_ignore_merges(const char *dir, const char *bl) {
+    char *p = write_tj(dir, "im.json", bl, "BPE");
+    FILE *f = fopen(p, "r");
+    static char buf[1 << 16];
+    size_t n = f ? fread(buf, 1, sizeof buf - 1, f) : 0;
+    if (f) fclose(f);
+    buf[n] = 0;
+    cJSON *root = cJSON_Parse(buf), *model = cJSON_GetObjectItem(root, "model");
+    cJSON *vocab = cJSON_GetObjectItem(model, "vocab");
+    cJSON_AddNumberToObject(vocab, "lo", 265);
+    cJSON_DeleteItemFromObjectCaseSensitive(vocab, "z"); /* not "Z" */
+    cJSON_AddNumberToObject(vocab, "<z>", 'z'); /* keeps the ids dense */
+    int ok = 1;
+    for (int im = 0; im < 2 && ok; im++) {
+        cJSON_DeleteItemFromObject(model, "ignore_merges");
+        cJSON_AddBoolToObject(model, "ignore_merges", im);
+        char *txt = cJSON_Print(root);
+        f = fopen(p, "w");
+        if (!txt || !f) ok = 0;
+        else fputs(txt, f);
+        if (f) fclose(f);
+        cJSON_free(txt);
+        tok_vocab *v = NULL;
+        if (ok && tok_load_hf(p, &v)) {
+            printf("  %s\n", skv_last_error());
+            ok = 0;
+        }
+        if (!ok) break;
+        if (im) {
+            test_cond("ignore_merges: a piece that is a whole token is taken as it is (lo -> 265)",
+                      enc_is(v, "lo", 1, (int[]){265}, 1));
+            test_cond("ignore_merges: a piece that is no token still goes through the merges (hellx -> hell x)",
+                      enc_is(v, "hellx", 1, (int[]){258, 'x'}, 2));
+        } else {
+            test_cond("without ignore_merges the merges decide: lo -> l o", enc_is(v, "lo", 1, (int[]){'l', 'o'}, 2));
+        }
+        test_cond(im ? "ignore_merges: a byte with no token is dropped (hez -> he)"
+                     : "a byte with no token is dropped, the rest kept (hez -> he)",
+                  enc_is(v, "hez", 1, (int[]){256}, 1));
+        tok_free(v);
+    }
+    test_cond("the ignore_merges tokenizer.json variants load", ok);
+    cJSON_Delete(root);
+    remove(p);
+}
+
 static void test_hf_synthetic(void) {
     const char *dir = test_tmpdir("tok");
     const char *bl = "{\"type\": \"ByteLevel\", \"add_prefix_space\": false, \"use_regex\": true}";
@@ -497,6 +547,7 @@ static void test_hf_synthetic(void) {
         tok_free(v);
         remove(p);
     }
+    test_ignore_merges(dir, bl);
     rc = tok_load_hf("/nonexistent/tokenizer.json", &v);
     test_cond("a missing tokenizer.json is SKV_EIO naming it", rc == SKV_EIO && strstr(skv_last_error(), "/nonexistent"));
     /* A found by fuzzing: one token with a huge id asked for gigabytes. */
