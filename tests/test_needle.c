@@ -154,6 +154,37 @@ static char *needle_cells(const probe_store *st, int *rc) {
     return t;
 }
 
+/* A click on a cause of the verdict (the needle view drawn as a figure's
+ * PNG): the cursor goes to the step, layer, KV head and chunk where that
+ * cause was found. */
+static void check_cause_click(const probe_store *st, const needle_report *rep) {
+    const view_class *v = view_find("needle");
+    canvas *c = NULL;
+    canvas_png_opts o = { .scale = 1 };
+    view_cursor cur;
+    view_cursor_init(&cur);
+    paint_result res;
+    int rc = canvas_png_new(&c, 1200, 800, &o);
+    if (!rc) {
+        canvas_clear(c);
+        rc = v->draw(c, (canvas_rect){ 0, 0, 1200, 800 }, st, &cur, &res);
+    }
+    int ok = rc == 0 && rep->n_causes >= 1 && res.n_markers >= 1;
+    for (int i = 0; ok && i < rep->n_causes && i < res.n_markers; i++) {
+        const needle_cause *cs = &rep->causes[i];
+        view_cursor_init(&cur);
+        cur.step = 99; /* nowhere a cause points */
+        int bits = v->click(&cur, st, &res, res.legend.x + 2, res.marker_x[i] + 1);
+        ok = (bits & VIEW_HANDLED) && cur.step == (cs->step >= 0 ? cs->step : 99) &&
+             (cs->layer < 0 || cur.layer == cs->layer) && (cs->head < 0 || cur.head == cs->head) &&
+             (cs->chunk < 0 || cur.chunk == cs->chunk);
+        if (!ok) printf("  cause %d: step %d layer %d head %d chunk %d; cursor %d %d %d %d\n", i, cs->step, cs->layer,
+                        cs->head, cs->chunk, cur.step, cur.layer, cur.head, cur.chunk);
+    }
+    test_cond("needle view: a click on each cause of the verdict moves the cursor to where it was found", ok);
+    canvas_free(c);
+}
+
 static void test_planted(void) {
     needle_report rep;
     plant p = { .first = 50, .part = 0, .rank = 10, .rank_exact = 0, .selected = 0, .key_err = 0.01f, .dense_hit = 1 };
@@ -172,6 +203,7 @@ static void test_planted(void) {
               rep.diverge_step == 1 && rep.last_step == 1 && rep.n_div == 2 && rep.div_layer[0] == 1 &&
                   fabsf(rep.diverge_logit - 0.4f) < 1e-6);
     test_cond("dense hit: no dense cause", !has_cause(&rep, NEEDLE_CAUSE_DENSE) && rep.dense_hit == 1 && rep.sparse_hit == 0);
+    check_cause_click(st, &rep);
     int vrc;
     char *t = needle_cells(st, &vrc);
     test_cond("needle view draws the verdict", vrc == 0 && t && strstr(t, "never selected") && strstr(t, "budget"));

@@ -561,6 +561,30 @@ static void test_tokens(const probe_store *st) {
     canvas_free(c);
 }
 
+/* The needle view's click on a cell of the rank grid: it picks the cell's
+ * layer, KV head and needle chunk (a click on a cause of the verdict:
+ * test_needle, whose planted runs have causes). */
+static void test_needle_click(const probe_store *st) {
+    const view_class *v = view_find("needle");
+    view_cursor cur;
+    view_cursor_init(&cur);
+    canvas *p = png(1200, 700, 1);
+    paint_result res;
+    int rc = p ? draw(v, p, st, &cur, &res) : -1;
+    test_cond("needle: drawn, with its grid's area", rc == 0 && res.area.w > 0 && res.area.h > 0);
+    if (rc) { canvas_free(p); return; }
+    const int nx = H * 2; /* KV heads x the needle's 2 chunks (60, 61) */
+    double x = res.area.x + (1 * 2 + 1 + 0.5) * res.area.w / nx, y = res.area.y + (2 + 0.5) * res.area.h / L;
+    test_cond("needle: a click on a grid cell picks its layer, KV head and needle chunk (layer 2, head 1, chunk 61)",
+              v->click(&cur, st, &res, x, y) == (VIEW_HANDLED | VIEW_REDRAW) && cur.layer == 2 && cur.head == 1 &&
+                  cur.chunk == 61);
+    test_cond("needle: the same cell again changes nothing, and says so",
+              v->click(&cur, st, &res, x, y) == VIEW_HANDLED);
+    test_cond("needle: a click on neither the grid nor the verdict does nothing",
+              v->click(&cur, st, &res, res.area.x + res.area.w + 50, res.area.y - 50) == 0 && cur.layer == 2);
+    canvas_free(p);
+}
+
 int main(void) {
     test_table();
     probe_store *st;
@@ -574,6 +598,7 @@ int main(void) {
     test_cache(st);
     test_timeline(st);
     test_tokens(st);
+    test_needle_click(st);
     probe_store_free(st);
     return test_report("test_views");
 }
