@@ -287,6 +287,16 @@ static void test_bad_input(const char *trace) {
     test_cond("--help documents keys and options", rc == 0 && strstr(out, "keys:") && strstr(out, "--trace"));
 }
 
+/* A key (tmux send-keys' name) and what the screen then shows. */
+typedef struct { const char *key, *want, *what; } key_check;
+
+static void press_all(const char *name, const key_check *k, int n) {
+    for (int i = 0; i < n; i++) {
+        keys(name, k[i].key);
+        check_screen(k[i].what, name, k[i].want, UI_TIMEOUT);
+    }
+}
+
 /* Replays the trace: views and tabs, mouse, steps, help, export, quit. */
 static void test_replay(void) {
     const char *titles[32];
@@ -324,16 +334,15 @@ static void test_replay(void) {
     check_screen("replay: G goes to the last step", "replay", want, UI_TIMEOUT);
     keys("replay", "g");
     check_screen("replay: g goes to the first step", "replay", "(at 0)", UI_TIMEOUT);
-    keys("replay", "'.'");
-    check_screen("replay: . moves to the next recorded step", "replay", "(at 1)", UI_TIMEOUT);
-    keys("replay", "','");
-    check_screen("replay: , moves back a step", "replay", "(at 0)", UI_TIMEOUT);
-    if (nt >= 3 && !strcmp(titles[2], "Selection")) { /* the view the click chose: j and k move its step */
-        keys("replay", "j");
-        check_screen("replay: j in the selection raster moves down a step", "replay", "(at 1)", UI_TIMEOUT);
-        keys("replay", "k");
-        check_screen("replay: k moves back up", "replay", "(at 0)", UI_TIMEOUT);
-    }
+    static const key_check steps[] = {
+        {"'.'", "(at 1)", "replay: . moves to the next recorded step"},
+        {"','", "(at 0)", "replay: , moves back a step"},
+    }, raster[] = { /* the selection raster, the view the click chose: j and k move its step */
+        {"j", "(at 1)", "replay: j in the selection raster moves down a step"},
+        {"k", "(at 0)", "replay: k moves back up"},
+    };
+    press_all("replay", steps, 2);
+    if (nt >= 3 && !strcmp(titles[2], "Selection")) press_all("replay", raster, 2);
     keys("replay", "']'");
     check_screen("replay: ] selects the next layer", "replay", "L1/", UI_TIMEOUT);
     keys("replay", "'?'");
@@ -342,16 +351,15 @@ static void test_replay(void) {
     test_cond("replay: any key closes the help", wait_screen("replay", "skv inspect: keys", 1, UI_TIMEOUT));
     int before = count_png();
     keys("replay", "Tab");
-    if (nt >= 4 && !strcmp(titles[3], "Cache")) { /* the arrows in the hit-rate plot: up/down the layer, left/right the step */
+    static const key_check arrows[] = { /* the hit-rate plot: up/down the layer, left/right the step */
+        {"Down", "L2/", "replay: the down arrow in the cache view picks the next layer"},
+        {"Up", "L1/", "replay: the up arrow the previous one"},
+        {"Right", "(at 1)", "replay: the right arrow the next step"},
+        {"Left", "(at 0)", "replay: the left arrow the step before"},
+    };
+    if (nt >= 4 && !strcmp(titles[3], "Cache")) {
         check_screen("replay: tab goes on to the cache view", "replay", "[Cache]", UI_TIMEOUT);
-        keys("replay", "Down");
-        check_screen("replay: the down arrow in the cache view picks the next layer", "replay", "L2/", UI_TIMEOUT);
-        keys("replay", "Up");
-        check_screen("replay: the up arrow the previous one", "replay", "L1/", UI_TIMEOUT);
-        keys("replay", "Right");
-        check_screen("replay: the right arrow the next step", "replay", "(at 1)", UI_TIMEOUT);
-        keys("replay", "Left");
-        check_screen("replay: the left arrow the step before", "replay", "(at 0)", UI_TIMEOUT);
+        press_all("replay", arrows, 4);
     }
     keys("replay", "e");
     check_screen("replay: e exports and names the file", "replay", "exported skv-", UI_TIMEOUT);
