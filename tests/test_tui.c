@@ -464,6 +464,14 @@ static void test_compare_live(const char *model_args, int w, int h) {
          strstr(screen, "quest") && strstr(screen, "dense");
     test_cond(what, ok);
     if (!ok) show_screen();
+    /* the Compare view moves nothing of its own: left and right go to the app, which moves the
+     * shown step, and back on the newest follows the run again */
+    keys(name, "Left");
+    snprintf(what, sizeof what, "compare %dx%d: left in the Compare view shows the step before the newest", w, h);
+    test_cond(what, found && wait_for(name, "(at 1)", UI_TIMEOUT));
+    keys(name, "Right");
+    snprintf(what, sizeof what, "compare %dx%d: right back on the newest step follows the run again", w, h);
+    test_cond(what, found && wait_screen(name, "(at ", 1, UI_TIMEOUT) && strstr(capture(name), "steps 3"));
     for (int i = 0; i < 32 && !strstr(capture(name), "[Timeline]"); i++) { keys(name, "BTab"); nap(0.2); }
     snprintf(what, sizeof what, "compare %dx%d: the Timeline draws every policy's streams on one time axis", w, h);
     ok = wait_for(name, "quest", UI_TIMEOUT) && strstr(capture(name), "shadowkv") && strstr(screen, "dense") &&
