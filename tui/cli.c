@@ -204,6 +204,13 @@ int cli_check_policy_flags(const cli_gen *g, const char *cmd, const char *const 
             il += (size_t)snprintf(in + il, sizeof in - il, "%s%s", i ? ", " : "", policies[i]);
         return cli_usage_error(cmd, "%s does not apply to %s: it is an option of %s", g->flags_given[f], in, who);
     }
+    /* --oracle scores sparse policies against exact attention (session_new
+     * gives dense none): with dense alone it does nothing, so say so */
+    int sparse = 0;
+    for (int i = 0; i < n; i++) sparse |= kv_policy_find(policies[i]) != &kv_policy_dense;
+    if (g->s.kv.oracle && !sparse)
+        cli_msg("oracle: dense attends every token exactly, so there is nothing to score (--oracle scores a sparse "
+                "policy against dense)\n");
     return 0;
 }
 

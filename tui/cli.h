@@ -30,7 +30,8 @@ typedef struct {
 
 /* 0 when every policy flag given (--rank, --page, ...) is an option of at
  * least one of the n policies named; else prints which policies it belongs
- * to and returns 2. policies NULL: those of --kv (its list, or the one). */
+ * to and returns 2. policies NULL: those of --kv (its list, or the one).
+ * --oracle with dense alone is taken, with one line saying it scores nothing. */
 int cli_check_policy_flags(const cli_gen *g, const char *cmd, const char *const *policies, int n);
 /* Forgets the policy flags seen so far: a command's preset sets them, and
  * only the user's own are checked. */

@@ -404,9 +404,6 @@ int cmd_run(int argc, char **argv) {
             n / (s->t_prefill > 0 ? s->t_prefill : 1e-9), generated,
             s->step ? s->step / (s->t_decode > 0 ? s->t_decode : 1e-9) : 0.0, own);
     print_kv_accounting(s);
-    if (g.s.kv.oracle && !s->oracle) /* session_new scores no dense policy */
-        cli_msg("oracle: %s attends every token exactly, so there is nothing to score (--oracle scores a sparse "
-                "policy against dense)\n", s->kv->policy->name);
     if (!rc && cli_stop_requested()) rc = CLI_STOPPED; /* interrupted: after the summary and the trace */
     return teardown(m, s, ids, &g, rc, generated, g.n_predict);
 }
