@@ -74,16 +74,17 @@ int main(void) {
     {
         /* every command skv --help lists has its own --help: usage on stdout, exit 0, nothing on stderr */
         static char list[8192], one[16384];
-        int n = 0, ok = test_sh(list, sizeof list, "%s --help 2>/dev/null", test_skv_bin()) == 0;
+        int n = 0, ok = test_popen(list, sizeof list, "%s --help 2>/dev/null", test_skv_bin()) == 0;
         const char *at = strstr(list, "commands:\n");
         for (const char *ln = at ? strchr(at, '\n') + 1 : NULL; ok && ln && *ln == ' ';) {
             char cmd[32];
             if (sscanf(ln, " %31s", cmd) == 1) {
-                int rc = test_sh(one, sizeof one, "%s %s --help 2>&1 >/dev/null", test_skv_bin(), cmd);
+                /* test_popen: these redirections as written (test_sh would merge stderr back) */
+                int rc = test_popen(one, sizeof one, "%s %s --help 2>&1 >/dev/null", test_skv_bin(), cmd);
                 char want[64];
                 snprintf(want, sizeof want, "usage: skv %s", cmd);
                 int good = rc == 0 && !one[0];
-                if (good) good = test_sh(one, sizeof one, "%s %s --help 2>/dev/null", test_skv_bin(), cmd) == 0 &&
+                if (good) good = test_popen(one, sizeof one, "%s %s --help 2>/dev/null", test_skv_bin(), cmd) == 0 &&
                                  !strncmp(one, want, strlen(want));
                 if (!good) printf("  skv %s --help: exit %d, '%.80s'\n", cmd, rc, one);
                 ok &= good;
