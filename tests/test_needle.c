@@ -1005,14 +1005,16 @@ static void test_tasks(void) {
 
 /* ---- checked fixes on the demo model ----------------------------------------- */
 
+static char needle_stdout[1 << 18]; /* the last needle_json's stdout */
+
 /* The JSON of `skv needle ARGS --json F` (parsed), or NULL. */
 static cJSON *needle_json(const char *args, const char *dir, const char *name) {
-    static char out[1 << 18];
+    char *out = needle_stdout;
     char path[600], cmd[3000], err[600];
     snprintf(path, sizeof path, "%s/%s.json", dir, name);
     snprintf(err, sizeof err, "%s/%s.err", dir, name);
     snprintf(cmd, sizeof cmd, "needle %s --json %s --force", args, path); /* no -m: the demo model and its preset */
-    if (run_skv(cmd, out, sizeof out, err) != 0) return NULL;
+    if (run_skv(cmd, out, sizeof needle_stdout, err) != 0) return NULL;
     char *t = slurp(path);
     cJSON *j = t ? cJSON_Parse(t) : NULL;
     free(t);
@@ -1099,8 +1101,13 @@ static void test_checked(void) {
               !strcmp(cJSON_GetStringValue(cJSON_GetObjectItem(cJSON_GetArrayItem(v, 0), "check")), "unchecked"));
     cJSON_Delete(j);
     /* --case N is case N of the full sweep: the same value and outcome */
-    cJSON *full = needle_json("--lengths 1k,2k --depths 0:100:50", dir, "full"), *one = needle_json(
-        "--lengths 1k,2k --depths 0:100:50 --case 4", dir, "one");
+    cJSON *full = needle_json("--lengths 1k,2k --depths 0:100:50", dir, "full");
+    /* the preset's budget of 3% is 31 tokens at 1k and 61 at 2k: the table says both, and
+     * no policy line names one length's (it once said budget=31 over both) */
+    test_cond("a sweep of two lengths at --budget 3% gives the budget's range and the percentage per policy",
+              strstr(needle_stdout, "(budget 3% of the prompt: 31 to 61 tokens)") &&
+              strstr(needle_stdout, "\n  shadowkv: budget=3% rank=16 ") && !strstr(needle_stdout, "budget=31"));
+    cJSON *one = needle_json("--lengths 1k,2k --depths 0:100:50 --case 4", dir, "one");
     cJSON *cf = cJSON_GetArrayItem(cJSON_GetObjectItem(full, "cases"), 4), *co = cJSON_GetArrayItem(cJSON_GetObjectItem(one, "cases"), 0);
     const char *vf = cJSON_GetStringValue(cJSON_GetObjectItem(cf, "value")), *vo = cJSON_GetStringValue(cJSON_GetObjectItem(co, "value"));
     const char *af = cJSON_GetStringValue(cJSON_GetObjectItem(cJSON_GetObjectItem(cf, "shadowkv"), "answer"));

@@ -72,6 +72,9 @@ int main(void) {
     test_cond("and reads back by key", probe_pairs_get(buf, "outliers", -1) == 3 && probe_pairs_get(buf, "budget", -1) == 50 &&
                                            probe_pairs_get(buf, "rank", -1) == 24 && probe_pairs_get(buf, "ran", -1) == -1 &&
                                            probe_pairs_get(NULL, "rank", -1) == -1);
+    kv_opts_describe(&o, sk, 0, buf, sizeof buf);
+    test_cond("with no one prompt length (a sweep of lengths) the budget stays a percentage",
+              !strncmp(buf, "budget=10% rank=24 ", 19));
     kv_opts_describe(&o, kv_policy_find("dense"), 500, buf, sizeof buf);
     test_cond("dense describes its one option, the cache's precision", !strcmp(buf, "f16=0"));
 

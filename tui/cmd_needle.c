@@ -349,8 +349,16 @@ static void print_accuracy(const needle_result *r, const needle_opts *o) {
 }
 
 static void print_table(const needle_result *r, const needle_opts *o, int only_case) {
-    char budget[48], names[256] = "";
-    if (o->kv.budget_pct > 0) snprintf(budget, sizeof budget, "%g%% of the prompt", o->kv.budget_pct);
+    char budget[96], names[256] = "";
+    int lo = INT_MAX, hi = 0; /* the budget in tokens over the lengths */
+    for (int i = 0; i < o->n_lengths; i++) {
+        int b = kv_budget_tokens(&o->kv, o->lengths[i]);
+        lo = b < lo ? b : lo;
+        hi = b > hi ? b : hi;
+    }
+    if (o->kv.budget_pct > 0 && lo < hi)
+        snprintf(budget, sizeof budget, "%g%% of the prompt: %d to %d tokens", o->kv.budget_pct, lo, hi);
+    else if (o->kv.budget_pct > 0) snprintf(budget, sizeof budget, "%g%% of the prompt: %d tokens", o->kv.budget_pct, lo);
     else snprintf(budget, sizeof budget, "%d tokens", o->kv.budget);
     for (int m = 0, len = 0; m < o->n_methods && len < (int)sizeof names; m++)
         len += snprintf(names + len, sizeof names - len, "%s%s", m ? " | " : "", o->methods[m]);
@@ -358,7 +366,7 @@ static void print_table(const needle_result *r, const needle_opts *o, int only_c
     for (int m = 1; m < o->n_methods; m++) {
         const kv_class *p = kv_policy_find(o->methods[m]);
         char opts[256];
-        kv_opts_describe(&o->kv, p, o->lengths[0], opts, sizeof opts);
+        kv_opts_describe(&o->kv, p, o->n_lengths == 1 ? o->lengths[0] : 0, opts, sizeof opts);
         printf("  %s: %s\n", o->methods[m], opts);
     }
     int w = 6 * o->n_methods - 1; /* "100 | 100" per length */

@@ -134,11 +134,13 @@ double kv_opt(const kv_opts *o, const kv_class *p, const char *key) {
 
 /* "budget=64 rank=16 ..." for policy p under o; with a cache c, an option
  * whose statistic of the same name differs says the value in force and the
- * one asked ("rank=64 (asked 160)"). */
+ * one asked ("rank=64 (asked 160)"). A budget in percent with no prompt
+ * length (prompt_len 0: several lengths) stays a percentage. */
 static void describe(const kv_opts *o, const kv_class *p, const kv_cache *c, int prompt_len, char *buf, size_t n) {
     size_t len = 0;
     buf[0] = 0;
-    if (p->budgeted) len += snprintf(buf, n, "budget=%d", kv_budget_tokens(o, prompt_len));
+    if (p->budgeted && o->budget_pct > 0 && prompt_len <= 0) len += snprintf(buf, n, "budget=%g%%", o->budget_pct);
+    else if (p->budgeted) len += snprintf(buf, n, "budget=%d", kv_budget_tokens(o, prompt_len));
     for (int i = 0; i < p->n_opts && len < n; i++) {
         char a[40], b[40];
         double asked = kv_opt(o, p, p->opts[i].key), used = c ? kv_stat(c, p->opts[i].key) : NAN;

@@ -211,7 +211,8 @@ double kv_opt(const kv_opts *o, const kv_class *p, const char *key);
 static inline int kv_opt_int(const kv_opts *o, const kv_class *p, const char *key) { return (int)kv_opt(o, p, key); }
 
 /* The options in force for p as "budget=64 rank=16 ..." (the budget in tokens
- * for a prompt of prompt_len; only for budgeted policies), into buf. */
+ * for a prompt of prompt_len; only for budgeted policies; a budget in percent
+ * stays "budget=3%" when prompt_len is 0, as for a sweep of lengths), into buf. */
 void kv_opts_describe(const kv_opts *o, const kv_class *p, int prompt_len, char *buf, size_t n);
 
 /* Prints the registered policies and their options (skv run --kv help). */
