@@ -84,6 +84,16 @@ def main():
         check("the rerun reported the cases done before", ("%d done before" % n_before) in out, out[:300])
         for f in ("leaderboard.md", "cases.csv", "heatmap.png", "heatmap.svg", "budget.png", "budget.svg"):
             check("the suite wrote %s" % f, os.path.getsize(os.path.join(d, f)) > 100)
+        # the budget figure dodges each policy's points about its budget: 3 policies x 2 budgets, 6 markers,
+        # none hidden under another at the same accuracy (once each budget's points shared one x)
+        svg = open(os.path.join(d, "budget.svg")).read()
+        marks = [(float(x), c) for x, w, h, c in
+                 re.findall(r'<rect x="([-\d.]+)" y="[-\d.]+" width="([\d.]+)" height="([\d.]+)" fill="(#[0-9a-f]{6})"',
+                            svg)
+                 if 4 <= float(w) <= 40 and 4 <= float(h) <= 40 and c not in ("#333333", "#e4e4e4", "#ffffff")]
+        check("the budget figure shows each policy's point at each budget apart (%d markers, %d places, %d colours)"
+              % (len(marks), len({x for x, _ in marks}), len({c for _, c in marks})),
+              len(marks) == 6 and len({x for x, _ in marks}) == 6 and len({c for _, c in marks}) == 3, str(marks))
         lb = open(os.path.join(d, "leaderboard.md")).read()
         check("the leaderboard has a row per policy and a column per task@length",
               all("| %s |" % p in lb for p in ("dense", "shadowkv", "quest")) and "passkey@900" in lb, lb[:400])

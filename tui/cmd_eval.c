@@ -723,9 +723,12 @@ static void fig_settings(const eval_state *e, const eval_budget *b, char *buf, s
     if (b && len > 0 && (size_t)len < n)
         len += snprintf(buf + len, n - (size_t)len, "budget %s %s; ", b->label,
                         b->pct > 0 ? "of the prompt" : "tokens per KV head");
+    if (len > 0 && (size_t)len < n && e->o.n_depths == 1)
+        len += snprintf(buf + len, n - (size_t)len, "depth %g %%; ", dlo);
+    else if (len > 0 && (size_t)len < n)
+        len += snprintf(buf + len, n - (size_t)len, "%d depths %g-%g %%; ", e->o.n_depths, dlo, dhi);
     if (len > 0 && (size_t)len < n)
-        snprintf(buf + len, n - (size_t)len, "%d depth%s %g-%g %%; %d seed%s%s", e->o.n_depths,
-                 e->o.n_depths == 1 ? "" : "s", dlo, dhi, e->o.runs, e->o.runs == 1 ? "" : "s",
+        snprintf(buf + len, n - (size_t)len, "%d seed%s%s", e->o.runs, e->o.runs == 1 ? "" : "s",
                  e->o.oracle ? "" : "; no oracle");
 }
 
@@ -780,12 +783,17 @@ out:
 
 static double budget_x(const eval_budget *b) { return b->tokens > 0 ? b->tokens : b->pct; }
 
+/* The budget sweep: accuracy against budget, a line per policy. Each
+ * policy's points are dodged a little sideways about their budget (the ticks
+ * stay on it), so policies at the same accuracy (all at 100 %, say) show side
+ * by side rather than the last drawn hiding the others. */
 static int draw_budget(const eval_state *e, canvas *c, int W, int H) {
     int np = e->o.n_methods, nb = e->n_sweep, rc = 0;
     double *x = malloc(sizeof(double) * (size_t)nb), *y = malloc(sizeof(double) * (size_t)(np * nb));
+    double *xd = malloc(sizeof(double) * (size_t)(np * nb));
     double *ex = malloc(sizeof(double) * (size_t)(np * nb * 3)), *ey = malloc(sizeof(double) * (size_t)(np * nb * 3));
     paint_series *s = malloc(sizeof *s * (size_t)(2 * np));
-    if (!x || !y || !ex || !ey || !s) { rc = skv_error(SKV_ENOMEM, "out of memory"); goto out; }
+    if (!x || !y || !xd || !ex || !ey || !s) { rc = skv_error(SKV_ENOMEM, "out of memory"); goto out; }
     int pct = 0;
     double xlo = INFINITY, xhi = 0, ytop = 100, ybot = 0;
     for (int i = 0; i < nb; i++) {
@@ -794,6 +802,11 @@ static int draw_budget(const eval_state *e, canvas *c, int W, int H) {
         xlo = fmin(xlo, x[i]);
         xhi = fmax(xhi, x[i]);
     }
+    /* the dodge: a share of the log axis's span (xlo / 1.3 to xhi * 1.3), the policies spread
+     * over at most 0.3 of the narrowest gap between budgets */
+    double span = log(xhi * 1.3) - log(xlo / 1.3), gap = span;
+    for (int i = 1; i < nb; i++) gap = fmin(gap, fabs(log(x[i]) - log(x[i - 1])));
+    double step = np > 1 ? fmin(0.02 * span, 0.3 * gap / (np - 1)) : 0;
     for (int k = 0; k < np; k++) {
         for (int i = 0; i < nb; i++) {
             cell_acc a;
@@ -801,15 +814,16 @@ static int draw_budget(const eval_state *e, canvas *c, int W, int H) {
             cell(e, e->o.methods[k], NULL, e->sweep_len, e->sweep[i].label, &a);
             seed_stats(&a, e->o.runs, &mean, &sd);
             y[k * nb + i] = mean;
+            xd[k * nb + i] = x[i] * exp(step * (k - (np - 1) / 2.0));
             double *px = ex + (size_t)(k * nb + i) * 3, *py = ey + (size_t)(k * nb + i) * 3;
-            px[0] = px[1] = x[i]; /* each bar at its budget */
+            px[0] = px[1] = xd[k * nb + i]; /* each bar at its policy's point */
             px[2] = NAN;
             py[0] = isfinite(sd) ? mean - sd : NAN; /* the whole ± sd, even past 0 or 100 */
             py[1] = isfinite(sd) ? mean + sd : NAN;
             py[2] = NAN;
             if (isfinite(sd)) { ytop = fmax(ytop, mean + sd); ybot = fmin(ybot, mean - sd); }
         }
-        s[k] = (paint_series){ .name = e->o.methods[k], .x = x, .y = y + k * nb, .n = nb, .color = palette_cat(k),
+        s[k] = (paint_series){ .name = e->o.methods[k], .x = xd + k * nb, .y = y + k * nb, .n = nb, .color = palette_cat(k),
                                .width = 2, .markers = 1 };
         s[np + k] = (paint_series){ .name = NULL, .x = ex + (size_t)k * nb * 3, .y = ey + (size_t)k * nb * 3,
                                     .n = nb * 3, .color = palette_cat(k), .width = 1 };
@@ -820,6 +834,15 @@ static int draw_budget(const eval_state *e, canvas *c, int W, int H) {
     snprintf(title, sizeof title, "accuracy against budget at %s tokens (bars: ± sd over seeds); %s", ll, settings);
     if (canvas_text_width(c, title, CANVAS_FONT_TITLE) > W)
         snprintf(title, sizeof title, "accuracy against budget at %s tokens (± sd); %s", ll, settings);
+    canvas_clear(c);
+    double top = 0; /* still too wide: the settings on a line of their own over the plot, as the heatmap's */
+    if (canvas_text_width(c, title, CANVAS_FONT_TITLE) > W) {
+        const canvas_geom *geo = canvas_geometry(c);
+        snprintf(title, sizeof title, "accuracy against budget at %s tokens (bars: ± sd over seeds)", ll);
+        canvas_text(c, W / 2.0, geo->pad, settings, CANVAS_FONT_BODY, CANVAS_CENTER | CANVAS_TOP,
+                    canvas_get_theme(c)->fg);
+        top = canvas_line_height(c, CANVAS_FONT_BODY) + 2 * geo->pad;
+    }
     paint_plot p = {
         .title = title,
         .x = { .label = "budget", .unit = pct ? "% of the prompt" : "tokens per KV head", .log = 1,
@@ -827,10 +850,10 @@ static int draw_budget(const eval_state *e, canvas *c, int W, int H) {
         .y = { .label = "accuracy", .unit = "%", .min = ybot < 0 ? ybot : 0, .max = ytop > 100 ? ytop : 100 },
         .series = s, .n_series = 2 * np,
     };
-    canvas_clear(c);
-    rc = paint_draw_plot(c, (canvas_rect){ 0, 0, W, H }, &p, NULL);
+    rc = paint_draw_plot(c, (canvas_rect){ 0, top, W, H - top }, &p, NULL);
 out:
     free(x);
+    free(xd);
     free(y);
     free(ex);
     free(ey);
