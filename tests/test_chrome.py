@@ -514,6 +514,16 @@ def main():
             check("a span that ends before it starts is refused in one line naming its record",
                   rc == 1 and "record 0 (span 'attention'" in out and out.count("\n") == 1 and
                   not os.path.exists(os.path.join(tmp, "neg.json")), out)
+            # a field out of its range (a stream past the 1024 the export takes): one line naming the record, the field and the range
+            odd = os.path.join(tmp, "stream.skvt")
+            with skvtrace.TraceWriter(odd, producer="test_chrome.py") as w:
+                w.write("step", step=0, token=1, seconds=0.01, kv_resident=0, kv_offloaded=0, hit_rate=0.0,
+                        has_oracle=0, top1_agree=0, n_fetch=0, fetch_bytes=0, kv_stats="")
+                w.write("span", stream=5000, layer=0, step=0, t0=0.25, t1=0.5, op="attention")
+            rc, out = run(["export", odd, "--format", "chrome", os.path.join(tmp, "stream.json")])
+            check("a span on a stream no run has is refused in one line naming its record, field and range",
+                  rc == 1 and "record 1 (span): stream = 5000, expected 0..1023" in out and out.count("\n") == 1 and
+                  not os.path.exists(os.path.join(tmp, "stream.json")), out)
         except ImportError:
             pass
 

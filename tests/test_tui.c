@@ -349,6 +349,13 @@ static void test_replay(void) {
     check_screen("replay: ? shows the help overlay", "replay", "skv inspect: keys", UI_TIMEOUT);
     keys("replay", "x");
     test_cond("replay: any key closes the help", wait_screen("replay", "skv inspect: keys", 1, UI_TIMEOUT));
+    /* C-l repaints the whole screen: text written to the terminal behind
+     * curses' back (a background job's output, say) stays until then */
+    sh("printf 'ZZGARBLEZZ' > \"$(tmux -S %s display -p -t %s '#{pane_tty}')\"", sock, "replay");
+    check_screen("replay: text written behind the inspector's back shows", "replay", "ZZGARBLEZZ", UI_TIMEOUT);
+    keys("replay", "C-l");
+    test_cond("replay: C-l redraws the screen and the stray text is gone",
+              wait_screen("replay", "ZZGARBLEZZ", 1, UI_TIMEOUT));
     int before = count_png();
     keys("replay", "Tab");
     static const key_check arrows[] = { /* the hit-rate plot: up/down the layer, left/right the step */
