@@ -6,6 +6,7 @@
  * and expects every one to be refused with a negative code and a message
  * that names the file: never a crash, never a leak (run it under ASan). */
 #include "gguf.h"
+#include "model.h"
 #include "skv.h"
 #include "testhelp.h"
 
@@ -265,6 +266,33 @@ int main(void) {
         gguf_file *f = NULL;
         test_cond("control: an undamaged copy opens", gguf_open(path, &f) == 0);
         if (f) gguf_close(f);
+        unlink(path);
+    }
+
+    /* A metadata value of the wrong type (llama.block_count, a u32, retyped
+     * f32 in place: the file stays well formed): the model is refused in
+     * one line naming the file, the key, the type found and the one wanted. */
+    {
+        const kv_at *bc = kv_named(&lay, "llama.block_count");
+        char path[600];
+        snprintf(path, sizeof path, "%s/retyped.gguf", dir);
+        uint8_t *b = bc && bc->type == GGUF_U32 ? malloc(orig_n) : NULL;
+        FILE *o = b ? fopen(path, "wb") : NULL;
+        if (o) {
+            memcpy(b, orig, orig_n);
+            put32(b, bc->type_pos, GGUF_F32);
+            fwrite(b, 1, orig_n, o);
+            fclose(o);
+        }
+        skv_model *m = NULL;
+        int rc = o ? model_load(path, &m) : 0;
+        const char *e = skv_last_error();
+        printf("  retyped: rc %d: %s\n", rc, e);
+        test_cond("llama.block_count retyped f32: the model is refused, naming the file, the key and both types",
+                  rc < 0 && !m && strstr(e, path) && strstr(e, "'llama.block_count' is f32") &&
+                  strstr(e, "non-negative integer") && !strchr(e, '\n'));
+        model_free(m);
+        free(b);
         unlink(path);
     }
 
