@@ -1108,6 +1108,15 @@ static void test_checked(void) {
               strstr(needle_stdout, "(budget 3% of the prompt: 31 to 61 tokens)") &&
               strstr(needle_stdout, "\n  shadowkv: budget=3% rank=16 ") && !strstr(needle_stdout, "budget=31"));
     cJSON *one = needle_json("--lengths 1k,2k --depths 0:100:50 --case 4", dir, "one");
+    /* --verbose prints the tables behind a verdict: each needle chunk's part and cos-min per
+     * layer and KV head, then its ranks per decode step */
+    cJSON *vb = needle_json("--lengths 1k,2k --depths 0:100:25 --case 8 --explain --verbose", dir, "verbose");
+    const char *pre = strstr(needle_stdout, "prefill, per layer and KV head"), *dec = strstr(needle_stdout, "decode steps (r:");
+    test_cond("--explain --verbose prints the prefill table (a row per layer and head, each needle chunk's part) "
+              "and the decode steps' ranks",
+              vb && pre && dec && pre < dec && strstr(pre, "    layer  3 head 1  key err") &&
+              (strstr(pre, " cand    cos-min ") || strstr(pre, " outlier cos-min ")) && strstr(dec, "    step  0 layer  0 head 0 |"));
+    cJSON_Delete(vb);
     cJSON *cf = cJSON_GetArrayItem(cJSON_GetObjectItem(full, "cases"), 4), *co = cJSON_GetArrayItem(cJSON_GetObjectItem(one, "cases"), 0);
     const char *vf = cJSON_GetStringValue(cJSON_GetObjectItem(cf, "value")), *vo = cJSON_GetStringValue(cJSON_GetObjectItem(co, "value"));
     const char *af = cJSON_GetStringValue(cJSON_GetObjectItem(cJSON_GetObjectItem(cf, "shadowkv"), "answer"));
