@@ -434,6 +434,79 @@ static int enc_is(const tok_vocab *v, const char *text, int parse_special, const
     return ok;
 }
 
+/* Writes text into dir/name; 1 on success. */
+static int put_file(const char *dir, const char *name, const char *text) {
+    char path[1024];
+    snprintf(path, sizeof path, "%s/%s", dir, name);
+    FILE *f = fopen(path, "w");
+    if (!f) return 0;
+    int ok = fputs(text, f) >= 0;
+    return fclose(f) == 0 && ok;
+}
+
+/* The files beside tokenizer.json and the added tokens' flags: BOS from
+ * the post_processor's TemplateProcessing (a Sequence of processors, as
+ * Llama 3's), EOS from tokenizer_config.json as a string and BOS there as
+ * {"content": ...}, overriding it; an added token with lstrip and rstrip
+ * takes the spaces either side of it, one without keeps them. */
+static void test_hf_specials(const char *dir, const char *bl) {
+    char sub[1024];
+    snprintf(sub, sizeof sub, "%s/specials", dir);
+    mkdir(sub, 0700);
+    char *p = write_tj(sub, "tokenizer.json", bl, "BPE");
+    char *text = NULL;
+    size_t n = 0;
+    cJSON *root = skv_read_file(p, 1 << 20, &text, &n) ? NULL : cJSON_Parse(text);
+    free(text);
+    cJSON *x, *added = cJSON_GetObjectItem(root, "added_tokens");
+    cJSON_ArrayForEach(x, added)
+        if (cJSON_GetObjectItem(x, "id")->valueint == 262) { /* [X] */
+            cJSON_AddTrueToObject(x, "lstrip");
+            cJSON_AddTrueToObject(x, "rstrip");
+        }
+    cJSON_AddItemToObject(root, "post_processor", cJSON_Parse(
+        "{\"type\": \"Sequence\", \"processors\": [{\"type\": \"ByteLevel\"}, {\"type\": \"TemplateProcessing\","
+        " \"single\": [{\"SpecialToken\": {\"id\": \"<|ab|>\", \"type_id\": 0}}, {\"Sequence\": {\"id\": \"A\","
+        " \"type_id\": 0}}]}]}"));
+    char *out = root ? cJSON_Print(root) : NULL;
+    int ok = out && put_file(sub, "tokenizer.json", out);
+    cJSON_free(out);
+    cJSON_Delete(root);
+    tok_vocab *v = NULL;
+    int rc = ok ? tok_load_hf(p, &v) : -1;
+    if (rc) printf("  %s\n", rc > 0 ? "could not write the files" : skv_last_error());
+    test_cond("the post_processor's TemplateProcessing (in a Sequence) sets BOS <|ab|> and adds it",
+              rc == 0 && tok_bos(v) == 260 && tok_add_bos(v) == 1);
+    test_cond("an added token with lstrip and rstrip takes the spaces either side of it",
+              rc == 0 && enc_is(v, "he  [X]  he", 0, (int[]){256, 262, 256}, 3));
+    tok_free(v);
+    v = NULL;
+    /* the same without the flags: the spaces stay text */
+    write_tj(sub, "tokenizer.json", bl, "BPE");
+    rc = tok_load_hf(p, &v);
+    test_cond("without them the spaces stay text", rc == 0 && enc_is(v, "he [X] he", 0, (int[]){256, 32, 262, 32, 256}, 5));
+    tok_free(v);
+    v = NULL;
+    ok = put_file(sub, "tokenizer_config.json",
+                  "{\"bos_token\": {\"content\": \"abcd\", \"lstrip\": false}, \"eos_token\": \"<|ab|>\","
+                  " \"add_bos_token\": true}");
+    rc = ok ? tok_load_hf(p, &v) : -1;
+    test_cond("tokenizer_config.json names BOS by {\"content\": ...} and EOS by string, and add_bos_token",
+              rc == 0 && tok_bos(v) == 264 && tok_eos(v) == 260 && tok_add_bos(v) == 1);
+    tok_free(v);
+    v = NULL;
+    ok = put_file(sub, "tokenizer_config.json", "{\"bos_token\": \"no such token\", \"eos_token\": {\"content\": 7}}");
+    rc = ok ? tok_load_hf(p, &v) : -1;
+    test_cond("a name no token has, or a content that is not a string, leaves BOS and EOS unset",
+              rc == 0 && tok_bos(v) == -1 && tok_eos(v) == -1);
+    tok_free(v);
+    char path[1100];
+    snprintf(path, sizeof path, "%s/tokenizer_config.json", sub);
+    remove(path);
+    remove(p);
+    rmdir(sub);
+}
+
 /* model.ignore_merges (Llama 3's tokenizer.json): a piece that is a whole
  * token is taken as it is, without the merges having to build it. "lo" is
  * a token (265) no merge makes; "z" loses its byte token, so a piece with
@@ -548,6 +621,7 @@ static void test_hf_synthetic(void) {
         remove(p);
     }
     test_ignore_merges(dir, bl);
+    test_hf_specials(dir, bl);
     rc = tok_load_hf("/nonexistent/tokenizer.json", &v);
     test_cond("a missing tokenizer.json is SKV_EIO naming it", rc == SKV_EIO && strstr(skv_last_error(), "/nonexistent"));
     /* A found by fuzzing: one token with a huge id asked for gigabytes. */
