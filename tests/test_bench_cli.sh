@@ -36,6 +36,23 @@ check "--parallel fit says the fork's peak, and B sequences beside it fit in --m
         /max_parallel=/ { seen = 1; ok = val("fork_peak_bytes") ~ /^[0-9]+$/ &&
             val("max_parallel") * val("per_seq_bytes") + val("fork_peak_bytes") <= val("mem_bytes") }
         END { print seen && ok ? 0 : 1 }' "$TMP/o")
+# with --offload-file each fork's values go to a file of their own: the disk
+# (four fifths of its free bytes) is a pool beside the memory, and the cap's
+# line names the pool that holds the fewest (it once said --mem for the disk's)
+timeout -k 5 120 $SKV bench -m $M --prompt-tokens 512 -n 2 --kv shadowkv --budget 8 --rank 16 --local 4 --outliers 4 \
+    --offload-file "$TMP/off.bin" --parallel fit --mem 1000 >"$TMP/o" 2>"$TMP/e"; rc=$?
+avail=$(df -B1 --output=avail "$TMP" | tail -n 1)
+check "--parallel fit with --offload-file: the disk bounds the batch, or the cap's line names the pool with the fewest" \
+    $([ $rc -eq 0 ] && awk -v avail="$avail" -v err="$(cat "$TMP/e")" '
+        function val(k) { return match(" " $0, " " k "=[^ ]*") ? substr(" " $0, RSTART + length(k) + 2, RLENGTH - length(k) - 2) : "" }
+        /max_parallel=/ { seen = 1; f = val("file_bytes_seq"); disk = 0.8 * avail / f; mem = val("mem_bytes") / val("per_seq_bytes")
+            if (f + 0 <= 0) ok = 0
+            else if (val("bound") == "disk") ok = val("max_parallel") < 4096
+            else if (val("bound") != "cap") ok = 0
+            else if (disk < mem / 2) ok = index(err, "the free disk (four fifths of it) would hold") > 0
+            else if (mem < disk / 2) ok = index(err, "--mem would hold") > 0
+            else ok = 1 }
+        END { print seen && ok ? 0 : 1 }' "$TMP/o" || echo 1)
 timeout -k 5 120 $B --parallel 4000 --mem 0.05 >"$TMP/o" 2>"$TMP/e"; rc=$?
 check "a batch over --mem is refused in one line naming the GiB" \
     $([ $rc -ne 0 ] && [ "$(cat "$TMP/o" "$TMP/e" | wc -l)" -eq 1 ] && grep -q "GiB" "$TMP/e" && echo 0 || echo 1)

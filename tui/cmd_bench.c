@@ -58,7 +58,7 @@ static void help(FILE *o) {
                "                        with --backend cuda, within nine tenths of the device's free memory\n"
                "                        (resident KV, activations) and --mem of the host's (offloaded values);\n"
                "                        at most 4096: bound= says what set it (memory, disk, device, host, or cap,\n"
-               "                        the 4096 limit, said on stderr with what memory would hold)\n"
+               "                        the 4096 limit, said on stderr with what the tightest pool would hold)\n"
                "      --mem GIB         the memory a batch may take (default: the machine's available memory\n"
                "                        less a tenth); a --parallel B over it is refused, naming what it needs\n");
 }
@@ -365,13 +365,20 @@ static int bench_parallel(cli_gen *g, skv_model *m, const int32_t *ids, int np, 
                            "fork_peak_bytes=%.0f\n", ko.policy, B, per, avail, off_seq, bound, extra);
                 fflush(stdout);
                 if (!strcmp(bound, "cap")) {
+                    /* the pool that holds the fewest: on the CPU the memory (a) or the
+                     * disk of --offload-file (b), on a device its memory (a) or the
+                     * host's for the offloaded values (b, what --mem sets there) */
                     char held[64] = "more";
-                    double n = n_a < 0 ? n_b : n_b < 0 ? n_a : n_a < n_b ? n_a : n_b;
+                    int by_b = n_a < 0 || (n_b >= 0 && n_b < n_a);
+                    double n = by_b ? n_b : n_a;
                     if (n > 0) snprintf(held, sizeof held, "%.0f", n);
+                    const char *who = be->mem_info ? (by_b ? (mem_given ? "--mem" : "the host's free memory")
+                                                           : "the device's free memory")
+                                      : by_b && n_b >= 0 ? "the free disk (four fifths of it)"
+                                      : mem_given ? "--mem" : avail > 0 ? "the memory available"
+                                                            : "the memory (not known here)";
                     cli_msg("kv=%s: %s would hold %s sequences; %s stops at the cap of %d (give --parallel N or --mem "
-                            "GIB for fewer)\n", ko.policy, mem_given ? "--mem" : be->mem_info ? "the memory free" :
-                            avail > 0 ? "the memory available" : "the memory (not known here)", held,
-                            bs[k] == NP_FIT ? "fit" : "max", NP_CAP);
+                            "GIB for fewer)\n", ko.policy, who, held, bs[k] == NP_FIT ? "fit" : "max", NP_CAP);
                 }
                 if (bs[k] == NP_FIT) continue;
             } else if (B > fit) {
