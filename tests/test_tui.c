@@ -379,6 +379,25 @@ static void test_replay(void) {
     stop("replay");
 }
 
+/* A slow prefill (the built-in default a token a pass: about a second here)
+ * shows a progress bar on the bottom line, then the worker goes idle. */
+static void test_progress(void) {
+    char cmd[PATH_MAX + 128];
+    snprintf(cmd, sizeof cmd, "TERM=xterm-256color %s inspect -b 1", bin);
+    if (!start("prog", 120, 30, cmd)) { test_cond("tmux starts a slow-prefill session", 0); return; }
+    check_screen("live: a slow prefill shows its progress bar on the bottom line", "prog", " prefill [", UI_TIMEOUT);
+    const char *scr = capture("prog"), *bar = strstr(scr, " prefill [");
+    int done = -1, total = -1;
+    if (bar && (bar = strchr(bar, ']'))) sscanf(bar + 1, " %d/%d tokens", &done, &total);
+    char msg[160];
+    snprintf(msg, sizeof msg, "live: the bar counts the prompt's tokens (%d of %d)", done, total);
+    test_cond(msg, total > 1000 && done >= 0 && done <= total);
+    check_screen("live: the prefill finishes and the worker is idle", "prog", "live: idle", PREFILL_TIMEOUT);
+    test_cond("live: the bar is gone once the prefill is done", wait_screen("prog", " prefill [", 1, UI_TIMEOUT));
+    quit_and_check("slow prefill", "prog");
+    stop("prog");
+}
+
 /* A live run of the built-in default: prefill, n, r, tab, q. */
 static void test_live(const char *model_args) {
     const char *titles[32];
@@ -731,6 +750,7 @@ int main(void) {
         test_fallbacks();
     }
     if (rec_args[0]) test_live(live_args);
+    if (rec_args[0]) test_progress();
     if (have_default) test_batch_replay(rec_args);
     if (have_default) {
         char cmp_args[PATH_MAX + 600];

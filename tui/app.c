@@ -55,6 +55,7 @@ typedef struct app {
     int help;                   /* the help overlay is shown */
     char msg[1024];             /* a transient message for the bottom line */
     double msg_until;
+    int msg_yields;             /* msg is the start's notice: a prefill's progress bar goes over it */
     char draw_err[256];
     tui_worker_status ws;       /* last snapshot of the worker */
     double t_start;
@@ -141,6 +142,7 @@ static void set_msg(app *a, const char *fmt, ...) {
     vsnprintf(a->msg, sizeof a->msg, fmt, ap);
     va_end(ap);
     a->msg_until = skv_now() + 6;
+    a->msg_yields = 0;
 }
 
 static const view_class *cur_view(const app *a) { return view_classes[a->view]; }
@@ -747,8 +749,10 @@ static void draw_progress(app *a, int y) {
 static void draw_bottom(app *a, int y, int h) {
     (void)h;
     int w = a->cols;
+    /* a prefill's progress goes over the start's notice (the settings asked, which the
+     * settings in force replace when it ends), not over what a key said */
+    if (live(a) && a->ws.state == TUI_W_PREFILL && (!a->msg[0] || a->msg_yields)) { draw_progress(a, y); return; }
     if (a->msg[0]) { tui_blit_text(y, 1, w - 1, a->msg, A_BOLD, 0, a->utf8); return; }
-    if (live(a) && a->ws.state == TUI_W_PREFILL) { draw_progress(a, y); return; }
     if (live(a) && a->ws.state == TUI_W_FAILED) {
         char b[320];
         snprintf(b, sizeof b, "engine stopped: %s (q quits)", a->ws.error);
@@ -936,6 +940,7 @@ static void init_app(app *a, const app_opts *o) {
     if (o->notice && *o->notice) {
         set_msg(a, "%s", o->notice);
         a->msg_until = skv_now() + 15;
+        a->msg_yields = 1;
     }
 }
 
