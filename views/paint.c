@@ -856,7 +856,7 @@ int paint_draw_plot(canvas *c, canvas_rect rr, const paint_plot *p, paint_result
         }
         canvas_polyline(c, xy, ser->n, ser->width, pick(ser->color, palette_cat(s)));
         if (ser->markers && !g->cells) {
-            double m = ceil(g->line_w * 3 + 2);
+            double m = ceil(g->line_w * 2 + 1);
             for (int i = 0; i < ser->n; i++)
                 if (isfinite(xy[2 * i]) && isfinite(xy[2 * i + 1]))
                     canvas_fill_rect(c, xy[2 * i] - m, xy[2 * i + 1] - m, 2 * m, 2 * m, pick(ser->color, palette_cat(s)));
