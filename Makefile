@@ -100,6 +100,11 @@ SIM_C_OBJ    = $(SIM_DIR)/backend.o $(SIM_DIR)/backend_cuda.o
 SIM_BASE_OBJ = $(filter-out $(BUILD)/kernels/backend.o,$(LIB_OBJ))
 SIM_CXXFLAGS = -std=c++17 -O2 -g -Wall -Wextra -Werror -D_GNU_SOURCE -Itests/cusim/include -Itests/cusim \
                $(addprefix -I,$(INC_DIRS)) $(shell pkg-config --cflags openblas lapacke 2>/dev/null)
+# Kernel files: every load and store reported to the simulator (cusim.cpp's
+# access), and no vectorizing, so a host access of 8 bytes is an 8-byte
+# access on the device too (a double, a pointer, a size_t), held to its
+# alignment, not two floats the host compiler joined.
+SIM_KFLAGS   = -fsanitize-coverage=edge,trace-loads,trace-stores -fno-vectorize -fno-slp-vectorize
 SIM_TEST_SRC = $(wildcard tests/gpu/test_*.c) $(wildcard tests/sim/test_*.c) $(wildcard tests/sim/test_*.cu)
 SIM_TEST_BIN = $(patsubst tests/%.cu,$(SIM_DIR)/tests/%,$(SIM_TEST_SRC:tests/%.c=$(SIM_DIR)/tests/%))
 TUI_OBJ  = $(TUI_SRC:%.c=$(BUILD)/%.o)
@@ -147,7 +152,7 @@ $(BUILD)/tests/%: tests/%.c tests/testhelp.h tests/batchhelp.h $(BUILD)/libskv.a
 $(SIM_DIR)/cuda/%.o: kernels/cuda/%.cu $(wildcard kernels/cuda/*.h) kernels/kmath.h \
                      kernels/backend.h $(wildcard tests/cusim/*.h tests/cusim/include/*.h tests/cusim/include/cub/*)
 	@mkdir -p $(dir $@)
-	$(SIM_CXX) $(SIM_CXXFLAGS) -fsanitize-coverage=edge,trace-loads,trace-stores -x c++ -c $< -o $@
+	$(SIM_CXX) $(SIM_CXXFLAGS) $(SIM_KFLAGS) -x c++ -c $< -o $@
 
 $(SIM_DIR)/%.o: tests/cusim/%.cpp $(wildcard tests/cusim/*.h tests/cusim/include/*.h tests/cusim/include/cub/*)
 	@mkdir -p $(dir $@)
@@ -176,7 +181,7 @@ $(SIM_DIR)/skv: $(TUI_OBJ) $(SIM_DIR)/libskv.a
 # A simulator test with kernels of its own (tests/sim/*.cu): compiled like kernels/cuda/.
 $(SIM_DIR)/tests/%: tests/%.cu tests/testhelp.h tests/sim/sim_child.h $(SIM_DIR)/libskv.a
 	@mkdir -p $(dir $@)
-	$(SIM_CXX) $(SIM_CXXFLAGS) -Itests -Ikernels/cuda -fsanitize-coverage=edge,trace-loads,trace-stores -x c++ -c $< -o $@.o
+	$(SIM_CXX) $(SIM_CXXFLAGS) -Itests -Ikernels/cuda $(SIM_KFLAGS) -x c++ -c $< -o $@.o
 	$(CC) $(CFLAGS) -o $@ $@.o $(SIM_DIR)/libskv.a $(SIM_LDLIBS) -lstdc++
 
 # The fuzz harnesses' regression corpus, replayed by make test: the harnesses

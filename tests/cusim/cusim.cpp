@@ -1040,11 +1040,12 @@ static void access(const void *p, size_t n, int w) {
     if (!b || !t) return;
     /* the thread's own stack: locals, parameters */
     if (a - (uintptr_t)t->stack.lo < t->stack.size) return;
-    /* A 2- or 4-byte access (an f16/bf16, a float or an int) off its size's
-     * alignment faults on a GPU. Wider ones are left to vec_ld/vec_st: the
-     * host compiler may join aligned floats into one 8- or 16-byte access
-     * that need only be 4-byte aligned. */
-    if (__builtin_expect((n == 2 || n == 4) && (a & (n - 1)), 0))
+    /* A 2-, 4- or 8-byte access (an f16/bf16, a float or an int, a double, a
+     * pointer or a size_t) off its size's alignment faults on a GPU. The
+     * kernel files are built without vectorizing (SIM_KFLAGS), so the host
+     * compiler does not join aligned floats into one 8-byte access that
+     * need only be 4-byte aligned. 16-byte ones are left to vec_ld/vec_st. */
+    if (__builtin_expect((n == 2 || n == 4 || n == 8) && (a & (n - 1)), 0))
         kernel_fault(cudaErrorMisalignedAddress, "%s %zu bytes at %p: not %zu-byte aligned (misaligned address)",
                      w ? "writes" : "reads", n, p, n);
     if (b->dyn && a - (uintptr_t)b->dyn < b->dyn_n + 64) {

@@ -103,6 +103,13 @@ __global__ void k_scalar_at(const unsigned char *b, int off, unsigned char *o, i
     *reinterpret_cast<unsigned short *>(o + off2 + 2 * threadIdx.x) = (unsigned short)v;
 }
 
+/* An 8-byte scalar (a double) read at byte off + 8t of b, and an 8-byte
+ * integer written at byte off2 + 8t of o: a GPU wants both 8-byte aligned. */
+__global__ void k_wide_at(const unsigned char *b, int off, unsigned char *o, int off2) {
+    double v = *reinterpret_cast<const double *>(b + off + 8 * threadIdx.x);
+    *reinterpret_cast<unsigned long long *>(o + off2 + 8 * threadIdx.x) = (unsigned long long)v;
+}
+
 /* A barrier that half of a warp skips (it returns instead). */
 __global__ void k_half_barrier(float *out) {
     if (threadIdx.x < 16) __syncthreads();
@@ -199,6 +206,16 @@ static int f_scalar_load(void) {
 static int f_scalar_store(void) {
     unsigned char *b = (unsigned char *)dev_alloc(32), *o = (unsigned char *)dev_alloc(32);
     SKV_LAUNCH(k_scalar_at, 1, 16, 0, 0)(b, 0, o, 1); /* 2-byte stores at odd addresses */
+    return fails();
+}
+static int f_wide_load(void) {
+    unsigned char *b = (unsigned char *)dev_alloc(64), *o = (unsigned char *)dev_alloc(64);
+    SKV_LAUNCH(k_wide_at, 1, 16, 0, 0)(b, 4, o, 0); /* doubles at 4 bytes past 8-byte alignment */
+    return fails();
+}
+static int f_wide_store(void) {
+    unsigned char *b = (unsigned char *)dev_alloc(64), *o = (unsigned char *)dev_alloc(64);
+    SKV_LAUNCH(k_wide_at, 1, 16, 0, 0)(b, 0, o, 4); /* 8-byte stores 4 bytes past it */
     return fails();
 }
 /* SKV_CUDA_SYNC=1: the backend's launch check syncs and names the kernel. */
@@ -628,6 +645,9 @@ int main(void) {
     expect_fault("a 16-byte load one float past its alignment", f_misaligned, "not 16-byte aligned", "k_vec4");
     expect_fault("a float read 2 bytes past its alignment", f_scalar_load, "reads 4 bytes", "not 4-byte aligned");
     expect_fault("a 2-byte store at an odd address", f_scalar_store, "writes 2 bytes", "not 2-byte aligned");
+    expect_fault("a double read 4 bytes past its alignment", f_wide_load, "reads 8 bytes", "not 8-byte aligned");
+    expect_fault("an 8-byte integer stored 4 bytes past its alignment", f_wide_store, "writes 8 bytes",
+                 "not 8-byte aligned");
     {
         int bad = stream_join(0);
         char msg[240];
@@ -693,6 +713,16 @@ int main(void) {
         test_cond("a float read and a 2-byte store each at its size's alignment: right, no fault",
                   !fails() && hs[1] == 1 && hs[2] == 2 && hs[8] == 1);
         cudaFree(sb); cudaFree(so);
+        double hd[16];
+        for (int i = 0; i < 16; i++) hd[i] = 3.0 * i;
+        unsigned char *db = (unsigned char *)dev_alloc(34), *dq = (unsigned char *)dev_alloc(34);
+        unsigned long long hq[17];
+        cudaMemcpy(db + 8, hd, sizeof hd, cudaMemcpyHostToDevice);
+        SKV_LAUNCH(k_wide_at, 1, 16, 0, 0)(db, 8, dq, 8);
+        cudaMemcpy(hq, dq, sizeof hq, cudaMemcpyDeviceToHost);
+        test_cond("a double read and an 8-byte store at 8-byte alignment: right, no fault",
+                  !fails() && hq[1] == 0 && hq[2] == 3 && hq[16] == 45);
+        cudaFree(db); cudaFree(dq);
         int bad = stream_join(1);
         char msg[200];
         snprintf(msg, sizeof msg, "the compute stream waits for the fetch stream's event: %d wrong rows", bad);
