@@ -1427,7 +1427,8 @@ typedef struct {
     float *cm_h;           /* the same in host memory (cm itself on the CPU) */
     float *tmp;            /* (n_chunks) */
     int *outl;             /* (n_chunks) */
-    int *idx_d;            /* a layer's (h, n_cand) candidates (without fused_init's) then (h, n_out) outliers,
+    int *idx_d;            /* a layer's (h, n_cand) candidates, (h, n_out) outliers, a 0 (the local window's
+                            * index), then with the fused books its empty chunk caches: one upload a layer,
                             * in the device's memory */
 } sk_build;
 
@@ -1490,24 +1491,20 @@ static int svd_layer(kv_sk *c, int layer, float *sv, double *t) {
     return 0;
 }
 
-/* A layer's candidates and empty chunk caches in the device's memory, for
- * the fused books (sk_fused). */
-static int fused_init(kv_sk *c, sk_layer *L) {
+/* The ints of a layer's chunk caches for the fused books (sk_fused): per KV
+ * head slot_id (k) and where (n_cand), -1 when empty, then stamp (k) and
+ * epoch (1), 0. */
+static size_t fused_cache_ints(const kv_sk *c) {
     size_t h = (size_t)c->h, nc = (size_t)c->n_cand, k = (size_t)c->k;
-    size_t n_cache = 2 * h * k + h * nc + h;
-    int *host = skv_malloc(sizeof(int) * (h * nc > n_cache ? h * nc : n_cache));
-    L->cand_d = sk_alloc(c, sizeof(int) * h * nc);
-    L->cache_d = sk_alloc(c, sizeof(int) * n_cache);
-    if (!host || !L->cand_d || !L->cache_d) {
-        free(host);
-        return skv_error(SKV_ENOMEM, "shadowkv: out of device memory for the chunk caches");
-    }
-    for (size_t kh = 0; kh < h; kh++) memcpy(host + kh * nc, L->head[kh].cand, sizeof(int) * nc);
-    c->base.shape.be->upload(L->cand_d, host, sizeof(int) * h * nc);
-    /* slot_id and where -1 (empty), stamp and epoch 0 */
-    for (size_t i = 0; i < n_cache; i++) host[i] = i < h * k + h * nc ? -1 : 0;
-    c->base.shape.be->upload(L->cache_d, host, sizeof(int) * n_cache);
-    free(host);
+    return 2 * h * k + h * nc + h;
+}
+
+/* A layer's candidates and chunk caches in the device's memory, for the
+ * fused books; build_layer fills them from its one upload. */
+static int fused_init(kv_sk *c, sk_layer *L) {
+    L->cand_d = sk_alloc(c, sizeof(int) * (size_t)c->h * c->n_cand);
+    L->cache_d = sk_alloc(c, sizeof(int) * fused_cache_ints(c));
+    if (!L->cand_d || !L->cache_d) return skv_error(SKV_ENOMEM, "shadowkv: out of device memory for the chunk caches");
     return 0;
 }
 
@@ -1564,23 +1561,30 @@ static int build_layer(kv_sk *c, int layer, sk_build *B, const float *sv, const 
         }
     }
     if (sk_fused(c) && (rc = fused_init(c, L))) return rc;
-    /* every head's candidates and outliers in the device's memory: one
-     * upload (the candidates are fused_init's when it ran) */
+    /* every head's candidates and outliers, the window's 0 and the fused
+     * books' empty chunk caches in the device's memory: one upload a layer
+     * (the host waits once), the books' parts then copied into the layer's
+     * own buffers on the device */
     const int *cand_d = NULL, *outl_d = NULL;
     if (dev_ops) {
-        size_t nc = (size_t)c->n_cand, no = (size_t)c->n_out, hc = L->cand_d ? 0 : h * nc;
-        if (hc + h * no) {
-            int *host = skv_malloc(sizeof(int) * (hc + h * no));
-            if (!host) return skv_error(SKV_ENOMEM, "out of memory");
-            for (int kh = 0; kh < h; kh++) {
-                if (hc) memcpy(host + kh * nc, L->head[kh].cand, sizeof(int) * nc);
-                memcpy(host + hc + kh * no, L->head[kh].outl, sizeof(int) * no);
-            }
-            be->upload(B->idx_d, host, sizeof(int) * (hc + h * no));
-            free(host);
+        size_t nc = (size_t)c->n_cand, no = (size_t)c->n_out, hn = (size_t)h * (nc + no) + 1;
+        size_t nk = L->cache_d ? fused_cache_ints(c) : 0, hk = (size_t)h * (size_t)c->k;
+        int *host = skv_malloc(sizeof(int) * (hn + nk));
+        if (!host) return skv_error(SKV_ENOMEM, "out of memory");
+        for (int kh = 0; kh < h; kh++) {
+            memcpy(host + kh * nc, L->head[kh].cand, sizeof(int) * nc);
+            memcpy(host + h * nc + kh * no, L->head[kh].outl, sizeof(int) * no);
         }
-        cand_d = nc ? (L->cand_d ? L->cand_d : B->idx_d) : NULL;
-        outl_d = no ? B->idx_d + hc : NULL;
+        host[hn - 1] = 0;
+        for (size_t i = 0; i < nk; i++) host[hn + i] = i < hk + h * nc ? -1 : 0; /* slot_id, where; stamp, epoch */
+        be->upload(B->idx_d, host, sizeof(int) * (hn + nk));
+        free(host);
+        if (L->cand_d) {
+            be->copy(L->cand_d, B->idx_d, sizeof(int) * h * nc);
+            be->copy(L->cache_d, B->idx_d + hn, sizeof(int) * nk);
+        }
+        cand_d = nc ? B->idx_d : NULL;
+        outl_d = no ? B->idx_d + h * nc : NULL;
         if (cand_d)
             be->sk_gather_chunks(B->lm, (size_t)d, (size_t)nch * d, cand_d, h, c->n_cand, 1, d, L->head[0].lm_h,
                                  lm_rows(c) * d, SKV_ELT_F16);
@@ -1592,7 +1596,7 @@ static int build_layer(kv_sk *c, int layer, sk_build *B, const float *sv, const 
      * (rounded to bf16 as they are stored); candidate V to the store. The
      * local window is one "chunk" of n_local rows at index 0 of its start:
      * zero, an index that is 0 in the backend's memory (on a device, the
-     * last int of idx_d, which nothing writes). */
+     * int of idx_d after the outliers). */
     static const int zero_host = 0;
     const int *zero = dev_ops ? B->idx_d + (size_t)h * (c->n_cand + c->n_out) : &zero_host;
     for (int kh = 0; kh < h; kh++) {
@@ -1817,27 +1821,27 @@ static int sk_end_prefill(kv_cache *base) {
     c->row_gen = c->row_local + c->n_local;
 
     int half = sh->rope->rope_dim / 2, rc = 0;
-    size_t tab = sizeof(float) * (size_t)s * (half ? half : 1);
-    c->rope_cs = skv_malloc_huge(tab);
-    c->rope_sn = skv_malloc_huge(tab);
+    /* the cosine and sine tables in one block (sn at a 256-byte boundary
+     * after cs): on a device, one upload */
+    size_t tab = sizeof(float) * (size_t)s * (half ? half : 1), off = (tab + 255) & ~(size_t)255;
+    float *cs = skv_malloc_huge(off + tab); /* host memory; the backend's is rope_cs */
     c->proj = sk_alloc(c, sizeof(float) * (size_t)c->kvd);
     c->coef = sk_alloc(c, sizeof(float) * (size_t)c->r);
-    if (!c->rope_cs || !c->rope_sn || !c->proj || !c->coef) return skv_error(SKV_ENOMEM, "out of memory");
-    shadowkv_rope_table(sh->rope, s, c->rope_cs, c->rope_sn);
-    if (sk_dev(c)) { /* the tables the rebuild reads, in the device's memory */
-        float *cs = sh->be->alloc(tab), *sn = sh->be->alloc(tab);
-        if (!cs || !sn) {
-            sk_release(c, cs);
-            sk_release(c, sn);
-            return skv_error(SKV_ENOMEM, "shadowkv: out of device memory for RoPE tables");
-        }
-        sh->be->upload(cs, c->rope_cs, tab);
-        sh->be->upload(sn, c->rope_sn, tab);
-        free(c->rope_cs);
-        free(c->rope_sn);
-        c->rope_cs = cs;
-        c->rope_sn = sn;
+    if (!cs || !c->proj || !c->coef) {
+        free(cs);
+        return skv_error(SKV_ENOMEM, "out of memory");
     }
+    memset((char *)cs + tab, 0, off - tab);
+    shadowkv_rope_table(sh->rope, s, cs, (float *)((char *)cs + off));
+    if (sk_dev(c)) { /* the tables the rebuild reads, in the device's memory */
+        float *d = sh->be->alloc(off + tab);
+        if (d) sh->be->upload(d, cs, off + tab);
+        free(cs);
+        if (!d) return skv_error(SKV_ENOMEM, "shadowkv: out of device memory for RoPE tables");
+        cs = d;
+    }
+    c->rope_cs = cs;
+    c->rope_sn = (float *)((char *)cs + off);
     int n_blocks = sh->n_layers * c->h * c->n_cand;
     if (sk_dev(c)) {
         /* the offloaded values in pinned, mapped host memory: the device's gather reads them over the bus
@@ -1869,7 +1873,9 @@ static int sk_end_prefill(kv_cache *base) {
     B.cm_h = sk_dev(c) ? skv_malloc(sizeof(float) * (size_t)c->h * nch) : B.cm;
     B.tmp = skv_malloc(sizeof(float) * (size_t)nch);
     B.outl = skv_malloc(sizeof(int) * (size_t)nch);
-    B.idx_d = sk_dev(c) ? sk_alloc(c, sizeof(int) * ((size_t)c->h * (c->n_cand + c->n_out) + 1)) : NULL;
+    B.idx_d = sk_dev(c) ? sk_alloc(c, sizeof(int) * ((size_t)c->h * (c->n_cand + c->n_out) + 1 +
+                                                    (sk_fused(c) ? fused_cache_ints(c) : 0)))
+                        : NULL;
     if (!sv || !t_svd || !rcs || !B.lm || !B.cm || !B.cm_h || !B.tmp || !B.outl || (sk_dev(c) && !B.idx_d))
         rc = skv_error(SKV_ENOMEM, "out of memory");
     /* The SVDs first, one layer per thread (each single-threaded BLAS);
@@ -2037,7 +2043,8 @@ static void sk_free(kv_cache *base) {
         free(S->rank_exact); free(S->rank_lm);
     }
     free(c->scr);
-    sk_release(c, c->rope_cs); sk_release(c, c->rope_sn); sk_release(c, c->proj); sk_release(c, c->coef);
+    sk_release(c, c->rope_cs); /* rope_sn with it */
+    sk_release(c, c->proj); sk_release(c, c->coef);
     free(c->wchunk); free(c->w_err); free(c->w_cm); free(c->w_part); free(c->w_rank); free(c->w_sel);
     free(c->w_rexact); free(c->w_mass); free(c->w_rowbase); free(c->w_p); free(c->w_o);
     shadowkv_store_free(&c->store);

@@ -259,7 +259,7 @@ static struct {
     size_t cap, used;
 } g_stage;
 
-const void *cuda_stage(const void *host, size_t bytes) {
+void *cuda_stage_space(size_t bytes) {
     cuda_ctx *c = cuda_get();
     size_t need = (bytes + 255) & ~(size_t)255;
     std::lock_guard<std::mutex> lock(g_stage_mu);
@@ -277,6 +277,11 @@ const void *cuda_stage(const void *host, size_t bytes) {
     }
     char *p = g_stage.buf + g_stage.used;
     g_stage.used += need;
+    return p;
+}
+
+const void *cuda_stage(const void *host, size_t bytes) {
+    void *p = cuda_stage_space(bytes);
     memcpy(p, host, bytes);
     return p;
 }

@@ -131,6 +131,10 @@ void cuda_scratch_free(void *p);
  * stays valid until the compute stream next drains (cu_sync, cu_upload,
  * cu_download), which the forward's sync at the end of a step does. */
 const void *cuda_stage(const void *host, size_t bytes);
+/* bytes of that pinned staging memory, uncopied: for a download queued on
+ * the compute stream that the host then waits for (the copy itself does not
+ * block, as one into pageable memory would) */
+void *cuda_stage_space(size_t bytes);
 
 /* The device copy of a host array (a rope_ctx's inverse frequencies):
  * uploaded once per host pointer and kept for the process. */

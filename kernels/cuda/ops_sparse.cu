@@ -16,6 +16,7 @@
 #include <math.h>
 #include <stdint.h>
 #include <stdlib.h>
+#include <string.h>
 #include <vector>
 
 /* ---- truncated SVD, Gram route ---- */
@@ -53,6 +54,11 @@ __global__ void k_svd_out(const double *us, const double *vr, const double *w, i
     }
 }
 
+/* The host waits once: the two norms (cuBLAS in device pointer mode),
+ * cuSOLVER's info and the eigenvalues come down in one copy at the end, and
+ * a key matrix with a NaN or an infinity (a norm that is not finite) or a
+ * failed eigensolver is refused then, its outputs left unwritten or not
+ * meaningful (the caller drops them with the error). */
 int cu_svd(const float *K, int s, int n, int r, float *U, float *SVt, float *Vt, float *sv, float *rel_err) {
     if (s < 1 || n < 1 || r < 1 || r > (s < n ? s : n))
         return skv_error(SKV_EINVAL, "svd: rank %d is outside 1..min(%d, %d)", r, s, n);
@@ -62,65 +68,62 @@ int cu_svd(const float *K, int s, int n, int r, float *U, float *SVt, float *Vt,
     size_t sn = (size_t)s * n;
     double *kd = (double *)cuda_scratch(sizeof(double) * sn);
     double *G = (double *)cuda_scratch(sizeof(double) * (size_t)n * n);
-    double *w = (double *)cuda_scratch(sizeof(double) * n);
     double *vr = (double *)cuda_scratch(sizeof(double) * (size_t)n * r);
     double *us = (double *)cuda_scratch(sizeof(double) * (size_t)s * r);
-    int *info = (int *)cuda_scratch(sizeof(int));
+    /* what the host reads: the eigenvalues w (n), the norms of K and of the
+     * residual, cuSOLVER's info (in the last double's bytes) */
+    double *out = (double *)cuda_scratch(sizeof(double) * ((size_t)n + 3));
+    double *w = out, *nrm = out + n;
+    int *info = (int *)(out + n + 2);
+    const double one = 1.0, zero = 0.0, mone = -1.0;
     SKV_LAUNCH(k_to_double, cuda_blocks(sn, 256), 256, 0, st)(K, kd, sn);
     CKL();
-    double fro = 0;
+    CKB(cublasSetPointerMode(c->blas, CUBLAS_POINTER_MODE_DEVICE));
+    CKB(cublasDnrm2(c->blas, (int)sn, kd, 1, nrm)); /* into device memory: no wait */
     CKB(cublasSetPointerMode(c->blas, CUBLAS_POINTER_MODE_HOST));
-    CKB(cublasDnrm2(c->blas, (int)sn, kd, 1, &fro)); /* synchronous: host result */
-    fro *= fro;
+    /* row-major K (s, n) is column-major Kᵀ (n, s): G = Kᵀ·(Kᵀ)ᵀ */
+    CKB(cublasDgemm(c->blas, CUBLAS_OP_N, CUBLAS_OP_T, n, n, s, &one, kd, n, kd, n, &zero, G, n));
+    int lwork = 0;
+    CKS(cusolverDnDsyevd_bufferSize(c->solver, CUSOLVER_EIG_MODE_VECTOR, CUBLAS_FILL_MODE_LOWER, n, G, n, w, &lwork));
+    double *work = (double *)cuda_scratch(sizeof(double) * (size_t)(lwork > 0 ? lwork : 1));
+    CKS(cusolverDnDsyevd(c->solver, CUSOLVER_EIG_MODE_VECTOR, CUBLAS_FILL_MODE_LOWER, n, G, n, w, work, lwork,
+                         info));
+    cuda_scratch_free(work);
+    SKV_LAUNCH(k_top_vectors, cuda_blocks((size_t)n * r, 256), 256, 0, st)(G, n, r, vr);
+    CKL();
+    /* us (r, s) column-major = V_rᵀ·Kᵀ, i.e. K·V_r row-major (s, r) */
+    CKB(cublasDgemm(c->blas, CUBLAS_OP_T, CUBLAS_OP_N, r, s, n, &one, vr, n, kd, n, &zero, us, r));
+    /* residual Kᵀ − V_r·us in place of kd */
+    CKB(cublasDgemm(c->blas, CUBLAS_OP_N, CUBLAS_OP_N, n, s, r, &mone, vr, n, us, r, &one, kd, n));
+    CKB(cublasSetPointerMode(c->blas, CUBLAS_POINTER_MODE_DEVICE));
+    CKB(cublasDnrm2(c->blas, (int)sn, kd, 1, nrm + 1));
+    CKB(cublasSetPointerMode(c->blas, CUBLAS_POINTER_MODE_HOST));
+    size_t big = (size_t)s * r > (size_t)r * n ? (size_t)s * r : (size_t)r * n;
+    SKV_LAUNCH(k_svd_out, cuda_blocks(big, 256), 256, 0, st)(us, vr, w, s, n, r, U, SVt, Vt);
+    CKL();
+    /* into pinned staging memory: the copy queues, and the host waits once */
+    double *h = (double *)cuda_stage_space(sizeof(double) * ((size_t)n + 3));
+    CK(cudaMemcpyAsync(h, out, sizeof(double) * ((size_t)n + 3), cudaMemcpyDeviceToHost, st));
+    CK(cudaStreamSynchronize(st)); /* the one wait */
+    double fro = h[(size_t)n] * h[(size_t)n], res = h[(size_t)n + 1];
+    int h_info = 0;
+    memcpy(&h_info, &h[(size_t)n + 2], sizeof h_info);
     int rc = 0;
     if (!isfinite(fro)) {
         rc = skv_error(SKV_EINVAL, "svd: NaN or infinity in a (%d, %d) key matrix", s, n);
-        goto done;
-    }
-    {
-        const double one = 1.0, zero = 0.0, mone = -1.0;
-        /* row-major K (s, n) is column-major Kᵀ (n, s): G = Kᵀ·(Kᵀ)ᵀ */
-        CKB(cublasDgemm(c->blas, CUBLAS_OP_N, CUBLAS_OP_T, n, n, s, &one, kd, n, kd, n, &zero, G, n));
-        int lwork = 0;
-        CKS(cusolverDnDsyevd_bufferSize(c->solver, CUSOLVER_EIG_MODE_VECTOR, CUBLAS_FILL_MODE_LOWER, n, G, n, w,
-                                        &lwork));
-        double *work = (double *)cuda_scratch(sizeof(double) * (size_t)(lwork > 0 ? lwork : 1));
-        CKS(cusolverDnDsyevd(c->solver, CUSOLVER_EIG_MODE_VECTOR, CUBLAS_FILL_MODE_LOWER, n, G, n, w, work, lwork,
-                             info));
-        cuda_scratch_free(work);
-        int h_info = 0;
-        CK(cudaMemcpyAsync(&h_info, info, sizeof(int), cudaMemcpyDeviceToHost, st));
-        CK(cudaStreamSynchronize(st));
-        if (h_info != 0) {
-            rc = skv_error(SKV_EUNSUPPORTED, "svd: cusolverDnDsyevd failed on the (%d, %d) Gram matrix (info %d)", n,
-                           n, h_info);
-            goto done;
-        }
-        SKV_LAUNCH(k_top_vectors, cuda_blocks((size_t)n * r, 256), 256, 0, st)(G, n, r, vr);
-        CKL();
-        /* us (r, s) column-major = V_rᵀ·Kᵀ, i.e. K·V_r row-major (s, r) */
-        CKB(cublasDgemm(c->blas, CUBLAS_OP_T, CUBLAS_OP_N, r, s, n, &one, vr, n, kd, n, &zero, us, r));
-        /* residual Kᵀ − V_r·us in place of kd */
-        CKB(cublasDgemm(c->blas, CUBLAS_OP_N, CUBLAS_OP_N, n, s, r, &mone, vr, n, us, r, &one, kd, n));
-        double res = 0;
-        CKB(cublasDnrm2(c->blas, (int)sn, kd, 1, &res));
+    } else if (h_info != 0) {
+        rc = skv_error(SKV_EUNSUPPORTED, "svd: cusolverDnDsyevd failed on the (%d, %d) Gram matrix (info %d)", n, n,
+                       h_info);
+    } else {
         *rel_err = fro > 0 ? (float)(res / sqrt(fro)) : 0.0f;
-        size_t big = (size_t)s * r > (size_t)r * n ? (size_t)s * r : (size_t)r * n;
-        SKV_LAUNCH(k_svd_out, cuda_blocks(big, 256), 256, 0, st)(us, vr, w, s, n, r, U, SVt, Vt);
-        CKL();
-        std::vector<double> hw((size_t)n);
-        CK(cudaMemcpyAsync(hw.data(), w, sizeof(double) * n, cudaMemcpyDeviceToHost, st));
-        CK(cudaStreamSynchronize(st));
         int m = s < n ? s : n;
-        for (int i = 0; i < m; i++) sv[i] = (float)sqrt(hw[n - 1 - i] > 0 ? hw[n - 1 - i] : 0);
+        for (int i = 0; i < m; i++) sv[i] = (float)sqrt(h[n - 1 - i] > 0 ? h[n - 1 - i] : 0);
     }
-done:
     cuda_scratch_free(kd);
     cuda_scratch_free(G);
-    cuda_scratch_free(w);
     cuda_scratch_free(vr);
     cuda_scratch_free(us);
-    cuda_scratch_free(info);
+    cuda_scratch_free(out);
     cuda_span_end(sp, 0, "svd");
     return rc;
 }

@@ -161,10 +161,14 @@ cublasStatus_t cublasGemmEx(cublasHandle_t h, cublasOperation_t ta, cublasOperat
 cublasStatus_t cublasDnrm2(cublasHandle_t h, int n, const double *x, int incx, double *result) {
     api_lock l;
     if (sticky()) return CUBLAS_STATUS_EXECUTION_FAILED;
-    if (h->device_pointers) return CUBLAS_STATUS_NOT_SUPPORTED;
     if (n > 0 && (incx < 1 || !device_range(x, ((size_t)(n - 1) * incx + 1) * 8, "cublasDnrm2", "x")))
         return CUBLAS_STATUS_INVALID_VALUE;
     double *out = result;
+    if (h->device_pointers) { /* a device result, in stream order: the call does not wait */
+        if (!device_range(result, 8, "cublasDnrm2", "result")) return CUBLAS_STATUS_INVALID_VALUE;
+        enqueue_lib(h->s, "cublasDnrm2", [=]() { *out = n > 0 ? cblas_dnrm2(n, x, incx) : 0; });
+        return CUBLAS_STATUS_SUCCESS;
+    }
     enqueue_lib(h->s, "cublasDnrm2", [=]() { *out = n > 0 ? cblas_dnrm2(n, x, incx) : 0.0; });
     /* a host result: the call returns when it is there */
     host_wait(h->s);
@@ -174,10 +178,14 @@ cublasStatus_t cublasDnrm2(cublasHandle_t h, int n, const double *x, int incx, d
 cublasStatus_t cublasSnrm2(cublasHandle_t h, int n, const float *x, int incx, float *result) {
     api_lock l;
     if (sticky()) return CUBLAS_STATUS_EXECUTION_FAILED;
-    if (h->device_pointers) return CUBLAS_STATUS_NOT_SUPPORTED;
     if (n > 0 && (incx < 1 || !device_range(x, ((size_t)(n - 1) * incx + 1) * 4, "cublasSnrm2", "x")))
         return CUBLAS_STATUS_INVALID_VALUE;
     float *out = result;
+    if (h->device_pointers) { /* a device result, in stream order: the call does not wait */
+        if (!device_range(result, 4, "cublasSnrm2", "result")) return CUBLAS_STATUS_INVALID_VALUE;
+        enqueue_lib(h->s, "cublasSnrm2", [=]() { *out = n > 0 ? cblas_snrm2(n, x, incx) : 0; });
+        return CUBLAS_STATUS_SUCCESS;
+    }
     enqueue_lib(h->s, "cublasSnrm2", [=]() { *out = n > 0 ? cblas_snrm2(n, x, incx) : 0.0f; });
     host_wait(h->s);
     return sticky() ? CUBLAS_STATUS_EXECUTION_FAILED : CUBLAS_STATUS_SUCCESS;

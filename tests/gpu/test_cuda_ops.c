@@ -512,7 +512,21 @@ static void t_sparse(void) {
         cpu->svd(K, s, n, r, U, SVt, NULL, svc, &errc);
         float *dK = dev(K, sizeof(float) * s * n), *dU = dev(NULL, sizeof(float) * s * r),
               *dS = dev(NULL, sizeof(float) * r * n);
+#ifdef SKV_CUSIM
+        cusim_counters_reset();
+#endif
         test_cond("cuda svd returns 0", cu->svd(dK, s, n, r, dU, dS, NULL, svg, &errg) == 0);
+#ifdef SKV_CUSIM
+        {
+            /* the norms, cuSOLVER's info and the eigenvalues come down in one copy: the host
+             * waits once (it waited four times: two norms, the info, the eigenvalues) */
+            cusim_counters sc;
+            cusim_counters_get(&sc);
+            char m2[160];
+            snprintf(m2, sizeof m2, "cuda svd: one host sync (%llu)", (unsigned long long)sc.host_syncs);
+            test_cond(m2, sc.host_syncs == 1);
+        }
+#endif
         float *Ug = back(dU, (size_t)s * r), *Sg = back(dS, (size_t)r * n);
         cmp("svd singular values (top r)", svg, svc, r, 1e-5);
         char msg[160];
@@ -530,6 +544,14 @@ static void t_sparse(void) {
                 Rg[(size_t)t * n + e] = (float)b;
             }
         cmp("svd rank-r reconstruction U·SVt", Rg, Rc, (size_t)s * n, 1e-4);
+        /* a NaN in the keys: refused in one line, on the device as on the CPU */
+        K[(size_t)(s / 2) * n + 3] = NAN;
+        float *dN = dev(K, sizeof(float) * s * n);
+        int rn = cu->svd(dN, s, n, r, dU, dS, NULL, svg, &errg);
+        test_cond("cuda svd refuses a NaN in the key matrix, as the CPU does",
+                  rn == SKV_EINVAL && strstr(skv_last_error(), "NaN or infinity") &&
+                      cpu->svd(K, s, n, r, U, SVt, NULL, svc, &errc) == SKV_EINVAL);
+        cu->free(dN);
         cu->free(dK); cu->free(dU); cu->free(dS);
         free(K); free(U); free(SVt); free(Ug); free(Sg); free(Rc); free(Rg);
     }

@@ -13,7 +13,8 @@
 # simulator's, which adds the blocking copies): each step one graph launch
 # and no kernel launched alone (the step graphs, on by default); and
 # tests/gpu/summary.sh makes its table of them. A plain run's prefill count
-# (cuda_count_prefill) holds one host sync a prompt chunk, none a layer.
+# (cuda_count_prefill) holds one host sync a prompt chunk, none a layer;
+# ShadowKV's compression adds at most 3 a layer and 1 once.
 SIM=${SKV_SIM_BIN:-$(dirname "${SKV_BIN:-build/skv}")/sim/skv}
 pass=0 fail=0
 ok() { echo "PASS $1"; pass=$((pass + 1)); }
@@ -125,6 +126,20 @@ if echo "$pre" | awk 'function val(k) { return match(" " $0, " " k "=[^ ]*") ? s
     END { exit !(NR == 1 && ok) }'; then
     ok "SKV_CUDA_COUNT=1: a dense prefill of 6 chunks and 2 layers: one host sync a chunk and the RoPE upload, counted as the simulator counts: $pre"
 else ko "SKV_CUDA_COUNT=1: the prefill's count line: ${pre:-none: $(tail -3 "$T/prefill-count.log")}"; fi
+# ShadowKV's compression at the end of that prefill: 3 host syncs a layer (the
+# SVD's norms, info and eigenvalues in one copy; the chunk minima; one
+# upload of the layer's indices and empty chunk caches) and 1 once (the RoPE
+# tables in one upload); it made 7 a layer and 2 once (the SVD's 2, 3 small
+# uploads, 2 for the tables)
+step prefill-count-sk 180 env SKV_CUDA_COUNT=1 "$SIM" run --backend cuda -m "$T/small.gguf" --kv shadowkv --budget 64 \
+    --rank 16 --outliers 2 -f "$CFG" -n 2 -b 128
+psk=$(grep -o 'cuda_count_prefill:.*' "$T/prefill-count-sk.log")
+if echo "$psk" | awk 'function val(k) { return match(" " $0, " " k "=[^ ]*") ? substr(" " $0, RSTART + length(k) + 2, RLENGTH - length(k) - 2) : "" }
+    { ok = val("chunks") + 0 == 6 && val("layers") + 0 == 2 && val("syncs") + 0 <= val("chunks") + 1 + 3 * val("layers") + 1 &&
+        val("syncs") + 0 <= val("sim_syncs") + 0 }
+    END { exit !(NR == 1 && ok) }'; then
+    ok "SKV_CUDA_COUNT=1: ShadowKV's prefill adds at most 3 host syncs a layer and 1 once to the chunks' (2 layers): $psk"
+else ko "SKV_CUDA_COUNT=1: ShadowKV's prefill count: ${psk:-none: $(tail -3 "$T/prefill-count-sk.log")}"; fi
 step parallel 180 "$SIM" run --backend cuda -m "$T/small.gguf" --kv shadowkv --budget 64 --rank 16 --outliers 2 \
     -f "$CFG" -n 3 --parallel 2
 # gpu-check's proj-bench: bench_proj on the simulator at a tiny shape, the
