@@ -299,7 +299,6 @@ double kv_rec_seconds(const kv_cache *rec);
 
 int kv_tap_new(kv_cache *inner, int layer, kv_cache **out);
 const kv_tap_data *kv_tap_get(const kv_cache *c);   /* NULL if c is not a tap */
-kv_cache *kv_tap_inner(kv_cache *c);                /* the wrapped policy (c itself if not a tap) */
 
 /* The oracle: a wrapper that keeps a copy of every key and value inner is
  * given and, after each decode attend, scores what inner attended (its

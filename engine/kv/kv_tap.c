@@ -107,7 +107,3 @@ int kv_tap_new(kv_cache *inner, int layer, kv_cache **out) {
 const kv_tap_data *kv_tap_get(const kv_cache *c) {
     return c && c->cls == &kv_tap_class ? &((const kv_tap *)c)->d : NULL;
 }
-
-kv_cache *kv_tap_inner(kv_cache *c) {
-    return c && c->cls == &kv_tap_class ? ((kv_tap *)c)->inner : c;
-}
