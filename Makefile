@@ -237,7 +237,7 @@ fuzz: fuzz-build
 # probes/python/skvtrace) with Debian's python3 and numpy.
 PY_TESTS = tests/test_eval.py tests/test_skvtrace.py tests/test_pywriter.py tests/test_pytorch_recorder.py tests/test_gpu_check.py tests/test_chrome.py \
            tests/test_runner.py tests/test_recorder_agree.py tests/test_bench_quiet.sh tests/test_bench_cli.sh \
-           tests/test_figures.sh tests/test_cuda_so.sh
+           tests/test_figures.sh tests/test_cuda_so.sh tests/test_hf_norms.py
 # make test TESTS="quant fixes eval.py" runs only the tests named (NAME is
 # tests/test_NAME.c, or tests/test_NAME.py); make test-fast runs all but
 # SLOW_TESTS, the ones that take minutes (times: README, Tests).
