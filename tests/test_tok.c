@@ -507,6 +507,66 @@ static void test_hf_specials(const char *dir, const char *bl) {
     rmdir(sub);
 }
 
+/* Merges whose results are not tokens (a trimmed vocabulary's chains: only
+ * the whole word is a token) are interned as merge-only strings. 200 words
+ * of 8 letters, each built by 7 merges of which 6 make a merge-only string:
+ * 1,200 of them, beyond the half of the 1,024-slot string map that 456
+ * tokens fill, so the map grows (rehashing every token) while the merges
+ * load. Every word still encodes to its one token. */
+static void test_merge_only(const char *dir, const char *bl) {
+    enum { NW = 200, WL = 8 };
+    cJSON *root = cJSON_CreateObject(), *model = cJSON_CreateObject(), *vocab = cJSON_CreateObject(),
+          *merges = cJSON_CreateArray();
+    int k = 0;
+    for (int b = 0; b < 256; b++) { /* the byte stand-ins, as write_tj */
+        int pr = (b >= 33 && b <= 126) || (b >= 161 && b <= 172) || b >= 174;
+        char u[4] = {0};
+        put_utf8(u, pr ? (unsigned)b : 256u + (unsigned)k++);
+        cJSON_AddNumberToObject(vocab, u, b);
+    }
+    char words[NW][WL + 1];
+    uint64_t seed = 0x5eed;
+    for (int w = 0; w < NW; w++) {
+        words[w][0] = (char)('a' + w / 26 % 26); /* distinct first two letters: no merge is made twice */
+        words[w][1] = (char)('a' + w % 26);
+        /* the rest upper case: a word holds no other word's first pair, so only its own chain applies */
+        for (int i = 2; i < WL; i++) words[w][i] = (char)('A' + (int)((test_frand(&seed) + 1) * 13) % 26);
+        words[w][WL] = 0;
+        cJSON_AddNumberToObject(vocab, words[w], 256 + w);
+        for (int i = 1; i < WL; i++) {
+            char l[WL + 1], r[2] = {words[w][i], 0}, m[2 * WL + 4];
+            memcpy(l, words[w], (size_t)i);
+            l[i] = 0;
+            snprintf(m, sizeof m, "%s %s", l, r);
+            cJSON_AddItemToArray(merges, cJSON_CreateString(m));
+        }
+    }
+    cJSON_AddStringToObject(model, "type", "BPE");
+    cJSON_AddItemToObject(model, "vocab", vocab);
+    cJSON_AddItemToObject(model, "merges", merges);
+    cJSON_AddItemToObject(root, "model", model);
+    cJSON_AddItemToObject(root, "pre_tokenizer", cJSON_Parse(bl));
+    cJSON_AddItemToObject(root, "decoder", cJSON_Parse("{\"type\": \"ByteLevel\"}"));
+    char *txt = cJSON_Print(root);
+    cJSON_Delete(root);
+    char path[1024];
+    snprintf(path, sizeof path, "%s/chains.json", dir);
+    FILE *f = fopen(path, "w");
+    int ok = f && txt && fputs(txt, f) >= 0;
+    if (f) ok &= fclose(f) == 0;
+    cJSON_free(txt);
+    tok_vocab *v = NULL;
+    int rc = ok ? tok_load_hf(path, &v) : -1;
+    if (rc > 0 || rc < 0) printf("  %s\n", ok ? skv_last_error() : "could not write chains.json");
+    test_cond("a tokenizer.json of 1,400 chained merges (1,200 results no token has) loads", rc == 0);
+    int good = rc == 0;
+    for (int w = 0; w < NW && good; w++) good = enc_is(v, words[w], 0, (int[]){256 + w}, 1);
+    test_cond("after the string map grew, each of the 200 words encodes to its one token", good);
+    test_cond("a merge-only string is no token: the vocabulary is the 456 tokens", good && tok_n_vocab(v) == 256 + NW);
+    tok_free(v);
+    remove(path);
+}
+
 /* model.ignore_merges (Llama 3's tokenizer.json): a piece that is a whole
  * token is taken as it is, without the merges having to build it. "lo" is
  * a token (265) no merge makes; "z" loses its byte token, so a piece with
@@ -622,6 +682,7 @@ static void test_hf_synthetic(void) {
     }
     test_ignore_merges(dir, bl);
     test_hf_specials(dir, bl);
+    test_merge_only(dir, bl);
     rc = tok_load_hf("/nonexistent/tokenizer.json", &v);
     test_cond("a missing tokenizer.json is SKV_EIO naming it", rc == SKV_EIO && strstr(skv_last_error(), "/nonexistent"));
     /* A found by fuzzing: one token with a huge id asked for gigabytes. */
