@@ -398,6 +398,24 @@ static void test_progress(void) {
     stop("prog");
 }
 
+/* The engine fails in the prefill (ShadowKV's offload file cannot grow past
+ * a file-size limit of 32 KiB, the disk-full case): the bottom line says so
+ * at once, over the start's settings notice (which hid it for its 15 s), and
+ * q exits with status 1 after saying it on stderr. */
+static void test_engine_fail(void) {
+    char cmd[PATH_MAX * 2 + 256];
+    snprintf(cmd, sizeof cmd, "(trap \"\" XFSZ; ulimit -f 64; exec env TERM=xterm-256color %s inspect --offload-file %s/off.bin)",
+             bin, dir);
+    if (!start("fail", 150, 30, cmd)) { test_cond("tmux starts a failing session", 0); return; }
+    check_screen("live: an engine that fails in the prefill says so on the bottom line at once", "fail",
+                 "engine stopped: prefill: offload file", 5);
+    keys("fail", "q");
+    check_screen("live: q after the failure exits with status 1", "fail", "EXITED 1", UI_TIMEOUT);
+    check_screen("live: and the failure is said again after the inspector closes", "fail",
+                 "skv inspect: the engine stopped: prefill: offload file", UI_TIMEOUT);
+    stop("fail");
+}
+
 /* A live run of the built-in default: prefill, n, r, tab, q. */
 static void test_live(const char *model_args) {
     const char *titles[32];
@@ -751,6 +769,7 @@ int main(void) {
     }
     if (rec_args[0]) test_live(live_args);
     if (rec_args[0]) test_progress();
+    if (rec_args[0]) test_engine_fail();
     if (have_default) test_batch_replay(rec_args);
     if (have_default) {
         char cmp_args[PATH_MAX + 600];

@@ -749,10 +749,15 @@ static void draw_progress(app *a, int y) {
 static void draw_bottom(app *a, int y, int h) {
     (void)h;
     int w = a->cols;
-    /* a prefill's progress goes over the start's notice (the settings asked, which the
-     * settings in force replace when it ends), not over what a key said */
-    if (live(a) && a->ws.state == TUI_W_PREFILL && (!a->msg[0] || a->msg_yields)) { draw_progress(a, y); return; }
-    if (a->msg[0]) { tui_blit_text(y, 1, w - 1, a->msg, A_BOLD, 0, a->utf8); return; }
+    /* a prefill's progress, or the engine's failure, goes over the start's notice (the
+     * settings asked, which the settings in force replace when the prefill ends), not over
+     * what a key said */
+    int over = !a->msg[0] || a->msg_yields;
+    if (live(a) && a->ws.state == TUI_W_PREFILL && over) { draw_progress(a, y); return; }
+    if (a->msg[0] && !(live(a) && a->ws.state == TUI_W_FAILED && over)) {
+        tui_blit_text(y, 1, w - 1, a->msg, A_BOLD, 0, a->utf8);
+        return;
+    }
     if (live(a) && a->ws.state == TUI_W_FAILED) {
         char b[320];
         snprintf(b, sizeof b, "engine stopped: %s (q quits)", a->ws.error);
@@ -1018,7 +1023,7 @@ int app_run(const app_opts *o) {
             tui_worker_status_get(o->worker, &ws);
             if (ws.version != a.ws.version || ws.state != a.ws.state) dirty = 1;
             /* the prefill is done: the settings in force replace those asked, with the policy's clamps */
-            if (a.ws.state == TUI_W_PREFILL && ws.state != TUI_W_PREFILL && ws.in_force[0]) {
+            if (a.ws.state == TUI_W_PREFILL && ws.state != TUI_W_PREFILL && ws.state != TUI_W_FAILED && ws.in_force[0]) {
                 set_msg(&a, "in force: %s%s%s", ws.in_force, ws.notice[0] ? " | " : "", ws.notice);
                 a.msg_until = skv_now() + 20;
             }

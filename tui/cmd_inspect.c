@@ -353,6 +353,7 @@ static int needle_span(const skv_model *m, const char *text, int add_bos, const 
 
 /* A live run: everything that can fail on input happens before app_run. */
 static int live(cli_gen *g) {
+    int engine_failed = 0; /* the worker stopped on an error: said after the inspector closes, status 1 */
     const char *text = cli_prompt_text(g);
     if (!text) return 2;
     if (g->threads) skv_set_threads(g->threads);
@@ -442,7 +443,10 @@ static int live(cli_gen *g) {
                 ws.prefill_done, ws.prefill_total);
     tui_worker_free(w);
     w = NULL;
-    if (ws.state == TUI_W_FAILED) fprintf(stderr, "skv inspect: the engine stopped: %s\n", ws.error);
+    if (ws.state == TUI_W_FAILED) {
+        fprintf(stderr, "skv inspect: the engine stopped: %s\n", ws.error);
+        engine_failed = 1;
+    }
 out:
     if (ring) probe_unsubscribe(ring);
     tui_worker_free(w);
@@ -458,7 +462,7 @@ out:
         if (wake[i] >= 0) close(wake[i]);
     free(ids);
     model_free(m);
-    return rc;
+    return rc ? rc : engine_failed; /* the trace of what ran before a failure is kept, the status says it */
 }
 
 int cmd_inspect(int argc, char **argv) {
