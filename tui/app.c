@@ -754,16 +754,13 @@ static void draw_bottom(app *a, int y, int h) {
      * what a key said */
     int over = !a->msg[0] || a->msg_yields;
     if (live(a) && a->ws.state == TUI_W_PREFILL && over) { draw_progress(a, y); return; }
-    if (a->msg[0] && !(live(a) && a->ws.state == TUI_W_FAILED && over)) {
-        tui_blit_text(y, 1, w - 1, a->msg, A_BOLD, 0, a->utf8);
-        return;
-    }
-    if (live(a) && a->ws.state == TUI_W_FAILED) {
+    if (live(a) && a->ws.state == TUI_W_FAILED && over) {
         char b[320];
         snprintf(b, sizeof b, "engine stopped: %s (q quits)", a->ws.error);
         tui_blit_text(y, 1, w - 1, b, A_BOLD, tui_blit_pair(CANVAS_RGB(0xff, 0x60, 0x60), CANVAS_DEFAULT), a->utf8);
         return;
     }
+    if (a->msg[0]) { tui_blit_text(y, 1, w - 1, a->msg, A_BOLD, 0, a->utf8); return; }
     if (live(a) && a->ws.error[0]) { tui_blit_text(y, 1, w - 1, a->ws.error, 0, 0, a->utf8); return; }
     if (live(a) && a->ws.notice[0]) {
         char b[300];
