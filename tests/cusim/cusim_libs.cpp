@@ -158,37 +158,33 @@ cublasStatus_t cublasGemmEx(cublasHandle_t h, cublasOperation_t ta, cublasOperat
     return CUBLAS_STATUS_SUCCESS;
 }
 
-cublasStatus_t cublasDnrm2(cublasHandle_t h, int n, const double *x, int incx, double *result) {
+/* cublas{S,D}nrm2: in host pointer mode the call returns when the result is
+ * there (the host waits); in device pointer mode it lands in device memory in
+ * stream order and the call does not wait. */
+template <typename T>
+static cublasStatus_t nrm2(cublasHandle_t h, int n, const T *x, int incx, T *result, const char *name) {
     api_lock l;
     if (sticky()) return CUBLAS_STATUS_EXECUTION_FAILED;
-    if (n > 0 && (incx < 1 || !device_range(x, ((size_t)(n - 1) * incx + 1) * 8, "cublasDnrm2", "x")))
+    if (n > 0 && (incx < 1 || !device_range(x, ((size_t)(n - 1) * incx + 1) * sizeof(T), name, "x")))
         return CUBLAS_STATUS_INVALID_VALUE;
-    double *out = result;
-    if (h->device_pointers) { /* a device result, in stream order: the call does not wait */
-        if (!device_range(result, 8, "cublasDnrm2", "result")) return CUBLAS_STATUS_INVALID_VALUE;
-        enqueue_lib(h->s, "cublasDnrm2", [=]() { *out = n > 0 ? cblas_dnrm2(n, x, incx) : 0; });
-        return CUBLAS_STATUS_SUCCESS;
-    }
-    enqueue_lib(h->s, "cublasDnrm2", [=]() { *out = n > 0 ? cblas_dnrm2(n, x, incx) : 0.0; });
-    /* a host result: the call returns when it is there */
+    if (h->device_pointers && !device_range(result, sizeof(T), name, "result")) return CUBLAS_STATUS_INVALID_VALUE;
+    T *out = result;
+    enqueue_lib(h->s, name, [=]() {
+        if (n <= 0) *out = 0;
+        else if constexpr (sizeof(T) == 8) *out = cblas_dnrm2(n, (const double *)x, incx);
+        else *out = cblas_snrm2(n, (const float *)x, incx);
+    });
+    if (h->device_pointers) return CUBLAS_STATUS_SUCCESS;
     host_wait(h->s);
     return sticky() ? CUBLAS_STATUS_EXECUTION_FAILED : CUBLAS_STATUS_SUCCESS;
 }
 
+cublasStatus_t cublasDnrm2(cublasHandle_t h, int n, const double *x, int incx, double *result) {
+    return nrm2(h, n, x, incx, result, "cublasDnrm2");
+}
+
 cublasStatus_t cublasSnrm2(cublasHandle_t h, int n, const float *x, int incx, float *result) {
-    api_lock l;
-    if (sticky()) return CUBLAS_STATUS_EXECUTION_FAILED;
-    if (n > 0 && (incx < 1 || !device_range(x, ((size_t)(n - 1) * incx + 1) * 4, "cublasSnrm2", "x")))
-        return CUBLAS_STATUS_INVALID_VALUE;
-    float *out = result;
-    if (h->device_pointers) { /* a device result, in stream order: the call does not wait */
-        if (!device_range(result, 4, "cublasSnrm2", "result")) return CUBLAS_STATUS_INVALID_VALUE;
-        enqueue_lib(h->s, "cublasSnrm2", [=]() { *out = n > 0 ? cblas_snrm2(n, x, incx) : 0; });
-        return CUBLAS_STATUS_SUCCESS;
-    }
-    enqueue_lib(h->s, "cublasSnrm2", [=]() { *out = n > 0 ? cblas_snrm2(n, x, incx) : 0.0f; });
-    host_wait(h->s);
-    return sticky() ? CUBLAS_STATUS_EXECUTION_FAILED : CUBLAS_STATUS_SUCCESS;
+    return nrm2(h, n, x, incx, result, "cublasSnrm2");
 }
 
 cusolverStatus_t cusolverDnCreate(cusolverDnHandle_t *h) {
