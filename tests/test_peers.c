@@ -566,6 +566,18 @@ static void test_specache(void) {
               res < (size_t)2 * kd.n * KVD * sizeof(float) && off == (size_t)2 * kd.n * KVD * sizeof(float) &&
                   kv_stat(c, "fetch_bytes") > 0);
     kv_free(c);
+    /* a budget past the prompt: the row buffer can hold only the quantized
+     * positions, not k rows */
+    o.budget = 1000;
+    c = NULL;
+    size_t dense = (size_t)2 * (n0 + 1) * KVD * sizeof(float) * NL;
+    rc = kv_new(&o, &sh, &c);
+    if (!rc) rc = feed_prompt(c, &kd, n0);
+    if (!rc) rc = decode_step(c, &kd, q, out);
+    if (!rc) c->cls->bytes(c, &res, &off);
+    test_cond("specache with a budget past the prompt counts its row buffer at the positions it can hold",
+              rc == 0 && res < 2 * dense && off == dense);
+    kv_free(c);
     kv_opts_default(&o);
     snprintf(o.policy, sizeof o.policy, "specache");
     kv_opts_set(&o, "residual", "10", 1);

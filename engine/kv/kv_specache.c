@@ -240,9 +240,13 @@ static void sc_bytes(const kv_cache *base, size_t *resident, size_t *offloaded) 
         *offloaded = 0;
         return;
     }
+    /* the row buffer holds k rows, or every quantized position when there
+     * are fewer (the residual's rows are exact already) */
     size_t r = 0;
-    for (int l = 0; l < base->shape.n_layers; l++)
-        r += lowbit_bytes(&c->q, c->h, c->d, c->rows.n, c->L[l].nq_k, c->L[l].nq_v) + 2 * (size_t)c->k * kvd * f;
+    for (int l = 0; l < base->shape.n_layers; l++) {
+        size_t buf = (size_t)(c->k < c->L[l].nq_k ? c->k : c->L[l].nq_k);
+        r += lowbit_bytes(&c->q, c->h, c->d, c->rows.n, c->L[l].nq_k, c->L[l].nq_v) + 2 * buf * kvd * f;
+    }
     *resident = r;
     *offloaded = nl * 2 * (size_t)c->rows.n * kvd * f;
 }
