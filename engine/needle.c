@@ -608,13 +608,24 @@ static void sweep_free(sweep *w) {
 }
 
 /* The policy's floor as a cause, when the run's budget is under it: it
- * selects nothing, whatever else is wrong (said first). */
+ * selects nothing, whatever else is wrong (said first). What the probes
+ * blamed on the selection goes: a "never selected" (no score chose what was
+ * kept: it was only what the policy always keeps) and a "budget" whose raise
+ * stays at or under the floor (the floor's own fix goes further). */
 static void add_floor(const kv_opts *kv, const char *policy, int prompt_len, needle_report *rep) {
     const kv_class *p = kv_policy_find(policy);
-    if (!p || !p->floor || !p->budgeted || rep->n_causes >= NEEDLE_N_CAUSES) return;
+    if (!p || !p->floor || !p->budgeted) return;
     char why[200];
     int floor = p->floor(kv, why, sizeof why), budget = kv_budget_tokens(kv, prompt_len);
     if (budget >= floor) return;
+    int n = 0;
+    for (int i = 0; i < rep->n_causes; i++) {
+        const needle_cause *x = &rep->causes[i];
+        if (x->kind == NEEDLE_CAUSE_OUTLIER || (x->kind == NEEDLE_CAUSE_BUDGET && x->proposed <= floor)) continue;
+        rep->causes[n++] = *x;
+    }
+    rep->n_causes = n;
+    if (n >= NEEDLE_N_CAUSES) return;
     needle_cause *c = &rep->causes[rep->n_causes++];
     memset(c, 0, sizeof *c);
     c->kind = NEEDLE_CAUSE_FLOOR;

@@ -1093,6 +1093,23 @@ static void test_checked(void) {
     checked_case("--budget 16, case 8", "--lengths 1k,2k --depths 0:100:25 --budget 16 --case 8", "shadowkv", "budget",
                  dir);
     checked_case("quest under its floor (budget 31)", "--kv dense,quest --lengths 1k --depths 50", "quest", "floor", dir);
+    /* under its floor a policy selects nothing: no score left the needle out, and a budget raise
+     * that stays under the floor is no fix (SpeCache at 31 tokens: floor 65, the residual + 1) */
+    cJSON *fl = needle_json("--kv dense,specache --lengths 1k --depths 0,50,100 --case 2 --explain", dir, "floor-only");
+    cJSON *fv = cJSON_GetObjectItem(cJSON_GetObjectItem(case_method(fl, "specache"), "diagnosis"), "verdict");
+    int has_floor = 0, stray = 0;
+    for (int i = 0; i < cJSON_GetArraySize(fv); i++) {
+        cJSON *c = cJSON_GetArrayItem(fv, i), *ch = cJSON_GetObjectItem(c, "change");
+        const char *cause = cJSON_GetStringValue(cJSON_GetObjectItem(c, "cause"));
+        const char *opt = cJSON_GetStringValue(cJSON_GetObjectItem(ch, "option"));
+        has_floor |= cause && !strcmp(cause, "floor");
+        stray |= cause && !strcmp(cause, "never selected");
+        stray |= cause && !strcmp(cause, "budget") && opt && !strcmp(opt, "budget") &&
+                 cJSON_GetNumberValue(cJSON_GetObjectItem(ch, "value")) <= 65;
+    }
+    test_cond("under its floor: the floor, no 'never selected', no budget raise at or under the floor",
+              fl && has_floor && !stray);
+    cJSON_Delete(fl);
     /* the model's own miss: said first, nothing to check */
     cJSON *j = needle_json("--kv dense,specache --lengths 4000 --depths 0 --budget 32 --explain", dir, "model");
     cJSON *v = cJSON_GetObjectItem(cJSON_GetObjectItem(case_method(j, "specache"), "diagnosis"), "verdict");
