@@ -16,6 +16,10 @@
 # later, with every process it started (timeout signals its process group);
 # it then counts as one failure, "FAIL <test> timed out after N s", and the
 # suite goes on.
+#
+# Each test gets its own TMPDIR, removed when it passes; a failing test's is
+# kept under the caller's TMPDIR (or /tmp) and named in its output, for a look
+# at what it wrote.
 limit=${SKV_TEST_TIMEOUT:-900}
 case $limit in '' | *[!0-9]*) echo "SKV_TEST_TIMEOUT must be whole seconds, not '$limit'" >&2; exit 2 ;; esac
 jobs=${SKV_TEST_JOBS:-$(n=$(getconf _NPROCESSORS_ONLN 2>/dev/null || echo 1); [ "$n" -gt 4 ] && n=4; echo "$n")}
@@ -24,7 +28,8 @@ case $jobs in '' | *[!0-9]* | 0) echo "SKV_TEST_JOBS must be a whole number of a
 if [ "${1-}" = --one ]; then
     dir=$2; n=$3; t=$4
     t0=$(date +%s)
-    timeout -k 10 "$limit" "$t" >"$dir/$n.out" 2>&1 </dev/null; rc=$?
+    mkdir "$dir/$n.tmp"
+    TMPDIR="$dir/$n.tmp" timeout -k 10 "$limit" "$t" >"$dir/$n.out" 2>&1 </dev/null; rc=$?
     secs=$(($(date +%s) - t0))
     f=$(grep -c '^FAIL ' "$dir/$n.out")
     # 124: timeout's SIGTERM ended it; 137 (SIGKILL) after the limit: -k's kill
@@ -34,6 +39,11 @@ if [ "${1-}" = --one ]; then
         echo "FAIL $t exited with status $rc" >>"$dir/$n.out"; echo crash >"$dir/$n.rc"
     else
         echo ok >"$dir/$n.rc"
+    fi
+    if [ "$(cat "$dir/$n.rc")" = ok ] && [ "$f" -eq 0 ]; then
+        rm -rf "$dir/$n.tmp"
+    elif [ -n "$(ls -A "$dir/$n.tmp")" ] && keep=$(mktemp -d "${TMPDIR:-/tmp}/skv-failed.XXXXXX"); then
+        mv "$dir/$n.tmp" "$keep/$(basename "$t")" && echo "NOTE $t's scratch files kept in $keep/$(basename "$t")" >>"$dir/$n.out"
     fi
     echo "TIME $t $secs s" >>"$dir/$n.out"
     flock "$dir/print.lock" cat "$dir/$n.out"

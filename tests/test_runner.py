@@ -6,6 +6,7 @@
   with it, and the suite goes on to the next test.
 - A test that exits non-zero without a FAIL line counts as a failure.
 - A bad SKV_TEST_TIMEOUT is refused.
+- A passing test's scratch (its own TMPDIR) is removed, a failing one's kept and named.
 Prints PASS/FAIL/SKIP lines for tests/run.sh; needs only the standard library."""
 import os
 import shutil
@@ -97,6 +98,19 @@ def main():
         check("... and the tally counts every test's lines, the failure too",
               p.returncode != 0 and lines[-1] == "7 passed, 1 failed, 0 skipped"
               and ("FAIL %s exited with status 3" % bad) in lines, p.stdout)
+        # scratch: each test writes into its own TMPDIR; a pass's is removed, a failure's kept and named
+        keep = os.path.join(d, "keep")
+        os.mkdir(keep)
+        body = 'mkdir "$TMPDIR/skv-test-x-$$" && echo data > "$TMPDIR/skv-test-x-$$/f" && echo "PASS wrote %s"\n%s'
+        good = script(d, "good.sh", body % ("good", ""))
+        fails = script(d, "fails.sh", body % ("fails", "echo 'FAIL on purpose'\n"))
+        p = subprocess.run(["sh", RUN, good, fails], env=dict(os.environ, SKV_TEST_JOBS="1", TMPDIR=keep),
+                           capture_output=True, text=True, timeout=60)
+        kept = [os.path.join(r, f) for r, _, fs in os.walk(keep) for f in fs]
+        note = [x for x in p.stdout.splitlines() if x.startswith("NOTE %s's scratch files kept in " % fails)]
+        check("run.sh: a passing test's scratch files are removed, a failing one's kept and named in its output",
+              len(kept) == 1 and "/fails.sh/skv-test-x-" in kept[0] and len(note) == 1
+              and kept[0].startswith(note[0].split(" kept in ")[1] + "/"), p.stdout + repr(kept))
     finally:
         shutil.rmtree(d, ignore_errors=True)
     return finish("test_runner")
