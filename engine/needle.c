@@ -613,12 +613,10 @@ static void sweep_free(sweep *w) {
  * kept: it was only what the policy always keeps) and a "budget" whose raise
  * stays at or under the floor (the floor's own fix goes further). */
 static void add_floor(const kv_opts *kv, const char *policy, int prompt_len, needle_report *rep) {
-    const kv_class *p = kv_policy_find(policy);
-    if (!p || !p->floor || !p->budgeted) return;
     char why[200];
-    int floor = p->floor(kv, why, sizeof why), budget = kv_budget_tokens(kv, prompt_len);
-    if (budget >= floor) return;
-    int n = 0;
+    int floor = kv_under_floor(kv, kv_policy_find(policy), prompt_len, why, sizeof why);
+    if (!floor) return;
+    int budget = kv_budget_tokens(kv, prompt_len), n = 0;
     for (int i = 0; i < rep->n_causes; i++) {
         const needle_cause *x = &rep->causes[i];
         if (x->kind == NEEDLE_CAUSE_OUTLIER || (x->kind == NEEDLE_CAUSE_BUDGET && x->proposed <= floor)) continue;
@@ -793,6 +791,34 @@ int needle_context_notice(const skv_model *m, const needle_opts *o, char *buf, s
     snprintf(buf, n, "lengths up to %d tokens run past the model's trained context of %d; retrieval there is not "
              "expected", max_len, m->cfg.ctx_train);
     return 1;
+}
+
+int needle_floor_notice(const needle_opts *o, char *buf, size_t n) {
+    size_t len = 0;
+    int any = 0;
+    if (n) buf[0] = 0;
+    for (int m = 1; m < o->n_methods; m++) {
+        const kv_class *p = kv_policy_find(o->methods[m]);
+        char why[200], lens[200] = "";
+        size_t ll = 0;
+        int under = 0, lo = 0, hi = 0;
+        for (int i = 0; i < o->n_lengths; i++) {
+            if (!kv_under_floor(&o->kv, p, o->lengths[i], why, sizeof why)) continue;
+            int b = kv_budget_tokens(&o->kv, o->lengths[i]);
+            lo = under && lo < b ? lo : b;
+            hi = under && hi > b ? hi : b;
+            if (ll < sizeof lens) ll += snprintf(lens + ll, sizeof lens - ll, "%s%d", under ? ", " : "", o->lengths[i]);
+            under++;
+        }
+        if (!under || len >= n) continue;
+        char budget[64];
+        if (lo == hi) snprintf(budget, sizeof budget, "%d tokens", lo);
+        else snprintf(budget, sizeof budget, "%d to %d tokens", lo, hi);
+        len += snprintf(buf + len, n - len, "%s%s: the budget (%s%s%s) is under its floor of %s", any++ ? "\n" : "",
+                        o->methods[m], budget, under == o->n_lengths ? "" : under > 1 ? " at lengths " : " at length ",
+                        under < o->n_lengths ? lens : "", why);
+    }
+    return any;
 }
 
 int needle_check_kv_opts(const needle_opts *o) {

@@ -91,6 +91,11 @@ void needle_fit_options(needle_report *rep);
  * context (needle_run puts it in res->notice; callers may say it before). */
 int needle_context_notice(const skv_model *m, const needle_opts *o, char *buf, size_t n);
 
+/* 1 and a line per sparse method of o (newline-separated) in buf when o's
+ * budget at some length is under the method's floor (kv_under_floor): the
+ * method selects nothing beyond what it always keeps there. */
+int needle_floor_notice(const needle_opts *o, char *buf, size_t n);
+
 
 typedef struct {
     int index, length, run;    /* case number; requested length; repetition */

@@ -97,6 +97,21 @@ def main():
         lb = open(os.path.join(d, "leaderboard.md")).read()
         check("the leaderboard has a row per policy and a column per task@length",
               all("| %s |" % p in lb for p in ("dense", "shadowkv", "quest")) and "passkey@900" in lb, lb[:400])
+        check("no policy is under its floor there (Quest's is 2 pages, 32 tokens): no floor section",
+              "floor" not in lb, lb[-600:])
+        # a budget under a policy's floor: said at the start and in the leaderboard
+        d2 = os.path.join(tmp, "floor")
+        rc, out = run(["eval", "--out", d2, "--lengths", "500", "--depths", "50", "--seeds", "1", "--kv",
+                       "dense,specache", "--budget", "32", "--no-oracle"])
+        lb2 = open(os.path.join(d2, "leaderboard.md")).read() if rc == 0 else ""
+        check("a budget under a policy's floor is a warning and a leaderboard section naming the floor",
+              rc == 0 and "skv eval: warning: specache: the budget (32 tokens) is under its floor of the residual" in out
+              and "## Budgets under a policy's floor" in lb2 and "- specache: the budget (32 tokens)" in lb2, out + lb2)
+        rc, out = run(["needle", "--lengths", "500,1k", "--depths", "50", "--kv", "dense,quest,specache"])
+        check("skv needle warns of the lengths whose budget (3%: 15 and 31 tokens) is under a floor, each policy once",
+              rc == 0 and "skv needle: warning: quest: the budget (15 to 31 tokens) is under its floor of 2 pages" in out
+              and "skv needle: warning: specache: the budget (15 to 31 tokens) is under its floor" in out
+              and out.count("under its floor") == 2, out[:1500])
         # a torn last line (a kill inside a write) is dropped and that case run again
         with open(jl, "rb") as f:
             data = f.read()

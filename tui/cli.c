@@ -35,6 +35,14 @@ void cli_msg(const char *fmt, ...) {
     va_end(ap);
 }
 
+void cli_warn_lines(const char *text) {
+    for (const char *p = text; *p;) {
+        size_t k = strcspn(p, "\n");
+        cli_msg("warning: %.*s\n", (int)k, p);
+        p += k + (p[k] == '\n');
+    }
+}
+
 int cli_fail(void) {
     cli_msg("%s\n", skv_last_error());
     return 1;

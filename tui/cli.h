@@ -118,6 +118,8 @@ int cli_demo_model(const char *cmd, char *out, size_t cap);
  * stderr starts "skv CMD: " (plain "skv: " before a command is known). */
 extern const char *cli_command;
 void cli_msg(const char *fmt, ...) __attribute__((format(printf, 1, 2)));
+/* Each line of text (newline-separated) as "skv CMD: warning: LINE". */
+void cli_warn_lines(const char *text);
 
 /* "4k" for a multiple of 1024 tokens, else the number: how lengths are labelled. */
 void cli_len_label(int v, char *buf, size_t n);

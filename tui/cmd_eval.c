@@ -410,6 +410,27 @@ static void set_budget(kv_opts *kv, const eval_budget *b) {
     kv->budget_pct = b->pct;
 }
 
+/* needle_floor_notice for the grid's budget over its lengths and each sweep
+ * budget at the sweep's length, a line per (budget, policy) under its floor,
+ * into buf; 1 when any. */
+static int floor_notes(const eval_state *e, char *buf, size_t n) {
+    size_t len = 0;
+    buf[0] = 0;
+    for (int pass = 0; pass <= e->n_sweep && len < n; pass++) {
+        const eval_budget *b = pass == 0 ? &e->main_budget : &e->sweep[pass - 1];
+        if (pass > 0 && !strcmp(b->label, e->main_budget.label)) continue; /* the grid's line has it */
+        needle_opts o = e->o;
+        set_budget(&o.kv, b);
+        if (pass > 0) {
+            o.lengths = &e->sweep_len;
+            o.n_lengths = 1;
+        }
+        char one[2048];
+        if (needle_floor_notice(&o, one, sizeof one)) len += snprintf(buf + len, n - len, "%s%s", len ? "\n" : "", one);
+    }
+    return len > 0;
+}
+
 static int run_suite(eval_state *e, skv_model *m) {
     int rc = 0;
     for (int pass = 0; pass <= e->n_sweep && !rc; pass++) {
@@ -617,6 +638,16 @@ static char *leaderboard(const eval_state *e, const skv_model *m, int partial, d
                 else sb_printf(&b, " – |");
             }
             sb_printf(&b, "\n");
+        }
+    }
+    char floors[8192];
+    if (floor_notes(e, floors, sizeof floors)) {
+        sb_printf(&b, "\n## Budgets under a policy's floor\n\nThere the policy selects nothing beyond what it always "
+                  "keeps, so its cells measure that fixed part, not its selection:\n\n");
+        for (const char *p = floors; *p;) {
+            size_t k = strcspn(p, "\n");
+            sb_printf(&b, "- %.*s\n", (int)k, p);
+            p += k + (p[k] == '\n');
         }
     }
     /* distractor answers: a miss that gave another key's value */
@@ -1088,6 +1119,8 @@ int cmd_eval(int argc, char **argv) {
     e.done_before = e.n_rec;
     char note[256];
     if (needle_context_notice(m, &e.o, note, sizeof note)) fprintf(stderr, "skv eval: warning: %s\n", note);
+    char floors[8192];
+    if (floor_notes(&e, floors, sizeof floors)) cli_warn_lines(floors);
     if (!suite && !have_model) /* said once the suite starts, so that an error stays one line */
         cli_msg("no -m: the demo model, with its ShadowKV preset (--rank 16 --outliers 4 --local 4) and the peers' "
                 "windows scaled to it as in --suite demo; flags given override them\n");

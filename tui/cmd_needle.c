@@ -843,9 +843,10 @@ int cmd_needle(int argc, char **argv) {
     needle_result res;
     if (cli_check_lengths("needle", m, o.lengths, o.n_lengths, force)) { rc = 2; goto fail; }
     cli_stop_catch("case");
-    char ctx_note[256];
+    char ctx_note[256], floor_note[2048];
     if (needle_context_notice(m, &o, ctx_note, sizeof ctx_note)) /* before a sweep that may take minutes, and after */
         fprintf(stderr, "skv needle: warning: %s\n", ctx_note);
+    if (needle_floor_notice(&o, floor_note, sizeof floor_note)) cli_warn_lines(floor_note);
     rs.t0 = skv_now();
     rs.only_case = only_case;
     replay_base(argc, argv, rs.replay, sizeof rs.replay);

@@ -61,6 +61,12 @@ int kv_budget_tokens(const kv_opts *o, int prompt_len) {
     return b < 1 ? 1 : b > (1 << 24) ? 1 << 24 : (int)b;
 }
 
+int kv_under_floor(const kv_opts *o, const kv_class *p, int prompt_len, char *why, size_t n) {
+    if (!p || !p->floor || !p->budgeted) return 0;
+    int floor = p->floor(o, why, n);
+    return kv_budget_tokens(o, prompt_len) < floor ? floor : 0;
+}
+
 /* Parses value for def; 0 or SKV_EINVAL with a message naming key. */
 static int parse_value(const kv_opt_def *def, const char *value, double *out) {
     if (def->type == KV_OPT_FLAG) {

@@ -191,6 +191,12 @@ struct kv_opts {
  * budget_pct of the prompt rounded to the nearest token (at least 1). */
 int kv_budget_tokens(const kv_opts *o, int prompt_len);
 
+/* p's floor in tokens (kv_class.floor) when o's budget at a prompt of
+ * prompt_len tokens is under it, with its reason in why; 0 when the budget
+ * reaches it or p has none. Under its floor a policy selects nothing beyond
+ * what it always keeps. */
+int kv_under_floor(const kv_opts *o, const kv_class *p, int prompt_len, char *why, size_t n);
+
 void kv_opts_default(kv_opts *o);
 
 /* Sets policy option key from text. The key must be an option of some
