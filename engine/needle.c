@@ -629,7 +629,7 @@ static void add_floor(const kv_opts *kv, const char *policy, int prompt_len, nee
     c->kind = NEEDLE_CAUSE_FLOOR;
     c->score = 1;
     c->step = c->layer = c->head = c->chunk = -1;
-    snprintf(c->evidence, sizeof c->evidence, "at --budget %d %s selects nothing beyond what it always keeps: it needs "
+    snprintf(c->evidence, sizeof c->evidence, "at --budget %d %s selects nothing: it needs "
              "at least %s", budget, policy, why);
     snprintf(c->fix, sizeof c->fix, "raise --budget to %d tokens (its floor)", floor);
     snprintf(c->opt, sizeof c->opt, "budget");

@@ -218,7 +218,20 @@ static void test_quest(void) {
     size_t res, off;
     c->cls->bytes(c, &res, &off);
     test_cond("quest keeps everything resident", off == 0 && res >= (size_t)2 * kd.n * KVD * sizeof(float));
+    test_cond("quest at a budget of 3 pages says nothing", !c->notice[0]);
     kv_free(c);
+    /* between one page and two (its floor) quest selects no page: the notice says so */
+    int notice_ok = 1;
+    for (int b = 8; b <= 32; b += 12) {
+        kv_cache *fc = make("quest", b, "dense_layers", "0");
+        kv_data kf;
+        int frc = fc ? feed_prompt(fc, &kf, 100) : -1;
+        notice_ok &= frc == 0 && kv_stat(fc, "k") == (b < 2 * page ? 0 : 1) &&
+                     (b < 2 * page) == (strstr(fc->notice, "under 2 pages of 16") != NULL);
+        kv_free(fc);
+    }
+    test_cond("quest under its floor of 2 pages (budgets 8, 20) says it selects no page; at 32 it selects one",
+              notice_ok);
 
     /* group_max: one set per KV head, the same for its query heads */
     kv_opts oo;

@@ -642,8 +642,8 @@ static char *leaderboard(const eval_state *e, const skv_model *m, int partial, d
     }
     char floors[8192];
     if (floor_notes(e, floors, sizeof floors)) {
-        sb_printf(&b, "\n## Budgets under a policy's floor\n\nThere the policy selects nothing beyond what it always "
-                  "keeps, so its cells measure that fixed part, not its selection:\n\n");
+        sb_printf(&b, "\n## Budgets under a policy's floor\n\nThere the policy selects nothing (each line says what it "
+                  "does instead), so its cells do not measure its selection:\n\n");
         for (const char *p = floors; *p;) {
             size_t k = strcspn(p, "\n");
             sb_printf(&b, "- %.*s\n", (int)k, p);

@@ -247,10 +247,10 @@ static int qu_end_prefill(kv_cache *base) {
     c->budget = kv_budget_tokens(&c->o, c->prompt);
     int kb = c->budget / c->page; /* pages the budget holds, the last one included */
     c->k = kb > 1 ? kb - 1 : 0;
-    if (c->budget < c->page)
+    if (c->k == 0) /* under the floor, qu_floor */
         snprintf(base->notice, sizeof base->notice,
-                 "quest: a budget of %d tokens is less than one page of %d; attending the current page only",
-                 c->budget, c->page);
+                 "quest: a budget of %d tokens is under 2 pages of %d (the current page and one selected); attending "
+                 "the current page only", c->budget, c->page);
     return alloc_scratch(c);
 }
 

@@ -374,8 +374,8 @@ static void tk_free(kv_cache *base) {
 
 static int tk_floor(const kv_opts *o, char *why, size_t n) {
     int s = kv_opt_int(o, &kv_policy_tailorkv, "start"), r = kv_opt_int(o, &kv_policy_tailorkv, "recent");
-    snprintf(why, n, "start (%d) + recent (%d) + 1 token (%d tokens): a smaller budget selects no token in the "
-             "sparse layers", s, r, s + r + 1);
+    snprintf(why, n, "start (%d) + recent (%d) + 1 token (%d tokens): a smaller budget selects no token, and the "
+             "sparse layers attend densely", s, r, s + r + 1);
     return s + r + 1;
 }
 
