@@ -44,7 +44,7 @@ int main(void) {
     snprintf(cmd, sizeof cmd,
              "%s dump -m %s -p 'Once upon a time, there was a little girl named Lily. She loved to play outside in "
              "the park with her friends. One day she found a big red ball' --layer 2 -o %s --kv shadowkv --rank 8 "
-             "--budget 16 --outliers 1 --local 1 > /dev/null", bin, model, dir);
+             "--budget 16 --outliers 1 --local 1 > %s/listing.txt", bin, model, dir, dir);
     int st = system(cmd);
     test_cond("skv dump exits 0", WIFEXITED(st) && WEXITSTATUS(st) == 0);
     static const char *names[] = {"k_pre", "k_post", "v", "q_last", "U", "SVt", "landmarks", "cos_min", "outliers", "selected"};
@@ -56,6 +56,15 @@ int main(void) {
     int s = a[0].rows, kvd = a[0].cols, r = a[4].cols;
     test_cond("shapes: k_pre (48, 32), U (48, 8), SVt (8, 32), q_last (64)",
               s == 48 && kvd == 32 && a[4].rows == s && r == 8 && a[5].rows == r && a[5].cols == kvd && a[3].cols == 64);
+    char lpath[600], listing[4096] = "";
+    snprintf(lpath, sizeof lpath, "%s/listing.txt", dir);
+    FILE *lf = fopen(lpath, "r");
+    if (lf) {
+        listing[fread(listing, 1, sizeof listing - 1, lf)] = 0;
+        fclose(lf);
+    }
+    test_cond("the files listed with the shapes their headers give: k_pre.npy [48, 32], q_last.npy [64]",
+              strstr(listing, "/k_pre.npy  [48, 32]\n") && strstr(listing, "/q_last.npy  [64]\n"));
     double num = 0, den = 0;
     for (int t = 0; t < s; t++)
         for (int j = 0; j < kvd; j++) {

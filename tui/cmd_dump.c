@@ -47,7 +47,8 @@ static int npy_write(const char *dir, const char *name, const float *data, int r
         unlink(tmp);
         return skv_error(SKV_EIO, "%s: cannot write", path);
     }
-    printf("%s  [%d, %d]\n", path, rows < 0 ? 1 : rows, cols);
+    if (rows < 0) printf("%s  [%d]\n", path, cols); /* the shape the header gives */
+    else printf("%s  [%d, %d]\n", path, rows, cols);
     return 0;
 }
 
