@@ -6,9 +6,9 @@
 
 #include <sys/wait.h>
 
-typedef struct { int rows, cols; float *d; } npy;
+typedef struct { int rows, cols, mid; float *d; } npy; /* mid: the middle dim of 3 (then cols is the last), else 0 */
 
-/* Reads a v1.0 '<f4' C-order .npy of 1 or 2 dims. */
+/* Reads a v1.0 '<f4' C-order .npy of 1, 2 or 3 dims. */
 static int npy_read(const char *dir, const char *name, npy *a) {
     char path[1024];
     snprintf(path, sizeof path, "%s/%s.npy", dir, name);
@@ -22,9 +22,11 @@ static int npy_read(const char *dir, const char *name, npy *a) {
     ok = ok && strstr(hdr, "'descr': '<f4'") && strstr(hdr, "'fortran_order': False");
     char *sh = strstr(hdr, "'shape': (");
     a->rows = 1;
-    a->cols = 0;
+    a->cols = a->mid = 0;
     if (ok && sh) {
-        if (sscanf(sh, "'shape': (%d, %d)", &a->rows, &a->cols) != 2) {
+        if (sscanf(sh, "'shape': (%d, %d, %d)", &a->rows, &a->mid, &a->cols) == 3) {
+            a->cols *= a->mid;
+        } else if ((a->mid = 0, sscanf(sh, "'shape': (%d, %d)", &a->rows, &a->cols) != 2)) {
             a->rows = 1;
             ok = sscanf(sh, "'shape': (%d,)", &a->cols) == 1;
         }
@@ -79,6 +81,7 @@ int main(void) {
     snprintf(msg, sizeof msg, "U·SVt reconstructs k_pre at rank 8 with rel. error %.3f (< 0.2, > 0)", err);
     test_cond(msg, err < 0.2 && err > 0);
     int hd = 8, nc = a[7].cols, ok = 1;
+    test_cond("landmarks.npy is (kv, chunks, hd): (4, chunks, 8)", a[6].rows == 4 && a[6].mid == nc && a[6].cols == nc * hd);
     for (int h = 0; h < 4; h++)
         for (int c = 0; c < nc; c++)
             for (int j = 0; j < hd; j++) {

@@ -20,13 +20,18 @@
 #include <unistd.h>
 
 /* Writes a 1-D or 2-D f32 array as dir/name.npy (temp file, then rename). */
-static int npy_write(const char *dir, const char *name, const float *data, int rows, int cols) {
-    char path[4096], tmp[4200], hdr[256];
+static int npy_write(const char *dir, const char *name, const float *data, int nd, const int *shape) {
+    char path[4096], tmp[4200], hdr[256], dims[96] = "", list[96] = "";
     snprintf(path, sizeof path, "%s/%s.npy", dir, name);
     snprintf(tmp, sizeof tmp, "%s.tmp.%d", path, (int)getpid());
-    int n = rows < 0 ? snprintf(hdr, sizeof hdr, "{'descr': '<f4', 'fortran_order': False, 'shape': (%d,), }", cols)
-                     : snprintf(hdr, sizeof hdr, "{'descr': '<f4', 'fortran_order': False, 'shape': (%d, %d), }",
-                                rows, cols);
+    size_t count = 1, dl = 0, ll = 0;
+    for (int i = 0; i < nd; i++) {
+        count *= (size_t)shape[i];
+        dl += snprintf(dims + dl, sizeof dims - dl, "%d,%s", shape[i], i + 1 < nd ? " " : "");
+        ll += snprintf(list + ll, sizeof list - ll, "%s%d", i ? ", " : "", shape[i]);
+    }
+    if (nd > 1) dims[dl - 1] = 0; /* (a, b) but (a,) */
+    int n = snprintf(hdr, sizeof hdr, "{'descr': '<f4', 'fortran_order': False, 'shape': (%s), }", dims);
     int total = 10 + n + 1;
     int pad = (64 - total % 64) % 64;
     FILE *f = fopen(tmp, "wb");
@@ -39,7 +44,6 @@ static int npy_write(const char *dir, const char *name, const float *data, int r
     fwrite(hdr, 1, n, f);
     for (int i = 0; i < pad; i++) fputc(' ', f);
     fputc('\n', f);
-    size_t count = (size_t)(rows < 0 ? 1 : rows) * cols;
     size_t w = count ? fwrite(data, sizeof(float), count, f) : 0;
     int bad = w != count || fflush(f) != 0 || fsync(fileno(f)) != 0;
     bad |= fclose(f) != 0;
@@ -47,8 +51,7 @@ static int npy_write(const char *dir, const char *name, const float *data, int r
         unlink(tmp);
         return skv_error(SKV_EIO, "%s: cannot write", path);
     }
-    if (rows < 0) printf("%s  [%d]\n", path, cols); /* the shape the header gives */
-    else printf("%s  [%d, %d]\n", path, rows, cols);
+    printf("%s  [%s]\n", path, list);
     return 0;
 }
 
@@ -101,7 +104,7 @@ static void help(FILE *o) {
                "Writes layer L's tensors as numpy .npy files (v1.0, little-endian f32) into DIR:\n"
                "  k_pre.npy (s, kv*hd), k_post.npy, v.npy, q_last.npy (heads*hd);\n"
                "  with a low-rank block policy (--kv shadowkv) also U.npy (s, r), SVt.npy (r, kv*hd), landmarks.npy\n"
-               "  (kv, chunks*hd), cos_min.npy (kv, chunks), outliers.npy (kv, O; -1 padding) and\n"
+               "  (kv, chunks, hd), cos_min.npy (kv, chunks), outliers.npy (kv, O; -1 padding) and\n"
                "  selected.npy (kv, k): the chunks chosen at the first decode step.\n"
                "An existing .npy file there is kept unless --force.\n\n");
     cli_gen_help(o, 0);
@@ -176,8 +179,9 @@ int cmd_dump(int argc, char **argv) {
     if (session_decode(s, session_sample(s))) { cli_fail(); goto out; }
     const kv_tap_data *d = kv_tap_get(s->kv);
     int kvd = m->cfg.n_kv_heads * m->cfg.head_dim, hd = m->cfg.head_dim;
-    if (npy_write(dir, "k_pre", d->k_pre, n, kvd) || npy_write(dir, "k_post", d->k, n, kvd) ||
-        npy_write(dir, "v", d->v, n, kvd) || npy_write(dir, "q_last", d->q_last, -1, m->cfg.n_heads * hd)) {
+    if (npy_write(dir, "k_pre", d->k_pre, 2, (int[]){n, kvd}) || npy_write(dir, "k_post", d->k, 2, (int[]){n, kvd}) ||
+        npy_write(dir, "v", d->v, 2, (int[]){n, kvd}) ||
+        npy_write(dir, "q_last", d->q_last, 1, (int[]){m->cfg.n_heads * hd})) {
         cli_fail();
         goto out;
     }
@@ -195,11 +199,14 @@ int cmd_dump(int argc, char **argv) {
         lm = malloc(sizeof(float) * (size_t)m->cfg.n_kv_heads * (nc ? nc : 1) * hd);
         for (int h = 0; h < m->cfg.n_kv_heads; h++)
             s->be->landmarks(d->k + (size_t)h * hd, kvd, hd, chunk, nc, lm + (size_t)h * nc * hd);
-        if (npy_write(dir, "U", U, n, r) || npy_write(dir, "SVt", SVt, r, kvd) ||
-            npy_write(dir, "landmarks", lm, m->cfg.n_kv_heads, nc * hd)) { cli_fail(); goto out; }
-        if (cap.cos_min && (npy_write(dir, "cos_min", cap.cos_min, cap.n_kv, cap.n_chunks) ||
-                            npy_write(dir, "outliers", cap.outliers, cap.n_kv, cap.max_out))) { cli_fail(); goto out; }
-        if (cap.selected && npy_write(dir, "selected", cap.selected, cap.n_kv, cap.k)) { cli_fail(); goto out; }
+        if (npy_write(dir, "U", U, 2, (int[]){n, r}) || npy_write(dir, "SVt", SVt, 2, (int[]){r, kvd}) ||
+            npy_write(dir, "landmarks", lm, 3, (int[]){m->cfg.n_kv_heads, nc, hd})) { cli_fail(); goto out; }
+        if (cap.cos_min && (npy_write(dir, "cos_min", cap.cos_min, 2, (int[]){cap.n_kv, cap.n_chunks}) ||
+                            npy_write(dir, "outliers", cap.outliers, 2, (int[]){cap.n_kv, cap.max_out}))) {
+            cli_fail();
+            goto out;
+        }
+        if (cap.selected && npy_write(dir, "selected", cap.selected, 2, (int[]){cap.n_kv, cap.k})) { cli_fail(); goto out; }
     } else {
         cli_msg("policy %s keeps no low-rank keys: only K, V and the query were written\n",
                 s->kv->policy->name);
