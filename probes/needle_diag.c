@@ -360,11 +360,8 @@ static const char *units_of(int b, int u, char *buf, size_t n) {
  * options ("page" for Quest and FreeKV, "chunk" for ShadowKV), or NULL when
  * it recorded neither: advice names only an option the policy has. */
 static const char *block_option(const probe_store *st) {
-    const probe_ev_run *run = probe_store_run(st);
-    if (!run || !run->kv_opts) return NULL;
-    if (probe_pairs_get(run->kv_opts, "page", -1) >= 1) return "page";
-    if (probe_pairs_get(run->kv_opts, "chunk", -1) >= 1) return "chunk";
-    return NULL;
+    const char *b = probe_store_block_name(st);
+    return !strcmp(b, "page") || !strcmp(b, "chunk") ? b : NULL;
 }
 
 /* The first oracle event with a needle span, or NULL. */

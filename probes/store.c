@@ -538,6 +538,19 @@ uint64_t probe_store_count(const probe_store *st, probe_kind k) {
 
 const probe_ev_run *probe_store_run(const probe_store *st) { return st->run ? &st->run->run : NULL; }
 
+const char *probe_store_block_name(const probe_store *st) {
+    const probe_ev_run *run = probe_store_run(st);
+    if (run && run->kv_opts && probe_pairs_get(run->kv_opts, "page", -1) >= 1) return "page";
+    if (run && run->kv_opts && probe_pairs_get(run->kv_opts, "chunk", -1) >= 1) return "chunk";
+    for (int s = 0; s < probe_store_n_steps(st); s++)
+        for (int l = 0; l < probe_store_n_layers(st); l++)
+            for (int h = 0; h < probe_store_n_kv_heads(st); h++) {
+                const probe_ev_decode_head *d = probe_store_decode(st, s, l, h);
+                if (d) return d->block == 1 ? "token" : "block";
+            }
+    return "block";
+}
+
 int probe_store_n_tokens(const probe_store *st) { return st->n_tok; }
 int probe_store_n_prompt(const probe_store *st) { return st->n_prompt; }
 

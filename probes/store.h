@@ -41,6 +41,10 @@ uint64_t probe_store_count(const probe_store *st, probe_kind k);
 
 /* The run's metadata, or NULL before the PROBE_RUN event. */
 const probe_ev_run *probe_store_run(const probe_store *st);
+/* What the policy's blocks are called, from the options the run recorded:
+ * "page" (Quest, FreeKV), "chunk" (ShadowKV); else "token" when its
+ * selections are of single tokens (SpeCache, TailorKV), else "block". */
+const char *probe_store_block_name(const probe_store *st);
 
 /* Tokens in arrival order (prompt first, then one per step); text is
  * followed by a NUL. */

@@ -79,14 +79,16 @@ static const char *line_of(const char *text, int y, char *buf, size_t n) {
 
 /* steps decode steps of one layer and KV head; hits/misses of step s from
  * hm (NULL: ShadowKV-like, step 0 all misses then two hits), or none at all
- * (cache 0: a policy without a chunk cache). oracle: the selection's mass. */
+ * (cache 0: a policy without a chunk cache, recorded as Quest with pages of
+ * 8). oracle: the selection's mass. */
 static probe_store *selection_store(int steps, int cache, const int (*hm)[2], int oracle) {
     probe_store *st = NULL;
     if (probe_store_new(&st)) return NULL;
     int bad = add(st, (probe_event){.kind = PROBE_RUN, .run = {.model = "synthetic", .n_layers = 1, .n_heads = 2,
                                                                .n_kv_heads = 1, .head_dim = 8, .max_ctx = 1024,
-                                                               .prompt_len = NCH * 8, .kv_policy = "shadowkv",
-                                                               .kv_opts = "chunk=8", .budget = K * 8}});
+                                                               .prompt_len = NCH * 8,
+                                                               .kv_policy = cache ? "shadowkv" : "quest",
+                                                               .kv_opts = cache ? "chunk=8" : "page=8", .budget = K * 8}});
     float cm[NCH];
     for (int c = 0; c < NCH; c++) cm[c] = 0.5f;
     int outl[2] = {5, 30};
@@ -167,11 +169,40 @@ static void test_selection_cache(void) {
     char *t = st ? draw_text("selection", st, &cur, 120, 30, &rc, NULL) : NULL;
     char legend[2048];
     if (t) line_of(t, 1, legend, sizeof legend);
-    test_cond("Selection without a chunk cache (Quest): chunks 'selected', no hit/miss legend, no hit rate",
+    test_cond("Selection without a chunk cache (Quest): pages 'selected', no hit/miss legend, no hit rate",
               t && rc == 0 && strstr(legend, "selected") && !strstr(legend, "hit") && !strstr(legend, "miss") &&
-                  strstr(t, "no chunk cache") && !strstr(t, "hits"));
+                  strstr(t, "k=4 of 60 pages (no cache)") && !strstr(t, "hits") && !strstr(t, "chunk"));
     free(t);
     probe_store_free(st);
+}
+
+/* Lanes with nothing for a view are left out of the stack, and named under
+ * it; the one lane left keeps its name. */
+static void test_lanes_left_out(void) {
+    probe_store *a = selection_store(4, 1, NULL, 0), *b = NULL;
+    int ok = a && !probe_store_new(&b) &&
+             !add(b, (probe_event){.kind = PROBE_RUN, .run = {.model = "synthetic", .n_layers = 1, .n_heads = 2,
+                                                              .n_kv_heads = 1, .head_dim = 8, .max_ctx = 1024,
+                                                              .prompt_len = NCH * 8, .kv_policy = "freekv"}});
+    canvas *c = NULL;
+    char *t = NULL;
+    if (ok && !canvas_cells_new(&c, 120, 30, 0)) {
+        const probe_store *sts[2] = {a, b};
+        const char *names[2] = {"shadowkv", "freekv"};
+        view_cursor cur;
+        view_cursor_init(&cur);
+        ok = view_draw_lanes(view_find("selection"), c, (canvas_rect){0, 0, 120, 30}, sts, names, 2, &cur, NULL) == 0;
+        t = canvas_cells_text(c);
+        canvas_free(c);
+    }
+    char first[256] = "";
+    if (t) line_of(t, 0, first, sizeof first);
+    test_cond("a lane with nothing for the view is left out and named under the others; the lane left keeps its name",
+              ok && t && !strncmp(first, "shadowkv", 8) &&
+                  strstr(t, "not shown (nothing recorded for this view): freekv") && !strstr(t, "freekv\n"));
+    free(t);
+    probe_store_free(a);
+    probe_store_free(b);
 }
 
 /* Finding 11: the selection's share of the exact mass is not called recall;
@@ -588,6 +619,7 @@ int main(void) {
     dir = test_tmpdir("views_fixes");
     test_selection_rows();
     test_selection_cache();
+    test_lanes_left_out();
     test_recall_names();
     test_timeline();
     test_batch_views();

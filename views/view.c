@@ -264,12 +264,18 @@ int view_draw_lanes_each(const view_class *vc, canvas *c, canvas_rect r, const p
     if (cur->batch && vc->prefill && n > 1) return draw_shared_prefill(vc, c, r, st[0], n, cur, res);
     const probe_store *keep_st[PROBE_MAX_LANES];
     const char *keep_nm[PROBE_MAX_LANES];
+    char gone[200] = ""; /* the lanes left out, named under the panes */
+    size_t gl = 0;
+#define GONE(i) do { if (names && names[i] && gl < sizeof gone) \
+                         gl += (size_t)snprintf(gone + gl, sizeof gone - gl, "%s%s", gl ? ", " : "", names[i]); } while (0)
     if (vc->metric && n > 1) {
         int k = 0;
         for (int i = 0; i < n && k < PROBE_MAX_LANES; i++)
             if (probe_store_has_metric(st[i], vc->metric)) {
                 keep_st[k] = st[i];
                 keep_nm[k++] = names ? names[i] : NULL;
+            } else {
+                GONE(i);
             }
         if (k == 0) return vc->draw(c, r, st[0], cur, res);
         st = keep_st;
@@ -285,7 +291,10 @@ int view_draw_lanes_each(const view_class *vc, canvas *c, canvas_rect r, const p
             for (int i = 0; i < n && k < PROBE_MAX_LANES; i++) {
                 paint_result pr;
                 canvas_clear(probe);
-                if (vc->draw(probe, (canvas_rect){0, 0, 80, 24}, st[i], cur, &pr) == SKV_EMISSING) continue;
+                if (vc->draw(probe, (canvas_rect){0, 0, 80, 24}, st[i], cur, &pr) == SKV_EMISSING) {
+                    GONE(i);
+                    continue;
+                }
                 keep_st[k] = st[i];
                 keep_nm[k++] = names ? names[i] : NULL;
             }
@@ -299,10 +308,20 @@ int view_draw_lanes_each(const view_class *vc, canvas *c, canvas_rect r, const p
             }
         }
     }
-    if (n <= 1) return vc->draw(c, r, st[0], cur, res);
+#undef GONE
+    if (n <= 1 && !gone[0]) return vc->draw(c, r, st[0], cur, res);
     const canvas_geom *g = canvas_geometry(c);
     const canvas_theme *th = canvas_get_theme(c);
     double lh = g->cells ? 1 : canvas_line_height(c, CANVAS_FONT_BOLD);
+    if (gone[0]) { /* a line under the panes names the policies with nothing to show here */
+        char line[VIEW_LINE_MAX];
+        double bh = g->cells ? 1 : canvas_line_height(c, CANVAS_FONT_BODY) + g->pad;
+        snprintf(line, sizeof line, "not shown (nothing recorded for this view): %s", gone);
+        view_fit_text(c, CANVAS_FONT_BODY, r.w - (g->cells ? 0 : 2 * g->pad), line);
+        r.h -= bh;
+        canvas_text(c, r.x + (g->cells ? 0 : g->pad), r.y + r.h + (g->cells ? 0 : g->pad / 2), line, CANVAS_FONT_BODY,
+                    CANVAS_LEFT | CANVAS_TOP, th->fg);
+    }
     double band = r.h / n;
     int rc_all = SKV_EMISSING;
     for (int i = 0; i < n; i++) {

@@ -115,6 +115,8 @@ static void chunk_window(int n, int cols, int scroll, int chunk, int *c0, int *n
 static void describe(char *buf, size_t n, const probe_store *st, int step, int layer, int head, int chunk,
                      const uint8_t *cats_now, int n_chunks, int cells, int cached) {
     const probe_ev_decode_head *d = probe_store_decode(st, step, layer, head);
+    const char *unit = probe_store_block_name(st);
+    int lm = !strcmp(unit, "chunk"); /* ShadowKV scores its chunks by landmark */
     size_t k = 0;
 #define ADD(...) do { if (k < n) k += (size_t)snprintf(buf + k, n - k, __VA_ARGS__); } while (0)
     if (!d) { ADD("step %d: no selection recorded for layer %d, KV head %d", step, layer, head); return; }
@@ -122,21 +124,22 @@ static void describe(char *buf, size_t n, const probe_store *st, int step, int l
         static const char *what[CAT_N] = { "not selected", "local window (dense)", "outlier (dense)", "selected",
                                            "selected, cache hit", "selected, fetched (miss)" };
         int cat = cats_now[chunk];
-        ADD("chunk %d at step %d: %s", chunk, step, cat < CAT_N ? what[cat] : "no data");
+        ADD("%s %d at step %d: %s", unit, chunk, step, cat < CAT_N ? what[cat] : "no data");
         for (int i = 0; i < d->n_sel; i++)
-            if (d->sel[i] == chunk) ADD(cells ? ", score %.3g" : ", landmark score %.3g", d->score[i]);
+            if (d->sel[i] == chunk) ADD(cells || !lm ? ", score %.3g" : ", landmark score %.3g", d->score[i]);
         if (d->has_oracle && chunk < d->n_chunks && d->rank_landmark && d->rank_exact)
-            ADD(cells ? "; rank %d lm / %d exact" : "; rank %d by landmark, %d by exact attention",
+            ADD(cells ? (lm ? "; rank %d lm / %d exact" : "; rank %d score / %d exact")
+                      : (lm ? "; rank %d by landmark, %d by exact attention" : "; rank %d by its score, %d by exact attention"),
                 d->rank_landmark[chunk], d->rank_exact[chunk]);
         return;
     }
     if (cached)
         ADD("step %d: %d selected, %d hits, %d misses (this step's hit rate %.0f%%)", step, d->n_sel, d->hits,
             d->misses, d->n_sel ? 100.0 * d->hits / d->n_sel : 0.0);
-    else ADD(cells ? "step %d: %d selected (no chunk cache)" : "step %d: %d selected (the policy keeps no chunk cache)",
+    else ADD(cells ? "step %d: %d selected (no cache)" : "step %d: %d selected (the policy keeps no cache of its selection)",
              step, d->n_sel);
-    if (d->has_oracle)
-        ADD(cells ? "; sel. mass %.1f%%" : "; the selected chunks hold %.1f%% of the exact attention mass", 100 * d->recall);
+    if (d->has_oracle && cells) ADD("; sel. mass %.1f%%", 100 * d->recall);
+    else if (d->has_oracle) ADD("; the selected %ss hold %.1f%% of the exact attention mass", unit, 100 * d->recall);
 #undef ADD
 }
 
@@ -161,32 +164,41 @@ static int selection_draw(canvas *c, canvas_rect r, const probe_store *st, const
     int cached = has_cache(st, layer, head);
     classify_step(st, step, layer, head, ph, n, cached, now);
 
-    int k = 0, hits = 0, sel = 0;
+    /* k: the blocks selected a step; a policy that selects per query head (Quest) gives the KV head
+     * their union, which varies: then the most */
+    int k = 0, k_lo = -1, hits = 0, sel = 0;
     for (int s = 0; s < n_steps; s++) {
         const probe_ev_decode_head *d = probe_store_decode(st, s, layer, head);
         if (!d) continue;
         k = d->n_sel > k ? d->n_sel : k;
+        k_lo = k_lo < 0 || d->n_sel < k_lo ? d->n_sel : k_lo;
         hits += d->hits;
         sel += d->n_sel;
     }
-    char title[200], info[300];
+    const char *unit = probe_store_block_name(st);
+    char title[200], info[300], kk[32], Unit[16], xl[64];
+    snprintf(kk, sizeof kk, k_lo == k ? (g->cells ? "k=%d" : "k = %d") : "up to %d", k);
+    snprintf(Unit, sizeof Unit, "%c%s", unit[0] - 'a' + 'A', unit + 1);
+    if (!strcmp(unit, "token")) snprintf(xl, sizeof xl, "token (prompt position)");
+    else snprintf(xl, sizeof xl, "%s (prompt position / %s size)", unit, unit);
     if (!cached) { /* no cache: no hit rate to give */
-        snprintf(title, sizeof title, g->cells ? "Selection L%d H%d: k=%d of %d chunks (no chunk cache)"
-                                               : "Chunks selected by layer %d, KV head %d: k = %d of %d chunks "
-                                                 "(the policy keeps no chunk cache)",
-                 layer, head, k, n);
+        if (g->cells)
+            snprintf(title, sizeof title, "Selection L%d H%d: %s of %d %ss (no cache)", layer, head, kk, n, unit);
+        else
+            snprintf(title, sizeof title, "%ss selected by layer %d, KV head %d: %s of %d %ss (the policy keeps no cache "
+                     "of its selection)", Unit, layer, head, kk, n, unit);
         if (!g->cells && canvas_text_width(c, title, CANVAS_FONT_TITLE) > r.w) /* the shorter wording */
-            snprintf(title, sizeof title, "Layer %d, KV head %d: k = %d of %d chunks selected (no chunk cache)", layer,
-                     head, k, n);
+            snprintf(title, sizeof title, "Layer %d, KV head %d: %s of %d %ss selected (no cache)", layer, head, kk, n,
+                     unit);
     } else if (g->cells)
-        snprintf(title, sizeof title, "Selection L%d H%d: k=%d of %d chunks, hits %.0f%% all steps", layer, head, k, n,
+        snprintf(title, sizeof title, "Selection L%d H%d: %s of %d %ss, hits %.0f%% all steps", layer, head, kk, n, unit,
                  sel ? 100.0 * hits / sel : 0.0);
     else {
-        snprintf(title, sizeof title, "Chunks selected by layer %d, KV head %d: k = %d of %d chunks, cache hit rate %.1f%% over all steps",
-                 layer, head, k, n, sel ? 100.0 * hits / sel : 0.0);
+        snprintf(title, sizeof title, "%ss selected by layer %d, KV head %d: %s of %d %ss, cache hit rate %.1f%% over "
+                 "all steps", Unit, layer, head, kk, n, unit, sel ? 100.0 * hits / sel : 0.0);
         if (canvas_text_width(c, title, CANVAS_FONT_TITLE) > r.w) /* a shorter wording before any cut */
-            snprintf(title, sizeof title, "Layer %d, KV head %d: k = %d of %d chunks selected, hit rate %.1f%% (all steps)",
-                     layer, head, k, n, sel ? 100.0 * hits / sel : 0.0);
+            snprintf(title, sizeof title, "Layer %d, KV head %d: %s of %d %ss selected, hit rate %.1f%% (all steps)",
+                     layer, head, kk, n, unit, sel ? 100.0 * hits / sel : 0.0);
     }
     describe(info, sizeof info, st, step, layer, head, chunk, now, n, g->cells, cached);
     view_fit_text(c, CANVAS_FONT_TITLE, r.w, title);
@@ -239,7 +251,7 @@ static int selection_draw(canvas *c, canvas_rect r, const probe_store *st, const
         free(row);
         paint_raster ras = {
             .title = title, .cat = cat, .nx = nc, .ny = nsw * per, .cats = cats, .n_cats = CAT_N,
-            .x = { .label = g->cells ? "chunk" : "chunk (prompt position / chunk size)",
+            .x = { .label = g->cells ? unit : xl,
                    .min = c0 - 0.5, .max = c0 + nc - 0.5, .integer = 1 },
             .y = { .label = "decode step", .min = s0 - 0.5, .max = s0 + nsw - 0.5, .integer = 1 },
             .highlight = cur->clean ? 0 : PAINT_HI_ROW | (chunk >= c0 && chunk < c0 + nc ? PAINT_HI_COL : 0),
@@ -264,11 +276,11 @@ static int selection_draw(canvas *c, canvas_rect r, const probe_store *st, const
         if (nc < n) { /* only part of the chunks fit: say which, and that it scrolls */
             const char *arrows = g->ascii ? "<- ->" : "\xe2\x86\x90/\xe2\x86\x92";
             if (g->cells)
-                snprintf(title, sizeof title, "Selection L%d H%d: k=%d, chunks %d-%d of %d (%s scroll)", layer, head, k,
+                snprintf(title, sizeof title, "Selection L%d H%d: %s, %ss %d-%d of %d (%s scroll)", layer, head, kk, unit,
                          c0, c0 + nc - 1, n, arrows);
             else
-                snprintf(title, sizeof title, "Chunks selected by layer %d, KV head %d: k = %d; chunks %d-%d of %d shown",
-                         layer, head, k, c0, c0 + nc - 1, n);
+                snprintf(title, sizeof title, "%ss selected by layer %d, KV head %d: %s; %ss %d-%d of %d shown", Unit,
+                         layer, head, kk, unit, c0, c0 + nc - 1, n);
             view_fit_text(c, CANVAS_FONT_TITLE, r.w, title);
         }
     }
