@@ -240,7 +240,7 @@ int session_step_end(skv_session *s, int32_t token, double dt) {
         kv_stats_describe(s->kv, stats, sizeof stats);
         probe_event ev = {.kind = PROBE_STEP, .step = {
             .step = s->step, .token = token, .seconds = dt, .kv_resident = res, .kv_offloaded = off,
-            .hit_rate = k > 0 ? (float)(hits / k) : 0.0f, .has_oracle = s->twin_kv != NULL,
+            .hit_rate = k > 0 ? (float)(hits / k) : NAN, .has_oracle = s->twin_kv != NULL,
             .top1_agree = s->top1_agree > 0, .n_fetch = isnan(fetches) ? 0 : (int)fetches,
             .fetch_bytes = isnan(fbytes) ? 0 : (uint64_t)fbytes, .kv_stats = stats}};
         probe_emit(s->o.bus, &ev);

@@ -113,7 +113,7 @@ typedef struct {
     int step, token;                   /* the sampled token id */
     double seconds;                    /* wall time of the step */
     uint64_t kv_resident, kv_offloaded; /* bytes */
-    float hit_rate;                    /* mean hits/k over layers and heads */
+    float hit_rate;                    /* mean hits/k over layers and heads; NaN: no cache (Quest) or nothing selected */
     int has_oracle, top1_agree;        /* 1: dense and sparse argmax agree */
     int n_fetch;                       /* chunks fetched (misses) this step */
     uint64_t fetch_bytes;

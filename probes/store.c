@@ -612,7 +612,7 @@ float probe_store_hit_rate(const probe_store *st, int step, int layer) {
     int n = 0;
     for (int h = 0; h < st->dec.n_h; h++) {
         const probe_ev_decode_head *d = probe_store_decode(st, step, layer, h);
-        if (!d || d->n_sel <= 0) continue;
+        if (!d || d->n_sel <= 0 || d->hits + d->misses <= 0) continue; /* no cache (Quest), or nothing selected */
         sum += (double)d->hits / d->n_sel;
         n++;
     }

@@ -173,6 +173,12 @@ static void test_selection_cache(void) {
               t && rc == 0 && strstr(legend, "selected") && !strstr(legend, "hit") && !strstr(legend, "miss") &&
                   strstr(t, "k=4 of 60 pages (no cache)") && !strstr(t, "hits") && !strstr(t, "chunk"));
     free(t);
+    /* no cache, no hit rate: not a line at 0 % */
+    t = st ? draw_text("cache", st, &cur, 120, 30, &rc, NULL) : NULL;
+    test_cond("Cache view of a policy without a cache: no hit rate (NaN), and the view says why instead of a 0 % line",
+              st && isnan(probe_store_hit_rate(st, 1, 0)) && rc == SKV_EMISSING && t &&
+                  strstr(t, "quest keeps no cache of its selection"));
+    free(t);
     probe_store_free(st);
 }
 

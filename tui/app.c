@@ -23,6 +23,7 @@
 #include <fcntl.h>
 #include <langinfo.h>
 #include <limits.h>
+#include <math.h>
 #include <poll.h>
 #include <signal.h>
 #include <stdarg.h>
@@ -716,7 +717,7 @@ static void draw_status(app *a, int y, int h) {
         seg(&l, 5, "KV res %s off %s", rb, ob);
     }
     if (probe_store_count(a->st, PROBE_DECODE_HEAD) > 0 || (live(a) && a->ws.hits + a->ws.misses)) {
-        if (se) seg(&l, 4, "step hit %.0f%%", 100.0 * se->hit_rate);
+        if (se && isfinite(se->hit_rate)) seg(&l, 4, "step hit %.0f%%", 100.0 * se->hit_rate);
         else if (live(a) && a->ws.hits + a->ws.misses)
             seg(&l, 4, "hit %.0f%% all steps", 100.0 * a->ws.hits / (double)(a->ws.hits + a->ws.misses));
     }

@@ -62,33 +62,43 @@ static int cache_draw(canvas *c, canvas_rect r, const probe_store *st, const vie
         mean[s] = cnt ? sum / cnt : NAN;
     }
     if (!any) {
-        char msg[160];
-        rc = view_message(c, r, "Cache hit rate", view_no_data(st, PROBE_DECODE_HEAD, "cache data", msg, sizeof msg), res);
+        char msg[200];
+        const probe_ev_run *run = probe_store_run(st);
+        if (probe_store_count(st, PROBE_DECODE_HEAD) > 0) /* selections, none a hit or a miss */
+            snprintf(msg, sizeof msg, "no cache hit rate: %s keeps no cache of its selection (it reads every %s it "
+                     "selects each step)", run && run->kv_policy && run->kv_policy[0] ? run->kv_policy : "the policy",
+                     probe_store_block_name(st));
+        else
+            view_no_data(st, PROBE_DECODE_HEAD, "cache data", msg, sizeof msg);
+        rc = view_message(c, r, "Cache hit rate", msg, res);
         goto done;
     }
 
+    /* the layers in order; with a cursor its layer last (on top), wider, named so */
     int step = view_step(st, cur), ns = 0;
     for (int l = 0; l < nl; l++) {
-        if (l == layer) continue;
+        if (l == layer && !cur->clean) continue;
         snprintf(names[l], sizeof names[l], "layer %d", l);
         int named = nl <= CACHE_CAT_LAYERS || l == 0 || l == nl - 1;
         ser[ns++] = (paint_series){ .name = named ? names[l] : NULL, .x = xs, .y = ys + (size_t)l * n, .n = n,
                                     .color = layer_color(l, nl, g->cells), .width = g->line_w };
     }
-    snprintf(names[layer], sizeof names[layer], cur->clean ? "layer %d" : "layer %d (cursor)", layer);
-    ser[ns++] = (paint_series){ .name = names[layer], .x = xs, .y = ys + (size_t)layer * n, .n = n,
-                                .color = layer_color(layer, nl, g->cells),
-                                .width = cur->clean ? g->line_w : g->line_w * 1.6 };
+    if (!cur->clean) {
+        snprintf(names[layer], sizeof names[layer], "layer %d (cursor)", layer);
+        ser[ns++] = (paint_series){ .name = names[layer], .x = xs, .y = ys + (size_t)layer * n, .n = n,
+                                    .color = layer_color(layer, nl, g->cells), .width = g->line_w * 1.6 };
+    }
     ser[ns++] = (paint_series){ .name = "mean over layers", .x = xs, .y = mean, .n = n,
                                 .color = g->cells ? th->highlight : CANVAS_RGB(0x1a, 0x1a, 0x1a), .width = g->line_w * 2.6 };
 
     char title[200], mlabel[48];
     double m = step >= 0 ? mean[step] : NAN, lv = step >= 0 ? ys[(size_t)layer * n + step] : NAN;
+    const char *unit = probe_store_block_name(st);
     if (g->cells)
         snprintf(title, sizeof title, "Cache hit rate, step %d: mean %.0f%%, layer %d %.0f%%", step, m, layer, lv);
     else
-        snprintf(title, sizeof title, "Chunk cache hit rate per layer (hits / k, mean over KV heads); step %d: mean %.1f%%",
-                 step, m);
+        snprintf(title, sizeof title, "%c%s cache hit rate per layer (hits / k, mean over KV heads); step %d: mean %.1f%%",
+                 unit[0] - 'a' + 'A', unit + 1, step, m);
     view_fit_text(c, CANVAS_FONT_TITLE, r.w, title);
     snprintf(mlabel, sizeof mlabel, "step %d", step);
     paint_marker mk = { .x = step, .label = mlabel, .color = PAINT_AUTO };
@@ -129,8 +139,9 @@ static int cache_click(view_cursor *cur, const probe_store *st, const paint_resu
 const view_class view_cache = {
     .name = "cache",
     .title = "Cache",
-    .help = "chunk cache hit rate per layer over the decode steps, with the mean over layers (hits / k per step, "
-            "mean over KV heads; the status line's \"step hit\" is that mean at the shown step)",
+    .help = "chunk (or page, token) cache hit rate per layer over the decode steps, with the mean over layers (hits / k "
+            "per step, mean over KV heads; the status line's \"step hit\" is that mean at the shown step); a policy "
+            "without a cache (Quest) has none",
     .draw = cache_draw,
     .move = view_move_layer_step,
     .click = cache_click,
