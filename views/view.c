@@ -264,7 +264,8 @@ int view_draw_lanes_each(const view_class *vc, canvas *c, canvas_rect r, const p
     if (cur->batch && vc->prefill && n > 1) return draw_shared_prefill(vc, c, r, st[0], n, cur, res);
     const probe_store *keep_st[PROBE_MAX_LANES];
     const char *keep_nm[PROBE_MAX_LANES];
-    char gone[200] = ""; /* the lanes left out, named under the panes */
+    char gone[200] = ""; /* the lanes with nothing for a view of every policy, named under the panes (a
+                          * policy's own view, vc->metric, leaves the others out unnamed) */
     size_t gl = 0;
 #define GONE(i) do { if (names && names[i] && gl < sizeof gone) \
                          gl += (size_t)snprintf(gone + gl, sizeof gone - gl, "%s%s", gl ? ", " : "", names[i]); } while (0)
@@ -274,8 +275,6 @@ int view_draw_lanes_each(const view_class *vc, canvas *c, canvas_rect r, const p
             if (probe_store_has_metric(st[i], vc->metric)) {
                 keep_st[k] = st[i];
                 keep_nm[k++] = names ? names[i] : NULL;
-            } else {
-                GONE(i);
             }
         if (k == 0) return vc->draw(c, r, st[0], cur, res);
         st = keep_st;
