@@ -3,7 +3,7 @@
 # (seconds): --parallel fit names what set the largest batch (cap when the
 # 4096 limit did, memory when --mem did) and says a cap on stderr; a batch
 # over --mem is refused in one line; a cross-policy fork says its figures
-# are approximate; Ctrl-C says it stops after the step in flight, prints
+# are approximate; a policy under its floor says so once; Ctrl-C says it stops after the step in flight, prints
 # the partial line and exits 130; a second Ctrl-C quits at once. Prints
 # PASS/FAIL/SKIP lines.
 cd "$(dirname "$0")/.." || exit 1
@@ -53,6 +53,11 @@ check "--parallel fit with --offload-file: the disk bounds the batch, or the cap
             else if (mem < disk / 2) ok = index(err, "--mem would hold") > 0
             else ok = 1 }
         END { print seen && ok ? 0 : 1 }' "$TMP/o" || echo 1)
+# a policy under its floor selects nothing: the timing says so, once over the repeats
+timeout -k 5 120 $B --kv quest --budget 20 --repeat 2 >"$TMP/o" 2>"$TMP/e"; rc=$?
+check "a bench of quest under its floor (budget 20, pages of 16) says it selects no page, once over 2 repeats" \
+    $([ $rc -eq 0 ] && [ "$(grep -c "quest: a budget of 20 tokens is under 2 pages of 16" "$TMP/e")" -eq 1 ] &&
+      grep -q "kv=quest" "$TMP/o" && echo 0 || echo 1)
 timeout -k 5 120 $B --parallel 4000 --mem 0.05 >"$TMP/o" 2>"$TMP/e"; rc=$?
 check "a batch over --mem is refused in one line naming the GiB" \
     $([ $rc -ne 0 ] && [ "$(cat "$TMP/o" "$TMP/e" | wc -l)" -eq 1 ] && grep -q "GiB" "$TMP/e" && echo 0 || echo 1)

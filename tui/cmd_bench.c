@@ -199,11 +199,21 @@ static int prefill_tick(void *user, int done, int total) {
 }
 
 /* A prefill with progress lines; Ctrl-C during it is said and returns
- * CLI_STOPPED (nothing measured yet), another failure its message and 1. */
+ * CLI_STOPPED (nothing measured yet), another failure its message and 1.
+ * The policy's notice (a budget under its floor, a rank cut) goes to stderr
+ * once, not at every repeat: a timing of a policy that selects nothing
+ * should say so. */
 static int bench_prefill(skv_session *s, const int32_t *ids, int np) {
+    static char said[sizeof s->kv->notice];
     tick_clock c;
     tick_start(&c);
-    if (!session_prefill(s, ids, np, prefill_tick, &c)) return 0;
+    if (!session_prefill(s, ids, np, prefill_tick, &c)) {
+        if (s->kv->notice[0] && strcmp(said, s->kv->notice)) {
+            cli_msg("%s\n", s->kv->notice);
+            memcpy(said, s->kv->notice, sizeof said);
+        }
+        return 0;
+    }
     if (cli_stop_requested()) {
         cli_msg("interrupted during the prefill: nothing was measured\n");
         return CLI_STOPPED;
