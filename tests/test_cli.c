@@ -115,7 +115,7 @@ int main(void) {
         int rc = run("info -m samples/model/skv-demo.gguf", out, sizeof out);
         test_cond("info lists layer 0's tensors with type, shape and a size in a unit that fits",
                   rc == 0 && strstr(out, "blk.0.wq") && strstr(out, "f32   [128, 128] 64.0 KiB") &&
-                      strstr(out, "[1, 128] 512 B") && !strstr(out, "0.00 MiB") && !strstr(out, "blk.1.") &&
+                      strstr(out, "blk.0.attn_norm              f32   [128] 512 B") && !strstr(out, "0.00 MiB") && !strstr(out, "blk.1.") &&
                       strstr(out, "3 more layers; --all lists them"));
         test_cond("info gives the weights and the dense KV cache a token and at the context, f32 and f16",
                   rc == 0 && strstr(out, "weights 4.00 MiB") && strstr(out, "2.0 KiB per token in f32") &&

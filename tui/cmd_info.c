@@ -12,7 +12,10 @@ static void print_tensor(const char *name, const skv_tensor *t) {
     if (!t->data) return;
     char b[32];
     cli_bytes(b, sizeof b, ggml_row_size(t->type, t->cols) * (double)t->rows);
-    printf("  %-28s %-5s [%d, %d] %s\n", name, ggml_type_name(t->type), t->rows, t->cols, b);
+    char shape[40]; /* (out, in) as PyTorch gives a weight; a norm's vector [n] */
+    if (t->rows == 1) snprintf(shape, sizeof shape, "[%d]", t->cols);
+    else snprintf(shape, sizeof shape, "[%d, %d]", t->rows, t->cols);
+    printf("  %-28s %-5s %s %s\n", name, ggml_type_name(t->type), shape, b);
 }
 
 /* The backends built into this binary and whether each can run here. */
