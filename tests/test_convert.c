@@ -356,6 +356,10 @@ int main(void) {
     free(before);
     snprintf(args, sizeof args, "convert %s -o %s --force", hf, f32);
     expect_cli("--force replaces it and prints one summary line", args, 0, "llama, 38 tensors, f32");
+    snprintf(args, sizeof args, "convert -m %s -o %s --force", hf, f32);
+    expect_cli("-m SRC, as the other commands take a model, works too", args, 0, "llama, 38 tensors, f32");
+    snprintf(args, sizeof args, "convert -m %s %s -o %s/x.gguf", hf, hf, dir);
+    expect_cli("-m SRC and a second source are refused", args, 2, "more than one source");
     snprintf(args, sizeof args, "convert %s -o %s/x.gguf --type q4_0", hf, dir);
     expect_cli("bad --type", args, 2, "--type expects f32 or f16");
     snprintf(args, sizeof args, "convert /nonexistent/model-dir -o %s/x.gguf", dir);

@@ -9,7 +9,8 @@
 #include <sys/stat.h>
 
 static void help(FILE *o) {
-    fprintf(o, "usage: skv convert SRC -o OUT.gguf [--type f32|f16] [--name NAME] [--force]\n\n"
+    fprintf(o, "usage: skv convert SRC -o OUT.gguf [--type f32|f16] [--name NAME] [--force]\n"
+               "       (-m SRC, as the other commands take a model, works too)\n\n"
                "Writes SRC (an HF directory: config.json, *.safetensors, tokenizer.json; or a GGUF\n"
                "file) as a llama.cpp GGUF that skv and llama.cpp load: llama (mistral too) or qwen2,\n"
                "Q/K rows in adjacent-pair RoPE order for llama, llama3 rope scaling as rope_freqs,\n"
@@ -27,11 +28,14 @@ int cmd_convert(int argc, char **argv) {
         const char *a = argv[i];
         if (!strcmp(a, "-h") || !strcmp(a, "--help")) { help(stdout); return 0; }
         if (!strcmp(a, "--force")) { force = 1; continue; }
-        if (!strcmp(a, "-o") || !strcmp(a, "--output") || !strcmp(a, "--type") || !strcmp(a, "--name")) {
+        int model = !strcmp(a, "-m") || !strcmp(a, "--model");
+        if (model || !strcmp(a, "-o") || !strcmp(a, "--output") || !strcmp(a, "--type") || !strcmp(a, "--name")) {
             if (i + 1 >= argc) return cli_usage_error("convert", "%s needs a value", a);
             if (!strcmp(a, "--type")) type = argv[++i];
             else if (!strcmp(a, "--name")) name = argv[++i];
-            else out = argv[++i];
+            else if (!model) out = argv[++i];
+            else if (src) return cli_usage_error("convert", "more than one source ('%s' and '%s')", src, argv[i + 1]);
+            else src = argv[++i];
             continue;
         }
         if (a[0] == '-' && a[1]) return cli_usage_error("convert", "unknown option '%s'", a);
