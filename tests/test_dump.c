@@ -8,8 +8,9 @@
 
 typedef struct { int rows, cols, mid; float *d; } npy; /* mid: the middle dim of 3 (then cols is the last), else 0 */
 
-/* Reads a v1.0 '<f4' C-order .npy of 1, 2 or 3 dims. */
-static int npy_read(const char *dir, const char *name, npy *a) {
+/* Reads a v1.0 C-order .npy of 1, 2 or 3 dims, of descr ("<f4", or "<i4"
+ * whose values come back as floats in d). */
+static int npy_read(const char *dir, const char *name, const char *descr, npy *a) {
     char path[1024];
     snprintf(path, sizeof path, "%s/%s.npy", dir, name);
     FILE *f = fopen(path, "rb");
@@ -19,7 +20,9 @@ static int npy_read(const char *dir, const char *name, npy *a) {
     int hl = h[8] | h[9] << 8;
     char hdr[512] = {0};
     ok = ok && hl < 511 && (int)fread(hdr, 1, hl, f) == hl && (10 + hl) % 64 == 0;
-    ok = ok && strstr(hdr, "'descr': '<f4'") && strstr(hdr, "'fortran_order': False");
+    char want[32];
+    snprintf(want, sizeof want, "'descr': '%s'", descr);
+    ok = ok && strstr(hdr, want) && strstr(hdr, "'fortran_order': False");
     char *sh = strstr(hdr, "'shape': (");
     a->rows = 1;
     a->cols = a->mid = 0;
@@ -33,6 +36,11 @@ static int npy_read(const char *dir, const char *name, npy *a) {
     }
     a->d = ok ? malloc(sizeof(float) * a->rows * a->cols) : NULL;
     ok = ok && a->d && fread(a->d, sizeof(float), (size_t)a->rows * a->cols, f) == (size_t)a->rows * a->cols;
+    for (size_t i = 0; ok && !strcmp(descr, "<i4") && i < (size_t)a->rows * a->cols; i++) {
+        int32_t v;
+        memcpy(&v, &a->d[i], sizeof v);
+        a->d[i] = (float)v;
+    }
     fclose(f);
     return ok ? 0 : -1;
 }
@@ -52,8 +60,8 @@ int main(void) {
     static const char *names[] = {"k_pre", "k_post", "v", "q_last", "U", "SVt", "landmarks", "cos_min", "outliers", "selected"};
     npy a[10];
     int all = 1;
-    for (int i = 0; i < 10; i++) all &= npy_read(dir, names[i], &a[i]) == 0;
-    test_cond("all ten .npy files parse as v1.0 <f4", all);
+    for (int i = 0; i < 10; i++) all &= npy_read(dir, names[i], i >= 8 ? "<i4" : "<f4", &a[i]) == 0;
+    test_cond("all ten .npy files parse as v1.0, <f4 but outliers and selected (chunk ids) <i4", all);
     if (!all) return test_report("test_dump");
     int s = a[0].rows, kvd = a[0].cols, r = a[4].cols;
     test_cond("shapes: k_pre (48, 32), U (48, 8), SVt (8, 32), q_last (64)",

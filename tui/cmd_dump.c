@@ -14,13 +14,16 @@
 #include <errno.h>
 #include <limits.h>
 #include <math.h>
+#include <stdint.h>
 #include <stdlib.h>
 #include <string.h>
 #include <sys/stat.h>
 #include <unistd.h>
 
 /* Writes a 1-D or 2-D f32 array as dir/name.npy (temp file, then rename). */
-static int npy_write(const char *dir, const char *name, const float *data, int nd, const int *shape) {
+/* An array of 4-byte elements (descr "<f4" or "<i4") as NAME.npy in dir,
+ * through a temporary file; its path and shape are printed. */
+static int npy_write(const char *dir, const char *name, const void *data, const char *descr, int nd, const int *shape) {
     char path[4096], tmp[4200], hdr[256], dims[96] = "", list[96] = "";
     snprintf(path, sizeof path, "%s/%s.npy", dir, name);
     snprintf(tmp, sizeof tmp, "%s.tmp.%d", path, (int)getpid());
@@ -31,7 +34,7 @@ static int npy_write(const char *dir, const char *name, const float *data, int n
         ll += snprintf(list + ll, sizeof list - ll, "%s%d", i ? ", " : "", shape[i]);
     }
     if (nd > 1) dims[dl - 1] = 0; /* (a, b) but (a,) */
-    int n = snprintf(hdr, sizeof hdr, "{'descr': '<f4', 'fortran_order': False, 'shape': (%s), }", dims);
+    int n = snprintf(hdr, sizeof hdr, "{'descr': '%s', 'fortran_order': False, 'shape': (%s), }", descr, dims);
     int total = 10 + n + 1;
     int pad = (64 - total % 64) % 64;
     FILE *f = fopen(tmp, "wb");
@@ -44,7 +47,7 @@ static int npy_write(const char *dir, const char *name, const float *data, int n
     fwrite(hdr, 1, n, f);
     for (int i = 0; i < pad; i++) fputc(' ', f);
     fputc('\n', f);
-    size_t w = count ? fwrite(data, sizeof(float), count, f) : 0;
+    size_t w = count ? fwrite(data, 4, count, f) : 0;
     int bad = w != count || fflush(f) != 0 || fsync(fileno(f)) != 0;
     bad |= fclose(f) != 0;
     if (bad || rename(tmp, path) != 0) {
@@ -60,10 +63,10 @@ typedef struct {
     int n_chunks;
     float *cos_min;      /* (n_kv, n_chunks) */
     int *n_out;          /* (n_kv) */
-    float *outliers;     /* (n_kv, max_out) */
+    int32_t *outliers;   /* (n_kv, max_out) chunk ids; -1 padding */
     int max_out;
     int k;
-    float *selected;     /* (n_kv, k) of step 0; -1 padding */
+    int32_t *selected;   /* (n_kv, k) chunk ids of step 0; -1 padding */
     int got_sel;
 } dump_capture;
 
@@ -76,13 +79,13 @@ static void on_event(const probe_event *ev, void *user) {
             d->cos_min = calloc((size_t)d->n_kv * (h->n_chunks ? h->n_chunks : 1), sizeof(float));
             d->n_out = calloc(d->n_kv, sizeof(int));
             d->max_out = h->n_outliers > 0 ? h->n_outliers : 1;
-            d->outliers = malloc(sizeof(float) * d->n_kv * d->max_out);
+            d->outliers = malloc(sizeof(int32_t) * d->n_kv * d->max_out);
             for (int i = 0; d->outliers && i < d->n_kv * d->max_out; i++) d->outliers[i] = -1;
         }
         if (d->cos_min && h->head < d->n_kv && h->n_chunks == d->n_chunks) {
             for (int j = 0; j < h->n_chunks; j++) d->cos_min[(size_t)h->head * d->n_chunks + j] = h->cos_min[j];
             for (int j = 0; j < h->n_outliers && j < d->max_out; j++)
-                d->outliers[(size_t)h->head * d->max_out + j] = (float)h->outliers[j];
+                d->outliers[(size_t)h->head * d->max_out + j] = h->outliers[j];
             d->n_out[h->head] = h->n_outliers;
         }
     }
@@ -90,22 +93,22 @@ static void on_event(const probe_event *ev, void *user) {
         const probe_ev_decode_head *h = &ev->decode_head;
         if (!d->selected) {
             d->k = h->n_sel > 0 ? h->n_sel : 1;
-            d->selected = malloc(sizeof(float) * d->n_kv * d->k);
+            d->selected = malloc(sizeof(int32_t) * d->n_kv * d->k);
             for (int i = 0; d->selected && i < d->n_kv * d->k; i++) d->selected[i] = -1;
         }
         if (d->selected && h->head < d->n_kv)
-            for (int j = 0; j < h->n_sel && j < d->k; j++) d->selected[(size_t)h->head * d->k + j] = (float)h->sel[j];
+            for (int j = 0; j < h->n_sel && j < d->k; j++) d->selected[(size_t)h->head * d->k + j] = h->sel[j];
         d->got_sel = 1;
     }
 }
 
 static void help(FILE *o) {
     fprintf(o, "usage: skv dump -m MODEL (-p TEXT | -f FILE) --layer L -o DIR [options]\n\n"
-               "Writes layer L's tensors as numpy .npy files (v1.0, little-endian f32) into DIR:\n"
-               "  k_pre.npy (s, kv*hd), k_post.npy, v.npy, q_last.npy (heads*hd);\n"
+               "Writes layer L's tensors as numpy .npy files (v1.0, little-endian f32; chunk ids int32)\n"
+               "into DIR: k_pre.npy (s, kv*hd), k_post.npy, v.npy, q_last.npy (heads*hd);\n"
                "  with a low-rank block policy (--kv shadowkv) also U.npy (s, r), SVt.npy (r, kv*hd), landmarks.npy\n"
-               "  (kv, chunks, hd), cos_min.npy (kv, chunks), outliers.npy (kv, O; -1 padding) and\n"
-               "  selected.npy (kv, k): the chunks chosen at the first decode step.\n"
+               "  (kv, chunks, hd), cos_min.npy (kv, chunks), outliers.npy (kv, O; int32, -1 padding) and\n"
+               "  selected.npy (kv, k; int32): the chunks chosen at the first decode step.\n"
                "An existing .npy file there is kept unless --force.\n\n");
     cli_gen_help(o, 0);
 }
@@ -179,9 +182,9 @@ int cmd_dump(int argc, char **argv) {
     if (session_decode(s, session_sample(s))) { cli_fail(); goto out; }
     const kv_tap_data *d = kv_tap_get(s->kv);
     int kvd = m->cfg.n_kv_heads * m->cfg.head_dim, hd = m->cfg.head_dim;
-    if (npy_write(dir, "k_pre", d->k_pre, 2, (int[]){n, kvd}) || npy_write(dir, "k_post", d->k, 2, (int[]){n, kvd}) ||
-        npy_write(dir, "v", d->v, 2, (int[]){n, kvd}) ||
-        npy_write(dir, "q_last", d->q_last, 1, (int[]){m->cfg.n_heads * hd})) {
+    if (npy_write(dir, "k_pre", d->k_pre, "<f4", 2, (int[]){n, kvd}) ||
+        npy_write(dir, "k_post", d->k, "<f4", 2, (int[]){n, kvd}) || npy_write(dir, "v", d->v, "<f4", 2, (int[]){n, kvd}) ||
+        npy_write(dir, "q_last", d->q_last, "<f4", 1, (int[]){m->cfg.n_heads * hd})) {
         cli_fail();
         goto out;
     }
@@ -199,14 +202,18 @@ int cmd_dump(int argc, char **argv) {
         lm = malloc(sizeof(float) * (size_t)m->cfg.n_kv_heads * (nc ? nc : 1) * hd);
         for (int h = 0; h < m->cfg.n_kv_heads; h++)
             s->be->landmarks(d->k + (size_t)h * hd, kvd, hd, chunk, nc, lm + (size_t)h * nc * hd);
-        if (npy_write(dir, "U", U, 2, (int[]){n, r}) || npy_write(dir, "SVt", SVt, 2, (int[]){r, kvd}) ||
-            npy_write(dir, "landmarks", lm, 3, (int[]){m->cfg.n_kv_heads, nc, hd})) { cli_fail(); goto out; }
-        if (cap.cos_min && (npy_write(dir, "cos_min", cap.cos_min, 2, (int[]){cap.n_kv, cap.n_chunks}) ||
-                            npy_write(dir, "outliers", cap.outliers, 2, (int[]){cap.n_kv, cap.max_out}))) {
+        if (npy_write(dir, "U", U, "<f4", 2, (int[]){n, r}) ||
+            npy_write(dir, "SVt", SVt, "<f4", 2, (int[]){r, kvd}) ||
+            npy_write(dir, "landmarks", lm, "<f4", 3, (int[]){m->cfg.n_kv_heads, nc, hd})) { cli_fail(); goto out; }
+        if (cap.cos_min && (npy_write(dir, "cos_min", cap.cos_min, "<f4", 2, (int[]){cap.n_kv, cap.n_chunks}) ||
+                            npy_write(dir, "outliers", cap.outliers, "<i4", 2, (int[]){cap.n_kv, cap.max_out}))) {
             cli_fail();
             goto out;
         }
-        if (cap.selected && npy_write(dir, "selected", cap.selected, 2, (int[]){cap.n_kv, cap.k})) { cli_fail(); goto out; }
+        if (cap.selected && npy_write(dir, "selected", cap.selected, "<i4", 2, (int[]){cap.n_kv, cap.k})) {
+            cli_fail();
+            goto out;
+        }
     } else {
         cli_msg("policy %s keeps no low-rank keys: only K, V and the query were written\n",
                 s->kv->policy->name);
