@@ -1063,6 +1063,23 @@ void needle_report_print(FILE *f, const probe_store *st, const needle_report *re
  * context its budget covers): nothing was selected there. */
 static int attended_all(const probe_ev_oracle *e) { return e->ctx > 0 && e->n_kept >= e->ctx; }
 
+/* 1 when the policy reads layer l's tokens that it keeps no exact copy of
+ * at low precision: TailorKV's quantized layers ("quantized"), SpeCache's
+ * every layer ("lowbit"). */
+static int lowbit_layer(const probe_store *st, int l) {
+    const probe_ev_metric *q = probe_store_metric(st, "quantized", -1, l, -1);
+    const probe_ev_metric *b = probe_store_metric(st, "lowbit", -1, l, -1);
+    return (q && q->value > 0.5f) || (b && b->value > 0.5f);
+}
+
+/* How many of the needle's tokens a policy read at an event of layer l: all
+ * of them when it attended whole (*why 1) or reads the layer's other tokens
+ * at low precision (*why 2); else those it kept exactly (0). */
+static int needle_read(const probe_store *st, const probe_ev_oracle *e, int l, int *why) {
+    *why = attended_all(e) ? 1 : lowbit_layer(st, l) ? 2 : 0;
+    return *why ? e->needle_len : e->needle_kept;
+}
+
 /* " (layers 0-1, which quest attended densely, are left out)" for the layers
  * flagged in dense (n of them), into buf; "" when none. */
 static void dense_note(const unsigned char *dense, int n, const char *name, char *buf, size_t cap) {
@@ -1099,6 +1116,12 @@ int needle_diverge(const probe_store *a, const char *name_a, const probe_store *
      * not a policy's selection, and it is never named as one. */
     int seen = 0;
     unsigned char dense_a[256] = {0}, dense_b[256] = {0};
+    /* the first step where one read every needle token (attended whole, or
+     * quantized the layer) and the other dropped some, weighed as in pass 0:
+     * said when the layers both selected in do not differ */
+    needle_split dsp = { .step = -1 };
+    double dsp_best = 0;
+    int dsp_why = 0, dsp_a = 0;
     for (int pass = 0; pass < 2 && out->step < 0; pass++)
         for (int s = 0; s < ns && out->step < 0; s++) {
             double best = 0;
@@ -1107,6 +1130,17 @@ int needle_diverge(const probe_store *a, const char *name_a, const probe_store *
                     const probe_ev_oracle *ea = probe_store_oracle(a, s, l, h), *eb = probe_store_oracle(b, s, l, h);
                     if (!ea || !eb || ea->needle_len <= 0 || ea->needle_len != eb->needle_len) continue;
                     seen = 1;
+                    int wa, wb, ra = needle_read(a, ea, l, &wa), rb = needle_read(b, eb, l, &wb);
+                    double vr = (double)abs(ra - rb) / ea->needle_len * (ea->needle_mass > 0 ? ea->needle_mass : 0);
+                    if (pass == 0 && wa != wb && ra != rb && (ra > rb ? wa : wb) && vr >= 1e-3 && vr > dsp_best &&
+                        (dsp.step < 0 || dsp.step == s)) { /* the first step where it shows, as pass 0 */
+                        dsp_best = vr;
+                        dsp = (needle_split){ .step = s, .layer = l, .head = h, .needle_len = ea->needle_len,
+                                              .kept_a = ea->needle_kept, .kept_b = eb->needle_kept,
+                                              .rank = ea->needle_rank, .mass = ea->needle_mass };
+                        dsp_a = ra > rb;
+                        dsp_why = ra > rb ? wa : wb;
+                    }
                     if (attended_all(ea) || attended_all(eb)) {
                         if (l < 256) {
                             dense_a[l] |= attended_all(ea) && !attended_all(eb);
@@ -1139,6 +1173,20 @@ int needle_diverge(const probe_store *a, const char *name_a, const probe_store *
     dense_note(dense_a, nl < 256 ? nl : 256, name_a, dn, sizeof dn);
     dense_note(dense_b, nl < 256 ? nl : 256, name_b, dn_b, sizeof dn_b);
     if (strlen(dn) + strlen(dn_b) < sizeof dn) strcat(dn, dn_b);
+    if (out->step < 0 && dsp.step >= 0) { /* they parted where one of them read every needle token */
+        int sc = out->steps_compared;
+        *out = dsp;
+        out->steps_compared = sc;
+        const char *all = dsp_a ? name_a : name_b, *other = dsp_a ? name_b : name_a;
+        snprintf(out->text, sizeof out->text, "%s and %s diverged on the needle at step %d, layer %d, KV head %d: %s "
+                 "%s and read all %d of the needle's tokens there, %s attended %d of them exactly and dropped the "
+                 "rest (exact mass on the needle %.1f%%); where both selected they kept the same share", name_a,
+                 name_b, out->step, out->layer, out->head, all,
+                 dsp_why == 1 ? "attended that layer whole (nothing selected)" : "reads that layer at low precision "
+                 "where it keeps no exact copy", out->needle_len, other, dsp_a ? out->kept_b : out->kept_a,
+                 100.0 * (out->mass > 0 ? out->mass : 0));
+        return 0;
+    }
     if (out->step < 0) {
         snprintf(out->text, sizeof out->text, "%s and %s kept the same share of the needle's tokens in every layer "
                  "and KV head both selected in over %d step%s: they parted after the attention, not in what they "
@@ -1148,18 +1196,15 @@ int needle_diverge(const probe_store *a, const char *name_a, const probe_store *
     char rk[64] = "", q[400] = "";
     if (out->rank >= 0) snprintf(rk, sizeof rk, "; exact attention ranks the needle %d there", out->rank);
     /* a layer kept at low precision: its needle tokens were read, not dropped */
-    const char *qn = NULL;
-    const probe_ev_metric *qa = probe_store_metric(a, "quantized", -1, out->layer, -1);
-    const probe_ev_metric *qb = probe_store_metric(b, "quantized", -1, out->layer, -1);
-    if (qb && qb->value > 0.5f) qn = name_b;
-    else if (qa && qa->value > 0.5f) qn = name_a;
-    if (qn) snprintf(q, sizeof q, "; %s quantizes layer %d, so it read those tokens at low precision rather than "
-                     "dropping them", qn, out->layer);
+    const char *qn = lowbit_layer(b, out->layer) ? name_b : lowbit_layer(a, out->layer) ? name_a : NULL;
+    if (qn) snprintf(q, sizeof q, "; %s reads layer %d at low precision where it keeps no exact copy, so it read "
+                     "those tokens rather than dropping them", qn, out->layer);
     if (strlen(q) + strlen(dn) < sizeof q) strcat(q, dn);
     if (out->kept_a < out->kept_b && qn == name_a && out->kept_b < out->needle_len)
         snprintf(out->text, sizeof out->text,
-                 "%s and %s diverged on the needle at step %d, layer %d, KV head %d: %s quantizes that layer and read "
-                 "all %d of its tokens at low precision, while %s attended %d of them exactly and dropped the rest "
+                 "%s and %s diverged on the needle at step %d, layer %d, KV head %d: %s reads that layer at low "
+                 "precision where it keeps no exact copy and read all %d of its tokens, while %s attended %d of them "
+                 "exactly and dropped the rest "
                  "(exact mass on the needle %.1f%%%s)", name_a, name_b, out->step, out->layer, out->head, name_a,
                  out->needle_len, name_b, out->kept_b, 100.0 * (out->mass > 0 ? out->mass : 0), rk);
     else if (out->kept_a > out->kept_b)

@@ -287,7 +287,7 @@ static void test_diverge(void) {
     if (!probe_store_add(b, &qm)) {
         drc = needle_diverge(a, "quest", b, "tailorkv", &sp);
         test_cond("a layer the missing policy quantizes is named as read at low precision",
-                  drc == 0 && strstr(sp.text, "tailorkv quantizes layer 2"));
+                  drc == 0 && strstr(sp.text, "tailorkv reads layer 2 at low precision"));
     }
     drc = needle_diverge(b, "tailorkv", a, "quest", &sp);
     test_cond("when the missing policy kept as much of the needle everywhere, the verdict says the miss came "
@@ -305,12 +305,31 @@ static void test_diverge(void) {
                 for (int h = 0; h < 2 && !rc2; h++) rc2 = add_orc(d2, 0, l, h, l == 2 ? 2 : 4, l == 2 ? 0.4f : 0.1f);
             drc = rc2 ? -1 : needle_diverge(c2, "tailorkv", d2, "shadowkv", &sp);
             test_cond("a finder that quantizes the layer is said to have read the needle at low precision there",
-                      drc == 0 && sp.layer == 2 && strstr(sp.text, "tailorkv quantizes that layer and read all 4") &&
-                          strstr(sp.text, "shadowkv attended 2 of them exactly"));
+                      drc == 0 && sp.layer == 2 &&
+                          strstr(sp.text, "tailorkv reads that layer at low precision where it keeps no exact copy and "
+                                          "read all 4") && strstr(sp.text, "shadowkv attended 2 of them exactly"));
             probe_store_free(d2);
         }
         probe_store_free(c2);
     }
+    /* the same exact share everywhere, but the finder read the needle at low precision (SpeCache's
+     * "lowbit" layers) where the misser dropped it: that is where they parted, not after the attention */
+    probe_store *c3 = NULL, *d3 = NULL;
+    if (!probe_store_new(&c3) && !probe_store_new(&d3)) {
+        probe_event lb = {.kind = PROBE_METRIC, .metric = {.step = -1, .layer = 2, .head = -1, .name = "lowbit",
+                                                           .value = 1}};
+        int rc3 = probe_store_add(c3, &run) || probe_store_add(c3, &lb) || probe_store_add(d3, &run);
+        for (int l = 0; l < 3 && !rc3; l++)
+            for (int h = 0; h < 2 && !rc3; h++)
+                rc3 = add_orc(c3, 0, l, h, l == 2 ? 0 : 4, l == 2 ? 0.4f : 0.1f) ||
+                      add_orc(d3, 0, l, h, l == 2 ? 0 : 4, l == 2 ? 0.4f : 0.1f);
+        drc = rc3 ? -1 : needle_diverge(c3, "specache", d3, "quest", &sp);
+        test_cond("equal exact shares, but one read the needle at low precision where the other dropped it: they "
+                  "diverged there", drc == 0 && sp.layer == 2 && strstr(sp.text, "specache reads that layer at low "
+                  "precision") && strstr(sp.text, "quest attended 0 of them exactly") && !strstr(sp.text, "after"));
+    }
+    probe_store_free(c3);
+    probe_store_free(d3);
     drc = needle_diverge(a, "quest", a, "quest", &sp);
     test_cond("identical kept sets have no split, and say so", drc == SKV_EMISSING && strstr(sp.text, "same share"));
     probe_store *e = NULL;

@@ -206,6 +206,10 @@ static int sc_end_prefill(kv_cache *base) {
                  "it attends the low-bit cache and the residual only (raise --budget past %d)", c->budget,
                  c->q.residual, c->q.residual);
     int mc = sh->max_ctx, kk = c->k > 0 ? c->k : 1;
+    /* every layer reads the tokens it keeps no exact copy of from its low-bit cache (the needle's
+     * comparison of two policies tells that from dropping them) */
+    for (int l = 0; l < sh->n_layers && probe_wants(base->bus, PROBE_METRIC); l++)
+        probe_emit_metric(base->bus, "lowbit", -1, l, -1, 1.0f, 0, NULL);
     for (int l = 0; l < sh->n_layers; l++) {
         sc_layer *L = &c->L[l];
         lowbit_flush(sh->be, &c->q, c->h, c->d, L->kd, L->vd, c->prompt, &L->nq_k, &L->nq_v);
