@@ -482,8 +482,8 @@ class Recorder:
             self._spans.clear()
         hits = sum(s["hits"] for s in self._sel.values())
         miss = sum(s["misses"] for s in self._sel.values())
-        if hit_rate is None:
-            hit_rate = hits / (hits + miss) if hits + miss else 0.0
+        if hit_rate is None:  # NaN: no cache (Quest) or nothing selected, as skv writes it
+            hit_rate = hits / (hits + miss) if hits + miss else float("nan")
         self.w.write("step", step=self.step, token=self._token, seconds=time.perf_counter() - self._t_step,
                      kv_resident=int(kv_resident), kv_offloaded=int(kv_offloaded), hit_rate=float(hit_rate),
                      has_oracle=int(top1_agree is not None), top1_agree=int(bool(top1_agree)),
