@@ -724,8 +724,7 @@ static int method_probes(sweep *w, needle_case *c, int m, needle_result *res, in
             rc = 0;
         }
         if (!rc && rep) {
-            needle_fit_options(rep);
-            if (rep->dense_hit != 0 && src) add_floor(&src->o.kv, w->o->methods[m], p->n, rep);
+            needle_fit_options(rep); /* (the floor came with the diagnosis: needle_trace_floor) */
             /* each fix rerun from the recorded prefill; not when dense misses too (the model's cause) */
             rep->checks = src != NULL && rep->dense_hit != 0;
             for (int i = 0; rep->checks && !rc && i < rep->n_causes; i++)
@@ -793,6 +792,23 @@ int needle_context_notice(const skv_model *m, const needle_opts *o, char *buf, s
     return 1;
 }
 
+void needle_trace_floor(const probe_store *st, needle_report *rep) {
+    const probe_ev_run *run = probe_store_run(st);
+    const kv_class *p = kv_policy_find(rep->policy);
+    if (!run || !p || rep->dense_hit == 0 || run->budget <= 0) return;
+    kv_opts o;
+    kv_opts_default(&o);
+    snprintf(o.policy, sizeof o.policy, "%s", p->name);
+    o.budget = run->budget; /* in tokens at the run's prompt */
+    o.budget_pct = 0;
+    for (int i = 0; i < p->n_opts; i++) { /* the options it recorded; the others at their defaults */
+        double v = run->kv_opts ? probe_pairs_get(run->kv_opts, p->opts[i].key, NAN) : NAN;
+        if (isfinite(v) && kv_opts_set_num(&o, p->opts[i].key, v)) skv_clear_error();
+    }
+    add_floor(&o, rep->policy, run->prompt_len, rep);
+    needle_causes_sort(rep);
+}
+
 int needle_floor_notice(const needle_opts *o, char *buf, size_t n) {
     size_t len = 0;
     int any = 0;
@@ -850,6 +866,7 @@ int needle_run_skip(skv_model *m, const needle_opts *o, needle_skip_fn skip, nee
         return skv_error(SKV_EINVAL, "needle: the methods must start with dense (needle_set_methods)");
     int rc_opts = needle_check_kv_opts(o);
     if (rc_opts) return rc_opts;
+    needle_diag_set_amend(needle_trace_floor); /* a miss's diagnosis names the policy's floor */
     sweep w = { .m = m, .o = o, .task = o->task };
     int rc = 0;
     if (!w.task) {

@@ -91,6 +91,12 @@ void needle_fit_options(needle_report *rep);
  * context (needle_run puts it in res->notice; callers may say it before). */
 int needle_context_notice(const skv_model *m, const needle_opts *o, char *buf, size_t n);
 
+/* The floor cause of a diagnosis (needle_diagnose's amend hook, which
+ * needle_run and skv's main set): the policy's floor from the options and
+ * budget its run recorded, when the budget was under it and dense
+ * retrieved; what was blamed on a selection that did not run goes. */
+void needle_trace_floor(const probe_store *st, needle_report *rep);
+
 /* 1 and a line per sparse method of o (newline-separated) in buf when o's
  * budget at some length is under the method's floor (kv_under_floor): the
  * method selects nothing beyond what it always keeps there. */

@@ -580,7 +580,7 @@ static int diagnose_generic(const probe_store *st, const probe_ev_oracle *first,
     return 0;
 }
 
-int needle_diagnose(const probe_store *st, int id, needle_report *rep) {
+static int diagnose_one(const probe_store *st, int id, needle_report *rep) {
     memset(rep, 0, sizeof *rep);
     rep->id = id;
     const probe_ev_needle *info = probe_store_needle_info(st, id);
@@ -1055,6 +1055,16 @@ void needle_report_print(FILE *f, const probe_store *st, const needle_report *re
     fprintf(f, "  %s\n", rep->divergence);
     print_causes(f, rep, "kept the needle with accurate keys; look at the divergence above (other chunks' "
                           "selection changed the hidden state)");
+}
+
+static needle_amend_fn g_amend;
+
+void needle_diag_set_amend(needle_amend_fn fn) { g_amend = fn; }
+
+int needle_diagnose(const probe_store *st, int id, needle_report *rep) {
+    int rc = diagnose_one(st, id, rep);
+    if (!rc && g_amend) g_amend(st, rep);
+    return rc;
 }
 
 /* ---- two policies on the same needle ---------------------------------------- */

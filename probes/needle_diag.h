@@ -144,8 +144,15 @@ void needle_headline(const needle_report *rep, char *buf, size_t n);
  * PROBE_ORACLE events, which every policy run with --oracle and a watched
  * span has (token level: is the needle attended, where does exact attention
  * rank it, what budget would have kept it). Its PROBE_NIAH events, when
- * present, give the answers. SKV_EMISSING when st has no needle data. */
+ * present, give the answers. SKV_EMISSING when st has no needle data.
+ * The amend hook, when set, then adds what this layer cannot know. */
 int needle_diagnose(const probe_store *st, int id, needle_report *rep);
+
+/* What the probes cannot see, added to every diagnosis by a layer above:
+ * a policy's floor (engine/kv's table; needle_trace_floor, which the
+ * harness and the CLI set). NULL: nothing. */
+typedef void (*needle_amend_fn)(const probe_store *st, needle_report *rep);
+void needle_diag_set_amend(needle_amend_fn fn);
 
 /* Where two policies' kept sets parted on the needle, from their oracle
  * events (both run with --oracle watching the same span, on the same

@@ -1095,7 +1095,12 @@ static void test_checked(void) {
     checked_case("quest under its floor (budget 31)", "--kv dense,quest --lengths 1k --depths 50", "quest", "floor", dir);
     /* under its floor a policy selects nothing: no score left the needle out, and a budget raise
      * that stays under the floor is no fix (SpeCache at 31 tokens: floor 65, the residual + 1) */
-    cJSON *fl = needle_json("--kv dense,specache --lengths 1k --depths 0,50,100 --case 2 --explain", dir, "floor-only");
+    char fl_trace[600], fl_args[900];
+    snprintf(fl_trace, sizeof fl_trace, "%s/floor.skvt", dir);
+    unlink(fl_trace);
+    snprintf(fl_args, sizeof fl_args, "--kv dense,specache --lengths 1k --depths 0,50,100 --case 2 --explain --trace %s",
+             fl_trace);
+    cJSON *fl = needle_json(fl_args, dir, "floor-only");
     cJSON *fv = cJSON_GetObjectItem(cJSON_GetObjectItem(case_method(fl, "specache"), "diagnosis"), "verdict");
     int has_floor = 0, stray = 0;
     for (int i = 0; i < cJSON_GetArraySize(fv); i++) {
@@ -1110,6 +1115,11 @@ static void test_checked(void) {
     test_cond("under its floor: the floor, no 'never selected', no budget raise at or under the floor",
               fl && has_floor && !stray);
     cJSON_Delete(fl);
+    /* the same verdict from the trace alone (--diagnose; the Needle view reads it the same way) */
+    char dg[8192];
+    int drc = test_popen(dg, sizeof dg, "%s needle --diagnose %s 2>&1", test_skv_bin(), fl_trace);
+    test_cond("--diagnose of that trace: the floor first, no 'never selected'",
+              drc == 0 && strstr(dg, "1. floor: at --budget 31 specache selects nothing") && !strstr(dg, "never selected"));
     /* the model's own miss: said first, nothing to check */
     cJSON *j = needle_json("--kv dense,specache --lengths 4000 --depths 0 --budget 32 --explain", dir, "model");
     cJSON *v = cJSON_GetObjectItem(cJSON_GetObjectItem(case_method(j, "specache"), "diagnosis"), "verdict");

@@ -1,5 +1,6 @@
 /* main.c: the skv command line: dispatches subcommands. */
 #include "cli.h"
+#include "needle.h"
 #include "trace.h"
 
 #include <stdio.h>
@@ -48,6 +49,7 @@ int main(int argc, char **argv) {
         return 0;
     }
     cli_signals_own_thread();
+    needle_diag_set_amend(needle_trace_floor); /* every diagnosis (--diagnose, the Needle view) names a floor */
     for (size_t i = 0; i < sizeof commands / sizeof commands[0]; i++)
         if (!strcmp(argv[1], commands[i].name)) {
             cli_command = commands[i].name;
