@@ -267,8 +267,6 @@ int view_draw_lanes_each(const view_class *vc, canvas *c, canvas_rect r, const p
     char gone[200] = ""; /* the lanes with nothing for a view of every policy, named under the panes (a
                           * policy's own view, vc->metric, leaves the others out unnamed) */
     size_t gl = 0;
-#define GONE(i) do { if (names && names[i] && gl < sizeof gone) \
-                         gl += (size_t)snprintf(gone + gl, sizeof gone - gl, "%s%s", gl ? ", " : "", names[i]); } while (0)
     if (vc->metric && n > 1) {
         int k = 0;
         for (int i = 0; i < n && k < PROBE_MAX_LANES; i++)
@@ -291,7 +289,8 @@ int view_draw_lanes_each(const view_class *vc, canvas *c, canvas_rect r, const p
                 paint_result pr;
                 canvas_clear(probe);
                 if (vc->draw(probe, (canvas_rect){0, 0, 80, 24}, st[i], cur, &pr) == SKV_EMISSING) {
-                    GONE(i);
+                    if (names && names[i] && gl < sizeof gone)
+                        gl += (size_t)snprintf(gone + gl, sizeof gone - gl, "%s%s", gl ? ", " : "", names[i]);
                     continue;
                 }
                 keep_st[k] = st[i];
@@ -307,7 +306,6 @@ int view_draw_lanes_each(const view_class *vc, canvas *c, canvas_rect r, const p
             }
         }
     }
-#undef GONE
     if (n <= 1 && !gone[0]) return vc->draw(c, r, st[0], cur, res);
     const canvas_geom *g = canvas_geometry(c);
     const canvas_theme *th = canvas_get_theme(c);
