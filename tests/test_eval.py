@@ -102,11 +102,16 @@ def main():
         # a budget under a policy's floor: said at the start and in the leaderboard
         d2 = os.path.join(tmp, "floor")
         rc, out = run(["eval", "--out", d2, "--lengths", "500", "--depths", "50", "--seeds", "1", "--kv",
-                       "dense,specache", "--budget", "32", "--no-oracle"])
+                       "dense,specache", "--budget", "32", "--budgets", "32,128", "--no-oracle"])
         lb2 = open(os.path.join(d2, "leaderboard.md")).read() if rc == 0 else ""
         check("a budget under a policy's floor is a warning and a leaderboard section naming the floor",
               rc == 0 and "skv eval: warning: specache: the budget (32 tokens) is under its floor of the residual" in out
               and "## Budgets under a policy's floor" in lb2 and "- specache: the budget (32 tokens)" in lb2, out + lb2)
+        svg2 = open(os.path.join(d2, "budget.svg")).read() if rc == 0 else ""
+        hollow = [w for w, c in re.findall(r'<rect x="[-\d.]+" y="[-\d.]+" width="([\d.]+)" height="[\d.]+" '
+                                           r'fill="(#[0-9a-f]{6})"', svg2) if c == "#ffffff" and 2 <= float(w) <= 40]
+        check("the budget figure draws the one point under a floor (specache at 32) hollow, and says what hollow means",
+              len(hollow) == 1 and "hollow: under the" in svg2, "%d hollow" % len(hollow))
         rc, out = run(["needle", "--lengths", "500,1k", "--depths", "50", "--kv", "dense,quest,specache"])
         check("skv needle warns of the lengths whose budget (3%: 15 and 31 tokens) is under a floor, each policy once",
               rc == 0 and "skv needle: warning: quest: the budget (15 to 31 tokens) is under its floor of 2 pages" in out

@@ -824,7 +824,9 @@ static int draw_budget(const eval_state *e, canvas *c, int W, int H) {
     double *xd = malloc(sizeof(double) * (size_t)(np * nb));
     double *ex = malloc(sizeof(double) * (size_t)(np * nb * 3)), *ey = malloc(sizeof(double) * (size_t)(np * nb * 3));
     paint_series *s = malloc(sizeof *s * (size_t)(2 * np));
-    if (!x || !y || !xd || !ex || !ey || !s) { rc = skv_error(SKV_ENOMEM, "out of memory"); goto out; }
+    unsigned char *under = calloc((size_t)(np * nb), 1); /* a budget under the policy's floor: a hollow square */
+    if (!x || !y || !xd || !ex || !ey || !s || !under) { rc = skv_error(SKV_ENOMEM, "out of memory"); goto out; }
+    int any_under = 0;
     int pct = 0;
     double xlo = INFINITY, xhi = 0, ytop = 100, ybot = 0;
     for (int i = 0; i < nb; i++) {
@@ -853,23 +855,32 @@ static int draw_budget(const eval_state *e, canvas *c, int W, int H) {
             py[1] = isfinite(sd) ? mean + sd : NAN;
             py[2] = NAN;
             if (isfinite(sd)) { ytop = fmax(ytop, mean + sd); ybot = fmin(ybot, mean - sd); }
+            kv_opts kv = e->o.kv;
+            char why[200];
+            set_budget(&kv, &e->sweep[i]);
+            any_under |= under[k * nb + i] = kv_under_floor(&kv, kv_policy_find(e->o.methods[k]), e->sweep_len, why,
+                                                            sizeof why) > 0;
         }
         s[k] = (paint_series){ .name = e->o.methods[k], .x = xd + k * nb, .y = y + k * nb, .n = nb, .color = palette_cat(k),
-                               .width = 2, .markers = 1 };
+                               .width = 2, .markers = 1, .hollow = under + k * nb };
         s[np + k] = (paint_series){ .name = NULL, .x = ex + (size_t)k * nb * 3, .y = ey + (size_t)k * nb * 3,
                                     .n = nb * 3, .color = palette_cat(k), .width = 1 };
     }
     char title[400], ll[16], settings[256];
     cli_len_label(e->sweep_len, ll, sizeof ll);
     fig_settings(e, NULL, settings, sizeof settings);
-    snprintf(title, sizeof title, "accuracy against budget at %s tokens (bars: ± sd over seeds); %s", ll, settings);
+    const char *hol = any_under ? "; hollow: under the policy's floor" : "";
+    snprintf(title, sizeof title, "accuracy against budget at %s tokens (bars: ± sd over seeds%s); %s", ll, hol, settings);
     if (canvas_text_width(c, title, CANVAS_FONT_TITLE) > W)
-        snprintf(title, sizeof title, "accuracy against budget at %s tokens (± sd); %s", ll, settings);
+        snprintf(title, sizeof title, "accuracy against budget at %s tokens (± sd%s); %s", ll, hol, settings);
     canvas_clear(c);
     double top = 0; /* still too wide: the settings on a line of their own over the plot, as the heatmap's */
     if (canvas_text_width(c, title, CANVAS_FONT_TITLE) > W) {
         const canvas_geom *geo = canvas_geometry(c);
-        snprintf(title, sizeof title, "accuracy against budget at %s tokens (bars: ± sd over seeds)", ll);
+        snprintf(title, sizeof title, "accuracy against budget at %s tokens (bars: ± sd over seeds%s)", ll, hol);
+        if (canvas_text_width(c, title, CANVAS_FONT_TITLE) > W)
+            snprintf(title, sizeof title, "accuracy against budget at %s tokens (± sd%s)", ll,
+                     any_under ? "; hollow: under the floor" : "");
         canvas_text(c, W / 2.0, geo->pad, settings, CANVAS_FONT_BODY, CANVAS_CENTER | CANVAS_TOP,
                     canvas_get_theme(c)->fg);
         top = canvas_line_height(c, CANVAS_FONT_BODY) + 2 * geo->pad;
@@ -889,6 +900,7 @@ out:
     free(ex);
     free(ey);
     free(s);
+    free(under);
     return rc;
 }
 

@@ -858,8 +858,12 @@ int paint_draw_plot(canvas *c, canvas_rect rr, const paint_plot *p, paint_result
         if (ser->markers && !g->cells) {
             double m = ceil(g->line_w * 2 + 1);
             for (int i = 0; i < ser->n; i++)
-                if (isfinite(xy[2 * i]) && isfinite(xy[2 * i + 1]))
+                if (isfinite(xy[2 * i]) && isfinite(xy[2 * i + 1])) {
                     canvas_fill_rect(c, xy[2 * i] - m, xy[2 * i + 1] - m, 2 * m, 2 * m, pick(ser->color, palette_cat(s)));
+                    if (ser->hollow && ser->hollow[i]) /* the border only: the inside in the background */
+                        canvas_fill_rect(c, xy[2 * i] - m + 2, xy[2 * i + 1] - m + 2, 2 * m - 4, 2 * m - 4,
+                                         canvas_get_theme(c)->bg);
+                }
         }
     }
     free(xy);

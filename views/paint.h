@@ -92,6 +92,8 @@ typedef struct paint_series {
     canvas_color color;     /* PAINT_AUTO: palette_cat(series index) */
     double width;           /* line width; 0: the canvas's default */
     int markers;            /* 1: a square at each point (PNG, SVG), so single points show */
+    const unsigned char *hollow; /* (n) with markers: 1 draws point i's square hollow (a point set apart,
+                                    as a budget under a policy's floor); NULL: every square filled */
 } paint_series;
 
 typedef struct paint_marker {
