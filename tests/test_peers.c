@@ -272,6 +272,9 @@ static void test_quest(void) {
         exact &= !memcmp(out, o2, sizeof out);
     }
     test_cond("quest at a budget covering the context attends bit for bit like dense", rc == 0 && exact);
+    int pages = (kd.n + page - 1) / page;
+    test_cond("... and its k says the pages it attended besides the current one, not the 255 its budget holds",
+              kv_stat(qc, "k") == pages - 1 && kv_stat(qc, "budget_tokens") == pages * page);
     kv_free(qc);
     kv_free(dc);
 

@@ -301,9 +301,11 @@ static void qu_stats(const kv_cache *base, double *v) {
     const kv_qu *c = (const kv_qu *)base;
     size_t res, off;
     qu_bytes(base, &res, &off);
+    /* k as attended: no more than the pages before the current one (a short prompt has fewer than k) */
+    int k = c->last_pages > 0 && c->last_pages - 1 < c->k ? c->last_pages - 1 : c->k;
     double out[] = {
-        c->prompt ? c->prompt : c->rows.n, c->page, c->last_pages, c->prompt ? c->k : NAN,
-        c->prompt ? (double)(c->k + 1) * c->page : NAN, c->dense_layers, (double)c->steps,
+        c->prompt ? c->prompt : c->rows.n, c->page, c->last_pages, c->prompt ? k : NAN,
+        c->prompt ? (double)(k + 1) * c->page : NAN, c->dense_layers, (double)c->steps,
         (double)c->step_read_bytes, (double)c->read_bytes, 0, (double)res, (double)off,
     };
     _Static_assert(sizeof out / sizeof out[0] == sizeof qu_stat_defs / sizeof qu_stat_defs[0], "one value per stat");
