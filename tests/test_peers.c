@@ -350,6 +350,16 @@ static kv_cache *make_freekv(int budget, const char *tau) {
 
 static void test_freekv(void) {
     const int page = 8, sink = 16, window = 16, budget = 64, k = (budget - sink - window) / page;
+    {   /* a context of 41 tokens under the budget of 64 is attended whole: no page picked, not k = 4 */
+        kv_cache *c = make_freekv(budget, "1");
+        kv_data kd;
+        float q[NH * HD], out[NH * HD];
+        int rc = c ? feed_prompt(c, &kd, 40) : -1;
+        if (!rc) rc = decode_step(c, &kd, q, out);
+        test_cond("freekv's k says the pages it picked from a context under its budget (0), not the budget's 4",
+                  rc == 0 && kv_stat(c, "k") == 0);
+        kv_free(c);
+    }
     /* tau = -1: never corrected, every pick but the first uses the previous
      * query; tau = 1: always corrected, every pick uses the current one. */
     const char *taus[2] = {"-1", "1"};
@@ -593,6 +603,8 @@ static void test_specache(void) {
     if (!rc) c->cls->bytes(c, &res, &off);
     test_cond("specache with a budget past the prompt counts its row buffer at the positions it can hold",
               rc == 0 && res < 2 * dense && off == dense);
+    test_cond("... and its k is the positions before the current one, not budget - residual",
+              rc == 0 && kv_stat(c, "k") == n0);
     kv_free(c);
     kv_opts_default(&o);
     snprintf(o.policy, sizeof o.policy, "specache");
@@ -798,6 +810,8 @@ static void test_tailorkv(void) {
     }
     test_cond("tailorkv at a budget covering the prompt, no quantized layer, attends bit for bit like dense",
               rc == 0 && exact && strstr(tc->notice, "covers the prompt"));
+    test_cond("... and reports no topk (its sparse layers select nothing), not budget - start - recent",
+              isnan(kv_stat(tc, "topk")));
     kv_free(tc);
     kv_free(dc);
 

@@ -312,7 +312,7 @@ static int fk_kept(const kv_cache *base, int layer, int hq, int *pos, int *unit)
 static const kv_stat_def fk_stat_defs[] = {
     {"prompt_len", "tokens", "tokens in the prompt"},
     {"page", "tokens", "tokens per page"},
-    {"k", "pages", "pages selected per KV head and step"},
+    {"k", "pages", "pages selected per KV head and step (0 while the context fits the budget: attended whole)"},
     {"dense_layers", "", "leading layers attended densely"},
     {"steps", "", "decode steps attended"},
     {"corrections", "", "(step, layer, KV head) picks redone with the current query (cosine < tau)"},
@@ -335,8 +335,12 @@ static void fk_stats(const kv_cache *base, double *v) {
     size_t res, off;
     fk_bytes(base, &res, &off);
     double hm = (double)c->hits + c->misses;
+    /* k as selected: no more than the candidate pages between the sink and the window at the last step (none
+     * while the context fits the budget and is attended whole) */
+    int cand = c->steps > 0 ? (c->ws - c->sink) / c->page : c->k, k = cand < c->k ? cand : c->k;
+    k = k > 0 ? k : 0;
     double out[] = {
-        c->prompt ? c->prompt : c->rows.n, c->page, c->prompt ? c->k : NAN, c->dense_layers, (double)c->steps,
+        c->prompt ? c->prompt : c->rows.n, c->page, c->prompt ? k : NAN, c->dense_layers, (double)c->steps,
         (double)c->corrections, c->decisions ? 100.0 * c->corrections / c->decisions : NAN,
         (double)c->step_corrections, (double)c->hits, (double)c->misses, hm > 0 ? 100 * c->hits / hm : NAN,
         (double)c->fetch_bytes, (double)c->step_hits, (double)c->step_misses, (double)c->step_misses,

@@ -278,7 +278,8 @@ static int sc_kept(const kv_cache *base, int layer, int hq, int *pos, int *unit)
 static const kv_stat_def sc_stat_defs[] = {
     {"prompt_len", "tokens", "tokens in the prompt"},
     {"bits", "", "bits per quantized key and value element"},
-    {"k", "rows", "rows fetched in full precision per KV head and step (budget - residual)"},
+    {"k", "rows", "rows chosen in full precision per KV head and step (budget - residual, at most the positions "
+                  "before the current one)"},
     {"steps", "", "decode steps attended"},
     {"hits", "rows", "chosen rows already exact (buffer or residual)"},
     {"misses", "rows", "chosen rows fetched"},
@@ -297,8 +298,10 @@ static void sc_stats(const kv_cache *base, double *v) {
     size_t res, off;
     sc_bytes(base, &res, &off);
     double hm = (double)c->hits + c->misses;
+    /* k as chosen: no more than the positions before the current one (a short prompt has fewer) */
+    int k = c->rows.n - 1 < c->k ? (c->rows.n > 1 ? c->rows.n - 1 : 0) : c->k;
     double out[] = {
-        c->prompt ? c->prompt : c->rows.n, c->q.bits, c->prompt ? c->k : NAN, (double)c->steps, (double)c->hits,
+        c->prompt ? c->prompt : c->rows.n, c->q.bits, c->prompt ? k : NAN, (double)c->steps, (double)c->hits,
         (double)c->misses, hm > 0 ? 100 * c->hits / hm : NAN, (double)c->fetch_bytes, (double)c->step_hits,
         (double)c->step_misses, (double)c->step_misses, (double)c->step_fetch_bytes, (double)res, (double)off,
     };

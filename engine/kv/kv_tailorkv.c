@@ -330,7 +330,8 @@ static const kv_stat_def tk_stat_defs[] = {
     {"prompt_len", "tokens", "tokens in the prompt"},
     {"q_layers", "layers", "quantized layers (the rest are sparse)"},
     {"bits", "", "bits per element in quantized layers"},
-    {"topk", "tokens", "tokens fetched per KV head and step in sparse layers (budget - start - recent)"},
+    {"topk", "tokens", "tokens fetched per KV head and step in sparse layers (budget - start - recent; none when "
+                       "they attend densely)"},
     {"channels", "", "channels fetched per KV head to score the prompt"},
     {"steps", "", "decode steps attended"},
     {"fetch_bytes", "B", "bytes fetched: channels of the prompt's keys and the chosen rows"},
@@ -347,7 +348,8 @@ static void tk_stats(const kv_cache *base, double *v) {
     size_t res, off;
     tk_bytes(base, &res, &off);
     double out[] = {
-        c->prompt ? c->prompt : c->rows.n, c->prompt ? c->n_q : NAN, c->q.bits, c->prompt ? c->n_topk : NAN,
+        c->prompt ? c->prompt : c->rows.n, c->prompt ? c->n_q : NAN, c->q.bits,
+        c->prompt && !c->dense ? c->n_topk : NAN, /* none when the sparse layers attend densely */
         c->channels, (double)c->steps, (double)c->fetch_bytes, (double)c->ch_bytes, (double)c->row_bytes,
         (double)c->step_fetch_bytes, (double)res, (double)off,
     };
