@@ -514,8 +514,30 @@ static void test_mono_glyphs(void) {
                                                                      strcmp(paint_cat_glyph(1), paint_cat_glyph(7)));
 }
 
+/* A table far wider than its room: the leading columns that fit, whole, and
+ * "+N" for the rest, rather than every cell cut to a stub; one long column
+ * alone still shrinks (the note above, FIG_TABLE). */
+static void test_table_columns(void) {
+    canvas *c = NULL;
+    if (canvas_cells_new(&c, 40, 8, 0)) { test_cond("cells canvas", 0); return; }
+    paint_column cols[6] = { { "policy", PAINT_ALIGN_LEFT }, { "recall", PAINT_ALIGN_RIGHT },
+                             { "overlap", PAINT_ALIGN_RIGHT }, { "fetched", PAINT_ALIGN_RIGHT },
+                             { "resident", PAINT_ALIGN_RIGHT }, { "ms/step", PAINT_ALIGN_RIGHT } };
+    static const char *cells[] = { "shadowkv", "85.1%", "47.2%", "33.1 KiB", "0.56 MiB", "1.30" };
+    paint_table t = { .title = "t", .cols = cols, .n_cols = 6, .cells = cells, .n_rows = 1 };
+    paint_result res;
+    int rc = paint_draw_table(c, (canvas_rect){ 0, 0, 40, 8 }, &t, &res);
+    char *txt = canvas_cells_text(c);
+    test_cond("a table too wide draws its leading columns whole and '+N' for the others, not stubs",
+              rc == 0 && txt && strstr(txt, "shadowkv") && strstr(txt, "85.1%") && strstr(txt, "+") &&
+                  !strstr(txt, "\xe2\x80\xa6") && res.x1 < 6 && !res.complete);
+    free(txt);
+    canvas_free(c);
+}
+
 int main(void) {
     test_mono_glyphs();
+    test_table_columns();
     const char *dir = test_tmpdir("paint");
     make_data();
     test_palette();

@@ -1374,7 +1374,7 @@ int paint_draw_table(canvas *c, canvas_rect rr, const paint_table *t, paint_resu
     int nc = t->cols ? t->n_cols : 0, nr = t->cells ? t->n_rows : 0;
     if (nc <= 0) return SKV_OK;
     if (nr < 0) nr = 0;
-    double *w = calloc((size_t)nc, sizeof *w);
+    double *w = calloc(2 * (size_t)nc, sizeof *w), *nat = w + nc; /* widths drawn, natural widths */
     if (!w) return skv_error(SKV_ENOMEM, "paint_draw_table: out of memory");
 
     frame f = { .title = t->title, .r = r };
@@ -1386,7 +1386,7 @@ int paint_draw_table(canvas *c, canvas_rect rr, const paint_table *t, paint_resu
     for (int j = 0; j < nc; j++) {
         w[j] = canvas_text_width(c, t->cols[j].header, CANVAS_FONT_BOLD);
         for (int i = 0; i < nr; i++) w[j] = fmax(w[j], canvas_text_width(c, t->cells[(long)i * nc + j], CANVAS_FONT_BODY));
-        w[j] = ceil(w[j]) + 2 * cpad;
+        nat[j] = w[j] = ceil(w[j]) + 2 * cpad;
         total += w[j];
     }
     /* too wide: take from the widest column until it fits */
@@ -1401,6 +1401,21 @@ int paint_draw_table(canvas *c, canvas_rect rr, const paint_table *t, paint_resu
         total -= ceil(cut);
         f.complete = 0;
     }
+    /* the squeeze cut more than one column (every cell a stub "p…"): the leading columns that
+     * fit whole instead, at least two of them */
+    int ns = nc, cut = 0;
+    for (int j = 0; j < nc; j++) cut += w[j] < nat[j];
+    if (cut > 1) {
+        double sum = 0;
+        int m = 0;
+        while (m < nc && sum + nat[m] <= avail) sum += nat[m++];
+        if (m >= 2) {
+            ns = m;
+            f.complete = 0;
+            for (int j = 0; j < m; j++) w[j] = nat[j];
+            total = sum;
+        }
+    }
     double y = f.area.y;
     int rows_fit = (int)floor((f.area.h - row_h - (g->cells ? 1 : g->hair)) / row_h);
     if (rows_fit < 0) rows_fit = 0;
@@ -1412,7 +1427,7 @@ int paint_draw_table(canvas *c, canvas_rect rr, const paint_table *t, paint_resu
     f.area.w = tw;
     draw_title(&L, &f, res);
     res->area = (canvas_rect){ x0, y + row_h + (g->cells ? 1 : g->hair), tw, shown * row_h };
-    res->x0 = 0; res->x1 = nc; res->y0 = 0; res->y1 = shown; res->ydown = 1;
+    res->x0 = 0; res->x1 = ns; res->y0 = 0; res->y1 = shown; res->ydown = 1;
     res->shown = shown;
     if (f.area.h < row_h) {
         res->complete = 0;
@@ -1428,7 +1443,7 @@ int paint_draw_table(canvas *c, canvas_rect rr, const paint_table *t, paint_resu
         else if (i >= 0 && (i & 1) && L.th->grid != CANVAS_NONE)
             canvas_fill_rect(c, x0, ry, tw, row_h, mix(L.th->bg, L.th->grid, 0.45));
         double x = x0;
-        for (int j = 0; j < nc; j++) {
+        for (int j = 0; j < ns; j++) {
             const char *s = i < 0 ? t->cols[j].header : t->cells[(long)i * nc + j];
             int font = i < 0 ? CANVAS_FONT_BOLD : CANVAS_FONT_BODY;
             double inner = w[j] - 2 * cpad;
@@ -1444,6 +1459,12 @@ int paint_draw_table(canvas *c, canvas_rect rr, const paint_table *t, paint_resu
                 canvas_text(c, tx, ry + row_h / 2, buf, font, a | CANVAS_MIDDLE, L.th->fg);
             }
             x += w[j];
+        }
+        if (i < 0 && ns < nc) { /* the columns left out, counted where the next would start */
+            char more[24];
+            snprintf(more, sizeof more, "+%d", nc - ns);
+            if (x + cpad + canvas_text_width(c, more, CANVAS_FONT_BOLD) <= r.x + r.w)
+                canvas_text(c, x + cpad, ry + row_h / 2, more, CANVAS_FONT_BOLD, CANVAS_LEFT | CANVAS_MIDDLE, L.th->fg);
         }
         if (i < 0) {
             double ly = y + row_h + (g->cells ? 0.5 : g->hair / 2);
