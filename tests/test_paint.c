@@ -515,7 +515,7 @@ static void test_mono_glyphs(void) {
 }
 
 /* A table far wider than its room: the leading columns that fit, whole, and
- * "+N" for the rest, rather than every cell cut to a stub; one long column
+ * "+N" for the rest, rather than every cell cut to an ellipsis; one long column
  * alone still shrinks (the note above, FIG_TABLE). */
 static void test_table_columns(void) {
     canvas *c = NULL;
@@ -528,7 +528,7 @@ static void test_table_columns(void) {
     paint_result res;
     int rc = paint_draw_table(c, (canvas_rect){ 0, 0, 40, 8 }, &t, &res);
     char *txt = canvas_cells_text(c);
-    test_cond("a table too wide draws its leading columns whole and '+N' for the others, not stubs",
+    test_cond("a table too wide draws its leading columns whole and '+N' for the others, not every cell cut short",
               rc == 0 && txt && strstr(txt, "shadowkv") && strstr(txt, "85.1%") && strstr(txt, "+") &&
                   !strstr(txt, "\xe2\x80\xa6") && res.x1 < 6 && !res.complete);
     free(txt);

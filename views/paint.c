@@ -1401,7 +1401,7 @@ int paint_draw_table(canvas *c, canvas_rect rr, const paint_table *t, paint_resu
         total -= ceil(cut);
         f.complete = 0;
     }
-    /* the squeeze cut more than one column (every cell a stub "p…"): the leading columns that
+    /* the squeeze cut more than one column (every cell cut to an ellipsis, "p…"): the leading columns that
      * fit whole instead, at least two of them */
     int ns = nc, cut = 0;
     for (int j = 0; j < nc; j++) cut += w[j] < nat[j];
