@@ -607,35 +607,6 @@ static void sweep_free(sweep *w) {
     needle_task_free(&w->own);
 }
 
-/* The policy's floor as a cause, when the run's budget is under it: it
- * selects nothing, whatever else is wrong (said first). What the probes
- * blamed on the selection goes: a "never selected" (no score chose what was
- * kept: it was only what the policy always keeps) and a "budget" whose raise
- * stays at or under the floor (the floor's own fix goes further). */
-static void add_floor(const kv_opts *kv, const char *policy, int prompt_len, needle_report *rep) {
-    char why[200];
-    int floor = kv_under_floor(kv, kv_policy_find(policy), prompt_len, why, sizeof why);
-    if (!floor) return;
-    int budget = kv_budget_tokens(kv, prompt_len), n = 0;
-    for (int i = 0; i < rep->n_causes; i++) {
-        const needle_cause *x = &rep->causes[i];
-        if (x->kind == NEEDLE_CAUSE_OUTLIER || (x->kind == NEEDLE_CAUSE_BUDGET && x->proposed <= floor)) continue;
-        rep->causes[n++] = *x;
-    }
-    rep->n_causes = n;
-    if (n >= NEEDLE_N_CAUSES) return;
-    needle_cause *c = &rep->causes[rep->n_causes++];
-    memset(c, 0, sizeof *c);
-    c->kind = NEEDLE_CAUSE_FLOOR;
-    c->score = 1;
-    c->step = c->layer = c->head = c->chunk = -1;
-    snprintf(c->evidence, sizeof c->evidence, "at --budget %d %s selects nothing: it needs "
-             "at least %s", budget, policy, why);
-    snprintf(c->fix, sizeof c->fix, "raise --budget to %d tokens (its floor)", floor);
-    snprintf(c->opt, sizeof c->opt, "budget");
-    c->value = c->proposed = floor;
-}
-
 /* One rerun of case c from src's recorded prefill with opt = value: 1 and
  * the answer in ans when it retrieved the value, 0 when not, -1 when it
  * cannot be checked (opt is not an option of the policy, or the prefill was
@@ -792,6 +763,11 @@ int needle_context_notice(const skv_model *m, const needle_opts *o, char *buf, s
     return 1;
 }
 
+/* The policy's floor as a cause, when the run's budget was under it: it
+ * selects nothing, whatever else is wrong (said first). What the probes
+ * blamed on the selection goes: a "never selected" (no score chose what was
+ * kept: it was only what the policy always keeps) and a "budget" whose raise
+ * stays at or under the floor (the floor's own fix goes further). */
 void needle_trace_floor(const probe_store *st, needle_report *rep) {
     const probe_ev_run *run = probe_store_run(st);
     const kv_class *p = kv_policy_find(rep->policy);
@@ -805,7 +781,27 @@ void needle_trace_floor(const probe_store *st, needle_report *rep) {
         double v = run->kv_opts ? probe_pairs_get(run->kv_opts, p->opts[i].key, NAN) : NAN;
         if (isfinite(v) && kv_opts_set_num(&o, p->opts[i].key, v)) skv_clear_error();
     }
-    add_floor(&o, rep->policy, run->prompt_len, rep);
+    char why[200];
+    int floor = kv_under_floor(&o, p, run->prompt_len, why, sizeof why), n = 0;
+    if (!floor) return;
+    for (int i = 0; i < rep->n_causes; i++) {
+        const needle_cause *x = &rep->causes[i];
+        if (x->kind == NEEDLE_CAUSE_OUTLIER || (x->kind == NEEDLE_CAUSE_BUDGET && x->proposed <= floor)) continue;
+        rep->causes[n++] = *x;
+    }
+    rep->n_causes = n;
+    if (n < NEEDLE_N_CAUSES) {
+        needle_cause *c = &rep->causes[rep->n_causes++];
+        memset(c, 0, sizeof *c);
+        c->kind = NEEDLE_CAUSE_FLOOR;
+        c->score = 1;
+        c->step = c->layer = c->head = c->chunk = -1;
+        snprintf(c->evidence, sizeof c->evidence, "at --budget %d %s selects nothing: it needs at least %s",
+                 run->budget, rep->policy, why);
+        snprintf(c->fix, sizeof c->fix, "raise --budget to %d tokens (its floor)", floor);
+        snprintf(c->opt, sizeof c->opt, "budget");
+        c->value = c->proposed = floor;
+    }
     needle_causes_sort(rep);
 }
 
