@@ -107,6 +107,12 @@ int batch_decode(skv_batch *b, const int32_t *tokens) {
     return rc;
 }
 
+void batch_emit_last(skv_batch *b, int i, int32_t token) {
+    if (i < 0 || i >= b->n) return;
+    lane(b, i);
+    session_emit_last(b->s[i], token);
+}
+
 int batch_fit(double once_a, double per_a, double avail_a, double per_b, double avail_b, int *bound) {
     double left = avail_a - once_a; /* the weights, counted once */
     double a = left < 0 ? 0 : per_a > 0 ? floor(left / per_a) : 4096, b = per_b > 0 ? floor(avail_b / per_b) : 4096;

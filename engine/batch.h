@@ -27,6 +27,10 @@ double batch_t_decode(const skv_batch *b);     /* seconds in batch_decode */
  * session_decode: sample from them for the next step. */
 int batch_decode(skv_batch *b, const int32_t *tokens);
 
+/* Sequence i's last generated token, which no step feeds: its token event
+ * in its lane (session_emit_last). */
+void batch_emit_last(skv_batch *b, int i, int32_t token);
+
 /* The largest batch whose sequences fit two pools of memory: the batch
  * takes once_a bytes of pool a whatever its size (the weights: every
  * sequence borrows the process's one copy, forward_weights; 0 when avail_a

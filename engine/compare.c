@@ -107,3 +107,10 @@ int compare_decode(compare_run *c, int32_t token) {
     c->steps++;
     return 0;
 }
+
+void compare_emit_last(compare_run *c, int32_t token) {
+    for (int i = 0; i < c->n; i++) {
+        emit_lane(c, i);
+        session_emit_last(c->s[i], token);
+    }
+}

@@ -43,4 +43,8 @@ int compare_next(compare_run *c);
 /* Feeds token to every lane (one decode step each) and counts agreement. */
 int compare_decode(compare_run *c, int32_t token);
 
+/* The last generated token, fed to no lane: each lane's token event
+ * (session_emit_last). */
+void compare_emit_last(compare_run *c, int32_t token);
+
 #endif

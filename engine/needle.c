@@ -340,7 +340,7 @@ static int generate(skv_session *s, int prev, int n, char **text, needle_case *c
         if (len > (int)sizeof buf) len = sizeof buf;
         if (len > 0 && (rc = str_add(&out, buf, (size_t)len))) break;
         prev = id;
-        if (i + 1 == n) break;
+        if (i + 1 == n) { session_emit_last(s, id); break; } /* no step feeds it: a trace has it all the same */
         if ((rc = session_decode(s, id))) break;
         if (c && s->twin_kv) {
             double num = 0, den = 0;

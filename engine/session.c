@@ -211,6 +211,10 @@ int session_step_begin(skv_session *s, int32_t token) {
     return 0;
 }
 
+void session_emit_last(skv_session *s, int32_t token) {
+    if (probe_wants(s->o.bus, PROBE_TOKEN)) emit_token(s, s->n_past, token, s->last_token, s->step);
+}
+
 int session_decode(skv_session *s, int32_t token) {
     int rc = session_step_begin(s, token);
     if (rc) return rc;

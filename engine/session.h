@@ -86,6 +86,11 @@ void session_set_bus(skv_session *s, probe_bus *bus);
 /* Feeds one token at the next position. */
 int session_decode(skv_session *s, int32_t token);
 
+/* A generated token that no step feeds (the run's last, or one a full
+ * context stopped at): its token event, at the step that would have fed it,
+ * so that a trace holds the whole text. No step is run or counted. */
+void session_emit_last(skv_session *s, int32_t token);
+
 /* session_decode in two halves around the forward pass, for a step that
  * runs several sessions' rows at once (batch.c): the context check, the
  * step numbers and the token event; then, with s->fwd.logits holding the

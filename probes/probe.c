@@ -12,6 +12,7 @@
 #include "skv.h"
 
 #include <errno.h>
+#include <math.h>
 #include <pthread.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -38,6 +39,33 @@ double probe_pairs_get(const char *pairs, const char *key, double def) {
         p = end;
     }
     return def;
+}
+
+int probe_pairs_in_force(const char *opts, const char *stats, char *buf, size_t n) {
+    int diff = 0;
+    size_t len = 0;
+    if (n) buf[0] = 0;
+    for (const char *p = opts ? opts : ""; *p;) {
+        while (*p == ' ') p++;
+        const char *eq = p, *end = p;
+        while (*end && *end != ' ') end++;
+        while (eq < end && *eq != '=') eq++;
+        char key[64];
+        if (eq < end && eq > p && (size_t)(eq - p) < sizeof key) {
+            memcpy(key, p, (size_t)(eq - p));
+            key[eq - p] = 0;
+            double asked = probe_pairs_get(opts, key, NAN), used = probe_pairs_get(stats, key, NAN);
+            if (!isnan(asked) && !isnan(used) && used != asked) {
+                char a[40], b[40];
+                diff++;
+                if (len < n)
+                    len += (size_t)snprintf(buf + len, n - len, "%s%s=%s (asked %s)", len ? " " : "", key,
+                                            skv_num(a, sizeof a, used, 6), skv_num(b, sizeof b, asked, 6));
+            }
+        }
+        p = end;
+    }
+    return diff;
 }
 
 /* ---- schema ------------------------------------------------------------ */

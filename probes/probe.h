@@ -279,6 +279,12 @@ const char *probe_stream_name(int stream);   /* "compute", "fetch", "rebuild" */
  * step.kv_stats), or def when absent or not a number. */
 double probe_pairs_get(const char *pairs, const char *key, double def);
 
+/* The options of a run (run.kv_opts) that its policy put in force at other
+ * values, as its step statistics of the same name say (step.kv_stats; a
+ * prompt too short for rank 160 ran at rank 7): "rank=7 (asked 160) ..."
+ * into buf (empty when none). Returns how many differ. */
+int probe_pairs_in_force(const char *opts, const char *stats, char *buf, size_t n);
+
 /* Checks counts and pointers (non-negative, arrays present when counted);
  * 0 or SKV_EINVAL with a message naming the kind and field. */
 int probe_event_check(const probe_event *ev);

@@ -367,9 +367,8 @@ static int add_token(probe_store *st, const probe_event *ev) {
     probe_event *d = NULL;
     TRY(keep(&d, ev));
     st->tok[st->n_tok] = d;
-    if (step >= 0) {
+    if (step >= 0) { /* a token counts no step: the run's last is fed by none */
         st->step_tok[step] = st->n_tok;
-        see_step(st, step);
     } else {
         st->n_prompt++;
     }

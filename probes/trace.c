@@ -371,7 +371,8 @@ static void writer_see(trace_writer *w, const probe_event *ev) {
     for (int i = 0; i < nf; i++) {
         if (fs[i].type != PROBE_F_I32) continue;
         int v = field_int(ev, &fs[i]);
-        if (!strcmp(fs[i].name, "step") && v + 1 > w->n_steps) w->n_steps = v + 1;
+        /* a token counts no step: the run's last is fed by none (the store's rule) */
+        if (!strcmp(fs[i].name, "step") && ev->kind != PROBE_TOKEN && v + 1 > w->n_steps) w->n_steps = v + 1;
         if (!strcmp(fs[i].name, "layer") && v + 1 > w->n_layers) w->n_layers = v + 1;
         if (!strcmp(fs[i].name, "head") && v + 1 > w->n_heads) w->n_heads = v + 1;
     }
@@ -981,23 +982,58 @@ typedef struct {
     int n_policies, steps, layers;
     int n_lanes, batched;
     probe_event *run;   /* the first run event (owned) */
+    /* per policy: its options put in force at other values ("rank=7 (asked
+     * 160)"), from its first step's statistics; checked once */
+    char in_force[TRACE_MAX_POLICIES][300];
+    int checked[TRACE_MAX_POLICIES];
 } trace_scan;
+
+/* The index of run's "policy: options" in sc's list, -1 when not kept. */
+static int policy_index(const trace_scan *sc, const probe_ev_run *run) {
+    char one[160];
+    snprintf(one, sizeof one, "%s%s%s", run->kv_policy ? run->kv_policy : "?",
+             run->kv_opts && *run->kv_opts ? ": " : "", run->kv_opts ? run->kv_opts : "");
+    for (int i = 0; i < sc->n_policies; i++)
+        if (!strcmp(sc->policies[i], one)) return i;
+    return -1;
+}
 
 static void scan_records(trace_reader *r, trace_scan *sc) {
     memset(sc, 0, sizeof *sc);
     const probe_event *ev = NULL;
+    int lane = 0, of_lane[PROBE_MAX_LANES]; /* each lane's policy (a batch's lanes share lane 0's) */
+    for (int i = 0; i < PROBE_MAX_LANES; i++) of_lane[i] = -1;
     while (trace_next(r, &ev) > 0) {
         if (ev->kind == PROBE_RUN) {
             policy_note(sc->policies, &sc->n_policies, &ev->run);
+            of_lane[lane] = policy_index(sc, &ev->run);
             if (!sc->run) sc->run = probe_event_dup(ev);
             if (ev->run.n_layers > sc->layers) sc->layers = ev->run.n_layers;
-        } else if (ev->kind == PROBE_STEP && ev->step.step + 1 > sc->steps) {
-            sc->steps = ev->step.step + 1;
+        } else if (ev->kind == PROBE_STEP) {
+            if (ev->step.step + 1 > sc->steps) sc->steps = ev->step.step + 1;
+            int p = of_lane[lane] >= 0 ? of_lane[lane] : of_lane[0];
+            if (p >= 0 && !sc->checked[p]) {
+                const char *opts = strstr(sc->policies[p], ": ");
+                sc->checked[p] = 1;
+                probe_pairs_in_force(opts ? opts + 2 : "", ev->step.kv_stats, sc->in_force[p], sizeof sc->in_force[p]);
+            }
         } else if (ev->kind == PROBE_PREFILL_LAYER && ev->prefill_layer.layer + 1 > sc->layers) {
             sc->layers = ev->prefill_layer.layer + 1;
         } else if (ev->kind == PROBE_LANE) {
             lane_note(&ev->lane, &sc->n_lanes, &sc->batched);
+            if (ev->lane.lane >= 0 && ev->lane.lane < PROBE_MAX_LANES) lane = ev->lane.lane;
         }
+    }
+}
+
+/* The options each policy put in force at other values than asked (a line
+ * each; the policy named when the trace holds several). */
+static void print_in_force(FILE *out, const trace_scan *sc) {
+    for (int i = 0; i < sc->n_policies; i++) {
+        if (!sc->in_force[i][0]) continue;
+        int name = (int)strcspn(sc->policies[i], ":");
+        if (sc->n_policies > 1) fprintf(out, "  in force   %.*s: %s\n", name, sc->policies[i], sc->in_force[i]);
+        else fprintf(out, "  in force   %s\n", sc->in_force[i]);
     }
 }
 
@@ -1032,6 +1068,8 @@ int trace_info(const char *path, FILE *out) {
     fprintf(out, "\n");
     const cJSON *pl = cJSON_GetObjectItemCaseSensitive(m, "policies");
     const cJSON *run = cJSON_GetObjectItemCaseSensitive(m, "run");
+    trace_scan sc;
+    scan_records(r, &sc);
     if (cJSON_IsObject(run)) {
         fprintf(out, "  model      %s (%s, %s%s), backend %s\n", meta_str(run, "model"), meta_str(run, "arch"),
                 meta_str(run, "format"), meta_num(run, "random_weights") > 0 ? ", random weights" : "",
@@ -1048,27 +1086,27 @@ int trace_info(const char *path, FILE *out) {
         else
             fprintf(out, "  kv policy  %s%s%s%s\n", meta_str(run, "kv_policy"), *opts && strcmp(opts, "?") ? ": " : "",
                     strcmp(opts, "?") ? opts : "", meta_num(run, "oracle") > 0 ? ", oracle" : "");
+        print_in_force(out, &sc);
         if (cJSON_IsTrue(cJSON_GetObjectItemCaseSensitive(m, "batch")))
             fprintf(out, "  batch      %.0f sequences decoded together, one lane each\n", meta_num(m, "lanes"));
         fprintf(out, "  steps      %.0f\n  layers     %.0f\n", meta_num(m, "steps"), meta_num(m, "layers"));
     } else {
         /* a trace cut short has no metadata: its records say what they can */
-        trace_scan sc;
-        scan_records(r, &sc);
         if (sc.run) {
             const probe_ev_run *e = &sc.run->run;
             fprintf(out, "  model      %s (%s, %s), backend %s\n", e->model ? e->model : "?", e->arch ? e->arch : "?",
                     e->format ? e->format : "?", e->backend ? e->backend : "?");
             for (int i = 0; i < sc.n_policies; i++)
                 fprintf(out, "  %-10s %s\n", i ? "" : sc.n_policies > 1 ? "policies" : "kv policy", sc.policies[i]);
+            print_in_force(out, &sc);
         } else {
             fprintf(out, "  model      (no run event recorded)\n");
         }
         if (sc.n_lanes > 1 && sc.batched)
             fprintf(out, "  batch      %d sequences decoded together, one lane each\n", sc.n_lanes);
         fprintf(out, "  steps      %d finished\n  layers     %d\n", sc.steps, sc.layers);
-        free(sc.run);
     }
+    free(sc.run);
     if (trace_notice_buf[0]) fprintf(out, "  %s\n", trace_notice_buf);
     /* a run stopped by Ctrl-C closes whole, and its metadata says where it stopped */
     const char *intr = cJSON_GetStringValue(cJSON_GetObjectItemCaseSensitive(m, "interrupted"));

@@ -9,7 +9,8 @@ and KV head, and their oracle measures (recall, overlap, output error, mass
 kept) agree within float32 noise (ShadowKV's out_err: bf16 rounding). The views draw from the Python traces
 (skv export --view; skv inspect --replay names the writer and leaves out the
 tabs without events), `skv needle --diagnose` explains a needle the PyTorch
-ShadowKV missed, a recorder stopped mid-run leaves a trace skv loads, and the
+ShadowKV missed, a recorder stopped mid-run leaves a trace skv loads, the
+last token (sampled after the last step) is recorded as generated text, and the
 recorder refuses bad input with one line. Needs Debian's python3-torch (make
 deps). Prints PASS/FAIL/SKIP."""
 import os
@@ -192,6 +193,31 @@ try:
     t = skvtrace.load(rec_path, partial=True)
     check("a recorder stopped mid-step leaves a trace skv loads to its last complete step",
           rc == 0 and "cut short" in out and len(t["step"]["step"]) == 2, out)
+
+    # ---- the last token: sampled after the last step, fed to none
+    lp = os.path.join(tmp, "last.torch")
+    R = skvtrace.Recorder(lp, n_layers=2, n_heads=4, n_kv_heads=2, head_dim=8, max_ctx=64, policy="mine")
+    R.prompt(list(range(5)), [b"p"] * 5)
+    for s in range(2):
+        R.begin_step(7, b" fed")
+        R.end_step()
+    R.last_token(9, b" last")
+    late = []
+    for what, fn in (("a second last token", lambda: R.last_token(9)), ("a step after it", lambda: R.begin_step(9))):
+        try:
+            fn()
+            late.append("accepted: " + what)
+        except skvtrace.TraceValueError as e:
+            if "last token" not in str(e):
+                late.append("%s: %r" % (what, str(e)))
+    R.close()
+    rc, out = run(["trace", "info", lp])
+    rc2, out2 = run(["export", "--trace", lp, "--view", "tokens", "-o", os.path.join(tmp, "last.svg")])
+    svg = open(os.path.join(tmp, "last.svg")).read() if rc2 == 0 else ""
+    check("Recorder.last_token: the token after the last step is in the trace, as a generated token, counting "
+          "no step; a second one or a step after it refused",
+          rc == 0 and "steps      2\n" in out and "token          8" in out and "5 prompt + 3 generated" in svg
+          and " last" in svg and not late, (out, out2, late))
 
     R = skvtrace.Recorder(os.path.join(tmp, "bad.torch"), n_layers=2, n_heads=4, n_kv_heads=2, head_dim=8,
                           max_ctx=32, policy="mine", oracle=True)

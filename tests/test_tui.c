@@ -603,6 +603,22 @@ static void test_tab_jump(const char *model_args) {
  * sequence 0 of 6 (too many to stack), and p steps through the sequences
  * in every view, each drawing without an error; --seq N starts on N and a
  * --seq past the batch is one line. */
+/* A replay says what the policy put in force at other values than asked, as
+ * the live inspector does after its prefill: a 7-token prompt runs
+ * ShadowKV at rank 7, not the 160 asked. */
+static void test_in_force(void) {
+    char path[PATH_MAX + 32], cmd[PATH_MAX * 2 + 200], out[8192];
+    snprintf(path, sizeof path, "%s/inforce.trace", dir);
+    int rc = test_popen(out, sizeof out, "%s run -m samples/model/skv-demo.gguf -p 'Once upon a time' --kv shadowkv "
+                        "-n 3 --trace %s 2>&1", bin, path);
+    if (rc) { test_cond("skv run --trace on the demo model (for the in-force replay)", 0); printf("  got: %s", out); return; }
+    snprintf(cmd, sizeof cmd, "TERM=xterm-256color %s inspect --replay %s", bin, path);
+    if (!start("inforce", 160, 30, cmd)) { test_cond("tmux starts the in-force replay", 0); return; }
+    check_screen("replay: the status line says the rank in force (7, asked 160), as live inspect does", "inforce",
+                 "in force: shadowkv: rank=7 (asked 160)", UI_TIMEOUT);
+    stop("inforce");
+}
+
 static void test_batch_replay(const char *rec_args) {
     char path[PATH_MAX + 32], cmd[PATH_MAX * 2 + 700], out[8192], what[200];
     snprintf(path, sizeof path, "%s/batch.trace", dir);
@@ -771,6 +787,7 @@ int main(void) {
     if (rec_args[0]) test_progress();
     if (rec_args[0]) test_engine_fail();
     if (have_default) test_batch_replay(rec_args);
+    if (stat("samples/model/skv-demo.gguf", &sb) == 0) test_in_force();
     if (have_default) {
         char cmp_args[PATH_MAX + 600];
         snprintf(cmp_args, sizeof cmp_args, "-m %s -p \"%s\" --rank 8 --budget 32 --outliers 2 --local 2", model,

@@ -279,6 +279,23 @@ static int check_policy_lane(const probe_lanes *lanes, const char *path) {
     return 2;
 }
 
+/* Appends to notice what each policy of the trace put in force at other
+ * values than asked (its first step's statistics: a short prompt clamps
+ * the rank), as the live inspector says it after the prefill. */
+static void in_force_notice(const probe_lanes *lanes, char *notice, size_t n) {
+    int nl = probe_lanes_batched(lanes) ? 1 : probe_lanes_count(lanes); /* a batch's sequences share one policy */
+    for (int i = 0; i < nl; i++) {
+        const probe_store *st = probe_lanes_store(lanes, i);
+        const probe_ev_run *run = probe_store_run(st);
+        const probe_ev_step *e = probe_store_step(st, 0);
+        char d[300];
+        if (!run || !e || !probe_pairs_in_force(run->kv_opts, e->kv_stats, d, sizeof d)) continue;
+        size_t k = strlen(notice);
+        if (k + 4 < n)
+            snprintf(notice + k, n - k, "%sin force: %s: %s", k ? " | " : "", run->kv_policy ? run->kv_policy : "?", d);
+    }
+}
+
 static int replay(const char *path) {
     probe_lanes *lanes = NULL;
     if (probe_lanes_new(&lanes)) return cli_fail();
@@ -298,6 +315,7 @@ static int replay(const char *path) {
         cli_msg("warning: %s\n", notice);
     }
     unsigned hidden = foreign ? foreign_views(who, lanes, notice, sizeof notice) : 0;
+    in_force_notice(lanes, notice, sizeof notice);
     if (need_tty() || app_open()) { probe_lanes_free(lanes); return 1; }
     app_opts o = {.lanes = lanes, .wake_fd = -1, .replay_path = path, .notice = notice, .export_dir = export_dir,
                   .policy = policy_flag, .has_seq = seq_flag >= 0, .seq = seq_flag, .hidden = hidden};

@@ -169,7 +169,8 @@ static int run_compare(cli_gen *g) {
             if (len > 0) fwrite(buf, 1, len < (int)sizeof buf ? len : (int)sizeof buf, stdout);
             fflush(stdout);
             prev = tok;
-            if (i + 1 < g->n_predict && compare_decode(c, tok)) { printf("\n"); rc = cli_fail(); break; }
+            if (i + 1 == g->n_predict) compare_emit_last(c, tok); /* no step feeds it: the trace has it all the same */
+            else if (compare_decode(c, tok)) { printf("\n"); rc = cli_fail(); break; }
         }
         printf("\n");
         fflush(stdout);
@@ -279,6 +280,9 @@ static int run_parallel(cli_gen *g, int B) {
             }
             tok[i] = done[i] ? prev[i] : id; /* a finished sequence marks time with its last token */
         }
+        if (!rc && live && t + 1 == g->n_predict) /* no step feeds them: the trace has them all the same */
+            for (int i = 0; i < B; i++)
+                if (!done[i]) batch_emit_last(b, i, tok[i]);
         if (rc || !live || t + 1 == g->n_predict) break;
         rc = batch_decode(b, tok);
         steps++;
@@ -379,13 +383,16 @@ int cmd_run(int argc, char **argv) {
         fflush(stdout);
         prev = tok;
         generated++;
-        if (i + 1 < g.n_predict && s->n_past + 1 > s->o.ctx) { /* a full context ends the run, as end of text does */
-            fflush(stdout);
-            fprintf(stderr, "\nskv: the context of %d positions is full: generation stops here (raise it with -c)\n",
-                    s->o.ctx);
+        if (i + 1 == g.n_predict || s->n_past + 1 > s->o.ctx) { /* no step feeds it: the trace has it all the same */
+            session_emit_last(s, tok);
+            if (i + 1 < g.n_predict) { /* a full context ends the run, as end of text does */
+                fflush(stdout);
+                fprintf(stderr, "\nskv: the context of %d positions is full: generation stops here (raise it with -c)\n",
+                        s->o.ctx);
+            }
             break;
         }
-        if (i + 1 < g.n_predict && session_decode(s, tok)) { printf("\n"); rc = cli_fail(); break; }
+        if (session_decode(s, tok)) { printf("\n"); rc = cli_fail(); break; }
     }
     printf("\n");
     fflush(stdout);

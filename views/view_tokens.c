@@ -3,15 +3,17 @@
  * The prompt and the generated tokens, wrapped to the rectangle at token
  * boundaries (newlines in a token break the line), with the current step's
  * token highlighted. Prompt tokens are drawn muted, generated ones in
- * colour; when the run had --oracle, a generated token whose sparse top-1
- * disagreed with the dense twin is drawn in a warning colour (and underlined
- * on PNG). A header gives the counts, the current token and how often the
+ * colour; when the run had --oracle, a generated token sampled from logits
+ * whose sparse top-1 disagreed with the dense twin's (the step before the
+ * one that fed it) is drawn in a warning colour (and underlined on PNG). The
+ * run's last token was sampled and fed to no step. A header gives the counts, the current token and how often the
  * sparse and dense argmax agreed. The text follows the current token: the
  * lines shown end a little below it, cursor.scroll lines further back.
  *
  * Keys: ←/→ previous/next decode step (→ past the last follows the latest);
  * ↑/↓ scroll the text back/forward by a line. A click on a generated token
- * makes its step current; on a prompt token it selects that token. Click
+ * makes its step current; on a prompt token, or the last one, it selects
+ * that token. Click
  * mapping re-wraps the text with terminal metrics (one cell per code point),
  * which is what the inspector draws with. */
 #include "skv.h"
@@ -310,7 +312,12 @@ static int tokens_draw(canvas *c, canvas_rect r, const probe_store *st, const vi
             k += put_utf8(cp, cur_txt + k);
         }
         cur_txt[k] = 0;
-        if (t->step >= 0)
+        if (t->step >= probe_store_n_steps(st))
+            snprintf(cur_desc, sizeof cur_desc,
+                     g->cells ? "last: \"%s\" (id %d, fed to no step)"
+                              : "the last token \"%s\" (id %d, position %d), sampled and fed to no step", cur_txt,
+                     t->id, t->pos);
+        else if (t->step >= 0)
             snprintf(cur_desc, sizeof cur_desc,
                      g->cells ? "step %d: \"%s\" (id %d)" : "step %d: \"%s\" (id %d, position %d)", t->step, cur_txt,
                      t->id, t->pos);
@@ -368,8 +375,8 @@ static int tokens_draw(canvas *c, canvas_rect r, const probe_store *st, const vi
         double px = area.x + p->x, py = area.y + (p->line - first) * row_h;
         canvas_color ink = c_prompt;
         int bad = 0;
-        if (t->step >= 0) {
-            const probe_ev_step *e = probe_store_step(st, t->step);
+        if (t->step >= 0) { /* sampled from the logits of the step before the one that fed it */
+            const probe_ev_step *e = t->step > 0 ? probe_store_step(st, t->step - 1) : NULL;
             bad = e && e->has_oracle && !e->top1_agree;
             ink = bad ? c_bad : c_gen;
         }
@@ -428,7 +435,7 @@ static int tokens_click(view_cursor *cur, const probe_store *st, const paint_res
     layout_free(&L);
     if (tok < 0) return 0;
     const probe_ev_token *t = probe_store_token(st, tok);
-    if (t->step >= 0) {
+    if (t->step >= 0 && t->step < probe_store_n_steps(st)) {
         if (cur->step == t->step && cur->token < 0) return VIEW_HANDLED;
         cur->step = t->step;
         cur->token = -1;

@@ -13,6 +13,7 @@ an skv trace, so `skv inspect --replay`, `skv export` and `skv needle
             for each KV head: rec.select(layer, kh, pages=..., page_size=16, scores=..., also=...)
             rec.attention(layer, q, out, k, v)     # with oracle=True: exact attention beside it
         rec.end_step()                             # the step's record (flushed to disk)
+    rec.last_token(token, text)                    # the token sampled after the last step
     rec.close()
 
 Shapes: a query q and an output out are (n_heads, head_dim) for the one
@@ -98,6 +99,7 @@ class Recorder:
         self.w = TraceWriter(path, producer=producer)
         self.prompt_len = None
         self.step = -1            # the decode step in progress (-1: prefill)
+        self._last_done = False   # last_token() came: no step may follow
         self.in_step = False
         self._sel = {}            # (layer, kv head) -> selection of this step
         self._attended = set()    # layers whose attention() came this step
@@ -203,6 +205,8 @@ class Recorder:
         """Starts decode step `step` (default: the next) for the token fed at
         position prompt + step."""
         self._need_prompt("begin_step")
+        if self._last_done:
+            raise TraceValueError("begin_step: the last token is recorded (last_token); no step follows it")
         nxt = self.step + 1
         if step is not None and step != nxt:
             raise TraceValueError("begin_step: step %r out of order (the next is %d)" % (step, nxt))
@@ -513,6 +517,19 @@ class Recorder:
                          tok_end=e, detail=1, policy=pol, value=value, answer=ans.replace("\0", ""),
                          top1_agree=np.asarray(agree, np.int32).reshape(-1),
                          logit_dist=np.asarray(dist, np.float32).reshape(-1))
+
+    def last_token(self, token, text=b""):
+        """The last generated token, sampled after the last step and fed to
+        none: its token record (at the step that would have fed it), so that
+        the trace holds the whole text. Counts no step."""
+        self._need_prompt("last_token")
+        if self.in_step:
+            raise TraceValueError("last_token: step %d has not ended (end_step)" % self.step)
+        if self._last_done:
+            raise TraceValueError("last_token: the last token is already recorded")
+        self._last_done = True
+        self.w.write("token", pos=self.prompt_len + self.step + 1, id=int(token), step=self.step + 1,
+                     text=self._text(text))
 
     def close(self):
         if self.in_step:

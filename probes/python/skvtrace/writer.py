@@ -322,6 +322,8 @@ class TraceWriter:
             self._batched = not scal["teacher"]
         for key, attr in (("step", "_steps"), ("layer", "_layers"), ("head", "_heads")):
             v = scal.get(key)
+            if key == "step" and name == "token":
+                continue  # a token counts no step: the run's last is fed by none (skv's rule)
             if isinstance(v, int) and v + 1 > getattr(self, attr):
                 setattr(self, attr, v + 1)
         if name == "step":

@@ -1,0 +1,235 @@
+/* test_trace_text: a trace holds the text the run printed, token for token.
+ *  - skv run -n N --trace: the N generated tokens are all in the trace (the
+ *    last one, sampled after the last step, was missing), their text is the
+ *    text on stdout, and the trace counts N - 1 steps (a token counts none);
+ *    the same when a full context stops the run, in a compare run (every
+ *    lane) and in a batch (every sequence);
+ *  - skv trace info (and an inspector replay) says the options a policy put
+ *    in force at other values than asked (rank 7 of a 7-token prompt);
+ *  - the Tokens view marks as disagreeing the token sampled from the logits
+ *    whose sparse top-1 differed from dense (the step before the one that fed
+ *    it), not the token fed at that step; the last token, fed to no step,
+ *    is named so and a click on it selects it.
+ * Runs on the committed demo model (no ../shared needed). */
+#include "canvas.h"
+#include "lanes.h"
+#include "paint.h"
+#include "probe.h"
+#include "skv.h"
+#include "store.h"
+#include "testhelp.h"
+#include "trace.h"
+#include "view.h"
+
+#include <stdarg.h>
+#include <sys/wait.h>
+
+#define DEMO "samples/model/skv-demo.gguf"
+
+static const char *dir;
+
+/* The generated text of lane i of a trace (its tokens after the prompt),
+ * into buf; the number of generated tokens, -1 when it does not load. */
+static int lane_text(const char *path, int lane, char *buf, size_t n, int *n_steps, int *n_lanes) {
+    probe_lanes *L = NULL;
+    buf[0] = 0;
+    if (probe_lanes_new(&L) || trace_load_lanes(path, L)) { probe_lanes_free(L); return -1; }
+    *n_lanes = probe_lanes_count(L);
+    probe_store *st = probe_lanes_store(L, lane);
+    int gen = -1;
+    if (st) {
+        gen = 0;
+        size_t len = 0;
+        for (int i = 0; i < probe_store_n_tokens(st); i++) {
+            const probe_ev_token *t = probe_store_token(st, i);
+            if (t->step < 0) continue;
+            gen++;
+            if (len + (size_t)t->n_text < n) { memcpy(buf + len, t->text, (size_t)t->n_text); len += (size_t)t->n_text; }
+        }
+        buf[len] = 0;
+        *n_steps = probe_store_n_steps(st);
+    }
+    probe_lanes_free(L);
+    return gen;
+}
+
+/* The line of out after the line holding mark (the text skv printed), into buf. */
+static void line_after(const char *out, const char *mark, char *buf, size_t n) {
+    buf[0] = 0;
+    const char *p = mark ? strstr(out, mark) : out;
+    if (!p) return;
+    if (mark && !(p = strchr(p, '\n'))) return;
+    if (mark) p++;
+    const char *e = strchr(p, '\n');
+    size_t len = e ? (size_t)(e - p) : strlen(p);
+    if (len >= n) len = n - 1;
+    memcpy(buf, p, len);
+    buf[len] = 0;
+}
+
+static void test_run_traces(void) {
+    static char out[1 << 16];
+    char path[1100], text[4096], want[4096];
+    int steps = -1, lanes = 0;
+    const char *bin = test_skv_bin();
+
+    snprintf(path, sizeof path, "%s/run.trace", dir);
+    int rc = test_popen(out, sizeof out,
+                        "%s run -m " DEMO " -p 'Once upon a time' -n 5 --kv shadowkv --trace %s 2>/dev/null", bin, path);
+    line_after(out, NULL, want, sizeof want);
+    int gen = lane_text(path, 0, text, sizeof text, &steps, &lanes);
+    test_cond("skv run -n 5 --trace: 5 generated tokens in the trace, their text the text printed, 4 steps",
+              rc == 0 && gen == 5 && steps == 4 && !strcmp(text, want));
+    rc = test_popen(out, sizeof out, "%s trace info %s 2>&1", bin, path);
+    test_cond("skv trace info counts the 4 steps (not the last token's) and the 12 tokens",
+              rc == 0 && strstr(out, "steps      4\n") && strstr(out, "token          12\n"));
+    test_cond("skv trace info says the options in force where the policy clamped them (rank 7 of a 7-token prompt)",
+              rc == 0 && strstr(out, "kv policy  shadowkv: budget=2048 rank=160 ") &&
+                  strstr(out, "\n  in force   rank=7 (asked 160) outliers=0 (asked 48)\n"));
+
+    snprintf(path, sizeof path, "%s/full.trace", dir);
+    rc = test_popen(out, sizeof out, "%s run -m " DEMO " -p 'Once upon a time' -n 10 -c 10 --trace %s 2>/dev/null",
+                    bin, path);
+    line_after(out, NULL, want, sizeof want);
+    gen = lane_text(path, 0, text, sizeof text, &steps, &lanes);
+    test_cond("a full context (-c 10, 7 prompt tokens): the 4th token, which no position was left to feed, is in the "
+              "trace too; 3 steps",
+              rc == 0 && gen == 4 && steps == 3 && !strcmp(text, want));
+
+    snprintf(path, sizeof path, "%s/compare.trace", dir);
+    rc = test_popen(out, sizeof out,
+                    "%s run -m " DEMO " -p 'Once upon a time' -n 5 --kv dense,shadowkv --trace %s 2>/dev/null", bin, path);
+    line_after(out, NULL, want, sizeof want);
+    int ok = rc == 0;
+    for (int i = 0; i < 2; i++) {
+        gen = lane_text(path, i, text, sizeof text, &steps, &lanes);
+        ok &= lanes == 2 && gen == 5 && steps == 4 && !strcmp(text, want);
+    }
+    test_cond("a compare run: each lane's trace holds the 5 tokens printed, over 4 steps", ok);
+    rc = test_popen(out, sizeof out, "%s trace info %s 2>&1", bin, path);
+    test_cond("skv trace info of a compare run: the clamped policy named on its in-force line, none for dense",
+              rc == 0 && strstr(out, "\n  in force   shadowkv: rank=7 (asked 160)") && !strstr(out, "in force   dense"));
+
+    snprintf(path, sizeof path, "%s/batch.trace", dir);
+    rc = test_popen(out, sizeof out,
+                    "%s run -m " DEMO " -p 'Once upon a time' -n 5 -np 2 --temp 1 --trace %s 2>/dev/null", bin, path);
+    ok = rc == 0;
+    for (int i = 0; i < 2; i++) {
+        char mark[40];
+        snprintf(mark, sizeof mark, "--- sequence %d ---", i);
+        line_after(out, mark, want, sizeof want);
+        gen = lane_text(path, i, text, sizeof text, &steps, &lanes);
+        ok &= lanes == 2 && gen == 5 && steps == 4 && *want && !strcmp(text, want);
+    }
+    test_cond("a batch (-np 2): each sequence's trace holds the 5 tokens it printed, over 4 steps", ok);
+}
+
+static int add(probe_store *st, probe_event ev) { return probe_store_add(st, &ev); }
+
+/* The fill of the SVG <text> element whose text is word ("" when none). */
+static void fill_of(const char *svg, const char *word, char fill[8]) {
+    char pat[64];
+    snprintf(pat, sizeof pat, ">%s</text>", word);
+    fill[0] = 0;
+    const char *e = strstr(svg, pat);
+    if (!e) return;
+    const char *p = e;
+    while (p > svg && strncmp(p, "<text", 5)) p--;
+    const char *f = strstr(p, "fill=\"");
+    if (f && f < e) snprintf(fill, 8, "%.7s", f + 6);
+}
+
+static void test_tokens_view(void) {
+    /* 2 prompt tokens, steps 0..2 fed tokens a0 a1 a2 and the last, a3, fed to
+     * none. Step 1's logits disagreed with dense: the token sampled from them
+     * is a2 (fed at step 2). */
+    probe_store *st = NULL;
+    int bad = probe_store_new(&st);
+    bad += add(st, (probe_event){.kind = PROBE_RUN, .run = {.model = "m", .n_layers = 1, .n_heads = 1, .n_kv_heads = 1,
+                                                            .head_dim = 8, .max_ctx = 64, .prompt_len = 2,
+                                                            .kv_policy = "shadowkv", .oracle = 1}});
+    const char *words[] = {"p0", "p1", "a0", "a1", "a2", "a3"};
+    for (int i = 0; i < 6; i++)
+        bad += add(st, (probe_event){.kind = PROBE_TOKEN, .token = {.pos = i, .id = 10 + i, .step = i < 2 ? -1 : i - 2,
+                                                                    .n_text = 2, .text = words[i]}});
+    for (int s = 0; s < 3; s++)
+        bad += add(st, (probe_event){.kind = PROBE_STEP, .step = {.step = s, .token = 12 + s, .seconds = 0.01,
+                                                                  .has_oracle = 1, .top1_agree = s != 1}});
+    char path[1100], f1[8], f2[8], f3[8], want[8], desc[8192] = "";
+    snprintf(path, sizeof path, "%s/tokens.svg", dir);
+    snprintf(want, sizeof want, "#%06x", palette_cat(3) & 0xFFFFFFu);
+    canvas *c = NULL;
+    view_cursor cur;
+    view_cursor_init(&cur);
+    char *svg = NULL;
+    size_t n = 0;
+    cur.step = 0; /* a0 highlighted: a1..a3 in their own colours */
+    if (!bad && !canvas_svg_new(&c, 1000, 300, NULL) &&
+        !view_find("tokens")->draw(c, (canvas_rect){0, 0, 1000, 300}, st, &cur, NULL) && !canvas_svg_save(c, path, 1))
+        skv_read_file(path, 1 << 22, &svg, &n);
+    canvas_free(c);
+    c = NULL;
+    f1[0] = f2[0] = f3[0] = 0;
+    if (svg) { fill_of(svg, "a1", f1); fill_of(svg, "a2", f2); fill_of(svg, "a3", f3); }
+    test_cond("Tokens view: the token sampled from step 1's disagreeing logits (a2, fed at step 2) is marked, not "
+              "the one step 1 fed (a1); the run counts 4 generated tokens",
+              svg && !strcmp(f2, want) && *f1 && strcmp(f1, want) && *f3 && strcmp(f3, want) &&
+                  strstr(svg, "2 prompt + 4 generated") && strstr(svg, "agrees with dense on 2 of 3 steps"));
+    free(svg);
+
+    /* a click on a3 selects it (cursor token), and the header names it */
+    view_cursor_init(&cur);
+    paint_result res;
+    int rc = 1;
+    char *grid = NULL;
+    if (!canvas_cells_new(&c, 80, 12, 0)) {
+        rc = view_find("tokens")->draw(c, (canvas_rect){0, 0, 80, 12}, st, &cur, &res);
+        grid = canvas_cells_text(c);
+    }
+    int x = -1, y = -1;
+    for (int row = 0; grid && row < 12 && x < 0; row++) {
+        const char *line = grid;
+        for (int k = 0; k < row && line; k++) if ((line = strchr(line, '\n'))) line++;
+        const char *hit = line ? strstr(line, "a3") : NULL;
+        const char *eol = line ? strchr(line, '\n') : NULL;
+        if (hit && (!eol || hit < eol)) { x = (int)(hit - line); y = row; }
+    }
+    free(grid);
+    int r2 = x >= 0 && rc == 0 ? view_find("tokens")->click(&cur, st, &res, x + 0.5, y + 0.5) : 0;
+    canvas_free(c);
+    c = NULL;
+    if (!canvas_cells_new(&c, 80, 12, 0)) {
+        view_find("tokens")->draw(c, (canvas_rect){0, 0, 80, 12}, st, &cur, NULL);
+        char *t = canvas_cells_text(c);
+        if (t) snprintf(desc, sizeof desc, "%s", t);
+        free(t);
+    }
+    canvas_free(c);
+    test_cond("a click on the last token (fed to no step) selects it, and the header says it was fed to no step",
+              rc == 0 && (r2 & VIEW_REDRAW) && cur.token == 5 && strstr(desc, "fed to no step"));
+    probe_store_free(st);
+}
+
+static void test_in_force_pairs(void) {
+    char b[200];
+    int n = probe_pairs_in_force("budget=64 rank=160 chunk=8 name=x", "prompt_len=7 rank=7 chunk=8 k=0 name=y", b,
+                                 sizeof b);
+    test_cond("probe_pairs_in_force: the option whose statistic differs, with the value asked; equal, absent and "
+              "non-numeric ones left out",
+              n == 1 && !strcmp(b, "rank=7 (asked 160)"));
+    n = probe_pairs_in_force("rank=16", "", b, sizeof b);
+    test_cond("probe_pairs_in_force: no statistics, nothing differs", n == 0 && !b[0]);
+}
+
+int main(void) {
+    dir = test_tmpdir("trace_text");
+    test_in_force_pairs();
+    FILE *f = fopen(DEMO, "rb");
+    if (!f) test_skip("test_trace_text: the runs need " DEMO " (run from the repository root)");
+    else {
+        fclose(f);
+        test_run_traces();
+    }
+    test_tokens_view();
+    return test_report("test_trace_text");
+}
