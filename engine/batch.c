@@ -22,9 +22,12 @@ struct skv_batch {
     skv_session **s;       /* (n) owned */
     forward_state fwd;     /* the batched step's activations, (n) rows; the weights borrowed (forward.h) */
     kv_cache **kv;         /* (n) each session's cache */
-    int *pos;              /* (n) */
+    int *pos;              /* (n) the fed rows' positions */
+    int *row_seq;          /* (n) the sequence of each fed row */
+    int32_t *row_tok;      /* (n) the token of each fed row */
     float *logits;         /* (n, vocab) host */
     int steps;
+    long rows_fed;         /* tokens fed over every step (a step feeds each live sequence one) */
     double t_decode;       /* seconds in batch_decode */
 };
 
@@ -35,6 +38,8 @@ void batch_free(skv_batch *b) {
     if (b->fwd.m) forward_free(&b->fwd);
     free(b->kv);
     free(b->pos);
+    free(b->row_seq);
+    free(b->row_tok);
     free(b->logits);
     free(b);
 }
@@ -52,8 +57,10 @@ int batch_new(skv_session **seqs, int n, skv_batch **out) {
     b->s = calloc((size_t)n, sizeof *b->s);
     b->kv = calloc((size_t)n, sizeof *b->kv);
     b->pos = calloc((size_t)n, sizeof *b->pos);
+    b->row_seq = calloc((size_t)n, sizeof *b->row_seq);
+    b->row_tok = calloc((size_t)n, sizeof *b->row_tok);
     b->logits = malloc(sizeof(float) * (size_t)n * m->cfg.vocab);
-    int rc = !b->s || !b->kv || !b->pos || !b->logits ? skv_error(SKV_ENOMEM, "out of memory for a batch of %d", n)
+    int rc = !b->s || !b->kv || !b->pos || !b->row_seq || !b->row_tok || !b->logits ? skv_error(SKV_ENOMEM, "out of memory for a batch of %d", n)
                                                        : forward_init(&b->fwd, m, seqs[0]->be, n);
     if (rc) {
         free(b->s);
@@ -79,33 +86,47 @@ static void lane(skv_batch *b, int i) {
     if (b->n > 1) probe_emit_lane(b->fwd.bus, i, b->n, b->s[i]->o.kv.policy, "");
 }
 
-int batch_decode(skv_batch *b, const int32_t *tokens) {
-    int rc = 0;
+int batch_decode(skv_batch *b, const int32_t *tokens) { return batch_decode_live(b, tokens, NULL); }
+
+int batch_decode_live(skv_batch *b, const int32_t *tokens, const unsigned char *live) {
+    int rc = 0, rows = 0;
+    for (int i = 0; i < b->n; i++) {
+        if (b->s[i]->n_prompt <= 0) return skv_error(SKV_EINVAL, "sequence %d of the batch has no prompt yet", i);
+        if (!live || live[i]) b->row_seq[rows++] = i;
+    }
+    if (!rows) return 0; /* every sequence has ended: nothing to feed */
     b->fwd.lanes = b->n > 1 && probe_wants(b->fwd.bus, PROBE_LANE);
-    for (int i = 0; i < b->n && !rc; i++) {
+    b->fwd.lane_of = b->row_seq;
+    b->fwd.n_lanes = b->n;
+    for (int r = 0; r < rows && !rc; r++) {
+        int i = b->row_seq[r];
         skv_session *s = b->s[i];
-        if (s->n_prompt <= 0) return skv_error(SKV_EINVAL, "sequence %d of the batch has no prompt yet", i);
         lane(b, i);
         rc = session_step_begin(s, tokens[i]);
-        b->kv[i] = s->kv;
-        b->pos[i] = s->n_past;
+        b->kv[r] = s->kv;
+        b->pos[r] = s->n_past;
+        b->row_tok[r] = tokens[i];
     }
     if (rc) return rc;
-    b->fwd.step = b->s[0]->step;
+    b->fwd.step = b->s[b->row_seq[0]]->step;
     double t0 = skv_now();
-    if ((rc = forward_rows(&b->fwd, b->kv, tokens, b->pos, b->n, b->logits))) return rc;
+    if ((rc = forward_rows(&b->fwd, b->kv, b->row_tok, b->pos, rows, b->logits))) return rc;
     double dt = skv_now() - t0;
     size_t V = (size_t)b->s[0]->m->cfg.vocab;
-    for (int i = 0; i < b->n && !rc; i++) {
+    for (int r = 0; r < rows && !rc; r++) {
+        int i = b->row_seq[r];
         skv_session *s = b->s[i];
-        memcpy(s->fwd.logits, b->logits + i * V, sizeof(float) * V);
+        memcpy(s->fwd.logits, b->logits + r * V, sizeof(float) * V);
         lane(b, i);
         rc = session_step_end(s, tokens[i], dt);
     }
     b->steps++;
+    b->rows_fed += rows;
     b->t_decode += dt;
     return rc;
 }
+
+int batch_rows_fed(const skv_batch *b) { return b->rows_fed; }
 
 void batch_emit_last(skv_batch *b, int i, int32_t token) {
     if (i < 0 || i >= b->n) return;

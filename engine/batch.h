@@ -27,6 +27,13 @@ double batch_t_decode(const skv_batch *b);     /* seconds in batch_decode */
  * session_decode: sample from them for the next step. */
 int batch_decode(skv_batch *b, const int32_t *tokens);
 
+/* batch_decode for the sequences with live[i] set (NULL: all): a sequence
+ * that has ended (end of text) is fed nothing, so its steps, events and
+ * logits stay as they were and the step's rows are the live ones only.
+ * With no live sequence, nothing runs. */
+int batch_decode_live(skv_batch *b, const int32_t *tokens, const unsigned char *live);
+int batch_rows_fed(const skv_batch *b);         /* tokens fed over every step */
+
 /* Sequence i's last generated token, which no step feeds: its token event
  * in its lane (session_emit_last). */
 void batch_emit_last(skv_batch *b, int i, int32_t token);

@@ -213,6 +213,13 @@ static void device_spans(forward_state *f) {
                             sp[i].step, sp[i].t0 - off, sp[i].t1 - off);
 }
 
+/* In a traced batch, the lane event before the shared ops' spans (the
+ * matmuls of every row at once): the first row's lane, sequence 0 unless it
+ * has ended (batch_decode_live). */
+static void shared_lane(forward_state *f, kv_cache *const *kv, int n) {
+    probe_emit_lane(f->bus, f->lane_of ? f->lane_of[0] : 0, f->lane_of ? f->n_lanes : n, kv[0]->policy->name, "");
+}
+
 /* The layers over n rows already embedded in f->x. One sequence (kv[0], rows
  * at positions pos[0]..pos[0]+n-1, its prefill or one decode token), or,
  * with rows_apart, n sequences in one decode step: row i is sequence i's
@@ -269,14 +276,15 @@ static int run_layers(forward_state *f, kv_cache *const *kv, const int *pos, int
             int r = rows_apart ? 1 : n;
             size_t ok = (size_t)i * kvd, oq = (size_t)i * qd;
             if (lanes) { /* sequence i's attention, in its lane */
-                probe_emit_lane(f->bus, i, n, kv[i]->policy->name, "");
+                probe_emit_lane(f->bus, f->lane_of ? f->lane_of[i] : i, f->lane_of ? f->n_lanes : n,
+                                kv[i]->policy->name, "");
                 if (probe_wants(f->bus, PROBE_SPAN)) t0 = probe_time(f->bus);
             }
             if ((rc = kv[i]->cls->append(kv[i], l, pos[i], r, f->k_pre + ok, f->k + ok, f->v + ok))) return rc;
             if ((rc = kv[i]->cls->attend(kv[i], l, pos[i], r, f->q + oq, f->att + oq))) return rc;
             if (lanes) span(f, "attention", l, t0);
         }
-        if (lanes) probe_emit_lane(f->bus, 0, n, kv[0]->policy->name, ""); /* the shared ops' spans: lane 0's */
+        if (lanes) shared_lane(f, kv, n);
         else span(f, "attention", l, t0);
         if (probe_wants(f->bus, PROBE_SPAN)) t0 = probe_time(f->bus);
         matmul(f, &L->wo, &W->wo, f->att, n, f->xn);
@@ -354,7 +362,7 @@ int forward_rows(forward_state *f, kv_cache *const *kv, const int32_t *tokens, c
     int dspans = be->span_drain && probe_wants(f->bus, PROBE_SPAN);
     if (be->span_enable) be->span_enable(dspans);
     if (be->span_tag) be->span_tag(-1, f->step);
-    if (f->lanes) probe_emit_lane(f->bus, 0, n, kv[0]->policy->name, ""); /* the shared ops' spans: lane 0's */
+    if (f->lanes) shared_lane(f, kv, n);
     if (be->step_begin) be->step_begin(); /* the batch's decode step: one unit on a device (backend.h) */
     be->embed(f->w->tok_embd.type, f->w->tok_embd.data, c->dim, tokens, n, f->x);
     if ((rc = run_layers(f, kv, pos, n, 1))) {

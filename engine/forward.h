@@ -63,6 +63,8 @@ typedef struct {
     int step;           /* for spans; -1 during prefill */
     int lanes;          /* forward_rows in a traced batch: row i's attention events follow a
                            PROBE_LANE for lane i (and the shared ops' spans one for lane 0) */
+    const int *lane_of; /* with lanes: row i is lane lane_of[i] of n_lanes (NULL: lane i of the rows) */
+    int n_lanes;
 } forward_state;
 
 /* be: the backend (NULL: the CPU reference). The weights are borrowed from

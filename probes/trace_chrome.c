@@ -32,8 +32,9 @@
  *            worst of those, and k; the oracle's exact rank when a needle
  *            span was watched). A value that is not finite is left out.
  *
- * The batch's shared prefill and its shared matmuls are lane 0's records,
- * so they are seq 0's, as the Timeline view draws them. */
+ * The batch's shared prefill and its shared matmuls are lane 0's records
+ * (the first live sequence's once sequence 0 has ended), so they are seq
+ * 0's, as the Timeline view draws them. */
 #include "trace_chrome.h"
 
 #include "lanes.h"

@@ -11,10 +11,14 @@
  *    it), not the token fed at that step; the last token, fed to no step,
  *    is named so and a click on it selects it.
  * Runs on the committed demo model (no ../shared needed). */
+#include "batch.h"
 #include "canvas.h"
 #include "lanes.h"
+#include "model.h"
 #include "paint.h"
 #include "probe.h"
+#include "sampler.h"
+#include "session.h"
 #include "skv.h"
 #include "store.h"
 #include "testhelp.h"
@@ -122,6 +126,126 @@ static void test_run_traces(void) {
         ok &= lanes == 2 && gen == 5 && steps == 4 && *want && !strcmp(text, want);
     }
     test_cond("a batch (-np 2): each sequence's trace holds the 5 tokens it printed, over 4 steps", ok);
+
+    /* 8 sampled sequences of up to 60 tokens: on the demo model some end
+     * (end of text) early; each lane's text is what its sequence printed */
+    rc = test_popen(out, sizeof out, "%s run -m " DEMO " -p 'Once upon a time' -n 60 -np 8 --temp 1.2 --trace %s "
+                    "--force 2>/dev/null", bin, path);
+    ok = rc == 0;
+    int ended = 0;
+    for (int i = 0; i < 8 && ok; i++) {
+        char mark[40], next[40];
+        snprintf(mark, sizeof mark, "--- sequence %d ---\n", i);
+        snprintf(next, sizeof next, "\n--- sequence %d ---", i + 1);
+        const char *a = strstr(out, mark), *e = a && i < 7 ? strstr(a, next) : NULL;
+        if (!a) { ok = 0; break; }
+        a += strlen(mark);
+        if (!e) e = a + strlen(a) - (a[0] && a[strlen(a) - 1] == '\n'); /* the last: to the end, less its newline */
+        snprintf(want, sizeof want, "%.*s", (int)(e - a), a);
+        gen = lane_text(path, i, text, sizeof text, &steps, &lanes);
+        ok &= lanes == 8 && !strcmp(text, want) && steps == (gen < 60 ? gen : 59);
+        ended += gen < 60;
+    }
+    printf("  (%d of 8 sequences ended before 60 tokens)\n", ended);
+    test_cond("a batch of 8 sampled sequences: each lane's text is the text its sequence printed, and one that "
+              "ended (end of text) has no steps past its end", ok);
+}
+
+/* A traced batch of 3 forks in which sequence 0 ends after 2 of 6 steps
+ * (batch_decode_live): it is fed nothing more, so its lane holds 2 steps and
+ * 2 generated tokens, the others 6; the live ones decode as they would
+ * alone; the shared matmuls' spans then go to the first live lane (seq 1);
+ * the Timeline of the batch at step 5 draws them on its "all seqs" rows and
+ * has no row for the ended sequence. */
+static void test_live_batch(void) {
+    enum { B = 3, T = 6, END = 2 };
+    skv_model *m = NULL;
+    probe_bus *bus = NULL;
+    trace_writer *tw = NULL;
+    char tpath[1100];
+    snprintf(tpath, sizeof tpath, "%s/live.trace", dir);
+    int rc = model_load(DEMO, &m);
+    if (!rc) rc = probe_bus_new(&bus);
+    if (!rc) rc = trace_writer_open(tpath, bus, &tw);
+    session_opts so;
+    session_opts_default(&so);
+    snprintf(so.kv.policy, sizeof so.kv.policy, "shadowkv");
+    so.kv.budget = 64;
+    so.record_prefill = 1;
+    so.bus = bus;
+    skv_session *src = NULL, *seqs[B] = {0};
+    int32_t ids[200], fed[B][T], alone[T];
+    for (int i = 0; i < 200; i++) ids[i] = 1 + (i * 37) % (m ? m->cfg.vocab - 1 : 1);
+    if (!rc) rc = session_new(m, &so, &src);
+    if (!rc) rc = session_prefill(src, ids, 200, NULL, NULL);
+    for (int i = 0; i < B && !rc; i++) {
+        rc = session_fork(src, &so.kv, &seqs[i]);
+        if (!rc) session_set_bus(seqs[i], bus);
+    }
+    /* what the sequence gives alone (no bus) */
+    skv_session *one = NULL;
+    if (!rc) rc = session_fork(src, &so.kv, &one);
+    for (int t = 0; !rc && t < T; t++) rc = session_decode(one, alone[t] = sampler_argmax(session_logits(one),
+                                                                                          m->cfg.vocab));
+    session_free(one);
+    skv_batch *b = NULL;
+    if (!rc) rc = batch_new(seqs, B, &b);
+    if (rc) for (int i = 0; i < B; i++) session_free(seqs[i]);
+    for (int t = 0; !rc && t < T; t++) {
+        int32_t tok[B];
+        unsigned char live[B];
+        for (int i = 0; i < B; i++) {
+            fed[i][t] = tok[i] = sampler_argmax(session_logits(batch_seq(b, i)), m->cfg.vocab);
+            live[i] = i != 0 || t < END;
+        }
+        rc = batch_decode_live(b, tok, live);
+    }
+    int rows = b ? batch_rows_fed(b) : -1, s0 = b ? batch_seq(b, 0)->step : -1;
+    batch_free(b);
+    session_free(src);
+    if (tw && rc) trace_writer_abort(tw);
+    else if (tw) rc = trace_writer_close(tw);
+    probe_bus_free(bus);
+    int same = 1;
+    for (int t = 0; t < T; t++) same &= fed[1][t] == alone[t] && fed[2][t] == alone[t] && (t >= END || fed[0][t] == alone[t]);
+    test_cond("batch_decode_live: an ended sequence is fed nothing (2 steps, 14 rows in all); the live ones decode "
+              "as alone", rc == 0 && rows == B * END + (B - 1) * (T - END) &&
+                  s0 == END && same);
+    probe_lanes *L = NULL;
+    if (!rc) rc = probe_lanes_new(&L) || trace_load_lanes(tpath, L);
+    int ok = rc == 0 && probe_lanes_count(L) == B, qkv_late = 0;
+    for (int i = 0; ok && i < B; i++) {
+        const probe_store *st = probe_lanes_store(L, i);
+        int want = i == 0 ? END : T;
+        ok &= probe_store_n_steps(st) == want && probe_store_n_tokens(st) - probe_store_n_prompt(st) == want;
+    }
+    for (int t = END; ok && t < T; t++) { /* the shared spans: the first live lane's */
+        int n = 0;
+        const probe_ev_span *sp = probe_store_spans(probe_lanes_store(L, 1), t, &n);
+        for (int k = 0; sp && k < n; k++) qkv_late += !strcmp(sp[k].op, "qkv");
+    }
+    test_cond("its trace: the ended sequence's lane holds its 2 steps and tokens, the others 6; the shared matmuls "
+              "go to the first live lane", ok && qkv_late == (T - END) * (m ? m->cfg.n_layers : 0));
+    char *text = NULL;
+    canvas *c = NULL;
+    if (ok && !canvas_cells_new(&c, 120, 40, 0)) {
+        const probe_store *st[B];
+        const char *names[B] = {"seq 0", "seq 1", "seq 2"};
+        for (int i = 0; i < B; i++) st[i] = probe_lanes_store(L, i);
+        view_cursor cur;
+        view_cursor_init(&cur);
+        cur.batch = 1;
+        cur.step = T - 1;
+        if (!view_draw_lanes(view_find("timeline"), c, (canvas_rect){0, 0, 120, 40}, st, names, B, &cur, NULL))
+            text = canvas_cells_text(c);
+    }
+    canvas_free(c);
+    test_cond("the batch's Timeline at step 5: rows for seq 1 and 2 and the shared work, none for the ended seq 0",
+              text && strstr(text, "all seqs") && strstr(text, "seq 1") && strstr(text, "seq 2") &&
+                  !strstr(text, "seq 0"));
+    free(text);
+    probe_lanes_free(L);
+    model_free(m);
 }
 
 static int add(probe_store *st, probe_event ev) { return probe_store_add(st, &ev); }
@@ -229,6 +353,7 @@ int main(void) {
     else {
         fclose(f);
         test_run_traces();
+        test_live_batch();
     }
     test_tokens_view();
     return test_report("test_trace_text");

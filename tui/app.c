@@ -181,7 +181,11 @@ static int lanes_of(app *a, const probe_store **sts, const char **names) {
 static probe_store *followed(const app *a) {
     const probe_lanes *L = a->o->lanes;
     if (!probe_lanes_batched(L)) return primary(L);
-    return probe_lanes_store(L, a->lane >= 0 && a->lane < probe_lanes_count(L) ? a->lane : 0);
+    int n = probe_lanes_count(L), best = 0;
+    if (a->lane >= 0 && a->lane < n) return probe_lanes_store(L, a->lane);
+    for (int i = 1; i < n; i++) /* every sequence shown: the one that ran longest (one that ended stopped early) */
+        if (probe_store_n_steps(probe_lanes_store(L, i)) > probe_store_n_steps(probe_lanes_store(L, best))) best = i;
+    return probe_lanes_store(L, best);
 }
 
 static void clamp_cursor(app *a);

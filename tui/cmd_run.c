@@ -240,7 +240,11 @@ static int run_parallel(cli_gen *g, int B) {
     size_t *len = calloc((size_t)B, sizeof *len);
     int *done = calloc((size_t)B, sizeof *done), *prev = calloc((size_t)B, sizeof *prev);
     int32_t *tok = calloc((size_t)B, sizeof *tok);
-    if (!seqs || !out || !len || !done || !prev || !tok) { rc = skv_error(SKV_ENOMEM, "out of memory"); goto fail; }
+    unsigned char *live = calloc((size_t)B, 1);
+    if (!seqs || !out || !len || !done || !prev || !tok || !live) {
+        rc = skv_error(SKV_ENOMEM, "out of memory");
+        goto fail;
+    }
     if ((rc = model_load(g->model, &m))) goto fail;
     cli_ctx_warning(g, m);
     if ((rc = tok_encode(m->tok, text, strlen(text), tok_add_bos(m->tok) && !g->no_bos, 1, &ids, &n))) goto fail;
@@ -263,28 +267,35 @@ static int run_parallel(cli_gen *g, int B) {
     for (int i = 0; i < B; i++) { seqs[i] = NULL; prev[i] = ids[n - 1]; }
     cli_stop_catch("step");
     for (int t = 0; t < g->n_predict && !rc && !cli_stop_requested(); t++) {
-        int live = 0;
+        int n_live = 0, first = -1;
         for (int i = 0; i < B; i++) {
-            skv_session *s = batch_seq(b, i);
-            int id = session_sample(s);
-            if (!done[i] && tok_is_eog(m->tok, id)) done[i] = 1;
-            if (!done[i]) {
-                char piece[256];
-                int k = tok_piece(m->tok, prev[i], id, 0, piece, sizeof piece);
-                if (k > (int)sizeof piece) k = sizeof piece;
-                char *grown = k > 0 ? realloc(out[i], len[i] + (size_t)k + 1) : out[i];
-                if (k > 0 && !grown) { rc = skv_error(SKV_ENOMEM, "out of memory"); break; }
-                if (k > 0) { out[i] = grown; memcpy(out[i] + len[i], piece, (size_t)k); out[i][len[i] += (size_t)k] = 0; }
-                prev[i] = id;
-                live++;
-            }
-            tok[i] = done[i] ? prev[i] : id; /* a finished sequence marks time with its last token */
+            live[i] = 0;
+            if (done[i]) continue; /* ended: fed nothing more, so its trace ends with its text */
+            int id = session_sample(batch_seq(b, i));
+            if (tok_is_eog(m->tok, id)) { done[i] = 1; continue; }
+            char piece[256];
+            int k = tok_piece(m->tok, prev[i], id, 0, piece, sizeof piece);
+            if (k > (int)sizeof piece) k = sizeof piece;
+            char *grown = k > 0 ? realloc(out[i], len[i] + (size_t)k + 1) : out[i];
+            if (k > 0 && !grown) { rc = skv_error(SKV_ENOMEM, "out of memory"); break; }
+            if (k > 0) { out[i] = grown; memcpy(out[i] + len[i], piece, (size_t)k); out[i][len[i] += (size_t)k] = 0; }
+            prev[i] = tok[i] = id;
+            live[i] = 1;
+            if (first < 0) first = i;
+            n_live++;
         }
-        if (!rc && live && t + 1 == g->n_predict) /* no step feeds them: the trace has them all the same */
+        if (rc || !n_live) break;
+        /* the live sequences share their position: a full context ends the run, as end of text does */
+        const skv_session *s0 = batch_seq(b, first);
+        int full = s0->n_past + 1 > s0->o.ctx;
+        if (t + 1 == g->n_predict || full) { /* no step feeds them: the trace has them all the same */
             for (int i = 0; i < B; i++)
-                if (!done[i]) batch_emit_last(b, i, tok[i]);
-        if (rc || !live || t + 1 == g->n_predict) break;
-        rc = batch_decode(b, tok);
+                if (live[i]) batch_emit_last(b, i, tok[i]);
+            if (full && t + 1 < g->n_predict)
+                cli_msg("the context of %d positions is full: generation stops here (raise it with -c)\n", s0->o.ctx);
+            break;
+        }
+        rc = batch_decode_live(b, tok, live);
         steps++;
     }
     cli_stop_release();
@@ -300,11 +311,13 @@ static int run_parallel(cli_gen *g, int B) {
         }
         double t = batch_t_decode(b);
         const char *seqs = B == 1 ? "sequence" : "sequences";
-        cli_msg("prompt %d tokens, %.1f tok/s prefill (once, shared by %d %s); %d step%s of %d %s, "
+        int fed = batch_rows_fed(b);
+        char ended[80] = "";
+        if (fed < B * steps) snprintf(ended, sizeof ended, " (%d tokens: an ended sequence is fed none)", fed);
+        cli_msg("prompt %d tokens, %.1f tok/s prefill (once, shared by %d %s); %d step%s of %d %s%s, "
                 "%.1f tok/s decode (%.2f ms a step); KV resident %.2f MiB in all\n", n,
                 n / (src->t_prefill > 0 ? src->t_prefill : 1e-9), B, seqs, steps, steps == 1 ? "" : "s", B, seqs,
-                t > 0 ? B * steps / t : 0.0,
-                steps ? 1000 * t / steps : 0.0, res_all / 1048576.0);
+                ended, t > 0 ? fed / t : 0.0, steps ? 1000 * t / steps : 0.0, res_all / 1048576.0);
     }
     if (!rc && cli_stop_requested()) rc = CLI_STOPPED;
 fail:
@@ -315,7 +328,7 @@ fail:
     session_free(src);
     probe_bus_free(g->bus);
     for (int i = 0; out && i < B; i++) free(out[i]);
-    free(out); free(len); free(done); free(prev); free(tok); free(seqs);
+    free(out); free(len); free(done); free(prev); free(tok); free(live); free(seqs);
     free(ids);
     model_free(m);
     cli_gen_free(g);

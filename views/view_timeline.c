@@ -479,12 +479,12 @@ static int timeline_click(view_cursor *cur, const probe_store *st, const paint_r
     return VIEW_HANDLED | VIEW_REDRAW;
 }
 
-/* 1 when no lane but the first has an operation op at the shown step: in a
+/* 1 when no lane but first has an operation op at batch step bs: in a
  * batch, work done once for every sequence. */
-static int batch_shared(const probe_store *const *st, int n, const view_cursor *cur, const char *op) {
-    for (int i = 1; i < n; i++) {
+static int batch_shared(const probe_store *const *st, int n, int first, int bs, const char *op) {
+    for (int i = 0; i < n; i++) {
         int cnt;
-        const probe_ev_span *sp = probe_store_spans(st[i], shown_step(st[i], cur), &cnt);
+        const probe_ev_span *sp = i == first ? NULL : probe_store_spans(st[i], bs, &cnt);
         for (int k = 0; sp && k < cnt; k++)
             if (!strcmp(sp[k].op ? sp[k].op : "", op ? op : "")) return 0;
     }
@@ -509,19 +509,28 @@ static int timeline_lanes(canvas *c, canvas_rect r, const probe_store *const *st
     tl_ops ops = { 0 };
     paint_bar *bars = NULL;
     int rc = SKV_OK;
+    /* A batch's step: the latest any sequence shows. A sequence that has
+     * ended (end of text) has no spans there and no rows. */
+    int bs = -1, first = -1;
+    for (int i = 0; cur->batch && i < n; i++) {
+        int s = shown_step(st[i], cur);
+        if (s > bs) bs = s;
+    }
     for (int i = 0; cur->batch && i < n; i++) { /* the batched step's start and end */
         int cnt;
-        const probe_ev_span *sp = probe_store_spans(st[i], shown_step(st[i], cur), &cnt);
+        const probe_ev_span *sp = probe_store_spans(st[i], bs, &cnt);
+        if (sp && cnt > 0 && first < 0) first = i;
         for (int k = 0; sp && k < cnt; k++) { b0 = fmin(b0, sp[k].t0); b1 = fmax(b1, sp[k].t1); }
     }
     /* A batch's shared work (the matmuls of every sequence at once: qkv,
-     * mlp, logits) is recorded in sequence 0's lane; an operation no other
-     * sequence has is drawn on rows of its own, "all seqs", above them. */
-    int shared_rows = cur->batch && n > 1;
+     * mlp, logits) is recorded in the first live sequence's lane (sequence
+     * 0's until it ends); an operation no other sequence has is drawn on
+     * rows of its own, "all seqs", above them. */
+    int shared_rows = cur->batch && n > 1 && first >= 0;
     for (int pass = shared_rows ? 0 : 1; pass < 2 && rc == SKV_OK; pass++)
     for (int i = 0; i < n && rc == SKV_OK; i++) {
-        if (pass == 0 && i > 0) break;
-        int cnt, s = shown_step(st[i], cur);
+        if (pass == 0 && i != first) continue;
+        int cnt, s = cur->batch ? bs : shown_step(st[i], cur);
         const probe_ev_span *sp = probe_store_spans(st[i], s, &cnt);
         if (!sp || cnt <= 0) continue;
         step = s;
@@ -534,7 +543,7 @@ static int timeline_lanes(canvas *c, canvas_rect r, const probe_store *const *st
             int any = 0;
             for (int k = 0; k < cnt; k++) {
                 if (sp[k].stream != stream) continue;
-                if (shared_rows && i == 0 && batch_shared(st, n, cur, sp[k].op) != (pass == 0)) continue;
+                if (shared_rows && i == first && batch_shared(st, n, first, bs, sp[k].op) != (pass == 0)) continue;
                 if (nb == cap) {
                     cap = cap ? 2 * cap : 256;
                     paint_bar *nbars = realloc(bars, sizeof *bars * (size_t)cap);
