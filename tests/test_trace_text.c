@@ -3,7 +3,8 @@
  *    last one, sampled after the last step, was missing), their text is the
  *    text on stdout, and the trace counts N - 1 steps (a token counts none);
  *    the same when a full context stops the run, in a compare run (every
- *    lane) and in a batch (every sequence);
+ *    lane; a full context ends it as a single run, not with an error) and
+ *    in a batch (every sequence; one that ended is fed nothing more);
  *  - skv trace info (and an inspector replay) says the options a policy put
  *    in force at other values than asked (rank 7 of a 7-token prompt);
  *  - the Tokens view marks as disagreeing the token sampled from the logits
@@ -99,6 +100,15 @@ static void test_run_traces(void) {
     test_cond("a full context (-c 10, 7 prompt tokens): the 4th token, which no position was left to feed, is in the "
               "trace too; 3 steps",
               rc == 0 && gen == 4 && steps == 3 && !strcmp(text, want));
+
+    snprintf(path, sizeof path, "%s/compare-full.trace", dir);
+    rc = test_popen(out, sizeof out, "%s run -m " DEMO " -p 'Once upon a time' -n 10 -c 10 --kv dense,shadowkv --trace %s "
+                    "2>&1", bin, path);
+    gen = lane_text(path, 1, text, sizeof text, &steps, &lanes);
+    test_cond("a compare run that fills its context stops as a single run does (no error, the table, 4 tokens over "
+              "3 steps in each lane)",
+              rc == 0 && strstr(out, "the context of 10 positions is full: generation stops here") &&
+                  strstr(out, "shadowkv      3/3") && gen == 4 && steps == 3);
 
     snprintf(path, sizeof path, "%s/compare.trace", dir);
     rc = test_popen(out, sizeof out,

@@ -169,8 +169,19 @@ static int run_compare(cli_gen *g) {
             if (len > 0) fwrite(buf, 1, len < (int)sizeof buf ? len : (int)sizeof buf, stdout);
             fflush(stdout);
             prev = tok;
-            if (i + 1 == g->n_predict) compare_emit_last(c, tok); /* no step feeds it: the trace has it all the same */
-            else if (compare_decode(c, tok)) { printf("\n"); rc = cli_fail(); break; }
+            const skv_session *s0 = c->s[0];
+            if (i + 1 == g->n_predict || s0->n_past + 1 > s0->o.ctx) { /* no step feeds it: the trace has it all the same */
+                compare_emit_last(c, tok);
+                if (i + 1 < g->n_predict) { /* a full context ends the run, as end of text does */
+                    fflush(stdout);
+                    fputc('\n', stderr);
+                    cli_msg("the context of %d positions is full: generation stops here (raise it with -c)\n",
+                            s0->o.ctx);
+                }
+                generated++;
+                break;
+            }
+            if (compare_decode(c, tok)) { printf("\n"); rc = cli_fail(); break; }
         }
         printf("\n");
         fflush(stdout);
