@@ -833,6 +833,23 @@ int needle_floor_notice(const needle_opts *o, char *buf, size_t n) {
     return any;
 }
 
+int needle_floor_metric(const needle_opts *o, float *vals, probe_event *ev) {
+    int n = 0;
+    for (int m = 1; m < o->n_methods; m++) {
+        const kv_class *p = kv_policy_find(o->methods[m]);
+        for (int i = 0; p && i < o->n_lengths; i++)
+            if (kv_under_floor(&o->kv, p, o->lengths[i], NULL, 0)) {
+                vals[2 * n] = (float)m;
+                vals[2 * n + 1] = (float)o->lengths[i];
+                n++;
+            }
+    }
+    *ev = (probe_event){.kind = PROBE_METRIC};
+    ev->metric = (probe_ev_metric){.step = -1, .layer = 0, .head = -1, .name = "under_floor", .value = (float)n,
+                                   .n = 2 * n, .vals = vals};
+    return n;
+}
+
 int needle_check_kv_opts(const needle_opts *o) {
     for (int i = 0; i < o->kv.n_set; i++) {
         if (!o->kv.set[i].strict) continue;

@@ -102,6 +102,12 @@ void needle_trace_floor(const probe_store *st, needle_report *rep);
  * method selects nothing beyond what it always keeps there. */
 int needle_floor_notice(const needle_opts *o, char *buf, size_t n);
 
+/* The sweep's (method, length) cells under the method's floor as the
+ * "under_floor" metric (step -1, layer 0, head -1; vals: method index and
+ * context length, pairs), which the NIAH view marks; into vals (at least 2
+ * n_methods n_lengths). Returns the pairs (0: none, no metric to emit). */
+int needle_floor_metric(const needle_opts *o, float *vals, probe_event *ev);
+
 
 typedef struct {
     int index, length, run;    /* case number; requested length; repetition */

@@ -484,6 +484,48 @@ static void test_needle_figure(void) {
     unlink(trace);
 }
 
+/* A NIAH heatmap marks the lengths where a method's budget is under its
+ * floor (it selects nothing there): SpeCache's floor is 65 tokens, 5% of
+ * 512 and of 1k is under it, of 2k not. The niah view of the trace and
+ * skv eval's heatmap say so; dense and ShadowKV have no mark. */
+static void test_niah_floor(void) {
+    char trace[PATH_MAX], svg[PATH_MAX], png[PATH_MAX], out[8192];
+    snprintf(trace, sizeof trace, "%s/floor.skvt", dir);
+    snprintf(svg, sizeof svg, "%s/floor.svg", dir);
+    snprintf(png, sizeof png, "%s/floor.png", dir);
+    int rc = test_popen(out, sizeof out, "%s needle --kv shadowkv,specache --lengths 512,1k,2k --depths 0:100:50 "
+                        "--budget 5%% --trace %s --png %s --force 2>&1", bin, trace, png);
+    struct stat sb;
+    test_cond("skv needle under SpeCache's floor writes its trace and heatmap", rc == 0 && stat(png, &sb) == 0);
+    rc = test_popen(out, sizeof out, "%s export --trace %s --view niah -o %s --force 2>&1", bin, trace, svg);
+    char *s = NULL;
+    size_t n = 0;
+    int read = rc == 0 && !skv_read_file(svg, 1 << 24, &s, &n);
+    /* panels in order: dense's ticks, ShadowKV's, then SpeCache's */
+    const char *p1 = read ? strstr(s, ">512<") : NULL, *p2 = p1 ? strstr(p1 + 1, ">512<") : NULL;
+    const char *p3 = p2 ? strstr(p2, ">512*<") : NULL;
+    test_cond("NIAH heatmap: SpeCache's panel marks 512 and 1k (budget under its floor), not 2k, and says so; dense's "
+              "and ShadowKV's have no mark",
+              p3 && strstr(p3, ">1k*<") && !strstr(p3, ">2k*<") && strstr(s, "specache: 67%, *: under its floor<") &&
+                  !strstr(s, "shadowkv: 100%, *"));
+    free(s);
+    s = NULL;
+    char ev[PATH_MAX], heat[PATH_MAX + 20];
+    snprintf(ev, sizeof ev, "%s/floor-eval", dir);
+    snprintf(heat, sizeof heat, "%s/heatmap.svg", ev);
+    rc = test_popen(out, sizeof out, "%s eval --out %s --kv specache --lengths 512,2k --depths 50 --seeds 1 --budget 5%% "
+                    "--no-oracle 2>&1", bin, ev);
+    read = rc == 0 && !skv_read_file(heat, 1 << 24, &s, &n);
+    test_cond("skv eval's heatmap marks the same way: 512* (under SpeCache's floor), 2k plain, on its panel only",
+              read && strstr(s, ">512*<") && strstr(s, ">2k<") && !strstr(s, ">2k*<") &&
+                  strstr(s, ">specache, *: under its floor<") && !strstr(s, ">dense, *"));
+    free(s);
+    test_popen(out, sizeof out, "rm -rf %s", ev);
+    unlink(svg);
+    unlink(png);
+    unlink(trace);
+}
+
 /* Finding 12 and "shared by 1 sequences": the command line. */
 static void test_cli(const char *t15) {
     char out[8192], cmd_dir[PATH_MAX];
@@ -646,6 +688,7 @@ int main(void) {
         test_cond("skv run records a 15-step trace and a batched one", !r1 && !r2);
         test_needle_step0();
         test_needle_figure();
+        test_niah_floor();
         if (!r1) test_cli(t15);
         snprintf(sock, sizeof sock, "%s/tmux.sock", dir);
         if (test_popen(out, sizeof out, "command -v tmux >/dev/null 2>&1")) test_skip("no tmux: the on-screen checks");

@@ -771,7 +771,6 @@ static int draw_heatmap(const eval_state *e, canvas *c, int W, int H) {
     char (*xl)[16] = malloc(sizeof *xl * (size_t)nx);
     const char **xt = malloc(sizeof *xt * (size_t)nx), **yt = malloc(sizeof *yt * (size_t)ny);
     if (!v || !xl || !xt || !yt) { rc = skv_error(SKV_ENOMEM, "out of memory"); goto out; }
-    for (int l = 0; l < nx; l++) { cli_len_label(e->o.lengths[l], xl[l], sizeof xl[l]); xt[l] = xl[l]; }
     for (int t = 0; t < ny; t++) yt[t] = e->tasks[t].name;
     canvas_clear(c);
     /* the settings on a line of their own over the panels */
@@ -783,7 +782,20 @@ static int draw_heatmap(const eval_state *e, canvas *c, int W, int H) {
     /* one colour bar per row, beside its last panel (the scale is 0..100 for all) */
     double extra = np > 1 ? paint_colorbar_room(c) : 0;
     double pw = (W - extra) / cols, rh = (H - top) / rows;
+    kv_opts kv = e->o.kv;
+    set_budget(&kv, &e->main_budget);
     for (int k = 0; k < np && !rc; k++) {
+        /* a length where the budget is under the policy's floor (it selects nothing there): "*" */
+        int any_under = 0;
+        for (int l = 0; l < nx; l++) {
+            cli_len_label(e->o.lengths[l], xl[l], sizeof xl[l] - 1);
+            int under = kv_under_floor(&kv, kv_policy_find(e->o.methods[k]), e->o.lengths[l], NULL, 0) > 0;
+            if (under) strcat(xl[l], "*");
+            any_under |= under;
+            xt[l] = xl[l];
+        }
+        char title[80];
+        snprintf(title, sizeof title, "%s%s", e->o.methods[k], any_under ? ", *: under its floor" : "");
         for (int t = 0; t < ny; t++)
             for (int l = 0; l < nx; l++) {
                 cell_acc a;
@@ -793,7 +805,7 @@ static int draw_heatmap(const eval_state *e, canvas *c, int W, int H) {
                 v[t * nx + l] = (float)mean;
             }
         paint_heatmap h = {
-            .title = e->o.methods[k], .v = v, .nx = nx, .ny = ny,
+            .title = title, .v = v, .nx = nx, .ny = ny,
             .x = { .label = "context length (tokens)" }, .y = { .label = "task" },
             .xticks = xt, .yticks = yt,
             .value = { .label = "accuracy", .unit = "%", .min = 0, .max = 100 },

@@ -428,7 +428,8 @@ static int cases_planned(const run_state *rs) { return rs->only_case >= 0 ? 1 : 
 /* Adds the sweep's events (the kept case's probes, or a settings event,
  * then every NIAH event, then the "sweep_planned" metric: the cases it set
  * out to run, so that a figure or a trace of an interrupted sweep says it
- * was cut short) to a store or a trace writer. */
+ * was cut short; and the "under_floor" metric when some budget is under a
+ * method's floor) to a store or a trace writer. */
 static int emit_all(const skv_model *m, const needle_opts *o, const needle_result *r, const run_state *rs,
                     probe_store *st, trace_writer *tw) {
     int rc = 0;
@@ -450,6 +451,12 @@ static int emit_all(const skv_model *m, const needle_opts *o, const needle_resul
     pl.metric = (probe_ev_metric){ .step = -1, .layer = 0, .head = -1, .name = "sweep_planned",
                                    .value = (float)cases_planned(rs) };
     if (!rc) rc = st ? probe_store_add(st, &pl) : trace_writer_write(tw, &pl);
+    /* the cells whose budget is under the method's floor, which the heatmap marks */
+    float *vals = rc ? NULL : malloc(sizeof(float) * 2 * NEEDLE_MAX_METHODS * (size_t)(o->n_lengths > 0 ? o->n_lengths : 1));
+    probe_event uf;
+    if (!rc && !vals) rc = skv_error(SKV_ENOMEM, "out of memory");
+    if (!rc && needle_floor_metric(o, vals, &uf)) rc = st ? probe_store_add(st, &uf) : trace_writer_write(tw, &uf);
+    free(vals);
     return rc;
 }
 

@@ -8,7 +8,9 @@
  * It reads the PROBE_NIAH events (skv needle --trace FILE writes them after
  * the probe events of the one case it records in detail) and the
  * "sweep_planned" metric (the cases the sweep set out to run): a sweep cut
- * short by Ctrl-C titles every panel "cut short: N of M cases"; every panel
+ * short by Ctrl-C titles every panel "cut short: N of M cases"; the
+ * "under_floor" metric (method, length pairs whose budget is under the
+ * method's floor) marks those lengths "*" on that method's panel; every panel
  * outlines that case's cell, so they keep the same layout. res describes the
  * first panel (area, axes, colour bar), except res->legend, which holds the
  * second panel's data area (panels are equally wide, so it gives the pitch).
@@ -140,6 +142,18 @@ static int niah_draw(canvas *c, canvas_rect r, const probe_store *st, const view
      * interrupted sweep's figure says it was cut short, whatever cells it reached */
     const probe_ev_metric *pm = probe_store_metric(st, "sweep_planned", -1, 0, -1);
     int planned_cases = pm && pm->value >= 1 && pm->value < 1e9 ? (int)pm->value : 0;
+    /* the lengths at which a method's budget was under its floor (skv
+     * needle's "under_floor": method, length pairs): it selected nothing
+     * beyond what it always keeps, so those columns are marked "*" */
+    static unsigned char under[NIAH_MAX_METHODS][NIAH_MAX_AXIS];
+    int any_under[NIAH_MAX_METHODS] = {0};
+    memset(under, 0, sizeof under);
+    const probe_ev_metric *uf = probe_store_metric(st, "under_floor", -1, 0, -1);
+    for (int k = 0; uf && uf->vals && k + 1 < uf->n; k += 2) {
+        int m = (int)uf->vals[k];
+        for (int i = 0; m >= 0 && m < g.nm && i < g.nx; i++)
+            if (g.len[i] == (int)uf->vals[k + 1]) under[m][i] = any_under[m] = 1;
+    }
     for (int m = 0; m < g.nm; m++) {
         double pct = g.total[m] ? 100.0 * g.hits[m] / g.total[m] : 0;
         /* The budget may differ per length (--budget P%), so titles name the policy alone. */
@@ -150,9 +164,12 @@ static int niah_draw(canvas *c, canvas_rect r, const probe_store *st, const view
         for (int i = 0; i < g.nx * g.ny; i++) most = g.runs[m][i] > most ? g.runs[m][i] : most;
         int planned = most * g.nx * g.ny;
         if (planned_cases && g.total[0] < planned_cases && n > 0 && (size_t)n < sizeof title[m])
-            snprintf(title[m] + n, sizeof title[m] - (size_t)n, ", cut short: %d of %d cases", g.total[0], planned_cases);
+            n += snprintf(title[m] + n, sizeof title[m] - (size_t)n, ", cut short: %d of %d cases", g.total[0],
+                          planned_cases);
         else if (g.total[m] < planned && n > 0 && (size_t)n < sizeof title[m])
-            snprintf(title[m] + n, sizeof title[m] - (size_t)n, ", partial (%d of %d)", g.total[m], planned);
+            n += snprintf(title[m] + n, sizeof title[m] - (size_t)n, ", partial (%d of %d)", g.total[m], planned);
+        if (any_under[m] && n > 0 && (size_t)n < sizeof title[m])
+            snprintf(title[m] + n, sizeof title[m] - (size_t)n, ", *: under its floor");
     }
     /* One text line under the panels for the cursor's cell. */
     double line_h = geo->cells ? 1 : canvas_line_height(c, CANVAS_FONT_BODY) + geo->pad;
@@ -172,10 +189,16 @@ static int niah_draw(canvas *c, canvas_rect r, const probe_store *st, const view
     int short_titles = 0;
     for (int m = 0; m < g.nm; m++) short_titles |= canvas_text_width(c, title[m], CANVAS_FONT_TITLE) > pw;
     for (int m = 0; m < g.nm && !rc; m++) {
+        char uxl[NIAH_MAX_AXIS][20];
+        const char *uxt[NIAH_MAX_AXIS];
+        for (int i = 0; i < g.nx; i++) {
+            snprintf(uxl[i], sizeof uxl[i], "%s%s", xl[i], under[m][i] ? "*" : "");
+            uxt[i] = uxl[i];
+        }
         paint_heatmap h = {
             .title = title[m], .v = g.v[m], .nx = g.nx, .ny = g.ny,
             .x = { .label = "context length", .unit = "tokens" }, .y = { .label = "needle depth" },
-            .xticks = xt, .yticks = yt,
+            .xticks = any_under[m] ? uxt : xt, .yticks = yt,
             .value = { .label = "retrieved", .unit = "%", .min = 0, .max = 100 },
             .marks = g.mark_x >= 0 ? &mk : NULL, .n_marks = g.mark_x >= 0 ? 1 : 0,
             .mark_label = geo->cells ? "traced" : "case recorded in detail", .annotate = "%.0f",
@@ -193,6 +216,7 @@ static int niah_draw(canvas *c, canvas_rect r, const probe_store *st, const view
                      g.total[m] ? 100.0 * g.hits[m] / g.total[m] : 0);
             const char *part = strstr(title[m], ", partial");
             if (!part) part = strstr(title[m], ", cut short");
+            if (!part) part = strstr(title[m], ", *:");
             if (part) snprintf(shorter + strlen(shorter), sizeof shorter - strlen(shorter), "%s", part);
             snprintf(title[m], sizeof title[m], "%s", shorter);
         }
@@ -207,7 +231,8 @@ static int niah_draw(canvas *c, canvas_rect r, const probe_store *st, const view
         len_label(g.len[cx], ln, sizeof ln);
         int len = snprintf(line, sizeof line, "length %s, depth %g%%:", ln, g.dep[cy]);
         for (int m = 0; m < g.nm && len < (int)sizeof line; m++)
-            len += snprintf(line + len, sizeof line - len, "%s %s %.0f%%", m ? "," : "", g.name[m], g.v[m][at]);
+            len += snprintf(line + len, sizeof line - len, "%s %s %.0f%%%s", m ? "," : "", g.name[m], g.v[m][at],
+                            under[m][cx] ? " (under its floor)" : "");
         if (len < (int)sizeof line)
             snprintf(line + len, sizeof line - len, " of %d run%s", g.runs[0][at], g.runs[0][at] == 1 ? "" : "s");
         view_fit_text(c, CANVAS_FONT_BODY, r.w - (geo->cells ? 0 : 2 * geo->pad), line);
