@@ -92,6 +92,19 @@ static void test_run_traces(void) {
               rc == 0 && strstr(out, "kv policy  shadowkv: budget=2048 rank=160 ") &&
                   strstr(out, "\n  in force   rank=7 (asked 160) outliers=0 (asked 48)\n"));
 
+    char svg[1200];
+    snprintf(svg, sizeof svg, "%s/tokens.svg", dir);
+    rc = test_popen(out, sizeof out, "%s export %s --view tokens -o %s --force 2>&1", bin, path, svg);
+    char *fig = NULL;
+    size_t fn = 0;
+    int got = rc == 0 && !skv_read_file(svg, 1 << 22, &fig, &fn);
+    test_cond("skv export TRACE --view tokens -o FIG (the trace as the first argument, as the csv and chrome forms "
+              "take it): the Tokens view counts the 5 generated tokens", got && strstr(fig, "7 prompt + 5 generated"));
+    free(fig);
+    rc = test_popen(out, sizeof out, "%s export %s extra --view tokens -o %s --force 2>&1", bin, path, svg);
+    test_cond("skv export TRACE EXTRA --view ...: status 2, one line naming the extra argument",
+              rc == 2 && strstr(out, "unexpected argument 'extra'") && strchr(out, '\n') == out + strlen(out) - 1);
+
     snprintf(path, sizeof path, "%s/full.trace", dir);
     rc = test_popen(out, sizeof out, "%s run -m " DEMO " -p 'Once upon a time' -n 10 -c 10 --trace %s 2>/dev/null",
                     bin, path);

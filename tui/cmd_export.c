@@ -32,7 +32,7 @@
 #define EXPORT_MAX_SCALE 4
 
 static void export_help(FILE *o) {
-    fprintf(o, "usage: skv export --trace FILE --view NAME -o FIG.png [options]\n"
+    fprintf(o, "usage: skv export TRACE --view NAME -o FIG.png [options]   (or --trace TRACE)\n"
                "       skv export TRACE --format csv DIR [--partial] [--force]\n"
                "       skv export TRACE --format chrome OUT.json [--partial] [--force]\n\n"
                "The second form writes the trace as tidy CSV tables into DIR: KIND.csv per record kind\n"
@@ -46,7 +46,7 @@ static void export_help(FILE *o) {
                "what is intact is written).\n\n"
                "Draws one view of a recorded trace (skv run --trace FILE) into a PNG figure,\n"
                "or an SVG one when FIG ends in .svg, and prints the path written.\n\n"
-               "  -t, --trace FILE      the trace to replay\n"
+               "  -t, --trace FILE      the trace to replay (or TRACE, the first argument)\n"
                "  -v, --view NAME       the view to draw (below)\n"
                "  -o, --output FIG      the figure to write; an existing file is kept unless --force\n"
                "      --policy NAME     of a compare trace, the one policy's lane (default: every lane, stacked)\n"
@@ -212,7 +212,10 @@ int cmd_export(int argc, char **argv) {
         if (!dir) return cli_usage_error("export", "%s: %s", csv ? "no folder" : "no output file", usage);
         return csv ? export_csv(trace, dir, force, partial) : export_chrome(trace, dir, force, partial);
     }
-    if (n_pos) return cli_usage_error("export", "unexpected argument '%s' (a figure takes --trace FILE --view NAME -o FIG)", pos[0]);
+    int at = 0;
+    if (!trace && n_pos) trace = pos[at++]; /* skv export TRACE --view NAME -o FIG, as the other forms */
+    if (at < n_pos)
+        return cli_usage_error("export", "unexpected argument '%s' (a figure takes TRACE --view NAME -o FIG)", pos[at]);
     if (partial) return cli_usage_error("export", "--partial goes with --format csv or chrome");
     if (!trace) return cli_usage_error("export", "no trace: give --trace FILE");
     if (!view_name) return cli_usage_error("export", "no view: give --view NAME");
