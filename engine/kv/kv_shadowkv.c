@@ -1843,11 +1843,11 @@ static int sk_end_prefill(kv_cache *base) {
     c->rope_cs = cs;
     c->rope_sn = (float *)((char *)cs + off);
     int n_blocks = sh->n_layers * c->h * c->n_cand;
+    void *(*pin)(size_t) = sh->be->host_alloc_raw ? sh->be->host_alloc_raw : sh->be->host_alloc;
     if (sk_dev(c)) {
         /* the offloaded values in pinned, mapped host memory: the device's gather reads them over the bus
          * (the block sk_begin_prefill reserved, when the prompt is as long as it said) */
         size_t bytes = sk_dev_store_bytes(c, s);
-        void *(*pin)(size_t) = sh->be->host_alloc_raw ? sh->be->host_alloc_raw : sh->be->host_alloc;
         uint16_t *data = pin(bytes ? bytes : sizeof(float)); /* written whole by the offload: not zeroed */
         if (!data) return skv_error(SKV_ENOMEM, "shadowkv: cannot pin %.1f MiB of host memory for the offloaded values",
                                     bytes / 1048576.0);
@@ -1870,7 +1870,10 @@ static int sk_end_prefill(kv_cache *base) {
     int *rcs = skv_calloc((size_t)nl, sizeof(int));
     B.lm = sk_alloc(c, sizeof(float) * (size_t)c->h * nch * c->d);
     B.cm = sk_alloc(c, sizeof(float) * (size_t)c->h * nch);
-    B.cm_h = sk_dev(c) ? skv_malloc(sizeof(float) * (size_t)c->h * nch) : B.cm;
+    /* the minima the host reads (outliers, probes) come down into pinned
+     * memory: a copy the one stream sync waits for, not a second blocking
+     * copy through pageable memory */
+    B.cm_h = sk_dev(c) ? pin(sizeof(float) * (size_t)c->h * nch) : B.cm;
     B.tmp = skv_malloc(sizeof(float) * (size_t)nch);
     B.outl = skv_malloc(sizeof(int) * (size_t)nch);
     B.idx_d = sk_dev(c) ? sk_alloc(c, sizeof(int) * ((size_t)c->h * (c->n_cand + c->n_out) + 1 +
@@ -1898,7 +1901,7 @@ static int sk_end_prefill(kv_cache *base) {
     free(msg);
     for (int l = 0; !rc && l < nl; l++)
         rc = build_layer(c, l, &B, sv + (size_t)l * max_r, t_svd + 3 * (size_t)l, t_svd[3 * (size_t)l + 2]);
-    if (B.cm_h != B.cm) free(B.cm_h);
+    if (B.cm_h && B.cm_h != B.cm) sh->be->host_free(B.cm_h);
     sk_release(c, B.lm);
     sk_release(c, B.cm);
     sk_release(c, B.idx_d);

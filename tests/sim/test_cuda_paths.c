@@ -1005,6 +1005,11 @@ int main(int argc, char **argv) {
                  (unsigned long long)gc, (unsigned long long)h, (unsigned long long)rh, rc);
         test_cond(msg, rc == 0 && pc.copies <= 24 * L && pc.bytes_d2h <= 4096 * L && gc == (2 + 4 * h) * L &&
                        rh == L);
+        snprintf(msg, sizeof msg, "shadowkv's prefill on cuda: %llu host syncs over %llu layers (<= 5 a layer), %llu "
+                 "blocking copies (0: the chunk minima come down into pinned memory, not through pageable memory "
+                 "with a wait of its own, 1 a layer before)", (unsigned long long)pc.host_syncs,
+                 (unsigned long long)L, (unsigned long long)pc.blocking_copies);
+        test_cond(msg, rc == 0 && pc.host_syncs <= 5 * L && pc.blocking_copies == 0);
         /* issue 45's half the bytes: the pinned store holds the candidates' values in bf16, U and the
          * landmarks 2 bytes a value in the device's memory */
         kv_shadowkv_stats st;
