@@ -60,8 +60,9 @@ int batch_new(skv_session **seqs, int n, skv_batch **out) {
     b->row_seq = calloc((size_t)n, sizeof *b->row_seq);
     b->row_tok = calloc((size_t)n, sizeof *b->row_tok);
     b->logits = malloc(sizeof(float) * (size_t)n * m->cfg.vocab);
-    int rc = !b->s || !b->kv || !b->pos || !b->row_seq || !b->row_tok || !b->logits ? skv_error(SKV_ENOMEM, "out of memory for a batch of %d", n)
-                                                       : forward_init(&b->fwd, m, seqs[0]->be, n);
+    int rc = !b->s || !b->kv || !b->pos || !b->row_seq || !b->row_tok || !b->logits
+                 ? skv_error(SKV_ENOMEM, "out of memory for a batch of %d", n)
+                 : forward_init(&b->fwd, m, seqs[0]->be, n);
     if (rc) {
         free(b->s);
         b->s = NULL;
@@ -126,7 +127,7 @@ int batch_decode_live(skv_batch *b, const int32_t *tokens, const unsigned char *
     return rc;
 }
 
-int batch_rows_fed(const skv_batch *b) { return b->rows_fed; }
+long batch_rows_fed(const skv_batch *b) { return b->rows_fed; }
 
 void batch_emit_last(skv_batch *b, int i, int32_t token) {
     if (i < 0 || i >= b->n) return;

@@ -32,7 +32,7 @@ int batch_decode(skv_batch *b, const int32_t *tokens);
  * logits stay as they were and the step's rows are the live ones only.
  * With no live sequence, nothing runs. */
 int batch_decode_live(skv_batch *b, const int32_t *tokens, const unsigned char *live);
-int batch_rows_fed(const skv_batch *b);         /* tokens fed over every step */
+long batch_rows_fed(const skv_batch *b);        /* tokens fed over every step */
 
 /* Sequence i's last generated token, which no step feeds: its token event
  * in its lane (session_emit_last). */

@@ -275,7 +275,9 @@ static void test_figures(const char *dir) {
               s && svg_uncut(s) && svg_has(s, "Compare: 6 policies", 1) && svg_has(s, "Mass recall", 1));
     free(s);
     s = export_svg(nd, "niah", "", dir, "niah6");
-    int ticks = s && svg_count(s, "1k") >= 6 && svg_count(s, "2k") >= 6 && svg_count(s, "4000") >= 6;
+    /* (FreeKV's ticks are "1k*": its floor is 288 tokens, over the budget of 256) */
+#define TICKS(t) (svg_count(s, t) + svg_count(s, t "*"))
+    int ticks = s && TICKS("1k") >= 6 && TICKS("2k") >= 6 && TICKS("4000") >= 6;
     test_cond("the six-panel NIAH figure: every panel keeps every length tick (1k, 2k, 4000) and no title is cut",
               ticks && svg_uncut(s));
     test_cond("a clean NIAH export has no cursor line", s && !svg_has(s, "length 1k, depth", 1));
@@ -283,7 +285,8 @@ static void test_figures(const char *dir) {
     /* At 600x400 a colour bar beside each panel once left the panels too
      * narrow for the 2k tick, in all six. */
     s = export_svg(nd, "niah", "--size 600x400", dir, "niah6s");
-    ticks = s && svg_count(s, "1k") >= 6 && svg_count(s, "2k") >= 6 && svg_count(s, "4000") >= 6;
+    ticks = s && TICKS("1k") >= 6 && TICKS("2k") >= 6 && TICKS("4000") >= 6;
+#undef TICKS
     test_cond("the six-panel NIAH figure at 600x400: every panel keeps every length tick (1k, 2k, 4000)", ticks);
     free(s);
 }

@@ -49,7 +49,10 @@ static int lane_text(const char *path, int lane, char *buf, size_t n, int *n_ste
             const probe_ev_token *t = probe_store_token(st, i);
             if (t->step < 0) continue;
             gen++;
-            if (len + (size_t)t->n_text < n) { memcpy(buf + len, t->text, (size_t)t->n_text); len += (size_t)t->n_text; }
+            if (len + (size_t)t->n_text < n) {
+                memcpy(buf + len, t->text, (size_t)t->n_text);
+                len += (size_t)t->n_text;
+            }
         }
         buf[len] = 0;
         *n_steps = probe_store_n_steps(st);
@@ -223,14 +226,16 @@ static void test_live_batch(void) {
         }
         rc = batch_decode_live(b, tok, live);
     }
-    int rows = b ? batch_rows_fed(b) : -1, s0 = b ? batch_seq(b, 0)->step : -1;
+    long rows = b ? batch_rows_fed(b) : -1;
+    int s0 = b ? batch_seq(b, 0)->step : -1;
     batch_free(b);
     session_free(src);
     if (tw && rc) trace_writer_abort(tw);
     else if (tw) rc = trace_writer_close(tw);
     probe_bus_free(bus);
     int same = 1;
-    for (int t = 0; t < T; t++) same &= fed[1][t] == alone[t] && fed[2][t] == alone[t] && (t >= END || fed[0][t] == alone[t]);
+    for (int t = 0; t < T; t++)
+        same &= fed[1][t] == alone[t] && fed[2][t] == alone[t] && (t >= END || fed[0][t] == alone[t]);
     test_cond("batch_decode_live: an ended sequence is fed nothing (2 steps, 14 rows in all); the live ones decode "
               "as alone", rc == 0 && rows == B * END + (B - 1) * (T - END) &&
                   s0 == END && same);

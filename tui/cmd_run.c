@@ -134,6 +134,15 @@ static void print_kv_accounting(const skv_session *s) {
     }
 }
 
+/* A full context ends a run as end of text does: the token sampled last
+ * is kept (its trace event), and this line says why the text stops (after
+ * a newline when the text streamed on the same terminal). */
+static void context_full(int ctx, int streamed) {
+    fflush(stdout);
+    if (streamed) fputc('\n', stderr);
+    cli_msg("the context of %d positions is full: generation stops here (raise it with -c)\n", ctx);
+}
+
 /* skv run --kv a,b,...: the policies in lockstep on the teacher's tokens;
  * the teacher's text on stdout, one line per policy on stderr. */
 static int run_compare(cli_gen *g) {
@@ -172,12 +181,7 @@ static int run_compare(cli_gen *g) {
             const skv_session *s0 = c->s[0];
             if (i + 1 == g->n_predict || s0->n_past + 1 > s0->o.ctx) { /* no step feeds it: the trace has it all the same */
                 compare_emit_last(c, tok);
-                if (i + 1 < g->n_predict) { /* a full context ends the run, as end of text does */
-                    fflush(stdout);
-                    fputc('\n', stderr);
-                    cli_msg("the context of %d positions is full: generation stops here (raise it with -c)\n",
-                            s0->o.ctx);
-                }
+                if (i + 1 < g->n_predict) context_full(s0->o.ctx, 1);
                 generated++;
                 break;
             }
@@ -302,8 +306,7 @@ static int run_parallel(cli_gen *g, int B) {
         if (t + 1 == g->n_predict || full) { /* no step feeds them: the trace has them all the same */
             for (int i = 0; i < B; i++)
                 if (live[i]) batch_emit_last(b, i, tok[i]);
-            if (full && t + 1 < g->n_predict)
-                cli_msg("the context of %d positions is full: generation stops here (raise it with -c)\n", s0->o.ctx);
+            if (full && t + 1 < g->n_predict) context_full(s0->o.ctx, 0);
             break;
         }
         rc = batch_decode_live(b, tok, live);
@@ -322,9 +325,9 @@ static int run_parallel(cli_gen *g, int B) {
         }
         double t = batch_t_decode(b);
         const char *seqs = B == 1 ? "sequence" : "sequences";
-        int fed = batch_rows_fed(b);
+        long fed = batch_rows_fed(b);
         char ended[80] = "";
-        if (fed < B * steps) snprintf(ended, sizeof ended, " (%d tokens: an ended sequence is fed none)", fed);
+        if (fed < (long)B * steps) snprintf(ended, sizeof ended, " (%ld tokens: an ended sequence is fed none)", fed);
         cli_msg("prompt %d tokens, %.1f tok/s prefill (once, shared by %d %s); %d step%s of %d %s%s, "
                 "%.1f tok/s decode (%.2f ms a step); KV resident %.2f MiB in all\n", n,
                 n / (src->t_prefill > 0 ? src->t_prefill : 1e-9), B, seqs, steps, steps == 1 ? "" : "s", B, seqs,
@@ -409,11 +412,7 @@ int cmd_run(int argc, char **argv) {
         generated++;
         if (i + 1 == g.n_predict || s->n_past + 1 > s->o.ctx) { /* no step feeds it: the trace has it all the same */
             session_emit_last(s, tok);
-            if (i + 1 < g.n_predict) { /* a full context ends the run, as end of text does */
-                fflush(stdout);
-                fprintf(stderr, "\nskv: the context of %d positions is full: generation stops here (raise it with -c)\n",
-                        s->o.ctx);
-            }
+            if (i + 1 < g.n_predict) context_full(s->o.ctx, 1);
             break;
         }
         if (session_decode(s, tok)) { printf("\n"); rc = cli_fail(); break; }

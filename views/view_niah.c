@@ -216,8 +216,10 @@ static int niah_draw(canvas *c, canvas_rect r, const probe_store *st, const view
                      g.total[m] ? 100.0 * g.hits[m] / g.total[m] : 0);
             const char *part = strstr(title[m], ", partial");
             if (!part) part = strstr(title[m], ", cut short");
-            if (!part) part = strstr(title[m], ", *:");
-            if (part) snprintf(shorter + strlen(shorter), sizeof shorter - strlen(shorter), "%s", part);
+            char *fl = strstr(title[m], ", *: under its floor");
+            if (fl) fl[0] = 0; /* the short form: ", *: floor" */
+            if (part && part != fl) snprintf(shorter + strlen(shorter), sizeof shorter - strlen(shorter), "%s", part);
+            if (fl) snprintf(shorter + strlen(shorter), sizeof shorter - strlen(shorter), ", *: floor");
             snprintf(title[m], sizeof title[m], "%s", shorter);
         }
         if (!geo->cells && canvas_text_width(c, "context length (tokens)", CANVAS_FONT_BODY) > 0.6 * pw)
