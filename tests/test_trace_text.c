@@ -7,6 +7,8 @@
  *    in a batch (every sequence; one that ended is fed nothing more);
  *  - skv trace info (and an inspector replay) says the options a policy put
  *    in force at other values than asked (rank 7 of a 7-token prompt);
+ *  - a replay of a batch whose sequence ended follows the longest one and
+ *    counts the tokens fed (tmux);
  *  - the Tokens view marks as disagreeing the token sampled from the logits
  *    whose sparse top-1 differed from dense (the step before the one that fed
  *    it), not the token fed at that step; the last token, fed to no step,
@@ -177,6 +179,27 @@ static void test_run_traces(void) {
               "ended (end of text) has no steps past its end", ok);
 }
 
+/* The inspector replaying the batch of test_live_batch (in a tmux of its
+ * own): it follows the sequences that ran longest (all 6 steps, though
+ * sequence 0 ended after 2), and its rate counts the tokens fed, 14 over 6
+ * steps, not 3 a step. */
+static void replay_status(const char *trace) {
+    char out[8192], sock[1200], cmd[3000];
+    if (test_popen(out, sizeof out, "command -v tmux >/dev/null 2>&1")) { test_skip("no tmux: the replay's status line"); return; }
+    snprintf(sock, sizeof sock, "%s/tmux.sock", dir);
+    snprintf(cmd, sizeof cmd, "tmux -S %s -f /dev/null new-session -d -s r -x 150 -y 30 'TERM=xterm-256color %s inspect "
+             "--replay %s; sleep 60' 2>&1", sock, test_skv_bin(), trace);
+    int ok = test_popen(out, sizeof out, "%s", cmd) == 0, found = 0;
+    for (int i = 0; ok && i < 50 && !found; i++) {
+        test_popen(out, sizeof out, "sleep 0.2; tmux -S %s capture-pane -p -t r 2>&1", sock);
+        found = strstr(out, "| steps 6") && strstr(out, "2.3 seqs a step");
+    }
+    test_popen(cmd, sizeof cmd, "tmux -S %s kill-server >/dev/null 2>&1", sock);
+    test_cond("the replay of a batch whose sequence 0 ended: 6 steps (the longest sequence's), 2.3 sequences a step",
+              found);
+    if (!found) printf("  got: %s\n", out);
+}
+
 /* A traced batch of 3 forks in which sequence 0 ends after 2 of 6 steps
  * (batch_decode_live): it is fed nothing more, so its lane holds 2 steps and
  * 2 generated tokens, the others 6; the live ones decode as they would
@@ -272,6 +295,7 @@ static void test_live_batch(void) {
               text && strstr(text, "all seqs") && strstr(text, "seq 1") && strstr(text, "seq 2") &&
                   !strstr(text, "seq 0"));
     free(text);
+    replay_status(tpath);
     probe_lanes_free(L);
     model_free(m);
 }

@@ -708,8 +708,15 @@ static void draw_status(app *a, int y, int h) {
     if (tps > 0) {
         /* live: the threads doing the work (how fast it is depends on them) */
         if (live(a)) seg(&l, 6, tps >= 100 ? "%.0f tok/s (%d thr)" : "%.1f tok/s (%d thr)", tps, skv_threads());
-        else if (n_seq > 1) /* a step gives every sequence a token */
-            seg(&l, 6, "%.1f tok/s (%d x %.1f steps/s)", tps * n_seq, n_seq, tps);
+        else if (n_seq > 1) { /* a step gives every live sequence a token (one that ended has fewer steps) */
+            long fed = 0;
+            for (int i = 0; i < n_seq; i++) fed += probe_store_n_steps(probe_lanes_store(a->o->lanes, i));
+            if (fed >= (long)n_seq * n_steps || n_steps <= 0)
+                seg(&l, 6, "%.1f tok/s (%d x %.1f steps/s)", tps * n_seq, n_seq, tps);
+            else
+                seg(&l, 6, "%.1f tok/s (%.1f steps/s, %.1f seqs a step)", tps * fed / n_steps, tps,
+                    (double)fed / n_steps);
+        }
         else seg(&l, 6, tps >= 100 ? "%.0f tok/s" : "%.1f tok/s", tps);
     }
     double res = se ? (double)se->kv_resident : live(a) ? (double)a->ws.kv_resident : -1;
