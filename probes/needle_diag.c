@@ -151,7 +151,11 @@ static int cause_cmp(const void *a, const void *b) {
     const needle_cause *x = a, *y = b;
     int fx = x->kind == NEEDLE_CAUSE_DENSE ? 0 : x->kind == NEEDLE_CAUSE_FLOOR ? 1 : 2;
     int fy = y->kind == NEEDLE_CAUSE_DENSE ? 0 : y->kind == NEEDLE_CAUSE_FLOOR ? 1 : 2;
-    if (fx != fy) return fx - fy;
+    /* the floor comes first, unless its fix was checked and still missed
+     * where another's was checked and retrieved */
+    int swap = (x->check == NEEDLE_CHECK_MISSED && y->check == NEEDLE_CHECK_RETRIEVED) ||
+               (y->check == NEEDLE_CHECK_MISSED && x->check == NEEDLE_CHECK_RETRIEVED);
+    if (fx != fy && (fx == 0 || fy == 0 || !swap)) return fx - fy;
     if (x->check != y->check) return check_rank[x->check] - check_rank[y->check];
     if (x->dense_needed != y->dense_needed) return x->dense_needed - y->dense_needed;
     if (x->opt[0] && !strcmp(x->opt, y->opt) && x->value != y->value) return x->value < y->value ? -1 : 1;
@@ -420,6 +424,8 @@ static void set_divergence(needle_report *rep) {
  * exact attention ranks the needle inside the budget the policy attended
  * (rank < tokens attended) the policy's own score missed it ("never
  * selected"); otherwise the budget was too small for it ("budget"). */
+static int lowbit_layer(const probe_store *st, int l);
+
 static int diagnose_generic(const probe_store *st, const probe_ev_oracle *first, needle_report *rep) {
     const probe_ev_run *run = probe_store_run(st);
     rep->generic = 1;
@@ -447,7 +453,7 @@ static int diagnose_generic(const probe_store *st, const probe_ev_oracle *first,
     if (rep->sparse_hit < 0) answers_from_tokens(st, rep);
     rep->last_step = rep->diverge_step >= 0 ? rep->diverge_step : rep->n_steps - 1;
     if (rep->diverge_step >= 0) generic_layers(st, rep, rep->diverge_step);
-    double W = 0, drop = 0, mis = 0;
+    double W = 0, drop = 0, mis = 0, low = 0; /* drop: not attended exactly; low: of it, read at low precision */
     int n_ev = 0, n_kept = 0, lay_drop = 0, lh_drop = 0, lh_total = 0;
     need_w *needs = NULL;
     int n_needs = 0, cap = 0;
@@ -467,6 +473,7 @@ static int diagnose_generic(const probe_store *st, const probe_ev_oracle *first,
                 double d = w * (1.0 - (double)e->needle_kept / e->needle_len);
                 drop += d;
                 step_drop += d;
+                if (lowbit_layer(st, l)) low += d; /* read, at low precision: not dropped */
                 /* tokens attended per query head; the exact top-B of that size */
                 double B = 0;
                 for (int j = 0; j < e->n_q; j++) B += e->q_kept[j];
@@ -492,19 +499,26 @@ static int diagnose_generic(const probe_store *st, const probe_ev_oracle *first,
         }
         lay_drop += any;
     }
-    double Wn = W > 0 ? W : 1;
-    rep->share_dropped = drop / Wn;
+    double Wn = W > 0 ? W : 1, inexact = drop / Wn;
+    rep->share_lowbit = low / Wn;
+    rep->share_dropped = inexact - rep->share_lowbit;
     rep->share_misranked = mis / Wn;
-    rep->share_selected = 1 - rep->share_dropped;
+    rep->share_selected = 1 - inexact;
     char steps[48];
     steps_text(rep, steps, sizeof steps);
     if (!n_ev)
         snprintf(rep->kept, sizeof rep->kept, "no decode step has needle data, so nothing can be said about what %s kept",
                  rep->policy);
+    else if (low > 0) /* TailorKV's quantized layers, SpeCache: what is not attended exactly is read at low bits */
+        snprintf(rep->kept, sizeof rep->kept,
+                 "%s attended the whole needle exactly in %d of %d (step, layer, KV head) at %s and kept %.0f%% of the "
+                 "needle's exact attention mass exactly; it read %.0f%% at low precision (where it keeps no exact copy) "
+                 "and dropped %.0f%%", rep->policy, n_kept, n_ev, steps, 100 * rep->share_selected,
+                 100 * rep->share_lowbit, 100 * rep->share_dropped);
     else
         snprintf(rep->kept, sizeof rep->kept,
                  "%s attended the whole needle in %d of %d (step, layer, KV head) at %s and kept %.0f%% of the needle's "
-                 "exact attention mass; it dropped %.0f%%", rep->policy, n_kept, n_ev, steps, 100 * (1 - rep->share_dropped),
+                 "exact attention mass; it dropped %.0f%%", rep->policy, n_kept, n_ev, steps, 100 * rep->share_selected,
                  100 * rep->share_dropped);
     set_divergence(rep);
     if (rep->dense_hit == 0) {
@@ -513,23 +527,25 @@ static int diagnose_generic(const probe_store *st, const probe_ev_oracle *first,
         snprintf(c->evidence, sizeof c->evidence,
                  "the model misses it with dense attention too: dense answered \"%s\" for value %s; %s kept %.0f%% of "
                  "the needle's attention mass at %s", rep->dense_answer, rep->value, rep->policy,
-                 100 * (1 - rep->share_dropped), steps);
+                 100 * rep->share_selected, steps);
         snprintf(c->fix, sizeof c->fix, "use a model that retrieves at this length with dense attention; "
                  "the %s settings cannot fix this", rep->policy);
     }
     int u = rep->unit > 0 ? rep->unit : 1;
     char ubuf[64];
-    if (rep->share_dropped - rep->share_misranked >= NEEDLE_MIN_SHARE && sd.l >= 0) {
-        needle_cause *c = add_cause(rep, NEEDLE_CAUSE_BUDGET, rep->share_dropped - rep->share_misranked);
+    if (inexact - rep->share_misranked >= NEEDLE_MIN_SHARE && sd.l >= 0) {
+        needle_cause *c = add_cause(rep, NEEDLE_CAUSE_BUDGET, inexact - rep->share_misranked);
         c->step = ws; c->layer = sd.l; c->head = sd.h;
+        char lowtxt[80] = "";
+        if (low > 0) snprintf(lowtxt, sizeof lowtxt, " (%.0f%% read at low precision)", 100 * rep->share_lowbit);
         snprintf(c->evidence, sizeof c->evidence,
                  "exact attention ranks the needle's best token %d (layer %d, head %d), past the %d token(s) %s "
                  "attended per query head there (budget %d tokens%s); the needle was not fully attended in %d of %d "
-                 "layers (%d of %d layer-heads) at step %d; %.0f%% of its exact attention mass was dropped over %s, "
+                 "layers (%d of %d layer-heads) at step %d; %.0f%% of its exact attention mass was %s over %s%s, "
                  "%.0f%% of it ranked past what was attended",
                  sd.rank, sd.l, sd.h, sd.rank_exact, rep->policy, rep->budget, units_of(rep->budget, u, ubuf, sizeof ubuf),
-                 lay_drop, rep->n_layers, lh_drop, lh_total, ws, 100 * rep->share_dropped, steps,
-                 100 * (rep->share_dropped - rep->share_misranked));
+                 lay_drop, rep->n_layers, lh_drop, lh_total, ws, 100 * inexact, low > 0 ? "not attended exactly" : "dropped",
+                 steps, lowtxt, 100 * (inexact - rep->share_misranked));
         int need = need_max(needs, n_needs);
         int t = (need + u - 1) / u * u, q90 = (need_quantile(needs, n_needs, 0.9) + u - 1) / u * u;
         if (rep->budget > 0 && t <= rep->budget) t = (rep->budget / u + 1) * u; /* never below what missed */
@@ -556,9 +572,10 @@ static int diagnose_generic(const probe_store *st, const probe_ev_oracle *first,
         c->step = ws; c->layer = sm.l; c->head = sm.h;
         snprintf(c->evidence, sizeof c->evidence,
                  "exact attention ranks the needle %d, inside the %d tokens %s attended (layer %d, head %d), yet the "
-                 "policy's own score left %d of its %d tokens out; %.0f%% of the needle's mass was lost this way",
+                 "policy's own score left %d of its %d tokens out; %.0f%% of the needle's mass was %s this way",
                  sm.rank, e ? e->n_kept : -1, rep->policy, sm.l, sm.h, e ? e->needle_len - e->needle_kept : -1,
-                 e ? e->needle_len : -1, 100 * rep->share_misranked);
+                 e ? e->needle_len : -1, 100 * rep->share_misranked,
+                 low > 0 ? "not attended exactly (read at low precision or dropped)" : "lost");
         const char *block = block_option(st);
         if (u > 1 && block) {
             set_change(c, block, u / 2);
@@ -573,6 +590,31 @@ static int diagnose_generic(const probe_store *st, const probe_ev_oracle *first,
             snprintf(c->fix, sizeof c->fix, c->dense_needed ? "dense would be needed: its score ranks the needle too "
                      "low for any budget below the prompt (%d tokens)" : "its score ranks the needle too low: raise "
                      "--budget to %d tokens (twice the budget)", c->dense_needed ? rep->prompt_len : t);
+        }
+    }
+    if (rep->share_lowbit >= NEEDLE_MIN_SHARE) { /* read, but at low precision: the bits, not the selection */
+        const probe_ev_run *run = probe_store_run(st);
+        int bits = run ? (int)probe_pairs_get(run->kv_opts, "bits", 0) : 0;
+        char layers[120] = "";
+        size_t ll = 0;
+        for (int l = 0; l < rep->n_layers && ll < sizeof layers; l++)
+            if (lowbit_layer(st, l)) ll += (size_t)snprintf(layers + ll, sizeof layers - ll, "%s%d", ll ? ", " : "", l);
+        needle_cause *c = add_cause(rep, NEEDLE_CAUSE_RANK, rep->share_lowbit);
+        c->step = ws;
+        c->layer = -1;
+        char how[24] = "quantized";
+        if (bits > 0) snprintf(how, sizeof how, "%d bit%s", bits, bits == 1 ? "" : "s");
+        snprintf(c->evidence, sizeof c->evidence,
+                 "%.0f%% of the needle's exact attention mass was read at low precision (%s, layer%s %s) where %s "
+                 "keeps no exact copy of it, over %s", 100 * rep->share_lowbit, how, strchr(layers, ',') ? "s" : "",
+                 layers, rep->policy, steps);
+        if (bits > 0 && bits < 8) {
+            int to = bits * 2 > 8 ? 8 : bits * 2;
+            set_change(c, "bits", to);
+            snprintf(c->fix, sizeof c->fix, "raise --bits to %d (the low-precision reads then err less)", to);
+        } else {
+            snprintf(c->fix, sizeof c->fix, "attend the needle exactly: raise --budget so that %s fetches it exactly",
+                     rep->policy);
         }
     }
     qsort(rep->causes, (size_t)rep->n_causes, sizeof rep->causes[0], cause_cmp);

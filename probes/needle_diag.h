@@ -30,7 +30,9 @@ enum {
     NEEDLE_CAUSE_OUTLIER,      /* "never selected": the policy's score misranked a needle block that
                                   exact attention ranks in, and nothing else kept it (not an outlier) */
     NEEDLE_CAUSE_LOCAL,        /* "window": a dropped needle block lies just before the always-kept window */
-    NEEDLE_CAUSE_RANK,         /* "compressed": the compressed (low-rank, quantized) keys blurred the needle */
+    NEEDLE_CAUSE_RANK,         /* "compressed": the compressed (low-rank, quantized) keys blurred the needle;
+                                  or a policy read the needle at low precision where it keeps no exact copy
+                                  (TailorKV's quantized layers, SpeCache), its fix more --bits */
     NEEDLE_CAUSE_FLOOR,        /* "floor": the budget is below the policy's floor: it selects nothing (the
                                   harness adds it: the floor is the policy's, engine/kv) */
     NEEDLE_N_CAUSES
@@ -56,8 +58,9 @@ enum { NEEDLE_CHECK_NONE, NEEDLE_CHECK_RETRIEVED, NEEDLE_CHECK_MISSED };
 
 const char *needle_cause_name(int kind);   /* "model", "budget", "never selected", "window", "compressed", "floor" */
 
-/* Orders rep's causes: the model cause first; then fixes checked to
- * retrieve, unchecked ones, fixes checked to miss; within each, real fixes
+/* Orders rep's causes: the model cause first, the floor next (unless its
+ * fix was checked and missed where another's retrieved); then fixes checked
+ * to retrieve, unchecked ones, fixes checked to miss; within each, real fixes
  * before those that leave no sparsity, then by the smaller change for the
  * same option, then by score (the mass a fix restores). */
 void needle_causes_sort(needle_report *rep);
@@ -76,7 +79,7 @@ typedef struct {
     char evidence[480];
     char fix[320];
     /* The change the fix proposes, for the harness to check: an option
-     * ("budget", "rank", "outliers", "local") and its value; "" when the fix
+     * ("budget", "rank", "outliers", "local", "bits") and its value; "" when the fix
      * is not one option (the model cause). */
     char opt[16];
     double value;              /* after the checks: the value that retrieved, else the one proposed */
@@ -120,6 +123,7 @@ struct needle_report {
     float div_err[4];
     /* shares of the needle's exact attention mass over the judged steps */
     double share_dropped, share_misranked, share_near_local, share_selected, share_outlier, share_local;
+    double share_lowbit;       /* read at low precision where the policy keeps no exact copy (not dropped) */
     double key_err_selected;   /* mass-weighted key error of the selected needle chunks, -1 none */
     char kept[480];            /* what ShadowKV did with the needle's chunks */
     char divergence[400];

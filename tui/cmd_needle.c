@@ -186,6 +186,7 @@ static cJSON *report_json(const needle_report *rep) {
     cJSON *sh = cJSON_AddObjectToObject(d, "needle_mass_share");
     if (sh) {
         cJSON_AddNumberToObject(sh, "dropped", rep->share_dropped);
+        cJSON_AddNumberToObject(sh, "low_precision", rep->share_lowbit);
         cJSON_AddNumberToObject(sh, "misranked", rep->share_misranked);
         cJSON_AddNumberToObject(sh, "dropped_near_local", rep->share_near_local);
         cJSON_AddNumberToObject(sh, "selected", rep->share_selected);
