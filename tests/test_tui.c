@@ -416,6 +416,26 @@ static void test_engine_fail(void) {
     stop("fail");
 }
 
+/* A live run whose context fills (-c 12, a 7-token prompt): the run stops
+ * as at end of text, saying why, and the engine has not failed: a step
+ * after it says the same, not "engine stopped", and q exits with 0. */
+static void test_context_full(void) {
+    char cmd[PATH_MAX * 2 + 256];
+    snprintf(cmd, sizeof cmd, "TERM=xterm-256color %s inspect -p \"Once upon a time\" -c 12 -n 20", bin);
+    if (!start("full", 150, 30, cmd)) { test_cond("tmux starts a live session with a small context", 0); return; }
+    check_screen("live, -c 12: the prefill finishes", "full", "live: idle", UI_TIMEOUT);
+    keys("full", "r");
+    check_screen("live, -c 12: a run stops when the context is full, and the bottom line says why", "full",
+                 "the context of 12 positions is full: generation stops here", UI_TIMEOUT);
+    keys("full", "n");
+    nap(0.5);
+    test_cond("live, -c 12: a step after it says the context is full again; the engine has not failed",
+              wait_for("full", "is full: generation stops here", UI_TIMEOUT) && !strstr(capture("full"), "engine stopped"));
+    keys("full", "q");
+    check_screen("live, -c 12: q exits with status 0", "full", "EXITED 0", UI_TIMEOUT);
+    stop("full");
+}
+
 /* A live run of the built-in default: prefill, n, r, tab, q. */
 static void test_live(const char *model_args) {
     const char *titles[32];
@@ -786,6 +806,7 @@ int main(void) {
     if (rec_args[0]) test_live(live_args);
     if (rec_args[0]) test_progress();
     if (rec_args[0]) test_engine_fail();
+    if (stat("samples/model/skv-demo.gguf", &sb) == 0) test_context_full();
     if (have_default) test_batch_replay(rec_args);
     if (stat("samples/model/skv-demo.gguf", &sb) == 0) test_in_force();
     if (have_default) {

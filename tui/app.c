@@ -264,6 +264,14 @@ static int move_step(app *a, int d) {
     return APP_HANDLED | APP_REDRAW;
 }
 
+/* 1, and the line saying so, when the live run's context is full: a step
+ * has no position left (as end of text, not an engine failure). */
+static int context_full(app *a) {
+    if (a->ws.state == TUI_W_PREFILL || a->ws.n_ctx <= 0 || a->ws.n_past < a->ws.n_ctx) return 0;
+    set_msg(a, "the context of %d positions is full: generation stops here (raise it with -c)", a->ws.n_ctx);
+    return 1;
+}
+
 /* ---- key handlers: each returns APP_* bits ---- */
 
 static int key_step(app *a, int ch) {
@@ -277,6 +285,7 @@ static int key_step(app *a, int ch) {
         return APP_HANDLED | APP_REDRAW;
     }
     if (a->ws.state == TUI_W_FAILED) { set_msg(a, "the engine stopped: %s", a->ws.error); return APP_HANDLED | APP_REDRAW; }
+    if (context_full(a)) return APP_HANDLED | APP_REDRAW;
     if (a->ws.state == TUI_W_PREFILL) set_msg(a, "step queued: the prefill is still running");
     tui_worker_send(a->o->worker, TUI_CMD_STEP);
     a->cur.step = -1;
@@ -294,6 +303,7 @@ static int key_run(app *a, int ch) {
         return APP_HANDLED | APP_REDRAW;
     }
     if (a->ws.state == TUI_W_FAILED) { set_msg(a, "the engine stopped: %s", a->ws.error); return APP_HANDLED | APP_REDRAW; }
+    if (context_full(a)) return APP_HANDLED | APP_REDRAW;
     if (a->ws.state == TUI_W_PREFILL) set_msg(a, "run queued: the prefill is still running");
     tui_worker_send(a->o->worker, TUI_CMD_TOGGLE);
     a->cur.step = -1;
@@ -772,8 +782,9 @@ static void draw_bottom(app *a, int y, int h) {
         tui_blit_text(y, 1, w - 1, b, A_BOLD, tui_blit_pair(CANVAS_RGB(0xff, 0x60, 0x60), CANVAS_DEFAULT), a->utf8);
         return;
     }
+    /* why a run stopped (end of text, a full context) over the start's notice too */
+    if (live(a) && a->ws.error[0] && over) { tui_blit_text(y, 1, w - 1, a->ws.error, 0, 0, a->utf8); return; }
     if (a->msg[0]) { tui_blit_text(y, 1, w - 1, a->msg, A_BOLD, 0, a->utf8); return; }
-    if (live(a) && a->ws.error[0]) { tui_blit_text(y, 1, w - 1, a->ws.error, 0, 0, a->utf8); return; }
     if (live(a) && a->ws.notice[0]) {
         char b[300];
         snprintf(b, sizeof b, "kv: %s", a->ws.notice);
@@ -1035,6 +1046,7 @@ int app_run(const app_opts *o) {
             if (a.ws.state == TUI_W_PREFILL && ws.state != TUI_W_PREFILL && ws.state != TUI_W_FAILED && ws.in_force[0]) {
                 set_msg(&a, "in force: %s%s%s", ws.in_force, ws.notice[0] ? " | " : "", ws.notice);
                 a.msg_until = skv_now() + 20;
+                a.msg_yields = 1; /* to why a run stopped (end of text, a full context) */
             }
             a.ws = ws;
         }

@@ -93,6 +93,14 @@ static void fail(tui_worker *w, const char *what) {
  * Returns 0, 1 when a run should stop (end of generation), -1 on error. */
 static int step_once(tui_worker *w, int auto_run) {
     skv_session *s = w->s;
+    if (s->n_past + 1 > s->o.ctx) { /* a full context ends generation as end of text does: not an engine failure */
+        pthread_mutex_lock(&w->mu);
+        snprintf(w->st.error, sizeof w->st.error,
+                 "the context of %d positions is full: generation stops here (raise it with -c)", s->o.ctx);
+        w->st.version++;
+        pthread_mutex_unlock(&w->mu);
+        return 1;
+    }
     int tok = compare_next(w->c);
     int eog = tok_is_eog(s->m->tok, tok);
     if (eog && auto_run) {
@@ -102,10 +110,6 @@ static int step_once(tui_worker *w, int auto_run) {
         w->st.version++;
         pthread_mutex_unlock(&w->mu);
         return 1;
-    }
-    if (s->n_past + 1 > s->o.ctx) {
-        skv_error(SKV_ERANGE, "the context of %d positions is full", s->o.ctx);
-        return -1;
     }
     if (compare_decode(w->c, tok)) return -1;
     pthread_mutex_lock(&w->mu);
