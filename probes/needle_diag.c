@@ -426,6 +426,14 @@ static void set_divergence(needle_report *rep) {
  * selected"); otherwise the budget was too small for it ("budget"). */
 static int lowbit_layer(const probe_store *st, int l);
 
+/* 1 when the policy quantizes layer l whole and selects nothing there
+ * (TailorKV's quantized layers; SpeCache reads at low bits what it does not
+ * select, so its layers select). */
+static int quantized_layer(const probe_store *st, int l) {
+    const probe_ev_metric *q = probe_store_metric(st, "quantized", -1, l, -1);
+    return q && q->value > 0.5f;
+}
+
 static int diagnose_generic(const probe_store *st, const probe_ev_oracle *first, needle_report *rep) {
     const probe_ev_run *run = probe_store_run(st);
     rep->generic = 1;
@@ -453,7 +461,8 @@ static int diagnose_generic(const probe_store *st, const probe_ev_oracle *first,
     if (rep->sparse_hit < 0) answers_from_tokens(st, rep);
     rep->last_step = rep->diverge_step >= 0 ? rep->diverge_step : rep->n_steps - 1;
     if (rep->diverge_step >= 0) generic_layers(st, rep, rep->diverge_step);
-    double W = 0, drop = 0, mis = 0, low = 0; /* drop: not attended exactly; low: of it, read at low precision */
+    /* drop: not attended exactly; low: of it, read at low precision; sel: of it, in layers that select */
+    double W = 0, drop = 0, mis = 0, low = 0, sel = 0;
     int n_ev = 0, n_kept = 0, lay_drop = 0, lh_drop = 0, lh_total = 0;
     need_w *needs = NULL;
     int n_needs = 0, cap = 0;
@@ -474,6 +483,8 @@ static int diagnose_generic(const probe_store *st, const probe_ev_oracle *first,
                 drop += d;
                 step_drop += d;
                 if (lowbit_layer(st, l)) low += d; /* read, at low precision: not dropped */
+                if (quantized_layer(st, l)) continue; /* no selection there: nothing ranked, no budget to blame */
+                sel += d;
                 /* tokens attended per query head; the exact top-B of that size */
                 double B = 0;
                 for (int j = 0; j < e->n_q; j++) B += e->q_kept[j];
@@ -533,19 +544,20 @@ static int diagnose_generic(const probe_store *st, const probe_ev_oracle *first,
     }
     int u = rep->unit > 0 ? rep->unit : 1;
     char ubuf[64];
-    if (inexact - rep->share_misranked >= NEEDLE_MIN_SHARE && sd.l >= 0) {
-        needle_cause *c = add_cause(rep, NEEDLE_CAUSE_BUDGET, inexact - rep->share_misranked);
+    double in_sel = sel / Wn; /* not attended exactly in the layers that select: what a budget can restore */
+    if (in_sel - rep->share_misranked >= NEEDLE_MIN_SHARE && sd.l >= 0) {
+        needle_cause *c = add_cause(rep, NEEDLE_CAUSE_BUDGET, in_sel - rep->share_misranked);
         c->step = ws; c->layer = sd.l; c->head = sd.h;
         char lowtxt[80] = "";
-        if (low > 0) snprintf(lowtxt, sizeof lowtxt, " (%.0f%% read at low precision)", 100 * rep->share_lowbit);
+        if (low > 0) snprintf(lowtxt, sizeof lowtxt, " in the layers it selects in");
         snprintf(c->evidence, sizeof c->evidence,
                  "exact attention ranks the needle's best token %d (layer %d, head %d), past the %d token(s) %s "
                  "attended per query head there (budget %d tokens%s); the needle was not fully attended in %d of %d "
                  "layers (%d of %d layer-heads) at step %d; %.0f%% of its exact attention mass was %s over %s%s, "
                  "%.0f%% of it ranked past what was attended",
                  sd.rank, sd.l, sd.h, sd.rank_exact, rep->policy, rep->budget, units_of(rep->budget, u, ubuf, sizeof ubuf),
-                 lay_drop, rep->n_layers, lh_drop, lh_total, ws, 100 * inexact, low > 0 ? "not attended exactly" : "dropped",
-                 steps, lowtxt, 100 * (inexact - rep->share_misranked));
+                 lay_drop, rep->n_layers, lh_drop, lh_total, ws, 100 * in_sel, low > 0 ? "not attended exactly" : "dropped",
+                 steps, lowtxt, 100 * (in_sel - rep->share_misranked));
         int need = need_max(needs, n_needs);
         int t = (need + u - 1) / u * u, q90 = (need_quantile(needs, n_needs, 0.9) + u - 1) / u * u;
         if (rep->budget > 0 && t <= rep->budget) t = (rep->budget / u + 1) * u; /* never below what missed */
@@ -571,9 +583,9 @@ static int diagnose_generic(const probe_store *st, const probe_ev_oracle *first,
         const probe_ev_oracle *e = probe_store_oracle(st, ws, sm.l, sm.h);
         c->step = ws; c->layer = sm.l; c->head = sm.h;
         snprintf(c->evidence, sizeof c->evidence,
-                 "exact attention ranks the needle %d, inside the %d tokens %s attended (layer %d, head %d), yet the "
+                 "exact attention ranks the needle %d, inside the %d token%s %s attended (layer %d, head %d), yet the "
                  "policy's own score left %d of its %d tokens out; %.0f%% of the needle's mass was %s this way",
-                 sm.rank, e ? e->n_kept : -1, rep->policy, sm.l, sm.h, e ? e->needle_len - e->needle_kept : -1,
+                 sm.rank, e ? e->n_kept : -1, e && e->n_kept == 1 ? "" : "s", rep->policy, sm.l, sm.h, e ? e->needle_len - e->needle_kept : -1,
                  e ? e->needle_len : -1, 100 * rep->share_misranked,
                  low > 0 ? "not attended exactly (read at low precision or dropped)" : "lost");
         const char *block = block_option(st);
@@ -1119,9 +1131,8 @@ static int attended_all(const probe_ev_oracle *e) { return e->ctx > 0 && e->n_ke
  * at low precision: TailorKV's quantized layers ("quantized"), SpeCache's
  * every layer ("lowbit"). */
 static int lowbit_layer(const probe_store *st, int l) {
-    const probe_ev_metric *q = probe_store_metric(st, "quantized", -1, l, -1);
     const probe_ev_metric *b = probe_store_metric(st, "lowbit", -1, l, -1);
-    return (q && q->value > 0.5f) || (b && b->value > 0.5f);
+    return quantized_layer(st, l) || (b && b->value > 0.5f);
 }
 
 /* How many of the needle's tokens a policy read at an event of layer l: all

@@ -7,6 +7,8 @@
  *    .low_precision, and the verdict names the 1-bit reads as "compressed"
  *    with the fix --bits 2, checked (before, a low-bit read counted as
  *    dropped and only the selection was blamed);
+ *  - TailorKV's layers quantized whole select nothing: a miss there is the
+ *    2-bit reads' (--bits 4), never a selection's or a budget's;
  *  - needle_causes_sort: the floor comes after a fix checked to retrieve
  *    when raising the budget to the floor was checked and still missed;
  *    otherwise it stays second to the model cause.
@@ -66,6 +68,57 @@ static void test_specache_bits(const char *dir) {
     test_cond("and --bits 2 was checked to retrieve the needle in at least one of them", checked > 0);
 }
 
+/* TailorKV at --budget 200 on the demo model: its misses come from the
+ * layers it quantizes (2 bits) and selects nothing in; no cause blames a
+ * selection or a budget in those layers, and --bits 4 is the fix named. */
+static void test_tailorkv(const char *dir) {
+    char json[1200], out[8192];
+    snprintf(json, sizeof json, "%s/tailor.json", dir);
+    int rc = test_popen(out, sizeof out, "%s needle -m " DEMO " --kv tailorkv --lengths 2k --depths 0:100:25 --budget 200 "
+                        "--explain --json %s --force 2>&1", test_skv_bin(), json);
+    char *text = NULL;
+    size_t n = 0;
+    cJSON *d = rc == 0 && !skv_read_file(json, 1 << 24, &text, &n) ? cJSON_Parse(text) : NULL;
+    free(text);
+    int misses = 0, ok = 1;
+    const cJSON *c;
+    cJSON_ArrayForEach(c, get(d, "cases")) {
+        const cJSON *s = get(c, "tailorkv"), *dn = get(c, "dense");
+        if (!s || cJSON_IsTrue(get(s, "hit")) || !cJSON_IsTrue(get(dn, "hit"))) continue;
+        misses++;
+        unsigned quant = 0; /* the layers the compressed cause names */
+        int bits4 = 0;
+        const cJSON *v;
+        cJSON_ArrayForEach(v, get(get(s, "diagnosis"), "verdict")) {
+            const char *cause = cJSON_GetStringValue(get(v, "cause")), *ev = cJSON_GetStringValue(get(v, "evidence"));
+            const char *opt = cJSON_GetStringValue(get(get(v, "change"), "option"));
+            if (!cause || strcmp(cause, "compressed") || !ev) continue;
+            bits4 |= opt && !strcmp(opt, "bits") && cJSON_GetNumberValue(get(get(v, "change"), "value")) == 4;
+            const char *p = strstr(ev, "layers ");
+            if (!p) p = strstr(ev, "layer ");
+            for (p = p ? strchr(p, ' ') : NULL; p && *p && *p != ')';) {
+                char *e;
+                long l = strtol(p + 1, &e, 10);
+                if (e == p + 1) break;
+                if (l >= 0 && l < 32) quant |= 1u << l;
+                p = e + (*e == ',');
+            }
+        }
+        ok &= bits4 && quant;
+        cJSON_ArrayForEach(v, get(get(s, "diagnosis"), "verdict")) {
+            const char *cause = cJSON_GetStringValue(get(v, "cause"));
+            int l = (int)cJSON_GetNumberValue(get(v, "layer"));
+            if (cause && (!strcmp(cause, "never selected") || !strcmp(cause, "budget")) && l >= 0 && l < 32 &&
+                (quant >> l & 1))
+                ok = 0;
+        }
+    }
+    cJSON_Delete(d);
+    test_cond("TailorKV at --budget 200: some misses to diagnose (dense retrieved them)", misses > 0);
+    test_cond("each names its 2-bit layers (compressed, --bits 4), and no cause blames a selection or a budget in a "
+              "layer it quantizes whole", misses && ok);
+}
+
 static void test_order(void) {
     static needle_report rep;
     memset(&rep, 0, sizeof rep);
@@ -95,6 +148,7 @@ int main(void) {
     else {
         fclose(f);
         test_specache_bits(dir);
+        test_tailorkv(dir);
     }
     return test_report("test_needle_lowbit");
 }
