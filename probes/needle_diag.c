@@ -548,16 +548,15 @@ static int diagnose_generic(const probe_store *st, const probe_ev_oracle *first,
     if (in_sel - rep->share_misranked >= NEEDLE_MIN_SHARE && sd.l >= 0) {
         needle_cause *c = add_cause(rep, NEEDLE_CAUSE_BUDGET, in_sel - rep->share_misranked);
         c->step = ws; c->layer = sd.l; c->head = sd.h;
-        char lowtxt[80] = "";
-        if (low > 0) snprintf(lowtxt, sizeof lowtxt, " in the layers it selects in");
         snprintf(c->evidence, sizeof c->evidence,
                  "exact attention ranks the needle's best token %d (layer %d, head %d), past the %d token(s) %s "
                  "attended per query head there (budget %d tokens%s); the needle was not fully attended in %d of %d "
-                 "layers (%d of %d layer-heads) at step %d; %.0f%% of its exact attention mass was %s over %s%s, "
-                 "%.0f%% of it ranked past what was attended",
+                 "layers (%d of %d layer-heads) at step %d; ",
                  sd.rank, sd.l, sd.h, sd.rank_exact, rep->policy, rep->budget, units_of(rep->budget, u, ubuf, sizeof ubuf),
-                 lay_drop, rep->n_layers, lh_drop, lh_total, ws, 100 * in_sel, low > 0 ? "not attended exactly" : "dropped",
-                 steps, lowtxt, 100 * (in_sel - rep->share_misranked));
+                 lay_drop, rep->n_layers, lh_drop, lh_total, ws);
+        cat(c->evidence, sizeof c->evidence, "%.0f%% of its exact attention mass was %s over %s%s, %.0f%% of it ranked "
+            "past what was attended", 100 * in_sel, low > 0 ? "not attended exactly" : "dropped", steps,
+            low > 0 ? " in the layers it selects in" : "", 100 * (in_sel - rep->share_misranked));
         int need = need_max(needs, n_needs);
         int t = (need + u - 1) / u * u, q90 = (need_quantile(needs, n_needs, 0.9) + u - 1) / u * u;
         if (rep->budget > 0 && t <= rep->budget) t = (rep->budget / u + 1) * u; /* never below what missed */
