@@ -291,9 +291,10 @@ static void test_live_batch(void) {
             text = canvas_cells_text(c);
     }
     canvas_free(c);
-    test_cond("the batch's Timeline at step 5: rows for seq 1 and 2 and the shared work, none for the ended seq 0",
+    test_cond("the batch's Timeline at step 5: rows for seq 1 and 2 and the shared work, none for the ended seq 0, "
+              "and its title says one ended",
               text && strstr(text, "all seqs") && strstr(text, "seq 1") && strstr(text, "seq 2") &&
-                  !strstr(text, "seq 0"));
+                  !strstr(text, "seq 0") && strstr(text, "batched step 5 (1 ended)"));
     free(text);
     replay_status(tpath);
     probe_lanes_free(L);

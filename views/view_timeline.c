@@ -575,14 +575,19 @@ static int timeline_lanes(canvas *c, canvas_rect r, const probe_store *const *st
         const char *what = cur->batch ? "sequences" : "policies";
         char tms[32];
         ms_text(longest, tms, sizeof tms);
+        int ended = 0; /* sequences that ended (end of text) before this step: no row */
+        for (int i = 0; cur->batch && i < n; i++) ended += probe_store_n_steps(st[i]) <= bs;
+        char ended_txt[32] = "";
+        if (ended) snprintf(ended_txt, sizeof ended_txt, " (%d ended)", ended);
         if (cur->batch && !g->cells)
-            snprintf(title, sizeof title, "Stream timelines of batched decode step %d, %d sequences in one step: %s ms",
-                     step, shown, tms);
+            snprintf(title, sizeof title, "Stream timelines of batched decode step %d, %d sequences in one step%s: %s ms",
+                     step, shown, ended_txt, tms);
         else if (step < 0)
             snprintf(title, sizeof title, "Timelines of the prefill, %d %s: the longest %s ms", shown, what, tms);
+        else if (g->cells && cur->batch)
+            snprintf(title, sizeof title, "Timelines, batched step %d%s: %s ms", step, ended_txt, tms);
         else if (g->cells)
-            snprintf(title, sizeof title, cur->batch ? "Timelines, batched step %d: %s ms" : "Timelines, step %d: longest %s ms",
-                     step, tms);
+            snprintf(title, sizeof title, "Timelines, step %d: longest %s ms", step, tms);
         else
             snprintf(title, sizeof title, "Stream timelines of decode step %d, %d policies on one time axis: the "
                      "longest %s ms", step, shown, tms);
@@ -593,7 +598,7 @@ static int timeline_lanes(canvas *c, canvas_rect r, const probe_store *const *st
             snprintf(title + tl, sizeof title - tl, ", times include the oracle");
         }
         if (canvas_text_width(c, title, CANVAS_FONT_TITLE) > r.w && step >= 0) /* the shorter wording */
-            snprintf(title, sizeof title, "Timelines of step %d, %d %s: %s %s ms%s", step, shown, what,
+            snprintf(title, sizeof title, "Timelines of step %d, %d %s%s: %s %s ms%s", step, shown, what, ended_txt,
                      cur->batch ? "batched," : "longest", tms, oracle ? " (with the oracle)" : "");
         view_fit_text(c, CANVAS_FONT_TITLE, r.w, title);
         paint_gantt gt = {
