@@ -605,7 +605,7 @@ static int diagnose_generic(const probe_store *st, const probe_ev_oracle *first,
     }
     if (rep->share_lowbit >= NEEDLE_MIN_SHARE) { /* read, but at low precision: the bits, not the selection */
         const probe_ev_run *run = probe_store_run(st);
-        int bits = run ? (int)probe_pairs_get(run->kv_opts, "bits", 0) : 0;
+        int bits = run ? probe_pairs_int(run->kv_opts, "bits", 0, 1, 64) : 0;
         char layers[120] = "";
         size_t ll = 0;
         for (int l = 0; l < rep->n_layers && ll < sizeof layers; l++)
@@ -655,10 +655,10 @@ static int diagnose_one(const probe_store *st, int id, needle_report *rep) {
     rep->prompt_len = run ? run->prompt_len : probe_store_n_prompt(st);
     const probe_ev_prefill_layer *pl0 = probe_store_prefill_layer(st, 0);
     /* the rank used (clamped to the key width) */
-    rep->rank = pl0 ? pl0->rank : run ? (int)probe_pairs_get(run->kv_opts, "rank", -1) : -1;
+    rep->rank = pl0 ? pl0->rank : run ? probe_pairs_int(run->kv_opts, "rank", -1, 0, 1 << 20) : -1;
     rep->budget = run ? run->budget : -1;
-    rep->outliers = run ? (int)probe_pairs_get(run->kv_opts, "outliers", -1) : -1;
-    rep->local = run ? (int)probe_pairs_get(run->kv_opts, "local", -1) : -1;
+    rep->outliers = run ? probe_pairs_int(run->kv_opts, "outliers", -1, 0, 1 << 24) : -1;
+    rep->local = run ? probe_pairs_int(run->kv_opts, "local", -1, 0, 1 << 24) : -1;
     rep->prompt_chunks = ph0 ? ph0->n_chunks : rep->prompt_len / rep->chunk;
     rep->local_start = ph0 ? ph0->local_start : -1;
     rep->n_cand = ph0 ? ph0->n_landmarks : -1;

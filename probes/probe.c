@@ -41,6 +41,11 @@ double probe_pairs_get(const char *pairs, const char *key, double def) {
     return def;
 }
 
+int probe_pairs_int(const char *pairs, const char *key, int def, int lo, int hi) {
+    double v = probe_pairs_get(pairs, key, NAN);
+    return v >= lo && v <= hi ? (int)v : def;
+}
+
 int probe_pairs_in_force(const char *opts, const char *stats, char *buf, size_t n) {
     int diff = 0;
     size_t len = 0;

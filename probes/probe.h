@@ -278,6 +278,9 @@ const char *probe_stream_name(int stream);   /* "compute", "fetch", "rebuild" */
 /* The value of key in a "key=value key=value" list (run.kv_opts,
  * step.kv_stats), or def when absent or not a number. */
 double probe_pairs_get(const char *pairs, const char *key, double def);
+/* probe_pairs_get as an int in [lo, hi], else def (a trace's text may say
+ * anything: "nan", 1e300). */
+int probe_pairs_int(const char *pairs, const char *key, int def, int lo, int hi);
 
 /* The options of a run (run.kv_opts) that its policy put in force at other
  * values, as its step statistics of the same name say (step.kv_stats; a

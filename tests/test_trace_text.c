@@ -396,6 +396,10 @@ static void test_in_force_pairs(void) {
               n == 1 && !strcmp(b, "rank=7 (asked 160)"));
     n = probe_pairs_in_force("rank=16", "", b, sizeof b);
     test_cond("probe_pairs_in_force: no statistics, nothing differs", n == 0 && !b[0]);
+    const char *odd = "rank=nan bits=1e300 chunk=-inf local=7";
+    test_cond("probe_pairs_int: a value a trace may hold (nan, 1e300, -inf) is the default, not a cast out of range",
+              probe_pairs_int(odd, "rank", -1, 0, 1 << 20) == -1 && probe_pairs_int(odd, "bits", 0, 1, 64) == 0 &&
+                  probe_pairs_int(odd, "chunk", 0, 0, 1 << 20) == 0 && probe_pairs_int(odd, "local", -1, 0, 99) == 7);
 }
 
 int main(void) {

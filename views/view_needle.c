@@ -148,7 +148,7 @@ static int needle_draw(canvas *c, canvas_rect r, const probe_store *st, const vi
                    ? rep->diverge_step : view_step(st, cur);
     int layer = clampi(cur->layer, 0, nl > 0 ? nl - 1 : 0);
     int head = clampi(cur->head, 0, nh > 0 ? nh - 1 : 0);
-    int run_chunk = run ? (int)probe_pairs_get(run->kv_opts, "chunk", 0) : 0;
+    int run_chunk = run ? probe_pairs_int(run->kv_opts, "chunk", 0, 0, 1 << 20) : 0;
     int k = rep->k > 0 ? rep->k : run_chunk > 0 ? run->budget / run_chunk : 0;
     float *v = nl > 0 && nx > 0 ? malloc(sizeof(float) * (size_t)nl * nx) : NULL;
     paint_cellmark *marks = nl > 0 && nx > 0 ? malloc(sizeof *marks * (size_t)nl * nx) : NULL;

@@ -145,14 +145,15 @@ static int niah_draw(canvas *c, canvas_rect r, const probe_store *st, const view
     /* the lengths at which a method's budget was under its floor (skv
      * needle's "under_floor": method, length pairs): it selected nothing
      * beyond what it always keeps, so those columns are marked "*" */
-    static unsigned char under[NIAH_MAX_METHODS][NIAH_MAX_AXIS];
+    unsigned char under[NIAH_MAX_METHODS][NIAH_MAX_AXIS] = {{0}};
     int any_under[NIAH_MAX_METHODS] = {0};
-    memset(under, 0, sizeof under);
     const probe_ev_metric *uf = probe_store_metric(st, "under_floor", -1, 0, -1);
     for (int k = 0; uf && uf->vals && k + 1 < uf->n; k += 2) {
-        int m = (int)uf->vals[k];
-        for (int i = 0; m >= 0 && m < g.nm && i < g.nx; i++)
-            if (g.len[i] == (int)uf->vals[k + 1]) under[m][i] = any_under[m] = 1;
+        float mv = uf->vals[k], lv = uf->vals[k + 1]; /* from a trace: checked before any cast */
+        if (!(mv >= 0 && mv < g.nm) || !(lv >= 1 && lv <= 1 << 24)) continue;
+        int m = (int)mv;
+        for (int i = 0; i < g.nx; i++)
+            if (g.len[i] == (int)lv) under[m][i] = any_under[m] = 1;
     }
     for (int m = 0; m < g.nm; m++) {
         double pct = g.total[m] ? 100.0 * g.hits[m] / g.total[m] : 0;
