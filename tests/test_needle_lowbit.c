@@ -23,15 +23,22 @@
 
 static const cJSON *get(const cJSON *o, const char *k) { return cJSON_GetObjectItemCaseSensitive(o, k); }
 
-static void test_specache_bits(const char *dir) {
+/* skv needle -m DEMO ARGS --explain --json DIR/NAME: the JSON parsed (NULL
+ * when the run or the file failed). */
+static cJSON *sweep(const char *dir, const char *name, const char *args) {
     char json[1200], out[8192];
-    snprintf(json, sizeof json, "%s/lowbit.json", dir);
-    int rc = test_popen(out, sizeof out, "%s needle -m " DEMO " --kv specache --lengths 2k --depths 0:100:25 --budget 66 "
-                        "--bits 1 --explain --json %s --force 2>&1", test_skv_bin(), json);
+    snprintf(json, sizeof json, "%s/%s", dir, name);
+    int rc = test_popen(out, sizeof out, "%s needle -m " DEMO " %s --explain --json %s --force 2>&1", test_skv_bin(),
+                        args, json);
     char *text = NULL;
     size_t n = 0;
     cJSON *d = rc == 0 && !skv_read_file(json, 1 << 24, &text, &n) ? cJSON_Parse(text) : NULL;
     free(text);
+    return d;
+}
+
+static void test_specache_bits(const char *dir) {
+    cJSON *d = sweep(dir, "lowbit.json", "--kv specache --lengths 2k --depths 0:100:25 --budget 66 --bits 1");
     int misses = 0, kept_ok = 1, share_ok = 1, cause_ok = 1, checked = 0;
     const cJSON *c;
     cJSON_ArrayForEach(c, get(d, "cases")) {
@@ -72,14 +79,7 @@ static void test_specache_bits(const char *dir) {
  * layers it quantizes (2 bits) and selects nothing in; no cause blames a
  * selection or a budget in those layers, and --bits 4 is the fix named. */
 static void test_tailorkv(const char *dir) {
-    char json[1200], out[8192];
-    snprintf(json, sizeof json, "%s/tailor.json", dir);
-    int rc = test_popen(out, sizeof out, "%s needle -m " DEMO " --kv tailorkv --lengths 2k --depths 0:100:25 --budget 200 "
-                        "--explain --json %s --force 2>&1", test_skv_bin(), json);
-    char *text = NULL;
-    size_t n = 0;
-    cJSON *d = rc == 0 && !skv_read_file(json, 1 << 24, &text, &n) ? cJSON_Parse(text) : NULL;
-    free(text);
+    cJSON *d = sweep(dir, "tailor.json", "--kv tailorkv --lengths 2k --depths 0:100:25 --budget 200");
     int misses = 0, ok = 1;
     const cJSON *c;
     cJSON_ArrayForEach(c, get(d, "cases")) {
