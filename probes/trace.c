@@ -347,7 +347,6 @@ int trace_writer_note(trace_writer *w, const char *key, const char *value) {
     return cJSON_AddStringToObject(w->notes, key, value) ? 0 : skv_error(SKV_ENOMEM, "out of memory");
 }
 
-/* Adds run's "policy: options" to the list (n) unless it is there. */
 /* A lane event into the lanes seen: the most named, and whether they are a
  * batch's sequences (teacher ""). */
 static void lane_note(const probe_ev_lane *e, int *n_lanes, int *batched) {
@@ -355,13 +354,17 @@ static void lane_note(const probe_ev_lane *e, int *n_lanes, int *batched) {
     *batched = !e->teacher || !e->teacher[0];
 }
 
-static void policy_note(char (*list)[160], int *n, const probe_ev_run *run) {
+/* Adds run's "policy: options" to the list (n) unless it is there; its
+ * index in the list, -1 when the list is full. */
+static int policy_note(char (*list)[160], int *n, const probe_ev_run *run) {
     char one[160];
     snprintf(one, sizeof one, "%s%s%s", run->kv_policy ? run->kv_policy : "?",
              run->kv_opts && *run->kv_opts ? ": " : "", run->kv_opts ? run->kv_opts : "");
     for (int i = 0; i < *n; i++)
-        if (!strcmp(list[i], one)) return;
-    if (*n < TRACE_MAX_POLICIES) snprintf(list[(*n)++], sizeof list[0], "%s", one);
+        if (!strcmp(list[i], one)) return i;
+    if (*n == TRACE_MAX_POLICIES) return -1;
+    snprintf(list[*n], sizeof list[0], "%s", one);
+    return (*n)++;
 }
 
 /* Keeps the largest step, layer and head seen, for the metadata counts. */
@@ -988,16 +991,6 @@ typedef struct {
     int checked[TRACE_MAX_POLICIES];
 } trace_scan;
 
-/* The index of run's "policy: options" in sc's list, -1 when not kept. */
-static int policy_index(const trace_scan *sc, const probe_ev_run *run) {
-    char one[160];
-    snprintf(one, sizeof one, "%s%s%s", run->kv_policy ? run->kv_policy : "?",
-             run->kv_opts && *run->kv_opts ? ": " : "", run->kv_opts ? run->kv_opts : "");
-    for (int i = 0; i < sc->n_policies; i++)
-        if (!strcmp(sc->policies[i], one)) return i;
-    return -1;
-}
-
 static void scan_records(trace_reader *r, trace_scan *sc) {
     memset(sc, 0, sizeof *sc);
     const probe_event *ev = NULL;
@@ -1005,8 +998,7 @@ static void scan_records(trace_reader *r, trace_scan *sc) {
     for (int i = 0; i < PROBE_MAX_LANES; i++) of_lane[i] = -1;
     while (trace_next(r, &ev) > 0) {
         if (ev->kind == PROBE_RUN) {
-            policy_note(sc->policies, &sc->n_policies, &ev->run);
-            of_lane[lane] = policy_index(sc, &ev->run);
+            of_lane[lane] = policy_note(sc->policies, &sc->n_policies, &ev->run);
             if (!sc->run) sc->run = probe_event_dup(ev);
             if (ev->run.n_layers > sc->layers) sc->layers = ev->run.n_layers;
         } else if (ev->kind == PROBE_STEP) {
