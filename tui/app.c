@@ -268,7 +268,9 @@ static int move_step(app *a, int d) {
  * has no position left (as end of text, not an engine failure). */
 static int context_full(app *a) {
     if (a->ws.state == TUI_W_PREFILL || a->ws.n_ctx <= 0 || a->ws.n_past < a->ws.n_ctx) return 0;
-    set_msg(a, "the context of %d positions is full: generation stops here (raise it with -c)", a->ws.n_ctx);
+    char why[160];
+    cli_context_full_text(why, sizeof why, a->ws.n_ctx);
+    set_msg(a, "%s", why);
     return 1;
 }
 

@@ -537,6 +537,10 @@ int cli_find_near_exe(const char *const *rels, int n, char *out, size_t cap) {
     return -1;
 }
 
+void cli_context_full_text(char *buf, size_t n, int ctx) {
+    snprintf(buf, n, "the context of %d positions is full: generation stops here (raise it with -c)", ctx);
+}
+
 void cli_len_label(int v, char *buf, size_t n) {
     if (v >= 1024 && v % 1024 == 0) snprintf(buf, n, "%dk", v / 1024);
     else snprintf(buf, n, "%d", v);

@@ -121,6 +121,10 @@ void cli_msg(const char *fmt, ...) __attribute__((format(printf, 1, 2)));
 /* Each line of text (newline-separated) as "skv CMD: warning: LINE". */
 void cli_warn_lines(const char *text);
 
+/* Why generation stopped at a full context of ctx positions (skv run, the
+ * inspector): one line, into buf. */
+void cli_context_full_text(char *buf, size_t n, int ctx);
+
 /* "4k" for a multiple of 1024 tokens, else the number: how lengths are labelled. */
 void cli_len_label(int v, char *buf, size_t n);
 /* Bytes in binary units: "512 B", "3.1 KiB", "1.64 MiB", "2.00 GiB". */

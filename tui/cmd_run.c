@@ -140,7 +140,9 @@ static void print_kv_accounting(const skv_session *s) {
 static void context_full(int ctx, int streamed) {
     fflush(stdout);
     if (streamed) fputc('\n', stderr);
-    cli_msg("the context of %d positions is full: generation stops here (raise it with -c)\n", ctx);
+    char why[160];
+    cli_context_full_text(why, sizeof why, ctx);
+    cli_msg("%s\n", why);
 }
 
 /* skv run --kv a,b,...: the policies in lockstep on the teacher's tokens;

@@ -6,6 +6,7 @@
  * bus; the UI never touches the session. After every change the worker
  * writes one byte to a wake pipe so that the UI's poll() returns at once. */
 #include "app.h"
+#include "cli.h"
 #include "skv.h"
 #include "tok.h"
 
@@ -95,8 +96,7 @@ static int step_once(tui_worker *w, int auto_run) {
     skv_session *s = w->s;
     if (s->n_past + 1 > s->o.ctx) { /* a full context ends generation as end of text does: not an engine failure */
         pthread_mutex_lock(&w->mu);
-        snprintf(w->st.error, sizeof w->st.error,
-                 "the context of %d positions is full: generation stops here (raise it with -c)", s->o.ctx);
+        cli_context_full_text(w->st.error, sizeof w->st.error, s->o.ctx);
         w->st.version++;
         pthread_mutex_unlock(&w->mu);
         return 1;
